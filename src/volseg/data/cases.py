@@ -1,0 +1,149 @@
+"""Finding the cases of a dataset folder, splitting them, and checking them before training."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, volume_format
+from volseg.utils.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class Case:
+    """One image/label pair; ``name`` is the shared file name."""
+
+    name: str
+    image: Path
+    label: Path | None
+
+    def as_dict(self) -> dict[str, str]:
+        item = {"name": self.name, "image": str(self.image), "image_path": str(self.image)}
+        if self.label is not None:
+            item["label"] = str(self.label)
+        return item
+
+
+def _volume_files(folder: Path) -> dict[str, Path]:
+    return {p.name: p for p in sorted(folder.iterdir()) if volume_format(p) and p.is_file()}
+
+
+def find_cases(root: str | Path) -> list[Case]:
+    """Pair ``root/images/NAME`` with ``root/labels/NAME`` (NIfTI or TIFF).
+
+    Raises :class:`UserInputError` naming every unpaired file, or a missing/empty folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UserInputError(
+            f"data.root={root}: folder does not exist. Point data.root at a folder with images/ "
+            "and labels/ (or leave data at its default to use the embedded synthetic dataset)."
+        )
+    folders = {sub: root / sub for sub in ("images", "labels")}
+    missing = [f"{path}: folder is missing" for path in folders.values() if not path.is_dir()]
+    if missing:
+        raise UserInputError(f"data.root={root}: not a dataset folder", missing)
+    images, labels = (_volume_files(path) for path in folders.values())
+    problems = [
+        f"{folders['images'] / n}: image has no label (expected {folders['labels'] / n})"
+        for n in images
+        if n not in labels
+    ] + [
+        f"{folders['labels'] / n}: label has no image (expected {folders['images'] / n})"
+        for n in labels
+        if n not in images
+    ]
+    if problems:
+        raise UserInputError(f"data.root={root}: images and labels do not pair up", problems)
+    if not images:
+        raise UserInputError(
+            f"data.root={root}: no volumes found in {folders['images']} "
+            f"(supported: {', '.join(VOLUME_SUFFIXES)})"
+        )
+    return [Case(n, images[n], labels[n]) for n in images]
+
+
+def split_cases(
+    cases: Sequence[Case], root: str | Path, val_fraction: float, seed: int
+) -> tuple[list[Case], list[Case]]:
+    """Train/val split from ``root/splits.json`` if present, else a seeded random split."""
+    by_name = {c.name: c for c in cases}
+    splits_file = Path(root) / "splits.json"
+    if splits_file.is_file():
+        try:
+            splits = json.loads(splits_file.read_text())
+            names = {part: list(splits[part]) for part in ("train", "val")}
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise UserInputError(
+                f'{splits_file}: expected {{"train": [names], "val": [names]}} ({err})'
+            ) from None
+        unknown = [n for part in names.values() for n in part if n not in by_name]
+        if unknown:
+            raise UserInputError(
+                f"{splits_file}: names not found in images/",
+                [f"{n}" for n in unknown],
+            )
+        return [by_name[n] for n in names["train"]], [by_name[n] for n in names["val"]]
+    if not 0.0 < val_fraction < 1.0 or len(cases) < 2:
+        raise UserInputError(
+            f"data.val_fraction={val_fraction}: need 0 < val_fraction < 1 and at least 2 cases "
+            f"(found {len(cases)}), or a splits.json in {root}"
+        )
+    order = np.random.default_rng(seed).permutation(len(cases))
+    num_val = max(1, round(val_fraction * len(cases)))
+    val = sorted(order[:num_val])
+    return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
+
+
+def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[int]) -> None:
+    """Check every case before training; raise one :class:`UserInputError` listing all problems.
+
+    Checks: readable files, image/label shape agreement, integer labels in ``[0, num_classes)``,
+    and a patch that fits the volume in at least one axis (smaller axes are padded).
+    """
+    problems: list[str] = []
+    for case in cases:
+        geometry = {}
+        for path in (case.image, case.label):
+            if path is None:
+                continue
+            try:
+                geometry[path] = read_geometry(path)
+            except Exception as err:  # any reader failure is a bad file, reported with its name
+                problems.append(f"{path}: cannot read ({type(err).__name__}: {err})")
+        if len(geometry) < 1 + (case.label is not None):
+            continue
+        image = geometry[case.image]
+        label = geometry.get(case.label)
+        shape = image["shape_zyx"]
+        if len(shape) != 3:
+            problems.append(f"{case.image}: expected a 3D volume, got shape {shape}")
+            continue
+        if all(p > s for p, s in zip(patch_size, shape, strict=True)):
+            problems.append(
+                f"{case.image}: data.patch_size={list(patch_size)} is larger than the volume "
+                f"{list(shape)} in every axis"
+            )
+        if label is None:
+            continue
+        if label["shape_zyx"] != shape:
+            problems.append(
+                f"{case.label}: label shape {list(label['shape_zyx'])} differs from image shape "
+                f"{list(shape)}"
+            )
+            continue
+        values = np.unique(read_array(case.label))
+        if not np.all(np.equal(np.mod(values, 1), 0)):
+            problems.append(f"{case.label}: label values must be integers, found {values[:8]}")
+        elif values.min() < 0 or values.max() >= num_classes:
+            bad = [int(v) for v in values if v < 0 or v >= num_classes]
+            problems.append(
+                f"{case.label}: label values {bad} outside [0, {num_classes}) "
+                f"(num_classes={num_classes})"
+            )
+    if problems:
+        raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)

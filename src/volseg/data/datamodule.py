@@ -1,0 +1,201 @@
+"""LightningDataModule for a folder of 3D stacks (``images/`` + ``labels/``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from monai.data import CacheDataset, list_data_collate, worker_init_fn
+from monai.transforms import Randomizable
+from torch.utils.data import DataLoader, Subset
+
+from volseg.data.cases import Case, check_cases, find_cases, split_cases
+from volseg.data.sampling import EpochSeededSampler
+from volseg.data.synthetic import generate_synthetic_dataset
+from volseg.data.transforms import eval_transforms, train_transforms
+from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+
+class VolumeDataModule(LightningDataModule):
+    """Training patches and whole validation volumes from ``root``.
+
+    Args:
+        root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names) and
+            optionally ``splits.json`` (``{"train": [names], "val": [names]}``) and
+            ``classes.json`` (class names, background first).
+        num_classes: classes including background; labels must lie in ``[0, num_classes)``.
+        in_channels: image channels (single-channel stacks: 1).
+        patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
+        batch_size: patches per training step.
+        samples_per_volume: patches drawn from each training volume per epoch (epoch length =
+            ``len(train) * samples_per_volume / batch_size`` steps).
+        val_fraction, split_seed: the random split when there is no ``splits.json``.
+        class_ratios: sampling weight per class for patch centres (``None``: equal).
+        class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
+        num_workers, pin_memory, cache_rate: loader settings; cached volumes are kept after
+            loading and normalization (before the random transforms).
+        synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
+            exist, the embedded synthetic dataset is generated there first.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        num_classes: int = 5,
+        in_channels: int = 1,
+        patch_size: Sequence[int] = (32, 64, 64),
+        batch_size: int = 2,
+        samples_per_volume: int = 2,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        class_ratios: Sequence[float] | None = None,
+        class_names: Sequence[str] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        cache_rate: float = 1.0,
+        synthetic: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root)
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.patch_size = [int(p) for p in patch_size]
+        self.batch_size = batch_size
+        self.samples_per_volume = samples_per_volume
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.class_ratios = class_ratios
+        self._class_names = list(class_names) if class_names is not None else None
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.cache_rate = cache_rate
+        self.synthetic = dict(synthetic) if synthetic else None
+        self.train_cases: list[Case] = []
+        self.val_cases: list[Case] = []
+        self._train_cache: CacheDataset | None = None
+        self._train_ds: Subset | None = None
+        self._val_ds: CacheDataset | None = None
+        self._checked = False
+        self._seed = 0
+        self._loader_generator = torch.Generator()
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
+        if in_channels != 1:
+            raise UserInputError(
+                f"data.in_channels={in_channels}: the folder layout holds single-channel stacks"
+            )
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class names, background first (``num_classes`` entries)."""
+        if self._class_names is None:
+            names_file = self.root / "classes.json"
+            if names_file.is_file():
+                self._class_names = list(json.loads(names_file.read_text()))
+            else:
+                self._class_names = [f"class_{k}" for k in range(self.num_classes)]
+        if len(self._class_names) != self.num_classes:
+            raise UserInputError(
+                f"class names {self._class_names} do not match num_classes={self.num_classes}"
+            )
+        return self._class_names
+
+    def prepare_data(self) -> None:
+        """Generate the embedded dataset if ``root`` is its (missing) folder."""
+        if self.synthetic and not self.root.exists():
+            settings = dict(self.synthetic)
+            target = Path(settings.pop("root"))
+            if target.resolve() == self.root.resolve():
+                log.info("Generating the embedded synthetic dataset in %s", self.root)
+                generate_synthetic_dataset(self.root, **settings)
+
+    def check(self) -> None:
+        """Find, split and check all cases; raises :class:`UserInputError` before any training."""
+        if self._checked:
+            return
+        cases = find_cases(self.root)
+        self.train_cases, self.val_cases = split_cases(
+            cases, self.root, self.val_fraction, self.split_seed
+        )
+        if not self.train_cases or not self.val_cases:
+            raise UserInputError(
+                f"data.root={self.root}: the split leaves no training or no validation case "
+                f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+            )
+        check_cases(cases, self.num_classes, self.patch_size)
+        self._checked = True
+        log.info(
+            "Dataset %s: %d train, %d val volumes, classes %s",
+            self.root,
+            len(self.train_cases),
+            len(self.val_cases),
+            self.class_names,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        self.check()
+        if self._train_ds is None and stage in (None, "fit"):
+            transform = train_transforms(
+                self.patch_size, self.num_classes, self.class_ratios
+            )
+            self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
+            self._train_cache = CacheDataset(
+                [c.as_dict() for c in self.train_cases],
+                transform,
+                cache_rate=self.cache_rate,
+                num_workers=None,
+                progress=False,
+            )
+            # every volume appears samples_per_volume times per epoch without caching it twice
+            indices = list(range(len(self.train_cases))) * self.samples_per_volume
+            self._train_ds = Subset(self._train_cache, indices)
+        if self._val_ds is None:
+            self._val_ds = CacheDataset(
+                [c.as_dict() for c in self.val_cases],
+                eval_transforms(),
+                cache_rate=self.cache_rate,
+                num_workers=None,
+                progress=False,
+            )
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = EpochSeededSampler(len(self._train_ds), self._seed, self._seed_epoch)
+        sampler.set_epoch(0)  # Lightning calls set_epoch again before every epoch
+        return DataLoader(
+            self._train_ds,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            collate_fn=list_data_collate,
+            # workers are re-made each epoch and seeded from this epoch's generator
+            generator=self._loader_generator,
+            worker_init_fn=worker_init_fn,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self._val_ds,
+            batch_size=1,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            collate_fn=list_data_collate,
+        )
+
+    def _seed_epoch(self, epoch_seed: int) -> None:
+        """Seed the random transforms (in-process) and the loader (workers) for one epoch."""
+        self._loader_generator.manual_seed(epoch_seed)
+        rng = np.random.RandomState(epoch_seed % 2**32)
+        # never bool()/len() a MONAI Compose: its __len__ builds a flattened Compose, whose
+        # constructor re-seeds every child transform at random
+        for t in self._train_cache.transform.transforms:
+            if isinstance(t, Randomizable):
+                t.set_random_state(seed=int(rng.randint(2**31)))

@@ -1,0 +1,152 @@
+"""Volume file IO: NIfTI (``.nii``, ``.nii.gz``) and TIFF stacks (``.tif``, ``.tiff``).
+
+Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, k`` ~ ``x, y, z``);
+:class:`TiffStackReader` follows it, so one transpose (``(C, x, y, z) -> (C, z, y, x)``, see
+:mod:`volseg.data.transforms`) gives the network's ``(C, D, H, W)`` for every format. Writers take
+``(D, H, W)`` arrays and undo that transpose, so predictions land with the input's geometry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+import tifffile
+from monai.data import ImageReader
+from monai.data.image_reader import _copy_compatible_dict, _stack_images
+from monai.data.utils import is_supported_format
+from monai.utils import MetaKeys, SpaceKeys
+
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+TIFF_SUFFIXES = (".tif", ".tiff")
+VOLUME_SUFFIXES = NIFTI_SUFFIXES + TIFF_SUFFIXES
+
+
+def volume_format(path: str | Path) -> str | None:
+    """``"nifti"``, ``"tiff"`` or ``None`` for an unsupported file name."""
+    name = str(path).lower()
+    if name.endswith(NIFTI_SUFFIXES):
+        return "nifti"
+    if name.endswith(TIFF_SUFFIXES):
+        return "tiff"
+    return None
+
+
+def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
+    """Voxel spacing from ImageJ metadata and resolution tags; 1.0 where absent."""
+    sz = float((tif.imagej_metadata or {}).get("spacing", 1.0))
+    page = tif.pages[0]
+    sy = sx = 1.0
+    for tag_name, axis in (("YResolution", "y"), ("XResolution", "x")):
+        tag = page.tags.get(tag_name)
+        if tag is not None:
+            num, den = tag.value
+            if num:
+                value = den / num
+                sy, sx = (value, sx) if axis == "y" else (sy, value)
+    return sz, sy, sx
+
+
+class TiffStackReader(ImageReader):
+    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included).
+
+    Returns arrays ``(X, Y, Z)`` like MONAI's NIfTI reader, with an affine built from the ImageJ
+    voxel spacing, so TIFF and NIfTI datasets go through the same transforms.
+    """
+
+    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
+        return is_supported_format(filename, ["tif", "tiff"])
+
+    def read(self, data: Sequence[str] | str, **kwargs: Any):
+        names = [data] if isinstance(data, str | Path) else list(data)
+        volumes = []
+        for name in names:
+            with tifffile.TiffFile(name) as tif:
+                array = tif.asarray()
+                spacing = _tiff_spacing_zyx(tif)
+            if array.ndim != 3:
+                raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+            volumes.append((array, spacing))
+        return volumes if len(volumes) > 1 else volumes[0]
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        items = img if isinstance(img, list) else [img]
+        arrays: list[np.ndarray] = []
+        meta: dict = {}
+        for array, (sz, sy, sx) in items:
+            header: dict = {
+                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
+                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[::-1]),
+                MetaKeys.SPACE: SpaceKeys.RAS,
+                MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan"),
+            }
+            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
+            arrays.append(np.ascontiguousarray(array.transpose(2, 1, 0)))
+            _copy_compatible_dict(header, meta)
+        return _stack_images(arrays, meta), meta
+
+
+def read_geometry(path: str | Path) -> dict[str, Any]:
+    """Geometry of a volume file without loading its voxels.
+
+    Returns ``{"format", "shape_zyx", "affine"}`` (affine: 4x4 in file axis order ``x, y, z``).
+    """
+    path = Path(path)
+    fmt = volume_format(path)
+    if fmt == "nifti":
+        img = nib.load(str(path))
+        shape = tuple(int(s) for s in img.shape)
+        return {"format": fmt, "shape_zyx": shape[:3][::-1], "affine": img.affine}
+    if fmt == "tiff":
+        with tifffile.TiffFile(path) as tif:
+            series = tif.series[0]
+            sz, sy, sx = _tiff_spacing_zyx(tif)
+            shape = tuple(int(s) for s in series.shape)
+        return {"format": fmt, "shape_zyx": shape, "affine": np.diag([sx, sy, sz, 1.0])}
+    raise ValueError(f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})")
+
+
+def read_array(path: str | Path) -> np.ndarray:
+    """All voxels of a volume file as ``(D, H, W)`` (z, y, x)."""
+    path = Path(path)
+    if volume_format(path) == "nifti":
+        return np.asarray(nib.load(str(path)).dataobj).transpose(2, 1, 0)
+    return tifffile.imread(path)
+
+
+def write_volume(
+    path: str | Path,
+    array_zyx: np.ndarray,
+    spacing_zyx: Sequence[float] | None = None,
+    affine: np.ndarray | None = None,
+) -> Path:
+    """Write a ``(D, H, W)`` array as NIfTI or TIFF (chosen by the file suffix).
+
+    Geometry comes from ``affine`` (4x4, file axes ``x, y, z``) if given, else ``spacing_zyx``.
+    """
+    path = Path(path)
+    fmt = volume_format(path)
+    if fmt is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if affine is None:
+        sz, sy, sx = spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0)
+        affine = np.diag([sx, sy, sz, 1.0])
+    if fmt == "nifti":
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(2, 1, 0)), affine), path)
+    elif fmt == "tiff":
+        sx, sy, sz = (float(np.linalg.norm(affine[:3, i])) for i in range(3))
+        tifffile.imwrite(
+            path,
+            array_zyx,
+            imagej=True,
+            resolution=(1.0 / sx, 1.0 / sy),
+            metadata={"spacing": sz, "axes": "ZYX"},
+        )
+    else:
+        raise ValueError(
+            f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
+        )
+    return path

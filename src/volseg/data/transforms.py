@@ -1,0 +1,89 @@
+"""MONAI dictionary transforms for training patches and whole validation volumes.
+
+Items are ``{"image": path, "label": path}``; after loading, ``image`` is float32
+``(C, D, H, W)`` z-scored per volume and ``label`` is ``(1, D, H, W)`` class indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from monai.transforms import (
+    Compose,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    LoadImaged,
+    MapTransform,
+    NormalizeIntensityd,
+    RandCropByLabelClassesd,
+    RandFlipd,
+    RandRotate90d,
+    RandScaleIntensityd,
+    RandShiftIntensityd,
+    SpatialPadd,
+    Transposed,
+)
+
+from volseg.data.io import TiffStackReader
+
+
+def load_transforms(keys: Sequence[str]) -> list[MapTransform]:
+    """Read NIfTI/TIFF, add a channel axis, reorder to ``(C, D, H, W)``, z-score the image."""
+    loader = LoadImaged(keys, image_only=True)
+    loader.register(TiffStackReader())
+    return [
+        loader,
+        EnsureChannelFirstd(keys, channel_dim="no_channel"),
+        # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
+        Transposed(keys, indices=(0, 3, 2, 1)),
+        EnsureTyped(keys, track_meta=False),
+        NormalizeIntensityd("image"),
+    ]
+
+
+def train_transforms(
+    patch_size: Sequence[int],
+    num_classes: int,
+    class_ratios: Sequence[float] | None = None,
+) -> Compose:
+    """Loading, then class-balanced patch sampling and augmentation.
+
+    ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
+    ``class_ratios`` (equal by default, so small classes are seen as often as background — like
+    nnU-Net's foreground oversampling). Volumes smaller than the patch are zero-padded first.
+    """
+    keys = ["image", "label"]
+    augment = [
+        RandFlipd(keys, prob=0.5, spatial_axis=0),
+        RandFlipd(keys, prob=0.5, spatial_axis=1),
+        RandFlipd(keys, prob=0.5, spatial_axis=2),
+    ]
+    if patch_size[1] == patch_size[2]:  # a 90 degree turn in-plane keeps the patch shape
+        augment.append(RandRotate90d(keys, prob=0.5, max_k=3, spatial_axes=(1, 2)))
+    augment += [
+        RandScaleIntensityd("image", factors=0.1, prob=0.5),
+        RandShiftIntensityd("image", offsets=0.1, prob=0.5),
+    ]
+    return Compose(
+        [
+            *load_transforms(keys),
+            SpatialPadd(keys, spatial_size=list(patch_size)),
+            RandCropByLabelClassesd(
+                keys,
+                label_key="label",
+                spatial_size=list(patch_size),
+                num_classes=num_classes,
+                ratios=list(class_ratios) if class_ratios is not None else None,
+                num_samples=1,
+                warn=False,
+            ),
+            *augment,
+            # plain tensors: MONAI metadata of patches from different volumes does not collate
+            EnsureTyped(keys, track_meta=False),
+        ]
+    )
+
+
+def eval_transforms(with_label: bool = True) -> Compose:
+    """Loading only: whole volumes for sliding-window inference."""
+    return Compose(load_transforms(["image", "label"] if with_label else ["image"]))

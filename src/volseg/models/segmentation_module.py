@@ -1,0 +1,157 @@
+"""LightningModule: segmentation network, Dice+CE loss, Dice metrics, sliding-window validation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from monai.inferers import Inferer, SlidingWindowInferer
+from monai.metrics import DiceMetric
+from monai.networks.utils import one_hot
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
+
+
+def _guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
+    """Raise ``eps`` of param groups holding float16 weights (``16-true``) to ``FP16_MIN_EPS``."""
+    for group in optimizer.param_groups:
+        is_fp16 = any(p.dtype == torch.float16 for p in group["params"])
+        if is_fp16 and "eps" in group and group["eps"] < FP16_MIN_EPS:
+            log.info(
+                "float16 weights: optimizer eps %.0e underflows to 0 in float16, using %.0e",
+                group["eps"],
+                FP16_MIN_EPS,
+            )
+            group["eps"] = FP16_MIN_EPS
+
+
+class SegmentationModule(LightningModule):
+    """Trains ``net`` on ``(B, C, D, H, W)`` patches; validates on whole volumes.
+
+    Args:
+        net: maps ``(B, C_in, D, H, W)`` to logits ``(B, num_classes, D, H, W)``.
+        loss: ``loss(logits, labels)`` with labels ``(B, 1, D, H, W)`` class indices
+            (e.g. MONAI ``DiceCELoss(to_onehot_y=True, softmax=True)``).
+        optimizer: partial optimizer; called with ``params``.
+        scheduler: partial LR scheduler (called with ``optimizer``) or ``None``.
+        scheduler_interval: ``epoch`` or ``step``.
+        num_classes: classes incl. background.
+        include_background: average background into ``val/dice_mean`` too.
+        class_names: names for ``val/dice_<name>``; default taken from the datamodule.
+        inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
+        compile: wrap ``net`` in ``torch.compile`` at fit start.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        loss: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., Any] | None = None,
+        scheduler_interval: str = "epoch",
+        num_classes: int = 5,
+        include_background: bool = False,
+        class_names: Sequence[str] | None = None,
+        inferer: Inferer | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.loss = loss
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.num_classes = num_classes
+        self.include_background = include_background
+        self._class_names = list(class_names) if class_names is not None else None
+        self.inferer = inferer or SlidingWindowInferer(roi_size=(32, 64, 64), overlap=0.25)
+        self.compile = compile
+        self.dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
+        self.best_dice = float("-inf")
+        self.best_dice_per_class: dict[str, float] = {}
+        self.run_config: dict[str, Any] | None = None  # the resolved train config, for eval.py
+
+    @property
+    def class_names(self) -> list[str]:
+        if self._class_names is None:
+            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+            names = getattr(datamodule, "class_names", None)
+            self._class_names = list(names or (f"class_{k}" for k in range(self.num_classes)))
+        return self._class_names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``."""
+        return self.net(x)
+
+    def setup(self, stage: str) -> None:
+        if self.compile and stage == "fit" and not hasattr(self.net, "_orig_mod"):
+            self.net = torch.compile(self.net)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits = self.net(batch["image"])
+        loss = self.loss(logits.float(), batch["label"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=logits.shape[0])
+        return loss
+
+    @torch.no_grad()
+    def predict_volume(self, image: torch.Tensor) -> torch.Tensor:
+        """Sliding-window logits ``(B, num_classes, D, H, W)`` for whole volumes ``image``."""
+        return self.inferer(image, self.net)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
+        """Whole-volume inference; returns ``{"pred": (B, D, H, W) class indices}``."""
+        logits = self.predict_volume(batch["image"]).float()
+        label = batch["label"]
+        self.log("val/loss", self.loss(logits, label), batch_size=label.shape[0], sync_dist=True)
+        pred = logits.argmax(dim=1, keepdim=True)
+        self.dice(one_hot(pred, self.num_classes), one_hot(label.long(), self.num_classes))
+        return {"pred": pred[:, 0]}
+
+    def on_validation_epoch_end(self) -> None:
+        per_case = self.dice.aggregate()  # (cases, classes); NaN where a class is absent
+        self.dice.reset()
+        per_class = per_case.nanmean(dim=0).nan_to_num(0.0)
+        first = 0 if self.include_background else 1
+        mean = per_class[first:].mean()
+        scores = {f"val/dice_{n}": d for n, d in zip(self.class_names, per_class, strict=True)}
+        self.log_dict(scores)
+        self.log("val/dice_mean", mean, prog_bar=True)
+        if not self.trainer.sanity_checking and mean.item() > self.best_dice:
+            self.best_dice = mean.item()
+            self.best_dice_per_class = {
+                k.removeprefix("val/dice_"): v.item() for k, v in scores.items()
+            }
+        if not self.trainer.sanity_checking:
+            self.log("val/dice_mean_best", max(self.best_dice, mean.item()))
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(params=self.parameters())
+        _guard_fp16_eps(optimizer)
+        if self.scheduler_factory is None:
+            return optimizer
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": self.scheduler_factory(optimizer=optimizer),
+                "interval": self.scheduler_interval,
+            },
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["volseg"] = {
+            "best_dice": self.best_dice,
+            "best_dice_per_class": self.best_dice_per_class,
+            "config": self.run_config,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("volseg", {})
+        self.best_dice = state.get("best_dice", self.best_dice)
+        self.best_dice_per_class = state.get("best_dice_per_class", self.best_dice_per_class)

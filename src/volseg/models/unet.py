@@ -1,0 +1,168 @@
+"""A configurable 3D U-Net.
+
+Tensors are ``(B, C, D, H, W)``. Any spatial size works, also sizes not divisible by
+``2**(depth - 1)`` (e.g. 26x150x320): the upsampled decoder map is zero-padded to its skip's size
+before the concatenation, as the classic U-Net ports do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Norm = Literal["batch", "instance", "group"]
+Upsampling = Literal["trilinear", "transposed"]
+
+
+def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
+    """A 3D normalization layer over ``channels`` feature maps."""
+    if kind == "batch":
+        return nn.BatchNorm3d(channels)
+    if kind == "instance":
+        return nn.InstanceNorm3d(channels, affine=True)
+    if kind == "group":
+        return nn.GroupNorm(min(num_groups, channels), channels)
+    raise ValueError(f"model.net.norm must be one of batch, instance, group; got {kind!r}")
+
+
+class DoubleConv(nn.Sequential):
+    """[Conv3d(k=3, pad=1) -> norm -> ReLU] x 2, optional dropout after the first ReLU."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        norm: Norm = "batch",
+        num_groups: int = 8,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        layers: list[nn.Module] = [
+            nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=1, bias=bias),
+            make_norm(norm, out_channels, num_groups),
+            nn.ReLU(inplace=True),
+        ]
+        if dropout > 0:
+            layers.append(nn.Dropout3d(dropout))
+        layers += [
+            nn.Conv3d(out_channels, out_channels, kernel_size=3, padding=1, bias=bias),
+            make_norm(norm, out_channels, num_groups),
+            nn.ReLU(inplace=True),
+        ]
+        super().__init__(*layers)
+
+
+class Down(nn.Sequential):
+    """MaxPool3d(2) -> DoubleConv: halves D, H, W."""
+
+    def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
+        super().__init__(nn.MaxPool3d(2), DoubleConv(in_channels, out_channels, **conv_kwargs))
+
+
+class Up(nn.Module):
+    """Upsample x2 -> pad to the skip's size -> concat [skip, up] -> DoubleConv.
+
+    ``x``: ``(B, in_channels, d, h, w)``; ``skip``: ``(B, skip_channels, D, H, W)`` with
+    ``D in {2d, 2d + 1}`` etc.; output ``(B, out_channels, D, H, W)``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        skip_channels: int,
+        out_channels: int,
+        upsampling: Upsampling = "trilinear",
+        **conv_kwargs,
+    ) -> None:
+        super().__init__()
+        if upsampling == "trilinear":
+            self.up: nn.Module = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+        elif upsampling == "transposed":
+            self.up = nn.ConvTranspose3d(in_channels, in_channels, kernel_size=2, stride=2)
+        else:
+            raise ValueError(
+                f"model.net.upsampling must be 'trilinear' or 'transposed'; got {upsampling!r}"
+            )
+        self.conv = DoubleConv(skip_channels + in_channels, out_channels, **conv_kwargs)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = self.up(x)
+        dz, dy, dx = (s - u for s, u in zip(skip.shape[2:], x.shape[2:], strict=True))
+        if dz or dy or dx:
+            x = F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2, dz // 2, dz - dz // 2])
+        return self.conv(torch.cat([skip, x], dim=1))
+
+
+class UNet3D(nn.Module):
+    """3D U-Net with ``len(widths)`` resolution levels.
+
+    Args:
+        in_channels: image channels C_in.
+        num_classes: output channels (logits), one per class incl. background.
+        widths: feature maps per encoder level, full resolution first; depth = ``len(widths)``.
+        decoder_widths: output feature maps of the decoder block at each level above the bottom
+            (``len(widths) - 1`` entries, full resolution first). Default: ``widths[:-1]``.
+        norm: ``batch``, ``instance`` or ``group`` normalization.
+        num_groups: groups for GroupNorm.
+        upsampling: ``trilinear`` (align_corners=True) or ``transposed`` (ConvTranspose3d k=2 s=2).
+        bias: conv bias.
+        dropout: Dropout3d probability inside every DoubleConv (0 disables it).
+
+    Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 5,
+        widths: Sequence[int] = (16, 32, 64, 128),
+        decoder_widths: Sequence[int] | None = None,
+        norm: Norm = "batch",
+        num_groups: int = 8,
+        upsampling: Upsampling = "trilinear",
+        bias: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        widths = list(widths)
+        if len(widths) < 2:
+            raise ValueError(f"model.net.widths needs at least 2 levels; got {widths}")
+        decoder_widths = list(decoder_widths) if decoder_widths is not None else widths[:-1]
+        if len(decoder_widths) != len(widths) - 1:
+            raise ValueError(
+                f"model.net.decoder_widths needs len(widths) - 1 = {len(widths) - 1} entries; "
+                f"got {decoder_widths}"
+            )
+        conv_kwargs = dict(norm=norm, num_groups=num_groups, bias=bias, dropout=dropout)
+        self.widths = widths
+        self.decoder_widths = decoder_widths
+
+        self.inc = DoubleConv(in_channels, widths[0], **conv_kwargs)
+        self.downs = nn.ModuleList(
+            Down(widths[i - 1], widths[i], **conv_kwargs) for i in range(1, len(widths))
+        )
+        # ups[i] produces level i (i = depth-2 is just above the bottleneck); stored top-down so
+        # that index i is the level index.
+        below = [*decoder_widths[1:], widths[-1]]
+        self.ups = nn.ModuleList(
+            Up(below[i], widths[i], decoder_widths[i], upsampling=upsampling, **conv_kwargs)
+            for i in range(len(widths) - 1)
+        )
+        self.head = nn.Conv3d(decoder_widths[0], num_classes, kernel_size=1)
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = [self.inc(x)]
+        for down in self.downs:
+            skips.append(down(skips[-1]))
+        x = skips.pop()
+        for level in reversed(range(len(self.ups))):
+            x = self.ups[level](x, skips[level])
+        return self.head(x)

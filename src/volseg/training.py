@@ -1,0 +1,69 @@
+"""``train(cfg)``: what ``python train.py`` runs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from volseg.utils.entry import print_config
+from volseg.utils.errors import UserInputError
+from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+
+log = logging.getLogger(__name__)
+
+
+def log_precision(requested: Any, trainer: L.Trainer) -> None:
+    """Say which precision actually runs (Lightning swaps fp16 AMP for bf16 AMP on the CPU)."""
+    actual = str(trainer.precision)
+    device = trainer.strategy.root_device.type
+    if str(requested) == "16-mixed" and actual == "bf16-mixed":
+        log.info(
+            "trainer.precision=16-mixed runs as bf16-mixed on %s: fp16 autocast needs CUDA, "
+            "Lightning uses bfloat16 autocast on the CPU",
+            device,
+        )
+    else:
+        log.info("Precision %s on %s", actual, device)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
+
+    Data are found and checked before the trainer is built, so bad input stops the run with one
+    :class:`UserInputError` before any training.
+    """
+    if cfg.extras.get("print_config"):
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
+        raise UserInputError(f"ckpt_path={cfg.ckpt_path}: file not found")
+
+    log.info("Instantiating datamodule <%s>", cfg.data._target_)
+    datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.check()
+
+    log.info("Instantiating model <%s>", cfg.model._target_)
+    model: L.LightningModule = hydra.utils.instantiate(cfg.model)
+    model.run_config = OmegaConf.to_container(cfg, resolve=True)
+
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    loggers = instantiate_loggers(cfg.get("logger"))
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    log_precision(cfg.trainer.get("precision"), trainer)
+    for logger in trainer.loggers:
+        logger.log_hyperparams(model.run_config)
+
+    log.info("Parameters: %s", f"{sum(p.numel() for p in model.parameters()):,}")
+    trainer.fit(
+        model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
+    )
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    log.info("Best val/dice_mean: %.4f", getattr(model, "best_dice", float("nan")))
+    return metrics

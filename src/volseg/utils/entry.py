@@ -1,0 +1,50 @@
+"""What every entry point does around its task: project root, config printing, user errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import rich.syntax
+import rich.tree
+from omegaconf import DictConfig, OmegaConf
+
+from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+
+def set_project_root(entry_file: str) -> Path:
+    """Make ``paths.root_dir`` (``${oc.env:PROJECT_ROOT}``) the folder of the entry point."""
+    root = Path(entry_file).resolve().parent
+    os.environ.setdefault("PROJECT_ROOT", str(root))
+    return root
+
+
+def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
+    """Print the composed config as a tree, one branch per top-level group."""
+    tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
+    for key, value in cfg.items():
+        body = (
+            OmegaConf.to_yaml(value, resolve=False) if isinstance(value, DictConfig) else str(value)
+        )
+        tree.add(str(key), style="bold").add(rich.syntax.Syntax(body, "yaml"))
+    rich.print(tree)
+    if save_to is not None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+        with open(save_to, "w") as f:
+            rich.print(tree, file=f)
+
+
+def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2."""
+    try:
+        return task(cfg)
+    except UserInputError as err:
+        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,80 @@
+import torch
+from monai.inferers import SlidingWindowInferer
+from monai.losses import DiceCELoss
+
+from volseg.models.segmentation_module import SegmentationModule
+from volseg.models.unet import UNet3D
+
+
+class _Oracle(torch.nn.Module):
+    """Returns the logits of a fixed label volume: a perfect or a deliberately wrong predictor."""
+
+    def __init__(self, label: torch.Tensor, num_classes: int) -> None:
+        super().__init__()
+        self.logits = torch.nn.functional.one_hot(label.long(), num_classes).movedim(-1, 1) * 10.0
+
+    def forward(self, x):
+        return self.logits.to(x.dtype)
+
+
+def _module(net, num_classes=3):
+    return SegmentationModule(
+        net=net,
+        loss=DiceCELoss(to_onehot_y=True, softmax=True),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        num_classes=num_classes,
+        class_names=["bg", "a", "b"],
+        inferer=SlidingWindowInferer(roi_size=(8, 8, 8)),
+    )
+
+
+def _label():
+    label = torch.zeros(1, 8, 8, 8, dtype=torch.long)
+    label[:, 2:5, 2:5, 2:5] = 1
+    label[:, 5:7, 5:7, 5:7] = 2
+    return label
+
+
+def _validate(module, label):
+    module.validation_step({"image": torch.zeros(1, 1, 8, 8, 8), "label": label[:, None]}, 0)
+    per_case = module.dice.aggregate()
+    module.dice.reset()
+    return per_case.nanmean(dim=0)
+
+
+def test_dice_is_one_for_a_perfect_prediction_and_low_for_a_wrong_one():
+    label = _label()
+    module = _module(_Oracle(label, 3))
+    module.log = lambda *a, **k: None
+    assert torch.allclose(_validate(module, label), torch.ones(3))
+    wrong = label.clone()
+    wrong[label == 1] = 2  # class a predicted as b
+    module = _module(_Oracle(wrong, 3))
+    module.log = lambda *a, **k: None
+    dice = _validate(module, label)
+    assert dice[1] == 0 and dice[2] < 0.5
+
+
+def test_loss_is_smaller_for_the_right_answer():
+    label = _label()[:, None]
+    loss = DiceCELoss(to_onehot_y=True, softmax=True)
+    right = _Oracle(label[:, 0], 3)(torch.zeros(1))
+    wrong = _Oracle(torch.zeros_like(label[:, 0]), 3)(torch.zeros(1))
+    assert loss(right, label) < 0.1 < loss(wrong, label)
+
+
+def test_training_step_reduces_loss_on_one_batch():
+    torch.manual_seed(0)
+    module = _module(UNet3D(1, 3, widths=[4, 8]))
+    module.log = lambda *a, **k: None
+    label = _label()[:, None]
+    batch = {"image": label.float() + 0.1 * torch.randn(1, 1, 8, 8, 8), "label": label}
+    opt = module.configure_optimizers()
+    losses = []
+    for _ in range(15):
+        opt.zero_grad()
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]

@@ -1,0 +1,164 @@
+"""train.py end to end: composed configs, the used-by command, resume, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from tests.conftest import REPO, compose_config, tiny_train_overrides
+from volseg.models.unet import UNet3D
+from volseg.training import train
+
+CLASSES = ["background", "blob", "tube", "shell", "granule"]
+
+
+def _metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def test_train_writes_checkpoints_metrics_and_summary(train_cfg):
+    metrics = train(train_cfg)
+    run_dir = Path(train_cfg.paths.output_dir)
+
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert Path(summary["best_checkpoint"]).is_file()
+    assert 0.0 <= summary["best_val_dice_mean"] <= 1.0
+    assert list(summary["best_val_dice_per_class"]) == CLASSES
+    assert summary["parameters"] == sum(p.numel() for p in UNet3D(1, 5, [4, 8, 16]).parameters())
+    # 4 training volumes x 1 patch each, batch 2 -> 2 steps per epoch, 2 epochs
+    assert summary["global_step"] == 4
+    assert summary["wall_time_s"] > 0
+    keys = set(_metrics_rows(run_dir)[0])
+    expected = {"train/loss", "val/loss", "val/dice_mean", "val/dice_mean_best"}
+    assert expected | {f"val/dice_{c}" for c in CLASSES} <= keys
+    assert metrics["val/dice_mean_best"] == pytest.approx(summary["best_val_dice_mean"])
+
+
+def test_checkpoint_loads_weights_only_and_carries_the_config(train_cfg):
+    train(train_cfg)
+    ckpt = torch.load(
+        Path(train_cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert ckpt["volseg"]["config"]["model"]["net"]["widths"] == [4, 8, 16]
+    assert ckpt["volseg"]["config"]["data"]["patch_size"] == [16, 32, 32]
+    assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(small_dataset, tmp_path):
+    """2 epochs + resume to 4 == 4 epochs straight: weights, step, optimizer and scheduler."""
+    common = [*tiny_train_overrides(small_dataset), "seed=7", "callbacks.early_stopping=null"]
+    full = compose_config("train", tmp_path / "full", [*common, "trainer.max_epochs=4"])
+    train(full)
+    # the same run, interrupted after 2 of its 4 epochs
+    first = compose_config("train", tmp_path / "part", [*common, "trainer.max_epochs=4"])
+    with open_dict(first):
+        first.trainer.max_steps = 4
+    train(first)
+    assert (
+        torch.load(Path(first.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)[
+            "global_step"
+        ]
+        == 4
+    )
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    resumed = compose_config(
+        "train", tmp_path / "resumed", [*common, "trainer.max_epochs=4", f"ckpt_path={last}"]
+    )
+    train(resumed)
+
+    a = torch.load(Path(full.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 8 and a["epoch"] == b["epoch"]
+    for key, value in a["state_dict"].items():
+        assert torch.allclose(value.float(), b["state_dict"][key].float(), atol=1e-6), key
+    assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 4
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert all(torch.allclose(sa[k]["exp_avg"], sb[k]["exp_avg"], atol=1e-6) for k in sa)
+
+
+@pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed", "16-true", "bf16-true"])
+def test_every_precision_trains_without_nan(small_dataset, tmp_path, precision):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        f"trainer.precision={precision}",
+        "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
+    ]
+    metrics = train(compose_config("train", tmp_path, overrides))
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    assert 0.0 <= metrics["val/dice_mean"] <= 1.0
+
+
+def test_used_by_command_runs_as_written(small_dataset, tmp_path):
+    """`python train.py model=unet_small trainer.precision=16-mixed`, with tiny limits."""
+    result = _run(
+        [
+            "train.py",
+            "model=unet_small",
+            "trainer.precision=16-mixed",
+            f"data.root={small_dataset}",
+            "data.patch_size=[16,32,32]",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=1",
+            "trainer.limit_val_batches=1",
+            "trainer.max_time=00:00:05:00",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / "train.log").read_text()
+    assert "trainer.precision=16-mixed runs as bf16-mixed on cpu" in log
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["parameters"] == 14_496_517 and summary["precision"] == "bf16-mixed"
+
+
+def test_missing_data_root_is_one_clear_error(tmp_path):
+    result = _run(
+        ["train.py", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    )
+    assert result.returncode == 2
+    assert f"data.root={tmp_path / 'nowhere'}: folder does not exist" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "nowhere").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path):
+    import shutil
+
+    from volseg.data.io import read_array, write_volume
+
+    root = tmp_path / "bad"
+    shutil.copytree(small_dataset, root)
+    label_file = root / "labels" / "case_001.nii.gz"
+    write_volume(label_file, read_array(label_file) * 3, spacing_zyx=(1, 0.5, 0.5))
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = _run(["train.py", f"data.root={root}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2
+    assert f"{label_file}: label values" in result.stderr and "outside [0, 5)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "run" / "checkpoints").exists()
