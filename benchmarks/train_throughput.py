@@ -1,0 +1,185 @@
+"""Training throughput: Lightning Trainer vs a plain PyTorch loop, and FLOP/s vs the machine.
+
+For each model (the default unet_tiny and unet_small) on one fixed batch of 2x1x32x64x64 and for
+each variant (fp32, fp32 channels_last_3d, bf16 autocast) this prints:
+
+- steps/s through the Lightning Trainer (our SegmentationModule.training_step, DiceCE, AdamW) and
+  through a plain PyTorch loop doing the same work, and their ratio;
+- achieved FLOP/s (FLOPs of one forward+backward counted by torch.utils.flop_counter, times
+  steps/s) divided by this machine's fp32 matmul FLOP/s measured in the same run.
+
+The batch lives in memory, so the numbers measure the training step, not data loading.
+Each timing is the best of ``--repeats`` runs of ``--steps`` steps after warm-up, alternating
+Lightning and plain runs so that both see the same machine state.
+
+    python benchmarks/train_throughput.py [--steps 10] [--repeats 3] [--models unet_tiny,unet_small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from torch.utils.data import IterableDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PROJECT_ROOT", str(REPO))
+BATCH_SHAPE = (2, 1, 32, 64, 64)
+VARIANTS = ("fp32", "fp32+channels_last_3d", "bf16-autocast")
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+    """Best fp32 matmul FLOP/s of this machine (2 n^3 FLOPs per n x n product)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def build_module(model: str) -> L.LightningModule:
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
+        cfg = compose("train", overrides=[f"model={model}", "model.scheduler=null"])
+    return hydra.utils.instantiate(cfg.model)
+
+
+class RepeatBatch(IterableDataset):
+    """The same in-memory batch, ``steps`` times."""
+
+    def __init__(self, batch: dict[str, torch.Tensor], steps: int) -> None:
+        self.batch, self.steps = batch, steps
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for _ in range(self.steps):
+            yield self.batch
+
+
+class StepTimer(L.Callback):
+    """Wall time from the start of step ``warmup`` to the end of the last step."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.start, self.end = warmup, 0.0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.warmup:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.end = time.perf_counter()
+
+
+def make_batch(channels_last: bool) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randn(BATCH_SHAPE, generator=generator)
+    label = torch.randint(0, 5, (BATCH_SHAPE[0], 1, *BATCH_SHAPE[2:]), generator=generator)
+    if channels_last:
+        image = image.contiguous(memory_format=torch.channels_last_3d)
+    return {"image": image, "label": label.float()}
+
+
+def lightning_seconds_per_step(
+    module: L.LightningModule, batch: dict, steps: int, warmup: int, precision: str
+) -> float:
+    timer = StepTimer(warmup)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        max_steps=steps + warmup,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
+    loader = torch.utils.data.DataLoader(RepeatBatch(batch, steps + warmup), batch_size=None)
+    trainer.fit(module, train_dataloaders=loader)
+    return (timer.end - timer.start) / steps
+
+
+def plain_seconds_per_step(
+    module: L.LightningModule, batch: dict, steps: int, warmup: int, autocast: bool
+) -> float:
+    net, loss_fn = module.net, module.loss
+    net.train()
+    optimizer = module.optimizer_factory(params=net.parameters())
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+    start = 0.0
+    for i in range(steps + warmup):
+        if i == warmup:
+            start = time.perf_counter()
+        with context:
+            logits = net(batch["image"])
+        loss = loss_fn(logits.float(), batch["label"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / steps
+
+
+def flops_per_step(module: L.LightningModule, batch: dict) -> int:
+    """Forward + backward FLOPs of one training step (convolutions and matmuls)."""
+    net = copy.deepcopy(module.net)
+    with FlopCounterMode(display=False) as counter:
+        module.loss(net(batch["image"]).float(), batch["label"]).backward()
+    return counter.get_total_flops()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="unet_tiny,unet_small")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    peak = matmul_flops_per_s()
+    print(f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} intra-op threads")
+    print(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (2048x2048, best of 10)")
+    print(f"batch {'x'.join(map(str, BATCH_SHAPE))}, {args.steps} timed steps after "
+          f"{args.warmup} warm-up, best of {args.repeats}\n")
+    header = (f"{'model':<11} {'variant':<22} {'Lightning it/s':>14} {'plain it/s':>10} "
+              f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}")
+    print(header)
+    print("-" * len(header))
+    for model in args.models.split(","):
+        for variant in VARIANTS:
+            channels_last = "channels_last" in variant
+            autocast = variant.startswith("bf16")
+            batch = make_batch(channels_last)
+            base = build_module(model)
+            if channels_last:
+                base = base.to(memory_format=torch.channels_last_3d)
+            flops = flops_per_step(base, batch)
+            lightning_best = plain_best = float("inf")
+            for _ in range(args.repeats):
+                lightning_best = min(lightning_best, lightning_seconds_per_step(
+                    copy.deepcopy(base), batch, args.steps, args.warmup,
+                    "bf16-mixed" if autocast else "32-true"))
+                plain_best = min(plain_best, plain_seconds_per_step(
+                    copy.deepcopy(base), batch, args.steps, args.warmup, autocast))
+            achieved = flops / lightning_best
+            print(f"{model:<11} {variant:<22} {1 / lightning_best:>14.2f} {1 / plain_best:>10.2f} "
+                  f"{plain_best / lightning_best:>6.3f} {flops / 1e9:>10.1f} "
+                  f"{achieved / 1e9:>8.1f} {achieved / peak:>7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

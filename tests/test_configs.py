@@ -1,0 +1,79 @@
+"""Every config group composes and builds; the documented overrides work without `+`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
+from volseg.training import train
+from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+
+
+def _choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("trainer", _choices("trainer"))
+def test_trainer_configs_compose(tmp_path, trainer):
+    cfg = compose_config("train", tmp_path, [f"trainer={trainer}"])
+    assert cfg.trainer._target_ == "lightning.pytorch.trainer.Trainer"
+    OmegaConf.to_container(cfg.trainer, resolve=True)
+
+
+def test_cpu_trainer_and_callbacks_build(tmp_path):
+    cfg = compose_config("train", tmp_path, ["trainer=cpu"])
+    callbacks = instantiate_callbacks(cfg.callbacks)
+    names = {type(c).__name__ for c in callbacks}
+    assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "RichModelSummary"} <= names
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
+    assert trainer.max_epochs == cfg.trainer.max_epochs
+
+
+@pytest.mark.parametrize("debug", ["fdr", "limit", "overfit"])
+def test_debug_configs_compose(tmp_path, debug):
+    cfg = compose_config("train", tmp_path, [f"debug={debug}"])
+    assert cfg.trainer.accelerator == "cpu" and not cfg.get("logger")
+
+
+def test_documented_overrides_apply_without_plus(tmp_path):
+    overrides = [
+        "model=unet_large",
+        "model.net.widths=[16,32,64]",
+        "model.net.decoder_widths=[16,16]",
+        "trainer.precision=bf16-true",
+        "trainer.max_epochs=3",
+        "trainer.max_time=00:00:05:00",
+        "data.batch_size=4",
+        "data.patch_size=[16,48,64]",
+        f"data.root={tmp_path}",
+        "num_classes=3",
+        "in_channels=1",
+        "seed=3",
+        "ckpt_path=some.ckpt",
+        "logger=tensorboard",
+        "experiment=example",
+    ]
+    cfg = compose_config("train", tmp_path, overrides)
+    assert cfg.trainer.max_time == "00:00:05:00"
+    assert cfg.data.patch_size == [16, 48, 64] and cfg.model.inferer.roi_size == [16, 48, 64]
+    assert cfg.model.net.num_classes == 3 == cfg.data.num_classes
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "wandb"])
+def test_other_loggers_record_the_run(small_dataset, tmp_path, monkeypatch, logger):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    overrides = [*tiny_train_overrides(small_dataset), f"logger={logger}", "trainer.max_epochs=1"]
+    cfg = compose_config("train", tmp_path / "run", overrides)
+    assert [type(lg).__name__ for lg in instantiate_loggers(cfg.logger)]
+    train(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    if logger == "tensorboard":
+        assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    else:
+        assert list(run_dir.rglob("run-*.wandb"))
