@@ -26,7 +26,8 @@ def _tiff_copy(root: Path, target: Path) -> Path:
     for sub in ("images", "labels"):
         for path in sorted((root / sub).glob("*.nii.gz")):
             name = path.name.replace(".nii.gz", ".tif")
-            write_volume(target / sub / name, read_array(path), affine=read_geometry(path)["affine"])
+            affine = read_geometry(path)["affine"]
+            write_volume(target / sub / name, read_array(path), affine=affine)
     splits = json.loads((root / "splits.json").read_text())
     splits = {k: [n.replace(".nii.gz", ".tif") for n in v] for k, v in splits.items()}
     (target / "splits.json").write_text(json.dumps(splits))
@@ -52,7 +53,8 @@ def test_eval_writes_predictions_with_the_input_geometry(small_dataset, tmp_path
     for name in val_names:
         pred, source = out / "predictions" / name, data_root / "images" / name
         assert read_geometry(pred)["shape_zyx"] == read_geometry(source)["shape_zyx"]
-        assert np.allclose(read_geometry(pred)["affine"], read_geometry(source)["affine"], atol=1e-5)
+        affine_pred, affine_source = read_geometry(pred)["affine"], read_geometry(source)["affine"]
+        assert np.allclose(affine_pred, affine_source, atol=1e-5)
         values = np.unique(read_array(pred))
         assert values.min() >= 0 and values.max() < 5
 

@@ -40,5 +40,9 @@ class RunSummary(Callback):
             "wall_time_s": round(time.perf_counter() - self._start, 2),
             "precision": str(trainer.precision),
         }
+        for callback in trainer.callbacks:  # sections from other callbacks (e.g. memory)
+            key = getattr(callback, "summary_key", None)
+            if key is not None:
+                summary[key] = callback.summary()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,114 @@
+"""Reading memory counters: the CUDA caching allocator, or the process's resident memory on a CPU.
+
+Both readers give bytes with the same meaning for the monitor: ``allocated`` (live tensors;
+on a CPU the resident set), ``reserved`` (held by the allocator; on a CPU the same resident set),
+their peaks since the last :meth:`reset_peak`, and allocator retry/OOM counters (CUDA only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """One reading, in bytes."""
+
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    alloc_retries: int = 0
+    ooms: int = 0
+
+
+class CudaMemoryReader:
+    """``torch.cuda`` allocator statistics of one device."""
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def read(self) -> MemoryReading:
+        stats = torch.cuda.memory_stats(self.device)
+        return MemoryReading(
+            allocated=torch.cuda.memory_allocated(self.device),
+            reserved=torch.cuda.memory_reserved(self.device),
+            peak_allocated=torch.cuda.max_memory_allocated(self.device),
+            peak_reserved=torch.cuda.max_memory_reserved(self.device),
+            alloc_retries=int(stats.get("num_alloc_retries", 0)),
+            ooms=int(stats.get("num_ooms", 0)),
+        )
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def _status_kib(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    return int(match.group(1)) if match else 0
+
+
+def set_mmap_threshold(threshold_bytes: int) -> bool:
+    """Make glibc serve allocations above ``threshold_bytes`` with mmap, and return them to the
+    OS when freed, so resident memory follows tensor allocations (fixing the threshold also
+    stops glibc from raising it dynamically). Returns whether it took effect.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
+    except OSError:
+        return False
+
+
+class HostMemoryReader:
+    """The process's resident memory from /proc (Linux): VmRSS, and VmHWM for the peak.
+
+    The peak is reset by writing ``5`` to ``/proc/self/clear_refs``. Host memory has no
+    allocator cache in the CUDA sense: ``reserved`` equals ``allocated`` (the resident set).
+    """
+
+    kind = "host"
+
+    def __init__(self) -> None:
+        self._can_reset = Path("/proc/self/clear_refs").exists()
+        self._peak_floor = 0  # where clear_refs is missing, peaks are tracked from readings
+
+    @staticmethod
+    def available() -> bool:
+        return Path("/proc/self/status").exists()
+
+    def read(self) -> MemoryReading:
+        rss = _status_kib("VmRSS") * 1024
+        peak = _status_kib("VmHWM") * 1024 if self._can_reset else max(self._peak_floor, rss)
+        self._peak_floor = max(self._peak_floor, rss)
+        return MemoryReading(allocated=rss, reserved=rss, peak_allocated=peak, peak_reserved=peak)
+
+    def reset_peak(self) -> None:
+        if self._can_reset:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+                return
+            except OSError:
+                self._can_reset = False
+        self._peak_floor = _status_kib("VmRSS") * 1024
+
+
+def make_reader(device: torch.device) -> CudaMemoryReader | HostMemoryReader | None:
+    """The reader for a training device, or ``None`` where nothing can be read."""
+    if device.type == "cuda":
+        return CudaMemoryReader(device)
+    if HostMemoryReader.available():
+        return HostMemoryReader()
+    return None
