@@ -177,7 +177,7 @@ def main() -> None:
         f"best of {args.repeats}\n"
     )
     header = (
-        f"{'model':<11} {'variant':<22} {'Lightning it/s':>14} {'plain it/s':>10} "
+        f"{'model':<11} {'variant':<30} {'Lightning it/s':>14} {'plain it/s':>10} "
         f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
     )
     print(header)
@@ -210,7 +210,7 @@ def main() -> None:
                 )
             achieved = flops / lightning_best
             print(
-                f"{model:<11} {variant:<22} {1 / lightning_best:>14.2f} {1 / plain_best:>10.2f} "
+                f"{model:<11} {variant:<30} {1 / lightning_best:>14.2f} {1 / plain_best:>10.2f} "
                 f"{plain_best / lightning_best:>6.3f} {flops / 1e9:>10.1f} "
                 f"{achieved / 1e9:>8.1f} {achieved / peak:>7.2f}",
                 flush=True,

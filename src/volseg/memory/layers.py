@@ -180,9 +180,11 @@ class LayerTrace:
         plot_layer_bars(blocks, output_dir / "memory_layers.png")
         peak = self.peak()
         lines = [
-            f"Memory by module (one training step; activations a module's forward left alive; "
-            f"params {peak['params'] / MIB:.1f} MiB, grads {peak['grads'] / MIB:.1f} MiB, "
-            f"optimizer state {peak['optimizer_state'] / MIB:.1f} MiB):"
+            "Memory by module (one training step; activations a module's forward left alive). "
+            f"At the step's peak: activations {peak['activations'] / MIB:.1f} MiB, "
+            f"temporaries {peak['temporaries'] / MIB:.1f} MiB, params {peak['params'] / MIB:.1f} "
+            f"MiB, grads {peak['grads'] / MIB:.1f} MiB, optimizer state "
+            f"{peak['optimizer_state'] / MIB:.1f} MiB:"
         ]
         total = sum(blocks.values()) or 1.0
         for name, mib in list(blocks.items())[:top]:

@@ -1,0 +1,187 @@
+"""The memory monitor on the CPU: mem/* keys, timeline, per-layer trace, OOM report, no leak."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+import pytest
+import torch
+
+from tests.conftest import REPO, compose_config, tiny_train_overrides
+from volseg.memory.layers import CSV_COLUMNS
+from volseg.memory.monitor import MemoryMonitor
+from volseg.training import train
+
+SIZE_KEYS = [
+    "mem/allocated_mib",
+    "mem/reserved_mib",
+    "mem/peak_allocated_mib",
+    "mem/peak_reserved_mib",
+    "mem/peak_fwd_mib",
+    "mem/peak_bwd_mib",
+    "mem/peak_opt_mib",
+]
+COUNT_KEYS = ["mem/fragmentation_mib", "mem/alloc_retries", "mem/ooms"]
+
+
+def _mem_rows(run_dir: Path) -> dict[int, dict[str, float]]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("mem/allocated_mib")]
+    return {
+        int(r["step"]): {k: float(v) for k, v in r.items() if k.startswith("mem/")} for r in rows
+    }
+
+
+@pytest.fixture(scope="module")
+def traced_run(small_dataset, tmp_path_factory) -> Path:
+    """2 epochs (4 steps) at float32 with step 2 traced per module; activations dominate.
+
+    A fresh process, as `python train.py` is: the resident-memory figures of a long pytest
+    process also move with whatever earlier tests left for the garbage collector.
+    """
+    run_dir = tmp_path_factory.mktemp("traced")
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "model.net.widths=[16,32,64]",
+        "data.patch_size=[16,48,48]",
+        "trainer.precision=32",
+        "memory.trace_step=2",
+        "memory.host_mmap_threshold=65536",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = subprocess.run(
+        [sys.executable, "train.py", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Memory by module" in (run_dir / "train.log").read_text()
+    return run_dir
+
+
+def test_every_step_logs_every_key_and_the_run_gets_pictures(traced_run):
+    rows = _mem_rows(traced_run)
+    assert sorted(rows) == [0, 1, 2, 3]
+    for step, row in rows.items():
+        for key in SIZE_KEYS:
+            assert row[key] > 0, (step, key)
+        for key in COUNT_KEYS:
+            assert row[key] >= 0, (step, key)
+        # the step's peak is the largest of its phases' peaks and at least what is held at its end
+        phases = [row["mem/peak_fwd_mib"], row["mem/peak_bwd_mib"], row["mem/peak_opt_mib"]]
+        assert row["mem/peak_allocated_mib"] == pytest.approx(max(phases), abs=0.01)
+        assert row["mem/peak_allocated_mib"] >= row["mem/allocated_mib"] - 0.01
+    assert (traced_run / "memory_timeline.png").stat().st_size > 10_000
+    memory = json.loads((traced_run / "summary.json").read_text())["memory"]
+    assert memory["device"] == "host" and memory["logged_steps"] == 4
+    assert memory["peak_phase"] in {"fwd", "bwd", "opt"}
+    assert memory["peak_allocated_mib"] == pytest.approx(
+        max(r["mem/peak_allocated_mib"] for r in rows.values()), abs=0.1
+    )
+
+
+def test_layer_trace_accounts_for_the_forward_peak(traced_run):
+    with open(traced_run / "memory_layers.csv") as f:
+        layers = list(csv.DictReader(f))
+    assert list(layers[0]) == CSV_COLUMNS
+    assert (traced_run / "memory_layers.png").stat().st_size > 5_000
+    blocks = {
+        r["module"]: float(r["own_activations_mib"]) for r in layers if r["is_block"] == "True"
+    }
+    assert {"net.inc", "net.downs.0", "net.ups.0", "net.head"} <= set(blocks)
+    # full-resolution levels (encoder inc, decoder ups.0) hold most of the activations ...
+    assert blocks["net.inc"] + blocks["net.ups.0"] > 0.5 * sum(blocks.values())
+    # ... and the parameters are a sliver next to them
+    params = float(next(r for r in layers if r["module"] == "net")["own_params_mib"])
+    assert params < 0.1 * sum(blocks.values())
+    # what the modules' forwards kept alive is what the process grew by in the forward phase
+    step = _mem_rows(traced_run)[2]
+    growth = step["mem/peak_fwd_mib"] - step["mem/step_start_allocated_mib"]
+    assert sum(blocks.values()) == pytest.approx(growth, rel=0.10)
+    phases = {r["phase"] for r in layers if r["module"] == "net"}
+    assert {"pre_forward", "post_forward", "pre_backward", "post_backward"} <= phases
+
+
+def test_optimizer_state_is_not_mistaken_for_activations(traced_run):
+    with open(traced_run / "memory_layers.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["module"] == "net"]
+    after_forward = next(r for r in rows if r["phase"] == "post_forward")
+    params = float(after_forward["params_mib"])
+    # AdamW keeps two moments per parameter: exactly 2x the parameter bytes, from step 1 on
+    assert float(after_forward["optimizer_state_mib"]) == pytest.approx(2 * params, rel=0.01)
+    assert float(after_forward["activations_mib"]) > 10 * params
+
+
+class _OutOfMemoryAtStep(L.Callback):
+    """Makes the first decoder level's forward raise CUDA's OOM error at ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            pl_module.net.ups[0].register_forward_hook(self._raise)
+
+    @staticmethod
+    def _raise(module, args, output) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_out_of_memory_prints_the_report_and_re_raises(train_cfg, capsys):
+    datamodule = hydra.utils.instantiate(train_cfg.data)
+    model = hydra.utils.instantiate(train_cfg.model)
+    monitor = MemoryMonitor(train_cfg.paths.output_dir)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[monitor, _OutOfMemoryAtStep(1)],
+    )
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.fit(model, datamodule)
+    out = capsys.readouterr().out
+    assert "CUDA out of memory in a training step." in out
+    assert "failed during: fwd" in out
+    assert "by category: params" in out and "optimizer_state" in out
+    assert "activation checkpointing" in out and "data.batch_size" in out
+
+
+def test_snapshots_on_cpu_say_they_need_cuda_and_training_goes_on(train_cfg, tmp_path, caplog):
+    train_cfg.memory.snapshot_steps = 2
+    with caplog.at_level(logging.INFO):
+        train(train_cfg)
+    assert "allocator snapshots need CUDA" in caplog.text
+    assert not (Path(train_cfg.paths.output_dir) / "memory_snapshot.pickle").exists()
+    assert (Path(train_cfg.paths.output_dir) / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_no_memory_growth_over_200_steps(small_dataset, tmp_path):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "model.net.widths=[4,8]",
+        "data.samples_per_volume=50",  # 4 volumes x 50 / batch 2 = 100 steps per epoch
+        "trainer.max_epochs=2",
+        "trainer.limit_val_batches=0",
+        "trainer.precision=32",
+        "memory.host_mmap_threshold=65536",
+        "callbacks.model_checkpoint=null",
+        "callbacks.early_stopping=null",
+    ]
+    cfg = compose_config("train", tmp_path / "run", overrides)
+    train(cfg)
+    rows = _mem_rows(Path(cfg.paths.output_dir))
+    assert max(rows) == 199
+    after_10th, after_last = rows[9]["mem/allocated_mib"], rows[199]["mem/allocated_mib"]
+    assert after_last == pytest.approx(after_10th, rel=0.01)
