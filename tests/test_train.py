@@ -162,3 +162,22 @@ def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path)
     assert "Traceback" not in result.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_compiled_network_trains_and_its_checkpoint_loads_uncompiled(small_dataset, tmp_path):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "model.compile=true",
+        "model.net.widths=[4,8]",
+        "trainer.max_epochs=1",
+        "trainer.precision=32",
+    ]
+    cfg = compose_config("train", tmp_path, overrides)
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    plain = UNet3D(1, 5, [4, 8], norm="instance")  # unet_tiny's norm
+    plain.load_state_dict(
+        {k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.")}
+    )

@@ -46,7 +46,7 @@ class SegmentationModule(LightningModule):
         include_background: average background into ``val/dice_mean`` too.
         class_names: names for ``val/dice_<name>``; default taken from the datamodule.
         inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
-        compile: wrap ``net`` in ``torch.compile`` at fit start.
+        compile: compile ``net`` with ``torch.compile`` at fit start.
         channels_last: keep the network's weights and inputs in ``channels_last_3d`` (NDHWC)
             memory format; oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
     """
@@ -99,8 +99,10 @@ class SegmentationModule(LightningModule):
         return self.net(x)
 
     def setup(self, stage: str) -> None:
-        if self.compile and stage == "fit" and not hasattr(self.net, "_orig_mod"):
-            self.net = torch.compile(self.net)
+        # Module.compile() compiles in place: state_dict keys stay those of the plain network,
+        # so checkpoints load with or without compile
+        if self.compile and stage == "fit":
+            self.net.compile()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])
