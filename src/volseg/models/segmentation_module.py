@@ -49,6 +49,11 @@ class SegmentationModule(LightningModule):
         compile: compile ``net`` with ``torch.compile`` at fit start.
         channels_last: keep the network's weights and inputs in ``channels_last_3d`` (NDHWC)
             memory format; oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
+        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or a list of level
+            indices: recompute those levels' activations in backward instead of keeping them
+            (the network must offer ``set_activation_checkpointing``, as ``UNet3D`` does).
+        offload_activations: keep the tensors saved for backward in host memory during forward
+            (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
     """
 
     def __init__(
@@ -64,6 +69,8 @@ class SegmentationModule(LightningModule):
         inferer: Inferer | None = None,
         compile: bool = False,
         channels_last: bool = False,
+        activation_checkpointing: str | Sequence[int] | None = None,
+        offload_activations: bool = False,
     ) -> None:
         super().__init__()
         self.net = net
@@ -77,6 +84,13 @@ class SegmentationModule(LightningModule):
         self.inferer = inferer or SlidingWindowInferer(roi_size=(32, 64, 64), overlap=0.25)
         self.compile = compile
         self.channels_last = channels_last
+        self.offload_activations = offload_activations
+        if activation_checkpointing not in (None, "none"):
+            if not hasattr(net, "set_activation_checkpointing"):
+                raise ValueError(
+                    f"model.activation_checkpointing: {type(net).__name__} does not support it"
+                )
+            net.set_activation_checkpointing(activation_checkpointing)
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last_3d)
         self.dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
@@ -96,6 +110,9 @@ class SegmentationModule(LightningModule):
         """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
+        if self.offload_activations and self.training and torch.is_grad_enabled():
+            with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+                return self.net(x)
         return self.net(x)
 
     def setup(self, stage: str) -> None:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from volseg.memory.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+
 Norm = Literal["batch", "instance", "group"]
 Upsampling = Literal["trilinear", "transposed"]
 
@@ -30,7 +32,13 @@ def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
 
 
 class DoubleConv(nn.Sequential):
-    """[Conv3d(k=3, pad=1) -> norm -> ReLU] x 2, optional dropout after the first ReLU."""
+    """[Conv3d(k=3, pad=1) -> norm -> ReLU] x 2, optional dropout after the first ReLU.
+
+    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`), each
+    conv -> norm -> ReLU unit runs as its own checkpoint segment while training.
+    """
+
+    checkpointed = False
 
     def __init__(
         self,
@@ -54,6 +62,19 @@ class DoubleConv(nn.Sequential):
             nn.ReLU(inplace=True),
         ]
         super().__init__(*layers)
+
+    def units(self) -> tuple[nn.Sequential, nn.Sequential]:
+        """The two conv -> norm -> ReLU (-> dropout) units, as views on the same layers."""
+        layers = list(self)
+        split = 4 if isinstance(layers[3], nn.Dropout3d) else 3
+        return nn.Sequential(*layers[:split]), nn.Sequential(*layers[split:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.checkpointed and self.training and torch.is_grad_enabled()):
+            return super().forward(x)
+        first, second = self.units()
+        x = checkpoint_segment(first, [first], x)
+        return checkpoint_segment(second, [second], x)
 
 
 class Down(nn.Sequential):
@@ -89,12 +110,25 @@ class Up(nn.Module):
             )
         self.conv = DoubleConv(skip_channels + in_channels, out_channels, **conv_kwargs)
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    checkpointed = False
+
+    def merge(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """Upsample ``x``, pad it to ``skip``'s size, concat ``[skip, x]`` on channels."""
         x = self.up(x)
         dz, dy, dx = (s - u for s, u in zip(skip.shape[2:], x.shape[2:], strict=True))
         if dz or dy or dx:
             x = F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2, dz // 2, dz - dz // 2])
-        return self.conv(torch.cat([skip, x], dim=1))
+        return torch.cat([skip, x], dim=1)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        if not (self.checkpointed and self.training and torch.is_grad_enabled()):
+            return self.conv(self.merge(x, skip))
+        first, second = self.conv.units()
+        # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
+        y = checkpoint_segment(
+            lambda x, skip: first(self.merge(x, skip)), [self.up, first], x, skip
+        )
+        return checkpoint_segment(second, [second], y)
 
 
 class UNet3D(nn.Module):
@@ -111,6 +145,8 @@ class UNet3D(nn.Module):
         upsampling: ``trilinear`` (align_corners=True) or ``transposed`` (ConvTranspose3d k=2 s=2).
         bias: conv bias.
         dropout: Dropout3d probability inside every DoubleConv (0 disables it).
+        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or level indices;
+            see :func:`volseg.memory.checkpointing.checkpoint_levels`.
 
     Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
     """
@@ -126,6 +162,7 @@ class UNet3D(nn.Module):
         upsampling: Upsampling = "trilinear",
         bias: bool = True,
         dropout: float = 0.0,
+        activation_checkpointing: CheckpointSpec = None,
     ) -> None:
         super().__init__()
         widths = list(widths)
@@ -153,10 +190,20 @@ class UNet3D(nn.Module):
             for i in range(len(widths) - 1)
         )
         self.head = nn.Conv3d(decoder_widths[0], num_classes, kernel_size=1)
+        self.set_activation_checkpointing(activation_checkpointing)
 
     @property
     def depth(self) -> int:
         return len(self.widths)
+
+    def set_activation_checkpointing(self, spec: CheckpointSpec) -> None:
+        """Checkpoint the blocks chosen by ``spec`` (see :func:`checkpoint_levels`)."""
+        encoder, decoder = checkpoint_levels(spec, self.depth)
+        for level in range(self.depth):
+            block = self.inc if level == 0 else self.downs[level - 1][1]
+            block.checkpointed = level in encoder
+        for level, up in enumerate(self.ups):
+            up.checkpointed = level in decoder
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         skips = [self.inc(x)]

@@ -1,0 +1,128 @@
+"""Activation checkpointing and offload: same gradients and statistics, less activation memory."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from monai.losses import DiceCELoss
+from torch.distributed._tools.mem_tracker import MemTracker
+
+import volseg.memory.checkpointing as checkpointing
+from tests.conftest import compose_config, tiny_train_overrides
+from volseg.models.segmentation_module import SegmentationModule
+from volseg.models.unet import UNet3D
+from volseg.training import train
+
+LOSS = DiceCELoss(to_onehot_y=True, softmax=True)
+
+
+def _batch(shape=(2, 1, 16, 32, 32)):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator)
+    y = torch.randint(0, 5, (shape[0], 1, *shape[2:]), generator=generator).float()
+    return x, y
+
+
+def _step(net: torch.nn.Module, x, y) -> torch.nn.Module:
+    torch.manual_seed(1)  # same dropout masks in every variant
+    LOSS(net(x), y).backward()
+    return net
+
+
+def _with(base: UNet3D, spec) -> UNet3D:
+    net = copy.deepcopy(base)
+    net.set_activation_checkpointing(spec)
+    return net
+
+
+@pytest.mark.parametrize("spec", ["encoder", "decoder", "all", [0], [1, 2]])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_gradients_and_batchnorm_statistics_match_no_checkpointing(spec, dropout):
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [8, 16, 32], norm="batch", dropout=dropout)
+    x, y = _batch()
+    reference = _step(copy.deepcopy(base), x, y)
+    checkpointed = _step(_with(base, spec), x, y)
+    for (name, p), q in zip(reference.named_parameters(), checkpointed.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+    for (name, a), b in zip(reference.named_buffers(), checkpointed.buffers(), strict=True):
+        assert torch.equal(a, b), name  # running_mean/var and num_batches_tracked
+
+
+def test_without_the_freeze_recomputation_would_update_batchnorm_twice(monkeypatch):
+    """The statistics test above can fail: recomputation really does run BatchNorm again."""
+    monkeypatch.setattr(
+        checkpointing, "frozen_norm_statistics", lambda modules: contextlib.nullcontext()
+    )
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [8, 16, 32], norm="batch")
+    x, y = _batch()
+    reference = _step(copy.deepcopy(base), x, y)
+    checkpointed = _step(_with(base, "all"), x, y)
+    assert reference.inc[1].num_batches_tracked.item() == 1
+    assert checkpointed.inc[1].num_batches_tracked.item() == 2
+    assert not torch.equal(reference.inc[1].running_mean, checkpointed.inc[1].running_mean)
+
+
+def _peak_activations_mib(net: torch.nn.Module, x, y) -> float:
+    tracker = MemTracker()
+    tracker.track_external(net, x, y)
+    with tracker:
+        LOSS(net(x), y).backward()
+    peak = tracker.get_tracker_snapshot("peak")
+    return sum(per_device["Activation"] for per_device in peak.values()) / 2**20
+
+
+def test_checkpointing_all_cuts_peak_activations_by_more_than_60_percent():
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [16, 32, 64, 128])
+    x, y = _batch((2, 1, 32, 64, 64))
+    none = _peak_activations_mib(copy.deepcopy(base), x, y)
+    everything = _peak_activations_mib(_with(base, "all"), x, y)
+    assert everything < 0.4 * none, (everything, none)
+    decoder = _peak_activations_mib(_with(base, "decoder"), x, y)
+    assert everything < decoder < none
+
+
+def test_checkpointing_is_off_in_eval_and_without_grad():
+    net = _with(UNet3D(1, 5, [4, 8]), "all").eval()
+    x, _ = _batch((1, 1, 8, 16, 16))
+    with torch.no_grad():
+        assert net(x).shape == (1, 5, 8, 16, 16)
+
+
+def test_bad_spec_names_the_key():
+    with pytest.raises(ValueError, match="model.activation_checkpointing must be"):
+        UNet3D(1, 5, [4, 8], activation_checkpointing="some")
+    with pytest.raises(ValueError, match=r"levels must lie in 0..1"):
+        UNet3D(1, 5, [4, 8], activation_checkpointing=[3])
+
+
+def test_offload_gives_the_same_gradients():
+    torch.manual_seed(0)
+    net = UNet3D(1, 5, [8, 16])
+    x, y = _batch()
+
+    def module(offload: bool) -> SegmentationModule:
+        return SegmentationModule(
+            copy.deepcopy(net), LOSS, torch.optim.SGD, offload_activations=offload
+        )
+
+    reference, offloaded = _step(module(False), x, y), _step(module(True), x, y)
+    for p, q in zip(reference.parameters(), offloaded.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_levers_are_config_values_that_train(small_dataset, tmp_path):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "model.activation_checkpointing=[0,1]",
+        "model.offload_activations=true",
+        "trainer.max_epochs=1",
+    ]
+    cfg = compose_config("train", tmp_path, overrides)
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
