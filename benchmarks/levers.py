@@ -1,0 +1,133 @@
+"""Memory levers on the CPU: peak memory and step time of each lever, relative to no lever.
+
+A seed-like scaled config: the unet_large layout (5 levels, decoder widths as the preset) at a
+quarter of its width (16..128 channels) on the seed case's input, batch 2 of 1x26x150x320, 5
+classes. For each lever (and useful combinations) it runs training steps (forward, DiceCE,
+backward, AdamW) and reports, from the memory monitor's host reader (resident memory with
+glibc's mmap threshold fixed, so freed tensors leave it):
+
+- the step's peak minus its start (what the step added: activations, temporaries, gradients),
+- the peak activations counted by torch's MemTracker in one extra step,
+- seconds per step (best of ``--steps`` after one warm-up step),
+
+each also as a ratio to the no-lever baseline measured in the same run.
+
+    python benchmarks/levers.py [--shape 26 150 320] [--batch 2] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import nullcontext
+
+import torch
+from monai.losses import DiceCELoss
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
+from volseg.models.segmentation_module import SegmentationModule
+from volseg.models.unet import UNet3D
+
+MIB = 2**20
+LEVERS: dict[str, dict] = {
+    "none (fp32)": {},
+    "checkpointing: encoder": {"activation_checkpointing": "encoder"},
+    "checkpointing: decoder": {"activation_checkpointing": "decoder"},
+    "checkpointing: level 0": {"activation_checkpointing": [0]},
+    "checkpointing: all": {"activation_checkpointing": "all"},
+    "bf16 autocast": {"autocast": True},
+    "bf16 autocast + checkpointing: all": {"autocast": True, "activation_checkpointing": "all"},
+    "micro-batch 1 (x2 accumulation)": {"micro_batch": 1},
+    "micro-batch 1 + bf16 + checkpointing: all": {
+        "micro_batch": 1,
+        "autocast": True,
+        "activation_checkpointing": "all",
+    },
+}
+
+
+def build(lever: dict) -> SegmentationModule:
+    torch.manual_seed(0)
+    net = UNet3D(1, 5, widths=[16, 32, 64, 128, 128], decoder_widths=[16, 16, 32, 64])
+    return SegmentationModule(
+        net,
+        DiceCELoss(to_onehot_y=True, softmax=True, include_background=False),
+        lambda params: torch.optim.AdamW(params, lr=1e-3),
+        activation_checkpointing=lever.get("activation_checkpointing"),
+    )
+
+
+def train_step(module, optimizer, x, y, lever: dict, after_micro_batch=None) -> None:
+    micro = lever.get("micro_batch", x.shape[0])
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if lever.get("autocast") else None
+    for start in range(0, x.shape[0], micro):
+        xs, ys = x[start : start + micro], y[start : start + micro]
+        with autocast or nullcontext():
+            logits = module(xs)
+        loss = module.loss(logits.float(), ys) * xs.shape[0] / x.shape[0]
+        loss.backward()
+        if after_micro_batch is not None:
+            after_micro_batch()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measure(lever: dict, x, y, steps: int, reader: HostMemoryReader) -> dict[str, float]:
+    module = build(lever)
+    module.train()
+    optimizer = module.optimizer_factory(module.parameters())
+    train_step(module, optimizer, x, y, lever)  # warm-up; creates the optimizer state
+    best_time, added = float("inf"), 0.0
+    for _ in range(steps):
+        reader.reset_peak()
+        start = reader.read()
+        began = time.perf_counter()
+        train_step(module, optimizer, x, y, lever)
+        best_time = min(best_time, time.perf_counter() - began)
+        added = max(added, reader.read().peak_allocated - start.allocated)
+    tracker = MemTracker()
+    tracker.track_external(module, optimizer, x, y)
+    with tracker:  # MemTracker follows one call per module: reset it between micro-batches
+        train_step(module, optimizer, x, y, lever, after_micro_batch=tracker.reset_mod_stats)
+    peak = tracker.get_tracker_snapshot("peak")
+    activations = sum(d["Activation"] for d in peak.values())
+    return {"added_mib": added / MIB, "activations_mib": activations / MIB, "seconds": best_time}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", type=int, nargs=3, default=[26, 150, 320])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    set_mmap_threshold(65536)
+    reader = HostMemoryReader()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, 1, *args.shape, generator=generator)
+    y = torch.randint(0, 5, (args.batch, 1, *args.shape), generator=generator).float()
+    print(
+        f"unet_large layout at 1/4 width (16..128 channels), batch {args.batch} x "
+        f"1x{'x'.join(map(str, args.shape))}, 5 classes, AdamW; CPU host memory, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}\n"
+    )
+    header = (
+        f"| {'lever':<42} | step adds (MiB) | ratio | activations (MiB) | ratio | s/step | ratio |"
+    )
+    print(header)
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    base = None
+    for name, lever in LEVERS.items():
+        r = measure(lever, x, y, args.steps, reader)
+        base = base or r
+        print(
+            f"| {name:<42} | {r['added_mib']:15,.0f} | {r['added_mib'] / base['added_mib']:5.2f} "
+            f"| {r['activations_mib']:17,.0f} | "
+            f"{r['activations_mib'] / base['activations_mib']:5.2f} | {r['seconds']:6.2f} "
+            f"| {r['seconds'] / base['seconds']:5.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
