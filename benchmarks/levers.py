@@ -36,13 +36,19 @@ LEVERS: dict[str, dict] = {
     "checkpointing: decoder": {"activation_checkpointing": "decoder"},
     "checkpointing: level 0": {"activation_checkpointing": [0]},
     "checkpointing: all": {"activation_checkpointing": "all"},
+    "checkpointing: all + loss": {"activation_checkpointing": "all", "checkpoint_loss": True},
     "bf16 autocast": {"autocast": True},
-    "bf16 autocast + checkpointing: all": {"autocast": True, "activation_checkpointing": "all"},
+    "bf16 autocast + checkpointing: all + loss": {
+        "autocast": True,
+        "activation_checkpointing": "all",
+        "checkpoint_loss": True,
+    },
     "micro-batch 1 (x2 accumulation)": {"micro_batch": 1},
-    "micro-batch 1 + bf16 + checkpointing: all": {
+    "micro-batch 1 + bf16 + checkpointing: all + loss": {
         "micro_batch": 1,
         "autocast": True,
         "activation_checkpointing": "all",
+        "checkpoint_loss": True,
     },
 }
 
@@ -55,6 +61,7 @@ def build(lever: dict) -> SegmentationModule:
         DiceCELoss(to_onehot_y=True, softmax=True, include_background=False),
         lambda params: torch.optim.AdamW(params, lr=1e-3),
         activation_checkpointing=lever.get("activation_checkpointing"),
+        checkpoint_loss=lever.get("checkpoint_loss", False),
     )
 
 
@@ -65,7 +72,8 @@ def train_step(module, optimizer, x, y, lever: dict, after_micro_batch=None) -> 
         xs, ys = x[start : start + micro], y[start : start + micro]
         with autocast or nullcontext():
             logits = module(xs)
-        loss = module.loss(logits.float(), ys) * xs.shape[0] / x.shape[0]
+        # the same loss code as SegmentationModule.training_step
+        loss = module.compute_loss(logits, ys) * xs.shape[0] / x.shape[0]
         loss.backward()
         if after_micro_batch is not None:
             after_micro_batch()

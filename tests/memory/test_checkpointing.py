@@ -126,3 +126,19 @@ def test_levers_are_config_values_that_train(small_dataset, tmp_path):
     cfg = compose_config("train", tmp_path, overrides)
     metrics = train(cfg)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_checkpointed_loss_gives_the_same_loss_and_gradients():
+    torch.manual_seed(0)
+    net = UNet3D(1, 5, [8, 16])
+    x, y = _batch()
+    results = []
+    for flag in (False, True):
+        module = SegmentationModule(copy.deepcopy(net), LOSS, torch.optim.SGD, checkpoint_loss=flag)
+        loss = module.compute_loss(module(x), y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in module.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    pairs = zip(grads_a, grads_b, strict=True)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in pairs)

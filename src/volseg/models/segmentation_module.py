@@ -12,6 +12,7 @@ from monai.inferers import Inferer, SlidingWindowInferer
 from monai.metrics import DiceMetric
 from monai.networks.utils import one_hot
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class SegmentationModule(LightningModule):
             (the network must offer ``set_activation_checkpointing``, as ``UNet3D`` does).
         offload_activations: keep the tensors saved for backward in host memory during forward
             (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
+        checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
+            not the loss's full-resolution intermediates (softmax, one-hot, products).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class SegmentationModule(LightningModule):
         channels_last: bool = False,
         activation_checkpointing: str | Sequence[int] | None = None,
         offload_activations: bool = False,
+        checkpoint_loss: bool = False,
     ) -> None:
         super().__init__()
         self.net = net
@@ -85,6 +89,7 @@ class SegmentationModule(LightningModule):
         self.compile = compile
         self.channels_last = channels_last
         self.offload_activations = offload_activations
+        self.checkpoint_loss = checkpoint_loss
         if activation_checkpointing not in (None, "none"):
             if not hasattr(net, "set_activation_checkpointing"):
                 raise ValueError(
@@ -123,9 +128,16 @@ class SegmentationModule(LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])
-        loss = self.loss(logits.float(), batch["label"])
+        loss = self.compute_loss(logits, batch["label"])
         self.log("train/loss", loss, prog_bar=True, batch_size=logits.shape[0])
         return loss
+
+    def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
+        logits = logits.float()
+        if self.checkpoint_loss and torch.is_grad_enabled():
+            return checkpoint(self.loss, logits, label, use_reentrant=False)
+        return self.loss(logits, label)
 
     @torch.no_grad()
     def predict_volume(self, image: torch.Tensor) -> torch.Tensor:

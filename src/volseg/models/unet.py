@@ -120,15 +120,20 @@ class Up(nn.Module):
             x = F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2, dz // 2, dz - dz // 2])
         return torch.cat([skip, x], dim=1)
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, skip: torch.Tensor, tail: nn.Module | None = None
+    ) -> torch.Tensor:
+        """``tail`` (the network's head, at level 0) runs after the block; when checkpointed,
+        inside the block's last segment, so the block's output need not be kept for it."""
+        tail = tail if tail is not None else nn.Identity()
         if not (self.checkpointed and self.training and torch.is_grad_enabled()):
-            return self.conv(self.merge(x, skip))
+            return tail(self.conv(self.merge(x, skip)))
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
         y = checkpoint_segment(
             lambda x, skip: first(self.merge(x, skip)), [self.up, first], x, skip
         )
-        return checkpoint_segment(second, [second], y)
+        return checkpoint_segment(lambda y: tail(second(y)), [second, tail], y)
 
 
 class UNet3D(nn.Module):
@@ -210,6 +215,6 @@ class UNet3D(nn.Module):
         for down in self.downs:
             skips.append(down(skips[-1]))
         x = skips.pop()
-        for level in reversed(range(len(self.ups))):
+        for level in reversed(range(1, len(self.ups))):
             x = self.ups[level](x, skips[level])
-        return self.head(x)
+        return self.ups[0](x, skips[0], tail=self.head)
