@@ -112,6 +112,9 @@ class Up(nn.Module):
 
     checkpointed = False
 
+    def checkpointing_now(self) -> bool:
+        return self.checkpointed and self.training and torch.is_grad_enabled()
+
     def merge(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         """Upsample ``x``, pad it to ``skip``'s size, concat ``[skip, x]`` on channels."""
         x = self.up(x)
@@ -126,7 +129,7 @@ class Up(nn.Module):
         """``tail`` (the network's head, at level 0) runs after the block; when checkpointed,
         inside the block's last segment, so the block's output need not be kept for it."""
         tail = tail if tail is not None else nn.Identity()
-        if not (self.checkpointed and self.training and torch.is_grad_enabled()):
+        if not self.checkpointing_now():
             return tail(self.conv(self.merge(x, skip)))
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
@@ -217,4 +220,6 @@ class UNet3D(nn.Module):
         x = skips.pop()
         for level in reversed(range(1, len(self.ups))):
             x = self.ups[level](x, skips[level])
-        return self.ups[0](x, skips[0], tail=self.head)
+        if self.ups[0].checkpointing_now():  # the head joins the last checkpoint segment
+            return self.ups[0](x, skips[0], tail=self.head)
+        return self.head(self.ups[0](x, skips[0]))
