@@ -7,7 +7,8 @@ backward, AdamW) and reports, from the memory monitor's host reader (resident me
 glibc's mmap threshold fixed, so freed tensors leave it):
 
 - the step's peak minus its start (what the step added: activations, temporaries, gradients),
-- the peak activations counted by torch's MemTracker in one extra step,
+- the activations kept for backward (counted by torch's MemTracker at the end of forward + loss,
+  in one extra step),
 - seconds per step (best of ``--steps`` after one warm-up step),
 
 each also as a ratio to the no-lever baseline measured in the same run.
@@ -65,7 +66,9 @@ def build(lever: dict) -> SegmentationModule:
     )
 
 
-def train_step(module, optimizer, x, y, lever: dict, after_micro_batch=None) -> None:
+def train_step(
+    module, optimizer, x, y, lever: dict, before_backward=None, after_micro_batch=None
+) -> None:
     micro = lever.get("micro_batch", x.shape[0])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if lever.get("autocast") else None
     for start in range(0, x.shape[0], micro):
@@ -74,6 +77,8 @@ def train_step(module, optimizer, x, y, lever: dict, after_micro_batch=None) -> 
             logits = module(xs)
         # the same loss code as SegmentationModule.training_step
         loss = module.compute_loss(logits, ys) * xs.shape[0] / x.shape[0]
+        if before_backward is not None:
+            before_backward()
         loss.backward()
         if after_micro_batch is not None:
             after_micro_batch()
@@ -96,10 +101,15 @@ def measure(lever: dict, x, y, steps: int, reader: HostMemoryReader) -> dict[str
         added = max(added, reader.read().peak_allocated - start.allocated)
     tracker = MemTracker()
     tracker.track_external(module, optimizer, x, y)
+    kept = []
+
+    def record() -> None:  # activations kept for backward: all of them exist right now
+        now = tracker.get_tracker_snapshot("current")
+        kept.append(sum(d["Activation"] for d in now.values()))
+
     with tracker:  # MemTracker follows one call per module: reset it between micro-batches
-        train_step(module, optimizer, x, y, lever, after_micro_batch=tracker.reset_mod_stats)
-    peak = tracker.get_tracker_snapshot("peak")
-    activations = sum(d["Activation"] for d in peak.values())
+        train_step(module, optimizer, x, y, lever, record, tracker.reset_mod_stats)
+    activations = max(kept)
     return {"added_mib": added / MIB, "activations_mib": activations / MIB, "seconds": best_time}
 
 
