@@ -100,3 +100,16 @@ def test_channels_last_gives_the_same_logits_and_gradients():
     grad_ref, grad_fast = reference.net.inc[0].weight.grad, fast.net.inc[0].weight.grad
     # same math, other summation order: equal to float32 rounding
     assert torch.allclose(grad_ref, grad_fast, rtol=1e-3, atol=1e-3)
+
+
+def test_validation_inferer_options_come_from_the_config(tmp_path):
+    import hydra
+
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        "train", tmp_path, ["model.inferer.device=cpu", "model.inferer.sw_batch_size=4"]
+    )
+    module = hydra.utils.instantiate(cfg.model)
+    assert module.inferer.sw_batch_size == 4 and str(module.inferer.device) == "cpu"
+    assert list(module.inferer.roi_size) == list(cfg.data.patch_size)
