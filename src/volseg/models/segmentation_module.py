@@ -57,6 +57,9 @@ class SegmentationModule(LightningModule):
             (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
         checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
             not the loss's full-resolution intermediates (softmax, one-hot, products).
+        placement: ``{"encoder": device, "decoder": device}`` to split the network over two
+            devices (the network must offer ``place``, as ``UNet3D`` does); applied after
+            Lightning has moved the module to its device, at the start of every stage.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class SegmentationModule(LightningModule):
         activation_checkpointing: str | Sequence[int] | None = None,
         offload_activations: bool = False,
         checkpoint_loss: bool = False,
+        placement: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.net = net
@@ -90,6 +94,15 @@ class SegmentationModule(LightningModule):
         self.channels_last = channels_last
         self.offload_activations = offload_activations
         self.checkpoint_loss = checkpoint_loss
+        self.placement = dict(placement) if placement else None
+        valid = self.placement is None or (
+            set(self.placement) == {"encoder", "decoder"} and hasattr(net, "place")
+        )
+        if not valid:
+            raise ValueError(
+                "model.placement must be {encoder: DEVICE, decoder: DEVICE} for a network "
+                f"that supports it; got {self.placement} for {type(net).__name__}"
+            )
         if activation_checkpointing not in (None, "none"):
             if not hasattr(net, "set_activation_checkpointing"):
                 raise ValueError(
@@ -110,6 +123,20 @@ class SegmentationModule(LightningModule):
             names = getattr(datamodule, "class_names", None)
             self._class_names = list(names or (f"class_{k}" for k in range(self.num_classes)))
         return self._class_names
+
+    def _apply_placement(self) -> None:
+        # Lightning moves the whole module to one device in its set-up; split it afterwards
+        if self.placement is not None:
+            self.net.place(self.placement["encoder"], self.placement["decoder"])
+
+    def on_fit_start(self) -> None:
+        self._apply_placement()
+
+    def on_validation_start(self) -> None:
+        self._apply_placement()
+
+    def on_predict_start(self) -> None:
+        self._apply_placement()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``."""
@@ -134,7 +161,7 @@ class SegmentationModule(LightningModule):
 
     def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
-        logits = logits.float()
+        logits, label = logits.float(), label.to(logits.device)
         if self.checkpoint_loss and torch.is_grad_enabled():
             return checkpoint(self.loss, logits, label, use_reentrant=False)
         return self.loss(logits, label)

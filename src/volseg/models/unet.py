@@ -198,11 +198,25 @@ class UNet3D(nn.Module):
             for i in range(len(widths) - 1)
         )
         self.head = nn.Conv3d(decoder_widths[0], num_classes, kernel_size=1)
+        self.encoder_device: torch.device | None = None  # set by place()
+        self.decoder_device: torch.device | None = None
         self.set_activation_checkpointing(activation_checkpointing)
 
     @property
     def depth(self) -> int:
         return len(self.widths)
+
+    def place(self, encoder: str | torch.device, decoder: str | torch.device) -> None:
+        """Put the encoder (``inc``, ``downs``) and decoder (``ups``, ``head``) on two devices.
+
+        Forward moves the bottom features and every skip connection to the decoder's device;
+        ``Tensor.to`` is differentiable, so backward flows through both devices.
+        """
+        self.encoder_device, self.decoder_device = torch.device(encoder), torch.device(decoder)
+        self.inc.to(self.encoder_device)
+        self.downs.to(self.encoder_device)
+        self.ups.to(self.decoder_device)
+        self.head.to(self.decoder_device)
 
     def set_activation_checkpointing(self, spec: CheckpointSpec) -> None:
         """Checkpoint the blocks chosen by ``spec`` (see :func:`checkpoint_levels`)."""
@@ -214,9 +228,13 @@ class UNet3D(nn.Module):
             up.checkpointed = level in decoder
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.encoder_device is not None:
+            x = x.to(self.encoder_device)
         skips = [self.inc(x)]
         for down in self.downs:
             skips.append(down(skips[-1]))
+        if self.decoder_device is not None:
+            skips = [s.to(self.decoder_device, non_blocking=True) for s in skips]
         x = skips.pop()
         for level in reversed(range(1, len(self.ups))):
             x = self.ups[level](x, skips[level])
