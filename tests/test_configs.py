@@ -77,3 +77,33 @@ def test_other_loggers_record_the_run(small_dataset, tmp_path, monkeypatch, logg
         assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     else:
         assert list(run_dir.rglob("run-*.wandb"))
+
+
+def test_deepspeed_without_the_package_is_one_clear_error(tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed here")
+
+    from tests.conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, "train.py", "trainer=deepspeed", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "needs the deepspeed package" in result.stderr
+    assert 'pip install "volseg[deepspeed]"' in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_fsdp_config_builds_its_strategy(tmp_path):
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    cfg = compose_config("train", tmp_path, ["trainer=fsdp"])
+    assert isinstance(hydra.utils.instantiate(cfg.trainer.strategy), FSDPStrategy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,21 @@ def log_precision(requested: Any, trainer: L.Trainer) -> None:
         log.info("Precision %s on %s", actual, device)
 
 
+# strategies that need a package torch and Lightning do not bring: (module, install command)
+OPTIONAL_STRATEGIES = {"deepspeed": ("deepspeed", 'pip install "volseg[deepspeed]"')}
+
+
+def check_strategy_installed(strategy: Any) -> None:
+    """One clear error, before any work, when ``trainer.strategy`` needs a missing package."""
+    name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
+    for key, (module, install) in OPTIONAL_STRATEGIES.items():
+        if key in name.lower() and importlib.util.find_spec(module) is None:
+            raise UserInputError(
+                f"trainer.strategy={name}: needs the {module} package, which is not installed. "
+                f"Install it with: {install}"
+            )
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
 
@@ -43,6 +59,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True)
     if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
         raise UserInputError(f"ckpt_path={cfg.ckpt_path}: file not found")
+
+    check_strategy_installed(cfg.trainer.get("strategy"))
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
