@@ -64,3 +64,12 @@ def test_widths_override_and_top_level_classes(tmp_path):
     assert net.depth == 3
     assert net.inc[0].in_channels == 2 and net.head.out_channels == 3
     assert cfg.data.num_classes == 3 and cfg.model.num_classes == 3
+
+
+@pytest.mark.parametrize("preset", ["unet_small", "unet_large"])
+def test_group_norm_presets_keep_the_layout(tmp_path, preset):
+    bn, gn = _build(preset, tmp_path), _build(f"{preset}_gn", tmp_path)
+    assert sum(p.numel() for p in gn.parameters()) == sum(p.numel() for p in bn.parameters())
+    assert not any(isinstance(m, torch.nn.BatchNorm3d) for m in gn.modules())
+    groups = [m for m in gn.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert groups and all(m.num_groups == 8 for m in groups)
