@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from volseg.models.unet import UNet3D
+from volseg.models import UNet3D
 
 
 def _count(net: torch.nn.Module) -> int:
