@@ -23,6 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from volseg.memory.layers import LayerTrace, block_activations
+from volseg.models.segmentation_module import guard_fp16_eps
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
@@ -38,8 +39,7 @@ def build(preset: str):
 def measure(preset: str, shape: list[int], batch: int, device: torch.device) -> dict:
     module = build(preset).to(device=device, dtype=torch.float16)
     optimizer = module.optimizer_factory(params=module.parameters())
-    for group in optimizer.param_groups:
-        group["eps"] = max(group["eps"], 1e-4)  # as SegmentationModule does for float16
+    guard_fp16_eps(optimizer)  # as SegmentationModule.configure_optimizers does
     image = torch.randn(batch, 1, *shape, device=device, dtype=torch.float16)
     label = torch.randint(0, 5, (batch, 1, *shape), device=device).half()
 

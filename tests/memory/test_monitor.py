@@ -185,3 +185,27 @@ def test_no_memory_growth_over_200_steps(small_dataset, tmp_path):
     assert max(rows) == 199
     after_10th, after_last = rows[9]["mem/allocated_mib"], rows[199]["mem/allocated_mib"]
     assert after_last == pytest.approx(after_10th, rel=0.01)
+
+
+def test_cuda_snapshot_records_k_steps_once_and_dumps(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    calls = []
+    monkeypatch.setattr(
+        torch.cuda.memory,
+        "_record_memory_history",
+        lambda enabled="all", **kw: calls.append(("record", enabled)),
+    )
+    monkeypatch.setattr(
+        torch.cuda.memory, "_dump_snapshot", lambda path: calls.append(("dump", path))
+    )
+    monitor = MemoryMonitor(tmp_path, every_n_steps=1000, snapshot_steps=2)
+    monitor.reader = SimpleNamespace(kind="cuda")  # a CUDA run, steps not logged (1000)
+    trainer = SimpleNamespace(global_step=7)  # e.g. resumed at step 7
+    for _ in range(5):
+        monitor.on_train_batch_start(trainer, None, None, 0)
+        trainer.global_step += 1
+        monitor.on_train_batch_end(trainer, None, None, None, 0)
+    snapshot = str(tmp_path / "memory_snapshot.pickle")
+    # recording starts at the fit's first step, stops after 2 steps, and never starts again
+    assert calls == [("record", "all"), ("dump", snapshot), ("record", None)]

@@ -39,8 +39,8 @@ class MemoryMonitor(Callback):
         every_n_steps: log every N training steps (other steps are not touched).
         trace_step: global step whose memory is traced per module and category with torch's
             ``MemTracker`` (``None``: no trace).
-        snapshot_steps: on CUDA, record allocator history for this many steps from the first
-            and dump ``memory_snapshot.pickle`` (view it at https://pytorch.org/memory_viz).
+        snapshot_steps: on CUDA, record allocator history for this many steps from the fit's
+            first and dump ``memory_snapshot.pickle`` (view it at https://pytorch.org/memory_viz).
         host_mmap_threshold: on a CPU, serve allocations above this many bytes with mmap so freed
             tensors leave the resident set (``None``: leave glibc's malloc as it is).
     """
@@ -131,6 +131,8 @@ class MemoryMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
+            self._dump_snapshot()
         if not self._active:
             return
         self._end_phase("opt")
@@ -138,8 +140,6 @@ class MemoryMonitor(Callback):
         step = trainer.global_step - 1  # the step that just ran (global_step was incremented)
         if self._trace is not None:
             self._finish_trace(trainer)
-        if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
-            self._dump_snapshot()
         now = self._phase_peaks["opt"]
         peaks = {p: self._phase_peaks[p] for p in PHASES if p in self._phase_peaks}
         metrics = {
@@ -167,16 +167,16 @@ class MemoryMonitor(Callback):
 
     # -- allocator snapshots (CUDA) -------------------------------------------------------
     def _maybe_start_snapshot(self, step: int) -> None:
-        if self._snapshot_until is None and step == 0:
+        if self._snapshot_until is None:  # the first step of this fit (also after a resume)
             torch.cuda.memory._record_memory_history(max_entries=200_000)
-            self._snapshot_until = self.snapshot_steps
+            self._snapshot_until = step + self.snapshot_steps
 
     def _dump_snapshot(self) -> None:
         path = self.output_dir / "memory_snapshot.pickle"
         self.output_dir.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
-        self._snapshot_until = -1
+        self._snapshot_until, self.snapshot_steps = None, 0  # once per fit
         log.info("Allocator snapshot: %s (open it at https://pytorch.org/memory_viz)", path)
 
     # -- fit end --------------------------------------------------------------------------

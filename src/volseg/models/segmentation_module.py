@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 
 
-def _guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
+def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
     """Raise ``eps`` of param groups holding float16 weights (``16-true``) to ``FP16_MIN_EPS``."""
     for group in optimizer.param_groups:
         is_fp16 = any(p.dtype == torch.float16 for p in group["params"])
@@ -199,7 +199,7 @@ class SegmentationModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(params=self.parameters())
-        _guard_fp16_eps(optimizer)
+        guard_fp16_eps(optimizer)
         if self.scheduler_factory is None:
             return optimizer
         return {
