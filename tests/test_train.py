@@ -181,3 +181,11 @@ def test_compiled_network_trains_and_its_checkpoint_loads_uncompiled(small_datas
     plain.load_state_dict(
         {k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.")}
     )
+
+
+def test_check_only_checks_and_stops(small_dataset, tmp_path):
+    cfg = compose_config(
+        "train", tmp_path, [*tiny_train_overrides(small_dataset), "data.check_only=true"]
+    )
+    assert train(cfg) == {}
+    assert not (tmp_path / "checkpoints").exists()

@@ -86,3 +86,27 @@ def test_tiff_datasets_are_found(tmp_path):
     shutil.rmtree(root / "labels")
     with pytest.raises(UserInputError, match="labels: folder is missing"):
         find_cases(root)
+
+
+def test_nan_images_affine_mismatch_and_4d_files_are_named(root):
+    image = np.zeros((4, 8, 8), np.float32)
+    image[0, 0, :3] = np.nan
+    write_volume(root / "images" / "c0.nii.gz", image, (1, 1, 1))
+    write_volume(root / "labels" / "c1.nii.gz", np.zeros((4, 8, 8), np.uint8), (2, 1, 1))
+    import nibabel as nib
+
+    nib.save(nib.Nifti1Image(np.zeros((8, 8, 4, 2), np.float32), np.eye(4)), root / "images" / "c2.nii.gz")
+    with pytest.raises(UserInputError) as err:
+        check_cases(find_cases(root), 5, [2, 4, 4])
+    text = str(err.value)
+    assert "images/c0.nii.gz: 3 voxels are NaN or Inf" in text
+    assert "labels/c1.nii.gz: affine (voxel spacing/orientation) differs from the image's" in text
+    assert "images/c2.nii.gz: expected a 3D volume, got shape [2, 4, 8, 8]" in text
+
+
+def test_truncated_file_is_named(root):
+    path = root / "images" / "c1.nii.gz"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserInputError, match=r"images/c1.nii.gz: cannot read"):
+        check_cases(find_cases(root), 5, [2, 4, 4])

@@ -102,8 +102,9 @@ def split_cases(
 def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[int]) -> None:
     """Check every case before training; raise one :class:`UserInputError` listing all problems.
 
-    Checks: readable files, image/label shape agreement, integer labels in ``[0, num_classes)``,
-    and a patch that fits the volume in at least one axis (smaller axes are padded).
+    Checks: readable (and complete) files, 3D volumes, finite image values, image/label shape
+    and affine agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume
+    in at least one axis (smaller axes are padded).
     """
     problems: list[str] = []
     for case in cases:
@@ -121,8 +122,16 @@ def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[in
         label = geometry.get(case.label)
         shape = image["shape_zyx"]
         if len(shape) != 3:
-            problems.append(f"{case.image}: expected a 3D volume, got shape {shape}")
+            problems.append(f"{case.image}: expected a 3D volume, got shape {list(shape)}")
             continue
+        try:
+            voxels = read_array(case.image)
+        except Exception as err:  # a header that reads but data that do not: truncated file
+            problems.append(f"{case.image}: cannot read ({type(err).__name__}: {err})")
+            continue
+        bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
+        if bad_voxels:
+            problems.append(f"{case.image}: {bad_voxels} voxels are NaN or Inf")
         if all(p > s for p, s in zip(patch_size, shape, strict=True)):
             problems.append(
                 f"{case.image}: data.patch_size={list(patch_size)} is larger than the volume "
@@ -136,7 +145,15 @@ def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[in
                 f"{list(shape)}"
             )
             continue
-        values = np.unique(read_array(case.label))
+        if not np.allclose(label["affine"], image["affine"], atol=1e-3):
+            problems.append(
+                f"{case.label}: affine (voxel spacing/orientation) differs from the image's"
+            )
+        try:
+            values = np.unique(read_array(case.label))
+        except Exception as err:
+            problems.append(f"{case.label}: cannot read ({type(err).__name__}: {err})")
+            continue
         if not np.all(np.equal(np.mod(values, 1), 0)):
             problems.append(f"{case.label}: label values must be integers, found {values[:8]}")
         elif values.min() < 0 or values.max() >= num_classes:

@@ -44,6 +44,7 @@ class VolumeDataModule(LightningDataModule):
             loading and normalization (before the random transforms).
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
+        check_only: for ``train.py``: check the cases and stop (read by the entry point).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class VolumeDataModule(LightningDataModule):
         pin_memory: bool = False,
         cache_rate: float = 1.0,
         synthetic: dict[str, Any] | None = None,
+        check_only: bool = False,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -78,6 +80,7 @@ class VolumeDataModule(LightningDataModule):
         self.pin_memory = pin_memory
         self.cache_rate = cache_rate
         self.synthetic = dict(synthetic) if synthetic else None
+        self.check_only = check_only
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_cache: CacheDataset | None = None

@@ -92,14 +92,15 @@ class TiffStackReader(ImageReader):
 def read_geometry(path: str | Path) -> dict[str, Any]:
     """Geometry of a volume file without loading its voxels.
 
-    Returns ``{"format", "shape_zyx", "affine"}`` (affine: 4x4 in file axis order ``x, y, z``).
+    Returns ``{"format", "shape_zyx", "affine"}`` (affine: 4x4 in file axis order ``x, y, z``;
+    ``shape_zyx`` has more than 3 entries for a file with more than 3 axes).
     """
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
         img = nib.load(str(path))
-        shape = tuple(int(s) for s in img.shape)
-        return {"format": fmt, "shape_zyx": shape[:3][::-1], "affine": img.affine}
+        shape = tuple(int(s) for s in img.shape)  # x, y, z (, channels...)
+        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine}
     if fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
             series = tif.series[0]
