@@ -12,8 +12,8 @@ set_project_root(__file__)
 def main(cfg: DictConfig) -> float | None:
     from volseg.training import train
 
-    metrics = run_task(train, cfg)
-    return metrics.get(cfg.get("optimized_metric"))
+    metrics = run_task(train, cfg)  # None for a failed job of a multirun
+    return (metrics or {}).get(cfg.get("optimized_metric"))
 
 
 if __name__ == "__main__":

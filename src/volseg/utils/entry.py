@@ -14,6 +14,7 @@ import rich.tree
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.utils.errors import UserInputError
+from volseg.utils.sweep import in_multirun, record_job
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,26 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2."""
+    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2.
+
+    In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
+    fails (bad input, an exception, CUDA out of memory) is recorded as failed while the sweep
+    goes on to the next job.
+    """
+    multirun = in_multirun()
     try:
-        return task(cfg)
-    except UserInputError as err:
-        log.error("%s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        result = task(cfg)
+    except Exception as err:
+        if multirun:
+            log.exception("Job failed; the sweep goes on")
+            print(f"error: job failed: {err}", file=sys.stderr)
+            record_job(None, err)
+            return None
+        if isinstance(err, UserInputError):
+            log.error("%s", err)
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        raise
+    if multirun:
+        record_job(result if isinstance(result, dict) else None, None)
+    return result
