@@ -189,3 +189,27 @@ def test_check_only_checks_and_stops(small_dataset, tmp_path):
     )
     assert train(cfg) == {}
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_ddp_sim_trains_in_two_processes_with_one_run_dir(small_dataset, tmp_path):
+    run_dir = tmp_path / "runs" / "one"
+    result = _run(
+        [
+            "train.py",
+            "trainer=ddp_sim",
+            f"data.root={small_dataset}",
+            "data.patch_size=[16,32,32]",
+            "model.net.widths=[4,8]",
+            "trainer.max_epochs=2",
+            "trainer.check_val_every_n_epoch=1",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["one"]  # no per-rank dirs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # 4 volumes x 4 patches split over 2 ranks, batch 2: 4 steps per epoch on each rank
+    assert summary["global_step"] == 8
+    assert 0.0 <= summary["best_val_dice_mean"] <= 1.0
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()

@@ -36,8 +36,9 @@ def load_transforms(keys: Sequence[str]) -> list[MapTransform]:
         EnsureChannelFirstd(keys, channel_dim="no_channel"),
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
-        EnsureTyped(keys, track_meta=False),
         NormalizeIntensityd("image"),
+        # plain tensors from here on: MONAI metadata would ride along into logits and metrics
+        EnsureTyped(keys, track_meta=False),
     ]
 
 
