@@ -32,3 +32,23 @@ def test_synthetic_dataset_is_generated_only_at_its_own_root(train_cfg, tmp_path
     dm = hydra.utils.instantiate(train_cfg.data, root=str(other), synthetic=synthetic)
     dm.prepare_data()
     assert not other.exists()
+
+
+def test_epoch_seeded_sampler_shards_by_rank_and_changes_with_the_epoch(monkeypatch):
+    from volseg.data.sampling import EpochSeededSampler
+
+    seen = []
+    sampler = EpochSeededSampler(10, seed=3, on_epoch=seen.append)
+    sampler.set_epoch(0)
+    first = list(sampler)
+    assert sorted(first) == list(range(10)) and len(sampler) == 10
+    sampler.set_epoch(1)
+    assert list(sampler) != first and len(seen) == 2 and seen[0] != seen[1]
+    sampler.set_epoch(0)
+    assert list(sampler) == first  # a function of (seed, epoch) only
+    shards = []
+    for rank in (0, 1, 2):
+        monkeypatch.setattr(EpochSeededSampler, "_shard", lambda self, r=rank: (r, 3))
+        shards.append(list(sampler))
+    assert [len(s) for s in shards] == [4, 4, 4]
+    assert set().union(*shards) == set(range(10))

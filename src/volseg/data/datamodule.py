@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from monai.data import CacheDataset, list_data_collate, worker_init_fn
 from monai.transforms import Randomizable
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from volseg.data.cases import Case, check_cases, find_cases, split_cases
 from volseg.data.sampling import EpochSeededSampler
@@ -185,8 +185,11 @@ class VolumeDataModule(LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         return DataLoader(
             self._val_ds,
+            # under DDP (use_distributed_sampler=false) each rank validates its share
+            sampler=DistributedSampler(self._val_ds, shuffle=False) if distributed else None,
             batch_size=1,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
