@@ -40,3 +40,34 @@ def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_pa
     assert failed["status"] == "failed"
     assert "UserInputError" in failed["error"] and "is larger than the volume" in failed["error"]
     assert (sweep_dir / "0" / "summary.json").is_file() and (sweep_dir / "1").is_dir()
+
+
+def test_each_multirun_job_is_its_own_wandb_run(small_dataset, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    env = {**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "seed=1,2",
+            "logger=wandb",
+            "model.net.widths=[4,8]",
+            f"data.root={small_dataset}",
+            "data.patch_size=[16,32,32]",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = sorted(p.parent.name for p in sweep_dir.rglob("run-*.wandb"))
+    assert len(runs) == 2 and len(set(runs)) == 2, runs
+    # one run in each job's own dir
+    assert {p.relative_to(sweep_dir).parts[0] for p in sweep_dir.rglob("run-*.wandb")} == {"0", "1"}

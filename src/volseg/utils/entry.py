@@ -52,6 +52,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     try:
         result = task(cfg)
     except Exception as err:
+        close_wandb()
         if multirun:
             log.exception("Job failed; the sweep goes on")
             print(f"error: job failed: {err}", file=sys.stderr)
@@ -62,6 +63,14 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         raise
+    close_wandb()
     if multirun:
         record_job(result if isinstance(result, dict) else None, None)
     return result
+
+
+def close_wandb() -> None:
+    """Finish the job's W&B run, so that the next job of a multirun starts its own."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
