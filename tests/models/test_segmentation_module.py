@@ -1,3 +1,4 @@
+import pytest
 import torch
 from monai.inferers import SlidingWindowInferer
 from monai.losses import DiceCELoss
@@ -113,3 +114,14 @@ def test_validation_inferer_options_come_from_the_config(tmp_path):
     module = hydra.utils.instantiate(cfg.model)
     assert module.inferer.sw_batch_size == 4 and str(module.inferer.device) == "cpu"
     assert list(module.inferer.roi_size) == list(cfg.data.patch_size)
+
+
+def test_nonfinite_loss_stops_training_with_a_clear_error():
+    module = _module(UNet3D(1, 3, widths=[4, 8]))
+    module.log = lambda *a, **k: None
+    label = _label()[:, None]
+    batch = {"image": torch.full((1, 1, 8, 8, 8), float("nan")), "label": label}
+    with pytest.raises(FloatingPointError, match=r"train/loss is nan at step 0"):
+        module.training_step(batch, 0)
+    module.stop_on_nonfinite_loss = False
+    assert torch.isnan(module.training_step(batch, 0))

@@ -60,6 +60,8 @@ class SegmentationModule(LightningModule):
         placement: ``{"encoder": device, "decoder": device}`` to split the network over two
             devices (the network must offer ``place``, as ``UNet3D`` does); applied after
             Lightning has moved the module to its device, at the start of every stage.
+        stop_on_nonfinite_loss: raise ``FloatingPointError`` when the training loss is NaN/Inf
+            (a sweep records the job as failed) instead of training on.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class SegmentationModule(LightningModule):
         offload_activations: bool = False,
         checkpoint_loss: bool = False,
         placement: dict[str, str] | None = None,
+        stop_on_nonfinite_loss: bool = True,
     ) -> None:
         super().__init__()
         self.net = net
@@ -95,6 +98,7 @@ class SegmentationModule(LightningModule):
         self.offload_activations = offload_activations
         self.checkpoint_loss = checkpoint_loss
         self.placement = dict(placement) if placement else None
+        self.stop_on_nonfinite_loss = stop_on_nonfinite_loss
         valid = self.placement is None or (
             set(self.placement) == {"encoder", "decoder"} and hasattr(net, "place")
         )
@@ -156,6 +160,12 @@ class SegmentationModule(LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])
         loss = self.compute_loss(logits, batch["label"])
+        if self.stop_on_nonfinite_loss and not torch.isfinite(loss):
+            # stop here: an optimizer step on a NaN/Inf loss would poison every weight
+            raise FloatingPointError(
+                f"train/loss is {loss.item()} at step {self.global_step}; try a lower "
+                "model.optimizer.lr, trainer.precision=32 or trainer.gradient_clip_val=1.0"
+            )
         self.log("train/loss", loss, prog_bar=True, batch_size=logits.shape[0])
         return loss
 
