@@ -31,6 +31,11 @@ def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
     raise ValueError(f"model.net.norm must be one of batch, instance, group; got {kind!r}")
 
 
+def checkpointing_now(block: nn.Module) -> bool:
+    """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
+    return getattr(block, "checkpointed", False) and block.training and torch.is_grad_enabled()
+
+
 class DoubleConv(nn.Sequential):
     """[Conv3d(k=3, pad=1) -> norm -> ReLU] x 2, optional dropout after the first ReLU.
 
@@ -70,7 +75,7 @@ class DoubleConv(nn.Sequential):
         return nn.Sequential(*layers[:split]), nn.Sequential(*layers[split:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.checkpointed and self.training and torch.is_grad_enabled()):
+        if not checkpointing_now(self):
             return super().forward(x)
         first, second = self.units()
         x = checkpoint_segment(first, [first], x)
@@ -112,9 +117,6 @@ class Up(nn.Module):
 
     checkpointed = False
 
-    def checkpointing_now(self) -> bool:
-        return self.checkpointed and self.training and torch.is_grad_enabled()
-
     def merge(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         """Upsample ``x``, pad it to ``skip``'s size, concat ``[skip, x]`` on channels."""
         x = self.up(x)
@@ -129,7 +131,7 @@ class Up(nn.Module):
         """``tail`` (the network's head, at level 0) runs after the block; when checkpointed,
         inside the block's last segment, so the block's output need not be kept for it."""
         tail = tail if tail is not None else nn.Identity()
-        if not self.checkpointing_now():
+        if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
@@ -238,6 +240,6 @@ class UNet3D(nn.Module):
         x = skips.pop()
         for level in reversed(range(1, len(self.ups))):
             x = self.ups[level](x, skips[level])
-        if self.ups[0].checkpointing_now():  # the head joins the last checkpoint segment
+        if checkpointing_now(self.ups[0]):  # the head joins the last checkpoint segment
             return self.ups[0](x, skips[0], tail=self.head)
         return self.head(self.ups[0](x, skips[0]))
