@@ -66,7 +66,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     datamodule.prepare_data()
     datamodule.check()
-    if cfg.data.get("check_only"):
+    if getattr(datamodule, "check_only", False):
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
 
