@@ -55,9 +55,14 @@ class CudaMemoryReader:
         torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def _status_kib(field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
-    return int(match.group(1)) if match else 0
+def _status_bytes(*fields: str) -> dict[str, int]:
+    """Fields of /proc/self/status (reported in kB), in bytes, from one read of the file."""
+    text = Path("/proc/self/status").read_text()
+    values = {}
+    for field in fields:
+        match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+        values[field] = int(match.group(1)) * 1024 if match else 0
+    return values
 
 
 def set_mmap_threshold(threshold_bytes: int) -> bool:
@@ -90,8 +95,9 @@ class HostMemoryReader:
         return Path("/proc/self/status").exists()
 
     def read(self) -> MemoryReading:
-        rss = _status_kib("VmRSS") * 1024
-        peak = _status_kib("VmHWM") * 1024 if self._can_reset else max(self._peak_floor, rss)
+        status = _status_bytes("VmRSS", "VmHWM")
+        rss = status["VmRSS"]
+        peak = status["VmHWM"] if self._can_reset else max(self._peak_floor, rss)
         self._peak_floor = max(self._peak_floor, rss)
         return MemoryReading(allocated=rss, reserved=rss, peak_allocated=peak, peak_reserved=peak)
 
@@ -102,7 +108,7 @@ class HostMemoryReader:
                 return
             except OSError:
                 self._can_reset = False
-        self._peak_floor = _status_kib("VmRSS") * 1024
+        self._peak_floor = _status_bytes("VmRSS")["VmRSS"]
 
 
 def make_reader(device: torch.device) -> CudaMemoryReader | HostMemoryReader | None:
