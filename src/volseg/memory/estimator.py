@@ -8,12 +8,16 @@ backward, the optimizer update. No memory is allocated and no GPU is needed. The
 the optimizer state; the second is a steady step, and the per-module table comes from it.
 
 Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
-the CUDA differences applied: float16 autocast for ``16-mixed`` (the CPU runs bfloat16, the same
-bytes), the foreach optimizer update (CUDA's default), requests rounded to 512 bytes, and the
-caching allocator replayed over the allocation sequence (:mod:`volseg.memory.allocator`) for the
-reserved peak. Not modelled: workspaces that kernels allocate inside an op (cuDNN convolution
-workspace, oneDNN scratchpads on the CPU), the GradScaler's few bytes, DDP/FSDP buffers, and
-``model.placement`` over two devices (the estimate is for one device holding everything).
+the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.autocast`; the CPU's
+differ, e.g. for max-pooling), the foreach optimizer update (CUDA's default), requests rounded to
+512 bytes, and the caching allocator replayed over the allocation sequence
+(:mod:`volseg.memory.allocator`) for the reserved peak; the CUDA context is a config value. For a
+CPU estimate, the scratch memory of oneDNN's kernels is added (:mod:`volseg.memory.workspace`).
+
+Not modelled: cuDNN's convolution workspace (it depends on the algorithm cuDNN picks on the GPU),
+the GradScaler's few bytes, DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager
+step is estimated), and ``model.placement`` over two devices (the estimate is for one device
+holding everything).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
+from volseg.memory.events import RecordingMemTracker, held_peak
 from volseg.memory.layers import CATEGORIES, ClosureMemTracker, LayerTrace, block_activations
+from volseg.memory.workspace import cpu_workspace
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +60,11 @@ class MemoryEstimate:
 
     ``peak_allocated``: the most the step's tensors hold at once (params, grads, optimizer state,
     activations, temporaries, batch); ``step_peak_growth``: how far a steady step (not the first)
-    rises above what is held at its start; ``peak_reserved``: what the CUDA caching allocator
-    holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``: reserved plus the
-    CUDA context; ``modules``: each block's own activations (what its forward keeps).
+    rises above what is held at its start; ``kernel_workspace``: the part of ``peak_allocated``
+    that kernels hold inside an op (modelled on the CPU only); ``peak_reserved``: what the CUDA
+    caching allocator holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``:
+    reserved plus the CUDA context; ``modules``: each block's own activations (what its
+    forward keeps).
     """
 
     device: str
@@ -64,6 +72,7 @@ class MemoryEstimate:
     batch_size: int
     patch_size: list[int]
     activation_checkpointing: Any
+    num_parameters: int
     params: int
     buffers: int
     grads: int
@@ -71,6 +80,7 @@ class MemoryEstimate:
     activations: int
     temporaries: int
     peak_allocated: int
+    kernel_workspace: int
     step_peak_growth: int
     peak_reserved: int
     cuda_context: int
@@ -99,32 +109,6 @@ class MemoryEstimate:
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
-
-
-class RecordingMemTracker(ClosureMemTracker):
-    """ClosureMemTracker that also records every allocation and free, in order, for the
-    allocator model; storages on the ``meta`` device (offloaded to the host) are left out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, int, int]] = []
-
-    def mark(self) -> None:
-        """Note where a training step starts."""
-        self.events.append(("mark", 0, 0))
-
-    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:  # noqa: ANN001
-        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-        if winfo.device.type == "meta":
-            return
-        name = u_type.name
-        if name == "ADD":
-            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
-        elif name == "DEL":
-            self.events.append(("free", id(winfo), 0))
-        elif name == "SIZE":
-            self.events.append(("free", id(winfo), 0))
-            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
 
 
 def target_device(cfg: DictConfig) -> str:
@@ -340,12 +324,16 @@ def estimate(
     step = build_training_step(
         cfg, device, batch_size, patch_size, activation_checkpointing, fake_mode=mode
     )
+    # kernels' scratch memory is measured for the CPU's oneDNN only (see volseg.memory.workspace)
+    workspace = cpu_workspace if device == "cpu" else None
     levers = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
 
     with mode, _constant_aranges(), levers, warnings.catch_warnings():
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
         warnings.filterwarnings("ignore", message="Module is None")
-        trace = LayerTrace(step.module, [step.optimizer], [], tracker=RecordingMemTracker())
+        trace = LayerTrace(
+            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
+        )
         tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
         trace.start()
         try:
@@ -363,14 +351,15 @@ def estimate(
     allocator = replay(tracker.events)
     estimate_cfg = cfg.get("estimate", {})
     if device == "cuda":
-        growth = last_step_growth([(op, h, round_size(n)) for op, h, n in tracker.events])
-        peak_allocated = allocator.peak_allocated
+        growth = held_peak(tracker.events, after_last_mark=True, rounding=round_size)
+        peak_allocated = tensors_peak = allocator.peak_allocated
         peak_reserved = allocator.peak_reserved
         context = int(float(estimate_cfg.get("cuda_context_mib", 0)) * MIB)
     else:
-        peak_allocated = sum(peak[c] for c in CATEGORIES.values())
+        peak_allocated = held_peak(tracker.events)
+        tensors_peak = held_peak([e for e in tracker.events if e[0] != "workspace"])
         peak_reserved = peak_allocated
-        growth = last_step_growth(tracker.events)
+        growth = held_peak(tracker.events, after_last_mark=True)
         context = 0
     checkpointing = (
         activation_checkpointing
@@ -383,6 +372,7 @@ def estimate(
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
         activation_checkpointing=_plain(checkpointing),
+        num_parameters=sum(p.numel() for p in step.module.parameters()),
         params=peak["params"],
         buffers=peak["buffers"],
         grads=peak["grads"],
@@ -390,6 +380,7 @@ def estimate(
         activations=peak["activations"],
         temporaries=peak["temporaries"],
         peak_allocated=peak_allocated,
+        kernel_workspace=peak_allocated - tensors_peak,
         step_peak_growth=growth,
         peak_reserved=peak_reserved,
         cuda_context=context,
@@ -399,21 +390,6 @@ def estimate(
     )
     result.events = tracker.events
     return result
-
-
-def last_step_growth(events: list[tuple[str, int, int]]) -> int:
-    """Peak rise of the bytes held, after the last ``mark`` event, above the bytes held there."""
-    held, live, start, peak = 0, {}, 0, 0
-    for op, handle, nbytes in events:
-        if op == "mark":
-            start = peak = held
-        elif op == "malloc":
-            live[handle] = nbytes
-            held += nbytes
-            peak = max(peak, held)
-        else:
-            held -= live.pop(handle)
-    return peak - start
 
 
 def _plain(value: Any) -> Any:
