@@ -215,11 +215,17 @@ def main() -> None:
         measured = run_child(index, args.device)
         error = predicted["growth"] / measured["growth"] - 1
         errors.append(abs(error))
-        print(
+        row = (
             f"| {name} | {predicted['growth'] / MIB:,.1f} | {measured['growth'] / MIB:,.1f} "
-            f"| {100 * error:+.1f}% |",
-            flush=True,
+            f"| {100 * error:+.1f}% |"
         )
+        if args.device == "cuda":
+            reserved_error = predicted["peak_reserved"] / measured["peak_reserved"] - 1
+            row += (
+                f" reserved: predicted {predicted['peak_reserved'] / MIB:,.0f}, measured "
+                f"{measured['peak_reserved'] / MIB:,.0f} MiB ({100 * reserved_error:+.1f}%) |"
+            )
+        print(row, flush=True)
     print()
     print(f"mean |error| {100 * sum(errors) / len(errors):.1f}%, max {100 * max(errors):.1f}%")
     seed = predict(SEED, "cuda")
