@@ -93,3 +93,11 @@ def test_bad_device_and_precision_name_the_key(tmp_path):
         estimate(_cfg(tmp_path, [*SMALL, "estimate.device=tpu"]))
     with pytest.raises(UserInputError, match="trainer.precision=8-mixed"):
         estimate(_cfg(tmp_path, [*SMALL, "trainer.precision=8-mixed"]))
+
+
+def test_checkpointed_loss_keeps_no_float32_logits(tmp_path):
+    """With many classes the loss is large: recomputing it must not cost more than keeping it."""
+    base = ["model.net.widths=[8,16,32]", "num_classes=32", *SEED[:2], "trainer.precision=16-mixed"]
+    kept = estimate(_cfg(tmp_path, base))
+    recomputed = estimate(_cfg(tmp_path, [*base, "model.checkpoint_loss=true"]))
+    assert recomputed.peak_allocated <= kept.peak_allocated
