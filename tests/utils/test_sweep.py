@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.wandb_offline import read_records, run_record
 
 
 def _multirun(data_root: Path, sweep_dir: Path, *overrides: str, env=None) -> None:
@@ -50,7 +51,7 @@ def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_pa
     assert (sweep_dir / "0" / "summary.json").is_file() and (sweep_dir / "1").is_dir()
 
 
-def test_each_multirun_job_is_its_own_wandb_run(small_dataset, tmp_path):
+def test_each_multirun_job_is_its_own_wandb_run_grouped_by_sweep(small_dataset, tmp_path):
     sweep_dir = tmp_path / "sweep"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     _multirun(
@@ -60,3 +61,5 @@ def test_each_multirun_job_is_its_own_wandb_run(small_dataset, tmp_path):
     assert len(runs) == 2 and len(set(runs)) == 2, runs
     # one run in each job's own dir
     assert {p.relative_to(sweep_dir).parts[0] for p in sweep_dir.rglob("run-*.wandb")} == {"0", "1"}
+    groups = {run_record(read_records(p)).run_group for p in sweep_dir.rglob("run-*.wandb")}
+    assert groups == {sweep_dir.name}
