@@ -18,7 +18,9 @@ from volseg.utils.errors import BudgetExceeded
 from volseg.utils.sweep import COLUMNS, record_job
 
 
-def _multirun(data_root: Path, sweep_dir: Path, *overrides: str, env=None) -> None:
+def _multirun(
+    data_root: Path, sweep_dir: Path, *overrides: str, env=None
+) -> subprocess.CompletedProcess:
     """`python train.py -m ...` with a 2-step, 4-8 channel job per choice; must exit 0."""
     result = subprocess.run(
         [
@@ -41,6 +43,7 @@ def _multirun(data_root: Path, sweep_dir: Path, *overrides: str, env=None) -> No
         env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_path):

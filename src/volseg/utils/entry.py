@@ -14,7 +14,7 @@ import rich.tree
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.utils.errors import UserInputError
-from volseg.utils.sweep import in_multirun, job_status, record_job
+from volseg.utils.sweep import in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             else:
                 log.exception("Job failed; the sweep goes on")
             print(f"error: job {status}: {err}", file=sys.stderr)
-            record_job(None, err)
+            if is_global_zero():
+                record_job(None, err)
             return None
         if isinstance(err, UserInputError):
             log.error("%s", err)
@@ -69,7 +70,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             sys.exit(2)
         raise
     close_wandb()
-    if multirun:
+    if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
 

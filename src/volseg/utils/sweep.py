@@ -12,6 +12,7 @@ from typing import IO, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from volseg.utils.errors import TrialPruned
 
@@ -28,6 +29,12 @@ COLUMNS = [
 
 def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def is_global_zero() -> bool:
+    """Rank 0 of a distributed job, or not distributed. On SLURM every task of a DDP job runs the
+    whole Hydra job; only rank 0 may add the job's row."""
+    return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def job_status(error: BaseException | None) -> str:
