@@ -36,7 +36,9 @@ def test_optuna_search_space_composes_and_parses(tmp_path):
 
 
 def test_optuna_sweep_records_every_trial_and_survives_a_failing_one(small_dataset, tmp_path):
-    """Grid over 2 patch sizes: one trains, one is larger than the volumes and fails."""
+    """2 trials over 2 patch sizes: the first is larger than the volumes and fails, the second
+    trains. (Optuna's seeded sampler picks them in this order; the GridSampler is not used: with
+    hydra-optuna-sweeper 1.2/1.3 a failing last grid trial crashes the sweeper.)"""
     sweep_dir = tmp_path / "sweep"
     params = (
         "hydra.sweeper.params={model.optimizer.lr:'choice(0.003)',"
@@ -48,7 +50,8 @@ def test_optuna_sweep_records_every_trial_and_survives_a_failing_one(small_datas
             sys.executable,
             "train.py",
             "hparams_search=optuna",
-            "hydra/sweeper/sampler=grid",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.sampler.seed=14",
             params,
             f"data.root={small_dataset}",
             "trainer.max_epochs=1",
@@ -67,6 +70,7 @@ def test_optuna_sweep_records_every_trial_and_survives_a_failing_one(small_datas
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = {r["status"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"ok", "failed"}
+    assert (rows["failed"]["job"], rows["ok"]["job"]) == ("0", "1")  # went on after the failure
     assert "data.patch_size=[16,32,32]" in rows["ok"]["overrides"]
     assert "data.patch_size=[999,999,999]" in rows["failed"]["overrides"]
     assert "is larger than the volume" in rows["failed"]["error"]

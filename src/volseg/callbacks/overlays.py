@@ -170,9 +170,10 @@ class ValidationOverlays(Callback):
     ) -> None:
         if not outputs or len(self.volumes) >= self.max_volumes or not self._due(trainer):
             return
+        # float() first: numpy has no bfloat16 (batches are cast under bf16-true precision)
         preds = outputs["pred"].detach().cpu().numpy()
         images = batch["image"][:, 0].detach().float().cpu().numpy()
-        labels = batch["label"][:, 0].detach().cpu().numpy()
+        labels = batch["label"][:, 0].detach().float().cpu().numpy().round()
         paths = batch.get("image_path") or [f"val_{batch_idx}_{k}" for k in range(len(preds))]
         for image, label, pred, path in zip(images, labels, preds, paths, strict=True):
             if len(self.volumes) >= self.max_volumes:
