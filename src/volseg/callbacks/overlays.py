@@ -113,8 +113,8 @@ def png_as_rgb(path: Path) -> np.ndarray:
 
 
 class ValidationOverlays(Callback):
-    """Every ``every_n_epochs`` epochs: ``num_slices`` z-slices of the first ``max_volumes``
-    validation volumes as image + ground truth + prediction overlays.
+    """Every ``every_n_epochs`` epochs (``None``: every validation): ``num_slices`` z-slices of
+    the first ``max_volumes`` validation volumes as image + ground truth + prediction overlays.
 
     Written as ``output_dir/epoch_<E>_<case>.png``, logged to W&B (``val/overlays``: images with
     ground truth and prediction masks, class names as labels) and TensorBoard
@@ -128,11 +128,12 @@ class ValidationOverlays(Callback):
     def __init__(
         self,
         output_dir: str | Path,
-        every_n_epochs: int = 1,
+        every_n_epochs: int | None = 1,
         num_slices: int = 3,
         max_volumes: int = 2,
         log_memory_charts: bool = True,
     ) -> None:
+        every_n_epochs = every_n_epochs or 1  # None (e.g. trainer.check_val_every_n_epoch=null)
         if every_n_epochs < 1 or num_slices < 1 or max_volumes < 1:
             raise ValueError(
                 "callbacks.validation_overlays: every_n_epochs, num_slices and max_volumes must "
@@ -193,7 +194,7 @@ class ValidationOverlays(Callback):
         if not self.volumes or not self._due(trainer):
             return
         self._logged_epoch = trainer.current_epoch
-        class_names = list(pl_module.class_names)
+        class_names = list(getattr(pl_module, "class_names", None) or self._default_names())
         step, epoch = trainer.global_step, trainer.current_epoch
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for volume in self.volumes:
@@ -208,6 +209,10 @@ class ValidationOverlays(Callback):
         for logger in _loggers(trainer, WandbLogger):
             logger.log_metrics({"val/overlays": self._wandb_images(class_names)}, step=step)
         self.volumes = []
+
+    def _default_names(self) -> list[str]:
+        top = max(int(max(v.label.max(), v.pred.max())) for v in self.volumes)
+        return [f"class_{k}" for k in range(top + 1)]
 
     def _wandb_images(self, class_names: list[str]) -> list[Any]:
         import wandb
