@@ -8,6 +8,7 @@ then LevelDB-log records in 32 KiB blocks, each a protobuf ``wandb_internal_pb2.
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -17,8 +18,20 @@ RECORD_HEADER = struct.Struct("<IHB")  # crc32c, data length, type
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
-    data = Path(path).read_bytes()
+def read_records(path: Path, timeout_s: float = 60.0) -> list[wandb_internal_pb2.Record]:
+    """All records of a finished run. ``wandb.finish()`` can return before W&B's core process has
+    written the last records (seen on a loaded machine), so wait for the ``exit`` record."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _parse(Path(path).read_bytes(), path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after {timeout_s} s")
+        time.sleep(0.2)
+
+
+def _parse(data: bytes, path: Path) -> list[wandb_internal_pb2.Record]:
     assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
     records, pending, pos = [], b"", 7
     while pos + RECORD_HEADER.size <= len(data):
@@ -27,6 +40,8 @@ def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
             continue
         _, length, kind = RECORD_HEADER.unpack_from(data, pos)
         pos += RECORD_HEADER.size
+        if pos + length > len(data):  # still being written
+            break
         chunk, pos = data[pos : pos + length], pos + length
         if kind == 0 and length == 0:  # zero padding at the end
             break
