@@ -55,6 +55,8 @@ def test_train_writes_checkpoints_metrics_and_summary(train_cfg):
     expected = {"train/loss", "val/loss", "val/dice_mean", "val/dice_mean_best"}
     assert expected | {f"val/dice_{c}" for c in CLASSES} <= keys
     assert metrics["val/dice_mean_best"] == pytest.approx(summary["best_val_dice_mean"])
+    # pictures without W&B: overlays of the 2 validation volumes after each epoch
+    assert len(list((run_dir / "overlays").glob("epoch_00[01]_case_*.png"))) == 4
 
 
 def test_checkpoint_loads_weights_only_and_carries_the_config(train_cfg):

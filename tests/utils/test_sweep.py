@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import csv
+import multiprocessing
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+import pytest
+
+from tests.conftest import REPO, compose_config
+from tests.wandb_offline import read_records, run_record
+from volseg.utils.entry import run_task
+from volseg.utils.errors import BudgetExceeded
+from volseg.utils.sweep import COLUMNS, record_job
 
 
-def _multirun(data_root: Path, sweep_dir: Path, *overrides: str, env=None) -> None:
+def _multirun(
+    data_root: Path, sweep_dir: Path, *overrides: str, env=None
+) -> subprocess.CompletedProcess:
     """`python train.py -m ...` with a 2-step, 4-8 channel job per choice; must exit 0."""
     result = subprocess.run(
         [
@@ -34,6 +43,7 @@ def _multirun(data_root: Path, sweep_dir: Path, *overrides: str, env=None) -> No
         env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_path):
@@ -50,7 +60,7 @@ def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_pa
     assert (sweep_dir / "0" / "summary.json").is_file() and (sweep_dir / "1").is_dir()
 
 
-def test_each_multirun_job_is_its_own_wandb_run(small_dataset, tmp_path):
+def test_each_multirun_job_is_its_own_wandb_run_grouped_by_sweep(small_dataset, tmp_path):
     sweep_dir = tmp_path / "sweep"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     _multirun(
@@ -60,3 +70,65 @@ def test_each_multirun_job_is_its_own_wandb_run(small_dataset, tmp_path):
     assert len(runs) == 2 and len(set(runs)) == 2, runs
     # one run in each job's own dir
     assert {p.relative_to(sweep_dir).parts[0] for p in sweep_dir.rglob("run-*.wandb")} == {"0", "1"}
+    groups = {run_record(read_records(p)).run_group for p in sweep_dir.rglob("run-*.wandb")}
+    assert groups == {sweep_dir.name}
+
+
+def _as_multirun_job(cfg, sweep_dir: Path, num: int):
+    """Make the composed config's Hydra state that of job ``num`` of a multirun in ``sweep_dir``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    OmegaConf.set_readonly(cfg.hydra, False)  # HydraConfig.set_config made it read-only
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN
+        cfg.hydra.sweep.dir = str(sweep_dir)
+        cfg.hydra.job.num = num
+        cfg.hydra.runtime.output_dir = str(sweep_dir / str(num))
+        cfg.hydra.overrides.task = [f"seed={num}"]
+    HydraConfig().set_config(cfg)
+
+
+def _over_budget(cfg):
+    raise BudgetExceeded("memory.budget=1GiB: estimated peak 3.2 GiB does not fit")
+
+
+def test_a_pruned_job_is_recorded_as_pruned_and_returns_no_value(tmp_path):
+    cfg = compose_config("train", tmp_path / "0")
+    _as_multirun_job(cfg, tmp_path, 0)
+    assert run_task(_over_budget, cfg) is None
+    with open(tmp_path / "sweep_summary.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["status"] == "pruned" and row["overrides"] == "seed=0"
+    assert row["error"] == "BudgetExceeded: memory.budget=1GiB: estimated peak 3.2 GiB does not fit"
+
+
+def test_over_budget_in_a_single_run_is_a_user_error(tmp_path, capsys):
+    cfg = compose_config("train", tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        run_task(_over_budget, cfg)
+    assert stop.value.code == 2
+    assert "estimated peak 3.2 GiB does not fit" in capsys.readouterr().err
+
+
+def _record_in_child(cfg, sweep_dir: Path, num: int) -> None:
+    _as_multirun_job(cfg, sweep_dir, num)
+    record_job({"val/dice_mean_best": num / 10}, None)
+
+
+def test_parallel_jobs_append_one_row_each_under_one_header(tmp_path):
+    """Jobs of a parallel launcher write the summary from separate processes at once."""
+    cfg = compose_config("train", tmp_path / "job")
+    context = multiprocessing.get_context("fork")
+    children = [context.Process(target=_record_in_child, args=(cfg, tmp_path, n)) for n in range(8)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    lines = (tmp_path / "sweep_summary.csv").read_text().splitlines()
+    assert lines[0] == ",".join(COLUMNS) and lines.count(lines[0]) == 1
+    rows = list(csv.DictReader(lines))
+    assert sorted(int(r["job"]) for r in rows) == list(range(8))
+    assert {r["best_val_dice_mean"] for r in rows} == {f"{n / 10:.4f}" for n in range(8)}

@@ -14,7 +14,7 @@ import rich.tree
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.utils.errors import UserInputError
-from volseg.utils.sweep import in_multirun, record_job
+from volseg.utils.sweep import in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,9 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2.
 
     In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
-    fails (bad input, an exception, CUDA out of memory) is recorded as failed while the sweep
-    goes on to the next job.
+    fails (bad input, an exception, CUDA out of memory) is recorded as failed, or one that raises
+    :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
+    such a job returns ``None`` (the Optuna sweeper records a trial without a value as failed).
     """
     multirun = in_multirun()
     try:
@@ -54,9 +55,14 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     except Exception as err:
         close_wandb()
         if multirun:
-            log.exception("Job failed; the sweep goes on")
-            print(f"error: job failed: {err}", file=sys.stderr)
-            record_job(None, err)
+            status = job_status(err)
+            if status == "pruned":
+                log.warning("Job pruned: %s; the sweep goes on", err)
+            else:
+                log.exception("Job failed; the sweep goes on")
+            print(f"error: job {status}: {err}", file=sys.stderr)
+            if is_global_zero():
+                record_job(None, err)
             return None
         if isinstance(err, UserInputError):
             log.error("%s", err)
@@ -64,7 +70,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             sys.exit(2)
         raise
     close_wandb()
-    if multirun:
+    if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from volseg.utils.errors import TrialPruned
 
 COLUMNS = [
     "job",
@@ -25,6 +31,19 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def is_global_zero() -> bool:
+    """Rank 0 of a distributed job, or not distributed. On SLURM every task of a DDP job runs the
+    whole Hydra job; only rank 0 may add the job's row."""
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def job_status(error: BaseException | None) -> str:
+    """``ok``, ``pruned`` (a :class:`TrialPruned`, e.g. over the memory budget) or ``failed``."""
+    if error is None:
+        return "ok"
+    return "pruned" if isinstance(error, TrialPruned) else "failed"
+
+
 def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> Path:
     """Append this job's row to ``<sweep dir>/sweep_summary.csv`` and return the file's path."""
     hydra_cfg = HydraConfig.get()
@@ -35,7 +54,7 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
     row = {
         "job": hydra_cfg.job.num,
         "overrides": " ".join(hydra_cfg.overrides.task),
-        "status": "ok" if error is None else "failed",
+        "status": job_status(error),
         "best_val_dice_mean": "" if best is None else f"{best:.4f}",
         "peak_allocated_mib": summary.get("memory", {}).get("peak_allocated_mib", ""),
         "error": ""
@@ -44,11 +63,29 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
         "run_dir": str(run_dir),
     }
     path = Path(hydra_cfg.sweep.dir) / "sweep_summary.csv"
-    new = not path.is_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as f:
+    with open(path, "a", newline="") as f, _locked(f):
+        # parallel launchers (joblib, SLURM) run jobs in separate processes: one writer at a time,
+        # and the header only from whoever finds the file empty
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
+        if f.tell() == 0:
             writer.writeheader()
         writer.writerow(row)
     return path
+
+
+@contextmanager
+def _locked(f: IO[str]) -> Iterator[None]:
+    """An exclusive ``flock`` on an open file (POSIX; on other systems no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        f.seek(0, os.SEEK_END)  # another job may have appended while we waited
+        yield
+        f.flush()
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
