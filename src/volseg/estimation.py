@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimator import MemoryEstimate, estimate
 from volseg.memory.planner import Plan, parse_bytes, plan
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import BudgetExceeded, UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,32 @@ def format_plan(result: Plan) -> str:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
         lines.append(f"  largest batch by activation_checkpointing: {table}")
     return "\n".join(lines)
+
+
+def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
+    """With ``memory.budget`` set, estimate the training step before anything is built and
+    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+    budget_value = cfg.get("memory", {}).get("budget")
+    if not budget_value:
+        return None
+    budget = parse_bytes(budget_value, "memory.budget")
+    est = estimate(cfg)
+    total = est.total_within(budget)
+    if total is None:
+        raise BudgetExceeded(
+            f"memory.budget={budget_value}: the estimated training step needs "
+            f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
+            f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
+            "`python estimate_memory.py <the same overrides> "
+            f"estimate.budget={budget_value}` finds a batch size and checkpointing that fit"
+        )
+    log.info(
+        "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
+        budget_value,
+        f"{total / MIB:,.0f}",
+        est.device,
+    )
+    return est
 
 
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:

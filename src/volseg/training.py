@@ -11,6 +11,7 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from volseg.estimation import check_memory_budget
 from volseg.utils.entry import print_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
@@ -69,6 +70,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if getattr(datamodule, "check_only", False):
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
+
+    check_memory_budget(cfg)
 
     log.info("Instantiating model <%s>", cfg.model._target_)
     model: L.LightningModule = hydra.utils.instantiate(cfg.model)

@@ -132,3 +132,24 @@ def test_parallel_jobs_append_one_row_each_under_one_header(tmp_path):
     rows = list(csv.DictReader(lines))
     assert sorted(int(r["job"]) for r in rows) == list(range(8))
     assert {r["best_val_dice_mean"] for r in rows} == {f"{n / 10:.4f}" for n in range(8)}
+
+
+def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
+    """memory.budget: the job whose estimated step does not fit is pruned, the other trains."""
+    sweep_dir = tmp_path / "sweep"
+    _multirun(
+        small_dataset,
+        sweep_dir,
+        "data.batch_size=1,16",
+        "data.patch_size=[16,32,32]",
+        "trainer.accelerator=cpu",
+        "trainer.precision=32",
+        "memory.budget=12MiB",
+    )
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        rows = {r["overrides"]: r for r in csv.DictReader(f)}
+    fits = next(r for k, r in rows.items() if "data.batch_size=1" in k)
+    over = next(r for k, r in rows.items() if "data.batch_size=16" in k)
+    assert fits["status"] == "ok"
+    assert over["status"] == "pruned" and "memory.budget=12MiB" in over["error"]
+    assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
