@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,14 +16,23 @@ from volseg.utils.errors import UserInputError
 
 @dataclass(frozen=True)
 class Case:
-    """One image/label pair; ``name`` is the shared file name."""
+    """One image/label pair; ``name`` names the case (and its prediction file).
+
+    ``image`` is one file, or one file per channel (stacked as channels when loaded).
+    """
 
     name: str
-    image: Path
+    image: Path | tuple[Path, ...]
     label: Path | None
 
-    def as_dict(self) -> dict[str, str]:
-        item = {"name": self.name, "image": str(self.image), "image_path": str(self.image)}
+    @property
+    def image_files(self) -> tuple[Path, ...]:
+        return self.image if isinstance(self.image, tuple) else (self.image,)
+
+    def as_dict(self) -> dict[str, Any]:
+        files = [str(p) for p in self.image_files]
+        image = files[0] if len(files) == 1 else files
+        item = {"name": self.name, "image": image, "image_path": files[0]}
         if self.label is not None:
             item["label"] = str(self.label)
         return item
@@ -67,6 +77,26 @@ def find_cases(root: str | Path) -> list[Case]:
     return [Case(n, images[n], labels[n]) for n in images]
 
 
+def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> list[Case]:
+    """Images to predict: the file ``path``, or every volume file in the folder ``path``."""
+    path = Path(path)
+    if path.is_file():
+        if not str(path).lower().endswith(tuple(suffixes)):
+            raise UserInputError(
+                f"input={path}: unsupported file type (expected one of {', '.join(suffixes)})"
+            )
+        files = [path]
+    elif path.is_dir():
+        files = [p for p in sorted(path.iterdir()) if p.name.lower().endswith(tuple(suffixes))]
+        if not files:
+            raise UserInputError(
+                f"input={path}: no volume files in this folder (supported: {', '.join(suffixes)})"
+            )
+    else:
+        raise UserInputError(f"input={path}: no such file or folder")
+    return [Case(p.name, p, None) for p in files]
+
+
 def split_cases(
     cases: Sequence[Case], root: str | Path, val_fraction: float, seed: int
 ) -> tuple[list[Case], list[Case]]:
@@ -97,6 +127,29 @@ def split_cases(
     num_val = max(1, round(val_fraction * len(cases)))
     val = sorted(order[:num_val])
     return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
+
+
+def check_inputs(cases: Sequence[Case], in_channels: int) -> None:
+    """Check images to predict from their headers: readable, 3D, ``in_channels`` channels.
+
+    Raises one :class:`UserInputError` listing every problem, before anything is predicted.
+    """
+    problems: list[str] = []
+    for case in cases:
+        try:
+            geometry = read_geometry(case.image)
+        except Exception as err:  # any reader failure is a bad file, reported with its name
+            problems.append(f"{case.image}: cannot read ({type(err).__name__}: {err})")
+            continue
+        shape = geometry["shape_zyx"]
+        if len(shape) != 3:
+            problems.append(f"{case.image}: expected a 3D volume, got shape {list(shape)}")
+        elif in_channels != 1:
+            problems.append(
+                f"{case.image}: 1 image channel, but the network takes in_channels={in_channels}"
+            )
+    if problems:
+        raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
 
 
 def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[int]) -> None:

@@ -12,10 +12,17 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from monai.data import CacheDataset, list_data_collate, worker_init_fn
-from monai.transforms import Randomizable
+from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from volseg.data.cases import Case, check_cases, find_cases, split_cases
+from volseg.data.cases import (
+    Case,
+    check_cases,
+    check_inputs,
+    find_cases,
+    find_inputs,
+    split_cases,
+)
 from volseg.data.sampling import EpochSeededSampler
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
@@ -142,6 +149,16 @@ class VolumeDataModule(LightningDataModule):
             len(self.val_cases),
             self.class_names,
         )
+
+    def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
+        """Checked images to predict (no labels): the volume file ``path`` or those in it."""
+        cases = find_inputs(path)
+        check_inputs(cases, in_channels)
+        return cases
+
+    def predict_transforms(self) -> Compose:
+        """Loading and normalization as in validation: image ``(C, D, H, W)``."""
+        return eval_transforms(with_label=False)
 
     def setup(self, stage: str | None = None) -> None:
         self.check()

@@ -111,11 +111,22 @@ def read_geometry(path: str | Path) -> dict[str, Any]:
 
 
 def read_array(path: str | Path) -> np.ndarray:
-    """All voxels of a volume file as ``(D, H, W)`` (z, y, x)."""
+    """All voxels of a volume file as ``(D, H, W)`` (z, y, x), or ``(C, D, H, W)`` as written
+    by :func:`write_volume`."""
     path = Path(path)
     if volume_format(path) == "nifti":
-        return np.asarray(nib.load(str(path)).dataobj).transpose(2, 1, 0)
-    return tifffile.imread(path)
+        array = np.asarray(nib.load(str(path)).dataobj)
+        return array.transpose(3, 2, 1, 0) if array.ndim == 4 else array.transpose(2, 1, 0)
+    array = tifffile.imread(path)
+    return array.transpose(1, 0, 2, 3) if array.ndim == 4 else array
+
+
+def split_suffix(name: str) -> tuple[str, str]:
+    """``("case_000", ".nii.gz")`` for ``"case_000.nii.gz"``: the stem and the volume suffix."""
+    for suffix in VOLUME_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)], name[-len(suffix) :]
+    return Path(name).stem, Path(name).suffix
 
 
 def write_volume(
@@ -124,9 +135,10 @@ def write_volume(
     spacing_zyx: Sequence[float] | None = None,
     affine: np.ndarray | None = None,
 ) -> Path:
-    """Write a ``(D, H, W)`` array as NIfTI or TIFF (chosen by the file suffix).
+    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI or TIFF (chosen by the suffix).
 
     Geometry comes from ``affine`` (4x4, file axes ``x, y, z``) if given, else ``spacing_zyx``.
+    Channels go last in NIfTI (``x, y, z, c``) and into an ImageJ ``ZCYX`` hyperstack in TIFF.
     """
     path = Path(path)
     fmt = volume_format(path)
@@ -135,16 +147,18 @@ def write_volume(
     if affine is None:
         sz, sy, sx = spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0)
         affine = np.diag([sx, sy, sz, 1.0])
+    channels = array_zyx.ndim == 4
     if fmt == "nifti":
-        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(2, 1, 0)), affine), path)
+        axes = (3, 2, 1, 0) if channels else (2, 1, 0)
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(axes)), affine), path)
     elif fmt == "tiff":
         sx, sy, sz = (float(np.linalg.norm(affine[:3, i])) for i in range(3))
         tifffile.imwrite(
             path,
-            array_zyx,
+            array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
             imagej=True,
             resolution=(1.0 / sx, 1.0 / sy),
-            metadata={"spacing": sz, "axes": "ZYX"},
+            metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
     else:
         raise ValueError(
