@@ -41,7 +41,10 @@ def _assert_same_geometry(pred: Path, source: Path) -> None:
 def test_folder_of_nifti_gives_labels_and_probabilities_with_input_geometry(
     checkpoint, small_dataset, tmp_path
 ):
-    images = small_dataset / "images"
+    images = tmp_path / "in"
+    images.mkdir()
+    for name in ("case_000.nii.gz", "case_001.nii.gz"):
+        shutil.copy(small_dataset / "images" / name, images / name)
     out = tmp_path / "pred"
     result = _predict(checkpoint, images, out, "write_probabilities=true", "flip_axes=[2]")
 

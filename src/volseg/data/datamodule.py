@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from volseg.data.cases import (
     Case,
-    check_cases,
+    case_problems,
     check_inputs,
     find_cases,
     find_inputs,
@@ -53,6 +53,9 @@ class VolumeDataModule(LightningDataModule):
             exist, the embedded synthetic dataset is generated there first.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
     """
+
+    #: whether a case's image may have several channels (the folder layout: single-channel stacks)
+    multichannel = False
 
     def __init__(
         self,
@@ -98,7 +101,7 @@ class VolumeDataModule(LightningDataModule):
         self._loader_generator = torch.Generator()
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
-        if in_channels != 1:
+        if in_channels != 1 and not self.multichannel:
             raise UserInputError(
                 f"data.in_channels={in_channels}: the folder layout holds single-channel stacks"
             )
@@ -127,20 +130,32 @@ class VolumeDataModule(LightningDataModule):
                 log.info("Generating the embedded synthetic dataset in %s", self.root)
                 generate_synthetic_dataset(self.root, **settings)
 
+    def find(self) -> tuple[list[Case], list[str]]:
+        """The dataset's complete cases, and problems of the layout itself (one line each)."""
+        return find_cases(self.root), []
+
     def check(self) -> None:
-        """Find, split and check all cases; raises :class:`UserInputError` before any training."""
+        """Find, split and check all cases; raises :class:`UserInputError` before any training.
+
+        All problems of the layout (:meth:`find`) and of the cases' files are reported together.
+        """
         if self._checked:
             return
-        cases = find_cases(self.root)
-        self.train_cases, self.val_cases = split_cases(
-            cases, self.root, self.val_fraction, self.split_seed
-        )
-        if not self.train_cases or not self.val_cases:
-            raise UserInputError(
-                f"data.root={self.root}: the split leaves no training or no validation case "
-                f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+        cases, problems = self.find()
+        if not problems:
+            self.train_cases, self.val_cases = split_cases(
+                cases, self.root, self.val_fraction, self.split_seed
             )
-        check_cases(cases, self.num_classes, self.patch_size)
+            if not self.train_cases or not self.val_cases:
+                raise UserInputError(
+                    f"data.root={self.root}: the split leaves no training or no validation case "
+                    f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+                )
+        problems += case_problems(
+            cases, self.num_classes, self.patch_size, self.in_channels, self.classes_from
+        )
+        if problems:
+            raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)
         self._checked = True
         log.info(
             "Dataset %s: %d train, %d val volumes, classes %s",
@@ -149,6 +164,11 @@ class VolumeDataModule(LightningDataModule):
             len(self.val_cases),
             self.class_names,
         )
+
+    @property
+    def classes_from(self) -> str:
+        """Where the number of classes comes from, for messages."""
+        return f"num_classes={self.num_classes}"
 
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""

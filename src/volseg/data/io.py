@@ -8,6 +8,7 @@ Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import tifffile
-from monai.data import ImageReader
+from monai.data import ImageReader, NibabelReader
 from monai.data.image_reader import _copy_compatible_dict, _stack_images
 from monai.data.utils import is_supported_format
 from monai.utils import MetaKeys, SpaceKeys
@@ -89,28 +90,49 @@ class TiffStackReader(ImageReader):
         return _stack_images(arrays, meta), meta
 
 
-def read_geometry(path: str | Path) -> dict[str, Any]:
+class NiftiReader(NibabelReader):
+    """MONAI's ``NibabelReader``, safe in threads (``CacheDataset`` loads in a thread pool).
+
+    ``NibabelReader.read`` keeps the file names on the instance for ``get_data``; a label read
+    by another thread in between truncated a multi-channel image (one file per channel) to its
+    first channel. Here the names are kept per thread (``read`` and ``get_data`` run in one).
+    """
+
+    _local = threading.local()
+
+    @property
+    def filenames(self) -> Sequence[str]:
+        return self._local.filenames
+
+    @filenames.setter
+    def filenames(self, value: Sequence[str]) -> None:
+        self._local.filenames = value
+
+
+def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
     """Geometry of a volume file without loading its voxels.
 
-    Returns ``{"format", "shape_zyx", "affine"}`` (affine: 4x4 in file axis order ``x, y, z``;
-    ``shape_zyx`` has more than 3 entries for a file with more than 3 axes).
+    Returns ``{"format", "shape_zyx", "affine", "channels"}`` (affine: 4x4 in file axis order
+    ``x, y, z``; ``shape_zyx`` has more than 3 entries for a NIfTI/TIFF file with more than 3
+    axes). ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
     """
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
         img = nib.load(str(path))
         shape = tuple(int(s) for s in img.shape)  # x, y, z (, channels...)
-        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine}
+        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine, "channels": 1}
     if fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
             series = tif.series[0]
             sz, sy, sx = _tiff_spacing_zyx(tif)
             shape = tuple(int(s) for s in series.shape)
-        return {"format": fmt, "shape_zyx": shape, "affine": np.diag([sx, sy, sz, 1.0])}
+        affine = np.diag([sx, sy, sz, 1.0])
+        return {"format": fmt, "shape_zyx": shape, "affine": affine, "channels": 1}
     raise ValueError(f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})")
 
 
-def read_array(path: str | Path) -> np.ndarray:
+def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
     """All voxels of a volume file as ``(D, H, W)`` (z, y, x), or ``(C, D, H, W)`` as written
     by :func:`write_volume`."""
     path = Path(path)

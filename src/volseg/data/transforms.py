@@ -24,19 +24,23 @@ from monai.transforms import (
     Transposed,
 )
 
-from volseg.data.io import TiffStackReader
+from volseg.data.io import NiftiReader, TiffStackReader
 
 
 def load_transforms(keys: Sequence[str]) -> list[MapTransform]:
-    """Read NIfTI/TIFF, add a channel axis, reorder to ``(C, D, H, W)``, z-score the image."""
+    """Read NIfTI/TIFF (a list of files: one per channel), reorder to ``(C, D, H, W)``, z-score
+    the image (per channel)."""
     loader = LoadImaged(keys, image_only=True)
+    # registered readers are tried first, by file suffix
+    loader.register(NiftiReader())
     loader.register(TiffStackReader())
     return [
         loader,
-        EnsureChannelFirstd(keys, channel_dim="no_channel"),
+        # a 3D file gets a channel axis; channel files of one case are stacked by the reader
+        EnsureChannelFirstd(keys),
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
-        NormalizeIntensityd("image"),
+        NormalizeIntensityd("image", channel_wise=True),
         # plain tensors from here on: MONAI metadata would ride along into logits and metrics
         EnsureTyped(keys, track_meta=False),
     ]
