@@ -24,7 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from volseg.data.cases import Case
-from volseg.data.io import read_geometry, split_suffix, write_volume
+from volseg.data.io import (
+    HDF5_PREDICTION_KEY,
+    HDF5_PROBABILITIES_KEY,
+    read_geometry,
+    split_suffix,
+    volume_format,
+    write_volume,
+)
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks
@@ -105,21 +112,32 @@ class VolumePredictor(L.LightningModule):
         return probs.div_(len(self.flips)).cpu()
 
 
-def output_files(name: str, output_dir: Path, probabilities: bool) -> list[Path]:
-    """Where the prediction of input ``name`` goes: the labels, then the probabilities."""
-    files = [output_dir / name]
+# an output volume: a file, and the dataset inside it for HDF5
+Target = tuple[Path, str | None]
+
+
+def output_targets(name: str, output_dir: Path, probabilities: bool) -> list[Target]:
+    """Where the prediction of input ``name`` goes: the labels, then the probabilities.
+
+    NIfTI/TIFF: ``<name>`` and ``<stem>_probabilities<suffix>``; HDF5: the datasets
+    ``predictions`` and ``probabilities`` of one file ``<name>``.
+    """
+    if volume_format(name) == "hdf5":
+        keys = [HDF5_PREDICTION_KEY, HDF5_PROBABILITIES_KEY][: 1 + probabilities]
+        return [(output_dir / name, key) for key in keys]
+    targets: list[Target] = [(output_dir / name, None)]
     if probabilities:
         stem, suffix = split_suffix(name)
-        files.append(output_dir / f"{stem}_probabilities{suffix}")
-    return files
+        targets.append((output_dir / f"{stem}_probabilities{suffix}", None))
+    return targets
 
 
 def check_outputs(
-    cases: Sequence[Case], targets: dict[str, list[Path]], output_dir: Path, overwrite: bool
+    cases: Sequence[Case], targets: dict[str, list[Target]], output_dir: Path, overwrite: bool
 ) -> None:
     """One error listing every output that exists (unless ``overwrite``) or would hit an input."""
     inputs = {Path(p).resolve() for c in cases for p in c.image_files}
-    planned = [p for files in targets.values() for p in files]
+    planned = list(dict.fromkeys(path for files in targets.values() for path, _ in files))
     hits_input = [f"{p}: is an input file" for p in planned if p.resolve() in inputs]
     if hits_input:
         raise UserInputError(
@@ -137,8 +155,9 @@ def check_outputs(
 class VolumeWriter(BasePredictionWriter):
     """Writes each volume's labels (and probabilities) in its input's format and geometry."""
 
-    def __init__(self, targets: dict[str, list[Path]]) -> None:
+    def __init__(self, cases: Sequence[Case], targets: dict[str, list[Target]]) -> None:
         super().__init__(write_interval="batch")
+        self.cases = {c.name: c for c in cases}
         self.targets = targets
         self.written: list[Path] = []
 
@@ -152,21 +171,25 @@ class VolumeWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        for probs, name, source in zip(prediction, batch["name"], batch["image_path"], strict=True):
-            affine = read_geometry(source)["affine"]
+        for probs, name in zip(prediction, batch["name"], strict=True):
+            case = self.cases[name]
+            affine = read_geometry(case.image_files[0], case.image_key)["affine"]
             dtype = np.uint8 if probs.shape[0] <= 256 else np.uint16
-            labels = probs.argmax(dim=0).numpy().astype(dtype)
-            files = self.targets[name]
-            self.written.append(write_volume(files[0], labels, affine=affine))
-            if len(files) > 1:
-                self.written.append(write_volume(files[1], probs.numpy(), affine=affine))
+            arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
+            targets = self.targets[name]
+            for path in dict.fromkeys(path for path, _ in targets):
+                path.unlink(missing_ok=True)  # overwrite=true: start from an empty file
+            for (path, key), array in zip(targets, arrays, strict=False):
+                write_volume(path, array, affine=affine, key=key)
+                if path not in self.written:
+                    self.written.append(path)
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
     """Predict every volume of ``cfg.input`` with the checkpoint ``cfg.ckpt_path``.
 
     Writes ``cfg.output/<input name>`` (labels, same format and geometry as the input) and, with
-    ``write_probabilities``, ``<stem>_probabilities<suffix>`` (``K`` channels, float32).
+    ``write_probabilities``, the softmax (``K`` channels, float32); see :func:`output_targets`.
     Returns ``{"written": [paths]}``.
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
@@ -179,13 +202,13 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     datamodule = hydra.utils.instantiate(data_cfg)
     cases = datamodule.predict_cases(cfg.input, in_channels)
     output_dir = Path(cfg.output)
-    targets = {c.name: output_files(c.name, output_dir, cfg.write_probabilities) for c in cases}
+    targets = {c.name: output_targets(c.name, output_dir, cfg.write_probabilities) for c in cases}
     check_outputs(cases, targets, output_dir, cfg.overwrite)
 
     roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
     inferer = hydra.utils.instantiate(cfg.inferer, roi_size=roi_size)
     predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
-    writer = VolumeWriter(targets)
+    writer = VolumeWriter(cases, targets)
     loader = DataLoader(
         Dataset([c.as_dict() for c in cases], datamodule.predict_transforms()),
         batch_size=1,

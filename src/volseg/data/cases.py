@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, volume_format
+from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry
 from volseg.utils.errors import UserInputError
 
 
@@ -42,7 +42,11 @@ class Case:
 
 
 def _volume_files(folder: Path) -> dict[str, Path]:
-    return {p.name: p for p in sorted(folder.iterdir()) if volume_format(p) and p.is_file()}
+    return {
+        p.name: p
+        for p in sorted(folder.iterdir())
+        if p.name.lower().endswith(VOLUME_SUFFIXES) and p.is_file()
+    }
 
 
 def find_cases(root: str | Path) -> list[Case]:

@@ -166,6 +166,11 @@ class VolumeDataModule(LightningDataModule):
         )
 
     @property
+    def load_options(self) -> dict[str, Any]:
+        """Options of :func:`volseg.data.transforms.load_transforms` for this layout."""
+        return {}
+
+    @property
     def classes_from(self) -> str:
         """Where the number of classes comes from, for messages."""
         return f"num_classes={self.num_classes}"
@@ -178,13 +183,13 @@ class VolumeDataModule(LightningDataModule):
 
     def predict_transforms(self) -> Compose:
         """Loading and normalization as in validation: image ``(C, D, H, W)``."""
-        return eval_transforms(with_label=False)
+        return eval_transforms(with_label=False, **self.load_options)
 
     def setup(self, stage: str | None = None) -> None:
         self.check()
         if self._train_ds is None and stage in (None, "fit"):
             transform = train_transforms(
-                self.patch_size, self.num_classes, self.class_ratios
+                self.patch_size, self.num_classes, self.class_ratios, **self.load_options
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
             self._train_cache = CacheDataset(
@@ -200,7 +205,7 @@ class VolumeDataModule(LightningDataModule):
         if self._val_ds is None:
             self._val_ds = CacheDataset(
                 [c.as_dict() for c in self.val_cases],
-                eval_transforms(),
+                eval_transforms(**self.load_options),
                 cache_rate=self.cache_rate,
                 num_workers=None,
                 progress=False,

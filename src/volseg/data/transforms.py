@@ -6,7 +6,8 @@ Items are ``{"image": path, "label": path}``; after loading, ``image`` is float3
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from monai.transforms import (
     Compose,
@@ -24,18 +25,28 @@ from monai.transforms import (
     Transposed,
 )
 
-from volseg.data.io import NiftiReader, TiffStackReader
+from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
 
 
-def load_transforms(keys: Sequence[str]) -> list[MapTransform]:
-    """Read NIfTI/TIFF (a list of files: one per channel), reorder to ``(C, D, H, W)``, z-score
-    the image (per channel)."""
-    loader = LoadImaged(keys, image_only=True)
-    # registered readers are tried first, by file suffix
-    loader.register(NiftiReader())
-    loader.register(TiffStackReader())
+def load_transforms(
+    keys: Sequence[str], hdf5_keys: Mapping[str, str] | None = None
+) -> list[MapTransform]:
+    """Read the files (a list of files: one per channel), reorder to ``(C, D, H, W)``, z-score
+    the image (per channel).
+
+    ``hdf5_keys``: ``{"image": dataset, "label": dataset}`` to read HDF5 files (one reader per
+    key); otherwise NIfTI or TIFF, chosen by the file suffix.
+    """
+    if hdf5_keys is not None:
+        loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
+    else:
+        loader = LoadImaged(keys, image_only=True)
+        # registered readers are tried first, by file suffix
+        loader.register(NiftiReader())
+        loader.register(TiffStackReader())
+        loaders = [loader]
     return [
-        loader,
+        *loaders,
         # a 3D file gets a channel axis; channel files of one case are stacked by the reader
         EnsureChannelFirstd(keys),
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
@@ -50,8 +61,10 @@ def train_transforms(
     patch_size: Sequence[int],
     num_classes: int,
     class_ratios: Sequence[float] | None = None,
+    **load_options: Any,
 ) -> Compose:
-    """Loading, then class-balanced patch sampling and augmentation.
+    """Loading (options: see :func:`load_transforms`), then class-balanced patch sampling and
+    augmentation.
 
     ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
     ``class_ratios`` (equal by default, so small classes are seen as often as background — like
@@ -71,7 +84,7 @@ def train_transforms(
     ]
     return Compose(
         [
-            *load_transforms(keys),
+            *load_transforms(keys, **load_options),
             SpatialPadd(keys, spatial_size=list(patch_size)),
             RandCropByLabelClassesd(
                 keys,
@@ -89,6 +102,8 @@ def train_transforms(
     )
 
 
-def eval_transforms(with_label: bool = True) -> Compose:
-    """Loading only: whole volumes for sliding-window inference."""
-    return Compose(load_transforms(["image", "label"] if with_label else ["image"]))
+def eval_transforms(with_label: bool = True, **load_options: Any) -> Compose:
+    """Loading only: whole volumes for sliding-window inference (options: see
+    :func:`load_transforms`)."""
+    keys = ["image", "label"] if with_label else ["image"]
+    return Compose(load_transforms(keys, **load_options))
