@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset, list_data_collate
 from monai.inferers import SlidingWindowInferer
+from monai.transforms import Resize
+from monai.utils import convert_to_tensor
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
@@ -152,6 +154,14 @@ def check_outputs(
         )
 
 
+def to_shape(probs: torch.Tensor, shape_zyx: Sequence[int]) -> torch.Tensor:
+    """Probabilities ``(K, D', H', W')`` on a resampled grid, interpolated back to the input's
+    ``(D, H, W)`` grid (same field of view; corner voxel centres aligned, as MONAI ``Spacing``
+    keeps the first voxel's position)."""
+    resize = Resize(list(shape_zyx), mode="trilinear", align_corners=True)
+    return convert_to_tensor(resize(probs), track_meta=False).clamp_(0.0, 1.0)
+
+
 class VolumeWriter(BasePredictionWriter):
     """Writes each volume's labels (and probabilities) in its input's format and geometry."""
 
@@ -173,7 +183,10 @@ class VolumeWriter(BasePredictionWriter):
     ) -> None:
         for probs, name in zip(prediction, batch["name"], strict=True):
             case = self.cases[name]
-            affine = read_geometry(case.image_files[0], case.image_key)["affine"]
+            geometry = read_geometry(case.image_files[0], case.image_key)
+            affine, shape = geometry["affine"], list(geometry["shape_zyx"])
+            if list(probs.shape[1:]) != shape:  # data.spacing resampled it: back to the input's
+                probs = to_shape(probs, shape)
             dtype = np.uint8 if probs.shape[0] <= 256 else np.uint16
             arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
             targets = self.targets[name]

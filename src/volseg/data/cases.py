@@ -136,6 +136,17 @@ def split_cases(
     return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
 
 
+def resampled_shape(
+    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
+) -> list[int]:
+    """Shape ``[D, H, W]`` of a volume after resampling to ``spacing_zyx`` (approximately, as
+    MONAI ``Spacing`` rounds)."""
+    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
+    return [
+        max(1, round(n * c / t)) for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
+    ]
+
+
 def _where(path: Path, key: str | None) -> str:
     """A volume in messages: the file, and the dataset inside it for HDF5."""
     return f"{path}" if key is None else f"{path} (dataset '{key}')"
@@ -208,8 +219,12 @@ def case_problems(
     patch_size: Sequence[int],
     in_channels: int | None = 1,
     classes_from: str = "num_classes",
+    spacing: Sequence[float] | None = None,
 ) -> list[str]:
-    """Every problem of every case, one line each, naming the file (see :func:`check_cases`)."""
+    """Every problem of every case, one line each, naming the file (see :func:`check_cases`).
+
+    With a target ``spacing`` ``[z, y, x]``, the patch is compared with the resampled shape.
+    """
     problems: list[str] = []
     for case in cases:
         image = _image_geometry(case, in_channels, problems)
@@ -233,10 +248,13 @@ def case_problems(
             bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
             if bad_voxels:
                 problems.append(f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf")
-        if all(p > s for p, s in zip(patch_size, shape, strict=True)):
+        sampled = shape if spacing is None else resampled_shape(shape, image["affine"], spacing)
+        if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
+            resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""
             problems.append(
                 f"{_where(case.image_files[0], case.image_key)}: data.patch_size="
-                f"{list(patch_size)} is larger than the volume {list(shape)} in every axis"
+                f"{list(patch_size)} is larger than the volume {list(sampled)}{resampled} in "
+                "every axis"
             )
         if label is None:
             continue

@@ -52,6 +52,9 @@ class VolumeDataModule(LightningDataModule):
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
+        spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
+            µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
+            of the resampled grid.
     """
 
     #: whether a case's image may have several channels (the folder layout: single-channel stacks)
@@ -74,6 +77,7 @@ class VolumeDataModule(LightningDataModule):
         cache_rate: float = 1.0,
         synthetic: dict[str, Any] | None = None,
         check_only: bool = False,
+        spacing: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -91,6 +95,7 @@ class VolumeDataModule(LightningDataModule):
         self.cache_rate = cache_rate
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
+        self.spacing = [float(v) for v in spacing] if spacing is not None else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_cache: CacheDataset | None = None
@@ -99,6 +104,8 @@ class VolumeDataModule(LightningDataModule):
         self._checked = False
         self._seed = 0
         self._loader_generator = torch.Generator()
+        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
+            raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
         if in_channels != 1 and not self.multichannel:
@@ -152,7 +159,12 @@ class VolumeDataModule(LightningDataModule):
                     f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
                 )
         problems += case_problems(
-            cases, self.num_classes, self.patch_size, self.in_channels, self.classes_from
+            cases,
+            self.num_classes,
+            self.patch_size,
+            self.in_channels,
+            self.classes_from,
+            self.spacing,
         )
         if problems:
             raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)
@@ -168,7 +180,7 @@ class VolumeDataModule(LightningDataModule):
     @property
     def load_options(self) -> dict[str, Any]:
         """Options of :func:`volseg.data.transforms.load_transforms` for this layout."""
-        return {}
+        return {"spacing": self.spacing}
 
     @property
     def classes_from(self) -> str:

@@ -21,6 +21,7 @@ from monai.transforms import (
     RandRotate90d,
     RandScaleIntensityd,
     RandShiftIntensityd,
+    Spacing,
     SpatialPadd,
     Transposed,
 )
@@ -28,14 +29,43 @@ from monai.transforms import (
 from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
 
 
+class Resampled(MapTransform):
+    """MONAI ``Spacing`` applied to each key with its own interpolation mode.
+
+    Not ``Spacingd``: it treats every ``<key>_*`` entry of the item as a metadata dict, and
+    ``image_path`` (read by the prediction writers) is a string.
+
+    Args:
+        keys: entries holding ``(C, x, y, z)`` MetaTensors (file axis order, with an affine).
+        spacing_zyx: target voxel size ``[z, y, x]``.
+        modes: one interpolation mode per key (``bilinear``; ``nearest`` for labels).
+    """
+
+    def __init__(
+        self, keys: Sequence[str], spacing_zyx: Sequence[float], modes: Sequence[str]
+    ) -> None:
+        super().__init__(keys)
+        self.spacing = Spacing(pixdim=[float(v) for v in spacing_zyx][::-1])
+        self.modes = dict(zip(keys, modes, strict=True))
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.spacing(d[key], mode=self.modes[key])
+        return d
+
+
 def load_transforms(
-    keys: Sequence[str], hdf5_keys: Mapping[str, str] | None = None
+    keys: Sequence[str],
+    hdf5_keys: Mapping[str, str] | None = None,
+    spacing: Sequence[float] | None = None,
 ) -> list[MapTransform]:
-    """Read the files (a list of files: one per channel), reorder to ``(C, D, H, W)``, z-score
-    the image (per channel).
+    """Read the files (a list of files: one per channel), optionally resample, reorder to
+    ``(C, D, H, W)``, z-score the image (per channel).
 
     ``hdf5_keys``: ``{"image": dataset, "label": dataset}`` to read HDF5 files (one reader per
-    key); otherwise NIfTI or TIFF, chosen by the file suffix.
+    key); otherwise NIfTI or TIFF, chosen by the file suffix. ``spacing``: target voxel size
+    ``[z, y, x]`` (the files' units): images resampled linearly, labels by nearest neighbour.
     """
     if hdf5_keys is not None:
         loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
@@ -45,10 +75,16 @@ def load_transforms(
         loader.register(NiftiReader())
         loader.register(TiffStackReader())
         loaders = [loader]
+    resample = []
+    if spacing is not None:
+        modes = ["nearest" if k == "label" else "bilinear" for k in keys]
+        # the arrays are still in file axis order (x, y, z) here
+        resample.append(Resampled(keys, spacing, modes))
     return [
         *loaders,
         # a 3D file gets a channel axis; channel files of one case are stacked by the reader
         EnsureChannelFirstd(keys),
+        *resample,
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
         NormalizeIntensityd("image", channel_wise=True),
