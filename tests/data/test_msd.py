@@ -17,6 +17,7 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.msd import MSDDataModule
+from volseg.evaluation import evaluate
 from volseg.prediction import predict
 from volseg.training import train
 from volseg.utils.errors import UserInputError
@@ -72,6 +73,9 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
     assert state["volseg"]["config"]["model"]["net"]["num_classes"] == 3
     with open(tmp_path / "train" / "csv" / "metrics.csv") as f:
         assert "val/dice_other" in next(csv.reader(f))
+    # eval.py rebuilds the msd datamodule from the saved config (dataset.json read again)
+    scores = evaluate(compose_config("eval", tmp_path / "eval", [f"ckpt_path={ckpt}"]))
+    assert {f"val/dice_{name}" for name in CLASSES} <= set(scores)
 
     out = tmp_path / "pred"
     cfg = compose_config(
