@@ -41,7 +41,9 @@ def test_patch_is_checked_against_the_resampled_volume(tmp_path):
     check_cases(find_cases(tmp_path), 2, [8, 16, 16])
     problems = case_problems(find_cases(tmp_path), 2, [8, 16, 16], spacing=[2.0, 2.0, 2.0])
     assert len(problems) == 2
-    assert "c0.nii.gz: data.patch_size=[8, 16, 16] is larger than the volume [4, 8, 8]" in problems[0]
+    assert (
+        "c0.nii.gz: data.patch_size=[8, 16, 16] is larger than the volume [4, 8, 8]" in problems[0]
+    )
     assert "(resampled to data.spacing=[2.0, 2.0, 2.0])" in problems[0]
 
 
@@ -74,5 +76,7 @@ def test_spacing_trains_on_the_resampled_grid_and_predicts_on_the_input_grid(
 
 
 def test_bad_spacing_is_named(small_dataset):
-    with pytest.raises(UserInputError, match=r"data.spacing=\[1.0, 0.0\]: expected \[z, y, x\] > 0"):
+    with pytest.raises(
+        UserInputError, match=r"data.spacing=\[1.0, 0.0\]: expected \[z, y, x\] > 0"
+    ):
         VolumeDataModule(str(small_dataset), spacing=[1.0, 0.0])

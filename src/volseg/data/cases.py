@@ -165,7 +165,9 @@ def _image_geometry(
         try:
             geometries.append(read_geometry(path, case.image_key))
         except Exception as err:  # any reader failure is a bad file, reported with its name
-            problems.append(f"{_where(path, case.image_key)}: cannot read ({type(err).__name__}: {err})")
+            problems.append(
+                f"{_where(path, case.image_key)}: cannot read ({type(err).__name__}: {err})"
+            )
     if len(geometries) < len(case.image_files):
         return None
     first = geometries[0]
@@ -247,7 +249,9 @@ def case_problems(
                 continue
             bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
             if bad_voxels:
-                problems.append(f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf")
+                problems.append(
+                    f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf"
+                )
         sampled = shape if spacing is None else resampled_shape(shape, image["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
             resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""

@@ -70,7 +70,10 @@ class HDF5DataModule(VolumeDataModule):
 
     @property
     def load_options(self) -> dict[str, Any]:
-        return {**super().load_options, "hdf5_keys": {"image": self.raw_key, "label": self.label_key}}
+        return {
+            **super().load_options,
+            "hdf5_keys": {"image": self.raw_key, "label": self.label_key},
+        }
 
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """The HDF5 file ``path`` or those in the folder ``path``, dataset ``raw_key``."""

@@ -156,7 +156,9 @@ class TiffStackReader(ImageReader):
                 array = tif.asarray()
                 spacing = _tiff_spacing_zyx(tif)
             if array.ndim != 3:
-                raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+                raise ValueError(
+                    f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}"
+                )
             volumes.append((array, spacing))
         return volumes if len(volumes) > 1 else volumes[0]
 
@@ -228,7 +230,9 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
             "affine": np.diag([sx, sy, sz, 1.0]),
             "channels": channels,
         }
-    raise ValueError(f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})")
+    raise ValueError(
+        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
+    )
 
 
 def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
