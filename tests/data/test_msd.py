@@ -79,7 +79,9 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
 
     out = tmp_path / "pred"
     cfg = compose_config(
-        "predict", tmp_path / "predict", [f"ckpt_path={ckpt}", f"input={msd_root}/imagesTs", f"output={out}"]
+        "predict",
+        tmp_path / "predict",
+        [f"ckpt_path={ckpt}", f"input={msd_root}/imagesTs", f"output={out}"],
     )
     predict(cfg)
     assert sorted(p.name for p in out.iterdir()) == ["new_case.nii.gz"]
@@ -98,18 +100,25 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
     cfg = compose_config(
         "predict", tmp_path / "predict3", [f"ckpt_path={ckpt}", f"input={source}", f"output={out}3"]
     )
-    with pytest.raises(UserInputError, match=r"new_case_0000.nii.gz: 1 image channel\(s\) .* in_channels=2"):
+    with pytest.raises(
+        UserInputError, match=r"new_case_0000.nii.gz: 1 image channel\(s\) .* in_channels=2"
+    ):
         predict(cfg)
 
 
 def test_dataset_json_disagreements_are_reported_together(msd_root):
     (msd_root / "imagesTr" / "case_001_0001.nii.gz").unlink()
-    shutil.copy(msd_root / "imagesTr" / "case_002_0000.nii.gz", msd_root / "imagesTr" / "case_002_0002.nii.gz")
+    shutil.copy(
+        msd_root / "imagesTr" / "case_002_0000.nii.gz",
+        msd_root / "imagesTr" / "case_002_0002.nii.gz",
+    )
     label = msd_root / "labelsTr" / "case_003.nii.gz"
     write_volume(label, read_array(label) + 1, affine=read_geometry(label)["affine"])
     write_volume(msd_root / "imagesTr" / "case_000_0001.nii.gz", np.zeros((16, 48, 40), np.float32))
     dataset = json.loads((msd_root / "dataset.json").read_text())
-    dataset["training"] = [{"image": "./imagesTr/case_000.nii.gz", "label": "./labelsTr/gone.nii.gz"}]
+    dataset["training"] = [
+        {"image": "./imagesTr/case_000.nii.gz", "label": "./labelsTr/gone.nii.gz"}
+    ]
     (msd_root / "dataset.json").write_text(json.dumps(dataset))
 
     with pytest.raises(UserInputError) as err:
@@ -120,10 +129,17 @@ def test_dataset_json_disagreements_are_reported_together(msd_root):
         f"{msd_root}/imagesTr/case_000_0001.nii.gz: shape [16, 48, 40] differs from "
         "case_000_0000.nii.gz's [16, 48, 48]"
     ) in text
-    assert f"{msd_root}/imagesTr/case_001_0001.nii.gz: missing; {msd_root}/dataset.json lists 2 channel(s) (raw, inverted)" in text
-    assert f"{msd_root}/imagesTr/case_002_0002.nii.gz: a channel beyond the 2 listed" in text
-    assert f"{msd_root}/dataset.json: lists ./labelsTr/gone.nii.gz ('training' label), file not found" in text
-    assert f"{label}: label values [3] outside [0, 3) (3 classes listed in {msd_root}/dataset.json)" in text
+    listed = f"{msd_root}/dataset.json lists 2 channel(s) (raw, inverted)"
+    assert f"{msd_root}/imagesTr/case_001_0001.nii.gz: missing; {listed}" in text
+    assert f"{msd_root}/imagesTr/case_002_0002.nii.gz: an extra channel; {listed}" in text
+    assert (
+        f"{msd_root}/dataset.json: lists ./labelsTr/gone.nii.gz ('training' label), file not found"
+        in text
+    )
+    assert (
+        f"{label}: label values [3] outside [0, 3) (3 classes listed in {msd_root}/dataset.json)"
+        in text
+    )
 
 
 def test_unpaired_files_num_training_and_bad_json(msd_root):
@@ -137,8 +153,12 @@ def test_unpaired_files_num_training_and_bad_json(msd_root):
     assert f"{msd_root}/labelsTr/case_005.nii.gz: label has no image" in text
     assert f"{msd_root}/dataset.json: numTraining=6, but {msd_root}/labelsTr holds 5 labels" in text
 
-    (msd_root / "dataset.json").write_text('{"labels": {"0": "background", "2": "x"}, "modality": {"0": "a"}}')
-    with pytest.raises(UserInputError, match=r"dataset.json: 'labels' indices must be 0..1, got \[0, 2\]"):
+    (msd_root / "dataset.json").write_text(
+        '{"labels": {"0": "background", "2": "x"}, "modality": {"0": "a"}}'
+    )
+    with pytest.raises(
+        UserInputError, match=r"dataset.json: 'labels' indices must be 0..1, got \[0, 2\]"
+    ):
         _datamodule(msd_root).check()
     (msd_root / "dataset.json").unlink()
     with pytest.raises(UserInputError, match=r"no dataset.json"):
@@ -152,7 +172,13 @@ def test_explicit_num_classes_must_agree_and_bad_data_exits_cleanly(msd_root, tm
     (msd_root / "imagesTr" / "case_004_0001.nii.gz").unlink()
     before = {p: p.read_bytes() for p in msd_root.rglob("*") if p.is_file()}
     result = subprocess.run(
-        [sys.executable, "train.py", "data=msd", f"data.root={msd_root}", f"hydra.run.dir={tmp_path / 'run'}"],
+        [
+            sys.executable,
+            "train.py",
+            "data=msd",
+            f"data.root={msd_root}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         capture_output=True,

@@ -16,6 +16,7 @@ Class names and channel names come from ``dataset.json``, and so do ``num_classe
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import re
@@ -95,19 +96,42 @@ def _split_ending(name: str, endings: Sequence[str]) -> tuple[str, str] | None:
 
 def group_channel_files(
     files: Sequence[Path], endings: Sequence[str]
-) -> dict[str, dict[int, Path]]:
-    """``{"<id><ending>": {channel: file}}``; a file without a ``_NNNN`` suffix is a
-    single-channel case of its own."""
+) -> tuple[dict[str, dict[int, Path]], list[Path]]:
+    """``{"<id><ending>": {channel: file}}`` from ``<id>_NNNN<ending>`` files, and the files
+    without a channel suffix."""
     groups: dict[str, dict[int, Path]] = {}
+    plain = []
     for path in files:
         split = _split_ending(path.name, endings)
         if split is None:
             continue
-        stem, ending = split
-        match = CHANNEL_FILE.match(stem)
-        case_id, channel = (match["id"], int(match["channel"])) if match else (stem, 0)
-        groups.setdefault(case_id + ending, {})[channel] = path
-    return dict(sorted(groups.items()))
+        match = CHANNEL_FILE.match(split[0])
+        if match is None:
+            plain.append(path)
+            continue
+        groups.setdefault(match["id"] + split[1], {})[int(match["channel"])] = path
+    return dict(sorted(groups.items())), plain
+
+
+def _training_list_problems(
+    root: Path, dataset: dict[str, Any], endings: Sequence[str], images: dict[str, Any]
+) -> list[str]:
+    """Files of a ``training`` list (MSD, nnU-Net v1) that do not exist."""
+    problems = []
+    for entry in dataset["training"] or []:
+        for key in ("image", "label"):
+            listed = entry.get(key) if isinstance(entry, dict) else None
+            if listed is None:
+                continue
+            path = root / listed
+            split = _split_ending(path.name, endings)
+            # nnU-Net v1 lists images without their channel suffix
+            exists = path.is_file() or (key == "image" and split and "".join(split) in images)
+            if not exists:
+                problems.append(
+                    f"{root / 'dataset.json'}: lists {listed} ('training' {key}), file not found"
+                )
+    return problems
 
 
 def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], list[str]]:
@@ -120,68 +144,36 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
         raise UserInputError(f"data.root={root}: not an msd dataset folder", missing)
     endings = [dataset["file_ending"]] if dataset["file_ending"] else list(VOLUME_SUFFIXES)
     channels = dataset["channel_names"]
-    source = root / "dataset.json"
-    problems: list[str] = []
-    labels = {}
-    for path in sorted(labels_dir.iterdir()):
-        split = _split_ending(path.name, endings)
-        if split is not None:
-            labels[split[0] + split[1]] = path
-    images: dict[str, dict[int, Path]] = {}
-    for path in sorted(images_dir.iterdir()):
-        split = _split_ending(path.name, endings)
-        if split is None:
-            continue
-        match = CHANNEL_FILE.match(split[0])
-        if match is None:
-            problems.append(
-                f"{path}: no channel suffix (expected <id>_0000{split[1]}, one file per channel)"
-            )
-            continue
-        images.setdefault(match["id"] + split[1], {})[int(match["channel"])] = path
+    listed = f"{root / 'dataset.json'} lists {len(channels)} channel(s) ({', '.join(channels)})"
+    labels = {p.name: p for p in sorted(labels_dir.iterdir()) if _split_ending(p.name, endings)}
+    images, plain = group_channel_files(sorted(images_dir.iterdir()), endings)
+    problems = [f"{p}: no channel suffix (expected <id>_0000, one file per channel)" for p in plain]
     cases = []
     for name, label in labels.items():
         stem, ending = _split_ending(name, endings)
         found = images.get(name, {})
         if not found:
-            problems.append(f"{label}: label has no image (expected {images_dir}/{stem}_0000{ending})")
+            expected = images_dir / f"{stem}_0000{ending}"
+            problems.append(f"{label}: label has no image (expected {expected})")
             continue
-        absent = [f"{stem}_{c:04d}{ending}" for c in range(len(channels)) if c not in found]
+        absent = [images_dir / f"{stem}_{c:04d}{ending}" for c in range(len(channels))]
+        absent = [p for c, p in enumerate(absent) if c not in found]
         extra = [found[c] for c in sorted(found) if c >= len(channels)]
-        for path in extra:
-            problems.append(
-                f"{path}: a channel beyond the {len(channels)} listed in {source} "
-                f"({', '.join(channels)})"
-            )
-        if absent:
-            problems.append(
-                f"{images_dir}/{absent[0]}: missing; {source} lists {len(channels)} channel(s) "
-                f"({', '.join(channels)})" + (f", also missing: {absent[1:]}" if absent[1:] else "")
-            )
+        problems += [f"{p}: missing; {listed}" for p in absent]
+        problems += [f"{p}: an extra channel; {listed}" for p in extra]
         if not absent and not extra:
             cases.append(Case(name, tuple(found[c] for c in range(len(channels))), label))
-    for name, found in images.items():
-        if name not in labels:
-            stem, ending = _split_ending(name, endings)
-            first = found[min(found)]
-            problems.append(f"{first}: image has no label (expected {labels_dir}/{name})")
-    for entry in dataset["training"] or []:
-        for key in ("image", "label"):
-            listed = entry.get(key) if isinstance(entry, dict) else None
-            if listed is None:
-                continue
-            path = root / listed
-            # nnU-Net v1 lists images without the channel suffix
-            split = _split_ending(path.name, endings)
-            exists = path.is_file() or (
-                key == "image" and split is not None and split[0] + split[1] in images
-            )
-            if not exists:
-                problems.append(f"{source}: lists {listed} ('training' {key}), file not found")
+    problems += [
+        f"{found[min(found)]}: image has no label (expected {labels_dir / name})"
+        for name, found in images.items()
+        if name not in labels
+    ]
+    problems += _training_list_problems(root, dataset, endings, images)
     num_training = dataset["num_training"]
     if num_training is not None and num_training != len(labels):
         problems.append(
-            f"{source}: numTraining={num_training}, but {labels_dir} holds {len(labels)} labels"
+            f"{root / 'dataset.json'}: numTraining={num_training}, but {labels_dir} holds "
+            f"{len(labels)} labels"
         )
     if not labels and not problems:
         raise UserInputError(f"data.root={root}: no labels found in {labels_dir}")
@@ -235,15 +227,16 @@ class MSDDataModule(VolumeDataModule):
             split = _split_ending(path.name, VOLUME_SUFFIXES)
             match = CHANNEL_FILE.match(split[0]) if split else None
             if match is not None:
-                siblings = path.parent.glob(f"{glob_escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
+                siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
                 files = [p for p in siblings if p.name.endswith(split[1])]
-        cases, problems = [], []
-        for name, channels in group_channel_files(sorted(files), VOLUME_SUFFIXES).items():
+        groups, plain = group_channel_files(sorted(files), VOLUME_SUFFIXES)
+        cases = [Case(p.name, p, None) for p in plain]  # single-channel files without a suffix
+        problems = []
+        for name, channels in groups.items():
             if sorted(channels) != list(range(len(channels))):
-                first = channels[min(channels)]
                 problems.append(
-                    f"{first}: channel files {sorted(channels)} of {name} are not 0..n-1 "
-                    "(one <id>_NNNN file per channel, numbered from 0000)"
+                    f"{channels[min(channels)]}: channel files {sorted(channels)} of {name} are "
+                    "not 0..n-1 (one <id>_NNNN file per channel, numbered from 0000)"
                 )
                 continue
             cases.append(Case(name, tuple(channels[c] for c in sorted(channels)), None))
@@ -251,8 +244,3 @@ class MSDDataModule(VolumeDataModule):
         if problems:
             raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
         return cases
-
-
-def glob_escape(text: str) -> str:
-    """``text`` with glob wildcards escaped."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
