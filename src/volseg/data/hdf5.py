@@ -17,7 +17,7 @@ from typing import Any
 
 from volseg.data.cases import Case, find_inputs, input_problems
 from volseg.data.datamodule import VolumeDataModule
-from volseg.data.io import HDF5_SUFFIXES, _h5py
+from volseg.data.io import HDF5_SUFFIXES, require_h5py
 from volseg.utils.errors import UserInputError
 
 
@@ -30,7 +30,7 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
         raise UserInputError(
             f"data.root={root}: no HDF5 files (supported: {', '.join(HDF5_SUFFIXES)})"
         )
-    h5py = _h5py()
+    h5py = require_h5py()
     cases, problems = [], []
     for path in files:
         try:

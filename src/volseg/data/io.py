@@ -46,7 +46,7 @@ def volume_format(path: str | Path) -> str | None:
     return None
 
 
-def _h5py():
+def require_h5py():
     """h5py, or one clear error saying how to install it."""
     try:
         import h5py
@@ -99,7 +99,7 @@ class HDF5Reader(ImageReader):
         names = [data] if isinstance(data, str | Path) else list(data)
         volumes = []
         for name in names:
-            with _h5py().File(name, "r") as f:
+            with require_h5py().File(name, "r") as f:
                 dataset = _hdf5_dataset(f, self.key, Path(name))
                 volumes.append((dataset[()], _hdf5_spacing_zyx(dataset)))
         return volumes if len(volumes) > 1 else volumes[0]
@@ -219,7 +219,7 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
         affine = np.diag([sx, sy, sz, 1.0])
         return {"format": fmt, "shape_zyx": shape, "affine": affine, "channels": 1}
     if fmt == "hdf5":
-        with _h5py().File(path, "r") as f:
+        with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
             shape = tuple(int(s) for s in dataset.shape)
             sz, sy, sx = _hdf5_spacing_zyx(dataset)
@@ -240,7 +240,7 @@ def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
     by :func:`write_volume`."""
     path = Path(path)
     if volume_format(path) == "hdf5":
-        with _h5py().File(path, "r") as f:
+        with require_h5py().File(path, "r") as f:
             return _hdf5_dataset(f, key, path)[()]
     if volume_format(path) == "nifti":
         array = np.asarray(nib.load(str(path)).dataobj)
@@ -284,7 +284,7 @@ def write_volume(
         nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(axes)), affine), path)
     elif fmt == "hdf5":
         key = key or HDF5_PREDICTION_KEY
-        with _h5py().File(path, "a") as f:
+        with require_h5py().File(path, "a") as f:
             if key in f:
                 del f[key]
             dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
