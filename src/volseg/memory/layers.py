@@ -93,9 +93,10 @@ class LayerTrace:
         module: nn.Module,
         optimizers: Iterable[torch.optim.Optimizer],
         batch: Any,
+        tracker: ClosureMemTracker | None = None,
     ) -> None:
         self.module = module
-        self.tracker = ClosureMemTracker()
+        self.tracker = tracker or ClosureMemTracker()
         self.tracker.track_external(module, *optimizers, *_tensors(batch))
         self._running = False
 

@@ -171,10 +171,14 @@ class SegmentationModule(LightningModule):
 
     def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
-        logits, label = logits.float(), label.to(logits.device)
-        if self.checkpoint_loss and torch.is_grad_enabled():
-            return checkpoint(self.loss, logits, label, use_reentrant=False)
-        return self.loss(logits, label)
+        label = label.to(logits.device)
+        if not (self.checkpoint_loss and torch.is_grad_enabled()):
+            return self._float_loss(logits, label)
+        return checkpoint(self._float_loss, logits, label, use_reentrant=False)
+
+    def _float_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        # cast inside the checkpoint: the float32 copy of the logits is then not kept either
+        return self.loss(logits.float(), label)
 
     @torch.no_grad()
     def predict_volume(self, image: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,95 @@
+"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.memory.planner import Plan, parse_bytes, plan
+from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+SCHEMA_VERSION = 1
+
+
+def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
+    """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
+    shape = "×".join(str(p) for p in est.patch_size)
+    lines = [
+        f"Estimated training step on {est.device}: batch {est.batch_size} of {shape} voxels, "
+        f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
+        f"({est.seconds:.1f} s)",
+        "  at the step's peak:",
+    ]
+    rows = [
+        ("params", est.params),
+        ("grads", est.grads),
+        ("optimizer state", est.optimizer_state),
+        ("activations", est.activations),
+        ("temporaries", est.temporaries),
+        ("buffers", est.buffers),
+        ("peak allocated", est.peak_allocated),
+    ]
+    if est.device == "cuda":
+        rows += [
+            ("peak reserved", est.peak_reserved),
+            ("CUDA context", est.cuda_context),
+            ("process total (nvidia-smi)", est.process_total),
+        ]
+    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    total = sum(est.modules.values()) or 1
+    lines.append("  activations by module (what its forward keeps for backward):")
+    for name, nbytes in list(est.modules.items())[:top]:
+        lines.append(f"    {name:<28}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / total:6.1f}%")
+    return "\n".join(lines)
+
+
+def format_plan(result: Plan) -> str:
+    """The planner's answer: what to paste, and what the estimate says of it."""
+    budget = f"{result.budget / MIB:,.0f} MiB"
+    if not result.overrides:
+        return f"Nothing fits {budget}: even batch 1 at the smallest setting is over it."
+    lines = [f"Fits {budget} with: {' '.join(result.overrides)}"]
+    if result.estimate is not None:
+        lines.append(
+            f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
+            + (
+                f"; one step more ({result.search}) would need "
+                f"{result.next_step_estimate['process_total'] / MIB:,.0f} MiB"
+                if result.next_step_estimate
+                else ""
+            )
+        )
+    if result.largest_batch_by_checkpointing:
+        table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
+        lines.append(f"  largest batch by activation_checkpointing: {table}")
+    return "\n".join(lines)
+
+
+def run_estimate(cfg: DictConfig) -> dict[str, Any]:
+    """Estimate the step ``train.py`` would run; plan with ``estimate.budget``; write JSON."""
+    options = cfg.estimate
+    budget = parse_bytes(options.budget, "estimate.budget") if options.budget else None
+    json_out = Path(options.json_out) if options.json_out else None
+    if json_out is not None and not json_out.parent.is_dir():
+        raise UserInputError(f"estimate.json_out={json_out}: folder {json_out.parent} not found")
+
+    est = estimate(cfg)
+    print(format_estimate(est, top=int(options.top)))
+    result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    if budget is not None:
+        checkpointing = OmegaConf.to_container(options.checkpointing_options)
+        answer = plan(cfg, budget, str(options.search), checkpointing, int(options.max_batch_size))
+        print(format_plan(answer))
+        result["plan"] = answer.to_dict()
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2))
+        log.info("Wrote %s", json_out)
+    return result

@@ -1,0 +1,407 @@
+"""Estimate a training step's memory before running it: fake tensors under torch's MemTracker.
+
+The network, loss, optimizer, precision and memory levers are built from the same config as
+``train.py`` builds them; the parameters are then swapped for fake tensors
+(``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and strides, no data) and two
+training steps run on a fake batch: forward and loss (under autocast for the mixed precisions),
+backward, the optimizer update. No memory is allocated and no GPU is needed. The first step creates
+the optimizer state; the second is a steady step, and the per-module table comes from it.
+
+Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
+the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.autocast`; the CPU's
+differ, e.g. for max-pooling), the foreach optimizer update (CUDA's default), requests rounded to
+512 bytes, and the caching allocator replayed over the allocation sequence
+(:mod:`volseg.memory.allocator`) for the reserved peak; the CUDA context is a config value. For a
+CPU estimate, the scratch memory of oneDNN's kernels is added (:mod:`volseg.memory.workspace`).
+
+Not modelled: cuDNN's convolution workspace (it depends on the algorithm cuDNN picks on the GPU),
+the GradScaler's few bytes, DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager
+step is estimated), and ``model.placement`` over two devices (the estimate is for one device
+holding everything).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+from volseg.memory.allocator import OutOfMemory, replay, round_size
+from volseg.memory.autocast import CudaAutocast
+from volseg.memory.events import RecordingMemTracker, held_peak
+from volseg.memory.layers import CATEGORIES, ClosureMemTracker, LayerTrace, block_activations
+from volseg.memory.workspace import cpu_workspace
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+DEVICES = ("cuda", "cpu")
+MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+FULL = {"32", "32-true", "64", "64-true"}
+
+
+@dataclass
+class MemoryEstimate:
+    """Predicted memory of one training step, in bytes.
+
+    ``peak_allocated``: the most the step's tensors hold at once (params, grads, optimizer state,
+    activations, temporaries, batch); ``step_peak_growth``: how far a steady step (not the first)
+    rises above what is held at its start; ``kernel_workspace``: the part of ``peak_allocated``
+    that kernels hold inside an op (modelled on the CPU only); ``peak_reserved``: what the CUDA
+    caching allocator holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``:
+    reserved plus the CUDA context; ``modules``: each block's own activations (what its
+    forward keeps).
+    """
+
+    device: str
+    precision: str
+    batch_size: int
+    patch_size: list[int]
+    activation_checkpointing: Any
+    num_parameters: int
+    params: int
+    buffers: int
+    grads: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+    peak_allocated: int
+    kernel_workspace: int
+    step_peak_growth: int
+    peak_reserved: int
+    cuda_context: int
+    process_total: int
+    seconds: float
+    modules: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the step's allocations and frees, in order, for replays under a budget
+        self.events: list[tuple[str, int, int]] = []
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def total_within(self, budget: int) -> int | None:
+        """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
+        fit. On CUDA the allocator releases its free cached segments before giving up, so a
+        step can fit with an unconstrained reserved peak above the budget."""
+        if self.device != "cuda":
+            return self.process_total if self.process_total <= budget else None
+        try:
+            allocator = replay(self.events, capacity=budget - self.cuda_context)
+        except OutOfMemory:
+            return None
+        return allocator.peak_reserved + self.cuda_context
+
+    def fits(self, budget: int) -> bool:
+        return self.total_within(budget) is not None
+
+
+def target_device(cfg: DictConfig) -> str:
+    """``estimate.device``, or from ``trainer.accelerator`` (``auto`` counts as a GPU: the
+    estimator is for the GPU a config is meant for, which this machine may not have)."""
+    device = cfg.get("estimate", {}).get("device")
+    if device is None:
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        device = "cpu" if accelerator == "cpu" else "cuda"
+    if device not in DEVICES:
+        from volseg.utils.errors import UserInputError
+
+        raise UserInputError(f"estimate.device={device}: must be one of {', '.join(DEVICES)}")
+    return device
+
+
+def _precision(cfg: DictConfig) -> str:
+    precision = str(cfg.trainer.get("precision", "32"))
+    if precision not in MIXED and precision not in TRUE and precision not in FULL:
+        from volseg.utils.errors import UserInputError
+
+        raise UserInputError(
+            f"trainer.precision={precision}: the estimator knows 32, 16-mixed, bf16-mixed, "
+            "16-true and bf16-true"
+        )
+    return precision
+
+
+def _fake_parameters(module: nn.Module, mode: FakeTensorMode) -> None:
+    """Swap every parameter and buffer for a fake tensor of the same shape, dtype and strides."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                fake = mode.from_tensor(param.detach())
+                sub._parameters[name] = nn.Parameter(fake, requires_grad=param.requires_grad)
+        for name, buf in list(sub._buffers.items()):
+            if buf is not None:
+                sub._buffers[name] = mode.from_tensor(buf)
+
+
+@contextlib.contextmanager
+def _constant_aranges() -> Iterator[None]:
+    """Evaluate ``torch.arange`` of plain ints for real.
+
+    MONAI's DiceLoss takes its reduction axes from ``torch.arange(2, ndim).tolist()``; a fake
+    tensor cannot give values, so such aranges (a few ints, no data) are made outside fake mode.
+    """
+    real_arange = torch.arange
+
+    def arange(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if not kwargs and all(isinstance(a, int) for a in args):
+            with unset_fake_temporarily():
+                return real_arange(*args)
+        return real_arange(*args, **kwargs)
+
+    torch.arange = arange
+    try:
+        yield
+    finally:
+        torch.arange = real_arange
+
+
+class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
+    """``save_on_cpu`` for the estimate: saved tensors are packed to the ``meta`` device (host
+    memory, left out of the device's count) and unpacked as new device tensors in backward."""
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        def pack(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+            return t.device, torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+        def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+            device, t = packed
+            return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+
+        super().__init__(pack, unpack)
+
+
+@contextlib.contextmanager
+def _host_offload_modelled() -> Iterator[None]:
+    real = torch.autograd.graph.save_on_cpu
+    torch.autograd.graph.save_on_cpu = _SavedOnHost
+    try:
+        yield
+    finally:
+        torch.autograd.graph.save_on_cpu = real
+
+
+def _step_config(
+    cfg: DictConfig,
+    batch_size: int | None,
+    patch_size: Sequence[int] | None,
+    activation_checkpointing: Any,
+) -> DictConfig:
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        if batch_size is not None:
+            cfg.data.batch_size = int(batch_size)
+        if patch_size is not None:
+            cfg.data.patch_size = [int(p) for p in patch_size]
+        if activation_checkpointing is not None:
+            cfg.model.activation_checkpointing = activation_checkpointing
+        # compiling is not run on fake tensors here: it changes kernels, not what the step keeps
+        cfg.model.compile = False
+    return cfg
+
+
+def _optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
+    configured = module.configure_optimizers()
+    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    if device == "cuda":
+        # CUDA's default update is the foreach one, which holds a temporary per state tensor
+        for group in optimizer.param_groups:
+            if "foreach" in group and group["foreach"] is None:
+                group["foreach"] = True
+    return optimizer
+
+
+@dataclass
+class TrainingStep:
+    """The training step ``train.py`` runs for a config, as Lightning runs it: forward and loss
+    under autocast (mixed precisions) or on a cast network and batch (``*-true``), backward,
+    the optimizer update, gradients set to ``None``. Real or fake tensors alike."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    image_shape: tuple[int, ...]  # (B, C, D, H, W)
+    input_dtype: torch.dtype
+    # the autocast of forward and loss; with CUDA's rules emulated, backward runs under it too
+    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
+    autocast_in_backward: bool = False
+
+    def run(
+        self,
+        steps: int,
+        new_batch: Any = None,
+        on_step_start: Any = None,
+        before_update: Any = None,
+    ) -> None:
+        """``steps`` steps; ``new_batch(image_shape, label_shape, dtype)`` makes each batch
+        (default: ``torch.empty``, i.e. fake under a FakeTensorMode)."""
+        label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        for _ in range(steps):
+            if on_step_start is not None:
+                on_step_start()
+            if new_batch is None:
+                image = torch.empty(self.image_shape, dtype=self.input_dtype)
+                label = torch.empty(label_shape, dtype=self.input_dtype)
+            else:
+                image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
+            with self.autocast():
+                logits = self.module(image)
+                loss = self.module.compute_loss(logits, label)
+            with self.autocast() if self.autocast_in_backward else contextlib.nullcontext():
+                loss.backward()
+            del logits, loss, image, label
+            if before_update is not None:
+                before_update()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+def build_training_step(
+    cfg: DictConfig,
+    device: str,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+    fake_mode: FakeTensorMode | None = None,
+) -> TrainingStep:
+    """Network, loss and optimizer from ``cfg`` as ``train.py`` builds them, on the CPU, with
+    the precision's casts; ``device`` decides the autocast dtype of ``16-mixed`` (float16 on
+    CUDA, bfloat16 on the CPU as Lightning runs it) and the optimizer's foreach update. With
+    ``fake_mode`` the parameters are fake tensors of that mode (before the optimizer sees them).
+    """
+    precision = _precision(cfg)
+    cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
+    in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
+    module = hydra.utils.instantiate(cfg.model)
+    module.train()
+    if precision in TRUE:
+        module = module.to(TRUE[precision])
+    if fake_mode is not None:
+        _fake_parameters(module, fake_mode)
+    step = TrainingStep(
+        module=module,
+        optimizer=_optimizer(module, device),
+        image_shape=(int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        input_dtype=TRUE.get(precision, torch.float32),
+    )
+    if precision in MIXED and device == "cpu":
+        # Lightning runs 16-mixed as bfloat16 autocast on the CPU
+        step.autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    elif precision in MIXED:
+        step.autocast = partial(CudaAutocast, MIXED[precision])
+        step.autocast_in_backward = True
+    return step
+
+
+def estimate(
+    cfg: DictConfig,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+) -> MemoryEstimate:
+    """Predicted memory of a training step of ``cfg`` (a composed ``train`` config).
+
+    ``batch_size``, ``patch_size`` and ``activation_checkpointing`` override the config's
+    ``data.batch_size``, ``data.patch_size`` and ``model.activation_checkpointing``.
+    """
+    started = time.perf_counter()
+    device = target_device(cfg)
+    mode = FakeTensorMode()
+    step = build_training_step(
+        cfg, device, batch_size, patch_size, activation_checkpointing, fake_mode=mode
+    )
+    # kernels' scratch memory is measured for the CPU's oneDNN only (see volseg.memory.workspace)
+    workspace = cpu_workspace if device == "cpu" else None
+    levers = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
+
+    with mode, _constant_aranges(), levers, warnings.catch_warnings():
+        # MemTracker's module tracker warns for modules it meets in backward only (the loss)
+        warnings.filterwarnings("ignore", message="Module is None")
+        trace = LayerTrace(
+            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
+        )
+        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
+        trace.start()
+        try:
+            # the first step creates the optimizer state; the module table is the second's
+            step.run(
+                2,
+                on_step_start=lambda: (tracker.reset_mod_stats(), tracker.mark()),
+                before_update=trace.optimizer_update_begins,
+            )
+        finally:
+            trace.stop()
+
+    peak = _device_peak(tracker)
+    rows = trace.rows()
+    allocator = replay(tracker.events)
+    estimate_cfg = cfg.get("estimate", {})
+    if device == "cuda":
+        growth = held_peak(tracker.events, after_last_mark=True, rounding=round_size)
+        peak_allocated = tensors_peak = allocator.peak_allocated
+        peak_reserved = allocator.peak_reserved
+        context = int(float(estimate_cfg.get("cuda_context_mib", 0)) * MIB)
+    else:
+        peak_allocated = held_peak(tracker.events)
+        tensors_peak = held_peak([e for e in tracker.events if e[0] != "workspace"])
+        peak_reserved = peak_allocated
+        growth = held_peak(tracker.events, after_last_mark=True)
+        context = 0
+    checkpointing = (
+        activation_checkpointing
+        if activation_checkpointing is not None
+        else cfg.model.get("activation_checkpointing", "none")
+    )
+    result = MemoryEstimate(
+        device=device,
+        precision=_precision(cfg),
+        batch_size=step.image_shape[0],
+        patch_size=list(step.image_shape[2:]),
+        activation_checkpointing=_plain(checkpointing),
+        num_parameters=sum(p.numel() for p in step.module.parameters()),
+        params=peak["params"],
+        buffers=peak["buffers"],
+        grads=peak["grads"],
+        optimizer_state=peak["optimizer_state"],
+        activations=peak["activations"],
+        temporaries=peak["temporaries"],
+        peak_allocated=peak_allocated,
+        kernel_workspace=peak_allocated - tensors_peak,
+        step_peak_growth=growth,
+        peak_reserved=peak_reserved,
+        cuda_context=context,
+        process_total=peak_reserved + context,
+        seconds=time.perf_counter() - started,
+        modules={k: int(v * MIB) for k, v in block_activations(rows).items()},
+    )
+    result.events = tracker.events
+    return result
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+
+
+def _device_peak(tracker: ClosureMemTracker) -> dict[str, int]:
+    """Bytes per category at the step's peak on the estimated device (host copies left out)."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    out = dict.fromkeys(CATEGORIES.values(), 0)
+    for dev, per_category in snapshot.items():
+        if dev.type != "meta":
+            for key, name in CATEGORIES.items():
+                out[name] += per_category.get(key, 0)
+    return out

@@ -1,0 +1,264 @@
+"""Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed.
+
+Every answer is checked by an estimate (:func:`volseg.memory.estimator.estimate`); the search
+starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
+takes a handful of estimates, not one per candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
+
+from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: Any, key: str) -> int:
+    """``16GiB``, ``24 GB``, ``12000MiB`` or a number of bytes -> bytes; ``key`` names the
+    config value in the error."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if match is None or match.group(2).lower() not in UNITS:
+        raise UserInputError(
+            f"{key}={value}: not a memory size; write e.g. 16GiB, 24GB, 12000MiB or bytes"
+        )
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+@dataclass
+class Plan:
+    """The planner's answer: what to set, and the estimates it rests on (bytes)."""
+
+    budget: int
+    search: str
+    fits_as_configured: bool
+    batch_size: int | None
+    patch_size: list[int] | None
+    activation_checkpointing: Any
+    overrides: list[str]
+    estimate: dict[str, Any] | None
+    total_within_budget: int | None
+    next_step_estimate: dict[str, Any] | None
+    largest_batch_by_checkpointing: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _largest(
+    fits: Callable[[int], MemoryEstimate | None], lo: int, hi: int, guess: int
+) -> tuple[int, MemoryEstimate | None]:
+    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
+    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
+
+    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
+    costs two estimates.
+    """
+    found: dict[int, MemoryEstimate] = {}
+
+    def ok(n: int) -> bool:
+        est = fits(n)
+        if est is not None:
+            found[n] = est
+        return est is not None
+
+    n = min(max(guess, lo), hi)
+    step = 1
+    if ok(n):
+        good, bad = n, hi + 1
+        while good < hi:
+            n = min(good + step, hi)
+            if not ok(n):
+                bad = n
+                break
+            good, step = n, step * 2
+    else:
+        good, bad = lo - 1, n
+        while bad > lo:
+            n = max(bad - step, lo)
+            if ok(n):
+                good = n
+                break
+            bad, step = n, step * 2
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good, found.get(good)
+
+
+def _key(checkpointing: Any) -> str:
+    """How a checkpointing setting is written on the command line."""
+    if isinstance(checkpointing, Sequence) and not isinstance(checkpointing, str):
+        return "[" + ",".join(str(int(level)) for level in checkpointing) + "]"
+    return str(checkpointing)
+
+
+def pooling_divisor(cfg: DictConfig) -> int:
+    """Each patch side must divide by 2 ** (number of poolings) for the U-Net to be exact."""
+    widths = cfg.model.net.get("widths") or []
+    return 2 ** max(len(widths) - 1, 0)
+
+
+class Planner:
+    """Searches a composed ``train`` config for what fits ``budget`` bytes."""
+
+    def __init__(self, cfg: DictConfig, budget: int, max_batch_size: int = 256) -> None:
+        self.cfg = cfg
+        self.budget = budget
+        self.max_batch_size = max_batch_size
+        self.base_patch = [int(p) for p in cfg.data.patch_size]
+        self._cache: dict[tuple[int, tuple[int, ...], str], MemoryEstimate] = {}
+
+    @property
+    def estimates(self) -> int:
+        return len(self._cache)
+
+    def estimate(
+        self, batch_size: int, patch_size: Sequence[int], checkpointing: Any
+    ) -> MemoryEstimate:
+        key = (batch_size, tuple(patch_size), _key(checkpointing))
+        if key not in self._cache:
+            self._cache[key] = estimate(
+                self.cfg,
+                batch_size=batch_size,
+                patch_size=patch_size,
+                activation_checkpointing=checkpointing,
+            )
+        return self._cache[key]
+
+    def largest_batch(self, checkpointing: Any) -> tuple[int, MemoryEstimate | None]:
+        """Largest batch size at the configured patch (0 when 1 does not fit), its estimate."""
+
+        def fits(n: int) -> MemoryEstimate | None:
+            est = self.estimate(n, self.base_patch, checkpointing)
+            return est if est.fits(self.budget) else None
+
+        if fits(1) is None:
+            return 0, None
+        one = self.estimate(1, self.base_patch, checkpointing).process_total
+        two = self.estimate(2, self.base_patch, checkpointing).process_total
+        # the step's memory grows linearly with the batch: start where the line meets the budget
+        guess = 1 + (self.budget - one) // max(two - one, 1)
+        return _largest(fits, 1, self.max_batch_size, guess)
+
+    def patch_at(self, k: int, divisor: int) -> list[int]:
+        """The configured patch scaled so that its smallest side is ``k * divisor`` voxels,
+        every side rounded to a multiple of ``divisor``."""
+        smallest = min(self.base_patch)
+        return [max(divisor, round(k * p / smallest) * divisor) for p in self.base_patch]
+
+    def largest_patch(
+        self, divisor: int, checkpointing: Any
+    ) -> tuple[list[int] | None, MemoryEstimate | None]:
+        """Largest patch of the configured aspect ratio that fits at the configured batch."""
+        batch = int(self.cfg.data.batch_size)
+
+        def fits(k: int) -> MemoryEstimate | None:
+            est = self.estimate(batch, self.patch_at(k, divisor), checkpointing)
+            return est if est.fits(self.budget) else None
+
+        k_now = max(1, min(self.base_patch) // divisor)
+        now = self.estimate(batch, self.patch_at(k_now, divisor), checkpointing)
+        fixed = now.params + now.optimizer_state + now.cuda_context
+        # activations grow with the voxels, i.e. with k ** 3
+        ratio = max(self.budget - fixed, 0) / max(now.process_total - fixed, 1)
+        guess = max(1, int(k_now * ratio ** (1 / 3)))
+        k, est = _largest(fits, 1, max(8 * k_now, guess + 1), guess)
+        return (self.patch_at(k, divisor) if k >= 1 else None), est
+
+
+def plan(
+    cfg: DictConfig,
+    budget: int,
+    search: str = "batch",
+    checkpointing_options: Sequence[Any] = ("none", "decoder", "encoder", "all"),
+    max_batch_size: int = 256,
+) -> Plan:
+    """What fits ``budget`` bytes.
+
+    ``search=batch``: the largest batch with the configured checkpointing; when that is smaller
+    than the configured batch, the options are tried cheapest first and the first that fits the
+    configured batch is taken (else the one that fits the largest batch). ``search=patch``: the
+    largest patch at the configured batch, with the configured checkpointing or, if no patch fits
+    with it, the first option with which one does.
+    """
+    if search not in ("batch", "patch"):
+        raise UserInputError(f"estimate.search={search}: must be batch or patch")
+    planner = Planner(cfg, budget, max_batch_size)
+    configured = cfg.model.get("activation_checkpointing", "none")
+    configured = (
+        list(configured)
+        if isinstance(configured, Sequence | ListConfig) and not isinstance(configured, str)
+        else configured
+    )
+    options = [configured] + [o for o in checkpointing_options if _key(o) != _key(configured)]
+    batch = int(cfg.data.batch_size)
+    fits_now = planner.estimate(batch, planner.base_patch, configured).fits(budget)
+
+    chosen: Any = None
+    largest: dict[str, int] = {}
+    batch_size, patch, est, next_est = None, planner.base_patch, None, None
+    if search == "batch":
+        for option in options:
+            n, option_est = planner.largest_batch(option)
+            largest[_key(option)] = n
+            if n >= batch:
+                chosen, batch_size, est = option, n, option_est
+                break
+        if chosen is None and max(largest.values()) >= 1:
+            chosen = next(o for o in options if largest[_key(o)] == max(largest.values()))
+            batch_size, est = planner.largest_batch(chosen)
+        if batch_size:
+            next_est = planner.estimate(batch_size + 1, patch, chosen)
+    else:
+        divisor = pooling_divisor(cfg)
+        for option in options:
+            found, option_est = planner.largest_patch(divisor, option)
+            if found is not None:
+                chosen, patch, est, batch_size = option, found, option_est, batch
+                k = min(found) // divisor
+                next_est = planner.estimate(batch, planner.patch_at(k + 1, divisor), option)
+                break
+
+    overrides = []
+    if est is not None:
+        if search == "batch":
+            overrides.append(f"data.batch_size={batch_size}")
+        else:
+            overrides.append(f"data.patch_size=[{','.join(map(str, patch))}]")
+        if _key(chosen) != _key(configured):
+            overrides.append(f"model.activation_checkpointing={_key(chosen)}")
+    log.info("Planner: %d estimates", planner.estimates)
+    return Plan(
+        budget=budget,
+        search=search,
+        fits_as_configured=fits_now,
+        batch_size=batch_size,
+        patch_size=patch if est is not None else None,
+        activation_checkpointing=chosen,
+        overrides=overrides,
+        estimate=est.to_dict() if est else None,
+        total_within_budget=est.total_within(budget) if est else None,
+        next_step_estimate=next_est.to_dict() if next_est else None,
+        largest_batch_by_checkpointing=largest,
+    )

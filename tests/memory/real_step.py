@@ -1,0 +1,28 @@
+"""A real training step on the CPU, measured by torch's MemTracker: what estimates are checked
+against."""
+
+from __future__ import annotations
+
+import torch
+
+from volseg.memory.estimator import build_training_step
+from volseg.memory.layers import LayerTrace
+
+
+def real_step_peak(cfg, batch_size: int | None = None) -> dict[str, int]:
+    """Peak bytes per category of two real training steps of ``cfg`` (random data)."""
+    torch.manual_seed(0)
+    step = build_training_step(cfg, "cpu", batch_size=batch_size)
+    num_classes = int(cfg.num_classes)
+
+    def new_batch(image_shape, label_shape, dtype):
+        label = torch.randint(0, num_classes, label_shape).to(dtype)
+        return torch.randn(image_shape, dtype=dtype), label
+
+    trace = LayerTrace(step.module, [step.optimizer], [])
+    trace.start()
+    try:
+        step.run(2, new_batch, trace.tracker.reset_mod_stats, trace.optimizer_update_begins)
+    finally:
+        trace.stop()
+    return trace.peak()

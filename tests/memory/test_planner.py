@@ -1,0 +1,124 @@
+"""The planner's answers fit (a real step stays under the budget) and one step more does not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, compose_config
+from tests.memory.real_step import real_step_peak
+from volseg.memory.estimator import estimate
+from volseg.memory.planner import parse_bytes, plan
+from volseg.utils.errors import UserInputError
+
+MIB = 2**20
+SMALL = [
+    "model.net.widths=[8,16,32]",
+    "data.batch_size=2",
+    "data.patch_size=[16,32,32]",
+    "trainer.precision=32",
+    "estimate.device=cpu",
+]
+
+
+def test_parse_bytes():
+    assert parse_bytes("16GiB", "k") == 16 * 2**30
+    assert parse_bytes("24 GB", "k") == 24 * 10**9
+    assert parse_bytes("1.5MiB", "k") == int(1.5 * MIB)
+    assert parse_bytes(1024, "k") == 1024
+    with pytest.raises(UserInputError, match="estimate.budget=16 parsecs"):
+        parse_bytes("16 parsecs", "estimate.budget")
+
+
+def test_planned_batch_fits_and_one_more_does_not(tmp_path):
+    cfg = compose_config("train", tmp_path, SMALL)
+    budget = 60 * MIB
+    answer = plan(cfg, budget, search="batch")
+    n = answer.batch_size
+    assert n is not None and n > 2 and answer.overrides == [f"data.batch_size={n}"]
+    assert answer.estimate["process_total"] <= budget
+    assert answer.next_step_estimate["process_total"] > budget
+    # a real step at the planned batch stays under the budget
+    assert sum(real_step_peak(cfg, n).values()) <= budget
+
+
+def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
+    cfg = compose_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
+    without = estimate(cfg)
+    with_all = estimate(cfg, activation_checkpointing="all")
+    budget = (without.process_total + with_all.process_total) // 2
+    answer = plan(cfg, budget, search="batch")
+    assert not answer.fits_as_configured
+    assert answer.batch_size >= 8
+    assert any(o.startswith("model.activation_checkpointing=") for o in answer.overrides)
+    assert answer.largest_batch_by_checkpointing["none"] < 8
+
+
+def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
+    cfg = compose_config("train", tmp_path, [*SMALL, "data.patch_size=[8,16,32]"])
+    answer = plan(cfg, 40 * MIB, search="patch")
+    patch = answer.patch_size
+    assert all(p % 4 == 0 for p in patch)  # widths [8,16,32]: two poolings
+    assert patch[1] == 2 * patch[0] and patch[2] == 4 * patch[0]
+    assert patch[0] > 8
+    assert answer.estimate["process_total"] <= 40 * MIB
+    assert answer.next_step_estimate["process_total"] > 40 * MIB
+
+
+def test_estimate_memory_cli_writes_json(tmp_path):
+    out = tmp_path / "estimate.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "estimate_memory.py",
+            *SMALL,
+            "estimate.budget=60MiB",
+            f"estimate.json_out={out}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "activations by module" in result.stdout and "Fits 60 MiB with" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    keys = {
+        "params",
+        "grads",
+        "optimizer_state",
+        "activations",
+        "temporaries",
+        "peak_allocated",
+        "peak_reserved",
+        "cuda_context",
+        "process_total",
+        "modules",
+    }
+    assert keys <= set(data["estimate"])
+    assert all(isinstance(data["estimate"][k], int) for k in keys - {"modules"})
+    assert data["estimate"]["modules"]["net.inc"] > 0
+    assert data["plan"]["overrides"][0].startswith("data.batch_size=")
+
+
+def test_estimate_memory_cli_bad_budget_is_one_clear_error(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "estimate_memory.py",
+            *SMALL,
+            "estimate.budget=lots",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "estimate.budget=lots" in result.stderr and "Traceback" not in result.stderr
