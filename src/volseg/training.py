@@ -9,7 +9,7 @@ from typing import Any
 
 import hydra
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.estimation import check_memory_budget
 from volseg.utils.entry import print_config
@@ -48,6 +48,17 @@ def check_strategy_installed(strategy: Any) -> None:
             )
 
 
+def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> None:
+    """Set ``num_classes``/``in_channels`` to the checked data's (``data=msd``: dataset.json),
+    so that the model, built from ``${num_classes}``/``${in_channels}``, fits the data."""
+    for key in ("num_classes", "in_channels"):
+        found = getattr(datamodule, key, None)
+        if found is not None and found != cfg.get(key):
+            log.info("%s=%s from the dataset (was %s)", key, found, cfg.get(key))
+            with open_dict(cfg):
+                cfg[key] = found
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
 
@@ -67,6 +78,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     datamodule.prepare_data()
     datamodule.check()
+    take_shape_from_data(cfg, datamodule)
     if getattr(datamodule, "check_only", False):
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}

@@ -95,7 +95,10 @@ def test_nan_images_affine_mismatch_and_4d_files_are_named(root):
     write_volume(root / "labels" / "c1.nii.gz", np.zeros((4, 8, 8), np.uint8), (2, 1, 1))
     import nibabel as nib
 
-    nib.save(nib.Nifti1Image(np.zeros((8, 8, 4, 2), np.float32), np.eye(4)), root / "images" / "c2.nii.gz")
+    nib.save(
+        nib.Nifti1Image(np.zeros((8, 8, 4, 2), np.float32), np.eye(4)),
+        root / "images" / "c2.nii.gz",
+    )
     with pytest.raises(UserInputError) as err:
         check_cases(find_cases(root), 5, [2, 4, 4])
     text = str(err.value)

@@ -17,7 +17,9 @@ def test_generator_is_deterministic_and_writes_the_layout(small_dataset, tmp_pat
     )
     for name in splits["train"][:2]:
         for sub in ("images", "labels"):
-            assert np.array_equal(read_array(small_dataset / sub / name), read_array(again / sub / name))
+            assert np.array_equal(
+                read_array(small_dataset / sub / name), read_array(again / sub / name)
+            )
     assert not (tmp_path / "again.partial").exists()
 
 

@@ -6,30 +6,47 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, volume_format
+from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry
 from volseg.utils.errors import UserInputError
 
 
 @dataclass(frozen=True)
 class Case:
-    """One image/label pair; ``name`` is the shared file name."""
+    """One image/label pair; ``name`` names the case (and its prediction file).
+
+    ``image`` is one file, or one file per channel (stacked as channels when loaded).
+    """
 
     name: str
-    image: Path
+    image: Path | tuple[Path, ...]
     label: Path | None
+    # HDF5: the datasets of image and label inside their files (None for NIfTI/TIFF)
+    image_key: str | None = None
+    label_key: str | None = None
 
-    def as_dict(self) -> dict[str, str]:
-        item = {"name": self.name, "image": str(self.image), "image_path": str(self.image)}
+    @property
+    def image_files(self) -> tuple[Path, ...]:
+        return self.image if isinstance(self.image, tuple) else (self.image,)
+
+    def as_dict(self) -> dict[str, Any]:
+        files = [str(p) for p in self.image_files]
+        image = files[0] if len(files) == 1 else files
+        item = {"name": self.name, "image": image, "image_path": files[0]}
         if self.label is not None:
             item["label"] = str(self.label)
         return item
 
 
 def _volume_files(folder: Path) -> dict[str, Path]:
-    return {p.name: p for p in sorted(folder.iterdir()) if volume_format(p) and p.is_file()}
+    return {
+        p.name: p
+        for p in sorted(folder.iterdir())
+        if p.name.lower().endswith(VOLUME_SUFFIXES) and p.is_file()
+    }
 
 
 def find_cases(root: str | Path) -> list[Case]:
@@ -67,6 +84,26 @@ def find_cases(root: str | Path) -> list[Case]:
     return [Case(n, images[n], labels[n]) for n in images]
 
 
+def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> list[Case]:
+    """Images to predict: the file ``path``, or every volume file in the folder ``path``."""
+    path = Path(path)
+    if path.is_file():
+        if not str(path).lower().endswith(tuple(suffixes)):
+            raise UserInputError(
+                f"input={path}: unsupported file type (expected one of {', '.join(suffixes)})"
+            )
+        files = [path]
+    elif path.is_dir():
+        files = [p for p in sorted(path.iterdir()) if p.name.lower().endswith(tuple(suffixes))]
+        if not files:
+            raise UserInputError(
+                f"input={path}: no volume files in this folder (supported: {', '.join(suffixes)})"
+            )
+    else:
+        raise UserInputError(f"input={path}: no such file or folder")
+    return [Case(p.name, p, None) for p in files]
+
+
 def split_cases(
     cases: Sequence[Case], root: str | Path, val_fraction: float, seed: int
 ) -> tuple[list[Case], list[Case]]:
@@ -99,68 +136,171 @@ def split_cases(
     return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
 
 
-def check_cases(cases: Sequence[Case], num_classes: int, patch_size: Sequence[int]) -> None:
-    """Check every case before training; raise one :class:`UserInputError` listing all problems.
+def resampled_shape(
+    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
+) -> list[int]:
+    """Shape ``[D, H, W]`` of a volume after resampling to ``spacing_zyx`` (approximately, as
+    MONAI ``Spacing`` rounds)."""
+    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
+    return [
+        max(1, round(n * c / t)) for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
+    ]
 
-    Checks: readable (and complete) files, 3D volumes, finite image values, image/label shape
-    and affine agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume
-    in at least one axis (smaller axes are padded).
+
+def _where(path: Path, key: str | None) -> str:
+    """A volume in messages: the file, and the dataset inside it for HDF5."""
+    return f"{path}" if key is None else f"{path} (dataset '{key}')"
+
+
+def _image_geometry(
+    case: Case, in_channels: int | None, problems: list[str], whose: str = ""
+) -> dict[str, Any] | None:
+    """Geometry of the case's image (its first channel file); appends problems, ``None`` if bad.
+
+    Every channel file must be a readable 3D volume of the same shape and affine, and the
+    channels must add up to ``in_channels`` (``None``: any number).
+    """
+    geometries = []
+    for path in case.image_files:
+        try:
+            geometries.append(read_geometry(path, case.image_key))
+        except Exception as err:  # any reader failure is a bad file, reported with its name
+            problems.append(
+                f"{_where(path, case.image_key)}: cannot read ({type(err).__name__}: {err})"
+            )
+    if len(geometries) < len(case.image_files):
+        return None
+    first = geometries[0]
+    for path, geometry in zip(case.image_files, geometries, strict=True):
+        if len(geometry["shape_zyx"]) != 3:
+            problems.append(
+                f"{_where(path, case.image_key)}: expected a 3D volume, got shape "
+                f"{list(geometry['shape_zyx'])}"
+            )
+            return None
+        if geometry["shape_zyx"] != first["shape_zyx"]:
+            problems.append(
+                f"{path}: shape {list(geometry['shape_zyx'])} differs from "
+                f"{case.image_files[0].name}'s {list(first['shape_zyx'])} (channels of one case)"
+            )
+            return None
+        if not np.allclose(geometry["affine"], first["affine"], atol=1e-3):
+            problems.append(f"{path}: affine differs from {case.image_files[0].name}'s")
+    channels = sum(g["channels"] for g in geometries)
+    if in_channels is not None and channels != in_channels:
+        files = ", ".join(p.name for p in case.image_files)
+        problems.append(
+            f"{_where(case.image_files[0], case.image_key)}: {channels} image channel(s) "
+            f"({files}), but {whose}in_channels={in_channels}"
+        )
+        return None
+    return first
+
+
+def check_inputs(cases: Sequence[Case], in_channels: int) -> None:
+    """Check images to predict from their headers: readable, 3D, ``in_channels`` channels.
+
+    Raises one :class:`UserInputError` listing every problem, before anything is predicted.
+    """
+    problems = input_problems(cases, in_channels)
+    if problems:
+        raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
+
+
+def input_problems(cases: Sequence[Case], in_channels: int) -> list[str]:
+    """Every problem of images to predict (see :func:`check_inputs`), one line each."""
+    problems: list[str] = []
+    for case in cases:
+        _image_geometry(case, in_channels, problems, "the network's ")
+    return problems
+
+
+def case_problems(
+    cases: Sequence[Case],
+    num_classes: int,
+    patch_size: Sequence[int],
+    in_channels: int | None = 1,
+    classes_from: str = "num_classes",
+    spacing: Sequence[float] | None = None,
+) -> list[str]:
+    """Every problem of every case, one line each, naming the file (see :func:`check_cases`).
+
+    With a target ``spacing`` ``[z, y, x]``, the patch is compared with the resampled shape.
     """
     problems: list[str] = []
     for case in cases:
-        geometry = {}
-        for path in (case.image, case.label):
-            if path is None:
-                continue
+        image = _image_geometry(case, in_channels, problems)
+        label = None
+        if case.label is not None:
             try:
-                geometry[path] = read_geometry(path)
-            except Exception as err:  # any reader failure is a bad file, reported with its name
-                problems.append(f"{path}: cannot read ({type(err).__name__}: {err})")
-        if len(geometry) < 1 + (case.label is not None):
+                label = read_geometry(case.label, case.label_key)
+            except Exception as err:
+                where = _where(case.label, case.label_key)
+                problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
+        if image is None or (case.label is not None and label is None):
             continue
-        image = geometry[case.image]
-        label = geometry.get(case.label)
         shape = image["shape_zyx"]
-        if len(shape) != 3:
-            problems.append(f"{case.image}: expected a 3D volume, got shape {list(shape)}")
-            continue
-        try:
-            voxels = read_array(case.image)
-        except Exception as err:  # a header that reads but data that do not: truncated file
-            problems.append(f"{case.image}: cannot read ({type(err).__name__}: {err})")
-            continue
-        bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
-        if bad_voxels:
-            problems.append(f"{case.image}: {bad_voxels} voxels are NaN or Inf")
-        if all(p > s for p, s in zip(patch_size, shape, strict=True)):
+        for path in case.image_files:
+            try:
+                voxels = read_array(path, case.image_key)
+            except Exception as err:  # a header that reads but data that do not: truncated file
+                where = _where(path, case.image_key)
+                problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
+                continue
+            bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
+            if bad_voxels:
+                problems.append(
+                    f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf"
+                )
+        sampled = shape if spacing is None else resampled_shape(shape, image["affine"], spacing)
+        if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
+            resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""
             problems.append(
-                f"{case.image}: data.patch_size={list(patch_size)} is larger than the volume "
-                f"{list(shape)} in every axis"
+                f"{_where(case.image_files[0], case.image_key)}: data.patch_size="
+                f"{list(patch_size)} is larger than the volume {list(sampled)}{resampled} in "
+                "every axis"
             )
         if label is None:
             continue
+        where = _where(case.label, case.label_key)
         if label["shape_zyx"] != shape:
             problems.append(
-                f"{case.label}: label shape {list(label['shape_zyx'])} differs from image shape "
+                f"{where}: label shape {list(label['shape_zyx'])} differs from image shape "
                 f"{list(shape)}"
             )
             continue
         if not np.allclose(label["affine"], image["affine"], atol=1e-3):
-            problems.append(
-                f"{case.label}: affine (voxel spacing/orientation) differs from the image's"
-            )
+            problems.append(f"{where}: affine (voxel spacing/orientation) differs from the image's")
         try:
-            values = np.unique(read_array(case.label))
+            values = np.unique(read_array(case.label, case.label_key))
         except Exception as err:
-            problems.append(f"{case.label}: cannot read ({type(err).__name__}: {err})")
+            problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
             continue
         if not np.all(np.equal(np.mod(values, 1), 0)):
-            problems.append(f"{case.label}: label values must be integers, found {values[:8]}")
+            problems.append(f"{where}: label values must be integers, found {values[:8]}")
         elif values.min() < 0 or values.max() >= num_classes:
             bad = [int(v) for v in values if v < 0 or v >= num_classes]
             problems.append(
-                f"{case.label}: label values {bad} outside [0, {num_classes}) "
-                f"(num_classes={num_classes})"
+                f"{where}: label values {bad} outside [0, {num_classes}) ({classes_from})"
             )
+    return problems
+
+
+def check_cases(
+    cases: Sequence[Case],
+    num_classes: int,
+    patch_size: Sequence[int],
+    in_channels: int | None = 1,
+) -> None:
+    """Check every case before training; raise one :class:`UserInputError` listing all problems.
+
+    Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
+    one case agreeing in shape and affine), finite image values, image/label shape and affine
+    agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume in at
+    least one axis (smaller axes are padded).
+    """
+    problems = case_problems(
+        cases, num_classes, patch_size, in_channels, f"num_classes={num_classes}"
+    )
     if problems:
         raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)

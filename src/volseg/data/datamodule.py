@@ -12,10 +12,17 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from monai.data import CacheDataset, list_data_collate, worker_init_fn
-from monai.transforms import Randomizable
+from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from volseg.data.cases import Case, check_cases, find_cases, split_cases
+from volseg.data.cases import (
+    Case,
+    case_problems,
+    check_inputs,
+    find_cases,
+    find_inputs,
+    split_cases,
+)
 from volseg.data.sampling import EpochSeededSampler
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
@@ -45,7 +52,13 @@ class VolumeDataModule(LightningDataModule):
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
+        spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
+            µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
+            of the resampled grid.
     """
+
+    #: whether a case's image may have several channels (the folder layout: single-channel stacks)
+    multichannel = False
 
     def __init__(
         self,
@@ -64,6 +77,7 @@ class VolumeDataModule(LightningDataModule):
         cache_rate: float = 1.0,
         synthetic: dict[str, Any] | None = None,
         check_only: bool = False,
+        spacing: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -81,6 +95,7 @@ class VolumeDataModule(LightningDataModule):
         self.cache_rate = cache_rate
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
+        self.spacing = [float(v) for v in spacing] if spacing is not None else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_cache: CacheDataset | None = None
@@ -89,9 +104,11 @@ class VolumeDataModule(LightningDataModule):
         self._checked = False
         self._seed = 0
         self._loader_generator = torch.Generator()
+        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
+            raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
-        if in_channels != 1:
+        if in_channels != 1 and not self.multichannel:
             raise UserInputError(
                 f"data.in_channels={in_channels}: the folder layout holds single-channel stacks"
             )
@@ -120,20 +137,37 @@ class VolumeDataModule(LightningDataModule):
                 log.info("Generating the embedded synthetic dataset in %s", self.root)
                 generate_synthetic_dataset(self.root, **settings)
 
+    def find(self) -> tuple[list[Case], list[str]]:
+        """The dataset's complete cases, and problems of the layout itself (one line each)."""
+        return find_cases(self.root), []
+
     def check(self) -> None:
-        """Find, split and check all cases; raises :class:`UserInputError` before any training."""
+        """Find, split and check all cases; raises :class:`UserInputError` before any training.
+
+        All problems of the layout (:meth:`find`) and of the cases' files are reported together.
+        """
         if self._checked:
             return
-        cases = find_cases(self.root)
-        self.train_cases, self.val_cases = split_cases(
-            cases, self.root, self.val_fraction, self.split_seed
-        )
-        if not self.train_cases or not self.val_cases:
-            raise UserInputError(
-                f"data.root={self.root}: the split leaves no training or no validation case "
-                f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+        cases, problems = self.find()
+        if not problems:
+            self.train_cases, self.val_cases = split_cases(
+                cases, self.root, self.val_fraction, self.split_seed
             )
-        check_cases(cases, self.num_classes, self.patch_size)
+            if not self.train_cases or not self.val_cases:
+                raise UserInputError(
+                    f"data.root={self.root}: the split leaves no training or no validation case "
+                    f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+                )
+        problems += case_problems(
+            cases,
+            self.num_classes,
+            self.patch_size,
+            self.in_channels,
+            self.classes_from,
+            self.spacing,
+        )
+        if problems:
+            raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)
         self._checked = True
         log.info(
             "Dataset %s: %d train, %d val volumes, classes %s",
@@ -143,11 +177,31 @@ class VolumeDataModule(LightningDataModule):
             self.class_names,
         )
 
+    @property
+    def load_options(self) -> dict[str, Any]:
+        """Options of :func:`volseg.data.transforms.load_transforms` for this layout."""
+        return {"spacing": self.spacing}
+
+    @property
+    def classes_from(self) -> str:
+        """Where the number of classes comes from, for messages."""
+        return f"num_classes={self.num_classes}"
+
+    def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
+        """Checked images to predict (no labels): the volume file ``path`` or those in it."""
+        cases = find_inputs(path)
+        check_inputs(cases, in_channels)
+        return cases
+
+    def predict_transforms(self) -> Compose:
+        """Loading and normalization as in validation: image ``(C, D, H, W)``."""
+        return eval_transforms(with_label=False, **self.load_options)
+
     def setup(self, stage: str | None = None) -> None:
         self.check()
         if self._train_ds is None and stage in (None, "fit"):
             transform = train_transforms(
-                self.patch_size, self.num_classes, self.class_ratios
+                self.patch_size, self.num_classes, self.class_ratios, **self.load_options
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
             self._train_cache = CacheDataset(
@@ -163,7 +217,7 @@ class VolumeDataModule(LightningDataModule):
         if self._val_ds is None:
             self._val_ds = CacheDataset(
                 [c.as_dict() for c in self.val_cases],
-                eval_transforms(),
+                eval_transforms(**self.load_options),
                 cache_rate=self.cache_rate,
                 num_workers=None,
                 progress=False,

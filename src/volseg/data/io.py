@@ -1,4 +1,6 @@
-"""Volume file IO: NIfTI (``.nii``, ``.nii.gz``) and TIFF stacks (``.tif``, ``.tiff``).
+"""Volume file IO: NIfTI (``.nii``, ``.nii.gz``), TIFF stacks (``.tif``, ``.tiff``) and HDF5
+datasets (``.h5``, ``.hdf5``; a ``key`` names the dataset, ``(Z, Y, X)`` or ``(C, Z, Y, X)``,
+voxel size in the ``element_size_um`` attribute as ilastik and pytorch-3dunet write it).
 
 Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, k`` ~ ``x, y, z``);
 :class:`TiffStackReader` follows it, so one transpose (``(C, x, y, z) -> (C, z, y, x)``, see
@@ -8,6 +10,7 @@ Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,24 +18,109 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import tifffile
-from monai.data import ImageReader
+from monai.data import ImageReader, NibabelReader
 from monai.data.image_reader import _copy_compatible_dict, _stack_images
 from monai.data.utils import is_supported_format
 from monai.utils import MetaKeys, SpaceKeys
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 TIFF_SUFFIXES = (".tif", ".tiff")
+# one volume per file (the folder and msd layouts)
 VOLUME_SUFFIXES = NIFTI_SUFFIXES + TIFF_SUFFIXES
+HDF5_SUFFIXES = (".h5", ".hdf5")
+HDF5_SPACING_ATTR = "element_size_um"
+# datasets predict.py writes into an HDF5 output file
+HDF5_PREDICTION_KEY = "predictions"
+HDF5_PROBABILITIES_KEY = "probabilities"
 
 
 def volume_format(path: str | Path) -> str | None:
-    """``"nifti"``, ``"tiff"`` or ``None`` for an unsupported file name."""
+    """``"nifti"``, ``"tiff"``, ``"hdf5"`` or ``None`` for an unsupported file name."""
     name = str(path).lower()
     if name.endswith(NIFTI_SUFFIXES):
         return "nifti"
     if name.endswith(TIFF_SUFFIXES):
         return "tiff"
+    if name.endswith(HDF5_SUFFIXES):
+        return "hdf5"
     return None
+
+
+def require_h5py():
+    """h5py, or one clear error saying how to install it."""
+    try:
+        import h5py
+    except ImportError:
+        from volseg.utils.errors import UserInputError
+
+        raise UserInputError(
+            'HDF5 files need the h5py package: pip install "volseg[hdf5]"'
+        ) from None
+    return h5py
+
+
+def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, float, float]:
+    """``element_size_um`` of the dataset or its file (last three entries: z, y, x); else 1."""
+    size = dataset.attrs.get(HDF5_SPACING_ATTR, dataset.file.attrs.get(HDF5_SPACING_ATTR))
+    if size is None or len(size) < 3:
+        return 1.0, 1.0, 1.0
+    sz, sy, sx = (float(v) for v in size[-3:])
+    return sz, sy, sx
+
+
+def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
+    """Dataset ``key``; ``None``: the file's first dataset (for its geometry: the datasets of a
+    volume file share one grid)."""
+    if key is None:
+        names = [k for k in sorted(file.keys()) if hasattr(file[k], "shape")]
+        if not names:
+            raise KeyError(f"{path}: no dataset in the file")
+        key = names[0]
+    if key not in file:
+        raise KeyError(f"no dataset '{key}' (it has: {', '.join(file.keys()) or 'none'})")
+    return file[key]
+
+
+class HDF5Reader(ImageReader):
+    """MONAI reader for one dataset ``key`` of HDF5 files: ``(Z, Y, X)`` or ``(C, Z, Y, X)``.
+
+    Reads only that dataset. Returns arrays in file axis order ``(X, Y, Z)`` (channels first
+    when present) like MONAI's NIfTI reader, with an affine from ``element_size_um``.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
+        return is_supported_format(filename, ["h5", "hdf5"])
+
+    def read(self, data: Sequence[str] | str, **kwargs: Any):
+        names = [data] if isinstance(data, str | Path) else list(data)
+        volumes = []
+        for name in names:
+            with require_h5py().File(name, "r") as f:
+                dataset = _hdf5_dataset(f, self.key, Path(name))
+                volumes.append((dataset[()], _hdf5_spacing_zyx(dataset)))
+        return volumes if len(volumes) > 1 else volumes[0]
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        items = img if isinstance(img, list) else [img]
+        arrays: list[np.ndarray] = []
+        meta: dict = {}
+        for array, (sz, sy, sx) in items:
+            channels = array.ndim == 4
+            header: dict = {
+                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
+                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[-3:][::-1]),
+                MetaKeys.SPACE: SpaceKeys.RAS,
+                MetaKeys.ORIGINAL_CHANNEL_DIM: 0 if channels else float("nan"),
+            }
+            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
+            axes = (0, 3, 2, 1) if channels else (2, 1, 0)
+            arrays.append(np.ascontiguousarray(array.transpose(axes)))
+            _copy_compatible_dict(header, meta)
+        return _stack_images(arrays, meta), meta
 
 
 def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
@@ -68,7 +156,9 @@ class TiffStackReader(ImageReader):
                 array = tif.asarray()
                 spacing = _tiff_spacing_zyx(tif)
             if array.ndim != 3:
-                raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+                raise ValueError(
+                    f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}"
+                )
             volumes.append((array, spacing))
         return volumes if len(volumes) > 1 else volumes[0]
 
@@ -89,33 +179,82 @@ class TiffStackReader(ImageReader):
         return _stack_images(arrays, meta), meta
 
 
-def read_geometry(path: str | Path) -> dict[str, Any]:
+class NiftiReader(NibabelReader):
+    """MONAI's ``NibabelReader``, safe in threads (``CacheDataset`` loads in a thread pool).
+
+    ``NibabelReader.read`` keeps the file names on the instance for ``get_data``; a label read
+    by another thread in between truncated a multi-channel image (one file per channel) to its
+    first channel. Here the names are kept per thread (``read`` and ``get_data`` run in one).
+    """
+
+    _local = threading.local()
+
+    @property
+    def filenames(self) -> Sequence[str]:
+        return self._local.filenames
+
+    @filenames.setter
+    def filenames(self, value: Sequence[str]) -> None:
+        self._local.filenames = value
+
+
+def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
     """Geometry of a volume file without loading its voxels.
 
-    Returns ``{"format", "shape_zyx", "affine"}`` (affine: 4x4 in file axis order ``x, y, z``;
-    ``shape_zyx`` has more than 3 entries for a file with more than 3 axes).
+    Returns ``{"format", "shape_zyx", "affine", "channels"}`` (affine: 4x4 in file axis order
+    ``x, y, z``; ``shape_zyx`` has more than 3 entries for a NIfTI/TIFF file with more than 3
+    axes). ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
     """
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
         img = nib.load(str(path))
         shape = tuple(int(s) for s in img.shape)  # x, y, z (, channels...)
-        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine}
+        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine, "channels": 1}
     if fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
             series = tif.series[0]
             sz, sy, sx = _tiff_spacing_zyx(tif)
             shape = tuple(int(s) for s in series.shape)
-        return {"format": fmt, "shape_zyx": shape, "affine": np.diag([sx, sy, sz, 1.0])}
-    raise ValueError(f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})")
+        affine = np.diag([sx, sy, sz, 1.0])
+        return {"format": fmt, "shape_zyx": shape, "affine": affine, "channels": 1}
+    if fmt == "hdf5":
+        with require_h5py().File(path, "r") as f:
+            dataset = _hdf5_dataset(f, key, path)
+            shape = tuple(int(s) for s in dataset.shape)
+            sz, sy, sx = _hdf5_spacing_zyx(dataset)
+        channels = shape[0] if len(shape) == 4 else 1
+        return {
+            "format": fmt,
+            "shape_zyx": shape[1:] if len(shape) == 4 else shape,
+            "affine": np.diag([sx, sy, sz, 1.0]),
+            "channels": channels,
+        }
+    raise ValueError(
+        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
+    )
 
 
-def read_array(path: str | Path) -> np.ndarray:
-    """All voxels of a volume file as ``(D, H, W)`` (z, y, x)."""
+def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
+    """All voxels of a volume file as ``(D, H, W)`` (z, y, x), or ``(C, D, H, W)`` as written
+    by :func:`write_volume`."""
     path = Path(path)
+    if volume_format(path) == "hdf5":
+        with require_h5py().File(path, "r") as f:
+            return _hdf5_dataset(f, key, path)[()]
     if volume_format(path) == "nifti":
-        return np.asarray(nib.load(str(path)).dataobj).transpose(2, 1, 0)
-    return tifffile.imread(path)
+        array = np.asarray(nib.load(str(path)).dataobj)
+        return array.transpose(3, 2, 1, 0) if array.ndim == 4 else array.transpose(2, 1, 0)
+    array = tifffile.imread(path)
+    return array.transpose(1, 0, 2, 3) if array.ndim == 4 else array
+
+
+def split_suffix(name: str) -> tuple[str, str]:
+    """``("case_000", ".nii.gz")`` for ``"case_000.nii.gz"``: the stem and the volume suffix."""
+    for suffix in VOLUME_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)], name[-len(suffix) :]
+    return Path(name).stem, Path(name).suffix
 
 
 def write_volume(
@@ -123,10 +262,14 @@ def write_volume(
     array_zyx: np.ndarray,
     spacing_zyx: Sequence[float] | None = None,
     affine: np.ndarray | None = None,
+    key: str | None = None,
 ) -> Path:
-    """Write a ``(D, H, W)`` array as NIfTI or TIFF (chosen by the file suffix).
+    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI, TIFF or HDF5 (by the suffix).
 
     Geometry comes from ``affine`` (4x4, file axes ``x, y, z``) if given, else ``spacing_zyx``.
+    Channels go last in NIfTI (``x, y, z, c``) and into an ImageJ ``ZCYX`` hyperstack in TIFF.
+    HDF5: the dataset ``key`` (default ``predictions``) is added to the file (replaced if
+    present), gzip-compressed, with ``element_size_um`` ``(z, y, x)``.
     """
     path = Path(path)
     fmt = volume_format(path)
@@ -135,16 +278,26 @@ def write_volume(
     if affine is None:
         sz, sy, sx = spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0)
         affine = np.diag([sx, sy, sz, 1.0])
+    channels = array_zyx.ndim == 4
     if fmt == "nifti":
-        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(2, 1, 0)), affine), path)
+        axes = (3, 2, 1, 0) if channels else (2, 1, 0)
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(axes)), affine), path)
+    elif fmt == "hdf5":
+        key = key or HDF5_PREDICTION_KEY
+        with require_h5py().File(path, "a") as f:
+            if key in f:
+                del f[key]
+            dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
+            spacing = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
+            dataset.attrs[HDF5_SPACING_ATTR] = spacing
     elif fmt == "tiff":
         sx, sy, sz = (float(np.linalg.norm(affine[:3, i])) for i in range(3))
         tifffile.imwrite(
             path,
-            array_zyx,
+            array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
             imagej=True,
             resolution=(1.0 / sx, 1.0 / sy),
-            metadata={"spacing": sz, "axes": "ZYX"},
+            metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
     else:
         raise ValueError(

@@ -6,7 +6,8 @@ Items are ``{"image": path, "label": path}``; after loading, ``image`` is float3
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from monai.transforms import (
     Compose,
@@ -20,23 +21,73 @@ from monai.transforms import (
     RandRotate90d,
     RandScaleIntensityd,
     RandShiftIntensityd,
+    Spacing,
     SpatialPadd,
     Transposed,
 )
 
-from volseg.data.io import TiffStackReader
+from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
 
 
-def load_transforms(keys: Sequence[str]) -> list[MapTransform]:
-    """Read NIfTI/TIFF, add a channel axis, reorder to ``(C, D, H, W)``, z-score the image."""
-    loader = LoadImaged(keys, image_only=True)
-    loader.register(TiffStackReader())
+class Resampled(MapTransform):
+    """MONAI ``Spacing`` applied to each key with its own interpolation mode.
+
+    Not ``Spacingd``: it treats every ``<key>_*`` entry of the item as a metadata dict, and
+    ``image_path`` (read by the prediction writers) is a string.
+
+    Args:
+        keys: entries holding ``(C, x, y, z)`` MetaTensors (file axis order, with an affine).
+        spacing_zyx: target voxel size ``[z, y, x]``.
+        modes: one interpolation mode per key (``bilinear``; ``nearest`` for labels).
+    """
+
+    def __init__(
+        self, keys: Sequence[str], spacing_zyx: Sequence[float], modes: Sequence[str]
+    ) -> None:
+        super().__init__(keys)
+        self.spacing = Spacing(pixdim=[float(v) for v in spacing_zyx][::-1])
+        self.modes = dict(zip(keys, modes, strict=True))
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.spacing(d[key], mode=self.modes[key])
+        return d
+
+
+def load_transforms(
+    keys: Sequence[str],
+    hdf5_keys: Mapping[str, str] | None = None,
+    spacing: Sequence[float] | None = None,
+) -> list[MapTransform]:
+    """Read the files (a list of files: one per channel), optionally resample, reorder to
+    ``(C, D, H, W)``, z-score the image (per channel).
+
+    ``hdf5_keys``: ``{"image": dataset, "label": dataset}`` to read HDF5 files (one reader per
+    key); otherwise NIfTI or TIFF, chosen by the file suffix. ``spacing``: target voxel size
+    ``[z, y, x]`` (the files' units): images resampled linearly, labels by nearest neighbour.
+    """
+    if hdf5_keys is not None:
+        loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
+    else:
+        loader = LoadImaged(keys, image_only=True)
+        # registered readers are tried first, by file suffix
+        loader.register(NiftiReader())
+        loader.register(TiffStackReader())
+        loaders = [loader]
+    resample = []
+    if spacing is not None:
+        modes = ["nearest" if k == "label" else "bilinear" for k in keys]
+        # the arrays are still in file axis order (x, y, z) here
+        resample.append(Resampled(keys, spacing, modes))
     return [
-        loader,
-        EnsureChannelFirstd(keys, channel_dim="no_channel"),
+        *loaders,
+        # a 3D file gets a channel axis; channel files of one case are stacked by the reader
+        EnsureChannelFirstd(keys),
+        *resample,
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
-        NormalizeIntensityd("image"),
+        NormalizeIntensityd("image", channel_wise=True),
         # plain tensors from here on: MONAI metadata would ride along into logits and metrics
         EnsureTyped(keys, track_meta=False),
     ]
@@ -46,8 +97,10 @@ def train_transforms(
     patch_size: Sequence[int],
     num_classes: int,
     class_ratios: Sequence[float] | None = None,
+    **load_options: Any,
 ) -> Compose:
-    """Loading, then class-balanced patch sampling and augmentation.
+    """Loading (options: see :func:`load_transforms`), then class-balanced patch sampling and
+    augmentation.
 
     ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
     ``class_ratios`` (equal by default, so small classes are seen as often as background — like
@@ -67,7 +120,7 @@ def train_transforms(
     ]
     return Compose(
         [
-            *load_transforms(keys),
+            *load_transforms(keys, **load_options),
             SpatialPadd(keys, spatial_size=list(patch_size)),
             RandCropByLabelClassesd(
                 keys,
@@ -85,6 +138,8 @@ def train_transforms(
     )
 
 
-def eval_transforms(with_label: bool = True) -> Compose:
-    """Loading only: whole volumes for sliding-window inference."""
-    return Compose(load_transforms(["image", "label"] if with_label else ["image"]))
+def eval_transforms(with_label: bool = True, **load_options: Any) -> Compose:
+    """Loading only: whole volumes for sliding-window inference (options: see
+    :func:`load_transforms`)."""
+    keys = ["image", "label"] if with_label else ["image"]
+    return Compose(load_transforms(keys, **load_options))

@@ -1,0 +1,87 @@
+"""The HDF5 layout (as in pytorch-3dunet): one file per volume holding its image and label.
+
+```
+ROOT/vol_000.h5      datasets raw (Z, Y, X) or (C, Z, Y, X) and label (Z, Y, X)
+ROOT/vol_001.h5      (names: data.raw_key, data.label_key; voxel size: element_size_um)
+ROOT/splits.json     optional, as in the folder layout
+```
+
+Only the named datasets are read (checks read headers and the voxels they test; training reads
+each volume once into the cache). Predictions go into HDF5 files with a ``predictions`` dataset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from volseg.data.cases import Case, find_inputs, input_problems
+from volseg.data.datamodule import VolumeDataModule
+from volseg.data.io import HDF5_SUFFIXES, require_h5py
+from volseg.utils.errors import UserInputError
+
+
+def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case], list[str]]:
+    """One case per HDF5 file in ``root``; files that lack a dataset are problems."""
+    if not root.is_dir():
+        raise UserInputError(f"data.root={root}: folder does not exist")
+    files = [p for p in sorted(root.iterdir()) if p.name.lower().endswith(HDF5_SUFFIXES)]
+    if not files:
+        raise UserInputError(
+            f"data.root={root}: no HDF5 files (supported: {', '.join(HDF5_SUFFIXES)})"
+        )
+    h5py = require_h5py()
+    cases, problems = [], []
+    for path in files:
+        try:
+            with h5py.File(path, "r") as f:
+                names = list(f.keys())
+        except Exception as err:  # any reader failure is a bad file, reported with its name
+            problems.append(f"{path}: cannot read ({type(err).__name__}: {err})")
+            continue
+        absent = [
+            f"{path}: no dataset '{key}' (data.{what}; the file has: {', '.join(names) or 'none'})"
+            for key, what in ((raw_key, "raw_key"), (label_key, "label_key"))
+            if key not in names
+        ]
+        problems += absent
+        if not absent:
+            cases.append(Case(path.name, path, path, image_key=raw_key, label_key=label_key))
+    return cases, problems
+
+
+class HDF5DataModule(VolumeDataModule):
+    """:class:`VolumeDataModule` for a folder of HDF5 files (see the module docstring).
+
+    Args:
+        raw_key, label_key: the image and label datasets inside each file.
+        **kw: as :class:`VolumeDataModule`; ``in_channels`` must match ``raw``'s channel axis.
+    """
+
+    multichannel = True
+
+    def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
+        super().__init__(root, **kw)
+        self.raw_key = raw_key
+        self.label_key = label_key
+
+    def find(self) -> tuple[list[Case], list[str]]:
+        return find_hdf5_cases(self.root, self.raw_key, self.label_key)
+
+    @property
+    def load_options(self) -> dict[str, Any]:
+        return {
+            **super().load_options,
+            "hdf5_keys": {"image": self.raw_key, "label": self.label_key},
+        }
+
+    def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
+        """The HDF5 file ``path`` or those in the folder ``path``, dataset ``raw_key``."""
+        cases = [
+            Case(c.name, c.image, None, image_key=self.raw_key)
+            for c in find_inputs(path, HDF5_SUFFIXES)
+        ]
+        problems = input_problems(cases, in_channels)
+        if problems:
+            raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
+        return cases

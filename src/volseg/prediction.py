@@ -1,0 +1,244 @@
+"""``predict(cfg)``: what ``python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR`` runs.
+
+Every check (checkpoint, model config against the weights, input files, existing outputs) runs
+before the first volume is predicted; then Lightning's predict loop runs :class:`VolumePredictor`
+over the volumes and :class:`VolumeWriter` writes each one as it is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from monai.data import Dataset, list_data_collate
+from monai.inferers import SlidingWindowInferer
+from monai.transforms import Resize
+from monai.utils import convert_to_tensor
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from volseg.data.cases import Case
+from volseg.data.io import (
+    HDF5_PREDICTION_KEY,
+    HDF5_PROBABILITIES_KEY,
+    read_geometry,
+    split_suffix,
+    volume_format,
+    write_volume,
+)
+from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
+from volseg.utils.errors import UserInputError
+from volseg.utils.instantiate import instantiate_callbacks
+
+log = logging.getLogger(__name__)
+
+STITCH_CHOICES = ("auto", "host", "device")
+# auto stitching: keep the whole volume on the device while its stitching buffers take at most
+# this share of the device's free memory (the windows' activations need the rest)
+DEVICE_STITCH_SHARE = 0.5
+
+
+def flip_combinations(axes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every subset of the spatial ``axes`` (0 = D, 1 = H, 2 = W) as dims of ``(B, C, D, H, W)``.
+
+    ``[]`` gives ``[()]`` (no flip); ``[0, 1, 2]`` gives all 8 mirrorings, identity first.
+    """
+    dims = sorted({int(a) + 2 for a in axes})
+    if any(d not in (2, 3, 4) for d in dims):
+        raise UserInputError(f"flip_axes={list(axes)}: spatial axes are 0 (D), 1 (H) and 2 (W)")
+    return [c for n in range(len(dims) + 1) for c in itertools.combinations(dims, n)]
+
+
+class VolumePredictor(L.LightningModule):
+    """Class probabilities ``(B, K, D, H, W)`` of whole volumes ``(B, C, D, H, W)``.
+
+    Windows of ``inferer`` (e.g. MONAI ``SlidingWindowInferer`` with overlap and Gaussian
+    weighting) run on this module's device. The volume and its stitched probabilities stay on the
+    host when ``stitch="host"``, or with ``"auto"`` when the stitching buffers (``3K + 1`` float32
+    per voxel: logits, window count, softmax and the flip average) would take more than half of
+    the device's free memory; so a large volume bounds GPU memory by the windows alone.
+    The softmax is averaged over the mirrorings of ``flip_axes`` (test-time augmentation).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        inferer: SlidingWindowInferer,
+        num_classes: int,
+        flip_axes: Sequence[int] = (),
+        stitch: str = "auto",
+    ) -> None:
+        super().__init__()
+        if stitch not in STITCH_CHOICES:
+            raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH_CHOICES)}")
+        self.model = model
+        self.inferer = inferer
+        self.num_classes = num_classes
+        self.flips = flip_combinations(flip_axes)
+        self.stitch = stitch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
+        # the volume stays on the host until predict_step knows where it is stitched
+        return batch
+
+    def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:
+        """Where the whole volume's probabilities are accumulated."""
+        if self.device.type != "cuda" or self.stitch == "device":
+            return self.device
+        if self.stitch == "host":
+            return torch.device("cpu")
+        free, _ = torch.cuda.mem_get_info(self.device)
+        needed = int(np.prod(spatial_shape)) * (3 * self.num_classes + 1) * 4
+        return self.device if needed <= DEVICE_STITCH_SHARE * free else torch.device("cpu")
+
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """Mean softmax over the flips, on the host: ``(B, K, D, H, W)`` float32."""
+        target = self.stitch_device(batch["image"].shape[2:])
+        image = batch["image"].to(target)
+        self.inferer.sw_device = self.device
+        probs: torch.Tensor | None = None
+        for dims in self.flips:
+            logits = self.inferer(image.flip(dims) if dims else image, self.model, device=target)
+            p = torch.softmax(logits.float(), dim=1)
+            p = p.flip(dims) if dims else p
+            probs = p if probs is None else probs.add_(p)
+        return probs.div_(len(self.flips)).cpu()
+
+
+# an output volume: a file, and the dataset inside it for HDF5
+Target = tuple[Path, str | None]
+
+
+def output_targets(name: str, output_dir: Path, probabilities: bool) -> list[Target]:
+    """Where the prediction of input ``name`` goes: the labels, then the probabilities.
+
+    NIfTI/TIFF: ``<name>`` and ``<stem>_probabilities<suffix>``; HDF5: the datasets
+    ``predictions`` and ``probabilities`` of one file ``<name>``.
+    """
+    if volume_format(name) == "hdf5":
+        keys = [HDF5_PREDICTION_KEY, HDF5_PROBABILITIES_KEY][: 1 + probabilities]
+        return [(output_dir / name, key) for key in keys]
+    targets: list[Target] = [(output_dir / name, None)]
+    if probabilities:
+        stem, suffix = split_suffix(name)
+        targets.append((output_dir / f"{stem}_probabilities{suffix}", None))
+    return targets
+
+
+def check_outputs(
+    cases: Sequence[Case], targets: dict[str, list[Target]], output_dir: Path, overwrite: bool
+) -> None:
+    """One error listing every output that exists (unless ``overwrite``) or would hit an input."""
+    inputs = {Path(p).resolve() for c in cases for p in c.image_files}
+    planned = list(dict.fromkeys(path for files in targets.values() for path, _ in files))
+    hits_input = [f"{p}: is an input file" for p in planned if p.resolve() in inputs]
+    if hits_input:
+        raise UserInputError(
+            f"output={output_dir}: predictions would overwrite their inputs", hits_input
+        )
+    existing = [f"{p}: exists" for p in planned if p.exists()]
+    if existing and not overwrite:
+        raise UserInputError(
+            f"output={output_dir}: {len(existing)} output file(s) exist; nothing was written. "
+            "Pass overwrite=true to replace them, or choose another output folder",
+            existing,
+        )
+
+
+def to_shape(probs: torch.Tensor, shape_zyx: Sequence[int]) -> torch.Tensor:
+    """Probabilities ``(K, D', H', W')`` on a resampled grid, interpolated back to the input's
+    ``(D, H, W)`` grid (same field of view; corner voxel centres aligned, as MONAI ``Spacing``
+    keeps the first voxel's position)."""
+    resize = Resize(list(shape_zyx), mode="trilinear", align_corners=True)
+    return convert_to_tensor(resize(probs), track_meta=False).clamp_(0.0, 1.0)
+
+
+class VolumeWriter(BasePredictionWriter):
+    """Writes each volume's labels (and probabilities) in its input's format and geometry."""
+
+    def __init__(self, cases: Sequence[Case], targets: dict[str, list[Target]]) -> None:
+        super().__init__(write_interval="batch")
+        self.cases = {c.name: c for c in cases}
+        self.targets = targets
+        self.written: list[Path] = []
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: torch.Tensor,
+        batch_indices: Sequence[int] | None,
+        batch: dict[str, Any],
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        for probs, name in zip(prediction, batch["name"], strict=True):
+            case = self.cases[name]
+            geometry = read_geometry(case.image_files[0], case.image_key)
+            affine, shape = geometry["affine"], list(geometry["shape_zyx"])
+            if list(probs.shape[1:]) != shape:  # data.spacing resampled it: back to the input's
+                probs = to_shape(probs, shape)
+            dtype = np.uint8 if probs.shape[0] <= 256 else np.uint16
+            arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
+            targets = self.targets[name]
+            for path in dict.fromkeys(path for path, _ in targets):
+                path.unlink(missing_ok=True)  # overwrite=true: start from an empty file
+            for (path, key), array in zip(targets, arrays, strict=False):
+                write_volume(path, array, affine=affine, key=key)
+                if path not in self.written:
+                    self.written.append(path)
+
+
+def predict(cfg: DictConfig) -> dict[str, Any]:
+    """Predict every volume of ``cfg.input`` with the checkpoint ``cfg.ckpt_path``.
+
+    Writes ``cfg.output/<input name>`` (labels, same format and geometry as the input) and, with
+    ``write_probabilities``, the softmax (``K`` channels, float32); see :func:`output_targets`.
+    Returns ``{"written": [paths]}``.
+    """
+    checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
+    model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
+    data_cfg = OmegaConf.merge(run_cfg.data, command_line_overrides("data"))
+    model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
+    in_channels = int(OmegaConf.select(model_cfg, "net.in_channels", default=1))
+    num_classes = int(OmegaConf.select(model_cfg, "net.num_classes", default=model.num_classes))
+
+    datamodule = hydra.utils.instantiate(data_cfg)
+    cases = datamodule.predict_cases(cfg.input, in_channels)
+    output_dir = Path(cfg.output)
+    targets = {c.name: output_targets(c.name, output_dir, cfg.write_probabilities) for c in cases}
+    check_outputs(cases, targets, output_dir, cfg.overwrite)
+
+    roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
+    inferer = hydra.utils.instantiate(cfg.inferer, roi_size=roi_size)
+    predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
+    writer = VolumeWriter(cases, targets)
+    loader = DataLoader(
+        Dataset([c.as_dict() for c in cases], datamodule.predict_transforms()),
+        batch_size=1,
+        num_workers=cfg.num_workers,
+        collate_fn=list_data_collate,
+    )
+    callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
+    log.info(
+        "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",
+        len(cases),
+        cfg.input,
+        list(roi_size),
+        cfg.inferer.overlap,
+        len(predictor.flips),
+        cfg.stitch,
+    )
+    trainer.predict(predictor, dataloaders=loader, return_predictions=False)
+    log.info("Wrote %d file(s) to %s", len(writer.written), output_dir)
+    return {"written": [str(p) for p in writer.written]}

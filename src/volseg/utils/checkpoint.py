@@ -1,0 +1,87 @@
+"""Loading a trained run back: the checkpoint, the train config saved in it, its network.
+
+Shared by ``eval.py`` and ``predict.py``: both rebuild the model from the checkpoint's own config
+(command-line ``model.*``/``data.*`` overrides replace saved values) and load the weights, turning
+any mismatch into one :class:`UserInputError` that names it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch import LightningModule
+from omegaconf import DictConfig, OmegaConf
+
+from volseg.utils.errors import UserInputError
+
+# mismatches listed in the error message (the rest are counted)
+MAX_LISTED = 6
+
+
+def load_run_config(ckpt_path: str | Path) -> tuple[dict[str, Any], DictConfig]:
+    """The checkpoint (loaded with ``weights_only=True``) and the train config saved in it."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise UserInputError(f"ckpt_path={path}: file not found")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UserInputError(f"ckpt_path={path}: not a loadable checkpoint ({err})") from None
+    saved = checkpoint.get("volseg", {}).get("config") if isinstance(checkpoint, dict) else None
+    if not saved:
+        raise UserInputError(f"ckpt_path={path}: no volseg config in it (not written by train.py)")
+    return checkpoint, OmegaConf.create(saved)
+
+
+def command_line_overrides(group: str) -> DictConfig:
+    """The ``<group>.*`` overrides given on this command line, e.g. ``data.root=DIR``."""
+    if not HydraConfig.initialized():
+        return OmegaConf.create()
+    prefix = f"{group}."
+    dotlist = [o for o in HydraConfig.get().overrides.task if o.startswith(prefix)]
+    return OmegaConf.from_dotlist(dotlist).get(group, OmegaConf.create())
+
+
+def weight_mismatches(
+    network: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]
+) -> list[str]:
+    """One line per tensor that differs between a network's and a checkpoint's state dicts."""
+    shapes = [
+        f"{k}: shape {list(v.shape)} in the checkpoint, {list(network[k].shape)} in the network"
+        for k, v in saved.items()
+        if k in network and v.shape != network[k].shape
+    ]
+    missing = [f"{k}: in the network, not in the checkpoint" for k in network if k not in saved]
+    extra = [f"{k}: in the checkpoint, not in the network" for k in saved if k not in network]
+    return shapes + missing + extra
+
+
+def load_model(
+    checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
+) -> LightningModule:
+    """Build ``model_cfg`` and load the checkpoint's weights into it.
+
+    Raises :class:`UserInputError` listing the mismatched tensors (shape, missing, unexpected) when
+    the config builds a different network than the one that was trained.
+    """
+    model: LightningModule = hydra.utils.instantiate(model_cfg)
+    state = checkpoint.get("state_dict", {})
+    problems = weight_mismatches(model.state_dict(), state)
+    if problems:
+        shown = problems[:MAX_LISTED]
+        if len(problems) > MAX_LISTED:
+            shown.append(f"... and {len(problems) - MAX_LISTED} more")
+        net = model_cfg.get("net", {})
+        raise UserInputError(
+            f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
+            f"(in_channels={net.get('in_channels')}, num_classes={net.get('num_classes')}, "
+            f"widths={list(net.get('widths', []))}); drop model.* overrides that change the "
+            "network",
+            shown,
+        )
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,82 @@
+"""data.spacing: resampling on load (labels nearest), checks and predictions on the input grid."""
+
+from __future__ import annotations
+
+import hydra
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import compose_config, tiny_train_overrides
+from volseg.data.cases import case_problems, check_cases, find_cases
+from volseg.data.datamodule import VolumeDataModule
+from volseg.data.io import read_array, read_geometry, write_volume
+from volseg.data.transforms import eval_transforms
+from volseg.prediction import predict
+from volseg.training import train
+from volseg.utils.errors import UserInputError
+
+
+def test_resampling_halves_the_grid_and_keeps_label_values(tmp_path):
+    z, y, x = np.meshgrid(np.arange(4), np.arange(8), np.arange(8), indexing="ij")
+    image = (x + 10 * z).astype(np.float32)  # a ramp: resampling keeps it a ramp
+    label = (x >= 4).astype(np.uint8) * 3
+    write_volume(tmp_path / "i.nii.gz", image, spacing_zyx=(2.0, 0.5, 0.5))
+    write_volume(tmp_path / "l.nii.gz", label, spacing_zyx=(2.0, 0.5, 0.5))
+    item = eval_transforms(spacing=[2.0, 1.0, 1.0])(
+        {"image": str(tmp_path / "i.nii.gz"), "label": str(tmp_path / "l.nii.gz")}
+    )
+    assert tuple(item["image"].shape) == (1, 4, 4, 4) and tuple(item["label"].shape) == (1, 4, 4, 4)
+    assert set(torch.unique(item["label"]).tolist()) == {0, 3}  # nearest: no blended values
+    # x is the fast axis: values rise along W, and by 10 (before z-scoring) along D
+    row = item["image"][0, 0, 0]
+    assert torch.all(row[1:] > row[:-1])
+    assert item["image"][0, 1, 0, 0] > item["image"][0, 0, 0, -1]
+
+
+def test_patch_is_checked_against_the_resampled_volume(tmp_path):
+    for i in range(2):
+        write_volume(tmp_path / "images" / f"c{i}.nii.gz", np.zeros((8, 16, 16)), (1, 1, 1))
+        write_volume(tmp_path / "labels" / f"c{i}.nii.gz", np.zeros((8, 16, 16)), (1, 1, 1))
+    check_cases(find_cases(tmp_path), 2, [8, 16, 16])
+    problems = case_problems(find_cases(tmp_path), 2, [8, 16, 16], spacing=[2.0, 2.0, 2.0])
+    assert len(problems) == 2
+    assert (
+        "c0.nii.gz: data.patch_size=[8, 16, 16] is larger than the volume [4, 8, 8]" in problems[0]
+    )
+    assert "(resampled to data.spacing=[2.0, 2.0, 2.0])" in problems[0]
+
+
+def test_spacing_trains_on_the_resampled_grid_and_predicts_on_the_input_grid(
+    small_dataset, tmp_path
+):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "data.spacing=[1.0,1.0,1.0]",  # the files: 1.0 x 0.5 x 0.5
+        "data.patch_size=[16,16,16]",
+        "trainer.max_epochs=1",
+    ]
+    cfg = compose_config("train", tmp_path / "train", overrides)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.setup("validate")
+    assert next(iter(datamodule.val_dataloader()))["image"].shape == (1, 1, 16, 24, 24)
+    metrics = train(cfg)
+    assert 0.0 <= metrics["val/dice_mean"] <= 1.0
+
+    source = small_dataset / "images" / "case_000.nii.gz"
+    ckpt = tmp_path / "train" / "checkpoints" / "last.ckpt"
+    out = tmp_path / "pred"
+    cfg = compose_config(
+        "predict", tmp_path / "predict", [f"ckpt_path={ckpt}", f"input={source}", f"output={out}"]
+    )
+    predict(cfg)
+    assert read_geometry(out / source.name)["shape_zyx"] == (16, 48, 48)
+    assert np.allclose(read_geometry(out / source.name)["affine"], read_geometry(source)["affine"])
+    assert read_array(out / source.name).max() < 5
+
+
+def test_bad_spacing_is_named(small_dataset):
+    with pytest.raises(
+        UserInputError, match=r"data.spacing=\[1.0, 0.0\]: expected \[z, y, x\] > 0"
+    ):
+        VolumeDataModule(str(small_dataset), spacing=[1.0, 0.0])
