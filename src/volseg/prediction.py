@@ -20,8 +20,6 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset, list_data_collate
 from monai.inferers import SlidingWindowInferer
-from monai.transforms import Resize
-from monai.utils import convert_to_tensor
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
@@ -34,6 +32,7 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
+from volseg.data.transforms import to_shape
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks
@@ -152,14 +151,6 @@ def check_outputs(
             "Pass overwrite=true to replace them, or choose another output folder",
             existing,
         )
-
-
-def to_shape(probs: torch.Tensor, shape_zyx: Sequence[int]) -> torch.Tensor:
-    """Probabilities ``(K, D', H', W')`` on a resampled grid, interpolated back to the input's
-    ``(D, H, W)`` grid (same field of view; corner voxel centres aligned, as MONAI ``Spacing``
-    keeps the first voxel's position)."""
-    resize = Resize(list(shape_zyx), mode="trilinear", align_corners=True)
-    return convert_to_tensor(resize(probs), track_meta=False).clamp_(0.0, 1.0)
 
 
 class VolumeWriter(BasePredictionWriter):

@@ -76,6 +76,8 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
     # eval.py rebuilds the msd datamodule from the saved config (dataset.json read again)
     scores = evaluate(compose_config("eval", tmp_path / "eval", [f"ckpt_path={ckpt}"]))
     assert {f"val/dice_{name}" for name in CLASSES} <= set(scores)
+    written = sorted((tmp_path / "eval" / "predictions").iterdir())
+    assert written and all("_0000" not in p.name for p in written)  # named by case, not channel
 
     out = tmp_path / "pred"
     cfg = compose_config(

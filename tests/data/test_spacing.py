@@ -12,6 +12,7 @@ from volseg.data.cases import case_problems, check_cases, find_cases
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.transforms import eval_transforms
+from volseg.evaluation import evaluate
 from volseg.prediction import predict
 from volseg.training import train
 from volseg.utils.errors import UserInputError
@@ -73,6 +74,11 @@ def test_spacing_trains_on_the_resampled_grid_and_predicts_on_the_input_grid(
     assert read_geometry(out / source.name)["shape_zyx"] == (16, 48, 48)
     assert np.allclose(read_geometry(out / source.name)["affine"], read_geometry(source)["affine"])
     assert read_array(out / source.name).max() < 5
+
+    # eval.py writes its predictions on the input grid too
+    evaluate(compose_config("eval", tmp_path / "eval", [f"ckpt_path={ckpt}"]))
+    for written in (tmp_path / "eval" / "predictions").iterdir():
+        assert read_geometry(written)["shape_zyx"] == (16, 48, 48)
 
 
 def test_bad_spacing_is_named(small_dataset):

@@ -9,11 +9,14 @@ import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from volseg.data.io import read_geometry, write_volume
+from volseg.data.transforms import labels_to_shape
 
 
 class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
-    as ``output_dir/<input file name>`` with the input's format and affine/spacing.
+    as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
+    input's format, affine/spacing and grid (predictions made on a ``data.spacing`` grid are
+    brought back to it).
     """
 
     def __init__(self, output_dir: str | Path) -> None:
@@ -32,8 +35,13 @@ class ValidationPredictionWriter(Callback):
         if trainer.sanity_checking or not outputs:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        preds = outputs["pred"].cpu().numpy().astype(np.uint8)
-        for pred, source in zip(preds, batch["image_path"], strict=True):
+        for pred, source, name in zip(
+            outputs["pred"].cpu(), batch["image_path"], batch["name"], strict=True
+        ):
             geometry = read_geometry(source)
-            target = self.output_dir / Path(source).name
-            self.written.append(write_volume(target, pred, affine=geometry["affine"]))
+            shape = list(geometry["shape_zyx"])[-3:]
+            if list(pred.shape) != shape:
+                pred = labels_to_shape(pred, pl_module.num_classes, shape)
+            target = self.output_dir / name
+            array = pred.numpy().astype(np.uint8)
+            self.written.append(write_volume(target, array, affine=geometry["affine"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from monai.transforms import (
     Compose,
     EnsureChannelFirstd,
@@ -21,10 +22,12 @@ from monai.transforms import (
     RandRotate90d,
     RandScaleIntensityd,
     RandShiftIntensityd,
+    Resize,
     Spacing,
     SpatialPadd,
     Transposed,
 )
+from monai.utils import convert_to_tensor
 
 from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
 
@@ -143,3 +146,20 @@ def eval_transforms(with_label: bool = True, **load_options: Any) -> Compose:
     :func:`load_transforms`)."""
     keys = ["image", "label"] if with_label else ["image"]
     return Compose(load_transforms(keys, **load_options))
+
+
+def to_shape(probs: torch.Tensor, shape_zyx: Sequence[int]) -> torch.Tensor:
+    """Probabilities ``(K, D', H', W')`` on a resampled grid, interpolated back to the input's
+    ``(D, H, W)`` grid (same field of view; corner voxel centres aligned, as MONAI ``Spacing``
+    keeps the first voxel's position)."""
+    resize = Resize(list(shape_zyx), mode="trilinear", align_corners=True)
+    return convert_to_tensor(resize(probs), track_meta=False).clamp_(0.0, 1.0)
+
+
+def labels_to_shape(
+    labels: torch.Tensor, num_classes: int, shape_zyx: Sequence[int]
+) -> torch.Tensor:
+    """Class indices ``(D', H', W')`` on a resampled grid back on the input's ``(D, H, W)`` grid,
+    through the same interpolation as :func:`to_shape` (of their one-hot encoding)."""
+    one_hot = torch.nn.functional.one_hot(labels.long(), num_classes).permute(3, 0, 1, 2).float()
+    return to_shape(one_hot, shape_zyx).argmax(dim=0)
