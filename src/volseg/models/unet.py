@@ -1,23 +1,109 @@
 """A configurable 3D U-Net.
 
-Tensors are ``(B, C, D, H, W)``. Any spatial size works, also sizes not divisible by
-``2**(depth - 1)`` (e.g. 26x150x320): the upsampled decoder map is zero-padded to its skip's size
-before the concatenation, as the classic U-Net ports do.
+Tensors are ``(B, C, D, H, W)``. Any spatial size works, also sizes not divisible by the product
+of the poolings (e.g. 26x150x320): the upsampled decoder map is zero-padded to its skip's size
+before the concatenation, as the classic U-Net ports do. Each level pools every axis by 2 or 1
+(``pooling``), so a thin stack can keep z unpooled at the deep levels.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from volseg.memory.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+from volseg.utils.errors import UserInputError
 
 Norm = Literal["batch", "instance", "group"]
 Upsampling = Literal["trilinear", "transposed"]
+# null: [2, 2, 2] at every level; "auto": from the patch; or one [z, y, x] kernel per level
+Pooling = str | Sequence[Sequence[int]] | None
+
+AXES = ("D", "H", "W")
+# pooling=auto pools an axis only while it keeps at least this many voxels after the pooling
+AUTO_MIN_POOLED = 4
+
+
+def pooling_factors(
+    widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` entries, full
+    resolution first; each factor 1 or 2) for ``model.net.pooling``.
+
+    ``None``: 2 on every axis at every level. ``"auto"``: from ``patch_size`` (voxels, [D, H, W]):
+    an axis is pooled while its extent at that level is at least ``2 * AUTO_MIN_POOLED`` voxels,
+    so it never drops below 4. A list: the kernels as given. Raises ``ValueError`` naming
+    ``model.net.pooling`` for anything else.
+    """
+    levels = len(widths) - 1
+    if pooling is None:
+        return [[2, 2, 2] for _ in range(levels)]
+    if isinstance(pooling, str):
+        if pooling != "auto":
+            raise ValueError(
+                f"model.net.pooling must be null, auto or a list of [z, y, x] kernels; "
+                f"got {pooling!r}"
+            )
+        if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
+            raise ValueError(
+                "model.net.pooling=auto needs model.net.patch_size=[D, H, W] (default "
+                f"${{data.patch_size}}); got {patch_size}"
+            )
+        extent = [int(p) for p in patch_size]
+        factors = []
+        for _ in range(levels):
+            level = [2 if e >= 2 * AUTO_MIN_POOLED else 1 for e in extent]
+            extent = [e // f for e, f in zip(extent, level, strict=True)]
+            factors.append(level)
+        return factors
+    kernels = [list(k) if isinstance(k, Sequence) and not isinstance(k, str) else k for k in pooling]
+    valid = all(
+        isinstance(k, list) and len(k) == 3 and all(f in (1, 2) for f in k) for k in kernels
+    )
+    if len(kernels) != levels or not valid:
+        raise ValueError(
+            f"model.net.pooling needs len(widths) - 1 = {levels} kernels [z, y, x] of 1s and 2s "
+            f"(e.g. [[1,2,2],...]), null or auto; got {_listed(pooling)}"
+        )
+    return [[int(f) for f in k] for k in kernels]
+
+
+def _listed(value: Any) -> Any:
+    """A config value (``ListConfig`` included) as plain lists, for messages."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_listed(v) for v in value]
+    return value
+
+
+def total_pooling(factors: Sequence[Sequence[int]]) -> list[int]:
+    """Per-axis product of the pooling factors: ``[D, H, W]`` divisors of the bottleneck."""
+    return [math.prod(level[axis] for level in factors) for axis in range(3)]
+
+
+def check_patch_poolable(
+    widths: Sequence[int], pooling: Pooling, patch_size: Sequence[int]
+) -> None:
+    """Raise :class:`UserInputError` when a patch axis is thinner than the network pools it
+    (a pooling would reach 0 voxels): one message naming the keys and the fix."""
+    factors = pooling_factors(widths, pooling, patch_size)
+    need = total_pooling(factors)
+    patch = [int(p) for p in patch_size]
+    thin = [
+        f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n
+    ]
+    if thin:
+        raise UserInputError(
+            f"data.patch_size={patch} is too thin for the network: {', '.join(thin)} "
+            f"(model.net.widths={list(widths)} pools {len(factors)} times, model.net.pooling="
+            f"{_listed(pooling) if pooling is not None else 'null'} -> [D, H, W] divided by "
+            f"{need}). Use a larger patch, fewer levels, or model.net.pooling=auto (pools an "
+            f"axis only while it keeps >= {AUTO_MIN_POOLED} voxels)"
+        )
 
 
 def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
@@ -83,17 +169,25 @@ class DoubleConv(nn.Sequential):
 
 
 class Down(nn.Sequential):
-    """MaxPool3d(2) -> DoubleConv: halves D, H, W."""
+    """MaxPool3d(factors) -> DoubleConv: divides D, H, W by ``factors`` (each 1 or 2)."""
 
-    def __init__(self, in_channels: int, out_channels: int, **conv_kwargs) -> None:
-        super().__init__(nn.MaxPool3d(2), DoubleConv(in_channels, out_channels, **conv_kwargs))
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        factors: Sequence[int] = (2, 2, 2),
+        **conv_kwargs,
+    ) -> None:
+        super().__init__(
+            nn.MaxPool3d(tuple(factors)), DoubleConv(in_channels, out_channels, **conv_kwargs)
+        )
 
 
 class Up(nn.Module):
-    """Upsample x2 -> pad to the skip's size -> concat [skip, up] -> DoubleConv.
+    """Upsample by ``factors`` -> pad to the skip's size -> concat [skip, up] -> DoubleConv.
 
     ``x``: ``(B, in_channels, d, h, w)``; ``skip``: ``(B, skip_channels, D, H, W)`` with
-    ``D in {2d, 2d + 1}`` etc.; output ``(B, out_channels, D, H, W)``.
+    ``fz * d <= D < fz * (d + 1)`` etc.; output ``(B, out_channels, D, H, W)``.
     """
 
     def __init__(
@@ -102,13 +196,21 @@ class Up(nn.Module):
         skip_channels: int,
         out_channels: int,
         upsampling: Upsampling = "trilinear",
+        factors: Sequence[int] = (2, 2, 2),
         **conv_kwargs,
     ) -> None:
         super().__init__()
+        factors = tuple(int(f) for f in factors)
         if upsampling == "trilinear":
-            self.up: nn.Module = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+            self.up: nn.Module = nn.Upsample(
+                scale_factor=tuple(float(f) for f in factors),
+                mode="trilinear",
+                align_corners=True,
+            )
         elif upsampling == "transposed":
-            self.up = nn.ConvTranspose3d(in_channels, in_channels, kernel_size=2, stride=2)
+            self.up = nn.ConvTranspose3d(
+                in_channels, in_channels, kernel_size=factors, stride=factors
+            )
         else:
             raise ValueError(
                 f"model.net.upsampling must be 'trilinear' or 'transposed'; got {upsampling!r}"
@@ -157,6 +259,10 @@ class UNet3D(nn.Module):
         dropout: Dropout3d probability inside every DoubleConv (0 disables it).
         activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or level indices;
             see :func:`volseg.memory.checkpointing.checkpoint_levels`.
+        pooling: ``None`` (2 on every axis at every level), ``"auto"`` (from ``patch_size``) or
+            one ``[z, y, x]`` kernel of 1s and 2s per pooling; see :func:`pooling_factors`.
+        patch_size: training patch ``[D, H, W]`` in voxels; needed by ``pooling="auto"``, and
+            checked against a fixed pooling (see :func:`check_patch_poolable`).
 
     Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
     """
@@ -173,6 +279,8 @@ class UNet3D(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         activation_checkpointing: CheckpointSpec = None,
+        pooling: Pooling = None,
+        patch_size: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         widths = list(widths)
@@ -184,19 +292,24 @@ class UNet3D(nn.Module):
                 f"model.net.decoder_widths needs len(widths) - 1 = {len(widths) - 1} entries; "
                 f"got {decoder_widths}"
             )
+        factors = pooling_factors(widths, pooling, patch_size)
+        if patch_size is not None:
+            check_patch_poolable(widths, pooling, patch_size)
         conv_kwargs = dict(norm=norm, num_groups=num_groups, bias=bias, dropout=dropout)
         self.widths = widths
         self.decoder_widths = decoder_widths
+        self.pooling = factors  # [[fz, fy, fx], ...], level i -> i + 1
 
         self.inc = DoubleConv(in_channels, widths[0], **conv_kwargs)
         self.downs = nn.ModuleList(
-            Down(widths[i - 1], widths[i], **conv_kwargs) for i in range(1, len(widths))
+            Down(widths[i - 1], widths[i], factors[i - 1], **conv_kwargs)
+            for i in range(1, len(widths))
         )
         # ups[i] produces level i (i = depth-2 is just above the bottleneck); stored top-down so
         # that index i is the level index.
         below = [*decoder_widths[1:], widths[-1]]
         self.ups = nn.ModuleList(
-            Up(below[i], widths[i], decoder_widths[i], upsampling=upsampling, **conv_kwargs)
+            Up(below[i], widths[i], decoder_widths[i], upsampling, factors[i], **conv_kwargs)
             for i in range(len(widths) - 1)
         )
         self.head = nn.Conv3d(decoder_widths[0], num_classes, kernel_size=1)
