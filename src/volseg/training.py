@@ -12,6 +12,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.estimation import check_memory_budget
+from volseg.models.unet import check_patch_poolable
 from volseg.utils.entry import print_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
@@ -48,6 +49,19 @@ def check_strategy_installed(strategy: Any) -> None:
             )
 
 
+def check_patch_fits_network(cfg: DictConfig) -> None:
+    """One clear error, before any work, when ``data.patch_size`` is thinner than the U-Net's
+    poolings (``model.net.widths``/``model.net.pooling``) or the pooling setting is invalid."""
+    net = cfg.model.get("net")
+    patch = cfg.data.get("patch_size")
+    if net is None or "widths" not in net or patch is None or len(patch) != 3:
+        return  # not a U-Net config; a malformed patch is the datamodule's error
+    try:
+        check_patch_poolable(net.widths, net.get("pooling"), patch)
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+
+
 def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> None:
     """Set ``num_classes``/``in_channels`` to the checked data's (``data=msd``: dataset.json),
     so that the model, built from ``${num_classes}``/``${in_channels}``, fits the data."""
@@ -73,6 +87,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise UserInputError(f"ckpt_path={cfg.ckpt_path}: file not found")
 
     check_strategy_installed(cfg.trainer.get("strategy"))
+    check_patch_fits_network(cfg)
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)

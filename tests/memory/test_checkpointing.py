@@ -52,6 +52,21 @@ def test_gradients_and_batchnorm_statistics_match_no_checkpointing(spec, dropout
         assert torch.equal(a, b), name  # running_mean/var and num_batches_tracked
 
 
+@pytest.mark.parametrize("upsampling", ["trilinear", "transposed"])
+def test_anisotropic_pooling_gradients_match_no_checkpointing(upsampling):
+    """A thin patch with pooling=auto (z kept at 6: [[1,2,2],[1,2,2]]) recomputes exactly."""
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [8, 16, 32], upsampling=upsampling, pooling="auto", patch_size=[6, 32, 32])
+    assert base.pooling == [[1, 2, 2], [1, 2, 2]]
+    x, y = _batch((2, 1, 6, 32, 32))
+    reference = _step(copy.deepcopy(base), x, y)
+    checkpointed = _step(_with(base, "all"), x, y)
+    for (name, p), q in zip(reference.named_parameters(), checkpointed.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+    for (name, a), b in zip(reference.named_buffers(), checkpointed.buffers(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_without_the_freeze_recomputation_would_update_batchnorm_twice(monkeypatch):
     """The statistics test above can fail: recomputation really does run BatchNorm again."""
     monkeypatch.setattr(

@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from volseg.models import UNet3D
+from volseg.models.unet import pooling_factors
+from volseg.utils.errors import UserInputError
 
 
 def _count(net: torch.nn.Module) -> int:
@@ -47,3 +49,67 @@ def test_bad_settings_name_the_key():
         UNet3D(1, 2, widths=[4, 8], norm="layer")
     with pytest.raises(ValueError, match="model.net.widths"):
         UNet3D(1, 2, widths=[4])
+
+
+THIN = [[2, 2, 2], [2, 2, 2], [1, 2, 2], [1, 2, 2]]  # auto for 26 x 150 x 320, 4 poolings
+
+
+def _bottleneck_shape(net: UNet3D, x: torch.Tensor) -> tuple[int, ...]:
+    seen = []
+    net.downs[-1].register_forward_hook(lambda m, i, out: seen.append(tuple(out.shape[2:])))
+    assert net(x).shape[2:] == x.shape[2:]  # the output keeps the input's grid
+    return seen[0]
+
+
+def test_auto_pooling_keeps_z_unpooled_on_a_26_slice_patch():
+    assert pooling_factors([4, 8, 16, 32, 64], "auto", [26, 150, 320]) == THIN
+    with torch.device("meta"):
+        net = UNet3D(1, 5, [4, 8, 16, 32, 64], pooling="auto", patch_size=[26, 150, 320])
+        # z: 26 -> 13 -> 6, then kept (6 < 8); y, x pooled 4 times
+        assert _bottleneck_shape(net, torch.empty(1, 1, 26, 150, 320)) == (6, 9, 20)
+    assert [down[0].kernel_size for down in net.downs] == [tuple(k) for k in THIN]
+    assert [up.up.scale_factor for up in net.ups] == [tuple(map(float, k)) for k in THIN]
+
+
+@pytest.mark.parametrize("upsampling", ["trilinear", "transposed"])
+def test_auto_pooling_trains_an_8_slice_patch_a_fixed_one_cannot(upsampling):
+    widths = [4, 8, 16, 32, 64]
+    with pytest.raises(UserInputError, match=r"D=8 < 16.*model.net.pooling=auto"):
+        UNet3D(1, 3, widths, patch_size=[8, 64, 64])
+    net = UNet3D(1, 3, widths, upsampling=upsampling, pooling="auto", patch_size=[8, 64, 64])
+    x = torch.randn(1, 1, 8, 64, 64, requires_grad=True)
+    assert _bottleneck_shape(net, x) == (4, 4, 4)
+    net(x).sum().backward()
+    assert torch.isfinite(x.grad).all() and all(p.grad is not None for p in net.parameters())
+
+
+def test_explicit_pooling_list_odd_sizes_and_transposed_kernels():
+    pooling = [[1, 2, 2], [1, 2, 2], [2, 2, 2]]
+    net = UNet3D(1, 3, [4, 8, 8, 8], pooling=pooling, upsampling="transposed")
+    assert [up.up.kernel_size for up in net.ups] == [(1, 2, 2), (1, 2, 2), (2, 2, 2)]
+    assert [up.up.stride for up in net.ups] == [(1, 2, 2), (1, 2, 2), (2, 2, 2)]
+    x = torch.randn(1, 1, 5, 17, 19)
+    assert _bottleneck_shape(net, x) == (2, 2, 2)  # z pooled once, y and x three times
+
+
+def test_default_pooling_is_2_everywhere_with_the_same_weights():
+    default = UNet3D(1, 5, [4, 8, 16], upsampling="transposed")
+    explicit = UNet3D(1, 5, [4, 8, 16], upsampling="transposed", pooling=[[2, 2, 2]] * 2)
+    assert default.pooling == explicit.pooling == [[2, 2, 2], [2, 2, 2]]
+    shapes = {k: v.shape for k, v in default.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in explicit.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    "pooling, patch_size",
+    [
+        ([[2, 2, 2]], None),  # one kernel for two poolings
+        ([[2, 2, 2], [3, 2, 2]], None),  # a factor other than 1 or 2
+        ([[2, 2], [2, 2, 2]], None),  # not [z, y, x]
+        ("sometimes", None),
+        ("auto", None),  # auto without a patch
+    ],
+)
+def test_bad_pooling_names_the_key(pooling, patch_size):
+    with pytest.raises(ValueError, match="model.net.pooling"):
+        UNet3D(1, 2, widths=[4, 8, 16], pooling=pooling, patch_size=patch_size)

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig
 
 from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,17 @@ def _key(checkpointing: Any) -> str:
     return str(checkpointing)
 
 
-def pooling_divisor(cfg: DictConfig) -> int:
-    """Each patch side must divide by 2 ** (number of poolings) for the U-Net to be exact."""
-    widths = cfg.model.net.get("widths") or []
-    return 2 ** max(len(widths) - 1, 0)
+def pooling_divisor(cfg: DictConfig) -> list[int]:
+    """Per-axis ``[D, H, W]`` divisors: each patch side must divide by the product of the
+    U-Net's poolings on that axis to be exact (``model.net.pooling``; ``auto`` is computed at
+    the configured patch)."""
+    net = cfg.model.net
+    widths = net.get("widths") or [0]
+    try:
+        factors = pooling_factors(widths, net.get("pooling"), cfg.data.patch_size)
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+    return total_pooling(factors)
 
 
 class Planner:
@@ -161,14 +169,19 @@ class Planner:
         guess = 1 + (self.budget - one) // max(two - one, 1)
         return _largest(fits, 1, self.max_batch_size, guess)
 
-    def patch_at(self, k: int, divisor: int) -> list[int]:
-        """The configured patch scaled so that its smallest side is ``k * divisor`` voxels,
-        every side rounded to a multiple of ``divisor``."""
-        smallest = min(self.base_patch)
-        return [max(divisor, round(k * p / smallest) * divisor) for p in self.base_patch]
+    def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
+        """``k`` of :meth:`patch_at`: the multiples of its divisor on the axis with the fewest."""
+        return min(p // d for p, d in zip(patch, divisor, strict=True))
+
+    def patch_at(self, k: int, divisor: Sequence[int]) -> list[int]:
+        """The configured patch scaled so that the axis with the fewest multiples of its divisor
+        gets ``k`` of them, every side rounded to a multiple of its ``divisor`` (per axis)."""
+        ref = min(range(3), key=lambda a: self.base_patch[a] / divisor[a])
+        scale = k * divisor[ref] / self.base_patch[ref]
+        return [max(d, round(scale * p / d) * d) for p, d in zip(self.base_patch, divisor)]
 
     def largest_patch(
-        self, divisor: int, checkpointing: Any
+        self, divisor: Sequence[int], checkpointing: Any
     ) -> tuple[list[int] | None, MemoryEstimate | None]:
         """Largest patch of the configured aspect ratio that fits at the configured batch."""
         batch = int(self.cfg.data.batch_size)
@@ -177,7 +190,7 @@ class Planner:
             est = self.estimate(batch, self.patch_at(k, divisor), checkpointing)
             return est if est.fits(self.budget) else None
 
-        k_now = max(1, min(self.base_patch) // divisor)
+        k_now = max(1, self.steps(self.base_patch, divisor))
         now = self.estimate(batch, self.patch_at(k_now, divisor), checkpointing)
         fixed = now.params + now.optimizer_state + now.cuda_context
         # activations grow with the voxels, i.e. with k ** 3
@@ -236,7 +249,7 @@ def plan(
             found, option_est = planner.largest_patch(divisor, option)
             if found is not None:
                 chosen, patch, est, batch_size = option, found, option_est, batch
-                k = min(found) // divisor
+                k = planner.steps(found, divisor)
                 next_est = planner.estimate(batch, planner.patch_at(k + 1, divisor), option)
                 break
 
