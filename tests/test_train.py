@@ -148,6 +148,35 @@ def test_missing_data_root_is_one_clear_error(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_patch_thinner_than_the_poolings_is_one_clear_error(small_dataset, tmp_path):
+    thin = ["data.patch_size=[8,32,32]", "model.net.widths=[4,8,16,32,64]"]
+    args = [f"data.root={small_dataset}", *thin, f"hydra.run.dir={tmp_path / 'run'}"]
+    result = _run(["train.py", *args])
+    assert result.returncode == 2
+    message = result.stderr
+    assert "data.patch_size=[8, 32, 32] is too thin for the network: D=8 < 16" in message
+    assert "model.net.widths=[4, 8, 16, 32, 64]" in message and "model.net.pooling=null" in message
+    assert "model.net.pooling=auto" in message
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_pooling_auto_trains_the_thin_patch(small_dataset, tmp_path):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "data.patch_size=[8,32,32]",
+        "model.net.widths=[4,8,16,32,64]",  # the network of the test above: D=8 < 16
+        "model.net.pooling=auto",
+        "trainer.max_epochs=1",
+    ]
+    cfg = compose_config("train", tmp_path, overrides)
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = ckpt["volseg"]["config"]["model"]["net"]
+    assert saved["pooling"] == "auto" and saved["patch_size"] == [8, 32, 32]
+
+
 def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path):
     import shutil
 

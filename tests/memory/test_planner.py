@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO, compose_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import parse_bytes, plan
+from volseg.memory.planner import parse_bytes, plan, pooling_divisor
 from volseg.utils.errors import UserInputError
 
 MIB = 2**20
@@ -66,6 +66,30 @@ def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
     assert patch[0] > 8
     assert answer.estimate["process_total"] <= 40 * MIB
     assert answer.next_step_estimate["process_total"] > 40 * MIB
+
+
+def test_pooling_divisor_is_per_axis(tmp_path):
+    five = "model.net.widths=[4,8,16,32,64]"
+    cfg = compose_config("train", tmp_path, [five, "data.patch_size=[26,150,320]"])
+    assert pooling_divisor(cfg) == [16, 16, 16]
+    cfg = compose_config(
+        "train", tmp_path, [five, "data.patch_size=[26,150,320]", "model.net.pooling=auto"]
+    )
+    assert pooling_divisor(cfg) == [4, 16, 16]  # z: 26 -> 13 -> 6, then kept
+
+
+def test_planned_patch_divides_each_axis_by_its_own_poolings(tmp_path):
+    anisotropic = ["data.patch_size=[8,16,32]", "model.net.pooling=[[1,2,2],[2,2,2]]"]
+    cfg = compose_config("train", tmp_path, [*SMALL, *anisotropic])
+    assert pooling_divisor(cfg) == [2, 4, 4]
+    answer = plan(cfg, 40 * MIB, search="patch")
+    patch = answer.patch_size
+    assert patch[0] % 2 == 0 and patch[1] % 4 == 0 and patch[2] % 4 == 0
+    assert patch[1] == 2 * patch[0] and patch[2] == 4 * patch[0]
+    assert answer.estimate["process_total"] <= 40 * MIB
+    assert answer.next_step_estimate["process_total"] > 40 * MIB
+    # z steps by 2, not by the 4 a z-pooled network needs: the next patch is 2 slices deeper
+    assert answer.next_step_estimate["patch_size"][0] == patch[0] + 2
 
 
 def test_estimate_memory_cli_writes_json(tmp_path):

@@ -107,6 +107,7 @@ def test_default_pooling_is_2_everywhere_with_the_same_weights():
         ([[2, 2, 2], [3, 2, 2]], None),  # a factor other than 1 or 2
         ([[2, 2], [2, 2, 2]], None),  # not [z, y, x]
         ("sometimes", None),
+        (2, None),  # not a list of kernels
         ("auto", None),  # auto without a patch
     ],
 )

@@ -178,7 +178,9 @@ class Planner:
         gets ``k`` of them, every side rounded to a multiple of its ``divisor`` (per axis)."""
         ref = min(range(3), key=lambda a: self.base_patch[a] / divisor[a])
         scale = k * divisor[ref] / self.base_patch[ref]
-        return [max(d, round(scale * p / d) * d) for p, d in zip(self.base_patch, divisor)]
+        return [
+            max(d, round(scale * p / d) * d) for p, d in zip(self.base_patch, divisor, strict=True)
+        ]
 
     def largest_patch(
         self, divisor: Sequence[int], checkpointing: Any

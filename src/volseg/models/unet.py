@@ -61,11 +61,11 @@ def pooling_factors(
             extent = [e // f for e, f in zip(extent, level, strict=True)]
             factors.append(level)
         return factors
-    kernels = [list(k) if isinstance(k, Sequence) and not isinstance(k, str) else k for k in pooling]
-    valid = all(
+    kernels = _listed(pooling)
+    valid = isinstance(kernels, list) and all(
         isinstance(k, list) and len(k) == 3 and all(f in (1, 2) for f in k) for k in kernels
     )
-    if len(kernels) != levels or not valid:
+    if not valid or len(kernels) != levels:
         raise ValueError(
             f"model.net.pooling needs len(widths) - 1 = {levels} kernels [z, y, x] of 1s and 2s "
             f"(e.g. [[1,2,2],...]), null or auto; got {_listed(pooling)}"
@@ -93,9 +93,7 @@ def check_patch_poolable(
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
-    thin = [
-        f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n
-    ]
+    thin = [f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n]
     if thin:
         raise UserInputError(
             f"data.patch_size={patch} is too thin for the network: {', '.join(thin)} "
