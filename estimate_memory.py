@@ -11,8 +11,13 @@ set_project_root(__file__)
 @hydra.main(version_base="1.3", config_path="configs", config_name="estimate_memory.yaml")
 def main(cfg: DictConfig) -> None:
     from volseg.estimation import run_estimate
+    from volseg.training import check_patch_fits_network
 
-    run_task(run_estimate, cfg)
+    def task(cfg: DictConfig) -> None:
+        check_patch_fits_network(cfg)  # a too-thin patch: one clear error, not a failed build
+        run_estimate(cfg)
+
+    run_task(task, cfg)
 
 
 if __name__ == "__main__":

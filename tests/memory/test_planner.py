@@ -130,19 +130,20 @@ def test_estimate_memory_cli_writes_json(tmp_path):
     assert data["plan"]["overrides"][0].startswith("data.batch_size=")
 
 
-def test_estimate_memory_cli_bad_budget_is_one_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (["estimate.budget=lots"], "estimate.budget=lots"),
+        (["data.patch_size=[2,32,32]"], "data.patch_size=[2, 32, 32] is too thin"),
+    ],
+)
+def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
     result = subprocess.run(
-        [
-            sys.executable,
-            "estimate_memory.py",
-            *SMALL,
-            "estimate.budget=lots",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
+        [sys.executable, "estimate_memory.py", *SMALL, *bad, f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 2
-    assert "estimate.budget=lots" in result.stderr and "Traceback" not in result.stderr
+    assert named in result.stderr and "Traceback" not in result.stderr
