@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hydra
 import pytest
 import torch
 from omegaconf import open_dict
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
-from volseg.training import train
+from volseg.training import check_patch_fits_network, train
 
 CLASSES = ["background", "blob", "tube", "shell", "granule"]
 
@@ -161,20 +162,16 @@ def test_patch_thinner_than_the_poolings_is_one_clear_error(small_dataset, tmp_p
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_pooling_auto_trains_the_thin_patch(small_dataset, tmp_path):
-    overrides = [
-        *tiny_train_overrides(small_dataset),
-        "data.patch_size=[8,32,32]",
-        "model.net.widths=[4,8,16,32,64]",  # the network of the test above: D=8 < 16
-        "model.net.pooling=auto",
-        "trainer.max_epochs=1",
-    ]
+def test_pooling_auto_builds_the_thin_patch_network_from_the_config(small_dataset, tmp_path):
+    thin = ["data.patch_size=[8,32,32]", "model.net.widths=[4,8,16,32,64]"]
+    overrides = [*tiny_train_overrides(small_dataset), *thin, "model.net.pooling=auto"]
     cfg = compose_config("train", tmp_path, overrides)
-    metrics = train(cfg)
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    saved = ckpt["volseg"]["config"]["model"]["net"]
-    assert saved["pooling"] == "auto" and saved["patch_size"] == [8, 32, 32]
+    check_patch_fits_network(cfg)  # passes: the same network as above, pooled by auto
+    net = hydra.utils.instantiate(cfg.model.net)  # patch_size comes from ${data.patch_size}
+    # z: 8 -> 4, then kept; y, x: 32 -> 16 -> 8 -> 4, then kept
+    assert net.pooling == [[2, 2, 2], [1, 2, 2], [1, 2, 2], [1, 1, 1]]
+    x = torch.randn(2, 1, 8, 32, 32)
+    assert net(x).shape == (2, 5, 8, 32, 32)
 
 
 def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path):
