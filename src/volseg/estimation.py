@@ -112,7 +112,9 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
     if budget is not None:
         checkpointing = OmegaConf.to_container(options.checkpointing_options)
-        answer = plan(cfg, budget, str(options.search), checkpointing, int(options.max_batch_size))
+        answer = plan(
+            cfg, budget, str(options.search), checkpointing, int(options.max_batch_size), est
+        )
         print(format_plan(answer))
         result["plan"] = answer.to_dict()
     if json_out is not None:

@@ -42,8 +42,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.events import RecordingMemTracker, held_peak
-from volseg.memory.layers import CATEGORIES, ClosureMemTracker, LayerTrace, block_activations
+from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.workspace import cpu_workspace
+from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ def target_device(cfg: DictConfig) -> str:
         accelerator = str(cfg.trainer.get("accelerator", "auto"))
         device = "cpu" if accelerator == "cpu" else "cuda"
     if device not in DEVICES:
-        from volseg.utils.errors import UserInputError
-
         raise UserInputError(f"estimate.device={device}: must be one of {', '.join(DEVICES)}")
     return device
 
@@ -128,8 +127,6 @@ def target_device(cfg: DictConfig) -> str:
 def _precision(cfg: DictConfig) -> str:
     precision = str(cfg.trainer.get("precision", "32"))
     if precision not in MIXED and precision not in TRUE and precision not in FULL:
-        from volseg.utils.errors import UserInputError
-
         raise UserInputError(
             f"trainer.precision={precision}: the estimator knows 32, 16-mixed, bf16-mixed, "
             "16-true and bf16-true"
@@ -346,11 +343,12 @@ def estimate(
         finally:
             trace.stop()
 
-    peak = _device_peak(tracker)
+    # saved tensors offloaded to the host live on the meta device: not on the estimated one
+    peak = trace.peak(skip_device_type="meta")
     rows = trace.rows()
-    allocator = replay(tracker.events)
     estimate_cfg = cfg.get("estimate", {})
     if device == "cuda":
+        allocator = replay(tracker.events)
         growth = held_peak(tracker.events, after_last_mark=True, rounding=round_size)
         peak_allocated = tensors_peak = allocator.peak_allocated
         peak_reserved = allocator.peak_reserved
@@ -371,7 +369,7 @@ def estimate(
         precision=_precision(cfg),
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
-        activation_checkpointing=_plain(checkpointing),
+        activation_checkpointing=plain(checkpointing),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
         params=peak["params"],
         buffers=peak["buffers"],
@@ -392,16 +390,6 @@ def estimate(
     return result
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A config value as plain Python (a ``ListConfig`` becomes a list)."""
     return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
-
-
-def _device_peak(tracker: ClosureMemTracker) -> dict[str, int]:
-    """Bytes per category at the step's peak on the estimated device (host copies left out)."""
-    snapshot = tracker.get_tracker_snapshot("peak")
-    out = dict.fromkeys(CATEGORIES.values(), 0)
-    for dev, per_category in snapshot.items():
-        if dev.type != "meta":
-            for key, name in CATEGORIES.items():
-                out[name] += per_category.get(key, 0)
-    return out

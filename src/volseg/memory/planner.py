@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
-from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.memory.estimator import MemoryEstimate, estimate, plain
 from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.errors import UserInputError
 
@@ -141,6 +141,11 @@ class Planner:
     def estimates(self) -> int:
         return len(self._cache)
 
+    def remember(self, est: MemoryEstimate) -> None:
+        """Keep an estimate made elsewhere, so that it is not made again."""
+        key = (est.batch_size, tuple(est.patch_size), _key(est.activation_checkpointing))
+        self._cache[key] = est
+
     def estimate(
         self, batch_size: int, patch_size: Sequence[int], checkpointing: Any
     ) -> MemoryEstimate:
@@ -208,8 +213,9 @@ def plan(
     search: str = "batch",
     checkpointing_options: Sequence[Any] = ("none", "decoder", "encoder", "all"),
     max_batch_size: int = 256,
+    as_configured: MemoryEstimate | None = None,
 ) -> Plan:
-    """What fits ``budget`` bytes.
+    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
 
     ``search=batch``: the largest batch with the configured checkpointing; when that is smaller
     than the configured batch, the options are tried cheapest first and the first that fits the
@@ -220,12 +226,9 @@ def plan(
     if search not in ("batch", "patch"):
         raise UserInputError(f"estimate.search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)
-    configured = cfg.model.get("activation_checkpointing", "none")
-    configured = (
-        list(configured)
-        if isinstance(configured, Sequence | ListConfig) and not isinstance(configured, str)
-        else configured
-    )
+    if as_configured is not None:
+        planner.remember(as_configured)
+    configured = plain(cfg.model.get("activation_checkpointing", "none"))
     options = [configured] + [o for o in checkpointing_options if _key(o) != _key(configured)]
     batch = int(cfg.data.batch_size)
     fits_now = planner.estimate(batch, planner.base_patch, configured).fits(budget)
