@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.instantiate import instantiate_loggers
+from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
 
     writer = ValidationPredictionWriter(cfg.predictions_dir)
+    resolve_trainer_precision(cfg)
     trainer: L.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
     )

@@ -36,6 +36,7 @@ from volseg.data.transforms import to_shape
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks
+from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         collate_fn=list_data_collate,
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
+    resolve_trainer_precision(cfg)
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",

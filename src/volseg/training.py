@@ -16,22 +16,9 @@ from volseg.models.unet import check_patch_poolable
 from volseg.utils.entry import print_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
-
-
-def log_precision(requested: Any, trainer: L.Trainer) -> None:
-    """Say which precision actually runs (Lightning swaps fp16 AMP for bf16 AMP on the CPU)."""
-    actual = str(trainer.precision)
-    device = trainer.strategy.root_device.type
-    if str(requested) == "16-mixed" and actual == "bf16-mixed":
-        log.info(
-            "trainer.precision=16-mixed runs as bf16-mixed on %s: fp16 autocast needs CUDA, "
-            "Lightning uses bfloat16 autocast on the CPU",
-            device,
-        )
-    else:
-        log.info("Precision %s on %s", actual, device)
 
 
 # strategies that need a package torch and Lightning do not bring: (module, install command)
@@ -98,16 +85,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
 
-    check_memory_budget(cfg)
+    check_memory_budget(cfg)  # resolves trainer.precision=auto for its own target device
+    precision = resolve_trainer_precision(cfg)
 
     log.info("Instantiating model <%s>", cfg.model._target_)
     model: L.LightningModule = hydra.utils.instantiate(cfg.model)
     model.run_config = OmegaConf.to_container(cfg, resolve=True)
+    model.precision_choice = precision.as_dict()
 
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
     loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
-    log_precision(cfg.trainer.get("precision"), trainer)
     for logger in trainer.loggers:
         logger.log_hyperparams(model.run_config)
 

@@ -39,6 +39,8 @@ class RunSummary(Callback):
             "epochs": trainer.current_epoch,
             "wall_time_s": round(time.perf_counter() - self._start, 2),
             "precision": str(trainer.precision),
+            # requested, device and why (trainer.precision=auto is resolved by the device)
+            "precision_choice": getattr(pl_module, "precision_choice", None),
         }
         for callback in trainer.callbacks:  # sections from other callbacks (e.g. memory)
             key = getattr(callback, "summary_key", None)

@@ -45,6 +45,7 @@ from volseg.memory.events import RecordingMemTracker, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.workspace import cpu_workspace
 from volseg.utils.errors import UserInputError
+from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +125,15 @@ def target_device(cfg: DictConfig) -> str:
     return device
 
 
-def _precision(cfg: DictConfig) -> str:
-    precision = str(cfg.trainer.get("precision", "32"))
+def _precision(cfg: DictConfig, device: str) -> str:
+    """``trainer.precision`` as training on ``device`` resolves it (``auto``, 16-mixed on a CPU);
+    a CUDA estimate made on a machine without a GPU assumes one with bfloat16."""
+    requested = str(cfg.trainer.get("precision", "32"))
+    cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
+    precision = resolve_precision(requested, device, cuda_bf16=cuda_bf16).precision
     if precision not in MIXED and precision not in TRUE and precision not in FULL:
         raise UserInputError(
-            f"trainer.precision={precision}: the estimator knows 32, 16-mixed, bf16-mixed, "
+            f"trainer.precision={requested}: the estimator knows auto, 32, 16-mixed, bf16-mixed, "
             "16-true and bf16-true"
         )
     return precision
@@ -277,10 +282,10 @@ def build_training_step(
 ) -> TrainingStep:
     """Network, loss and optimizer from ``cfg`` as ``train.py`` builds them, on the CPU, with
     the precision's casts; ``device`` decides the autocast dtype of ``16-mixed`` (float16 on
-    CUDA, bfloat16 on the CPU as Lightning runs it) and the optimizer's foreach update. With
+    CUDA; on a CPU it is resolved to bfloat16 or float32) and the optimizer's foreach update. With
     ``fake_mode`` the parameters are fake tensors of that mode (before the optimizer sees them).
     """
-    precision = _precision(cfg)
+    precision = _precision(cfg, device)
     cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     module = hydra.utils.instantiate(cfg.model)
@@ -296,7 +301,7 @@ def build_training_step(
         input_dtype=TRUE.get(precision, torch.float32),
     )
     if precision in MIXED and device == "cpu":
-        # Lightning runs 16-mixed as bfloat16 autocast on the CPU
+        # on a CPU 16-mixed has been resolved to bf16-mixed (or 32): fp16 autocast needs CUDA
         step.autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16)
     elif precision in MIXED:
         step.autocast = partial(CudaAutocast, MIXED[precision])
@@ -366,7 +371,7 @@ def estimate(
     )
     result = MemoryEstimate(
         device=device,
-        precision=_precision(cfg),
+        precision=_precision(cfg, device),
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
         activation_checkpointing=plain(checkpointing),

@@ -1,0 +1,116 @@
+"""trainer.precision=auto and the CPU rules: each device kind, explicit values, the log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, compose_config, tiny_train_overrides
+from volseg.memory.estimator import _precision
+from volseg.training import train
+from volseg.utils.cpu import onednn_bf16_native
+from volseg.utils.precision import (
+    device_kind,
+    log_choice,
+    resolve_precision,
+    resolve_trainer_precision,
+)
+
+# (requested, device, native bf16 / GPU bf16) -> what runs
+CASES = [
+    ("auto", "cuda", True, "bf16-mixed"),
+    ("auto", "cuda", False, "16-mixed"),
+    ("16-mixed", "cuda", True, "16-mixed"),
+    ("bf16-mixed", "cuda", False, "bf16-mixed"),
+    ("auto", "cpu", True, "bf16-mixed"),
+    ("auto", "cpu", False, "32"),
+    ("16-mixed", "cpu", True, "bf16-mixed"),
+    ("16-mixed", "cpu", False, "32"),
+    ("bf16-mixed", "cpu", False, "bf16-mixed"),
+    ("bf16-true", "cpu", False, "bf16-true"),
+    ("16-true", "cpu", False, "16-true"),
+    ("32", "cpu", True, "32"),
+]
+
+
+@pytest.mark.parametrize(("requested", "device", "bf16", "runs"), CASES)
+def test_precision_resolves_by_device_kind(requested, device, bf16, runs):
+    choice = resolve_precision(requested, device, bf16_native=bf16, cuda_bf16=bf16)
+    assert (choice.requested, choice.precision, choice.device) == (requested, runs, device)
+
+
+def test_cuda_auto_asks_the_gpu(monkeypatch):
+    """The capability query decides, not a guess: a stand-in GPU without bfloat16 gets fp16."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert device_kind("auto") == "cuda"
+    assert resolve_precision("auto", "cuda").precision == "16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_precision("auto", "cuda").precision == "bf16-mixed"
+
+
+def test_explicit_bf16_on_an_emulating_cpu_warns_with_the_slowdown(caplog):
+    choice = resolve_precision("bf16-mixed", "cpu", bf16_native=False)
+    with caplog.at_level(logging.INFO, logger="volseg.utils.precision"):
+        log_choice(choice)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "77x slower per training step" in warnings[0].getMessage()
+    assert choice.precision == "bf16-mixed"
+
+
+def test_trainer_config_is_resolved_in_place_with_one_log_line(caplog, tmp_path):
+    cfg = compose_config("train", tmp_path, ["trainer.accelerator=cpu"])
+    assert cfg.trainer.precision == "auto"
+    with caplog.at_level(logging.INFO, logger="volseg.utils.precision"):
+        choice = resolve_trainer_precision(cfg)
+    expected = "bf16-mixed" if onednn_bf16_native() else "32"
+    assert cfg.trainer.precision == choice.precision == expected
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"trainer.precision=auto runs as {expected} on cpu: {choice.reason}"]
+
+
+def test_estimator_resolves_auto_for_its_target_device(tmp_path):
+    cfg = compose_config("train", tmp_path, [])
+    assert _precision(cfg, "cuda") == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
+    assert _precision(cfg, "cpu") == ("bf16-mixed" if onednn_bf16_native() else "32")
+
+
+def test_summary_records_the_choice(small_dataset, tmp_path):
+    overrides = [*tiny_train_overrides(small_dataset), "trainer.max_epochs=1"]
+    overrides += ["trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    cfg = compose_config("train", tmp_path, overrides)
+    train(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    choice = summary["precision_choice"]
+    assert choice["requested"] == "auto" and choice["device"] == "cpu"
+    assert choice["precision"] == summary["precision"].replace("-true", "")
+
+
+@pytest.mark.slow
+def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp_path):
+    """oneDNN capped at AVX2 behaves as on an AVX2-only CPU: 16-mixed must not run as bf16."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONUNBUFFERED": "1"}
+    args = [
+        "train.py",
+        "trainer.precision=16-mixed",
+        f"data.root={small_dataset}",
+        "data.patch_size=[16,32,32]",
+        "model.net.widths=[4,8,16]",
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=1",
+        "callbacks.rich_progress_bar=null",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    result = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / "train.log").read_text()
+    assert "trainer.precision=16-mixed runs as 32 on cpu: fp16 autocast needs CUDA" in log
+    assert json.loads((tmp_path / "summary.json").read_text())["precision"] == "32-true"
