@@ -75,8 +75,38 @@ def test_splits_json_fixes_the_split_and_is_checked(root):
     train, val = split_cases(cases, root, 0.34, 0)
     assert [c.name for c in train] == ["c0.nii.gz"] and [c.name for c in val] == ["c2.nii.gz"]
     (root / "splits.json").write_text(json.dumps({"train": ["zz.nii.gz"], "val": []}))
-    with pytest.raises(UserInputError, match="splits.json: names not found"):
+    with pytest.raises(UserInputError, match="splits.json: names not found among"):
         split_cases(cases, root, 0.34, 0)
+
+
+def test_splits_json_takes_case_ids_as_nnunet_users_write_them(root):
+    cases = find_cases(root)
+    (root / "splits.json").write_text(json.dumps({"train": ["c0", "c1.nii.gz"], "val": ["c2"]}))
+    train, val = split_cases(cases, root, 0.34, 0)
+    assert [c.name for c in train] == ["c0.nii.gz", "c1.nii.gz"]
+    assert [c.name for c in val] == ["c2.nii.gz"]
+
+
+def test_nnunet_splits_final_is_read_by_fold(root):
+    cases = find_cases(root)
+    folds = [{"train": ["c0", "c1"], "val": ["c2"]}, {"train": ["c1", "c2"], "val": ["c0"]}]
+    (root / "splits_final.json").write_text(json.dumps(folds))
+    assert [c.name for c in split_cases(cases, root, 0.34, 0)[1]] == ["c2.nii.gz"]  # fold 0
+    train, val = split_cases(cases, root, 0.34, 0, fold=1)
+    assert [c.name for c in train] == ["c1.nii.gz", "c2.nii.gz"]
+    assert [c.name for c in val] == ["c0.nii.gz"]
+    # an explicit fold wins over a splits.json beside it
+    (root / "splits.json").write_text(json.dumps({"train": ["c0"], "val": ["c1"]}))
+    assert [c.name for c in split_cases(cases, root, 0.34, 0, fold=1)[1]] == ["c0.nii.gz"]
+
+
+def test_bad_fold_is_one_clear_error(root):
+    cases = find_cases(root)
+    with pytest.raises(UserInputError, match="data.fold=0: needs nnU-Net's splits_final.json"):
+        split_cases(cases, root, 0.34, 0, fold=0)
+    (root / "splits_final.json").write_text(json.dumps([{"train": ["c0"], "val": ["c1"]}]))
+    with pytest.raises(UserInputError, match=r"data.fold=5: .* has 1 folds \(0 to 0\)"):
+        split_cases(cases, root, 0.34, 0, fold=5)
 
 
 def test_tiff_datasets_are_found(tmp_path):

@@ -14,7 +14,8 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.memory.estimator import _precision
 from volseg.training import train
-from volseg.utils.cpu import onednn_bf16_native
+from volseg.utils import cpu
+from volseg.utils.cpu import cpu_bf16_native
 from volseg.utils.precision import (
     device_kind,
     log_choice,
@@ -60,7 +61,7 @@ def test_explicit_bf16_on_an_emulating_cpu_warns_with_the_slowdown(caplog):
     with caplog.at_level(logging.INFO, logger="volseg.utils.precision"):
         log_choice(choice)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "77x slower per training step" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "77x (AVX2) slower per training step" in warnings[0].getMessage()
     assert choice.precision == "bf16-mixed"
 
 
@@ -69,7 +70,7 @@ def test_trainer_config_is_resolved_in_place_with_one_log_line(caplog, tmp_path)
     assert cfg.trainer.precision == "auto"
     with caplog.at_level(logging.INFO, logger="volseg.utils.precision"):
         choice = resolve_trainer_precision(cfg)
-    expected = "bf16-mixed" if onednn_bf16_native() else "32"
+    expected = "bf16-mixed" if cpu_bf16_native() else "32"
     assert cfg.trainer.precision == choice.precision == expected
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"trainer.precision=auto runs as {expected} on cpu: {choice.reason}"]
@@ -78,7 +79,7 @@ def test_trainer_config_is_resolved_in_place_with_one_log_line(caplog, tmp_path)
 def test_estimator_resolves_auto_for_its_target_device(tmp_path):
     cfg = compose_config("train", tmp_path, [])
     assert _precision(cfg, "cuda") == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
-    assert _precision(cfg, "cpu") == ("bf16-mixed" if onednn_bf16_native() else "32")
+    assert _precision(cfg, "cpu") == ("bf16-mixed" if cpu_bf16_native() else "32")
 
 
 def test_summary_records_the_choice(small_dataset, tmp_path):
@@ -114,3 +115,21 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
     log = (tmp_path / "train.log").read_text()
     assert "trainer.precision=16-mixed runs as 32 on cpu: fp16 autocast needs CUDA" in log
     assert json.loads((tmp_path / "summary.json").read_text())["precision"] == "32-true"
+
+
+def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
+    """oneDNN says yes from plain AVX-512 on; only AVX512_BF16/AMX make bf16 fast."""
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert not cpu.cpu_bf16_native()  # AVX-512 without AVX512_BF16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert cpu.cpu_bf16_native()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not cpu.cpu_bf16_native()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert cpu.cpu_bf16_native()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not cpu.cpu_bf16_native()

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry
+from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
 from volseg.utils.errors import UserInputError
 
 
@@ -104,27 +104,74 @@ def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> 
     return [Case(p.name, p, None) for p in files]
 
 
-def split_cases(
-    cases: Sequence[Case], root: str | Path, val_fraction: float, seed: int
+def _read_splits(path: Path, expected: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserInputError(f"{path}: not valid JSON, expected {expected} ({err})") from None
+
+
+def _named_split(
+    splits: Any, source: str, expected: str, by_key: dict[str, Case]
 ) -> tuple[list[Case], list[Case]]:
-    """Train/val split from ``root/splits.json`` if present, else a seeded random split."""
-    by_name = {c.name: c for c in cases}
-    splits_file = Path(root) / "splits.json"
-    if splits_file.is_file():
-        try:
-            splits = json.loads(splits_file.read_text())
-            names = {part: list(splits[part]) for part in ("train", "val")}
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+    """The cases of ``{"train": [...], "val": [...]}``; entries are file names or case ids."""
+    try:
+        names = {part: [str(n) for n in splits[part]] for part in ("train", "val")}
+    except (KeyError, TypeError) as err:
+        raise UserInputError(f"{source}: expected {expected} (missing {err})") from None
+    unknown = [n for part in names.values() for n in part if n not in by_key]
+    if unknown:
+        raise UserInputError(
+            f"{source}: names not found among the dataset's cases (file names or case ids, "
+            f"e.g. {next(iter(by_key))})",
+            unknown,
+        )
+    return [by_key[n] for n in names["train"]], [by_key[n] for n in names["val"]]
+
+
+def case_id(name: str) -> str:
+    """``case_000`` for ``case_000.nii.gz``: a case's name without its volume ending (how
+    nnU-Net's ``splits_final.json`` names cases)."""
+    return split_suffix(name)[0]
+
+
+def split_cases(
+    cases: Sequence[Case],
+    root: str | Path,
+    val_fraction: float,
+    seed: int,
+    fold: int | None = None,
+) -> tuple[list[Case], list[Case]]:
+    """Train/val split, from the first that applies:
+
+    - ``root/splits.json``: ``{"train": [...], "val": [...]}``;
+    - ``root/splits_final.json`` (nnU-Net): a list of such folds, fold ``fold`` (``data.fold``;
+      ``None``: fold 0);
+    - a seeded random split of ``val_fraction``.
+
+    Entries may be file names (``case_000.nii.gz``) or case ids (``case_000``).
+    """
+    by_key = {case_id(c.name): c for c in cases} | {c.name: c for c in cases}
+    root = Path(root)
+    splits_file, folds_file = root / "splits.json", root / "splits_final.json"
+    if fold is not None and not folds_file.is_file():
+        raise UserInputError(
+            f"data.fold={fold}: needs nnU-Net's splits_final.json in {root} (not found)"
+        )
+    if splits_file.is_file() and fold is None:
+        expected = '{"train": [names], "val": [names]}'
+        return _named_split(_read_splits(splits_file, expected), str(splits_file), expected, by_key)
+    if folds_file.is_file():
+        expected = '[{"train": [ids], "val": [ids]}, ...] (one entry per fold)'
+        folds = _read_splits(folds_file, expected)
+        if not isinstance(folds, list) or not folds:
+            raise UserInputError(f"{folds_file}: expected {expected}")
+        index = 0 if fold is None else int(fold)
+        if not 0 <= index < len(folds):
             raise UserInputError(
-                f'{splits_file}: expected {{"train": [names], "val": [names]}} ({err})'
-            ) from None
-        unknown = [n for part in names.values() for n in part if n not in by_name]
-        if unknown:
-            raise UserInputError(
-                f"{splits_file}: names not found in images/",
-                [f"{n}" for n in unknown],
+                f"data.fold={fold}: {folds_file} has {len(folds)} folds (0 to {len(folds) - 1})"
             )
-        return [by_name[n] for n in names["train"]], [by_name[n] for n in names["val"]]
+        return _named_split(folds[index], f"{folds_file} fold {index}", expected, by_key)
     if not 0.0 < val_fraction < 1.0 or len(cases) < 2:
         raise UserInputError(
             f"data.val_fraction={val_fraction}: need 0 < val_fraction < 1 and at least 2 cases "

@@ -44,7 +44,10 @@ class VolumeDataModule(LightningDataModule):
         batch_size: patches per training step.
         samples_per_volume: patches drawn from each training volume per epoch (epoch length =
             ``len(train) * samples_per_volume / batch_size`` steps).
-        val_fraction, split_seed: the random split when there is no ``splits.json``.
+        val_fraction, split_seed: the random split when there is no ``splits.json`` or
+            ``splits_final.json``.
+        fold: the fold of nnU-Net's ``splits_final.json`` (a list of folds) to train on
+            (``None``: ``splits.json`` if present, else fold 0).
         class_ratios: sampling weight per class for patch centres (``None``: equal).
         class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
         num_workers, pin_memory, cache_rate: loader settings; cached volumes are kept after
@@ -70,6 +73,7 @@ class VolumeDataModule(LightningDataModule):
         samples_per_volume: int = 2,
         val_fraction: float = 0.2,
         split_seed: int = 0,
+        fold: int | None = None,
         class_ratios: Sequence[float] | None = None,
         class_names: Sequence[str] | None = None,
         num_workers: int = 0,
@@ -88,6 +92,7 @@ class VolumeDataModule(LightningDataModule):
         self.samples_per_volume = samples_per_volume
         self.val_fraction = val_fraction
         self.split_seed = split_seed
+        self.fold = fold
         self.class_ratios = class_ratios
         self._class_names = list(class_names) if class_names is not None else None
         self.num_workers = num_workers
@@ -151,7 +156,7 @@ class VolumeDataModule(LightningDataModule):
         cases, problems = self.find()
         if not problems:
             self.train_cases, self.val_cases = split_cases(
-                cases, self.root, self.val_fraction, self.split_seed
+                cases, self.root, self.val_fraction, self.split_seed, self.fold
             )
             if not self.train_cases or not self.val_cases:
                 raise UserInputError(

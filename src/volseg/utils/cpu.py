@@ -1,4 +1,4 @@
-"""The CPU in front of us: its model, ISA flags, and whether oneDNN runs bf16 natively."""
+"""The CPU in front of us: its model, ISA flags, and whether it runs bf16 natively."""
 
 from __future__ import annotations
 
@@ -35,23 +35,37 @@ def cpu_flags() -> dict[str, bool]:
     return {flag: flag in flags for flag in ISA_FLAGS}
 
 
-def onednn_bf16_native() -> bool:
-    """Whether oneDNN has bfloat16 kernels for this CPU (AVX-512 core or newer, AMX, Arm bf16).
+def _onednn_isa_capped_below_bf16() -> bool:
+    # ONEDNN_MAX_CPU_ISA (e.g. AVX2, AVX512_CORE_VNNI) keeps oneDNN off its bf16 instructions
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return not any(word in cap for word in ("ALL", "BF16", "AMX", "AVX10", "FP16"))
 
-    Without them (e.g. an AVX2-only CPU) bf16 convolutions fall back to emulation: a Conv3d
-    forward+backward took 14-15x as long as in float32 (``benchmarks/cpu_precision.py``).
-    ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check) behave as on such a CPU.
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU runs bfloat16 convolutions natively: oneDNN has bf16 kernels for it and
+    the CPU has the bf16 instructions they need (AVX512_BF16 or AMX on x86; Arm's BF16).
+
+    oneDNN reports bf16 support from plain AVX-512 on, but without AVX512_BF16 it converts in
+    software, and how fast that is depends on the layer: on an AVX-512 Xeon without AVX512_BF16
+    one Conv3d 32->32 ran 3x faster in bf16, yet the default network's training step 3x slower;
+    on an AVX2-only CPU a convolution ran 15x and the step 77x slower than in float32
+    (``benchmarks/cpu_precision.py``). ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check)
+    behave as on a CPU without AVX-512.
     """
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    if check is not None:
-        return bool(check())
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    if check is not None and not check():
+        return False
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return check is not None  # oneDNN's answer is the Arm BF16 extension itself
+    if _onednn_isa_capped_below_bf16():
+        return False
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def cpu_description() -> str:
-    """One line for logs and benchmark tables: model, cores, ISA flags, oneDNN's bf16 answer."""
+    """One line for logs and benchmark tables: model, cores, ISA flags, bf16 native or not."""
     flags = " ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu_flags().items())
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
     cap = f", oneDNN capped at {capped}" if capped else ""
-    native = "native" if onednn_bf16_native() else "emulated"
-    return f"{cpu_model()} ({os.cpu_count()} cores; {flags}; oneDNN bf16 {native}{cap})"
+    native = "native" if cpu_bf16_native() else "emulated"
+    return f"{cpu_model()} ({os.cpu_count()} cores; {flags}; bf16 {native}{cap})"

@@ -1,9 +1,10 @@
 """``trainer.precision``: ``auto`` and the CPU rules, resolved once from the device that will run.
 
 Lightning knows no ``auto`` precision, and on a CPU it runs ``16-mixed`` as bfloat16 autocast,
-which oneDNN emulates on CPUs without bf16 kernels (AVX2-only): there a training step took 77x
-as long as in float32. Every entry point resolves the requested precision here before it builds
-a Trainer, so the choice and its reason are made and logged in one place.
+which CPUs without bf16 instructions (AVX512_BF16, AMX) run in software: a training step took
+3x (AVX-512) to 77x (AVX2) as long as in float32. Every entry point resolves the requested
+precision here before it builds a Trainer, so the choice and its reason are made and logged in
+one place.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, open_dict
 
-from volseg.utils.cpu import onednn_bf16_native
+from volseg.utils.cpu import cpu_bf16_native
 
 log = logging.getLogger(__name__)
 
-#: measured on an AVX2-only CPU (AMD EPYC Zen 3), float32 vs bf16 autocast: one Conv3d
-#: forward+backward, and the default network's training step
-EMULATED_BF16_SLOWDOWN = "15x slower per convolution and 77x slower per training step than float32"
+#: the default network's training step, bf16 autocast vs float32, measured on an AVX-512 Xeon
+#: without AVX512_BF16 and on an AVX2-only AMD EPYC (benchmarks/cpu_precision.py)
+EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 77x (AVX2) slower per training step than float32"
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FP16_MIXED = ("16-mixed", "16")
@@ -63,10 +64,10 @@ def resolve_precision(
     """The precision that runs for ``requested`` on ``device`` (``cuda`` or ``cpu``).
 
     ``auto``: CUDA -> ``bf16-mixed`` where the GPU supports bfloat16, else ``16-mixed``;
-    CPU -> ``bf16-mixed`` where oneDNN runs bf16 natively, else ``32``. On a CPU, ``16-mixed``
-    runs as ``bf16-mixed`` where that is native (fp16 autocast needs CUDA) and as ``32`` where
+    CPU -> ``bf16-mixed`` where it runs bf16 natively (:func:`cpu_bf16_native`), else ``32``.
+    On a CPU, ``16-mixed`` runs as ``bf16-mixed`` where that is native (fp16 autocast needs CUDA) and as ``32`` where
     it is not; other explicit values run as asked. ``bf16_native``/``cuda_bf16`` default to
-    asking this machine (:func:`onednn_bf16_native`, :func:`cuda_bf16_supported`).
+    asking this machine (:func:`cpu_bf16_native`, :func:`cuda_bf16_supported`).
     """
     asked = str(requested)
     if device == "cuda":
@@ -78,12 +79,13 @@ def resolve_precision(
         return PrecisionChoice(
             asked, "16-mixed", device, "the GPU has no bfloat16 (older than Ampere): float16 AMP"
         )
-    native = onednn_bf16_native() if bf16_native is None else bf16_native
+    native = cpu_bf16_native() if bf16_native is None else bf16_native
     if asked == "auto":
         if native:
-            return PrecisionChoice(asked, "bf16-mixed", device, "oneDNN runs bf16 natively here")
+            reason = "this CPU runs bf16 natively (AVX512_BF16/AMX)"
+            return PrecisionChoice(asked, "bf16-mixed", device, reason)
         return PrecisionChoice(
-            asked, "32", device, "this CPU has no native bf16 (oneDNN would emulate it): float32"
+            asked, "32", device, "no native bf16 on this CPU (no AVX512_BF16/AMX): float32"
         )
     if asked in FP16_MIXED:
         if native:
@@ -94,7 +96,7 @@ def resolve_precision(
             asked,
             "32",
             device,
-            "fp16 autocast needs CUDA and this CPU has no native bf16 (emulated bf16 measured "
+            "fp16 autocast needs CUDA and this CPU has no native bf16 (bf16 autocast measured "
             f"{EMULATED_BF16_SLOWDOWN}): float32",
         )
     if asked in BF16 and not native:
@@ -102,7 +104,7 @@ def resolve_precision(
             asked,
             asked,
             device,
-            "as configured, but this CPU has no native bf16: oneDNN emulates it, measured "
+            "as configured, but this CPU has no native bf16 (no AVX512_BF16/AMX): measured "
             f"{EMULATED_BF16_SLOWDOWN} (trainer.precision=auto picks 32)",
         )
     return PrecisionChoice(asked, asked, device, "as configured")
@@ -114,7 +116,7 @@ def log_choice(choice: PrecisionChoice) -> None:
         f"trainer.precision={choice.requested} runs as {choice.precision} on "
         f"{choice.device}: {choice.reason}"
     )
-    if choice.requested in BF16 and "emulates" in choice.reason:
+    if choice.requested in BF16 and "no native bf16" in choice.reason:
         log.warning(line)
     else:
         log.info(line)
