@@ -66,8 +66,9 @@ def resolve_precision(
     ``auto``: CUDA -> ``bf16-mixed`` where the GPU supports bfloat16, else ``16-mixed``;
     CPU -> ``bf16-mixed`` where it runs bf16 natively (:func:`cpu_bf16_native`), else ``32``.
     On a CPU, ``16-mixed`` runs as ``bf16-mixed`` where that is native (fp16 autocast needs
-    CUDA) and as ``32`` where it is not; other explicit values run as asked. ``bf16_native``/``cuda_bf16`` default to
-    asking this machine (:func:`cpu_bf16_native`, :func:`cuda_bf16_supported`).
+    CUDA) and as ``32`` where it is not; other explicit values run as asked.
+    ``bf16_native``/``cuda_bf16`` default to asking this machine (:func:`cpu_bf16_native`,
+    :func:`cuda_bf16_supported`).
     """
     asked = str(requested)
     if device == "cuda":
