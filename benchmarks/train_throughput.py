@@ -6,7 +6,11 @@ each variant (fp32, fp32 channels_last_3d, bf16 autocast) this prints:
 - steps/s through the Lightning Trainer (our SegmentationModule.training_step, DiceCE, AdamW) and
   through a plain PyTorch loop doing the same work, and their ratio;
 - achieved FLOP/s (FLOPs of one forward+backward counted by torch.utils.flop_counter, times
-  steps/s) divided by this machine's fp32 matmul FLOP/s measured in the same run.
+  steps/s) divided by this machine's matmul FLOP/s in the dtype the step computes in, measured
+  in the same run: fp32 rows by the best fp32 GEMM, bf16 rows by the best bf16 GEMM.
+
+The CPU's model and ISA flags are printed with the table: bf16 is fast only on CPUs with
+AVX512_BF16 or AMX, and fp32 kernels differ between AVX2 and AVX-512.
 
 The batch lives in memory, so the numbers measure the training step, not data loading.
 Each timing is the best of ``--repeats`` runs of a model's timed steps after warm-up, alternating
@@ -34,6 +38,8 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data import IterableDataset
 from torch.utils.flop_counter import FlopCounterMode
 
+from volseg.utils.cpu import cpu_description
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 BATCH_SHAPE = (2, 1, 32, 64, 64)
@@ -51,14 +57,15 @@ def _best_rate(fn, flops: float, repeats: int = 10) -> float:
     return flops / best
 
 
-def matmul_flops_per_s(n: int = 2048) -> dict[str, float]:
-    """fp32 matmul FLOP/s of this machine (2 n^3 FLOPs per n x n product), per library.
+def matmul_flops_per_s(dtype: torch.dtype, n: int = 2048) -> dict[str, float]:
+    """Matmul FLOP/s of this machine in ``dtype`` (2 n^3 FLOPs per n x n product), per library.
 
-    torch.mm calls MKL's sgemm, which on AMD CPUs does not reach the chip's peak; oneDNN (the
-    library behind PyTorch's CPU convolutions) gets closer. The peak is the faster of the two.
+    torch.mm calls MKL's sgemm for float32 (on AMD CPUs it does not reach the chip's peak) and
+    oneDNN for bfloat16; oneDNN is also the library behind PyTorch's CPU convolutions. The peak
+    of a dtype is the fastest of them.
     """
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    rates = {"mkl": _best_rate(lambda: a @ b, 2 * n**3)}
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    rates = {"torch.mm": _best_rate(lambda: a @ b, 2 * n**3)}
     if torch.backends.mkldnn.is_available():
         am, bm = a.to_mkldnn(), b.t().contiguous().to_mkldnn()
         rates["onednn"] = _best_rate(lambda: torch._C._nn.mkldnn_linear(am, bm, None), 2 * n**3)
@@ -164,21 +171,24 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    rates = matmul_flops_per_s()
-    peak = max(rates.values())
-    print(
-        f"machine: {os.cpu_count()} CPU threads, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} intra-op threads"
-    )
-    per_library = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in rates.items())
-    print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s (2048x2048, best of 10; {per_library})")
+    print(f"CPU: {cpu_description()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads")
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        rates = matmul_flops_per_s(dtype)
+        peaks[name] = max(rates.values())
+        per_library = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in rates.items())
+        print(
+            f"{name} matmul peak: {peaks[name] / 1e9:.0f} GFLOP/s "
+            f"(2048x2048, best of 10; {per_library})"
+        )
     print(
         f"batch {'x'.join(map(str, BATCH_SHAPE))}, timed steps after {args.warmup} warm-up, "
         f"best of {args.repeats}\n"
     )
     header = (
         f"{'model':<11} {'variant':<30} {'Lightning it/s':>14} {'plain it/s':>10} "
-        f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
+        f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of dtype peak':>13}"
     )
     print(header)
     print("-" * len(header))
@@ -209,10 +219,11 @@ def main() -> None:
                     ),
                 )
             achieved = flops / lightning_best
+            peak = peaks["bf16" if autocast else "fp32"]
             print(
                 f"{model:<11} {variant:<30} {1 / lightning_best:>14.2f} {1 / plain_best:>10.2f} "
                 f"{plain_best / lightning_best:>6.3f} {flops / 1e9:>10.1f} "
-                f"{achieved / 1e9:>8.1f} {achieved / peak:>7.2f}",
+                f"{achieved / 1e9:>8.1f} {achieved / peak:>13.2f}",
                 flush=True,
             )
 

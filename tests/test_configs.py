@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import hydra
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
 from volseg.training import train
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+from volseg.utils.precision import resolve_trainer_precision
 
 
 def _choices(group: str) -> list[str]:
@@ -29,6 +31,7 @@ def test_cpu_trainer_and_callbacks_build(tmp_path):
     callbacks = instantiate_callbacks(cfg.callbacks)
     names = {type(c).__name__ for c in callbacks}
     assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "RichModelSummary"} <= names
+    resolve_trainer_precision(cfg)  # Lightning knows no `auto` precision
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
     assert trainer.max_epochs == cfg.trainer.max_epochs
 
@@ -107,3 +110,40 @@ def test_fsdp_config_builds_its_strategy(tmp_path):
 
     cfg = compose_config("train", tmp_path, ["trainer=fsdp"])
     assert isinstance(hydra.utils.instantiate(cfg.trainer.strategy), FSDPStrategy)
+
+
+# Lightning Trainer arguments its users type without `+` (declared in trainer/default.yaml)
+TRAINER_OVERRIDES = {
+    "max_steps": "1",
+    "val_check_interval": "1",
+    "fast_dev_run": "true",
+    "limit_test_batches": "1",
+    "benchmark": "false",
+    "profiler": "simple",
+    "enable_progress_bar": "false",
+}
+
+
+@pytest.mark.parametrize("key", list(TRAINER_OVERRIDES))
+def test_lightning_trainer_arguments_are_plain_overrides(tmp_path, key):
+    value = TRAINER_OVERRIDES[key]
+    cfg = compose_config("train", tmp_path, ["trainer=cpu", f"trainer.{key}={value}"])
+    assert str(cfg.trainer[key]).lower() == value
+    resolve_trainer_precision(cfg)
+    hydra.utils.instantiate(cfg.trainer, logger=False)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [f"trainer.{k}={v}" for k, v in TRAINER_OVERRIDES.items() if k != "fast_dev_run"],
+        ["trainer.fast_dev_run=true"],
+    ],
+    ids=["max_steps_and_others", "fast_dev_run"],
+)
+def test_trainer_overrides_train_one_step(small_dataset, tmp_path, overrides):
+    cfg = compose_config("train", tmp_path, [*tiny_train_overrides(small_dataset), *overrides])
+    metrics = train(cfg)
+    assert "train/loss" in metrics
+    if "trainer.max_steps=1" in overrides:
+        assert json.loads((tmp_path / "summary.json").read_text())["global_step"] == 1

@@ -1,7 +1,10 @@
 import hydra
+import pytest
 import torch
 
 from tests.conftest import SMALL_PATCH
+from volseg.utils.entry import user_error
+from volseg.utils.errors import UserInputError
 
 
 def test_batches_have_patch_shape_and_every_class_is_sampled(train_cfg):
@@ -37,18 +40,62 @@ def test_synthetic_dataset_is_generated_only_at_its_own_root(train_cfg, tmp_path
 def test_epoch_seeded_sampler_shards_by_rank_and_changes_with_the_epoch(monkeypatch):
     from volseg.data.sampling import EpochSeededSampler
 
-    seen = []
-    sampler = EpochSeededSampler(10, seed=3, on_epoch=seen.append)
+    sampler = EpochSeededSampler(10, seed=3)
     sampler.set_epoch(0)
     first = list(sampler)
-    assert sorted(first) == list(range(10)) and len(sampler) == 10
+    assert sorted(i for i, _ in first) == list(range(10)) and len(sampler) == 10
+    assert len({seed for _, seed in first}) == 10  # each item its own augmentation seed
     sampler.set_epoch(1)
-    assert list(sampler) != first and len(seen) == 2 and seen[0] != seen[1]
+    assert list(sampler) != first
     sampler.set_epoch(0)
     assert list(sampler) == first  # a function of (seed, epoch) only
     shards = []
     for rank in (0, 1, 2):
         monkeypatch.setattr(EpochSeededSampler, "_shard", lambda self, r=rank: (r, 3))
-        shards.append(list(sampler))
+        shards.append([i for i, _ in sampler])
     assert [len(s) for s in shards] == [4, 4, 4]
     assert set().union(*shards) == set(range(10))
+
+
+def _epoch_batches(datamodule, epoch: int) -> list[dict]:
+    loader = datamodule.train_dataloader()
+    loader.sampler.set_epoch(epoch)
+    return list(loader)
+
+
+def test_patches_do_not_depend_on_loader_workers(train_cfg):
+    """Item seeds travel with the indices: 0 workers, or 2 persistent ones, give the same
+    patches and augmentations, epoch after epoch (exact resume needs this)."""
+    batches = {}
+    for workers in (0, 2):
+        datamodule = hydra.utils.instantiate(
+            train_cfg.data, num_workers=workers, persistent_workers=True
+        )
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        batches[workers] = _epoch_batches(datamodule, 0) + _epoch_batches(datamodule, 1)
+    assert len(batches[0]) == len(batches[2]) == 4
+    for a, b in zip(batches[0], batches[2], strict=True):
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    assert not torch.equal(batches[0][0]["image"], batches[0][2]["image"])  # epochs differ
+
+
+def test_loader_options_follow_the_device(monkeypatch):
+    from volseg.data import loader_options
+    from volseg.data.loader_options import LoaderOptions, resolve_loader_options
+
+    monkeypatch.setattr(loader_options, "available_cores", lambda: 16)
+    assert resolve_loader_options("auto", "auto", "auto", "cuda") == LoaderOptions(8, True, True)
+    assert resolve_loader_options("auto", "auto", "auto", "cuda", 4) == LoaderOptions(3, True, True)
+    assert resolve_loader_options("auto", "auto", "auto", "cpu") == LoaderOptions(0, False, False)
+    assert resolve_loader_options(2, False, "auto", "cuda") == LoaderOptions(2, False, True)
+    monkeypatch.setattr(loader_options, "available_cores", lambda: 1)
+    assert resolve_loader_options("auto", "auto", "auto", "cuda").num_workers == 1
+
+
+def test_bad_loader_option_names_the_key(train_cfg):
+    with pytest.raises(Exception) as raised:  # Hydra wraps it; the entry point unwraps it
+        hydra.utils.instantiate(train_cfg.data, num_workers=-1)
+    err = user_error(raised.value)
+    assert isinstance(err, UserInputError)
+    assert str(err) == "data.num_workers=-1: expected auto or a number >= 0"

@@ -19,16 +19,17 @@ from volseg.utils.sweep import COLUMNS, record_job
 
 
 def _multirun(
-    data_root: Path, sweep_dir: Path, *overrides: str, env=None
+    data_root: Path, sweep_dir: Path, *overrides: str, env=None, widths: str | None = "[4,8]"
 ) -> subprocess.CompletedProcess:
-    """`python train.py -m ...` with a 2-step, 4-8 channel job per choice; must exit 0."""
+    """`python train.py -m ...` with a 2-step job per choice (a 4-8 channel network unless
+    ``widths`` is None); must exit 0."""
     result = subprocess.run(
         [
             sys.executable,
             "train.py",
             "-m",
             *overrides,
-            "model.net.widths=[4,8]",
+            *([f"model.net.widths={widths}"] if widths else []),
             f"data.root={data_root}",
             "trainer.max_epochs=1",
             "trainer.check_val_every_n_epoch=1",
@@ -153,3 +154,24 @@ def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
     assert fits["status"] == "ok"
     assert over["status"] == "pruned" and "memory.budget=12MiB" in over["error"]
     assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
+
+
+def test_every_experiment_runs_one_batch_as_lightning_hydra_template_tests_it(
+    small_dataset, tmp_path
+):
+    """`python train.py -m "experiment=glob(*)" ++trainer.fast_dev_run=true logger=[]`."""
+    sweep_dir = tmp_path / "sweep"
+    _multirun(
+        small_dataset,
+        sweep_dir,
+        "experiment=glob(*)",
+        "++trainer.fast_dev_run=true",
+        "logger=[]",
+        "data.patch_size=[16,32,32]",
+        widths=None,
+    )
+    experiments = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(experiments)
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]

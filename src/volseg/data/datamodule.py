@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from monai.data import CacheDataset, list_data_collate, worker_init_fn
-from monai.transforms import Compose, Randomizable
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from monai.data import CacheDataset, list_data_collate
+from monai.transforms import Compose
+from torch.utils.data import DataLoader, DistributedSampler
 
 from volseg.data.cases import (
     Case,
@@ -23,7 +22,12 @@ from volseg.data.cases import (
     find_inputs,
     split_cases,
 )
-from volseg.data.sampling import EpochSeededSampler
+from volseg.data.loader_options import (
+    LoaderOptions,
+    check_loader_options,
+    resolve_loader_options,
+)
+from volseg.data.sampling import EpochSeededSampler, SeededItems
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.utils.errors import UserInputError
@@ -50,8 +54,10 @@ class VolumeDataModule(LightningDataModule):
             (``None``: ``splits.json`` if present, else fold 0).
         class_ratios: sampling weight per class for patch centres (``None``: equal).
         class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
-        num_workers, pin_memory, cache_rate: loader settings; cached volumes are kept after
-            loading and normalization (before the random transforms).
+        num_workers, pin_memory, persistent_workers: loader settings, each a value or ``auto``
+            (from the device: see :func:`volseg.data.loader_options.resolve_loader_options`).
+        cache_rate: fraction of the volumes kept in memory after loading and normalization
+            (before the random transforms).
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
@@ -76,8 +82,9 @@ class VolumeDataModule(LightningDataModule):
         fold: int | None = None,
         class_ratios: Sequence[float] | None = None,
         class_names: Sequence[str] | None = None,
-        num_workers: int = 0,
-        pin_memory: bool = False,
+        num_workers: int | str = "auto",
+        pin_memory: bool | str = "auto",
+        persistent_workers: bool | str = "auto",
         cache_rate: float = 1.0,
         synthetic: dict[str, Any] | None = None,
         check_only: bool = False,
@@ -95,20 +102,20 @@ class VolumeDataModule(LightningDataModule):
         self.fold = fold
         self.class_ratios = class_ratios
         self._class_names = list(class_names) if class_names is not None else None
+        check_loader_options(num_workers, pin_memory, persistent_workers)
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
         self.cache_rate = cache_rate
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
-        self._train_cache: CacheDataset | None = None
-        self._train_ds: Subset | None = None
+        self._train_ds: SeededItems | None = None
         self._val_ds: CacheDataset | None = None
         self._checked = False
         self._seed = 0
-        self._loader_generator = torch.Generator()
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
@@ -209,7 +216,7 @@ class VolumeDataModule(LightningDataModule):
                 self.patch_size, self.num_classes, self.class_ratios, **self.load_options
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
-            self._train_cache = CacheDataset(
+            cache = CacheDataset(
                 [c.as_dict() for c in self.train_cases],
                 transform,
                 cache_rate=self.cache_rate,
@@ -218,7 +225,7 @@ class VolumeDataModule(LightningDataModule):
             )
             # every volume appears samples_per_volume times per epoch without caching it twice
             indices = list(range(len(self.train_cases))) * self.samples_per_volume
-            self._train_ds = Subset(self._train_cache, indices)
+            self._train_ds = SeededItems(cache, indices)
         if self._val_ds is None:
             self._val_ds = CacheDataset(
                 [c.as_dict() for c in self.val_cases],
@@ -228,39 +235,41 @@ class VolumeDataModule(LightningDataModule):
                 progress=False,
             )
 
+    def loader_options(self) -> LoaderOptions:
+        """``num_workers``/``pin_memory``/``persistent_workers`` for the trainer's device."""
+        trainer = self.trainer
+        device = trainer.strategy.root_device.type if trainer is not None else "cpu"
+        devices = trainer.num_devices if trainer is not None else 1
+        return resolve_loader_options(
+            self.num_workers, self.pin_memory, self.persistent_workers, device, devices
+        )
+
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochSeededSampler(len(self._train_ds), self._seed, self._seed_epoch)
-        sampler.set_epoch(0)  # Lightning calls set_epoch again before every epoch
+        sampler = EpochSeededSampler(len(self._train_ds), self._seed)
+        options = self.loader_options()
+        log.info("Training loader: %s", options)
         return DataLoader(
             self._train_ds,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            num_workers=options.num_workers,
+            pin_memory=options.pin_memory,
+            persistent_workers=options.persistent_workers,
             collate_fn=list_data_collate,
-            # workers are re-made each epoch and seeded from this epoch's generator
-            generator=self._loader_generator,
-            worker_init_fn=worker_init_fn,
+            # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
+            generator=torch.Generator().manual_seed(self._seed),
         )
 
     def val_dataloader(self) -> DataLoader:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        options = self.loader_options()
         return DataLoader(
             self._val_ds,
             # under DDP (use_distributed_sampler=false) each rank validates its share
             sampler=DistributedSampler(self._val_ds, shuffle=False) if distributed else None,
             batch_size=1,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            num_workers=options.num_workers,
+            pin_memory=options.pin_memory,
+            persistent_workers=options.persistent_workers,
             collate_fn=list_data_collate,
         )
-
-    def _seed_epoch(self, epoch_seed: int) -> None:
-        """Seed the random transforms (in-process) and the loader (workers) for one epoch."""
-        self._loader_generator.manual_seed(epoch_seed)
-        rng = np.random.RandomState(epoch_seed % 2**32)
-        # never bool()/len() a MONAI Compose: its __len__ builds a flattened Compose, whose
-        # constructor re-seeds every child transform at random
-        for t in self._train_cache.transform.transforms:
-            if isinstance(t, Randomizable):
-                t.set_random_state(seed=int(rng.randint(2**31)))

@@ -1,30 +1,32 @@
-"""Epoch-seeded shuffling: each epoch's patch order and augmentations follow from (seed, epoch)."""
+"""Epoch-seeded sampling: each epoch's patch order and augmentations follow from (seed, epoch)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
-from torch.utils.data import Sampler
+from monai.transforms import Compose, Randomizable
+from torch.utils.data import Dataset, Sampler
 
 
-class EpochSeededSampler(Sampler[int]):
-    """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch.
+class EpochSeededSampler(Sampler[tuple[int, int]]):
+    """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch; yields
+    ``(index, item_seed)``.
 
-    Lightning calls :meth:`set_epoch` before every training epoch (as for DistributedSampler);
-    ``on_epoch(epoch_seed)`` then re-seeds whatever else is random in the epoch (the transforms).
-    Because nothing carries over between epochs, a run resumed at epoch ``e`` draws exactly the
-    patches an uninterrupted run draws at epoch ``e``, whatever the loop did before. Under DDP it
-    shards itself by rank (configs set ``trainer.use_distributed_sampler=false``, since Lightning's
-    wrapper around a custom sampler would not pass ``set_epoch`` on).
+    Lightning calls :meth:`set_epoch` before every training epoch (as for DistributedSampler).
+    Each item's seed is drawn from (seed, epoch) too and travels with its index to whichever
+    process loads it (this one, or a loader worker, persistent or not), where
+    :class:`SeededItems` seeds the random transforms with it. A patch and its augmentations are
+    thus a function of (seed, epoch, position) only: a run resumed at epoch ``e`` draws exactly
+    the patches an uninterrupted run draws there, with any number of loader workers. Under DDP
+    it shards itself by rank (configs set ``trainer.use_distributed_sampler=false``, since
+    Lightning's wrapper around a custom sampler would not pass ``set_epoch`` on).
     """
 
-    def __init__(
-        self, num_items: int, seed: int, on_epoch: Callable[[int], None] | None = None
-    ) -> None:
+    def __init__(self, num_items: int, seed: int) -> None:
         self.num_items = num_items
         self.seed = seed
-        self.on_epoch = on_epoch
         self.epoch = 0
 
     def epoch_seed(self) -> int:
@@ -32,8 +34,6 @@ class EpochSeededSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if self.on_epoch is not None:
-            self.on_epoch(self.epoch_seed())
 
     def _shard(self) -> tuple[int, int]:
         """(rank, world size): under DDP each rank takes every world-size-th index."""
@@ -41,12 +41,46 @@ class EpochSeededSampler(Sampler[int]):
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         generator = torch.Generator().manual_seed(self.epoch_seed())
         order = torch.randperm(self.num_items, generator=generator).tolist()
+        seeds = torch.randint(0, 2**31 - 1, (self.num_items,), generator=generator).tolist()
+        pairs = list(zip(order, seeds, strict=True))
         rank, world = self._shard()
-        order += order[: len(self) * world - len(order)]  # equal shares, as DistributedSampler
-        yield from order[rank::world]
+        pairs += pairs[: len(self) * world - len(pairs)]  # equal shares, as DistributedSampler
+        yield from pairs[rank::world]
 
     def __len__(self) -> int:
         return -(-self.num_items // self._shard()[1])
+
+
+def seed_random_transforms(transform: Compose, seed: int) -> None:
+    """Give every random transform of ``transform`` its own state drawn from ``seed``."""
+    rng = np.random.RandomState(seed)
+    # never bool()/len() a MONAI Compose: its __len__ builds a flattened Compose, whose
+    # constructor re-seeds every child transform at random
+    for t in transform.transforms:
+        if isinstance(t, Randomizable):
+            t.set_random_state(seed=int(rng.randint(2**31)))
+
+
+class SeededItems(Dataset):
+    """``dataset[indices[i]]`` for the key ``(i, seed)``, its random transforms seeded first.
+
+    Args:
+        dataset: a MONAI ``CacheDataset`` (or any dataset with a ``transform`` Compose applied
+            in ``__getitem__``).
+        indices: the dataset index of each position (a volume may appear several times).
+    """
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int]) -> None:
+        self.dataset = dataset
+        self.indices = list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict:
+        position, seed = key
+        seed_random_transforms(self.dataset.transform, seed)
+        return self.dataset[self.indices[position]]

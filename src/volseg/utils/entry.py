@@ -52,7 +52,8 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     multirun = in_multirun()
     try:
         result = task(cfg)
-    except Exception as err:
+    except Exception as raised:
+        err = user_error(raised) or raised
         close_wandb()
         if multirun:
             status = job_status(err)
@@ -73,6 +74,16 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
+
+
+def user_error(err: BaseException) -> UserInputError | None:
+    """The :class:`UserInputError` behind ``err``: Hydra's ``instantiate`` wraps what a
+    constructor raises in its own InstantiationException."""
+    while err is not None:
+        if isinstance(err, UserInputError):
+            return err
+        err = err.__cause__
+    return None
 
 
 def close_wandb() -> None:
