@@ -247,7 +247,14 @@ class VolumeDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSeededSampler(len(self._train_ds), self._seed)
         options = self.loader_options()
-        log.info("Training loader: %s", options)
+        log.info(
+            "Training loader: %d worker(s), pin_memory=%s, persistent_workers=%s "
+            "(data.num_workers=%s)",
+            options.num_workers,
+            options.pin_memory,
+            options.persistent_workers,
+            self.num_workers,
+        )
         return DataLoader(
             self._train_ds,
             batch_size=self.batch_size,
