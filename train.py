@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from volseg.utils.entry import run_task, set_project_root
+from volseg.utils.entry import run_main, run_task, set_project_root
 
 set_project_root(__file__)
 
@@ -17,4 +17,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -6,13 +6,13 @@ import json
 import logging
 from pathlib import Path
 
-import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
-from volseg.utils.instantiate import instantiate_loggers
+from volseg.utils.entry import seed_everything
+from volseg.utils.instantiate import build, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     data_cfg = OmegaConf.merge(run_cfg.data, command_line_overrides("data"))
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
+    seed_everything(cfg)
 
-    datamodule: L.LightningDataModule = hydra.utils.instantiate(data_cfg)
+    datamodule: L.LightningDataModule = build(data_cfg, "data")
     datamodule.prepare_data()
     datamodule.check()
     model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
@@ -38,8 +37,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     writer = ValidationPredictionWriter(cfg.predictions_dir)
     resolve_trainer_precision(cfg)
-    trainer: L.Trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
+    trainer: L.Trainer = build(
+        cfg.trainer, "trainer", callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
     )
     results = trainer.validate(model=model, datamodule=datamodule)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from volseg.data.io import (
 from volseg.data.transforms import to_shape
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import instantiate_callbacks
+from volseg.utils.instantiate import build, instantiate_callbacks
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -204,14 +203,14 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     in_channels = int(OmegaConf.select(model_cfg, "net.in_channels", default=1))
     num_classes = int(OmegaConf.select(model_cfg, "net.num_classes", default=model.num_classes))
 
-    datamodule = hydra.utils.instantiate(data_cfg)
+    datamodule = build(data_cfg, "data")
     cases = datamodule.predict_cases(cfg.input, in_channels)
     output_dir = Path(cfg.output)
     targets = {c.name: output_targets(c.name, output_dir, cfg.write_probabilities) for c in cases}
     check_outputs(cases, targets, output_dir, cfg.overwrite)
 
     roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
-    inferer = hydra.utils.instantiate(cfg.inferer, roi_size=roi_size)
+    inferer = build(cfg.inferer, "inferer", roi_size=roi_size)
     predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
     writer = VolumeWriter(cases, targets)
     loader = DataLoader(
@@ -222,7 +221,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     resolve_trainer_precision(cfg)
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
+    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=False)
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",
         len(cases),

@@ -7,15 +7,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.estimation import check_memory_budget
 from volseg.models.unet import check_patch_poolable
-from volseg.utils.entry import print_config
+from volseg.utils.checkpoint import check_weights_fit, load_run_config
+from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+from volseg.utils.instantiate import build, instantiate_callbacks, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -68,16 +68,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
-    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
-        raise UserInputError(f"ckpt_path={cfg.ckpt_path}: file not found")
+    seed_everything(cfg)
+    # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
+    checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
 
     check_strategy_installed(cfg.trainer.get("strategy"))
     check_patch_fits_network(cfg)
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
-    datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    datamodule: L.LightningDataModule = build(cfg.data, "data")
     datamodule.prepare_data()
     datamodule.check()
     take_shape_from_data(cfg, datamodule)
@@ -89,13 +88,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     precision = resolve_trainer_precision(cfg)
 
     log.info("Instantiating model <%s>", cfg.model._target_)
-    model: L.LightningModule = hydra.utils.instantiate(cfg.model)
+    model: L.LightningModule = build(cfg.model, "model")
     model.run_config = OmegaConf.to_container(cfg, resolve=True)
     model.precision_choice = precision.as_dict()
+    if checkpoint is not None:
+        check_weights_fit(model, checkpoint, cfg.model, cfg.ckpt_path)
+        del checkpoint  # Lightning loads it again to restore the whole training state
 
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
     loggers = instantiate_loggers(cfg.get("logger"))
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
     for logger in trainer.loggers:
         logger.log_hyperparams(model.run_config)
 

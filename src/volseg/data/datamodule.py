@@ -118,6 +118,13 @@ class VolumeDataModule(LightningDataModule):
         self._seed = 0
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
+        for key, value in (("batch_size", batch_size), ("samples_per_volume", samples_per_volume)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserInputError(f"data.{key}={value}: expected a whole number >= 1")
+        if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
+            raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
+        if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
+            raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
         if in_channels != 1 and not self.multichannel:

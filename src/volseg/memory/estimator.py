@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from torch import nn
@@ -45,6 +44,7 @@ from volseg.memory.events import RecordingMemTracker, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.workspace import cpu_workspace
 from volseg.utils.errors import UserInputError
+from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ def build_training_step(
     precision = _precision(cfg, device)
     cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
-    module = hydra.utils.instantiate(cfg.model)
+    module = build(cfg.model, "model")
     module.train()
     if precision in TRUE:
         module = module.to(TRUE[precision])

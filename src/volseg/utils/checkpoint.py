@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.utils.errors import UserInputError
+from volseg.utils.instantiate import build
 
 # mismatches listed in the error message (the rest are counted)
 MAX_LISTED = 6
@@ -63,12 +63,19 @@ def weight_mismatches(
 def load_model(
     checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
 ) -> LightningModule:
-    """Build ``model_cfg`` and load the checkpoint's weights into it.
+    """Build ``model_cfg`` and load the checkpoint's weights into it (see
+    :func:`check_weights_fit` for the error when they do not fit)."""
+    model: LightningModule = build(model_cfg, "model")
+    check_weights_fit(model, checkpoint, model_cfg, ckpt_path)
+    model.load_state_dict(checkpoint.get("state_dict", {}))
+    return model
 
-    Raises :class:`UserInputError` listing the mismatched tensors (shape, missing, unexpected) when
-    the config builds a different network than the one that was trained.
-    """
-    model: LightningModule = hydra.utils.instantiate(model_cfg)
+
+def check_weights_fit(
+    model: LightningModule, checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
+) -> None:
+    """Raise :class:`UserInputError` listing the mismatched tensors (shape, missing, unexpected)
+    when ``model`` is a different network than the one whose weights ``checkpoint`` holds."""
     state = checkpoint.get("state_dict", {})
     problems = weight_mismatches(model.state_dict(), state)
     if problems:
@@ -83,5 +90,3 @@ def load_model(
             "network",
             shown,
         )
-    model.load_state_dict(state)
-    return model

@@ -9,14 +9,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import rich.syntax
 import rich.tree
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.errors import UserInputError
 from volseg.utils.sweep import in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
+
+# the command shape of each entry point (by task_name), shown when a mandatory value is missing
+USAGE = {
+    "train": "python train.py [key=value ...]",
+    "eval": "python eval.py ckpt_path=PATH [data.root=DIR] [predictions_dir=DIR]",
+    "predict": "python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR",
+    "estimate": "python estimate_memory.py [train.py overrides] [estimate.json_out=FILE]",
+}
+
+# set when the entry point's task starts: an error before it is Hydra's (composing the config)
+_task_started = False
+
+
+def run_main(main: Callable[[], Any]) -> None:
+    """Call a ``@hydra.main`` function. Hydra reports a bad override (an unknown key, a value
+    that does not parse, a missing config file) as one message, but with exit code 1: it becomes
+    2 like every other user mistake; a failure inside the task keeps its own code."""
+    try:
+        main()
+    except SystemExit as done:
+        if done.code == 1 and not _task_started:
+            sys.exit(2)
+        raise
 
 
 def set_project_root(entry_file: str) -> Path:
@@ -49,11 +74,14 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
     such a job returns ``None`` (the Optuna sweeper records a trial without a value as failed).
     """
+    global _task_started
+    _task_started = True
     multirun = in_multirun()
     try:
+        check_mandatory(cfg)
         result = task(cfg)
     except Exception as raised:
-        err = user_error(raised) or raised
+        err = user_error(raised) or missing_value_error(raised, cfg) or raised
         close_wandb()
         if multirun:
             status = job_status(err)
@@ -74,6 +102,38 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
+
+
+def check_mandatory(cfg: DictConfig) -> None:
+    """One error naming every top-level ``???`` value the command line did not set."""
+    missing = [str(k) for k in cfg if OmegaConf.is_missing(cfg, k)]
+    if missing:
+        raise UserInputError(
+            f"missing {', '.join(f'{k}=' for k in missing)}: no default, set it on the command "
+            f"line: {USAGE.get(str(cfg.get('task_name')), 'key=value')}"
+        )
+
+
+def missing_value_error(err: BaseException, cfg: DictConfig) -> UserInputError | None:
+    """OmegaConf's ``MissingMandatoryValue`` (a ``???`` value read by the task, e.g. ``data.root``
+    of ``data=folder``) as a :class:`UserInputError` naming the key."""
+    while err is not None and not isinstance(err, MissingMandatoryValue):
+        err = err.__cause__ or err.__context__
+    if err is None:
+        return None
+    key = getattr(err, "full_key", None) or "a value"
+    usage = USAGE.get(str(cfg.get("task_name")), "key=value")
+    return UserInputError(f"{key}: no value (???); set it on the command line: {usage} {key}=...")
+
+
+def seed_everything(cfg: DictConfig) -> None:
+    """Seed Python, NumPy and torch (and loader workers) with ``seed`` unless it is null."""
+    seed = cfg.get("seed")
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserInputError(f"seed={seed}: expected a whole number >= 0, or null")
+    L.seed_everything(seed, workers=True)
 
 
 def user_error(err: BaseException) -> UserInputError | None:

@@ -3,26 +3,100 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+from volseg.utils.errors import UserInputError
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
 
+# what a constructor raises about a value it was given: at the config boundary, the user's mistake
+CONFIG_VALUE_ERRORS = (
+    ValueError,
+    TypeError,
+    MisconfigurationException,
+    InstantiationException,
+    OmegaConfBaseException,
+)
 
-def _instantiate_group(cfg: DictConfig | None, kind: str) -> list:
+
+def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(cfg, **kwargs)`` for the config node at ``key`` (e.g. ``model``).
+
+    A constructor's complaint about a value (``ValueError``, ``TypeError``, Lightning's
+    ``MisconfigurationException``, a ``_target_`` that does not import) becomes one
+    :class:`UserInputError` naming the key, so that the entry point reports it in one line.
+    """
+    try:
+        return hydra.utils.instantiate(cfg, **kwargs)
+    except Exception as err:
+        translated = config_error(err, key, cfg)
+        if translated is None:
+            raise
+        raise translated from err
+
+
+def config_error(
+    err: BaseException, key: str, cfg: DictConfig | None = None
+) -> UserInputError | None:
+    """The :class:`UserInputError` for ``err`` raised while building the node ``cfg`` at ``key``;
+    ``None`` when it is not about a config value (a bug, out of memory: left as it is)."""
+    chain: list[BaseException] = []
+    while err is not None and err not in chain:
+        if isinstance(err, UserInputError):
+            return err
+        chain.append(err)
+        err = err.__cause__
+    not_found = [e for e in chain if str(e).startswith("Error locating target")]
+    if not_found:
+        cause = not_found[0]  # a _target_ that does not import
+    elif isinstance(chain[-1], CONFIG_VALUE_ERRORS):
+        cause = chain[-1]
+    else:
+        return None
+    message = str(cause).split("\nfull_key:")[0]
+    message = message.split(", set env var HYDRA_FULL_ERROR")[0].replace("\n", " ").strip()
+    message = message or type(cause).__name__
+    if re.match(rf"{re.escape(key)}[.=: ]", message):
+        return UserInputError(message)  # the constructor named the key itself
+    # Hydra's wrapper names the node that failed ("full_key: model.net"); else a key of the node
+    # that the message mentions (Lightning: "Precision '17' is invalid")
+    where = key
+    for e in chain:
+        found = re.search(r"full_key: (\S+)", str(e))
+        if found:
+            where = found.group(1)
+            break
+    if where == key:
+        named = [
+            k
+            for k, v in (cfg or {}).items()
+            if v is not None and re.search(rf"\b{re.escape(str(k))}\b", message, re.IGNORECASE)
+        ]
+        # a key written as an argument ("devices=0") before one merely mentioned ("accelerator")
+        named.sort(key=lambda k: re.search(rf"\b{re.escape(str(k))}\s*=", message) is None)
+        if named:
+            where = f"{key}.{named[0]}={cfg[named[0]]}"
+    return UserInputError(f"{where}: {message}")
+
+
+def _instantiate_group(cfg: DictConfig | None, kind: str, group: str) -> list:
     objects = []
     for name, entry in (cfg or {}).items():
         if isinstance(entry, DictConfig) and "_target_" in entry:
             log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
-            objects.append(hydra.utils.instantiate(entry, **_logger_defaults(kind, entry)))
+            objects.append(build(entry, f"{group}.{name}", **_logger_defaults(kind, entry)))
     return objects
 
 
@@ -41,10 +115,10 @@ def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
 
 def instantiate_callbacks(cfg: DictConfig | None) -> list[Callback]:
     """One callback per entry of the ``callbacks`` group that has a ``_target_``."""
-    return _instantiate_group(cfg, "callback")
+    return _instantiate_group(cfg, "callback", "callbacks")
 
 
 def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:
     """One logger per entry of the ``logger`` group that has a ``_target_``; a W&B logger without
     a ``group`` gets the sweep's name as its group in a multirun."""
-    return _instantiate_group(cfg, "logger")
+    return _instantiate_group(cfg, "logger", "logger")
