@@ -99,13 +99,29 @@ def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
     return est
 
 
+def check_json_out(path: Path, overwrite: bool) -> None:
+    """One clear error, before estimating, when ``estimate.json_out`` cannot or must not be
+    written: a folder, a file in a folder that does not exist, or an existing file."""
+    if path.is_dir():
+        raise UserInputError(
+            f"estimate.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
+        )
+    if not path.parent.is_dir():
+        raise UserInputError(f"estimate.json_out={path}: folder {path.parent} not found")
+    if path.exists() and not overwrite:
+        raise UserInputError(
+            f"estimate.json_out={path}: exists; nothing was written. Pass "
+            "estimate.overwrite=true to replace it, or choose another file"
+        )
+
+
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     """Estimate the step ``train.py`` would run; plan with ``estimate.budget``; write JSON."""
     options = cfg.estimate
     budget = parse_bytes(options.budget, "estimate.budget") if options.budget else None
     json_out = Path(options.json_out) if options.json_out else None
-    if json_out is not None and not json_out.parent.is_dir():
-        raise UserInputError(f"estimate.json_out={json_out}: folder {json_out.parent} not found")
+    if json_out is not None:
+        check_json_out(json_out, bool(options.get("overwrite", False)))
 
     est = estimate(cfg)
     print(format_estimate(est, top=int(options.top)))

@@ -40,8 +40,29 @@ def run_main(main: Callable[[], Any]) -> None:
         main()
     except SystemExit as done:
         if done.code == 1 and not _task_started:
+            name_unparsable_override(sys.argv[1:])
             sys.exit(2)
         raise
+
+
+def name_unparsable_override(args: list[str]) -> None:
+    """Hydra's grammar error ("no viable alternative at input '[1'") does not say which
+    override it is about: name the first one that does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-"):
+            continue  # Hydra's own flags (--multirun, --cfg job)
+        try:
+            parser.parse_override(arg)
+        except Exception:
+            print(
+                f"error: {arg}: not a valid override (key=value; quote values with brackets, "
+                "commas or spaces, e.g. 'data.patch_size=[32,64,64]')",
+                file=sys.stderr,
+            )
+            return
 
 
 def set_project_root(entry_file: str) -> Path:

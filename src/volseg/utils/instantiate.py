@@ -14,7 +14,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.errors import UserInputError
 from volseg.utils.sweep import in_multirun
@@ -58,6 +58,8 @@ def config_error(
             return err
         chain.append(err)
         err = err.__cause__
+    if any(isinstance(e, MissingMandatoryValue) for e in chain):
+        return None  # a ??? value: the entry point names it and shows the command
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
         cause = not_found[0]  # a _target_ that does not import
