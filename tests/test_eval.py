@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import compose_config, tiny_train_overrides
+from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.evaluation import evaluate
 from volseg.training import train
@@ -72,3 +75,43 @@ def test_eval_data_root_override_and_bad_checkpoint(small_dataset, tmp_path):
     cfg = compose_config("eval", tmp_path / "eval2", [f"ckpt_path={junk}"])
     with pytest.raises(UserInputError, match=r"junk.ckpt: not a loadable checkpoint"):
         evaluate(cfg)
+
+
+def test_eval_never_writes_into_the_dataset_nor_over_existing_predictions(small_dataset, tmp_path):
+    data = shutil.copytree(small_dataset, tmp_path / "data")
+    ckpt = _train_once(data, tmp_path / "train")
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    for inside in (data / "labels", data, data / "images" / "new"):
+        cfg = compose_config(
+            "eval", tmp_path / "eval", [f"ckpt_path={ckpt}", f"predictions_dir={inside}"]
+        )
+        with pytest.raises(UserInputError, match=r"inside data.root=.*would change the dataset"):
+            evaluate(cfg)
+    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+
+    out = tmp_path / "preds"
+    out.mkdir()
+    val_names = json.loads((data / "splits.json").read_text())["val"]
+    (out / val_names[0]).write_bytes(b"keep me")
+    args = [f"ckpt_path={ckpt}", f"predictions_dir={out}"]
+    with pytest.raises(UserInputError, match=rf"{val_names[0]}: exists.*") as err:
+        evaluate(compose_config("eval", tmp_path / "eval2", args))
+    assert "overwrite=true" in str(err.value)
+    assert (out / val_names[0]).read_bytes() == b"keep me"
+    assert sorted(p.name for p in out.iterdir()) == [val_names[0]]
+
+    evaluate(compose_config("eval", tmp_path / "eval3", [*args, "overwrite=true"]))
+    assert read_array(out / val_names[0]).max() < 5  # replaced by the prediction
+
+
+def test_predicted_labels_above_255_keep_their_ids(tmp_path):
+    """300 classes: written as uint16, class 299 reads back as 299 (uint8 would wrap it)."""
+    source = tmp_path / "image.nii.gz"
+    write_volume(source, np.zeros((2, 3, 4), np.float32))
+    writer = ValidationPredictionWriter(tmp_path / "out")
+    pred = torch.full((1, 2, 3, 4), 299)
+    batch = {"image_path": [str(source)], "name": ["image.nii.gz"]}
+    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(num_classes=300)
+    writer.on_validation_batch_end(trainer, module, {"pred": pred}, batch, 0)
+    written = read_array(tmp_path / "out" / "image.nii.gz")
+    assert written.dtype == np.uint16 and int(written.max()) == 299

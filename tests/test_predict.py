@@ -159,3 +159,18 @@ def test_bad_inputs_are_named(checkpoint, tmp_path):
     assert "broken.nii.gz: cannot read" in str(err.value)
     assert "two_channels.nii.gz: expected a 3D volume" in str(err.value)
     assert not (tmp_path / "pred").exists()
+
+
+def test_inputs_that_share_an_output_are_named_before_any_work(checkpoint, small_dataset, tmp_path):
+    """a.nii.gz's probabilities and the labels of a_probabilities.nii.gz: the same file."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.nii.gz", "a_probabilities.nii.gz"):
+        shutil.copy(small_dataset / "images" / "case_000.nii.gz", inputs / name)
+    out = tmp_path / "pred"
+    with pytest.raises(UserInputError, match="two inputs would write the same file") as err:
+        _predict(checkpoint, inputs, out, "write_probabilities=true")
+    assert "a_probabilities.nii.gz: the output of a.nii.gz and of a_probabilities.nii.gz" in str(
+        err.value
+    )
+    assert not out.exists() or not any(out.iterdir())

@@ -12,10 +12,37 @@ from omegaconf import DictConfig, OmegaConf
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.entry import seed_everything
+from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
+
+
+def check_predictions_dir(
+    predictions_dir: Path, datamodule: L.LightningDataModule, overwrite: bool, data_root: str
+) -> None:
+    """One error, before any prediction, when ``predictions_dir`` lies inside the dataset (the
+    files written there would change it) or holds predictions of these cases (unless
+    ``overwrite``)."""
+    root = Path(datamodule.root).resolve()
+    target = predictions_dir.resolve()
+    if target == root or root in target.parents:
+        raise UserInputError(
+            f"predictions_dir={predictions_dir}: inside data.root={data_root}; predictions "
+            "written there would change the dataset. Choose a folder outside it"
+        )
+    existing = [
+        f"{predictions_dir / c.name}: exists"
+        for c in datamodule.val_cases
+        if (predictions_dir / c.name).exists()
+    ]
+    if existing and not overwrite:
+        raise UserInputError(
+            f"predictions_dir={predictions_dir}: {len(existing)} prediction file(s) exist; nothing "
+            "was written. Pass overwrite=true to replace them, or choose another folder",
+            existing,
+        )
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -32,6 +59,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = build(data_cfg, "data")
     datamodule.prepare_data()
     datamodule.check()
+    check_predictions_dir(
+        Path(cfg.predictions_dir), datamodule, bool(cfg.get("overwrite", False)), data_cfg.root
+    )
     model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
 

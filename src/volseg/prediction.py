@@ -22,6 +22,7 @@ from monai.inferers import SlidingWindowInferer
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from volseg.callbacks.prediction_writer import label_dtype
 from volseg.data.cases import Case
 from volseg.data.io import (
     HDF5_PREDICTION_KEY,
@@ -136,9 +137,25 @@ def output_targets(name: str, output_dir: Path, probabilities: bool) -> list[Tar
 def check_outputs(
     cases: Sequence[Case], targets: dict[str, list[Target]], output_dir: Path, overwrite: bool
 ) -> None:
-    """One error listing every output that exists (unless ``overwrite``) or would hit an input."""
+    """One error listing every output that two inputs would share, that would hit an input, or
+    that exists (unless ``overwrite``)."""
     inputs = {Path(p).resolve() for c in cases for p in c.image_files}
     planned = list(dict.fromkeys(path for files in targets.values() for path, _ in files))
+    owners: dict[Path, list[str]] = {}
+    for name, files in targets.items():
+        for path in dict.fromkeys(path for path, _ in files):
+            owners.setdefault(path.resolve(), []).append(name)
+    collisions = [
+        f"{path}: the output of {' and of '.join(names)}"
+        for path, names in owners.items()
+        if len(names) > 1
+    ]
+    if collisions:
+        raise UserInputError(
+            f"output={output_dir}: two inputs would write the same file (one result would "
+            "replace the other); nothing was written. Rename or move one of each pair",
+            collisions,
+        )
     hits_input = [f"{p}: is an input file" for p in planned if p.resolve() in inputs]
     if hits_input:
         raise UserInputError(
@@ -178,7 +195,7 @@ class VolumeWriter(BasePredictionWriter):
             affine, shape = geometry["affine"], list(geometry["shape_zyx"])
             if list(probs.shape[1:]) != shape:  # data.spacing resampled it: back to the input's
                 probs = to_shape(probs, shape)
-            dtype = np.uint8 if probs.shape[0] <= 256 else np.uint16
+            dtype = label_dtype(probs.shape[0])
             arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
             targets = self.targets[name]
             for path in dict.fromkeys(path for path, _ in targets):

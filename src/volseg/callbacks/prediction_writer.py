@@ -12,6 +12,11 @@ from volseg.data.io import read_geometry, write_volume
 from volseg.data.transforms import labels_to_shape
 
 
+def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
+    """The smallest unsigned integer type that holds class ids ``0 .. num_classes - 1``."""
+    return np.uint8 if num_classes <= 256 else np.uint16
+
+
 class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
     as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
@@ -43,5 +48,5 @@ class ValidationPredictionWriter(Callback):
             if list(pred.shape) != shape:
                 pred = labels_to_shape(pred, pl_module.num_classes, shape)
             target = self.output_dir / name
-            array = pred.numpy().astype(np.uint8)
+            array = pred.numpy().astype(label_dtype(pl_module.num_classes))
             self.written.append(write_volume(target, array, affine=geometry["affine"]))
