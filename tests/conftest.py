@@ -39,6 +39,7 @@ def compose_config(
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)
         cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.hydra.run.dir = str(output_dir)  # not a new folder under logs/ when resolved
         cfg.hydra.job.num = 0
         cfg.hydra.job.id = 0
     HydraConfig().set_config(cfg)

@@ -87,11 +87,11 @@ TABLE = [
     ("train", ["ckpt_path={junk}"], "junk.ckpt: not a loadable checkpoint"),
     ("train", ["ckpt_path={foreign}"], "foreign.ckpt: no volseg config"),
     ("train", ["ckpt_path={other_net}"], "other_net.ckpt: its weights do not fit"),
-    ("eval", [], "ckpt_path="),
+    ("eval", [], "no value for ckpt_path (no default); set it on the command line: python eval"),
     ("eval", ["ckpt_path={junk}"], "junk.ckpt: not a loadable checkpoint"),
-    ("eval", ["ckpt_path={dir}"], "ckpt_path="),
-    ("predict", [], "ckpt_path=, input=, output="),
-    ("predict", ["ckpt_path={junk}", "input={data}"], "output="),
+    ("eval", ["ckpt_path={dir}"], "is a folder; give a checkpoint file"),
+    ("predict", [], "no value for ckpt_path, input, output"),
+    ("predict", ["ckpt_path={junk}", "input={data}"], "no value for output"),
     ("predict", ["ckpt_path={dir}/missing.ckpt", "input=x", "output=y"], "missing.ckpt"),
     ("estimate_memory", ["estimate.budget=lots"], "estimate.budget=lots"),
     ("estimate_memory", ["estimate.json_out={dir}/no/such/e.json"], "estimate.json_out="),
@@ -140,7 +140,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
         (["train.py", "data.batchsize=2"], "data.batchsize"),  # a key that does not exist
         (["train.py", "model=unet_huge"], "unet_huge"),  # a config file that does not exist
         (["train.py", "trainer.max_epochs=[1"], "trainer.max_epochs=[1"),  # does not parse
-        (["predict.py", "ckpt_path=x.ckpt"], "input=, output="),
+        (["predict.py", "ckpt_path=x.ckpt"], "no value for input, output"),
         (["train.py", "data.batch_size=0"], "data.batch_size=0"),
     ],
     ids=lambda v: str(v),

@@ -25,6 +25,11 @@ MAX_LISTED = 6
 def load_run_config(ckpt_path: str | Path) -> tuple[dict[str, Any], DictConfig]:
     """The checkpoint (loaded with ``weights_only=True``) and the train config saved in it."""
     path = Path(ckpt_path)
+    if path.is_dir():
+        raise UserInputError(
+            f"ckpt_path={path}: is a folder; give a checkpoint file, e.g. a run's "
+            "checkpoints/last.ckpt"
+        )
     if not path.is_file():
         raise UserInputError(f"ckpt_path={path}: file not found")
     try:

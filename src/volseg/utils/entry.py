@@ -16,9 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.errors import UserInputError
+from volseg.utils.run_dirs import register_run_dir_resolver
 from volseg.utils.sweep import in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
+register_run_dir_resolver()  # ${unique_dir:...} in configs/hydra/default.yaml
 
 # the command shape of each entry point (by task_name), shown when a mandatory value is missing
 USAGE = {
@@ -130,8 +132,8 @@ def check_mandatory(cfg: DictConfig) -> None:
     missing = [str(k) for k in cfg if OmegaConf.is_missing(cfg, k)]
     if missing:
         raise UserInputError(
-            f"missing {', '.join(f'{k}=' for k in missing)}: no default, set it on the command "
-            f"line: {USAGE.get(str(cfg.get('task_name')), 'key=value')}"
+            f"no value for {', '.join(missing)} (no default); set it on the command line: "
+            f"{USAGE.get(str(cfg.get('task_name')), 'key=value')}"
         )
 
 
