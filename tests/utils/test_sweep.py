@@ -19,10 +19,15 @@ from volseg.utils.sweep import COLUMNS, record_job
 
 
 def _multirun(
-    data_root: Path, sweep_dir: Path, *overrides: str, env=None, widths: str | None = "[4,8]"
+    data_root: Path,
+    sweep_dir: Path,
+    *overrides: str,
+    env=None,
+    widths: str | None = "[4,8]",
+    exit_code: int = 0,
 ) -> subprocess.CompletedProcess:
     """`python train.py -m ...` with a 2-step job per choice (a 4-8 channel network unless
-    ``widths`` is None); must exit 0."""
+    ``widths`` is None); must exit with ``exit_code`` (0: no job failed)."""
     result = subprocess.run(
         [
             sys.executable,
@@ -43,13 +48,18 @@ def _multirun(
         timeout=300,
         env=env,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == exit_code, result.stderr[-3000:]
     return result
 
 
 def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    _multirun(small_dataset, sweep_dir, "data.patch_size=[16,32,32],[999,999,999]")
+    result = _multirun(
+        small_dataset, sweep_dir, "data.patch_size=[16,32,32],[999,999,999]", exit_code=1
+    )
+    # the sweep went on, and said at its end which job failed
+    assert "2 job(s), 1 ok, 0 pruned, 1 failed" in result.stdout
+    assert "error: 1 of 2 job(s) failed (job 1)" in result.stderr
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["job"] for r in rows] == ["0", "1"]
@@ -151,7 +161,7 @@ def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
         rows = {r["overrides"]: r for r in csv.DictReader(f)}
     fits = next(r for k, r in rows.items() if "data.batch_size=1" in k)
     over = next(r for k, r in rows.items() if "data.batch_size=16" in k)
-    assert fits["status"] == "ok"
+    assert fits["status"] == "ok"  # and the sweep exits 0: a pruned job is no failure
     assert over["status"] == "pruned" and "memory.budget=12MiB" in over["error"]
     assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
 

@@ -17,7 +17,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.errors import UserInputError
 from volseg.utils.run_dirs import register_run_dir_resolver
-from volseg.utils.sweep import in_multirun, is_global_zero, job_status, record_job
+from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
 register_run_dir_resolver()  # ${unique_dir:...} in configs/hydra/default.yaml
@@ -37,7 +37,8 @@ _task_started = False
 def run_main(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function. Hydra reports a bad override (an unknown key, a value
     that does not parse, a missing config file) as one message, but with exit code 1: it becomes
-    2 like every other user mistake; a failure inside the task keeps its own code."""
+    2 like every other user mistake; a failure inside the task keeps its own code. A multirun
+    in which any job failed exits with code 1 (pruned jobs are no failure)."""
     try:
         main()
     except SystemExit as done:
@@ -45,6 +46,8 @@ def run_main(main: Callable[[], Any]) -> None:
             name_unparsable_override(sys.argv[1:])
             sys.exit(2)
         raise
+    if failed_jobs:
+        sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
 
 
 def name_unparsable_override(args: list[str]) -> None:

@@ -5,16 +5,22 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from volseg.utils.errors import TrialPruned
+
+SUMMARY_FILE = "sweep_summary.csv"
+# set by SweepSummary when a job of the sweep failed: the entry point then exits with code 1
+failed_jobs: list[str] = []
 
 COLUMNS = [
     "job",
@@ -62,7 +68,7 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
         else " | ".join(f"{type(error).__name__}: {error}".splitlines())[:500],
         "run_dir": str(run_dir),
     }
-    path = Path(hydra_cfg.sweep.dir) / "sweep_summary.csv"
+    path = Path(hydra_cfg.sweep.dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f, _locked(f):
         # parallel launchers (joblib, SLURM) run jobs in separate processes: one writer at a time,
@@ -89,3 +95,52 @@ def _locked(f: IO[str]) -> Iterator[None]:
         f.flush()
     finally:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
+    """The rows of ``<sweep_dir>/sweep_summary.csv`` (none when no job got to write one)."""
+    path = Path(sweep_dir) / SUMMARY_FILE
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def format_summary(rows: list[dict[str, str]], sweep_dir: Path) -> str:
+    """A text table of the sweep's jobs: status, best validation Dice, overrides, error."""
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "pruned", "failed")}
+    lines = [
+        f"Sweep {sweep_dir}: {len(rows)} job(s), "
+        + ", ".join(f"{n} {status}" for status, n in counts.items()),
+        f"  {'job':>4}  {'status':<7} {'best dice':>9}  overrides / error",
+    ]
+    for r in sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else -1):
+        lines.append(
+            f"  {r['job']:>4}  {r['status']:<7} {r['best_val_dice_mean'] or '-':>9}  "
+            f"{r['overrides']}"
+        )
+        if r["error"]:
+            lines.append(f"  {'':>4}  {'':<7} {'':>9}  {r['error'][:200]}")
+    return "\n".join(lines)
+
+
+class SweepSummary(Callback):
+    """Hydra callback (``hydra.callbacks``): at the end of a multirun, print the table of its jobs
+    from ``sweep_summary.csv`` and note failed jobs, so that the entry point exits with code 1
+    (pruned jobs are no failure)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        rows = read_summary(sweep_dir)
+        if not rows:
+            return
+        print(format_summary(rows, sweep_dir), flush=True)
+        failed = [r["job"] for r in rows if r["status"] == "failed"]
+        failed_jobs.extend(failed)
+        if failed:
+            print(
+                f"error: {len(failed)} of {len(rows)} job(s) failed (job {', '.join(failed)}); "
+                f"see the error column of {sweep_dir / SUMMARY_FILE}",
+                file=sys.stderr,
+                flush=True,
+            )
