@@ -1,11 +1,16 @@
-"""hparams_search=optuna: the composed study, and a 2-trial sweep that survives a failing trial."""
+"""hparams_search=optuna: the composed study, a 2-trial sweep that survives a failing trial, and
+a stored study that resumes after a kill."""
 
 from __future__ import annotations
 
 import csv
+import os
+import signal
 import subprocess
 import sys
+import time
 
+import optuna
 import pytest
 import yaml
 from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
@@ -78,3 +83,82 @@ def test_optuna_sweep_records_every_trial_and_survives_a_failing_one(small_datas
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert results["best_params"]["data.patch_size"] == "[16,32,32]"
     assert results["best_value"] == pytest.approx(float(rows["ok"]["best_val_dice_mean"]), abs=1e-4)
+
+
+def _sweep_command(log_dir, storage: str, n_trials: int) -> list[str]:
+    """A stored 4-trial study of 1-step trials on the small dataset (every trial trains)."""
+    params = (
+        "hydra.sweeper.params={model.optimizer.lr:'choice(0.003)',"
+        "model.net.widths:'choice([4,8])',data.batch_size:'choice(2)',"
+        "data.patch_size:'choice([16,32,32])'}"
+    )
+    return [
+        sys.executable,
+        "train.py",
+        "hparams_search=optuna",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=resume_me",
+        f"hydra.sweeper.n_trials={n_trials}",
+        params,
+        f"paths.log_dir={log_dir}",
+        "trainer.max_epochs=1",
+        "trainer.check_val_every_n_epoch=1",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1",
+        "callbacks.validation_overlays=null",
+    ]
+
+
+def _rows(sweep_dir) -> list[dict[str, str]]:
+    path = sweep_dir / "sweep_summary.csv"
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_killed_optuna_sweep_resumes_with_the_trials_it_had_left(small_dataset, tmp_path):
+    """SIGKILL after 2 of 4 trials; the same command again runs the 2 left, in the same sweep dir
+    (one sweep_summary.csv, every trial once), with job numbers that go on."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    command = [*_sweep_command(tmp_path / "logs", storage, 4), f"data.root={small_dataset}"]
+    sweeps = tmp_path / "logs" / "train" / "multiruns"
+    first = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and first.poll() is None:
+        dirs = list(sweeps.glob("*")) if sweeps.is_dir() else []
+        if dirs and len(_rows(dirs[0])) >= 2:
+            os.killpg(first.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL, "the sweep ended before the kill"
+    (sweep_dir,) = sweeps.glob("*")
+    done = _rows(sweep_dir)
+    assert len(done) == 2
+
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert list(sweeps.glob("*")) == [sweep_dir]  # the first run's dir, no second one
+    rows = _rows(sweep_dir)
+    assert rows[:2] == done and len(rows) == 4  # only the 2 trials left ran
+    assert all(r["status"] == "ok" for r in rows)
+    jobs = [int(r["job"]) for r in rows]
+    assert len(set(jobs)) == 4 and min(jobs[2:]) > max(jobs[:2])  # numbers go on
+    assert all((sweep_dir / str(j) / "summary.json").is_file() for j in jobs)
+    study = optuna.load_study(study_name="resume_me", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 4
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    # started once more: nothing left to run
+    third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert len(_rows(sweep_dir)) == 4
