@@ -27,7 +27,7 @@ from volseg.data.loader_options import (
     check_loader_options,
     resolve_loader_options,
 )
-from volseg.data.sampling import EpochSeededSampler, SeededItems
+from volseg.data.sampling import EpochSeededSampler, ResumableLoader, SeededItems
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.utils.errors import UserInputError
@@ -262,7 +262,7 @@ class VolumeDataModule(LightningDataModule):
             options.persistent_workers,
             self.num_workers,
         )
-        return DataLoader(
+        loader = ResumableLoader(
             self._train_ds,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -273,6 +273,14 @@ class VolumeDataModule(LightningDataModule):
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
             generator=torch.Generator().manual_seed(self._seed),
         )
+        loader.progress = self._epoch_progress  # its position goes into every checkpoint
+        return loader
+
+    def _epoch_progress(self) -> tuple[int, int]:
+        """(batches trained on in the current epoch, batches in the epoch), from the trainer."""
+        trainer = self.trainer
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return int(done), int(trainer.num_training_batches)
 
     def val_dataloader(self) -> DataLoader:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from monai.transforms import Compose, Randomizable
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class EpochSeededSampler(Sampler[tuple[int, int]]):
@@ -28,6 +29,13 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         self.num_items = num_items
         self.seed = seed
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, positions to skip)
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """Make the next pass over ``epoch`` start at position ``skip`` of this rank's share
+        (the items a resumed run has trained on already)."""
+        self.epoch = epoch
+        self._resume = (epoch, skip)
 
     def epoch_seed(self) -> int:
         return (self.seed * 1_000_003 + self.epoch) % 2**63
@@ -48,10 +56,41 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         pairs = list(zip(order, seeds, strict=True))
         rank, world = self._shard()
         pairs += pairs[: len(self) * world - len(pairs)]  # equal shares, as DistributedSampler
-        yield from pairs[rank::world]
+        share = pairs[rank::world]
+        if self._resume is not None:
+            epoch, skip = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                share = share[skip:]
+        yield from share
 
     def __len__(self) -> int:
         return -(-self.num_items // self._shard()[1])
+
+
+class ResumableLoader(DataLoader):
+    """The training loader, with a state Lightning keeps in every checkpoint: the epoch and how
+    many batches of it were trained on. A run resumed from a checkpoint saved within an epoch
+    thus draws that epoch's remaining patches, not its first ones again.
+
+    ``progress`` (set by the datamodule) returns ``(batches trained on in this epoch, batches
+    in the epoch)`` from the trainer's loop; the sampler must be an :class:`EpochSeededSampler`.
+    """
+
+    progress: Callable[[], tuple[int, int]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
+            return {}
+        done, total = self.progress()
+        if done >= total:  # the epoch is complete: a resumed run starts the next one
+            return {"epoch": self.sampler.epoch + 1, "batches_done": 0}
+        return {"epoch": self.sampler.epoch, "batches_done": done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):
+            skip = int(state["batches_done"]) * int(self.batch_size or 1)
+            self.sampler.resume_at(int(state["epoch"]), skip)
 
 
 def seed_random_transforms(transform: Compose, seed: int) -> None:

@@ -1,0 +1,95 @@
+"""``checkpoints/last.ckpt``: at the end of every epoch and every few minutes or steps within one,
+replaced atomically, so that a run killed at any moment resumes from a whole checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+# suffix of the file a checkpoint is written to before it replaces the previous one
+TMP_SUFFIX = ".tmp"
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """A :class:`ModelCheckpoint` (``monitor=None``: one file, e.g. ``last.ckpt``) that also saves
+    within an epoch, every ``save_every_n_steps`` optimizer steps and/or every
+    ``save_every_minutes`` of training, and writes each checkpoint to ``<file>.tmp`` first and
+    renames it over the previous one (a kill while writing leaves the previous checkpoint whole).
+
+    A checkpoint saved within an epoch holds the training loader's position (see
+    :class:`volseg.data.sampling.ResumableLoader`): the resumed run draws the epoch's remaining
+    patches, so it ends with the weights of an uninterrupted run.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        save_every_n_steps: int | None = None,
+        save_every_minutes: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        for key, value in (
+            ("save_every_n_steps", save_every_n_steps),
+            ("save_every_minutes", save_every_minutes),
+        ):
+            if value is not None and (isinstance(value, bool) or value <= 0):
+                raise ValueError(
+                    f"callbacks.last_checkpoint.{key}={value}: expected a number > 0, or null"
+                )
+        self.save_every_n_steps = save_every_n_steps
+        self.save_every_minutes = save_every_minutes
+        self._last_save_time = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_save_time = time.monotonic()
+
+    def _due(self, trainer: L.Trainer) -> bool:
+        """Whether a mid-epoch save is due; with a time limit, rank 0 decides for every rank (a
+        save is collective: ranks that disagreed would wait for each other forever)."""
+        steps = trainer.global_step - self._last_global_step_saved
+        due = self.save_every_n_steps is not None and steps >= self.save_every_n_steps
+        if self.save_every_minutes is not None:
+            due |= time.monotonic() - self._last_save_time >= 60 * self.save_every_minutes
+            due = bool(trainer.strategy.broadcast(due))
+        return due
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not self._due(trainer) or self._should_skip_saving_checkpoint(trainer):
+            return
+        self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        tmp = filepath + TMP_SUFFIX
+        super()._save_checkpoint(trainer, tmp)
+        if trainer.is_global_zero:
+            if os.path.isdir(tmp):  # a sharded checkpoint (DeepSpeed): a folder
+                shutil.rmtree(filepath, ignore_errors=True)
+            os.replace(tmp, filepath)  # atomic on one file system
+            log.info(
+                "Saved %s: step %d, epoch %d, batch %d of the epoch",
+                filepath,
+                trainer.global_step,
+                trainer.current_epoch,
+                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            )
+        trainer.strategy.barrier("LastCheckpoint.rename")
+        self._last_checkpoint_saved = filepath
+        self._last_save_time = time.monotonic()
