@@ -28,6 +28,13 @@ MIB = 2**20
 PHASES = ("fwd", "bwd", "opt")
 
 
+def snapshot_path(output_dir: Path, rank: int, world: int) -> Path:
+    """Where a rank dumps its allocator snapshot: one file per rank when there are several
+    (each GPU has its own allocator; one shared name would keep only the last writer's)."""
+    name = "memory_snapshot.pickle" if world == 1 else f"memory_snapshot_rank{rank}.pickle"
+    return output_dir / name
+
+
 class MemoryMonitor(Callback):
     """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end.
 
@@ -132,7 +139,7 @@ class MemoryMonitor(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
-            self._dump_snapshot()
+            self._dump_snapshot(trainer.global_rank, trainer.world_size)
         if not self._active:
             return
         self._end_phase("opt")
@@ -171,8 +178,8 @@ class MemoryMonitor(Callback):
             torch.cuda.memory._record_memory_history(max_entries=200_000)
             self._snapshot_until = step + self.snapshot_steps
 
-    def _dump_snapshot(self) -> None:
-        path = self.output_dir / "memory_snapshot.pickle"
+    def _dump_snapshot(self, rank: int = 0, world: int = 1) -> None:
+        path = snapshot_path(self.output_dir, rank, world)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -215,8 +222,9 @@ class MemoryMonitor(Callback):
             if self._trace is not None:
                 self._trace.stop()
             categories = category_bytes(pl_module, trainer.optimizers)
+            stage = trainer.state.stage.value if trainer.state.stage is not None else "train"
             report = oom_report(
-                self.reader, self._start, self._phase_peaks, self.history, categories
+                self.reader, self._start, self._phase_peaks, self.history, categories, stage
             )
             log.error("%s", report)
             print(report, flush=True)
