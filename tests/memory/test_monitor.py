@@ -245,3 +245,16 @@ def test_cuda_snapshot_records_k_steps_once_and_dumps(tmp_path, monkeypatch):
     snapshot = str(tmp_path / "memory_snapshot.pickle")
     # recording starts at the fit's first step, stops after 2 steps, and never starts again
     assert calls == [("record", "all"), ("dump", snapshot), ("record", None)]
+
+
+def test_a_split_network_gets_a_reader_for_its_other_device():
+    from types import SimpleNamespace
+
+    from volseg.memory.monitor import placed_readers
+
+    split = SimpleNamespace(placement={"encoder": "cuda:0", "decoder": "cpu"})
+    readers = placed_readers(split, torch.device("cuda", 0))
+    assert list(readers) == ["cpu"] and readers["cpu"].kind == "host"
+    same = SimpleNamespace(placement={"encoder": "cpu", "decoder": "cpu"})
+    assert placed_readers(same, torch.device("cpu")) == {}
+    assert placed_readers(SimpleNamespace(), torch.device("cpu")) == {}
