@@ -91,6 +91,17 @@ def test_pinned_offload_gives_the_baseline_gradients():
     _assert_close(baseline, offloaded)
 
 
+def test_pinned_offload_returns_channels_last_tensors_to_the_gpu():
+    from volseg.memory.offload import OffloadToHost
+
+    hooks = OffloadToHost(pin_memory=True)
+    x = torch.randn(2, 8, 4, 6, 6, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+    packed = hooks.pack_hook(x)
+    assert packed[1].device.type == "cpu" and packed[1].is_pinned()
+    back = hooks.unpack_hook(packed)
+    assert back.is_cuda and back.stride() == x.stride() and torch.equal(back, x)
+
+
 def test_checkpointing_all_gives_the_baseline_gradients():
     baseline = _gradients(_module().cuda())
     _assert_close(baseline, _gradients(_module(activation_checkpointing="all").cuda()))

@@ -14,6 +14,8 @@ from monai.networks.utils import one_hot
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from volseg.memory import offload
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +56,7 @@ class SegmentationModule(LightningModule):
             indices: recompute those levels' activations in backward instead of keeping them
             (the network must offer ``set_activation_checkpointing``, as ``UNet3D`` does).
         offload_activations: keep the tensors saved for backward in host memory during forward
-            (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
+            (:class:`volseg.memory.offload.OffloadToHost`, pinned on CUDA, strides kept).
         checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
             not the loss's full-resolution intermediates (softmax, one-hot, products).
         placement: ``{"encoder": device, "decoder": device}`` to split the network over two
@@ -154,7 +156,7 @@ class SegmentationModule(LightningModule):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.offload_activations and self.training and torch.is_grad_enabled():
-            with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+            with offload.OffloadToHost(pin_memory=x.is_cuda):
                 return self.net(x)
         return self.net(x)
 
