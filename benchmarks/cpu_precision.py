@@ -91,9 +91,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {args.repeats}\n")
     print("| work | float32 (s) | bf16 autocast (s) | bf16 / float32 |")
     print("| --- | ---: | ---: | ---: |")
+    model = args.model or "default model"
     steps = (
         ("Conv3d 32->32, fwd+bwd", conv_step),
-        (f"training step ({args.model or 'default model'})", partial(training_step, model=args.model)),
+        (f"training step ({model})", partial(training_step, model=args.model)),
     )
     for name, make in steps:
         fp32 = best_seconds(make(False), args.repeats)
