@@ -4,8 +4,8 @@
 for it (``volseg.utils.cpu.cpu_bf16_native``). This script checks that answer by measurement:
 
 - one Conv3d 32->32 (k3, p1) on 1x32x16x32x32, forward + backward;
-- the default network's training step (``configs/model`` default, DiceCE, AdamW) on one batch
-  of 2x1x32x64x64, plain PyTorch loop.
+- the default model's training step (``python train.py``'s network, DiceCE, AdamW) on one batch
+  of 2x1x32x64x64, plain PyTorch loop (``--model`` picks another preset).
 
 Each row is the best of ``--repeats`` timings after one warm-up. Run it as is, and with
 ``ONEDNN_MAX_CPU_ISA=AVX2`` to see what a CPU without AVX-512 gets (oneDNN then uses only its
@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -57,9 +58,10 @@ def conv_step(bf16: bool) -> Callable[[], None]:
     return run
 
 
-def training_step(bf16: bool) -> Callable[[], None]:
+def training_step(bf16: bool, model: str | None = None) -> Callable[[], None]:
+    overrides = ["model.scheduler=null"] + ([f"model={model}"] if model else [])
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        cfg = compose("train", overrides=["model.scheduler=null"])
+        cfg = compose("train", overrides=overrides)
     module = hydra.utils.instantiate(cfg.model)
     net, loss_fn = module.net.train(), module.loss
     optimizer = module.optimizer_factory(params=net.parameters())
@@ -82,13 +84,19 @@ def training_step(bf16: bool) -> Callable[[], None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default=None, help="a model preset (default: the default)")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"CPU: {cpu_description()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {args.repeats}\n")
     print("| work | float32 (s) | bf16 autocast (s) | bf16 / float32 |")
     print("| --- | ---: | ---: | ---: |")
-    for name, make in (("Conv3d 32->32, fwd+bwd", conv_step), ("training step", training_step)):
+    model = args.model or "default model"
+    steps = (
+        ("Conv3d 32->32, fwd+bwd", conv_step),
+        (f"training step ({model})", partial(training_step, model=args.model)),
+    )
+    for name, make in steps:
         fp32 = best_seconds(make(False), args.repeats)
         bf16 = best_seconds(make(True), args.repeats)
         print(f"| {name} | {fp32:.3f} | {bf16:.3f} | {bf16 / fp32:.2f} |", flush=True)

@@ -38,7 +38,7 @@ def compose_train(overrides: list[str]):
 def loader_rate(workers: str, batches: int) -> tuple[float, float, int]:
     """(seconds to the first batch, samples/s after it, resolved workers) on this CPU."""
     cfg = compose_train([f"data.num_workers={workers}", f"data.samples_per_volume={batches}"])
-    L.seed_everything(0)
+    L.seed_everything(0, verbose=False)
     datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.prepare_data()
     datamodule.setup("fit")

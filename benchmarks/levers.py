@@ -14,6 +14,12 @@ glibc's mmap threshold fixed, so freed tensors leave it):
 each also as a ratio to the no-lever baseline measured in the same run.
 
     python benchmarks/levers.py [--shape 26 150 320] [--batch 2] [--steps 2]
+
+``--device cuda`` measures the levers that matter on a GPU on the seed config itself: full-width
+unet_large (40.2M parameters) under float16 autocast (``16-mixed``), with the caching allocator's
+peak allocated and peak reserved instead of host memory, and step times synchronized.
+
+    python benchmarks/levers.py --device cuda
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import torch
 from monai.losses import DiceCELoss
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
+from volseg.memory.readers import CudaMemoryReader, HostMemoryReader, set_mmap_threshold
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 
@@ -54,23 +60,46 @@ LEVERS: dict[str, dict] = {
 }
 
 
-def build(lever: dict) -> SegmentationModule:
+#: on a GPU: the float16 autocast baseline and the levers that cut its peak most
+LEVERS_CUDA: dict[str, dict] = {
+    "none (16-mixed)": {"autocast": True},
+    "checkpointing: all + loss": {
+        "autocast": True,
+        "activation_checkpointing": "all",
+        "checkpoint_loss": True,
+    },
+    "activation offload": {"autocast": True, "offload_activations": True},
+    "micro-batch 1 (x2 accumulation)": {"autocast": True, "micro_batch": 1},
+    "micro-batch 1 + offload": {"autocast": True, "micro_batch": 1, "offload_activations": True},
+}
+#: (encoder widths, decoder widths): the unet_large layout at full and at a quarter width
+LAYOUTS = {
+    "cuda": ([64, 128, 256, 512, 512], [64, 64, 128, 256]),
+    "cpu": ([16, 32, 64, 128, 128], [16, 16, 32, 64]),
+}
+
+
+def build(lever: dict, device: str = "cpu") -> SegmentationModule:
     torch.manual_seed(0)
-    net = UNet3D(1, 5, widths=[16, 32, 64, 128, 128], decoder_widths=[16, 16, 32, 64])
+    widths, decoder_widths = LAYOUTS[device]
+    net = UNet3D(1, 5, widths=widths, decoder_widths=decoder_widths)
     return SegmentationModule(
         net,
         DiceCELoss(to_onehot_y=True, softmax=True, include_background=False),
         lambda params: torch.optim.AdamW(params, lr=1e-3),
         activation_checkpointing=lever.get("activation_checkpointing"),
         checkpoint_loss=lever.get("checkpoint_loss", False),
-    )
+        offload_activations=lever.get("offload_activations", False),
+    ).to(device)
 
 
 def train_step(
     module, optimizer, x, y, lever: dict, before_backward=None, after_micro_batch=None
 ) -> None:
     micro = lever.get("micro_batch", x.shape[0])
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if lever.get("autocast") else None
+    # CUDA: float16 autocast as 16-mixed runs it (GradScaler left out: it moves no memory)
+    dtype = torch.float16 if x.is_cuda else torch.bfloat16
+    autocast = torch.autocast(x.device.type, dtype=dtype) if lever.get("autocast") else None
     for start in range(0, x.shape[0], micro):
         xs, ys = x[start : start + micro], y[start : start + micro]
         with autocast or nullcontext():
@@ -86,19 +115,28 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
 
 
-def measure(lever: dict, x, y, steps: int, reader: HostMemoryReader) -> dict[str, float]:
-    module = build(lever)
+def _sync(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+
+
+def measure(lever: dict, x, y, steps: int, reader) -> dict[str, float]:
+    module = build(lever, x.device.type)
     module.train()
     optimizer = module.optimizer_factory(module.parameters())
     train_step(module, optimizer, x, y, lever)  # warm-up; creates the optimizer state
-    best_time, added = float("inf"), 0.0
+    best_time, added, peak, reserved = float("inf"), 0.0, 0.0, 0.0
     for _ in range(steps):
+        _sync(x)
         reader.reset_peak()
         start = reader.read()
         began = time.perf_counter()
         train_step(module, optimizer, x, y, lever)
+        _sync(x)
         best_time = min(best_time, time.perf_counter() - began)
-        added = max(added, reader.read().peak_allocated - start.allocated)
+        end = reader.read()
+        added = max(added, end.peak_allocated - start.allocated)
+        peak, reserved = max(peak, end.peak_allocated), max(reserved, end.peak_reserved)
     tracker = MemTracker()
     tracker.track_external(module, optimizer, x, y)
     kept = []
@@ -110,7 +148,39 @@ def measure(lever: dict, x, y, steps: int, reader: HostMemoryReader) -> dict[str
     with tracker:  # MemTracker follows one call per module: reset it between micro-batches
         train_step(module, optimizer, x, y, lever, record, tracker.reset_mod_stats)
     activations = max(kept)
-    return {"added_mib": added / MIB, "activations_mib": activations / MIB, "seconds": best_time}
+    return {
+        "added_mib": added / MIB,
+        "activations_mib": activations / MIB,
+        "seconds": best_time,
+        "peak_allocated_mib": peak / MIB,
+        "peak_reserved_mib": reserved / MIB,
+    }
+
+
+def main_cuda(args: argparse.Namespace) -> None:
+    device = torch.device("cuda")
+    reader = CudaMemoryReader(device)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, 1, *args.shape, generator=generator).to(device)
+    y = torch.randint(0, 5, (args.batch, 1, *args.shape), generator=generator).float().to(device)
+    print(
+        f"unet_large (full width), batch {args.batch} x 1x{'x'.join(map(str, args.shape))}, "
+        f"5 classes, AdamW, float16 autocast; {torch.cuda.get_device_name(device)}, "
+        f"torch {torch.__version__}\n"
+    )
+    print("| lever | peak allocated (MiB) | peak reserved (MiB) | cut | s/step | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    base = None
+    for name, lever in LEVERS_CUDA.items():
+        r = measure(lever, x, y, args.steps, reader)
+        base = base or r
+        print(
+            f"| {name} | {r['peak_allocated_mib']:,.0f} | {r['peak_reserved_mib']:,.0f} "
+            f"| {base['peak_allocated_mib'] / r['peak_allocated_mib']:.2f}x "
+            f"| {r['seconds']:.3f} | {r['seconds'] / base['seconds']:.2f} |",
+            flush=True,
+        )
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -118,7 +188,11 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=3, default=[26, 150, 320])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    if args.device == "cuda":
+        main_cuda(args)
+        return
     set_mmap_threshold(65536)
     reader = HostMemoryReader()
     generator = torch.Generator().manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -225,23 +226,32 @@ def test_check_only_checks_and_stops(small_dataset, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_sim_trains_in_two_processes_with_one_run_dir(small_dataset, tmp_path):
+    # 3 validation cases on 2 ranks: each must be validated once (no padding with a repeat)
+    data = tmp_path / "data"
+    shutil.copytree(small_dataset, data)
+    names = sorted(p.name for p in (data / "images").iterdir())
+    (data / "splits.json").write_text(json.dumps({"train": names[:3], "val": names[3:]}))
     run_dir = tmp_path / "runs" / "one"
     result = _run(
         [
             "train.py",
             "trainer=ddp_sim",
-            f"data.root={small_dataset}",
+            f"data.root={data}",
             "data.patch_size=[16,32,32]",
             "model.net.widths=[4,8]",
             "trainer.max_epochs=2",
             "trainer.check_val_every_n_epoch=1",
+            "hydra.verbose=volseg.models.segmentation_module",
             f"hydra.run.dir={run_dir}",
         ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["one"]  # no per-rank dirs
     summary = json.loads((run_dir / "summary.json").read_text())
-    # 4 volumes x 4 patches split over 2 ranks, batch 2: 4 steps per epoch on each rank
-    assert summary["global_step"] == 8
+    # 3 volumes x 4 patches split over 2 ranks, batch 2: 3 steps per epoch on each rank
+    assert summary["global_step"] == 6
     assert 0.0 <= summary["best_val_dice_mean"] <= 1.0
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    log = (run_dir / "train.log").read_text()
+    assert log.count("Validation Dice over 3 case(s)") >= 2, log[-2000:]
+    assert "Validation Dice over 4 case(s)" not in log

@@ -99,3 +99,13 @@ def test_bad_loader_option_names_the_key(train_cfg):
     err = user_error(raised.value)
     assert isinstance(err, UserInputError)
     assert str(err) == "data.num_workers=-1: expected auto or a number >= 0"
+
+
+def test_validation_shards_cover_every_case_exactly_once():
+    """DistributedSampler would pad 5 cases on 2 ranks to 6, validating one case twice."""
+    from volseg.data.sampling import ShardedEvalSampler
+
+    shards = [list(ShardedEvalSampler(5, rank=r, world=2)) for r in (0, 1)]
+    assert shards == [[0, 2, 4], [1, 3]]
+    assert [len(ShardedEvalSampler(5, rank=r, world=2)) for r in (0, 1)] == [3, 2]
+    assert list(ShardedEvalSampler(5)) == [0, 1, 2, 3, 4]  # not distributed: all

@@ -157,6 +157,42 @@ def test_out_of_memory_prints_the_report_and_re_raises(train_cfg, capsys):
     assert "activation checkpointing" in out and "data.batch_size" in out
 
 
+class _OutOfMemoryInValidation(L.Callback):
+    """Raises CUDA's OOM error from the network's forward during the first real validation."""
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            pl_module.net.ups[0].register_forward_hook(_OutOfMemoryAtStep._raise)
+
+
+def test_out_of_memory_in_validation_names_validation_and_its_levers(train_cfg, capsys):
+    datamodule = hydra.utils.instantiate(train_cfg.data)
+    model = hydra.utils.instantiate(train_cfg.model)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        callbacks=[MemoryMonitor(train_cfg.paths.output_dir), _OutOfMemoryInValidation()],
+    )
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.fit(model, datamodule)
+    out = capsys.readouterr().out
+    assert "CUDA out of memory in validation (sliding-window inference)." in out
+    assert "training step" not in out and "failed during" not in out
+    assert "model.inferer.sw_batch_size=1" in out and "model.inferer.device=cpu" in out
+
+
+def test_each_rank_dumps_its_own_snapshot(tmp_path):
+    from volseg.memory.monitor import snapshot_path
+
+    assert snapshot_path(tmp_path, 0, 1) == tmp_path / "memory_snapshot.pickle"
+    paths = {snapshot_path(tmp_path, rank, 4) for rank in range(4)}
+    assert len(paths) == 4 and tmp_path / "memory_snapshot_rank3.pickle" in paths
+
+
 def test_snapshots_on_cpu_say_they_need_cuda_and_training_goes_on(train_cfg, tmp_path, caplog):
     train_cfg.memory.snapshot_steps = 2
     with caplog.at_level(logging.INFO):
@@ -201,7 +237,7 @@ def test_cuda_snapshot_records_k_steps_once_and_dumps(tmp_path, monkeypatch):
     )
     monitor = MemoryMonitor(tmp_path, every_n_steps=1000, snapshot_steps=2)
     monitor.reader = SimpleNamespace(kind="cuda")  # a CUDA run, steps not logged (1000)
-    trainer = SimpleNamespace(global_step=7)  # e.g. resumed at step 7
+    trainer = SimpleNamespace(global_step=7, global_rank=0, world_size=1)  # resumed at step 7
     for _ in range(5):
         monitor.on_train_batch_start(trainer, None, None, 0)
         trainer.global_step += 1
@@ -209,3 +245,16 @@ def test_cuda_snapshot_records_k_steps_once_and_dumps(tmp_path, monkeypatch):
     snapshot = str(tmp_path / "memory_snapshot.pickle")
     # recording starts at the fit's first step, stops after 2 steps, and never starts again
     assert calls == [("record", "all"), ("dump", snapshot), ("record", None)]
+
+
+def test_a_split_network_gets_a_reader_for_its_other_device():
+    from types import SimpleNamespace
+
+    from volseg.memory.monitor import placed_readers
+
+    split = SimpleNamespace(placement={"encoder": "cuda:0", "decoder": "cpu"})
+    readers = placed_readers(split, torch.device("cuda", 0))
+    assert list(readers) == ["cpu"] and readers["cpu"].kind == "host"
+    same = SimpleNamespace(placement={"encoder": "cpu", "decoder": "cpu"})
+    assert placed_readers(same, torch.device("cpu")) == {}
+    assert placed_readers(SimpleNamespace(), torch.device("cpu")) == {}

@@ -121,7 +121,24 @@ def test_nonfinite_loss_stops_training_with_a_clear_error():
     module.log = lambda *a, **k: None
     label = _label()[:, None]
     batch = {"image": torch.full((1, 1, 8, 8, 8), float("nan")), "label": label}
-    with pytest.raises(FloatingPointError, match=r"train/loss is nan at step 0"):
+    with pytest.raises(FloatingPointError, match=r"train/loss is NaN or Inf at step 0"):
         module.training_step(batch, 0)
     module.stop_on_nonfinite_loss = False
     assert torch.isnan(module.training_step(batch, 0))
+
+
+def test_nonfinite_check_reads_the_device_flag_every_n_steps_only(monkeypatch):
+    """No host read (a CUDA sync) per step: a NaN at step 1 is reported at step 4 (every 5)."""
+    module = _module(UNet3D(1, 3, widths=[4, 8]))
+    module.log = lambda *a, **k: None
+    module.nonfinite_check_every_n_steps = 5
+    step = {"now": 0}
+    monkeypatch.setattr(type(module), "global_step", property(lambda self: step["now"]))
+    label = _label()[:, None]
+    good = {"image": torch.zeros((1, 1, 8, 8, 8)), "label": label}
+    bad = {"image": torch.full((1, 1, 8, 8, 8), float("nan")), "label": label}
+    for step["now"], batch in enumerate([good, bad, good, good]):
+        module.training_step(batch, step["now"])  # steps 0-3: nothing read, nothing raised
+    step["now"] = 4
+    with pytest.raises(FloatingPointError, match=r"NaN or Inf at a step in \[0, 4\]"):
+        module.training_step(good, 4)

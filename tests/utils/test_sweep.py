@@ -185,3 +185,14 @@ def test_every_experiment_runs_one_batch_as_lightning_hydra_template_tests_it(
         rows = list(csv.DictReader(f))
     assert len(rows) == len(experiments)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+
+
+@pytest.mark.slow
+def test_ddp_sim_sweep_runs_each_job_in_two_processes(small_dataset, tmp_path):
+    """`python train.py -m trainer=ddp_sim seed=1,2`: one row per job, not per rank."""
+    sweep_dir = tmp_path / "sweep"
+    _multirun(small_dataset, sweep_dir, "trainer=ddp_sim", "seed=1,2", "data.patch_size=[16,32,32]")
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "ok"), ("1", "ok")]
+    assert 0 <= float(rows[0]["best_val_dice_mean"]) <= 1

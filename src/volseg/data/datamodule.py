@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from monai.data import CacheDataset, list_data_collate
 from monai.transforms import Compose
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from volseg.data.cases import (
     Case,
@@ -27,7 +27,12 @@ from volseg.data.loader_options import (
     check_loader_options,
     resolve_loader_options,
 )
-from volseg.data.sampling import EpochSeededSampler, ResumableLoader, SeededItems
+from volseg.data.sampling import (
+    EpochSeededSampler,
+    ResumableLoader,
+    SeededItems,
+    ShardedEvalSampler,
+)
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.utils.errors import UserInputError
@@ -288,7 +293,7 @@ class VolumeDataModule(LightningDataModule):
         return DataLoader(
             self._val_ds,
             # under DDP (use_distributed_sampler=false) each rank validates its share
-            sampler=DistributedSampler(self._val_ds, shuffle=False) if distributed else None,
+            sampler=ShardedEvalSampler(len(self._val_ds)) if distributed else None,
             batch_size=1,
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,

@@ -123,3 +123,27 @@ class SeededItems(Dataset):
         position, seed = key
         seed_random_transforms(self.dataset.transform, seed)
         return self.dataset[self.indices[position]]
+
+
+class ShardedEvalSampler(Sampler[int]):
+    """Every index exactly once across ranks (rank ``r`` of ``w`` takes ``r, r + w, ...``).
+
+    Unlike ``DistributedSampler(shuffle=False)`` it does not pad the ranks to equal length with
+    repeated items, which would count those validation cases twice in the gathered Dice and
+    write their predictions twice. Ranks may then run one batch more or fewer; metrics are
+    gathered once at epoch end, so nothing waits on a per-batch collective.
+    """
+
+    def __init__(self, num_items: int, rank: int | None = None, world: int | None = None) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        if world is None:
+            world = torch.distributed.get_world_size() if distributed else 1
+        self.num_items, self.rank, self.world = num_items, rank, world
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.num_items, self.world))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.num_items, self.world))

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
+from volseg.memory import offload
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.events import RecordingMemTracker, held_peak
@@ -174,10 +175,11 @@ def _constant_aranges() -> Iterator[None]:
 
 
 class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
-    """``save_on_cpu`` for the estimate: saved tensors are packed to the ``meta`` device (host
-    memory, left out of the device's count) and unpacked as new device tensors in backward."""
+    """``OffloadToHost`` for the estimate: saved tensors are packed to the ``meta`` device (host
+    memory, left out of the device's count) and unpacked, strides kept, as new device tensors
+    in backward."""
 
-    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+    def __init__(self, pin_memory: bool = False) -> None:
         def pack(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
             return t.device, torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
 
@@ -190,12 +192,12 @@ class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
 
 @contextlib.contextmanager
 def _host_offload_modelled() -> Iterator[None]:
-    real = torch.autograd.graph.save_on_cpu
-    torch.autograd.graph.save_on_cpu = _SavedOnHost
+    real = offload.OffloadToHost
+    offload.OffloadToHost = _SavedOnHost
     try:
         yield
     finally:
-        torch.autograd.graph.save_on_cpu = real
+        offload.OffloadToHost = real
 
 
 def _step_config(

@@ -28,6 +28,26 @@ MIB = 2**20
 PHASES = ("fwd", "bwd", "opt")
 
 
+def snapshot_path(output_dir: Path, rank: int, world: int) -> Path:
+    """Where a rank dumps its allocator snapshot: one file per rank when there are several
+    (each GPU has its own allocator; one shared name would keep only the last writer's)."""
+    name = "memory_snapshot.pickle" if world == 1 else f"memory_snapshot_rank{rank}.pickle"
+    return output_dir / name
+
+
+def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, Any]:
+    """Readers of the devices a split network (``model.placement``) uses besides ``root``,
+    by key name (``cuda1``, ``cpu``): ``mem/*`` reads the root device only."""
+    placement = getattr(pl_module, "placement", None) or {}
+    readers = {}
+    for device in {torch.device(d) for d in placement.values()}:
+        same = device.type == root.type and (device.index or 0) == (root.index or 0)
+        reader = None if same else make_reader(device)
+        if reader is not None:
+            readers[str(device).replace(":", "")] = reader
+    return readers
+
+
 class MemoryMonitor(Callback):
     """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end.
 
@@ -61,6 +81,7 @@ class MemoryMonitor(Callback):
         self.snapshot_steps = int(snapshot_steps)
         self.host_mmap_threshold = host_mmap_threshold
         self.reader = None
+        self.placed_readers: dict[str, Any] = {}
         self.history: list[dict[str, float]] = []
         self._active = False
         self._start: MemoryReading | None = None
@@ -74,6 +95,7 @@ class MemoryMonitor(Callback):
         if stage != "fit":
             return
         self.reader = make_reader(trainer.strategy.root_device)
+        self.placed_readers = placed_readers(pl_module, trainer.strategy.root_device)
         if self.reader is None:
             log.warning("Memory monitor: no memory counters on this platform; not logging mem/*")
             return
@@ -106,6 +128,8 @@ class MemoryMonitor(Callback):
             self._trace = LayerTrace(pl_module, trainer.optimizers, batch)
             self._trace.start()
         self.reader.reset_peak()
+        for reader in self.placed_readers.values():
+            reader.reset_peak()
         self._start = self.reader.read()
         self._phase_peaks = {}
 
@@ -132,7 +156,7 @@ class MemoryMonitor(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
-            self._dump_snapshot()
+            self._dump_snapshot(trainer.global_rank, trainer.world_size)
         if not self._active:
             return
         self._end_phase("opt")
@@ -153,6 +177,11 @@ class MemoryMonitor(Callback):
             "mem/step_start_allocated_mib": self._start.allocated / MIB,
         }
         metrics.update({f"mem/peak_{p}_mib": r.peak_allocated / MIB for p, r in peaks.items()})
+        for name, reader in self.placed_readers.items():  # the other part of a split network
+            other = reader.read()
+            metrics[f"mem/{name}/allocated_mib"] = other.allocated / MIB
+            metrics[f"mem/{name}/reserved_mib"] = other.reserved / MIB
+            metrics[f"mem/{name}/peak_allocated_mib"] = other.peak_allocated / MIB
         self.history.append({"step": float(step), **metrics})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
@@ -171,8 +200,8 @@ class MemoryMonitor(Callback):
             torch.cuda.memory._record_memory_history(max_entries=200_000)
             self._snapshot_until = step + self.snapshot_steps
 
-    def _dump_snapshot(self) -> None:
-        path = self.output_dir / "memory_snapshot.pickle"
+    def _dump_snapshot(self, rank: int = 0, world: int = 1) -> None:
+        path = snapshot_path(self.output_dir, rank, world)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -215,8 +244,9 @@ class MemoryMonitor(Callback):
             if self._trace is not None:
                 self._trace.stop()
             categories = category_bytes(pl_module, trainer.optimizers)
+            stage = trainer.state.stage.value if trainer.state.stage is not None else "train"
             report = oom_report(
-                self.reader, self._start, self._phase_peaks, self.history, categories
+                self.reader, self._start, self._phase_peaks, self.history, categories, stage
             )
             log.error("%s", report)
             print(report, flush=True)

@@ -40,14 +40,30 @@ def category_bytes(
     }
 
 
+#: what to try when whole-volume inference (validation, prediction) runs out of memory
+INFERENCE_LEVERS = (
+    "Levers to try for whole-volume inference:",
+    "  1. fewer windows at once: model.inferer.sw_batch_size=1",
+    "  2. stitch the volume in host memory: model.inferer.device=cpu (windows stay on the GPU)",
+    "  3. smaller windows: model.inferer.roi_size=[D,H,W] (default: the training patch)",
+)
+
+
 def oom_report(
     reader,
     start: MemoryReading | None,
     phase_peaks: dict[str, MemoryReading],
     history: list[dict[str, float]],
     categories: dict[str, int] | None = None,
+    stage: str = "train",
 ) -> str:
-    """Memory of the failing step (what is known of it), by category, and the levers."""
+    """Memory of the failing step (what is known of it), by category, and the levers.
+
+    ``stage``: Lightning's running stage (``train``, ``sanity_check``, ``validate``, ``test``,
+    ``predict``); outside training the phases of the last training step are not the failure's.
+    """
+    if stage != "train":
+        return _inference_oom_report(reader, stage)
     lines = ["CUDA out of memory in a training step."]
     if reader is not None:
         now = reader.read()
@@ -77,4 +93,17 @@ def oom_report(
                 f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB"
             )
     lines.extend(LEVERS)
+    return "\n".join(lines)
+
+
+def _inference_oom_report(reader, stage: str) -> str:
+    names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
+    lines = [f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference)."]
+    if reader is not None:
+        now = reader.read()
+        lines.append(
+            f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
+            f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
+        )
+    lines.extend(INFERENCE_LEVERS)
     return "\n".join(lines)

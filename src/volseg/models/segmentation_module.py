@@ -14,6 +14,8 @@ from monai.networks.utils import one_hot
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from volseg.memory import offload
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +56,7 @@ class SegmentationModule(LightningModule):
             indices: recompute those levels' activations in backward instead of keeping them
             (the network must offer ``set_activation_checkpointing``, as ``UNet3D`` does).
         offload_activations: keep the tensors saved for backward in host memory during forward
-            (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
+            (:class:`volseg.memory.offload.OffloadToHost`, pinned on CUDA, strides kept).
         checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
             not the loss's full-resolution intermediates (softmax, one-hot, products).
         placement: ``{"encoder": device, "decoder": device}`` to split the network over two
@@ -62,6 +64,9 @@ class SegmentationModule(LightningModule):
             Lightning has moved the module to its device, at the start of every stage.
         stop_on_nonfinite_loss: raise ``FloatingPointError`` when the training loss is NaN/Inf
             (a sweep records the job as failed) instead of training on.
+        nonfinite_check_every_n_steps: read that test on the host every N steps (it stays on the
+            device in between: reading it every step would make each CUDA step wait for the
+            GPU); the configs use ``trainer.log_every_n_steps``, when the logged loss is read.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class SegmentationModule(LightningModule):
         checkpoint_loss: bool = False,
         placement: dict[str, str] | None = None,
         stop_on_nonfinite_loss: bool = True,
+        nonfinite_check_every_n_steps: int = 1,
     ) -> None:
         super().__init__()
         self.net = net
@@ -99,6 +105,9 @@ class SegmentationModule(LightningModule):
         self.checkpoint_loss = checkpoint_loss
         self.placement = dict(placement) if placement else None
         self.stop_on_nonfinite_loss = stop_on_nonfinite_loss
+        self.nonfinite_check_every_n_steps = max(1, int(nonfinite_check_every_n_steps))
+        self._finite: torch.Tensor | None = None  # all losses finite since step _finite_since
+        self._finite_since = 0
         valid = self.placement is None or (
             set(self.placement) == {"encoder", "decoder"} and hasattr(net, "place")
         )
@@ -147,7 +156,7 @@ class SegmentationModule(LightningModule):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.offload_activations and self.training and torch.is_grad_enabled():
-            with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+            with offload.OffloadToHost(pin_memory=x.is_cuda):
                 return self.net(x)
         return self.net(x)
 
@@ -160,14 +169,30 @@ class SegmentationModule(LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])
         loss = self.compute_loss(logits, batch["label"])
-        if self.stop_on_nonfinite_loss and not torch.isfinite(loss):
-            # stop here: an optimizer step on a NaN/Inf loss would poison every weight
-            raise FloatingPointError(
-                f"train/loss is {loss.item()} at step {self.global_step}; try a lower "
-                "model.optimizer.lr, trainer.precision=32 or trainer.gradient_clip_val=1.0"
-            )
+        if self.stop_on_nonfinite_loss:
+            self._check_finite(loss)
         self.log("train/loss", loss, prog_bar=True, batch_size=logits.shape[0])
         return loss
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        """Raise once a NaN/Inf loss has been seen; read on the host every N steps only."""
+        finite = torch.isfinite(loss.detach())
+        if self._finite is None:
+            self._finite, self._finite_since = finite, self.global_step
+        else:
+            self._finite = self._finite & finite
+        step = self.global_step
+        if (step + 1) % self.nonfinite_check_every_n_steps:
+            return
+        all_finite, since = bool(self._finite), self._finite_since
+        self._finite = None
+        if not all_finite:
+            # stop: the optimizer steps on a NaN/Inf loss poison every weight
+            when = f"at step {step}" if since == step else f"at a step in [{since}, {step}]"
+            raise FloatingPointError(
+                f"train/loss is NaN or Inf {when}; try a lower model.optimizer.lr, "
+                "trainer.precision=32 or trainer.gradient_clip_val=1.0"
+            )
 
     def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
@@ -188,7 +213,8 @@ class SegmentationModule(LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
         """Whole-volume inference; returns ``{"pred": (B, D, H, W) class indices}``."""
         logits = self.predict_volume(batch["image"]).float()
-        label = batch["label"]
+        # with model.inferer.device=cpu the logits are stitched on the host, the label is not
+        label = batch["label"].to(logits.device)
         self.log("val/loss", self.loss(logits, label), batch_size=label.shape[0], sync_dist=True)
         pred = logits.argmax(dim=1, keepdim=True)
         self.dice(one_hot(pred, self.num_classes), one_hot(label.long(), self.num_classes))
@@ -197,6 +223,7 @@ class SegmentationModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         per_case = self.dice.aggregate()  # (cases, classes); NaN where a class is absent
         self.dice.reset()
+        log.debug("Validation Dice over %d case(s), gathered from all ranks", per_case.shape[0])
         per_class = per_case.nanmean(dim=0).nan_to_num(0.0)
         first = 0 if self.include_background else 1
         mean = per_class[first:].mean()
