@@ -125,3 +125,19 @@ def test_nonfinite_loss_stops_training_with_a_clear_error():
         module.training_step(batch, 0)
     module.stop_on_nonfinite_loss = False
     assert torch.isnan(module.training_step(batch, 0))
+
+
+def test_a_class_at_zero_dice_is_named_in_a_warning(caplog):
+    """After a validation, every foreground class at Dice 0 is named in one warning."""
+    label = _label()
+    wrong = label.clone()
+    wrong[label == 2] = 0  # class "b" is never predicted
+    module = _module(_Oracle(wrong, 3))
+    module.log = lambda *a, **k: None
+    per_class = _validate(module, label).nan_to_num(0.0)
+    with caplog.at_level("WARNING"):
+        assert module.warn_zero_dice(per_class) == ["b"]
+    assert "Dice 0 for class(es) b" in caplog.text
+    caplog.clear()
+    assert _module(_Oracle(label, 3)).warn_zero_dice(torch.tensor([1.0, 1.0, 1.0])) == []
+    assert "Dice 0" not in caplog.text

@@ -36,18 +36,28 @@ def plan_patch(median_zyx: Sequence[int], max_voxels: int, multiple: int = 8) ->
     """The patch ``[D, H, W]`` for a median case shape and a voxel budget.
 
     Each side starts at the median shape rounded up to ``multiple`` (so the U-Net's poolings
-    divide it); while the patch holds more than ``max_voxels`` voxels, the side that is largest
-    relative to the median shape (then the largest) shrinks by ``multiple``, down to
-    ``MIN_SIDE``. A dataset smaller than the budget is taken whole (padded to the multiple).
+    divide it); while the patch holds more than ``max_voxels`` voxels, the longest side (then
+    the one largest relative to the median shape) shrinks by ``multiple``, down to ``MIN_SIDE``;
+    then sides that fit grow back by ``multiple`` (most shrunk first). A dataset smaller than
+    the budget is taken whole (padded to the multiple).
     """
     median = [max(int(m), 1) for m in median_zyx]
-    patch = [max(MIN_SIDE, multiple * math.ceil(m / multiple)) for m in median]
+    cap = [max(MIN_SIDE, multiple * math.ceil(m / multiple)) for m in median]
+    patch = list(cap)
     while math.prod(patch) > max_voxels:
         shrinkable = [a for a in range(3) if patch[a] - multiple >= MIN_SIDE]
         if not shrinkable:
             break
-        axis = max(shrinkable, key=lambda a: (patch[a] / median[a], patch[a]))
+        # the longest side first: thin axes (few slices) are kept, the patch tends to a cube
+        axis = max(shrinkable, key=lambda a: (patch[a], patch[a] / median[a]))
         patch[axis] -= multiple
+    # a step down may overshoot: give voxels back where they fit, the most shrunk side first
+    for axis in sorted(range(3), key=lambda a: patch[a] / median[a]):
+        while (
+            patch[axis] + multiple <= cap[axis]
+            and math.prod(patch) // patch[axis] * (patch[axis] + multiple) <= max_voxels
+        ):
+            patch[axis] += multiple
     return patch
 
 
