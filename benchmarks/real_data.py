@@ -68,24 +68,37 @@ def dataset_root(data: str) -> Path:
     return REPO / "data" / name
 
 
-def run_volseg(data: str, budget_s: int, overrides: list[str], name: str) -> dict:
-    """``python train.py data=<data> trainer.max_time=... trainer.precision=32 [overrides]``."""
+def start_volseg(
+    data: str, budget_s: int, overrides: list[str], name: str, threads: int | None
+) -> tuple[subprocess.Popen, list[str], Path, float, str]:
+    """Start ``python train.py data=<data> trainer.max_time=... trainer.precision=32 [overrides]``
+    (``threads``: its OMP_NUM_THREADS, i.e. torch's CPU threads)."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     run_dir = REPO / "logs" / "benchmarks" / "real_data" / f"{stamp}_{data}_{name}"
     max_time = str(datetime.timedelta(seconds=budget_s)).zfill(8)
     cmd = [sys.executable, "train.py", f"data={data}", f"trainer.max_time=00:{max_time}"]
     cmd += ["trainer.precision=32", f"hydra.run.dir={run_dir}", "extras.print_config=false"]
     cmd += ["callbacks.rich_progress_bar=null", *overrides]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    return proc, cmd, run_dir, time.perf_counter(), data
+
+
+def finish_volseg(
+    proc: subprocess.Popen, cmd: list[str], run_dir: Path, start: float, data: str
+) -> dict:
+    """Wait for a run of :func:`start_volseg`; its row from the run dir's ``summary.json``."""
+    _, stderr = proc.communicate()
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     per_class = dict(summary["best_val_dice_per_class"])
     per_class.pop(next(iter(per_class)))  # background first
     return {
-        "method": f"volseg ({name})",
+        "method": f"volseg ({run_dir.name.split(f'_{data}_', 1)[-1]})",
         "steps": summary["global_step"],
         "dice_mean": summary["best_val_dice_mean"],
         "per_class": per_class,
@@ -94,7 +107,7 @@ def run_volseg(data: str, budget_s: int, overrides: list[str], name: str) -> dic
     }
 
 
-def run_monai(root: Path, budget_s: int, seed: int = 0) -> dict:
+def run_monai(root: Path, budget_s: int, seed: int = 0, threads: int | None = None) -> dict:
     """The plain MONAI loop (see the module docstring) for ``budget_s`` seconds of training."""
     import torch
     from monai.data import CacheDataset, DataLoader, list_data_collate
@@ -116,6 +129,8 @@ def run_monai(root: Path, budget_s: int, seed: int = 0) -> dict:
     from monai.utils import set_determinism
 
     start = time.perf_counter()
+    if threads:
+        torch.set_num_threads(threads)
     set_determinism(seed)
     splits = json.loads((root / "splits.json").read_text())
     classes = json.loads((root / "classes.json").read_text())
@@ -204,22 +219,35 @@ def main() -> None:
     parser.add_argument("--only", choices=["volseg", "monai"], default=None)
     parser.add_argument("--name", default="default", help="label of the volseg row")
     parser.add_argument("--json", type=Path, default=None, help="append each row to this file")
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run both at once, 1 CPU thread each, so both see the same load on a shared machine",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides for volseg (after --)")
     args = parser.parse_args()
 
     root = dataset_root(args.data)
     rows = []
+    threads = 1 if args.parallel else None
+    started = None
     if args.only in (None, "volseg"):
-        rows.append(run_volseg(args.data, args.budget, args.overrides, args.name))
+        started = start_volseg(args.data, args.budget, args.overrides, args.name, threads)
+        if not args.parallel:
+            rows.append(finish_volseg(*started))
     if args.only in (None, "monai"):
-        rows.append(run_monai(root, args.budget))
+        rows.append(run_monai(root, args.budget, threads=threads))
+    if args.parallel and started is not None:
+        rows.insert(0, finish_volseg(*started))
     cpu = cpu_line()
-    print(f"\ndata={args.data}, {args.budget} s of training each, float32; {cpu}\n")
+    mode = "at the same time, 1 thread each" if args.parallel else "one after the other"
+    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), float32; {cpu}\n")
     print(table(rows))
     if args.json is not None:
         with open(args.json, "a") as f:
             for r in rows:
-                f.write(json.dumps({**r, "data": args.data, "budget_s": args.budget, "cpu": cpu}))
+                meta = {"data": args.data, "budget_s": args.budget, "cpu": cpu, "mode": mode}
+                f.write(json.dumps({**r, **meta}))
                 f.write("\n")
 
 
