@@ -156,6 +156,7 @@ def test_missing_data_root_is_one_clear_error(tmp_path):
 
 def test_patch_thinner_than_the_poolings_is_one_clear_error(small_dataset, tmp_path):
     thin = ["data.patch_size=[8,32,32]", "model.net.widths=[4,8,16,32,64]"]
+    thin += ["model.net.pooling=null"]
     args = [f"data.root={small_dataset}", *thin, f"hydra.run.dir={tmp_path / 'run'}"]
     result = _run(["train.py", *args])
     assert result.returncode == 2
