@@ -239,8 +239,9 @@ class SegmentationModule(LightningModule):
             return optimizer
         kwargs = {}
         target = getattr(self.scheduler_factory, "func", self.scheduler_factory)
-        if getattr(target, "follows_budget", False):
-            # the run's horizon (max_steps / max_epochs / max_time) is known only to the trainer
+        if getattr(target, "follows_budget", False) and self._trainer is not None:
+            # the run's horizon (max_steps / max_epochs / max_time) is known only to the trainer;
+            # without one (e.g. the memory estimator's fake steps) the LR stays constant
             kwargs["budget"] = RunBudget.from_trainer(self.trainer)
         return {
             "optimizer": optimizer,
