@@ -136,20 +136,25 @@ class _OutOfMemoryAtStep(L.Callback):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def test_out_of_memory_prints_the_report_and_re_raises(train_cfg, capsys):
-    datamodule = hydra.utils.instantiate(train_cfg.data)
-    model = hydra.utils.instantiate(train_cfg.model)
-    monitor = MemoryMonitor(train_cfg.paths.output_dir)
+def _fit_until_out_of_memory(train_cfg, raiser: L.Callback, **trainer_options) -> None:
+    """Fit with the memory monitor until ``raiser`` raises CUDA's OOM error (re-raised)."""
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
-        callbacks=[monitor, _OutOfMemoryAtStep(1)],
+        callbacks=[MemoryMonitor(train_cfg.paths.output_dir), raiser],
+        **trainer_options,
     )
     with pytest.raises(torch.OutOfMemoryError):
-        trainer.fit(model, datamodule)
+        trainer.fit(
+            hydra.utils.instantiate(train_cfg.model), hydra.utils.instantiate(train_cfg.data)
+        )
+
+
+def test_out_of_memory_prints_the_report_and_re_raises(train_cfg, capsys):
+    _fit_until_out_of_memory(train_cfg, _OutOfMemoryAtStep(1))
     out = capsys.readouterr().out
     assert "CUDA out of memory in a training step." in out
     assert "failed during: fwd" in out
@@ -166,19 +171,7 @@ class _OutOfMemoryInValidation(L.Callback):
 
 
 def test_out_of_memory_in_validation_names_validation_and_its_levers(train_cfg, capsys):
-    datamodule = hydra.utils.instantiate(train_cfg.data)
-    model = hydra.utils.instantiate(train_cfg.model)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        num_sanity_val_steps=0,
-        callbacks=[MemoryMonitor(train_cfg.paths.output_dir), _OutOfMemoryInValidation()],
-    )
-    with pytest.raises(torch.OutOfMemoryError):
-        trainer.fit(model, datamodule)
+    _fit_until_out_of_memory(train_cfg, _OutOfMemoryInValidation(), num_sanity_val_steps=0)
     out = capsys.readouterr().out
     assert "CUDA out of memory in validation (sliding-window inference)." in out
     assert "training step" not in out and "failed during" not in out

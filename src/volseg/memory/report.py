@@ -49,6 +49,17 @@ INFERENCE_LEVERS = (
 )
 
 
+def _now_lines(reader) -> list[str]:
+    """The allocator's counters at the failure (none without a reader)."""
+    if reader is None:
+        return []
+    now = reader.read()
+    return [
+        f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
+        f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
+    ]
+
+
 def oom_report(
     reader,
     start: MemoryReading | None,
@@ -64,13 +75,7 @@ def oom_report(
     """
     if stage != "train":
         return _inference_oom_report(reader, stage)
-    lines = ["CUDA out of memory in a training step."]
-    if reader is not None:
-        now = reader.read()
-        lines.append(
-            f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
-            f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
-        )
+    lines = ["CUDA out of memory in a training step.", *_now_lines(reader)]
     if start is not None:
         lines.append(f"  at step start: allocated {start.allocated / MIB:.0f} MiB")
     done = ", ".join(f"{p} peak {r.peak_allocated / MIB:.0f} MiB" for p, r in phase_peaks.items())
@@ -98,12 +103,9 @@ def oom_report(
 
 def _inference_oom_report(reader, stage: str) -> str:
     names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
-    lines = [f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference)."]
-    if reader is not None:
-        now = reader.read()
-        lines.append(
-            f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
-            f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
-        )
-    lines.extend(INFERENCE_LEVERS)
+    lines = [
+        f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference).",
+        *_now_lines(reader),
+        *INFERENCE_LEVERS,
+    ]
     return "\n".join(lines)
