@@ -53,6 +53,8 @@ def tiny_train_overrides(data_root: Path) -> list[str]:
         f"data.patch_size={SMALL_PATCH}",
         "data.samples_per_volume=1",
         "model.net.widths=[4,8,16]",
+        # halving every axis at every level (unet_tiny plans its pooling from the patch)
+        "model.net.pooling=null",
         "model.inferer.sw_batch_size=1",
         "trainer.max_epochs=2",
         "trainer.check_val_every_n_epoch=1",

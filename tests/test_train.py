@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 import pytest
 import torch
-from omegaconf import open_dict
+from lightning.pytorch import Callback
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
@@ -72,26 +72,30 @@ def test_checkpoint_loads_weights_only_and_carries_the_config(train_cfg):
     assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
 
 
+class StopAfterEpochs(Callback):
+    """Interrupts a run after ``epochs`` epochs (as a crash would), leaving its config alone."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
 def test_resume_ends_where_an_uninterrupted_run_ends(small_dataset, tmp_path):
     """2 epochs + resume to 4 == 4 epochs straight: weights, step, optimizer and scheduler."""
     common = [*tiny_train_overrides(small_dataset), "seed=7", "callbacks.early_stopping=null"]
-    full = compose_config("train", tmp_path / "full", [*common, "trainer.max_epochs=4"])
+    common += ["trainer.max_epochs=4"]
+    full = compose_config("train", tmp_path / "full", common)
     train(full)
-    # the same run, interrupted after 2 of its 4 epochs
-    first = compose_config("train", tmp_path / "part", [*common, "trainer.max_epochs=4"])
-    with open_dict(first):
-        first.trainer.max_steps = 4
+    # the same run (same horizon, so the same LR schedule), interrupted after 2 of its 4 epochs
+    stop = "+callbacks.stop={_target_: tests.test_train.StopAfterEpochs, epochs: 2}"
+    first = compose_config("train", tmp_path / "part", [*common, stop])
     train(first)
-    assert (
-        torch.load(Path(first.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)[
-            "global_step"
-        ]
-        == 4
-    )
     last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
-    resumed = compose_config(
-        "train", tmp_path / "resumed", [*common, "trainer.max_epochs=4", f"ckpt_path={last}"]
-    )
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    resumed = compose_config("train", tmp_path / "resumed", [*common, f"ckpt_path={last}"])
     train(resumed)
 
     a = torch.load(Path(full.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
@@ -99,7 +103,8 @@ def test_resume_ends_where_an_uninterrupted_run_ends(small_dataset, tmp_path):
     assert a["global_step"] == b["global_step"] == 8 and a["epoch"] == b["epoch"]
     for key, value in a["state_dict"].items():
         assert torch.allclose(value.float(), b["state_dict"][key].float(), atol=1e-6), key
-    assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 4
+    # the scheduler steps every optimizer step
+    assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 8
     sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
     assert all(torch.allclose(sa[k]["exp_avg"], sb[k]["exp_avg"], atol=1e-6) for k in sa)
 
@@ -156,6 +161,7 @@ def test_missing_data_root_is_one_clear_error(tmp_path):
 
 def test_patch_thinner_than_the_poolings_is_one_clear_error(small_dataset, tmp_path):
     thin = ["data.patch_size=[8,32,32]", "model.net.widths=[4,8,16,32,64]"]
+    thin += ["model.net.pooling=null"]
     args = [f"data.root={small_dataset}", *thin, f"hydra.run.dir={tmp_path / 'run'}"]
     result = _run(["train.py", *args])
     assert result.returncode == 2

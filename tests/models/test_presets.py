@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
+from volseg.models.unet import auto_depth
 
 
 def _build(preset: str, tmp_path: Path) -> torch.nn.Module:
@@ -51,8 +52,11 @@ def test_unet_small_layout(tmp_path):
 
 def test_unet_tiny_is_default_and_small(tmp_path):
     cfg = compose_config("train", tmp_path)
-    assert cfg.model.net.widths == [16, 32, 64, 128]
+    assert cfg.model.net.widths == [16, 16, 32, 64, 128]
     net = hydra.utils.instantiate(cfg.model.net)
+    # what depth=auto plans for the 32x64x64 patch: 5 levels, pooling to a 4x4x4 bottleneck
+    assert auto_depth(cfg.model.net.pooling, cfg.data.patch_size) == net.depth == 5
+    assert net.pooling == [[2, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]]
     assert sum(p.numel() for p in net.parameters()) < 2e6
 
 

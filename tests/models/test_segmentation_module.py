@@ -142,3 +142,19 @@ def test_nonfinite_check_reads_the_device_flag_every_n_steps_only(monkeypatch):
     step["now"] = 4
     with pytest.raises(FloatingPointError, match=r"NaN or Inf at a step in \[0, 4\]"):
         module.training_step(good, 4)
+
+
+def test_a_class_at_zero_dice_is_named_in_a_warning(caplog):
+    """After a validation, every foreground class at Dice 0 is named in one warning."""
+    label = _label()
+    wrong = label.clone()
+    wrong[label == 2] = 0  # class "b" is never predicted
+    module = _module(_Oracle(wrong, 3))
+    module.log = lambda *a, **k: None
+    per_class = _validate(module, label).nan_to_num(0.0)
+    with caplog.at_level("WARNING"):
+        assert module.warn_zero_dice(per_class) == ["b"]
+    assert "Dice 0 for class(es) b" in caplog.text
+    caplog.clear()
+    assert _module(_Oracle(label, 3)).warn_zero_dice(torch.tensor([1.0, 1.0, 1.0])) == []
+    assert "Dice 0" not in caplog.text

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from volseg.models import UNet3D
-from volseg.models.unet import pooling_factors
+from volseg.models.unet import pooling_factors, total_pooling, widths_for_depth
 from volseg.utils.errors import UserInputError
 
 
@@ -114,3 +114,27 @@ def test_default_pooling_is_2_everywhere_with_the_same_weights():
 def test_bad_pooling_names_the_key(pooling, patch_size):
     with pytest.raises(ValueError, match="model.net.pooling"):
         UNet3D(1, 2, widths=[4, 8, 16], pooling=pooling, patch_size=patch_size)
+
+
+@pytest.mark.parametrize(
+    ("pooling", "patch", "levels", "bottleneck"),
+    [
+        ("auto", [32, 64, 64], 5, [4, 4, 4]),  # z stops at 4, y and x pooled once more
+        (None, [32, 64, 64], 4, [4, 8, 8]),  # all axes together: the thinnest decides
+        ("auto", [48, 56, 48], 4, [6, 7, 6]),
+        ("auto", [26, 150, 320], 7, [6, 4, 5]),
+    ],
+)
+def test_depth_auto_pools_until_the_bottleneck_is_a_few_voxels(pooling, patch, levels, bottleneck):
+    net = UNet3D(1, 3, [4, 8, 16], pooling=pooling, patch_size=patch, depth="auto")
+    assert net.depth == levels
+    assert net.widths == widths_for_depth([4, 8, 16], levels)
+    assert [p // f for p, f in zip(patch, total_pooling(net.pooling), strict=True)] == bottleneck
+    x = torch.zeros(1, 1, *patch)
+    assert net(x).shape == (1, 3, *patch)
+
+
+def test_widths_for_depth_doubles_up_to_320_or_cuts():
+    assert widths_for_depth([16, 32], 5) == [16, 32, 64, 128, 256]
+    assert widths_for_depth([64, 128, 256], 5) == [64, 128, 256, 320, 320]
+    assert widths_for_depth([16, 32, 64, 128], 2) == [16, 32]

@@ -27,6 +27,7 @@ from volseg.data.loader_options import (
     check_loader_options,
     resolve_loader_options,
 )
+from volseg.data.mni152 import build_mni152_dataset
 from volseg.data.sampling import (
     EpochSeededSampler,
     ResumableLoader,
@@ -50,6 +51,9 @@ class VolumeDataModule(LightningDataModule):
         num_classes: classes including background; labels must lie in ``[0, num_classes)``.
         in_channels: image channels (single-channel stacks: 1).
         patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
+            ``auto`` in the config is planned from the data by ``train.py`` before this class
+            is built (:func:`volseg.data.fingerprint.resolve_auto_patch`).
+        patch_voxels: the voxel budget of ``patch_size=auto`` (read by the planner).
         batch_size: patches per training step.
         samples_per_volume: patches drawn from each training volume per epoch (epoch length =
             ``len(train) * samples_per_volume / batch_size`` steps).
@@ -65,6 +69,10 @@ class VolumeDataModule(LightningDataModule):
             (before the random transforms).
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
+        mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
+            built from the MNI152 template (:func:`volseg.data.mni152.build_mni152_dataset`).
+        augment: training augmentations (:func:`volseg.data.transforms.augment_transforms`);
+            ``None``: the defaults there.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
         spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
             µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
@@ -94,12 +102,15 @@ class VolumeDataModule(LightningDataModule):
         synthetic: dict[str, Any] | None = None,
         check_only: bool = False,
         spacing: Sequence[float] | None = None,
+        mni152: dict[str, Any] | None = None,
+        augment: dict[str, Any] | None = None,
+        patch_voxels: int | None = None,
     ) -> None:
         super().__init__()
         self.root = Path(root)
         self.num_classes = num_classes
         self.in_channels = in_channels
-        self.patch_size = [int(p) for p in patch_size]
+        self.patch_size = [int(p) for p in patch_size] if str(patch_size) != "auto" else []
         self.batch_size = batch_size
         self.samples_per_volume = samples_per_volume
         self.val_fraction = val_fraction
@@ -115,6 +126,8 @@ class VolumeDataModule(LightningDataModule):
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
+        self.mni152 = dict(mni152) if mni152 else None
+        self.augment = dict(augment) if augment else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_ds: SeededItems | None = None
@@ -130,6 +143,11 @@ class VolumeDataModule(LightningDataModule):
             raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
         if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
             raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
+        if str(patch_size) == "auto":
+            raise UserInputError(
+                "data.patch_size=auto is planned from the data by train.py; call "
+                "volseg.data.fingerprint.resolve_auto_patch(cfg) before building the datamodule"
+            )
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
         if in_channels != 1 and not self.multichannel:
@@ -153,13 +171,18 @@ class VolumeDataModule(LightningDataModule):
         return self._class_names
 
     def prepare_data(self) -> None:
-        """Generate the embedded dataset if ``root`` is its (missing) folder."""
-        if self.synthetic and not self.root.exists():
-            settings = dict(self.synthetic)
-            target = Path(settings.pop("root"))
-            if target.resolve() == self.root.resolve():
-                log.info("Generating the embedded synthetic dataset in %s", self.root)
-                generate_synthetic_dataset(self.root, **settings)
+        """Generate the embedded (or MNI152) dataset if ``root`` is its (missing) folder."""
+        builders = [
+            (self.synthetic, generate_synthetic_dataset, "the embedded synthetic dataset"),
+            (self.mni152, build_mni152_dataset, "the MNI152 brain dataset"),
+        ]
+        for options, build, what in builders:
+            if options and not self.root.exists():
+                settings = dict(options)
+                target = Path(settings.pop("root"))
+                if target.resolve() == self.root.resolve():
+                    log.info("Generating %s in %s", what, self.root)
+                    build(self.root, **settings)
 
     def find(self) -> tuple[list[Case], list[str]]:
         """The dataset's complete cases, and problems of the layout itself (one line each)."""
@@ -225,7 +248,11 @@ class VolumeDataModule(LightningDataModule):
         self.check()
         if self._train_ds is None and stage in (None, "fit"):
             transform = train_transforms(
-                self.patch_size, self.num_classes, self.class_ratios, **self.load_options
+                self.patch_size,
+                self.num_classes,
+                self.class_ratios,
+                augment=self.augment,
+                **self.load_options,
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
             cache = CacheDataset(

@@ -30,6 +30,7 @@ from monai.transforms import (
 from monai.utils import convert_to_tensor
 
 from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
+from volseg.utils.errors import UserInputError
 
 
 class Resampled(MapTransform):
@@ -96,31 +97,80 @@ def load_transforms(
     ]
 
 
+#: augmentations when ``data.augment`` is not given: safe for anatomy (no mirroring, no turns,
+#: which would destroy position cues: left/right, front/back, up/down), intensity jitter only
+DEFAULT_AUGMENT: dict[str, Any] = {
+    "flip_axes": [],
+    "rotate90_planes": [],
+    "intensity_scale": 0.1,
+    "intensity_shift": 0.1,
+    "prob": 0.5,
+}
+
+
+def augment_transforms(
+    patch_size: Sequence[int], augment: Mapping[str, Any] | None = None
+) -> list[MapTransform]:
+    """Random augmentations of a training patch, from ``data.augment``.
+
+    Keys (missing ones take :data:`DEFAULT_AUGMENT`'s value):
+
+    - ``flip_axes``: patch axes (0 = D/z, 1 = H/y, 2 = W/x) that may be mirrored, each with
+      probability ``prob``. Mirroring is only safe where the labels do not depend on the side.
+    - ``rotate90_planes``: planes such as ``[[1, 2]]`` in which the patch may turn by a multiple of
+      90° (probability ``prob``); a plane whose two sides differ is an error (the turn would
+      change the patch's shape).
+    - ``intensity_scale``, ``intensity_shift``: image × (1 + U(−s, s)) and + U(−o, o) (z-score
+      units), each with probability ``prob``; 0 disables.
+    """
+    options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
+    unknown = set(options) - set(DEFAULT_AUGMENT)
+    if unknown:
+        raise UserInputError(
+            f"data.augment: unknown key(s) {sorted(unknown)}; expected {sorted(DEFAULT_AUGMENT)}"
+        )
+    keys = ["image", "label"]
+    prob = float(options["prob"])
+    out: list[MapTransform] = []
+    for axis in options["flip_axes"] or []:
+        if int(axis) not in (0, 1, 2):
+            raise UserInputError(f"data.augment.flip_axes: {axis} is not a patch axis (0, 1, 2)")
+        out.append(RandFlipd(keys, prob=prob, spatial_axis=int(axis)))
+    for plane in options["rotate90_planes"] or []:
+        a, b = (int(v) for v in plane)
+        if {a, b} - {0, 1, 2} or a == b or patch_size[a] != patch_size[b]:
+            raise UserInputError(
+                f"data.augment.rotate90_planes: {list(plane)} needs two different axes of equal "
+                f"size in data.patch_size={list(patch_size)} (a 90° turn keeps the shape)"
+            )
+        out.append(RandRotate90d(keys, prob=prob, max_k=3, spatial_axes=(a, b)))
+    if options["intensity_scale"]:
+        out.append(
+            RandScaleIntensityd("image", factors=float(options["intensity_scale"]), prob=prob)
+        )
+    if options["intensity_shift"]:
+        out.append(
+            RandShiftIntensityd("image", offsets=float(options["intensity_shift"]), prob=prob)
+        )
+    return out
+
+
 def train_transforms(
     patch_size: Sequence[int],
     num_classes: int,
     class_ratios: Sequence[float] | None = None,
+    augment: Mapping[str, Any] | None = None,
     **load_options: Any,
 ) -> Compose:
     """Loading (options: see :func:`load_transforms`), then class-balanced patch sampling and
-    augmentation.
+    augmentation (:func:`augment_transforms`).
 
     ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
     ``class_ratios`` (equal by default, so small classes are seen as often as background — like
     nnU-Net's foreground oversampling). Volumes smaller than the patch are zero-padded first.
     """
     keys = ["image", "label"]
-    augment = [
-        RandFlipd(keys, prob=0.5, spatial_axis=0),
-        RandFlipd(keys, prob=0.5, spatial_axis=1),
-        RandFlipd(keys, prob=0.5, spatial_axis=2),
-    ]
-    if patch_size[1] == patch_size[2]:  # a 90 degree turn in-plane keeps the patch shape
-        augment.append(RandRotate90d(keys, prob=0.5, max_k=3, spatial_axes=(1, 2)))
-    augment += [
-        RandScaleIntensityd("image", factors=0.1, prob=0.5),
-        RandShiftIntensityd("image", offsets=0.1, prob=0.5),
-    ]
+    augment = augment_transforms(patch_size, augment)
     return Compose(
         [
             *load_transforms(keys, **load_options),

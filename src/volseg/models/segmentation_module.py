@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from volseg.memory import offload
+from volseg.models.schedules import RunBudget
 
 log = logging.getLogger(__name__)
 
@@ -237,16 +238,41 @@ class SegmentationModule(LightningModule):
             }
         if not self.trainer.sanity_checking:
             self.log("val/dice_mean_best", max(self.best_dice, mean.item()))
+            self.warn_zero_dice(per_class)
+
+    def warn_zero_dice(self, per_class: torch.Tensor) -> list[str]:
+        """Warn (once per validation) about classes at Dice 0; returns their names.
+
+        A class at 0 after training has begun is never predicted where it lies: too rare in the
+        patches, lost to augmentation, or too short a run.
+        """
+        first = 0 if self.include_background else 1
+        scores = zip(self.class_names[first:], per_class[first:].tolist(), strict=True)
+        zero = [name for name, dice in scores if dice == 0.0]
+        if zero:
+            log.warning(
+                "Validation at epoch %d, step %d: Dice 0 for class(es) %s",
+                self.current_epoch,
+                self.global_step,
+                ", ".join(zero),
+            )
+        return zero
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(params=self.parameters())
         guard_fp16_eps(optimizer)
         if self.scheduler_factory is None:
             return optimizer
+        kwargs = {}
+        target = getattr(self.scheduler_factory, "func", self.scheduler_factory)
+        if getattr(target, "follows_budget", False) and self._trainer is not None:
+            # the run's horizon (max_steps / max_epochs / max_time) is known only to the trainer;
+            # without one (e.g. the memory estimator's fake steps) the LR stays constant
+            kwargs["budget"] = RunBudget.from_trainer(self.trainer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {
-                "scheduler": self.scheduler_factory(optimizer=optimizer),
+                "scheduler": self.scheduler_factory(optimizer=optimizer, **kwargs),
                 "interval": self.scheduler_interval,
             },
         }

@@ -8,6 +8,7 @@ before the concatenation, as the classic U-Net ports do. Each level pools every 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -18,6 +19,8 @@ from torch import nn
 
 from volseg.memory.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
 from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 Norm = Literal["batch", "instance", "group"]
 Upsampling = Literal["trilinear", "transposed"]
@@ -71,6 +74,33 @@ def pooling_factors(
             f"(e.g. [[1,2,2],...]), null or auto; got {_listed(pooling)}"
         )
     return [[int(f) for f in k] for k in kernels]
+
+
+#: the widest level ``depth`` adds (nnU-Net's cap for 3D)
+MAX_WIDTH = 320
+
+
+def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
+    """Levels for ``model.net.depth=auto``: pool until no axis of ``patch_size`` can be pooled
+    again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
+    with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
+    a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
+    counts = []
+    for extent in (int(p) for p in patch_size):
+        n = 0
+        while extent >= 2 * AUTO_MIN_POOLED:
+            extent //= 2
+            n += 1
+        counts.append(n)
+    return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
+
+
+def widths_for_depth(widths: Sequence[int], depth: int) -> list[int]:
+    """``widths`` cut or extended (doubling the last, at most ``MAX_WIDTH``) to ``depth`` levels."""
+    out = [int(w) for w in widths][:depth]
+    while len(out) < depth:
+        out.append(min(2 * out[-1], max(MAX_WIDTH, out[-1])))
+    return out
 
 
 def _listed(value: Any) -> Any:
@@ -261,6 +291,8 @@ class UNet3D(nn.Module):
             one ``[z, y, x]`` kernel of 1s and 2s per pooling; see :func:`pooling_factors`.
         patch_size: training patch ``[D, H, W]`` in voxels; needed by ``pooling="auto"``, and
             checked against a fixed pooling (see :func:`check_patch_poolable`).
+        depth: levels; ``None``: ``len(widths)``; an int cuts or extends ``widths`` (doubling,
+            at most 320); ``"auto"``: from ``patch_size`` (:func:`auto_depth`).
 
     Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
     """
@@ -279,9 +311,37 @@ class UNet3D(nn.Module):
         activation_checkpointing: CheckpointSpec = None,
         pooling: Pooling = None,
         patch_size: Sequence[int] | None = None,
+        depth: int | str | None = None,
     ) -> None:
         super().__init__()
         widths = list(widths)
+        if depth == "auto":
+            if patch_size is None or len(patch_size) != 3:
+                raise ValueError(
+                    "model.net.depth=auto needs model.net.patch_size=[D, H, W] (default "
+                    f"${{data.patch_size}}); got {patch_size}"
+                )
+            depth = auto_depth(pooling, patch_size)
+            planned = widths_for_depth(widths, depth)
+            bottleneck = [
+                p // f
+                for p, f in zip(
+                    patch_size,
+                    total_pooling(pooling_factors(planned, pooling, patch_size)),
+                    strict=True,
+                )
+            ]
+            log.info(
+                "model.net.depth=auto -> %d levels, widths %s: pooled until no axis of the patch "
+                "%s can be halved again (model.net.pooling=%s), bottleneck %s voxels",
+                depth,
+                planned,
+                list(patch_size),
+                pooling,
+                bottleneck,
+            )
+        if depth is not None:
+            widths = widths_for_depth(widths, int(depth))
         if len(widths) < 2:
             raise ValueError(f"model.net.widths needs at least 2 levels; got {widths}")
         decoder_widths = list(decoder_widths) if decoder_widths is not None else widths[:-1]

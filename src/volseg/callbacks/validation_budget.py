@@ -1,0 +1,97 @@
+"""Validation cadence sized by its cost, and a last validation before a time budget runs out."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class ValidationBudget(Callback):
+    """Keep whole-volume validation to about ``max_fraction`` of the run's time.
+
+    After each validation, ``trainer.check_val_every_n_epoch`` is raised (never lowered below
+    its configured value) to ``ceil(validation time / (max_fraction × epoch time))``: a short
+    epoch with an expensive validation is validated less often. With ``trainer.max_time``, the
+    epoch that is the last to fit (its training and one validation) is validated and the run
+    stops after it, so the time budget does not end on unvalidated training; with
+    ``trainer.max_epochs``, the last epoch is always validated.
+
+    Args:
+        max_fraction: the share of the time spent validating to aim at (0 < f < 1).
+    """
+
+    def __init__(self, max_fraction: float = 0.1) -> None:
+        if not 0.0 < max_fraction < 1.0:
+            raise ValueError(
+                f"callbacks.validation_budget.max_fraction={max_fraction}: need (0, 1)"
+            )
+        self.max_fraction = max_fraction
+        self._base_every: int | None = None
+        self._epoch_start = 0.0
+        self._epoch_times: list[float] = []
+        self._val_start = 0.0
+        self.last_validation_s: float | None = None
+        self._final = False
+
+    def _timer(self, trainer: Trainer) -> Any:
+        timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
+        return timer if timer is not None and getattr(timer, "_duration", None) else None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._base_every = trainer.check_val_every_n_epoch
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._epoch_start = time.perf_counter()
+        if self._base_every is None or not self._epoch_times:
+            return
+        epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
+        cycle_s = epoch_s + (self.last_validation_s or 0.0)  # one epoch and its validation
+        final = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
+            trainer.max_epochs
+        )
+        timer = self._timer(trainer)
+        if timer is not None:
+            # after this epoch and its validation, another such cycle would not fit
+            final = final or timer._duration - timer.time_elapsed() < 2 * cycle_s
+        if final:
+            self._final = True
+            trainer.check_val_every_n_epoch = 1
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._epoch_times.append(time.perf_counter() - self._epoch_start)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self._base_every is None:
+            return
+        self.last_validation_s = time.perf_counter() - self._val_start
+        if self._final:
+            if self._timer(trainer) is not None:
+                log.info("Last validation before trainer.max_time runs out; stopping")
+                trainer.should_stop = True
+            return
+        if not self._epoch_times:
+            return
+        epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
+        every = max(
+            self._base_every,
+            math.ceil(self.last_validation_s / (self.max_fraction * max(epoch_s, 1e-6))),
+        )
+        if every != trainer.check_val_every_n_epoch:
+            log.info(
+                "Validation takes %.1f s, a training epoch %.1f s: validating every %d epochs "
+                "keeps validation near %.0f%% of the time (callbacks.validation_budget)",
+                self.last_validation_s,
+                epoch_s,
+                every,
+                100 * self.max_fraction,
+            )
+            trainer.check_val_every_n_epoch = every

@@ -1,0 +1,185 @@
+"""A small labelled brain MRI dataset built, in code, from the MNI152 2009 template in nilearn.
+
+nilearn's wheel carries the template (T1, grey- and white-matter probability maps, brain mask) as
+package data, so nothing is downloaded. There is one brain, so every case is a different *view*
+of it, drawn from a seeded random generator:
+
+1. Geometry: each case's output grid (``spacing`` mm, the brain's bounding box + 6 mm) is mapped
+   into template space by a random affine (rotation up to ``max_rotation_deg`` about each axis,
+   scale 0.92-1.08 per axis, translation up to 5 mm) and a smooth random deformation (a 5×5×5
+   grid of normal displacements, ``elastic_mm`` mm standard deviation, cubic-upsampled). The
+   template is exactly left-right symmetric, so mirrored views would add nothing.
+2. Intensity: the T1 is sampled linearly, then a smooth multiplicative bias field (exp of a random
+   linear ramp, ±0.2 per axis), a random gamma (0.8-1.25) and Gaussian noise (sd 0.03) are applied.
+3. Labels: tissue from the sampled probability maps — grey matter where the brain mask ≥ 0.5,
+   GM ≥ 0.3 and GM ≥ WM; white matter where WM ≥ 0.3 and WM > GM; the rest background — split
+   into four classes by the task:
+
+   - ``lobes``: grey + white matter by position in the (undeformed) template's MNI coordinates:
+     anterior/posterior of the plane y = -20 mm (near the central sulcus) × superior/inferior of
+     z = 10 mm: ``anterior_superior``, ``anterior_inferior``, ``posterior_superior``,
+     ``posterior_inferior``. Left-right symmetric, position-defined (like lobe groups).
+   - ``hemispheres``: ``left_gm``, ``right_gm``, ``left_wm``, ``right_wm`` (side of the brain's
+     midline).
+
+The last ``num_val`` cases form the validation split (``splits.json``), class names go to
+``classes.json``; images and labels are NIfTI with the grid's affine (RAS, mm).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from scipy import ndimage
+
+TASKS: dict[str, tuple[str, ...]] = {
+    "lobes": (
+        "background",
+        "anterior_superior",
+        "anterior_inferior",
+        "posterior_superior",
+        "posterior_inferior",
+    ),
+    "hemispheres": ("background", "left_gm", "right_gm", "left_wm", "right_wm"),
+}
+_MARGIN_MM = 6.0
+_ANTERIOR_Y_MM = -20.0
+_SUPERIOR_Z_MM = 10.0
+
+
+def load_template(resolution: int = 2) -> dict[str, nib.Nifti1Image]:
+    """The MNI152 2009 template from nilearn's package data: ``t1``, ``gm``, ``wm``, ``mask``."""
+    try:
+        from nilearn import datasets
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError('data=mni152 needs nilearn: pip install "volseg[mni152]"') from err
+    return {
+        "t1": datasets.load_mni152_template(resolution=resolution),
+        "gm": datasets.load_mni152_gm_template(resolution=resolution),
+        "wm": datasets.load_mni152_wm_template(resolution=resolution),
+        "mask": datasets.load_mni152_brain_mask(resolution=resolution),
+    }
+
+
+def _rotation(angles: np.ndarray) -> np.ndarray:
+    """3×3 rotation from angles (radians) about x, y, z."""
+    cx, cy, cz = np.cos(angles)
+    sx, sy, sz = np.sin(angles)
+    rx = np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]])
+    ry = np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
+    rz = np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]])
+    return rz @ ry @ rx
+
+
+def output_grid(mask: nib.Nifti1Image, spacing: float) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The output grid: its 4×4 voxel-to-mm affine and ``(X, Y, Z)`` shape, covering the brain's
+    bounding box + a 6 mm margin at ``spacing`` mm."""
+    data = np.asarray(mask.dataobj) > 0.5
+    idx = np.argwhere(data)
+    lo_mm = nib.affines.apply_affine(mask.affine, idx.min(0)) - _MARGIN_MM
+    hi_mm = nib.affines.apply_affine(mask.affine, idx.max(0)) + _MARGIN_MM
+    shape = np.ceil((hi_mm - lo_mm) / spacing).astype(int) + 1
+    affine = np.diag([spacing, spacing, spacing, 1.0])
+    affine[:3, 3] = lo_mm
+    return affine, tuple(int(s) for s in shape)
+
+
+def make_case(
+    template: dict[str, nib.Nifti1Image],
+    task: str,
+    seed: int,
+    spacing: float = 2.0,
+    max_rotation_deg: float = 8.0,
+    elastic_mm: float = 3.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One view of the template (see the module docstring).
+
+    Returns ``(image, label, affine)``: float32 ``(X, Y, Z)`` intensities, uint8 ``(X, Y, Z)``
+    labels in ``[0, 5)`` and the 4×4 voxel-to-mm affine (file axis order, as NIfTI stores it).
+    """
+    if task not in TASKS:
+        raise ValueError(f"data.mni152.task={task!r}: expected one of {sorted(TASKS)}")
+    rng = np.random.default_rng(seed)
+    affine, shape = output_grid(template["mask"], spacing)
+    grid = np.stack(np.meshgrid(*(np.arange(s) for s in shape), indexing="ij"), axis=-1)
+    world = grid @ affine[:3, :3].T + affine[:3, 3]  # (X, Y, Z, 3) mm
+    center = world.reshape(-1, 3).mean(0)
+    # random affine about the grid's centre, then a smooth deformation (mm)
+    rot = _rotation(np.deg2rad(rng.uniform(-max_rotation_deg, max_rotation_deg, 3)))
+    scale = rng.uniform(0.92, 1.08, 3)
+    shift = rng.uniform(-5.0, 5.0, 3)
+    anatomical = (world - center) @ (rot * scale).T + center + shift
+    coarse = rng.normal(0.0, elastic_mm, size=(3, 5, 5, 5))
+    zoom = [s / 5 for s in shape]
+    for a in range(3):
+        anatomical[..., a] += ndimage.zoom(coarse[a], zoom, order=3)[
+            : shape[0], : shape[1], : shape[2]
+        ]
+    t1_affine_inv = np.linalg.inv(template["t1"].affine)
+    vox = anatomical @ t1_affine_inv[:3, :3].T + t1_affine_inv[:3, 3]
+    coords = np.moveaxis(vox, -1, 0)
+
+    def sample(name: str) -> np.ndarray:
+        data = np.asarray(template[name].get_fdata(dtype=np.float32))
+        return ndimage.map_coordinates(data, coords, order=1, mode="constant", cval=0.0)
+
+    t1, gm, wm, mask = (sample(n) for n in ("t1", "gm", "wm", "mask"))
+    brain = mask >= 0.5
+    is_gm = brain & (gm >= 0.3) & (gm >= wm)
+    is_wm = brain & (wm >= 0.3) & (wm > gm)
+    label = np.zeros(shape, dtype=np.uint8)
+    if task == "lobes":
+        anterior = anatomical[..., 1] >= _ANTERIOR_Y_MM
+        superior = anatomical[..., 2] >= _SUPERIOR_Z_MM
+        region = np.where(anterior, np.where(superior, 1, 2), np.where(superior, 3, 4))
+        label[is_gm | is_wm] = region[is_gm | is_wm]
+    else:
+        # the brain's left: x < 0 in template (RAS) coordinates
+        left = anatomical[..., 0] < 0
+        label[is_gm] = np.where(left[is_gm], 1, 2)
+        label[is_wm] = np.where(left[is_wm], 3, 4)
+    # intensity: bias field, gamma, noise
+    ramps = (grid / np.array(shape) - 0.5) @ rng.uniform(-0.2, 0.2, 3)
+    image = np.clip(t1, 0.0, None) * np.exp(ramps)
+    image = image ** rng.uniform(0.8, 1.25)
+    image = image + rng.normal(0.0, 0.03, size=shape)
+    return image.astype(np.float32), label, affine
+
+
+def build_mni152_dataset(
+    root: str | Path,
+    task: str = "lobes",
+    spacing: float = 2.0,
+    num_cases: int = 6,
+    num_val: int = 2,
+    seed: int = 0,
+    template_resolution: int = 2,
+) -> Path:
+    """Write ``num_cases`` views of the template into ``root/images``, ``root/labels``, with
+    ``splits.json`` (last ``num_val`` cases: validation) and ``classes.json``.
+
+    Deterministic for a given ``seed``. Written to a temporary folder and
+    renamed into place, so an interrupted run leaves no half-written dataset.
+    """
+    if not 0 < num_val < num_cases:
+        raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
+    root = Path(root)
+    template = load_template(template_resolution)
+    tmp = root.with_name(root.name + ".partial")
+    for sub in ("images", "labels"):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(num_cases):
+        name = f"mni_{i:03d}.nii.gz"
+        image, label, affine = make_case(template, task, seed=seed * 100_003 + i, spacing=spacing)
+        nib.save(nib.Nifti1Image(image, affine), tmp / "images" / name)
+        nib.save(nib.Nifti1Image(label, affine), tmp / "labels" / name)
+        names.append(name)
+    splits = {"train": names[: num_cases - num_val], "val": names[num_cases - num_val :]}
+    (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
+    (tmp / "classes.json").write_text(json.dumps(list(TASKS[task])))
+    tmp.rename(root)
+    return root

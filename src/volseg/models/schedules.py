@@ -1,0 +1,88 @@
+"""Learning-rate schedules that follow the run's budget: steps or wall-clock time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+
+@dataclass
+class RunBudget:
+    """What bounds a run: ``total_steps`` (optimizer steps; ``inf``: no step bound) and
+    ``max_time_s`` with ``elapsed_s()`` (seconds of training so far; ``None``: no time bound)."""
+
+    total_steps: float = math.inf
+    max_time_s: float | None = None
+    elapsed_s: Callable[[], float] | None = None
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> RunBudget:
+        """From a Lightning trainer: ``max_steps`` or ``max_epochs`` × steps per epoch
+        (``estimated_stepping_batches``) and ``max_time`` (its ``Timer`` callback, which also
+        counts validation and survives a resume)."""
+        try:
+            total = float(trainer.estimated_stepping_batches)
+        except Exception:  # e.g. a loader without a length: no step bound known
+            total = math.inf
+        timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
+        duration = getattr(timer, "_duration", None)
+        if timer is None or duration is None:
+            return cls(total_steps=total)
+        return cls(total_steps=total, max_time_s=float(duration), elapsed_s=timer.time_elapsed)
+
+    def progress(self, step: int) -> float:
+        """Fraction of the budget used after ``step`` optimizer steps, in ``[0, 1]``: the larger
+        of the step fraction and the time fraction (whichever bound comes first ends the run)."""
+        done = step / self.total_steps if math.isfinite(self.total_steps) else 0.0
+        if self.max_time_s and self.elapsed_s is not None:
+            done = max(done, self.elapsed_s() / self.max_time_s)
+        return min(max(done, 0.0), 1.0)
+
+
+class BudgetCosineLR(LRScheduler):
+    """Cosine decay from each group's initial LR to ``eta_min`` over the run's budget.
+
+    Stepped every optimizer step (``scheduler_interval: step``). The LR at step ``t`` is
+    ``eta_min + (lr0 - eta_min) * (1 + cos(pi * p)) / 2`` with ``p = budget.progress(t)``: the step
+    fraction for ``trainer.max_steps``/``max_epochs``, the elapsed fraction of ``trainer.max_time``
+    (time spent validating counts, as it does for the trainer), whichever is further. Following
+    time directly needs no estimate of the step rate, which varies with validation and with a
+    shared machine. With neither bound (``max_epochs=-1`` and no time), the LR stays constant.
+
+    Args:
+        optimizer: the wrapped optimizer.
+        budget: the run's bounds (:meth:`RunBudget.from_trainer`); ``None``: constant LR.
+        eta_min: the LR at the end of the budget.
+        warmup_steps: linear warm-up from 0 over the first steps (0: none).
+    """
+
+    #: the LightningModule passes ``budget=RunBudget.from_trainer(trainer)`` to such schedulers
+    follows_budget = True
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        budget: RunBudget | None = None,
+        eta_min: float = 0.0,
+        warmup_steps: int = 0,
+        last_epoch: int = -1,
+    ) -> None:
+        self.budget = budget or RunBudget()
+        self.eta_min = eta_min
+        self.warmup_steps = warmup_steps
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        step = max(self.last_epoch, 0)
+        factor = 0.5 * (1.0 + math.cos(math.pi * self.budget.progress(step)))
+        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        return [warm * (self.eta_min + (lr - self.eta_min) * factor) for lr in self.base_lrs]
+
+    def state_dict(self) -> dict[str, Any]:
+        # the budget holds the trainer's clock; it is rebuilt from the trainer on resume
+        return {k: v for k, v in super().state_dict().items() if k != "budget"}

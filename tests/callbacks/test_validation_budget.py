@@ -1,0 +1,74 @@
+"""ValidationBudget: validation cadence sized by its cost; the last epoch that fits validates."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from volseg.callbacks.validation_budget import ValidationBudget
+
+
+class FakeTimer:
+    """Stands in for Lightning's Timer (found by class name)."""
+
+    def __init__(self, duration: float, elapsed: float) -> None:
+        self._duration = duration
+        self.elapsed = elapsed
+
+    def time_elapsed(self) -> float:
+        return self.elapsed
+
+
+FakeTimer.__name__ = "Timer"
+
+
+def _trainer(**kwargs):
+    defaults = {"check_val_every_n_epoch": 2, "max_epochs": 100, "current_epoch": 0}
+    defaults.update(sanity_checking=False, should_stop=False, callbacks=[])
+    return SimpleNamespace(**{**defaults, **kwargs})
+
+
+def test_expensive_validation_runs_less_often(monkeypatch):
+    callback = ValidationBudget(max_fraction=0.1)
+    trainer = _trainer()
+    callback.on_train_start(trainer, None)
+    clock = iter([0.0, 10.0, 10.0, 16.0])  # a 10 s epoch, then a 6 s validation
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    callback.on_train_epoch_start(trainer, None)
+    callback.on_train_epoch_end(trainer, None)
+    callback.on_validation_start(trainer, None)
+    callback.on_validation_end(trainer, None)
+    # 6 s / (0.1 * 10 s) = 6 epochs between validations
+    assert trainer.check_val_every_n_epoch == 6
+    assert not trainer.should_stop
+
+
+def test_cheap_validation_keeps_the_configured_cadence(monkeypatch):
+    callback = ValidationBudget(max_fraction=0.1)
+    trainer = _trainer()
+    callback.on_train_start(trainer, None)
+    clock = iter([0.0, 10.0, 10.0, 10.5])
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    callback.on_train_epoch_start(trainer, None)
+    callback.on_train_epoch_end(trainer, None)
+    callback.on_validation_start(trainer, None)
+    callback.on_validation_end(trainer, None)
+    assert trainer.check_val_every_n_epoch == 2
+
+
+def test_the_last_epoch_within_max_time_validates_and_stops(monkeypatch):
+    callback = ValidationBudget(max_fraction=0.1)
+    timer = FakeTimer(duration=100.0, elapsed=0.0)
+    trainer = _trainer(callbacks=[timer], check_val_every_n_epoch=7)
+    callback.on_train_start(trainer, None)
+    callback._epoch_times = [10.0]
+    callback.last_validation_s = 5.0
+    monkeypatch.setattr("time.perf_counter", lambda: 0.0)
+    timer.elapsed = 60.0  # 40 s left: room for one more epoch + validation (15 s) after this
+    callback.on_train_epoch_start(trainer, None)
+    assert trainer.check_val_every_n_epoch == 7
+    timer.elapsed = 75.0  # 25 s left: this is the last epoch that fits with its validation
+    callback.on_train_epoch_start(trainer, None)
+    assert trainer.check_val_every_n_epoch == 1
+    callback.on_validation_start(trainer, None)
+    callback.on_validation_end(trainer, None)
+    assert trainer.should_stop
