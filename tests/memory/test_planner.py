@@ -70,7 +70,8 @@ def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
 
 def test_pooling_divisor_is_per_axis(tmp_path):
     five = "model.net.widths=[4,8,16,32,64]"
-    cfg = compose_config("train", tmp_path, [five, "data.patch_size=[26,150,320]"])
+    null = "model.net.pooling=null"
+    cfg = compose_config("train", tmp_path, [five, "data.patch_size=[26,150,320]", null])
     assert pooling_divisor(cfg) == [16, 16, 16]
     cfg = compose_config(
         "train", tmp_path, [five, "data.patch_size=[26,150,320]", "model.net.pooling=auto"]
@@ -134,7 +135,7 @@ def test_estimate_memory_cli_writes_json(tmp_path):
     "bad, named",
     [
         (["estimate.budget=lots"], "estimate.budget=lots"),
-        (["data.patch_size=[2,32,32]"], "data.patch_size=[2, 32, 32] is too thin"),
+        (["data.patch_size=[2,32,32]", "model.net.pooling=null"], "[2, 32, 32] is too thin"),
     ],
 )
 def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
