@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,26 +19,43 @@ class RunBudget:
     total_steps: float = math.inf
     max_time_s: float | None = None
     elapsed_s: Callable[[], float] | None = None
+    _count_steps: Callable[[], float] | None = field(default=None, repr=False)
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> RunBudget:
         """From a Lightning trainer: ``max_steps`` or ``max_epochs`` × steps per epoch
         (``estimated_stepping_batches``) and ``max_time`` (its ``Timer`` callback, which also
         counts validation and survives a resume)."""
-        try:
-            total = float(trainer.estimated_stepping_batches)
-        except Exception:  # e.g. a loader without a length: no step bound known
-            total = math.inf
+
+        def count_steps() -> float:
+            try:
+                return float(trainer.estimated_stepping_batches)
+            except Exception:  # e.g. a loader without a length: no step bound known
+                return math.inf
+
         timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
         duration = getattr(timer, "_duration", None)
         if timer is None or duration is None:
-            return cls(total_steps=total)
-        return cls(total_steps=total, max_time_s=float(duration), elapsed_s=timer.time_elapsed)
+            return cls(_count_steps=count_steps)
+        return cls(
+            max_time_s=float(duration), elapsed_s=timer.time_elapsed, _count_steps=count_steps
+        )
+
+    def _steps(self) -> float:
+        # counted on first use, not when the scheduler is built: counting sets up the train
+        # loader, and a loader set up inside configure_optimizers misses the sampler state a
+        # resumed run restores afterwards (the resumed run would see other patches)
+        if self._count_steps is not None:
+            self.total_steps, self._count_steps = self._count_steps(), None
+        return self.total_steps
 
     def progress(self, step: int) -> float:
         """Fraction of the budget used after ``step`` optimizer steps, in ``[0, 1]``: the larger
         of the step fraction and the time fraction (whichever bound comes first ends the run)."""
-        done = step / self.total_steps if math.isfinite(self.total_steps) else 0.0
+        if step <= 0:
+            return 0.0
+        total = self._steps()
+        done = step / total if math.isfinite(total) else 0.0
         if self.max_time_s and self.elapsed_s is not None:
             done = max(done, self.elapsed_s() / self.max_time_s)
         return min(max(done, 0.0), 1.0)
