@@ -10,8 +10,8 @@ set_project_root(__file__)
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="estimate_memory.yaml")
 def main(cfg: DictConfig) -> None:
-    from volseg.estimation import run_estimate
-    from volseg.training import check_patch_fits_network
+    from volseg.tasks.estimate_memory import run_estimate
+    from volseg.tasks.train import check_patch_fits_network
 
     def task(cfg: DictConfig) -> None:
         check_patch_fits_network(cfg)  # a too-thin patch: one clear error, not a failed build

@@ -10,7 +10,7 @@ set_project_root(__file__)
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval.yaml")
 def main(cfg: DictConfig) -> None:
-    from volseg.evaluation import evaluate
+    from volseg.tasks.evaluate import evaluate
 
     run_task(evaluate, cfg)
 

@@ -10,7 +10,7 @@ set_project_root(__file__)
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="predict.yaml")
 def main(cfg: DictConfig) -> None:
-    from volseg.prediction import predict
+    from volseg.tasks.predict import predict
 
     run_task(predict, cfg)
 

@@ -11,7 +11,7 @@ set_project_root(__file__)
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
 def main(cfg: DictConfig) -> float | None:
     from volseg.data.fingerprint import resolve_auto_patch
-    from volseg.training import train
+    from volseg.tasks.train import train
 
     def plan_and_train(cfg: DictConfig) -> dict[str, float]:
         # data.patch_size=auto from the data, before anything interpolates ${data.patch_size}

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import torch
 
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
-MIB = 2**20
 CONFIGS: list[tuple[str, list[str]]] = [
     (
         "unet_tiny fp32 b2 32x64x64",

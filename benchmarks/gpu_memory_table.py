@@ -24,10 +24,10 @@ from hydra import compose, initialize_config_dir
 
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.models.segmentation_module import guard_fp16_eps
+from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-MIB = 2**20
 
 
 def build(preset: str):

@@ -35,8 +35,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from volseg.memory.readers import CudaMemoryReader, HostMemoryReader, set_mmap_threshold
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
+from volseg.utils.units import MIB
 
-MIB = 2**20
 LEVERS: dict[str, dict] = {
     "none (fp32)": {},
     "checkpointing: encoder": {"activation_checkpointing": "encoder"},

@@ -21,8 +21,8 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from volseg.memory.estimator import estimate  # noqa: E402
+from volseg.utils.units import MIB  # noqa: E402
 
-MIB = 2**20
 SEED = [
     "model=unet_large",
     "data.batch_size=2",

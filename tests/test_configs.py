@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
-from volseg.training import train
+from volseg.tasks.train import train
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 

@@ -14,8 +14,8 @@ import torch
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.data.io import read_array, read_geometry, write_volume
-from volseg.evaluation import evaluate
-from volseg.training import train
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
 
 

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
-from volseg.training import check_patch_fits_network, train
+from volseg.tasks.train import check_patch_fits_network, train
 from volseg.utils.precision import resolve_precision
 
 CLASSES = ["background", "blob", "tube", "shell", "granule"]

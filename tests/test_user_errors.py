@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
-from volseg.estimation import run_estimate
-from volseg.evaluation import evaluate
-from volseg.prediction import predict
-from volseg.training import check_patch_fits_network, train
+from volseg.tasks.estimate_memory import run_estimate
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.predict import predict
+from volseg.tasks.train import check_patch_fits_network, train
 from volseg.utils.entry import run_task
 
 

@@ -15,7 +15,7 @@ from volseg.callbacks.overlays import (
     informative_slices,
     render_overlay,
 )
-from volseg.training import train
+from volseg.tasks.train import train
 from volseg.utils.entry import close_wandb
 
 

@@ -20,7 +20,7 @@ from monai.losses import DiceCELoss
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
-from volseg.training import train
+from volseg.tasks.train import train
 
 pytestmark = [
     pytest.mark.cuda,
@@ -92,7 +92,7 @@ def test_pinned_offload_gives_the_baseline_gradients():
 
 
 def test_pinned_offload_returns_channels_last_tensors_to_the_gpu():
-    from volseg.memory.offload import OffloadToHost
+    from volseg.models.offload import OffloadToHost
 
     hooks = OffloadToHost(pin_memory=True)
     x = torch.randn(2, 8, 4, 6, 6, device="cuda").contiguous(memory_format=torch.channels_last_3d)
@@ -135,7 +135,7 @@ def test_validation_with_host_stitching(small_dataset, tmp_path):
 
 
 def test_prediction_with_host_stitching(small_dataset, tmp_path):
-    from volseg.prediction import predict
+    from volseg.tasks.predict import predict
 
     _, run_dir = _run_dir_train(small_dataset, tmp_path, "trainer.max_epochs=1")
     out = tmp_path / "pred"

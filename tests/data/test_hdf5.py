@@ -12,9 +12,9 @@ import pytest
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.data.hdf5 import HDF5DataModule
 from volseg.data.io import read_array, read_geometry
-from volseg.evaluation import evaluate
-from volseg.prediction import predict
-from volseg.training import train
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.predict import predict
+from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
 
 SPACING = [2.0, 0.5, 0.25]  # element_size_um, z y x

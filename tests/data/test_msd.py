@@ -17,9 +17,9 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.msd import MSDDataModule
-from volseg.evaluation import evaluate
-from volseg.prediction import predict
-from volseg.training import train
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.predict import predict
+from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
 
 CLASSES = ["background", "blob", "other"]

@@ -12,9 +12,9 @@ from volseg.data.cases import case_problems, check_cases, find_cases
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.transforms import eval_transforms
-from volseg.evaluation import evaluate
-from volseg.prediction import predict
-from volseg.training import train
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.predict import predict
+from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
 
 

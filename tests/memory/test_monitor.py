@@ -17,7 +17,7 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.memory.layers import CSV_COLUMNS
 from volseg.memory.monitor import MemoryMonitor
-from volseg.training import train
+from volseg.tasks.train import train
 
 SIZE_KEYS = [
     "mem/allocated_mib",

@@ -11,10 +11,9 @@ import pytest
 from tests.conftest import REPO, compose_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import parse_bytes, plan, pooling_divisor
-from volseg.utils.errors import UserInputError
+from volseg.memory.planner import plan, pooling_divisor
+from volseg.utils.units import MIB
 
-MIB = 2**20
 SMALL = [
     "model.net.widths=[8,16,32]",
     "data.batch_size=2",
@@ -22,15 +21,6 @@ SMALL = [
     "trainer.precision=32",
     "estimate.device=cpu",
 ]
-
-
-def test_parse_bytes():
-    assert parse_bytes("16GiB", "k") == 16 * 2**30
-    assert parse_bytes("24 GB", "k") == 24 * 10**9
-    assert parse_bytes("1.5MiB", "k") == int(1.5 * MIB)
-    assert parse_bytes(1024, "k") == 1024
-    with pytest.raises(UserInputError, match="estimate.budget=16 parsecs"):
-        parse_bytes("16 parsecs", "estimate.budget")
 
 
 def test_planned_batch_fits_and_one_more_does_not(tmp_path):

@@ -8,8 +8,7 @@ import sys
 import torch
 
 from volseg.memory.readers import CudaMemoryReader, make_reader
-
-MIB = 2**20
+from volseg.utils.units import MIB
 
 
 class _FakeAllocator:
@@ -50,7 +49,7 @@ def test_cuda_reader_maps_the_allocator_counters(monkeypatch):
 _HOST_CHECK = """
 import torch
 from volseg.memory.readers import HostMemoryReader, make_reader
-MIB = 2**20
+from volseg.utils.units import MIB
 reader = make_reader(torch.device("cpu"))
 assert isinstance(reader, HostMemoryReader)
 reader.reset_peak()

@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.models.schedules import BudgetCosineLR, RunBudget
-from volseg.training import train
+from volseg.tasks.train import train
 
 LR = 0.01
 

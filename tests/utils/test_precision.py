@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.memory.estimator import _precision
-from volseg.training import train
+from volseg.tasks.train import train
 from volseg.utils import cpu
 from volseg.utils.cpu import cpu_bf16_native
 from volseg.utils.precision import (

@@ -22,8 +22,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from volseg.utils.units import MIB
+
 KIB = 2**10
-MIB = 2**20
 
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MIB  # kSmallSize: largest request served from the small pool

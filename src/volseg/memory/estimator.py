@@ -34,23 +34,23 @@ from functools import partial
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from volseg.memory import offload
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
-from volseg.memory.events import RecordingMemTracker, held_peak
+from volseg.memory.events import Event, RecordingMemTracker, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.workspace import cpu_workspace
+from volseg.models import offload
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
-MIB = 2**20
 DEVICES = ("cuda", "cpu")
 MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -303,12 +303,62 @@ def build_training_step(
         input_dtype=TRUE.get(precision, torch.float32),
     )
     if precision in MIXED and device == "cpu":
-        # on a CPU 16-mixed has been resolved to bf16-mixed (or 32): fp16 autocast needs CUDA
-        step.autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+        # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here
+        step.autocast = partial(torch.autocast, "cpu", dtype=MIXED[precision])
     elif precision in MIXED:
         step.autocast = partial(CudaAutocast, MIXED[precision])
         step.autocast_in_backward = True
     return step
+
+
+def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> LayerTrace:
+    """Run two fake training steps under a recording tracker; the trace holds both (the first
+    creates the optimizer state, the per-module table is the second's)."""
+    # kernels' scratch memory is measured for the CPU's oneDNN only (see volseg.memory.workspace)
+    workspace = cpu_workspace if device == "cpu" else None
+    offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
+    with mode, _constant_aranges(), offloaded, warnings.catch_warnings():
+        # MemTracker's module tracker warns for modules it meets in backward only (the loss)
+        warnings.filterwarnings("ignore", message="Module is None")
+        trace = LayerTrace(
+            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
+        )
+        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
+        trace.start()
+        try:
+            step.run(
+                2,
+                on_step_start=lambda: (tracker.reset_mod_stats(), tracker.mark()),
+                before_update=trace.optimizer_update_begins,
+            )
+        finally:
+            trace.stop()
+    return trace
+
+
+def _peaks(events: list[Event], device: str, cfg: DictConfig) -> dict[str, int]:
+    """Peak allocated and reserved, the steady step's growth, the kernels' workspace and the CUDA
+    context (bytes) of a traced step's allocation ``events`` on ``device``."""
+    if device == "cuda":
+        allocator = replay(events)
+        peak_allocated = tensors_peak = allocator.peak_allocated
+        context = int(float(cfg.get("estimate", {}).get("cuda_context_mib", 0)) * MIB)
+        return {
+            "peak_allocated": peak_allocated,
+            "kernel_workspace": peak_allocated - tensors_peak,
+            "step_peak_growth": held_peak(events, after_last_mark=True, rounding=round_size),
+            "peak_reserved": allocator.peak_reserved,
+            "cuda_context": context,
+        }
+    peak_allocated = held_peak(events)
+    tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
+    return {
+        "peak_allocated": peak_allocated,
+        "kernel_workspace": peak_allocated - tensors_peak,
+        "step_peak_growth": held_peak(events, after_last_mark=True),
+        "peak_reserved": peak_allocated,
+        "cuda_context": 0,
+    }
 
 
 def estimate(
@@ -328,75 +378,23 @@ def estimate(
     step = build_training_step(
         cfg, device, batch_size, patch_size, activation_checkpointing, fake_mode=mode
     )
-    # kernels' scratch memory is measured for the CPU's oneDNN only (see volseg.memory.workspace)
-    workspace = cpu_workspace if device == "cpu" else None
-    levers = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
-
-    with mode, _constant_aranges(), levers, warnings.catch_warnings():
-        # MemTracker's module tracker warns for modules it meets in backward only (the loss)
-        warnings.filterwarnings("ignore", message="Module is None")
-        trace = LayerTrace(
-            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
-        )
-        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
-        trace.start()
-        try:
-            # the first step creates the optimizer state; the module table is the second's
-            step.run(
-                2,
-                on_step_start=lambda: (tracker.reset_mod_stats(), tracker.mark()),
-                before_update=trace.optimizer_update_begins,
-            )
-        finally:
-            trace.stop()
-
+    trace = _trace_steps(step, mode, device)
+    events = trace.tracker.events
     # saved tensors offloaded to the host live on the meta device: not on the estimated one
-    peak = trace.peak(skip_device_type="meta")
-    rows = trace.rows()
-    estimate_cfg = cfg.get("estimate", {})
-    if device == "cuda":
-        allocator = replay(tracker.events)
-        growth = held_peak(tracker.events, after_last_mark=True, rounding=round_size)
-        peak_allocated = tensors_peak = allocator.peak_allocated
-        peak_reserved = allocator.peak_reserved
-        context = int(float(estimate_cfg.get("cuda_context_mib", 0)) * MIB)
-    else:
-        peak_allocated = held_peak(tracker.events)
-        tensors_peak = held_peak([e for e in tracker.events if e[0] != "workspace"])
-        peak_reserved = peak_allocated
-        growth = held_peak(tracker.events, after_last_mark=True)
-        context = 0
-    checkpointing = (
-        activation_checkpointing
-        if activation_checkpointing is not None
-        else cfg.model.get("activation_checkpointing", "none")
-    )
+    by_category = trace.peak(skip_device_type="meta")
+    peaks = _peaks(events, device, cfg)
     result = MemoryEstimate(
         device=device,
         precision=_precision(cfg, device),
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
-        activation_checkpointing=plain(checkpointing),
+        activation_checkpointing=step.module.levers.activation_checkpointing,
         num_parameters=sum(p.numel() for p in step.module.parameters()),
-        params=peak["params"],
-        buffers=peak["buffers"],
-        grads=peak["grads"],
-        optimizer_state=peak["optimizer_state"],
-        activations=peak["activations"],
-        temporaries=peak["temporaries"],
-        peak_allocated=peak_allocated,
-        kernel_workspace=peak_allocated - tensors_peak,
-        step_peak_growth=growth,
-        peak_reserved=peak_reserved,
-        cuda_context=context,
-        process_total=peak_reserved + context,
+        **{k: v for k, v in by_category.items() if k != "other"},
+        **peaks,
+        process_total=peaks["peak_reserved"] + peaks["cuda_context"],
         seconds=time.perf_counter() - started,
-        modules={k: int(v * MIB) for k, v in block_activations(rows).items()},
+        modules={k: int(v * MIB) for k, v in block_activations(trace.rows()).items()},
     )
-    result.events = tracker.events
+    result.events = events
     return result
-
-
-def plain(value: Any) -> Any:
-    """A config value as plain Python (a ``ListConfig`` becomes a list)."""
-    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value

@@ -20,9 +20,10 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from volseg.utils.units import MIB
+
 log = logging.getLogger(__name__)
 
-MIB = 2**20
 CATEGORIES = {
     "Parameter": "params",
     "Buffer": "buffers",

@@ -21,10 +21,10 @@ from volseg.memory.layers import LayerTrace
 from volseg.memory.readers import MemoryReading, make_reader, set_mmap_threshold
 from volseg.memory.report import category_bytes, oom_report
 from volseg.memory.timeline import plot_timeline
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
-MIB = 2**20
 PHASES = ("fwd", "bwd", "opt")
 
 

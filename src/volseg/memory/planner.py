@@ -8,42 +8,19 @@ takes a handful of estimates, not one per candidate.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimator import MemoryEstimate, estimate, plain
+from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.unet import pooling_factors, total_pooling
-from volseg.utils.errors import UserInputError
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError, at_config_key
 
 log = logging.getLogger(__name__)
-
-UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(value: Any, key: str) -> int:
-    """``16GiB``, ``24 GB``, ``12000MiB`` or a number of bytes -> bytes; ``key`` names the
-    config value in the error."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if match is None or match.group(2).lower() not in UNITS:
-        raise UserInputError(
-            f"{key}={value}: not a memory size; write e.g. 16GiB, 24GB, 12000MiB or bytes"
-        )
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
 @dataclass
@@ -123,7 +100,7 @@ def pooling_divisor(cfg: DictConfig) -> list[int]:
     try:
         factors = pooling_factors(widths, net.get("pooling"), cfg.data.patch_size)
     except ValueError as err:
-        raise UserInputError(str(err)) from None
+        raise at_config_key(str(err), "model.net") from None
     return total_pooling(factors)
 
 
@@ -207,11 +184,75 @@ class Planner:
         return (self.patch_at(k, divisor) if k >= 1 else None), est
 
 
+@dataclass
+class _Choice:
+    """What a search settled on: the checkpointing, batch and patch, and the estimates."""
+
+    checkpointing: Any = None
+    batch_size: int | None = None
+    patch: list[int] | None = None
+    estimate: MemoryEstimate | None = None
+    next_estimate: MemoryEstimate | None = None
+    largest: dict[str, int] = field(default_factory=dict)
+
+
+def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choice:
+    """The first option (cheapest first) whose largest batch reaches ``batch``; else the option
+    with the largest batch."""
+    choice = _Choice(patch=planner.base_patch)
+    for option in options:
+        n, option_est = planner.largest_batch(option)
+        choice.largest[_key(option)] = n
+        if n >= batch:
+            choice.checkpointing, choice.batch_size, choice.estimate = option, n, option_est
+            break
+    best = max(choice.largest.values())
+    if choice.checkpointing is None and best >= 1:
+        choice.checkpointing = next(o for o in options if choice.largest[_key(o)] == best)
+        choice.batch_size, choice.estimate = planner.largest_batch(choice.checkpointing)
+    if choice.batch_size:
+        choice.next_estimate = planner.estimate(
+            choice.batch_size + 1, choice.patch, choice.checkpointing
+        )
+    return choice
+
+
+def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> _Choice:
+    """The largest patch at the configured batch with the first option with which one fits."""
+    divisor = pooling_divisor(cfg)
+    batch = int(cfg.data.batch_size)
+    for option in options:
+        found, option_est = planner.largest_patch(divisor, option)
+        if found is not None:
+            k = planner.steps(found, divisor)
+            return _Choice(
+                checkpointing=option,
+                batch_size=batch,
+                patch=found,
+                estimate=option_est,
+                next_estimate=planner.estimate(batch, planner.patch_at(k + 1, divisor), option),
+            )
+    return _Choice(patch=planner.base_patch)
+
+
+def _overrides(choice: _Choice, search: str, configured: Any) -> list[str]:
+    """The command-line overrides that set what ``choice`` found."""
+    if choice.estimate is None:
+        return []
+    if search == "batch":
+        overrides = [f"data.batch_size={choice.batch_size}"]
+    else:
+        overrides = [f"data.patch_size=[{','.join(map(str, choice.patch))}]"]
+    if _key(choice.checkpointing) != _key(configured):
+        overrides.append(f"model.activation_checkpointing={_key(choice.checkpointing)}")
+    return overrides
+
+
 def plan(
     cfg: DictConfig,
     budget: int,
     search: str = "batch",
-    checkpointing_options: Sequence[Any] = ("none", "decoder", "encoder", "all"),
+    checkpointing_options: Sequence[Any] = CHECKPOINTING_CHOICES,
     max_batch_size: int = 256,
     as_configured: MemoryEstimate | None = None,
 ) -> Plan:
@@ -232,51 +273,22 @@ def plan(
     options = [configured] + [o for o in checkpointing_options if _key(o) != _key(configured)]
     batch = int(cfg.data.batch_size)
     fits_now = planner.estimate(batch, planner.base_patch, configured).fits(budget)
-
-    chosen: Any = None
-    largest: dict[str, int] = {}
-    batch_size, patch, est, next_est = None, planner.base_patch, None, None
     if search == "batch":
-        for option in options:
-            n, option_est = planner.largest_batch(option)
-            largest[_key(option)] = n
-            if n >= batch:
-                chosen, batch_size, est = option, n, option_est
-                break
-        if chosen is None and max(largest.values()) >= 1:
-            chosen = next(o for o in options if largest[_key(o)] == max(largest.values()))
-            batch_size, est = planner.largest_batch(chosen)
-        if batch_size:
-            next_est = planner.estimate(batch_size + 1, patch, chosen)
+        choice = _search_batch(planner, options, batch)
     else:
-        divisor = pooling_divisor(cfg)
-        for option in options:
-            found, option_est = planner.largest_patch(divisor, option)
-            if found is not None:
-                chosen, patch, est, batch_size = option, found, option_est, batch
-                k = planner.steps(found, divisor)
-                next_est = planner.estimate(batch, planner.patch_at(k + 1, divisor), option)
-                break
-
-    overrides = []
-    if est is not None:
-        if search == "batch":
-            overrides.append(f"data.batch_size={batch_size}")
-        else:
-            overrides.append(f"data.patch_size=[{','.join(map(str, patch))}]")
-        if _key(chosen) != _key(configured):
-            overrides.append(f"model.activation_checkpointing={_key(chosen)}")
+        choice = _search_patch(planner, options, cfg)
     log.info("Planner: %d estimates", planner.estimates)
+    est, next_est = choice.estimate, choice.next_estimate
     return Plan(
         budget=budget,
         search=search,
         fits_as_configured=fits_now,
-        batch_size=batch_size,
-        patch_size=patch if est is not None else None,
-        activation_checkpointing=chosen,
-        overrides=overrides,
+        batch_size=choice.batch_size,
+        patch_size=choice.patch if est is not None else None,
+        activation_checkpointing=choice.checkpointing,
+        overrides=_overrides(choice, search, configured),
         estimate=est.to_dict() if est else None,
         total_within_budget=est.total_within(budget) if est else None,
         next_step_estimate=next_est.to_dict() if next_est else None,
-        largest_batch_by_checkpointing=largest,
+        largest_batch_by_checkpointing=choice.largest,
     )

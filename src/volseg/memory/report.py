@@ -5,17 +5,12 @@ from __future__ import annotations
 import torch
 
 from volseg.memory.readers import MemoryReading
-
-MIB = 2**20
+from volseg.models.levers import lever_lines
+from volseg.utils.units import MIB
 
 LEVERS = (
     "Levers to try, roughly in this order:",
-    "  1. mixed precision: trainer.precision=bf16-mixed (or 16-mixed on pre-Ampere GPUs)",
-    "  2. a smaller batch: data.batch_size=N, with trainer.accumulate_grad_batches=K to keep the "
-    "effective batch",
-    "  3. a smaller patch: data.patch_size=[D,H,W] (activations scale with its voxel count)",
-    "  4. activation checkpointing: recompute activations in backward instead of keeping them",
-    "  5. activation offload: keep saved activations in host memory during forward",
+    *lever_lines("train"),
     "  Parameters and optimizer state of a 3D U-Net are small next to its activations: a smaller "
     "network (fewer parameters) barely moves the peak.",
 )
@@ -41,12 +36,7 @@ def category_bytes(
 
 
 #: what to try when whole-volume inference (validation, prediction) runs out of memory
-INFERENCE_LEVERS = (
-    "Levers to try for whole-volume inference:",
-    "  1. fewer windows at once: model.inferer.sw_batch_size=1",
-    "  2. stitch the volume in host memory: model.inferer.device=cpu (windows stay on the GPU)",
-    "  3. smaller windows: model.inferer.roi_size=[D,H,W] (default: the training patch)",
-)
+INFERENCE_LEVERS = ("Levers to try for whole-volume inference:", *lever_lines("inference"))
 
 
 def _now_lines(reader) -> list[str]:

@@ -12,9 +12,8 @@ from monai.inferers import Inferer, SlidingWindowInferer
 from monai.metrics import DiceMetric
 from monai.networks.utils import one_hot
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from volseg.memory import offload
+from volseg.models.levers import MemoryLevers
 from volseg.models.schedules import RunBudget
 
 log = logging.getLogger(__name__)
@@ -50,19 +49,9 @@ class SegmentationModule(LightningModule):
         include_background: average background into ``val/dice_mean`` too.
         class_names: names for ``val/dice_<name>``; default taken from the datamodule.
         inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
-        compile: compile ``net`` with ``torch.compile`` at fit start.
-        channels_last: keep the network's weights and inputs in ``channels_last_3d`` (NDHWC)
-            memory format; oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
-        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or a list of level
-            indices: recompute those levels' activations in backward instead of keeping them
-            (the network must offer ``set_activation_checkpointing``, as ``UNet3D`` does).
-        offload_activations: keep the tensors saved for backward in host memory during forward
-            (:class:`volseg.memory.offload.OffloadToHost`, pinned on CUDA, strides kept).
-        checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
-            not the loss's full-resolution intermediates (softmax, one-hot, products).
-        placement: ``{"encoder": device, "decoder": device}`` to split the network over two
-            devices (the network must offer ``place``, as ``UNet3D`` does); applied after
-            Lightning has moved the module to its device, at the start of every stage.
+        compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
+        placement: the memory levers, validated and applied by
+            :class:`volseg.models.levers.MemoryLevers` (see there).
         stop_on_nonfinite_loss: raise ``FloatingPointError`` when the training loss is NaN/Inf
             (a sweep records the job as failed) instead of training on.
         nonfinite_check_every_n_steps: read that test on the host every N steps (it stays on the
@@ -91,7 +80,6 @@ class SegmentationModule(LightningModule):
         nonfinite_check_every_n_steps: int = 1,
     ) -> None:
         super().__init__()
-        self.net = net
         self.loss = loss
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -100,31 +88,19 @@ class SegmentationModule(LightningModule):
         self.include_background = include_background
         self._class_names = list(class_names) if class_names is not None else None
         self.inferer = inferer or SlidingWindowInferer(roi_size=(32, 64, 64), overlap=0.25)
-        self.compile = compile
-        self.channels_last = channels_last
-        self.offload_activations = offload_activations
-        self.checkpoint_loss = checkpoint_loss
-        self.placement = dict(placement) if placement else None
+        self.levers = MemoryLevers(
+            activation_checkpointing=activation_checkpointing,
+            offload_activations=offload_activations,
+            checkpoint_loss=checkpoint_loss,
+            channels_last=channels_last,
+            placement=placement,
+            compile=compile,
+        )
+        self.net = self.levers.apply(net, "build")
         self.stop_on_nonfinite_loss = stop_on_nonfinite_loss
         self.nonfinite_check_every_n_steps = max(1, int(nonfinite_check_every_n_steps))
         self._finite: torch.Tensor | None = None  # all losses finite since step _finite_since
         self._finite_since = 0
-        valid = self.placement is None or (
-            set(self.placement) == {"encoder", "decoder"} and hasattr(net, "place")
-        )
-        if not valid:
-            raise ValueError(
-                "model.placement must be {encoder: DEVICE, decoder: DEVICE} for a network "
-                f"that supports it; got {self.placement} for {type(net).__name__}"
-            )
-        if activation_checkpointing not in (None, "none"):
-            if not hasattr(net, "set_activation_checkpointing"):
-                raise ValueError(
-                    f"model.activation_checkpointing: {type(net).__name__} does not support it"
-                )
-            net.set_activation_checkpointing(activation_checkpointing)
-        if channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last_3d)
         self.dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
         self.best_dice = float("-inf")
         self.best_dice_per_class: dict[str, float] = {}
@@ -138,34 +114,21 @@ class SegmentationModule(LightningModule):
             self._class_names = list(names or (f"class_{k}" for k in range(self.num_classes)))
         return self._class_names
 
-    def _apply_placement(self) -> None:
-        # Lightning moves the whole module to one device in its set-up; split it afterwards
-        if self.placement is not None:
-            self.net.place(self.placement["encoder"], self.placement["decoder"])
+    def setup(self, stage: str) -> None:
+        self.net = self.levers.apply(self.net, "setup", stage)
 
     def on_fit_start(self) -> None:
-        self._apply_placement()
+        self.net = self.levers.apply(self.net, "start")
 
     def on_validation_start(self) -> None:
-        self._apply_placement()
+        self.net = self.levers.apply(self.net, "start")
 
     def on_predict_start(self) -> None:
-        self._apply_placement()
+        self.net = self.levers.apply(self.net, "start")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``."""
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last_3d)
-        if self.offload_activations and self.training and torch.is_grad_enabled():
-            with offload.OffloadToHost(pin_memory=x.is_cuda):
-                return self.net(x)
-        return self.net(x)
-
-    def setup(self, stage: str) -> None:
-        # Module.compile() compiles in place: state_dict keys stay those of the plain network,
-        # so checkpoints load with or without compile
-        if self.compile and stage == "fit":
-            self.net.compile()
+        return self.levers.forward(self.net, x, self.training)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])
@@ -197,10 +160,7 @@ class SegmentationModule(LightningModule):
 
     def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
-        label = label.to(logits.device)
-        if not (self.checkpoint_loss and torch.is_grad_enabled()):
-            return self._float_loss(logits, label)
-        return checkpoint(self._float_loss, logits, label, use_reentrant=False)
+        return self.levers.loss(self._float_loss, logits, label.to(logits.device))
 
     def _float_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         # cast inside the checkpoint: the float32 copy of the logits is then not kept either

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from volseg.memory.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
-from volseg.utils.errors import UserInputError
+from volseg.models.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+from volseg.utils.config import plain
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,12 @@ def pooling_factors(
     widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
 ) -> list[list[int]]:
     """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` entries, full
-    resolution first; each factor 1 or 2) for ``model.net.pooling``.
+    resolution first; each factor 1 or 2) for the setting ``pooling``.
 
     ``None``: 2 on every axis at every level. ``"auto"``: from ``patch_size`` (voxels, [D, H, W]):
     an axis is pooled while its extent at that level is at least ``2 * AUTO_MIN_POOLED`` voxels,
     so it never drops below 4. A list: the kernels as given. Raises ``ValueError`` naming
-    ``model.net.pooling`` for anything else.
+    ``pooling`` for anything else.
     """
     levels = len(widths) - 1
     if pooling is None:
@@ -49,14 +49,10 @@ def pooling_factors(
     if isinstance(pooling, str):
         if pooling != "auto":
             raise ValueError(
-                f"model.net.pooling must be null, auto or a list of [z, y, x] kernels; "
-                f"got {pooling!r}"
+                f"pooling must be null, auto or a list of [z, y, x] kernels; got {pooling!r}"
             )
         if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
-            raise ValueError(
-                "model.net.pooling=auto needs model.net.patch_size=[D, H, W] (default "
-                f"${{data.patch_size}}); got {patch_size}"
-            )
+            raise ValueError(f"pooling=auto needs patch_size=[D, H, W]; got {patch_size}")
         extent = [int(p) for p in patch_size]
         factors = []
         for _ in range(levels):
@@ -64,14 +60,14 @@ def pooling_factors(
             extent = [e // f for e, f in zip(extent, level, strict=True)]
             factors.append(level)
         return factors
-    kernels = _listed(pooling)
+    kernels = plain(pooling)
     valid = isinstance(kernels, list) and all(
         isinstance(k, list) and len(k) == 3 and all(f in (1, 2) for f in k) for k in kernels
     )
     if not valid or len(kernels) != levels:
         raise ValueError(
-            f"model.net.pooling needs len(widths) - 1 = {levels} kernels [z, y, x] of 1s and 2s "
-            f"(e.g. [[1,2,2],...]), null or auto; got {_listed(pooling)}"
+            f"pooling needs len(widths) - 1 = {levels} kernels [z, y, x] of 1s and 2s "
+            f"(e.g. [[1,2,2],...]), null or auto; got {plain(pooling)}"
         )
     return [[int(f) for f in k] for k in kernels]
 
@@ -81,7 +77,7 @@ MAX_WIDTH = 320
 
 
 def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
-    """Levels for ``model.net.depth=auto``: pool until no axis of ``patch_size`` can be pooled
+    """Levels for ``depth="auto"``: pool until no axis of ``patch_size`` can be pooled
     again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
     with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
     a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
@@ -103,34 +99,37 @@ def widths_for_depth(widths: Sequence[int], depth: int) -> list[int]:
     return out
 
 
-def _listed(value: Any) -> Any:
-    """A config value (``ListConfig`` included) as plain lists, for messages."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [_listed(v) for v in value]
-    return value
-
-
 def total_pooling(factors: Sequence[Sequence[int]]) -> list[int]:
     """Per-axis product of the pooling factors: ``[D, H, W]`` divisors of the bottleneck."""
     return [math.prod(level[axis] for level in factors) for axis in range(3)]
 
 
+#: how :func:`check_patch_poolable` names its values: the network's own parameters
+OWN_NAMES = {"patch_size": "patch_size", "widths": "widths", "pooling": "pooling"}
+
+
 def check_patch_poolable(
-    widths: Sequence[int], pooling: Pooling, patch_size: Sequence[int]
+    widths: Sequence[int],
+    pooling: Pooling,
+    patch_size: Sequence[int],
+    names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """Raise :class:`UserInputError` when a patch axis is thinner than the network pools it
-    (a pooling would reach 0 voxels): one message naming the keys and the fix."""
+    """Raise ``ValueError`` when a patch axis is thinner than the network pools it (a pooling
+    would reach 0 voxels): one message naming the values and the fix. ``names`` maps
+    ``patch_size``/``widths``/``pooling`` to the names the message uses (the config boundary
+    passes its keys, e.g. ``data.patch_size``)."""
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
     thin = [f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n]
     if thin:
-        raise UserInputError(
-            f"data.patch_size={patch} is too thin for the network: {', '.join(thin)} "
-            f"(model.net.widths={list(widths)} pools {len(factors)} times, model.net.pooling="
-            f"{_listed(pooling) if pooling is not None else 'null'} -> [D, H, W] divided by "
-            f"{need}). Use a larger patch, fewer levels, or model.net.pooling=auto (pools an "
-            f"axis only while it keeps >= {AUTO_MIN_POOLED} voxels)"
+        raise ValueError(
+            f"{names['patch_size']}={patch} is too thin for the network: {', '.join(thin)} "
+            f"({names['widths']}={plain(widths)} pools {len(factors)} times, "
+            f"{names['pooling']}={plain(pooling) if pooling is not None else 'null'} -> "
+            f"[D, H, W] divided by {need}). Use a larger patch, fewer levels, or "
+            f"{names['pooling']}=auto (pools an axis only while it keeps >= {AUTO_MIN_POOLED} "
+            "voxels)"
         )
 
 
@@ -142,7 +141,7 @@ def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
         return nn.InstanceNorm3d(channels, affine=True)
     if kind == "group":
         return nn.GroupNorm(min(num_groups, channels), channels)
-    raise ValueError(f"model.net.norm must be one of batch, instance, group; got {kind!r}")
+    raise ValueError(f"norm must be one of batch, instance, group; got {kind!r}")
 
 
 def checkpointing_now(block: nn.Module) -> bool:
@@ -240,9 +239,7 @@ class Up(nn.Module):
                 in_channels, in_channels, kernel_size=factors, stride=factors
             )
         else:
-            raise ValueError(
-                f"model.net.upsampling must be 'trilinear' or 'transposed'; got {upsampling!r}"
-            )
+            raise ValueError(f"upsampling must be 'trilinear' or 'transposed'; got {upsampling!r}")
         self.conv = DoubleConv(skip_channels + in_channels, out_channels, **conv_kwargs)
 
     checkpointed = False
@@ -285,8 +282,6 @@ class UNet3D(nn.Module):
         upsampling: ``trilinear`` (align_corners=True) or ``transposed`` (ConvTranspose3d k=2 s=2).
         bias: conv bias.
         dropout: Dropout3d probability inside every DoubleConv (0 disables it).
-        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or level indices;
-            see :func:`volseg.memory.checkpointing.checkpoint_levels`.
         pooling: ``None`` (2 on every axis at every level), ``"auto"`` (from ``patch_size``) or
             one ``[z, y, x]`` kernel of 1s and 2s per pooling; see :func:`pooling_factors`.
         patch_size: training patch ``[D, H, W]`` in voxels; needed by ``pooling="auto"``, and
@@ -308,7 +303,6 @@ class UNet3D(nn.Module):
         upsampling: Upsampling = "trilinear",
         bias: bool = True,
         dropout: float = 0.0,
-        activation_checkpointing: CheckpointSpec = None,
         pooling: Pooling = None,
         patch_size: Sequence[int] | None = None,
         depth: int | str | None = None,
@@ -317,10 +311,7 @@ class UNet3D(nn.Module):
         widths = list(widths)
         if depth == "auto":
             if patch_size is None or len(patch_size) != 3:
-                raise ValueError(
-                    "model.net.depth=auto needs model.net.patch_size=[D, H, W] (default "
-                    f"${{data.patch_size}}); got {patch_size}"
-                )
+                raise ValueError(f"depth=auto needs patch_size=[D, H, W]; got {patch_size}")
             depth = auto_depth(pooling, patch_size)
             planned = widths_for_depth(widths, depth)
             bottleneck = [
@@ -332,8 +323,8 @@ class UNet3D(nn.Module):
                 )
             ]
             log.info(
-                "model.net.depth=auto -> %d levels, widths %s: pooled until no axis of the patch "
-                "%s can be halved again (model.net.pooling=%s), bottleneck %s voxels",
+                "depth=auto -> %d levels, widths %s: pooled until no axis of the patch "
+                "%s can be halved again (pooling=%s), bottleneck %s voxels",
                 depth,
                 planned,
                 list(patch_size),
@@ -343,11 +334,11 @@ class UNet3D(nn.Module):
         if depth is not None:
             widths = widths_for_depth(widths, int(depth))
         if len(widths) < 2:
-            raise ValueError(f"model.net.widths needs at least 2 levels; got {widths}")
+            raise ValueError(f"widths needs at least 2 levels; got {widths}")
         decoder_widths = list(decoder_widths) if decoder_widths is not None else widths[:-1]
         if len(decoder_widths) != len(widths) - 1:
             raise ValueError(
-                f"model.net.decoder_widths needs len(widths) - 1 = {len(widths) - 1} entries; "
+                f"decoder_widths needs len(widths) - 1 = {len(widths) - 1} entries; "
                 f"got {decoder_widths}"
             )
         factors = pooling_factors(widths, pooling, patch_size)
@@ -373,7 +364,6 @@ class UNet3D(nn.Module):
         self.head = nn.Conv3d(decoder_widths[0], num_classes, kernel_size=1)
         self.encoder_device: torch.device | None = None  # set by place()
         self.decoder_device: torch.device | None = None
-        self.set_activation_checkpointing(activation_checkpointing)
 
     @property
     def depth(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class UserInputError(Exception):
     """A problem with the user's files or config. The message names the file or key and the fix.
@@ -26,3 +28,20 @@ class TrialPruned(Exception):
 class BudgetExceeded(TrialPruned, UserInputError):
     """The configured run does not fit ``memory.budget``: pruned in a sweep; in a single run, one
     clear error and exit code 2 like any other :class:`UserInputError`."""
+
+
+def raise_problems(problems: list[str], where: str) -> None:
+    """Raise one :class:`UserInputError` listing ``problems`` (one line each) found in ``where``
+    (e.g. ``the dataset``); nothing when the list is empty."""
+    if problems:
+        raise UserInputError(f"{len(problems)} problem(s) in {where}:", problems)
+
+
+def at_config_key(message: str, node: str) -> UserInputError:
+    """A component's complaint about one of its own parameters (the message starts with its
+    name: ``pooling must be ...``) as a :class:`UserInputError` naming the config key under
+    ``node`` (``model.net.pooling must be ...``). A message that starts with a dotted config key
+    (``data.patch_size=...``) names it already and is kept."""
+    if re.match(r"[A-Za-z_]\w*\.\w", message):
+        return UserInputError(message)
+    return UserInputError(f"{node}.{message}")

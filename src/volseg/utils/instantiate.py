@@ -13,10 +13,10 @@ from hydra.errors import InstantiationException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,11 @@ def config_error(
         if found:
             where = found.group(1)
             break
+    if where != key:
+        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+        first = re.match(r"\w+", message)
+        if isinstance(node, DictConfig) and first and first.group(0) in node:
+            return at_config_key(message, where)  # the component named its own parameter
     if where == key:
         named = [
             k

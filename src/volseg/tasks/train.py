@@ -10,11 +10,11 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from volseg.estimation import check_memory_budget
+from volseg.memory.budget import check_memory_budget
 from volseg.models.unet import check_patch_poolable
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.instantiate import build, instantiate_callbacks, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
@@ -36,6 +36,14 @@ def check_strategy_installed(strategy: Any) -> None:
             )
 
 
+#: the config keys of check_patch_poolable's values
+PATCH_CONFIG_KEYS = {
+    "patch_size": "data.patch_size",
+    "widths": "model.net.widths",
+    "pooling": "model.net.pooling",
+}
+
+
 def check_patch_fits_network(cfg: DictConfig) -> None:
     """One clear error, before any work, when ``data.patch_size`` is thinner than the U-Net's
     poolings (``model.net.widths``/``model.net.pooling``) or the pooling setting is invalid."""
@@ -44,9 +52,9 @@ def check_patch_fits_network(cfg: DictConfig) -> None:
     if net is None or "widths" not in net or patch is None or len(patch) != 3:
         return  # not a U-Net config; a malformed patch is the datamodule's error
     try:
-        check_patch_poolable(net.widths, net.get("pooling"), patch)
+        check_patch_poolable(net.widths, net.get("pooling"), patch, names=PATCH_CONFIG_KEYS)
     except ValueError as err:
-        raise UserInputError(str(err)) from None
+        raise at_config_key(str(err), "model.net") from None
 
 
 def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> None:

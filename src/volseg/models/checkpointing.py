@@ -24,6 +24,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 CheckpointSpec = str | Sequence[int] | None
+#: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first
+CHECKPOINTING_CHOICES = ("none", "decoder", "encoder", "all")
 
 
 @contextmanager
@@ -61,7 +63,7 @@ def checkpoint_segment(
 
 
 def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[set[int], set[int]]:
-    """``(encoder levels, decoder levels)`` to checkpoint for ``model.activation_checkpointing``.
+    """``(encoder levels, decoder levels)`` to checkpoint for the setting ``spec``.
 
     ``none``/``null``: nothing; ``encoder``: every encoder level; ``decoder``: every decoder level
     (levels ``0 .. depth - 2``); ``all``: both; a list of level indices (0 = full resolution):
@@ -78,13 +80,13 @@ def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[set[int], set[i
         }
         if spec not in choices:
             raise ValueError(
-                "model.activation_checkpointing must be none, encoder, decoder, all or a list of "
-                f"level indices; got {spec!r}"
+                f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)} or a list "
+                f"of level indices; got {spec!r}"
             )
         return choices[spec]
     levels = {int(i) for i in spec}
     if not levels <= encoder:
         raise ValueError(
-            f"model.activation_checkpointing={list(spec)}: levels must lie in 0..{depth - 1}"
+            f"activation_checkpointing={list(spec)}: levels must lie in 0..{depth - 1}"
         )
     return levels, levels & decoder

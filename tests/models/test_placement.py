@@ -11,7 +11,7 @@ from monai.losses import DiceCELoss
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
-from volseg.training import train
+from volseg.tasks.train import train
 
 
 def test_split_network_has_the_unsplit_gradients():

@@ -1,4 +1,5 @@
-"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs."""
+"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs (the command; the engine is
+:mod:`volseg.memory.estimator`, the search :mod:`volseg.memory.planner`)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from volseg.memory.estimator import MemoryEstimate, estimate
-from volseg.memory.planner import Plan, parse_bytes, plan
-from volseg.utils.errors import BudgetExceeded, UserInputError
+from volseg.memory.planner import Plan, plan
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
 
-MIB = 2**20
 SCHEMA_VERSION = 1
 
 
@@ -73,32 +75,6 @@ def format_plan(result: Plan) -> str:
     return "\n".join(lines)
 
 
-def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
-    """With ``memory.budget`` set, estimate the training step before anything is built and
-    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
-    budget_value = cfg.get("memory", {}).get("budget")
-    if not budget_value:
-        return None
-    budget = parse_bytes(budget_value, "memory.budget")
-    est = estimate(cfg)
-    total = est.total_within(budget)
-    if total is None:
-        raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated training step needs "
-            f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
-            "`python estimate_memory.py <the same overrides> "
-            f"estimate.budget={budget_value}` finds a batch size and checkpointing that fit"
-        )
-    log.info(
-        "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
-        budget_value,
-        f"{total / MIB:,.0f}",
-        est.device,
-    )
-    return est
-
-
 def check_json_out(path: Path, overwrite: bool) -> None:
     """One clear error, before estimating, when ``estimate.json_out`` cannot or must not be
     written: a folder, a file in a folder that does not exist, or an existing file."""
@@ -127,7 +103,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     print(format_estimate(est, top=int(options.top)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
     if budget is not None:
-        checkpointing = OmegaConf.to_container(options.checkpointing_options)
+        checkpointing = plain(options.checkpointing_options)
         answer = plan(
             cfg, budget, str(options.search), checkpointing, int(options.max_batch_size), est
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from volseg.memory.offload import OffloadToHost, host_copy
+from volseg.models.offload import OffloadToHost, host_copy
 
 
 def test_host_copy_keeps_channels_last_strides():

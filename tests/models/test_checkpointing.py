@@ -10,11 +10,11 @@ import torch
 from monai.losses import DiceCELoss
 from torch.distributed._tools.mem_tracker import MemTracker
 
-import volseg.memory.checkpointing as checkpointing
+import volseg.models.checkpointing as checkpointing
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
-from volseg.training import train
+from volseg.tasks.train import train
 
 LOSS = DiceCELoss(to_onehot_y=True, softmax=True)
 
@@ -109,13 +109,6 @@ def test_checkpointing_is_off_in_eval_and_without_grad():
     x, _ = _batch((1, 1, 8, 16, 16))
     with torch.no_grad():
         assert net(x).shape == (1, 5, 8, 16, 16)
-
-
-def test_bad_spec_names_the_key():
-    with pytest.raises(ValueError, match="model.activation_checkpointing must be"):
-        UNet3D(1, 5, [4, 8], activation_checkpointing="some")
-    with pytest.raises(ValueError, match=r"levels must lie in 0..1"):
-        UNet3D(1, 5, [4, 8], activation_checkpointing=[3])
 
 
 def test_offload_gives_the_same_gradients():

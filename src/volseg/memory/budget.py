@@ -1,0 +1,39 @@
+"""``memory.budget``: refuse a run whose estimated training step does not fit, before any work."""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.utils.errors import BudgetExceeded
+from volseg.utils.units import MIB, parse_bytes
+
+log = logging.getLogger(__name__)
+
+
+def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
+    """With ``memory.budget`` set, estimate the training step before anything is built and
+    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+    budget_value = cfg.get("memory", {}).get("budget")
+    if not budget_value:
+        return None
+    budget = parse_bytes(budget_value, "memory.budget")
+    est = estimate(cfg)
+    total = est.total_within(budget)
+    if total is None:
+        raise BudgetExceeded(
+            f"memory.budget={budget_value}: the estimated training step needs "
+            f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
+            f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
+            "`python estimate_memory.py <the same overrides> "
+            f"estimate.budget={budget_value}` finds a batch size and checkpointing that fit"
+        )
+    log.info(
+        "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
+        budget_value,
+        f"{total / MIB:,.0f}",
+        est.device,
+    )
+    return est

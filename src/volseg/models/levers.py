@@ -1,0 +1,240 @@
+"""The memory levers of a training step: each one config value, validated and applied here.
+
+:class:`MemoryLevers` holds the ``model.*`` levers; building it validates every one, with errors
+naming its config key. :meth:`MemoryLevers.apply` applies the ones that change the network, in
+one stated order; :meth:`MemoryLevers.forward` and :meth:`MemoryLevers.loss` apply the ones that
+act while a step runs. :data:`LEVERS` lists every lever a user can pull (these, the trainer's,
+the data's and the inferer's), in the order to try them: the OOM report and the README's table
+read it.
+
+This module sits in ``models/`` (not ``memory/``) because the LightningModule applies the levers
+and ``models/`` imports nothing from ``memory/``; the estimator and planner read it from there.
+The mechanisms live beside it: :mod:`volseg.models.checkpointing`, :mod:`volseg.models.offload`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from volseg.models import offload
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES, CheckpointSpec
+from volseg.utils.config import plain
+
+#: when :meth:`MemoryLevers.apply` runs: at construction; at Lightning's ``setup`` (per stage);
+#: at the start of every stage, after Lightning has moved the module to its device
+When = Literal["build", "setup", "start"]
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One thing a user can set to cut memory: its name, the setting to write, what it does, and
+    whether it acts on a training step (``train``) or on whole-volume inference (``inference``)."""
+
+    name: str
+    setting: str
+    does: str
+    during: Literal["train", "inference"] = "train"
+
+
+#: every memory lever, training's first, each group in the order to try them
+LEVERS = (
+    Lever(
+        "mixed precision",
+        "trainer.precision=bf16-mixed",
+        "half-size activations (16-mixed before Ampere; the default, auto, picks it on a GPU)",
+    ),
+    Lever(
+        "micro-batching",
+        "data.batch_size=1 trainer.accumulate_grad_batches=2",
+        "same effective batch, half the activations; BatchNorm then normalizes with one "
+        "sample's statistics, so use model=unet_small_gn / unet_large_gn (GroupNorm) or "
+        "model.net.norm=instance",
+    ),
+    Lever(
+        "a smaller patch",
+        "data.patch_size=[D,H,W]",
+        "activations scale with the patch's voxel count",
+    ),
+    Lever(
+        "activation checkpointing",
+        f"model.activation_checkpointing={'|'.join(CHECKPOINTING_CHOICES)}|[0,1]",
+        "recompute those levels' activations in backward (non-reentrant "
+        "torch.utils.checkpoint) instead of keeping them",
+    ),
+    Lever(
+        "loss checkpointing",
+        "model.checkpoint_loss=true",
+        "keep only logits and labels for the loss, recompute its full-resolution intermediates",
+    ),
+    Lever(
+        "activation offload",
+        "model.offload_activations=true",
+        "keep saved tensors in host memory during forward (pinned on CUDA; strides kept); a GPU "
+        "lever, it saves nothing on a CPU",
+    ),
+    Lever(
+        "encoder/decoder split",
+        'model.placement="{encoder: cuda:0, decoder: cuda:1}"',
+        "the encoder on one device, the decoder on another; skips cross with differentiable "
+        ".to, so backward and the optimizer span both",
+    ),
+    Lever(
+        "fewer windows at once",
+        "model.inferer.sw_batch_size=1",
+        "fewer sliding windows' activations at once",
+        "inference",
+    ),
+    Lever(
+        "host stitching",
+        "model.inferer.device=cpu",
+        "stitch the volume in host memory, windows stay on the GPU (predict.py: stitch=auto "
+        "picks it per volume)",
+        "inference",
+    ),
+    Lever(
+        "smaller windows",
+        "model.inferer.roi_size=[D,H,W]",
+        "smaller windows (default: the training patch)",
+        "inference",
+    ),
+)
+
+
+def lever_lines(during: str) -> list[str]:
+    """The levers acting ``during`` ``train`` or ``inference`` as numbered lines (OOM report)."""
+    chosen = [lever for lever in LEVERS if lever.during == during]
+    return [f"  {i}. {lever.name}: {lever.setting}" for i, lever in enumerate(chosen, start=1)]
+
+
+def lever_table() -> str:
+    """:data:`LEVERS` as the README's markdown table."""
+    rows = ["| lever | config | what it does |", "| --- | --- | --- |"]
+    for lever in LEVERS:
+        setting = lever.setting.replace("|", "\\|")
+        rows.append(f"| {lever.name} | `{setting}` | {lever.does} |")
+    return "\n".join(rows)
+
+
+def _error(message: str) -> ValueError:
+    """An error about a lever of the ``model`` config, naming its key (``model.<lever>``)."""
+    return ValueError(f"model.{message}")
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _error(f"{key} must be true or false; got {value!r}")
+    return value
+
+
+def _checkpointing(value: Any) -> CheckpointSpec:
+    value = plain(value)
+    if value is None or value in CHECKPOINTING_CHOICES:
+        return value
+    if isinstance(value, list) and value and all(isinstance(i, int) and i >= 0 for i in value):
+        return value
+    raise _error(
+        f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)} or a list of "
+        f"level indices; got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class MemoryLevers:
+    """The ``model.*`` memory levers of :class:`~volseg.models.SegmentationModule`.
+
+    Args:
+        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or a list of level
+            indices (0 = full resolution): recompute those levels' activations in backward
+            instead of keeping them (the network must offer ``set_activation_checkpointing``).
+        offload_activations: keep the tensors saved for backward in host memory during forward
+            (:class:`volseg.models.offload.OffloadToHost`, pinned on CUDA, strides kept).
+        checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
+            not the loss's full-resolution intermediates (softmax, one-hot, products).
+        channels_last: weights and inputs in ``channels_last_3d`` (NDHWC) memory format:
+            oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
+        placement: ``{"encoder": device, "decoder": device}``: split the network over two
+            devices (the network must offer ``place``).
+        compile: ``torch.compile`` the network for fit (kernels, not what a step keeps).
+    """
+
+    activation_checkpointing: CheckpointSpec = None
+    offload_activations: bool = False
+    checkpoint_loss: bool = False
+    channels_last: bool = False
+    placement: Mapping[str, str] | None = None
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        # frozen: validated values are set through object.__setattr__
+        set_ = object.__setattr__
+        set_(self, "activation_checkpointing", _checkpointing(self.activation_checkpointing))
+        for key in ("offload_activations", "checkpoint_loss", "channels_last", "compile"):
+            _flag(key, getattr(self, key))
+        placement = plain(self.placement) if self.placement else None
+        if placement is not None and (
+            not isinstance(placement, dict) or set(placement) != {"encoder", "decoder"}
+        ):
+            raise _error(f"placement must be {{encoder: DEVICE, decoder: DEVICE}}; got {placement}")
+        set_(self, "placement", placement)
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.activation_checkpointing not in (None, "none")
+
+    def check_network(self, net: nn.Module) -> None:
+        """Raise naming the key when ``net`` cannot take a lever that is set."""
+        needs = {"activation_checkpointing": "set_activation_checkpointing", "placement": "place"}
+        for key, method in needs.items():
+            wanted = self.checkpointing if key == "activation_checkpointing" else self.placement
+            if wanted and not hasattr(net, method):
+                raise _error(f"{key}: {type(net).__name__} does not support it (no {method})")
+
+    def apply(self, net: nn.Module, when: When, stage: str | None = None) -> nn.Module:
+        """Apply the levers due ``when`` to ``net``; returns the network to use.
+
+        The order, and why: activation checkpointing marks blocks and ``channels_last``
+        converts the weights at ``build``, before ``compile`` at ``setup`` (fit only), so that
+        compile traces the network as it will run (torchtitan compiles after AC wrapping too).
+        ``placement`` comes last, at the ``start`` of every stage: Lightning moves the whole
+        module to one device after ``setup`` and before ``on_*_start``, which would undo an
+        earlier split.
+        """
+        if when == "build":
+            self.check_network(net)
+            if self.checkpointing:
+                try:
+                    net.set_activation_checkpointing(self.activation_checkpointing)
+                except ValueError as err:  # levels outside the network's depth
+                    raise _error(str(err)) from None
+            if self.channels_last:
+                net = net.to(memory_format=torch.channels_last_3d)
+        elif when == "setup":
+            # Module.compile() compiles in place: state_dict keys stay those of the plain
+            # network, so checkpoints load with or without compile
+            if self.compile and stage == "fit":
+                net.compile()
+        elif self.placement is not None:
+            net.place(self.placement["encoder"], self.placement["decoder"])
+        return net
+
+    def forward(self, net: nn.Module, x: torch.Tensor, training: bool) -> torch.Tensor:
+        """``net(x)`` with the levers that act during forward: the input's memory format, and
+        saved tensors kept in host memory (training with grad only)."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        if self.offload_activations and training and torch.is_grad_enabled():
+            with offload.OffloadToHost(pin_memory=x.is_cuda):
+                return net(x)
+        return net(x)
+
+    def loss(self, fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+        """``fn(*args)``, recomputed in backward (not kept) with ``checkpoint_loss``."""
+        if not (self.checkpoint_loss and torch.is_grad_enabled()):
+            return fn(*args)
+        return checkpoint(fn, *args, use_reentrant=False)

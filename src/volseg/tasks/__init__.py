@@ -1,0 +1,1 @@
+"""What the entry points run: ``train``, ``evaluate``, ``predict``, ``run_estimate``."""

@@ -1,0 +1,35 @@
+"""Memory units: MiB for logs and tables, bytes in JSON, and sizes a user writes (``16GiB``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from volseg.utils.errors import UserInputError
+
+MIB = 2**20
+
+#: the units :func:`parse_bytes` reads, lower case: decimal (kB, MB, ...) and binary (KiB, ...)
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: Any, key: str) -> int:
+    """``16GiB``, ``24 GB``, ``12000MiB`` or a number of bytes -> bytes; ``key`` names the
+    config value in the error."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if match is None or match.group(2).lower() not in UNITS:
+        raise UserInputError(
+            f"{key}={value}: not a memory size; write e.g. 16GiB, 24GB, 12000MiB or bytes"
+        )
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])

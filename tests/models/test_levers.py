@@ -1,0 +1,58 @@
+"""The memory levers: validated where they are built, naming the config key; one list of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from monai.losses import DiceCELoss
+
+from volseg.memory.report import INFERENCE_LEVERS, LEVERS
+from volseg.models.levers import LEVERS as ALL_LEVERS
+from volseg.models.levers import MemoryLevers
+from volseg.models.segmentation_module import SegmentationModule
+from volseg.models.unet import UNet3D
+
+
+@pytest.mark.parametrize(
+    ("levers", "key"),
+    [
+        ({"activation_checkpointing": "some"}, "model.activation_checkpointing must be"),
+        ({"activation_checkpointing": [-1]}, "model.activation_checkpointing must be"),
+        ({"offload_activations": "yes"}, "model.offload_activations must be true or false"),
+        ({"checkpoint_loss": 1}, "model.checkpoint_loss must be"),
+        ({"channels_last": None}, "model.channels_last must be"),
+        ({"placement": {"a": "cpu"}}, "model.placement must be"),
+    ],
+)
+def test_a_bad_lever_names_its_key(levers, key):
+    with pytest.raises(ValueError, match=key):
+        MemoryLevers(**levers)
+
+
+def test_levels_beyond_the_network_name_the_key():
+    with pytest.raises(ValueError, match=r"model.activation_checkpointing=\[3\].*0..1"):
+        SegmentationModule(
+            UNet3D(1, 5, [4, 8]), DiceCELoss(), torch.optim.SGD, activation_checkpointing=[3]
+        )
+
+
+def test_a_network_without_the_method_names_the_key():
+    with pytest.raises(ValueError, match="model.placement: Conv3d does not support it"):
+        MemoryLevers(placement={"encoder": "cpu", "decoder": "cpu"}).apply(
+            torch.nn.Conv3d(1, 1, 1), "build"
+        )
+
+
+def test_checkpointing_marks_the_chosen_blocks():
+    net = MemoryLevers(activation_checkpointing="decoder").apply(UNet3D(1, 5, [4, 8, 16]), "build")
+    assert [up.checkpointed for up in net.ups] == [True, True]
+    assert not net.inc.checkpointed
+
+
+def test_the_oom_report_lists_every_lever_once():
+    named = [
+        line for line in (*LEVERS, *INFERENCE_LEVERS) if line.startswith("  ") and ". " in line
+    ]
+    assert len(named) == len(ALL_LEVERS)
+    for lever in ALL_LEVERS:
+        assert sum(lever.setting in line for line in named) == 1, lever.name
