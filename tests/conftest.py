@@ -11,7 +11,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from volseg.data.cases import case_problems
 from volseg.data.synthetic import generate_synthetic_dataset
+from volseg.utils.errors import raise_problems
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -70,3 +72,14 @@ def tiny_train_overrides(data_root: Path) -> list[str]:
 @pytest.fixture
 def train_cfg(small_dataset: Path, tmp_path: Path) -> DictConfig:
     return compose_config("train", tmp_path / "run", tiny_train_overrides(small_dataset))
+
+
+def check_cases(
+    cases: list, num_classes: int, patch_size: list[int], in_channels: int | None = 1
+) -> None:
+    """What the datamodule's check raises for ``cases``: one UserInputError listing every
+    problem (``case_problems`` is the check; the datamodule adds its own layout's)."""
+    problems = case_problems(
+        cases, num_classes, patch_size, in_channels, f"num_classes={num_classes}"
+    )
+    raise_problems(problems, "the dataset")

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from volseg.data.cases import check_cases, find_cases, split_cases
+from tests.conftest import check_cases
+from volseg.data.cases import find_cases, split_cases
 from volseg.data.io import write_volume
 from volseg.utils.errors import UserInputError
 

@@ -9,7 +9,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from volseg.data.cases import check_cases, find_cases
+from tests.conftest import check_cases
+from volseg.data.cases import find_cases
 from volseg.data.mni152 import TASKS, build_mni152_dataset
 
 pytest.importorskip("nilearn")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import compose_config, tiny_train_overrides
-from volseg.data.cases import case_problems, check_cases, find_cases
+from tests.conftest import check_cases, compose_config, tiny_train_overrides
+from volseg.data.cases import case_problems, find_cases
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.transforms import eval_transforms

@@ -6,7 +6,7 @@ import pytest
 import torch
 from monai.losses import DiceCELoss
 
-from volseg.memory.report import INFERENCE_LEVERS, LEVERS
+from volseg.memory.oom_report import INFERENCE_LEVERS, LEVERS
 from volseg.models.levers import LEVERS as ALL_LEVERS
 from volseg.models.levers import MemoryLevers
 from volseg.models.segmentation_module import SegmentationModule

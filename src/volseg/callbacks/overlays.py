@@ -1,7 +1,8 @@
-"""Validation overlays (image, ground truth, prediction) and the memory charts, as pictures.
+"""Validation overlays (image, ground truth, prediction) as pictures.
 
 PNGs always land in the run dir; W&B gets the slices with interactive masks and TensorBoard the
-same pictures as images, for whichever of those loggers are on.
+same pictures as images, for whichever of those loggers are on. With ``log_memory_charts`` the
+memory monitor's charts go to the same loggers at fit end (:mod:`volseg.memory.chart_logging`).
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
-from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger  # noqa: E402
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.memory.monitor import MemoryMonitor  # noqa: E402
+from volseg.memory.chart_logging import log_memory_charts  # noqa: E402
+from volseg.utils.loggers import loggers_of  # noqa: E402
 
 log = logging.getLogger(__name__)
-
-# the files MemoryMonitor writes into its output_dir (timeline at fit end, layers at trace_step)
-MEMORY_CHARTS = {"mem/timeline": "memory_timeline.png", "mem/layers": "memory_layers.png"}
 
 
 @dataclass
@@ -102,14 +101,6 @@ def render_overlay(
     rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return rgb
-
-
-def png_as_rgb(path: Path) -> np.ndarray:
-    """A PNG file as an RGB array ``(H, W, 3)`` uint8 (for TensorBoard)."""
-    picture = plt.imread(path)
-    if picture.dtype != np.uint8:
-        picture = (picture * 255).round().astype(np.uint8)
-    return picture[..., :3]
 
 
 class ValidationOverlays(Callback):
@@ -202,11 +193,11 @@ class ValidationOverlays(Callback):
             path = self.output_dir / f"epoch_{epoch:03d}_{volume.name}.png"
             plt.imsave(path, rgb)
             self.written.append(path)
-            for logger in _loggers(trainer, TensorBoardLogger):
+            for logger in loggers_of(trainer, TensorBoardLogger):
                 logger.experiment.add_image(
                     f"val/overlays/{volume.name}", rgb, step, dataformats="HWC"
                 )
-        for logger in _loggers(trainer, WandbLogger):
+        for logger in loggers_of(trainer, WandbLogger):
             logger.log_metrics({"val/overlays": self._wandb_images(class_names)}, step=step)
         self.volumes = []
 
@@ -232,27 +223,5 @@ class ValidationOverlays(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # teardown runs after every callback's on_fit_end (the monitor writes its timeline there)
         # and before the loggers are finalized
-        if stage != "fit" or not self.log_memory_charts or not trainer.is_global_zero:
-            return
-        monitor = next((c for c in trainer.callbacks if isinstance(c, MemoryMonitor)), None)
-        if monitor is None:
-            return
-        charts = {
-            key: monitor.output_dir / name
-            for key, name in MEMORY_CHARTS.items()
-            if (monitor.output_dir / name).is_file()
-        }
-        if not charts:
-            return
-        step = trainer.global_step
-        for logger in _loggers(trainer, TensorBoardLogger):
-            for key, path in charts.items():
-                logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
-        for logger in _loggers(trainer, WandbLogger):
-            import wandb
-
-            logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
-
-
-def _loggers(trainer: Trainer, kind: type[Logger]) -> list[Logger]:
-    return [logger for logger in trainer.loggers if isinstance(logger, kind)]
+        if stage == "fit" and self.log_memory_charts and trainer.is_global_zero:
+            log_memory_charts(trainer)

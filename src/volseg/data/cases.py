@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, raise_problems
 
 
 @dataclass(frozen=True)
@@ -212,9 +212,7 @@ def _image_geometry(
         try:
             geometries.append(read_geometry(path, case.image_key))
         except Exception as err:  # any reader failure is a bad file, reported with its name
-            problems.append(
-                f"{_where(path, case.image_key)}: cannot read ({type(err).__name__}: {err})"
-            )
+            problems.append(_read_problem(path, case.image_key, err))
     if len(geometries) < len(case.image_files):
         return None
     first = geometries[0]
@@ -249,9 +247,7 @@ def check_inputs(cases: Sequence[Case], in_channels: int) -> None:
 
     Raises one :class:`UserInputError` listing every problem, before anything is predicted.
     """
-    problems = input_problems(cases, in_channels)
-    if problems:
-        raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
+    raise_problems(input_problems(cases, in_channels), "the input")
 
 
 def input_problems(cases: Sequence[Case], in_channels: int) -> list[str]:
@@ -259,6 +255,52 @@ def input_problems(cases: Sequence[Case], in_channels: int) -> list[str]:
     problems: list[str] = []
     for case in cases:
         _image_geometry(case, in_channels, problems, "the network's ")
+    return problems
+
+
+def _read_problem(path: Path, key: str | None, err: Exception) -> str:
+    return f"{_where(path, key)}: cannot read ({type(err).__name__}: {err})"
+
+
+def _voxel_problems(case: Case) -> list[str]:
+    """Image files whose data do not read (a truncated file) or hold NaN/Inf voxels."""
+    problems = []
+    for path in case.image_files:
+        try:
+            voxels = read_array(path, case.image_key)
+        except Exception as err:  # a header that reads but data that do not: truncated file
+            problems.append(_read_problem(path, case.image_key, err))
+            continue
+        bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
+        if bad_voxels:
+            problems.append(f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf")
+    return problems
+
+
+def _label_problems(
+    case: Case, label: dict[str, Any], image: dict[str, Any], num_classes: int, classes_from: str
+) -> list[str]:
+    """A label that disagrees with its image (shape, affine) or holds values outside
+    ``[0, num_classes)`` or non-integer ones."""
+    where = _where(case.label, case.label_key)
+    shape = image["shape_zyx"]
+    if label["shape_zyx"] != shape:
+        return [
+            f"{where}: label shape {list(label['shape_zyx'])} differs from image shape "
+            f"{list(shape)}"
+        ]
+    problems = []
+    if not np.allclose(label["affine"], image["affine"], atol=1e-3):
+        problems.append(f"{where}: affine (voxel spacing/orientation) differs from the image's")
+    try:
+        values = np.unique(read_array(case.label, case.label_key))
+    except Exception as err:
+        return [*problems, _read_problem(case.label, case.label_key, err)]
+    if not np.all(np.equal(np.mod(values, 1), 0)):
+        problems.append(f"{where}: label values must be integers, found {values[:8]}")
+    elif values.min() < 0 or values.max() >= num_classes:
+        bad = [int(v) for v in values if v < 0 or v >= num_classes]
+        problems.append(f"{where}: label values {bad} outside [0, {num_classes}) ({classes_from})")
     return problems
 
 
@@ -270,9 +312,13 @@ def case_problems(
     classes_from: str = "num_classes",
     spacing: Sequence[float] | None = None,
 ) -> list[str]:
-    """Every problem of every case, one line each, naming the file (see :func:`check_cases`).
+    """Every problem of every case, one line each, naming the file.
 
-    With a target ``spacing`` ``[z, y, x]``, the patch is compared with the resampled shape.
+    Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
+    one case agreeing in shape and affine), finite image values, image/label shape and affine
+    agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume in at
+    least one axis (smaller axes are padded). With a target ``spacing`` ``[z, y, x]``, the patch
+    is compared with the resampled shape.
     """
     problems: list[str] = []
     for case in cases:
@@ -282,23 +328,11 @@ def case_problems(
             try:
                 label = read_geometry(case.label, case.label_key)
             except Exception as err:
-                where = _where(case.label, case.label_key)
-                problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
+                problems.append(_read_problem(case.label, case.label_key, err))
         if image is None or (case.label is not None and label is None):
             continue
+        problems += _voxel_problems(case)
         shape = image["shape_zyx"]
-        for path in case.image_files:
-            try:
-                voxels = read_array(path, case.image_key)
-            except Exception as err:  # a header that reads but data that do not: truncated file
-                where = _where(path, case.image_key)
-                problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
-                continue
-            bad_voxels = int(np.size(voxels) - np.count_nonzero(np.isfinite(voxels)))
-            if bad_voxels:
-                problems.append(
-                    f"{_where(path, case.image_key)}: {bad_voxels} voxels are NaN or Inf"
-                )
         sampled = shape if spacing is None else resampled_shape(shape, image["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
             resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""
@@ -307,47 +341,6 @@ def case_problems(
                 f"{list(patch_size)} is larger than the volume {list(sampled)}{resampled} in "
                 "every axis"
             )
-        if label is None:
-            continue
-        where = _where(case.label, case.label_key)
-        if label["shape_zyx"] != shape:
-            problems.append(
-                f"{where}: label shape {list(label['shape_zyx'])} differs from image shape "
-                f"{list(shape)}"
-            )
-            continue
-        if not np.allclose(label["affine"], image["affine"], atol=1e-3):
-            problems.append(f"{where}: affine (voxel spacing/orientation) differs from the image's")
-        try:
-            values = np.unique(read_array(case.label, case.label_key))
-        except Exception as err:
-            problems.append(f"{where}: cannot read ({type(err).__name__}: {err})")
-            continue
-        if not np.all(np.equal(np.mod(values, 1), 0)):
-            problems.append(f"{where}: label values must be integers, found {values[:8]}")
-        elif values.min() < 0 or values.max() >= num_classes:
-            bad = [int(v) for v in values if v < 0 or v >= num_classes]
-            problems.append(
-                f"{where}: label values {bad} outside [0, {num_classes}) ({classes_from})"
-            )
+        if label is not None:
+            problems += _label_problems(case, label, image, num_classes, classes_from)
     return problems
-
-
-def check_cases(
-    cases: Sequence[Case],
-    num_classes: int,
-    patch_size: Sequence[int],
-    in_channels: int | None = 1,
-) -> None:
-    """Check every case before training; raise one :class:`UserInputError` listing all problems.
-
-    Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
-    one case agreeing in shape and affine), finite image values, image/label shape and affine
-    agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume in at
-    least one axis (smaller axes are padded).
-    """
-    problems = case_problems(
-        cases, num_classes, patch_size, in_channels, f"num_classes={num_classes}"
-    )
-    if problems:
-        raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)

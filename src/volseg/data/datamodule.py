@@ -36,7 +36,7 @@ from volseg.data.sampling import (
 )
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, raise_problems
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +213,7 @@ class VolumeDataModule(LightningDataModule):
             self.classes_from,
             self.spacing,
         )
-        if problems:
-            raise UserInputError(f"{len(problems)} problem(s) in the dataset:", problems)
+        raise_problems(problems, "the dataset")
         self._checked = True
         log.info(
             "Dataset %s: %d train, %d val volumes, classes %s",

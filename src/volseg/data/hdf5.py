@@ -18,7 +18,7 @@ from typing import Any
 from volseg.data.cases import Case, find_inputs, input_problems
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import HDF5_SUFFIXES, require_h5py
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, raise_problems
 
 
 def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case], list[str]]:
@@ -81,7 +81,5 @@ class HDF5DataModule(VolumeDataModule):
             Case(c.name, c.image, None, image_key=self.raw_key)
             for c in find_inputs(path, HDF5_SUFFIXES)
         ]
-        problems = input_problems(cases, in_channels)
-        if problems:
-            raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
+        raise_problems(input_problems(cases, in_channels), "the input")
         return cases

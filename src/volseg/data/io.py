@@ -249,12 +249,18 @@ def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
     return array.transpose(1, 0, 2, 3) if array.ndim == 4 else array
 
 
-def split_suffix(name: str) -> tuple[str, str]:
-    """``("case_000", ".nii.gz")`` for ``"case_000.nii.gz"``: the stem and the volume suffix."""
-    for suffix in VOLUME_SUFFIXES:
-        if name.lower().endswith(suffix):
+def match_suffix(name: str, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> tuple[str, str] | None:
+    """``("case_000", ".nii.gz")`` for ``"case_000.nii.gz"``: the stem and the first of
+    ``suffixes`` the name ends with (any case); ``None`` when it ends with none of them."""
+    for suffix in suffixes:
+        if name.lower().endswith(suffix.lower()):
             return name[: -len(suffix)], name[-len(suffix) :]
-    return Path(name).stem, Path(name).suffix
+    return None
+
+
+def split_suffix(name: str) -> tuple[str, str]:
+    """The stem and the volume suffix (:func:`match_suffix`), else the last dot's suffix."""
+    return match_suffix(name) or (Path(name).stem, Path(name).suffix)
 
 
 def write_volume(

@@ -26,8 +26,8 @@ from typing import Any
 
 from volseg.data.cases import Case, find_inputs, input_problems
 from volseg.data.datamodule import VolumeDataModule
-from volseg.data.io import VOLUME_SUFFIXES
-from volseg.utils.errors import UserInputError
+from volseg.data.io import VOLUME_SUFFIXES, match_suffix
+from volseg.utils.errors import UserInputError, raise_problems
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +87,6 @@ def read_dataset_json(root: Path) -> dict[str, Any]:
     }
 
 
-def _split_ending(name: str, endings: Sequence[str]) -> tuple[str, str] | None:
-    for ending in endings:
-        if name.endswith(ending):
-            return name[: -len(ending)], ending
-    return None
-
-
 def group_channel_files(
     files: Sequence[Path], endings: Sequence[str]
 ) -> tuple[dict[str, dict[int, Path]], list[Path]]:
@@ -102,7 +95,7 @@ def group_channel_files(
     groups: dict[str, dict[int, Path]] = {}
     plain = []
     for path in files:
-        split = _split_ending(path.name, endings)
+        split = match_suffix(path.name, endings)
         if split is None:
             continue
         match = CHANNEL_FILE.match(split[0])
@@ -124,7 +117,7 @@ def _training_list_problems(
             if listed is None:
                 continue
             path = root / listed
-            split = _split_ending(path.name, endings)
+            split = match_suffix(path.name, endings)
             # nnU-Net v1 lists images without their channel suffix
             exists = path.is_file() or (key == "image" and split and "".join(split) in images)
             if not exists:
@@ -145,12 +138,12 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     endings = [dataset["file_ending"]] if dataset["file_ending"] else list(VOLUME_SUFFIXES)
     channels = dataset["channel_names"]
     listed = f"{root / 'dataset.json'} lists {len(channels)} channel(s) ({', '.join(channels)})"
-    labels = {p.name: p for p in sorted(labels_dir.iterdir()) if _split_ending(p.name, endings)}
+    labels = {p.name: p for p in sorted(labels_dir.iterdir()) if match_suffix(p.name, endings)}
     images, plain = group_channel_files(sorted(images_dir.iterdir()), endings)
     problems = [f"{p}: no channel suffix (expected <id>_0000, one file per channel)" for p in plain]
     cases = []
     for name, label in labels.items():
-        stem, ending = _split_ending(name, endings)
+        stem, ending = match_suffix(name, endings)
         found = images.get(name, {})
         if not found:
             expected = images_dir / f"{stem}_0000{ending}"
@@ -224,7 +217,7 @@ class MSDDataModule(VolumeDataModule):
         path = Path(path)
         files = [c.image_files[0] for c in find_inputs(path)]
         if path.is_file():
-            split = _split_ending(path.name, VOLUME_SUFFIXES)
+            split = match_suffix(path.name, VOLUME_SUFFIXES)
             match = CHANNEL_FILE.match(split[0]) if split else None
             if match is not None:
                 siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
@@ -241,6 +234,5 @@ class MSDDataModule(VolumeDataModule):
                 continue
             cases.append(Case(name, tuple(channels[c] for c in sorted(channels)), None))
         problems += input_problems(cases, in_channels)
-        if problems:
-            raise UserInputError(f"{len(problems)} problem(s) in the input:", problems)
+        raise_problems(problems, "the input")
         return cases

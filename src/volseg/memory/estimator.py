@@ -40,8 +40,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
-from volseg.memory.events import Event, RecordingMemTracker, held_peak
+from volseg.memory.events import Event, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
+from volseg.memory.trackers import RecordingMemTracker
 from volseg.memory.workspace import cpu_workspace
 from volseg.models import offload
 from volseg.utils.errors import UserInputError

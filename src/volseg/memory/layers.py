@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.distributed._tools.mem_tracker import _ModState
 
+from volseg.memory.trackers import ClosureMemTracker
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -50,26 +50,6 @@ CSV_COLUMNS = [
     *(f"{c}_mib" for c in CATEGORIES.values()),
     "total_mib",
 ]
-
-
-class ClosureMemTracker(MemTracker):
-    """MemTracker for optimizers stepped with a closure (as Lightning does).
-
-    MemTracker counts every tensor created between an optimizer's step pre- and post-hook as
-    optimizer state. With a closure, forward and backward run inside ``step()``, so they would all
-    count as optimizer state. Here only what follows :meth:`optimizer_update_begins` (called from
-    Lightning's ``on_before_optimizer_step``, after the closure) counts as optimizer state.
-    """
-
-    def _register_global_optimizer_hook(self) -> None:
-        def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            self._track_optimizer_states(_MemRefType.OPT, optimizer)
-            self._in_opt = False
-
-        self._optimizer_hook_handles = (register_optimizer_step_post_hook(_post_hook),)
-
-    def optimizer_update_begins(self) -> None:
-        self._in_opt = True
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -175,7 +155,7 @@ class LayerTrace:
 
     def write(self, output_dir: Path, top: int = 10) -> list[dict[str, Any]]:
         """Write ``memory_layers.csv`` and ``memory_layers.png``; log the top blocks."""
-        from volseg.memory.timeline import plot_layer_bars
+        from volseg.memory.charts import plot_layer_bars
 
         rows = self.rows()
         output_dir.mkdir(parents=True, exist_ok=True)

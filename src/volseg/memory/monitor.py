@@ -17,10 +17,10 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
+from volseg.memory.charts import plot_timeline
 from volseg.memory.layers import LayerTrace
+from volseg.memory.oom_report import category_bytes, oom_report
 from volseg.memory.readers import MemoryReading, make_reader, set_mmap_threshold
-from volseg.memory.report import category_bytes, oom_report
-from volseg.memory.timeline import plot_timeline
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,69 @@
+"""torch's ``MemTracker``, adapted: optimizer state under Lightning's closure, and a record of
+every allocation and free for the allocator model (:mod:`volseg.memory.events`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from volseg.memory.events import Event
+from volseg.memory.workspace import Workspace
+
+
+class ClosureMemTracker(MemTracker):
+    """MemTracker for optimizers stepped with a closure (as Lightning does).
+
+    MemTracker counts every tensor created between an optimizer's step pre- and post-hook as
+    optimizer state. With a closure, forward and backward run inside ``step()``, so they would all
+    count as optimizer state. Here only what follows :meth:`optimizer_update_begins` (called from
+    Lightning's ``on_before_optimizer_step``, after the closure) counts as optimizer state.
+    """
+
+    def _register_global_optimizer_hook(self) -> None:
+        def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._track_optimizer_states(_MemRefType.OPT, optimizer)
+            self._in_opt = False
+
+        self._optimizer_hook_handles = (register_optimizer_step_post_hook(_post_hook),)
+
+    def optimizer_update_begins(self) -> None:
+        self._in_opt = True
+
+
+class RecordingMemTracker(ClosureMemTracker):
+    """ClosureMemTracker that also records every allocation and free, in order; storages on the
+    ``meta`` device (activations offloaded to the host) are left out. ``workspace`` gives the
+    bytes a kernel holds while it runs (``None``: not modelled)."""
+
+    def __init__(self, workspace: Workspace | None = None) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+        self.workspace = workspace
+
+    def mark(self) -> None:
+        """Note where a training step starts."""
+        self.events.append(("mark", 0, 0))
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:  # noqa: ANN001
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        if winfo.device.type == "meta":
+            return
+        name = u_type.name
+        if name == "ADD":
+            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
+        elif name == "DEL":
+            self.events.append(("free", id(winfo), 0))
+        elif name == "SIZE":
+            self.events.append(("free", id(winfo), 0))
+            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.workspace is not None:
+            nbytes = self.workspace(func, args, out)
+            if nbytes:
+                self.events.append(("workspace", 0, nbytes))
+        return out
