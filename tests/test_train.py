@@ -72,6 +72,21 @@ def test_checkpoint_loads_weights_only_and_carries_the_config(train_cfg):
     assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
 
 
+def test_test_true_evaluates_the_best_checkpoint_on_the_validation_split(
+    small_dataset, tmp_path, caplog
+):
+    overrides = [*tiny_train_overrides(small_dataset), "trainer.max_epochs=1", "test=true"]
+    cfg = compose_config("train", tmp_path, overrides)
+    with caplog.at_level("INFO", logger="volseg.tasks.train"):
+        metrics = train(cfg)
+    best = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert "on the validation split (the data have no test split)" in caplog.text
+    assert best["best_checkpoint"] in caplog.text
+    # the best checkpoint's own validation, again
+    assert metrics["test/dice_mean"] == pytest.approx(best["best_val_dice_mean"], abs=1e-6)
+    assert {f"test/dice_{c}" for c in CLASSES} <= set(metrics)
+
+
 class StopAfterEpochs(Callback):
     """Interrupts a run after ``epochs`` epochs (as a crash would), leaving its config alone."""
 

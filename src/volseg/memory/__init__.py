@@ -1,0 +1,31 @@
+"""Everything about bytes: measured (monitor), estimated (estimator), planned (planner).
+
+- ``monitor``: the ``MemoryMonitor`` callback: per-step allocated/reserved/peaks, per-layer trace,
+  snapshots, the OOM report (``oom_report``) and the charts (``charts``, ``chart_logging``).
+- ``readers``: allocator counters of a CUDA device or of the host process.
+- ``layers``, ``trackers``, ``events``: per-module activation memory from torch's ``MemTracker``,
+  and the allocation events a traced step records.
+- ``estimator``: a training step's memory from fake tensors, before it runs; ``allocator``
+  (CUDA's caching allocator replayed), ``autocast`` (CUDA's autocast rules), ``workspace``
+  (oneDNN's scratch memory) model the device.
+- ``planner``: the largest batch or patch that fits a budget; ``budget``: ``memory.budget``.
+
+The levers that cut memory are applied by the model: :mod:`volseg.models.levers`.
+"""
+
+__all__ = [
+    "allocator",
+    "autocast",
+    "budget",
+    "chart_logging",
+    "charts",
+    "estimator",
+    "events",
+    "layers",
+    "monitor",
+    "oom_report",
+    "planner",
+    "readers",
+    "trackers",
+    "workspace",
+]

@@ -1,1 +1,4 @@
-"""What the entry points run: ``train``, ``evaluate``, ``predict``, ``run_estimate``."""
+"""What the entry points run (``train.py`` -> ``train.train`` ...); they import every other
+package, nothing imports them."""
+
+__all__ = ["estimate_memory", "evaluate", "predict", "train"]

@@ -115,4 +115,27 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("Best val/dice_mean: %.4f", getattr(model, "best_dice", float("nan")))
+    if cfg.get("test"):
+        metrics.update(evaluate_best(trainer, model, datamodule))
     return metrics
+
+
+def evaluate_best(
+    trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule
+) -> dict[str, float]:
+    """``test=true``: the best checkpoint (the final weights without one) evaluated after fit.
+
+    The data layouts have no test split, so this is the validation split (said in the log);
+    the metrics come back as ``test/<name>`` (``test/dice_mean``, ...).
+    """
+    callback = trainer.checkpoint_callback
+    best = getattr(callback, "best_model_path", "") or None
+    log.info(
+        "test=true: evaluating %s on the validation split (the data have no test split)",
+        best or "the final weights (no best checkpoint)",
+    )
+    results = trainer.validate(
+        model=model, datamodule=datamodule, ckpt_path=best, weights_only=True
+    )
+    found = results[0] if results else {}
+    return {f"test/{k.split('/', 1)[-1]}": float(v) for k, v in found.items()}
