@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from monai.losses import DiceCELoss
 
 from volseg.memory.oom_report import INFERENCE_LEVERS, LEVERS
 from volseg.models.levers import LEVERS as ALL_LEVERS
-from volseg.models.levers import MemoryLevers
+from volseg.models.levers import MemoryLevers, lever_table
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 
@@ -56,3 +58,8 @@ def test_the_oom_report_lists_every_lever_once():
     assert len(named) == len(ALL_LEVERS)
     for lever in ALL_LEVERS:
         assert sum(lever.setting in line for line in named) == 1, lever.name
+
+
+def test_the_readme_lever_table_is_the_levers_list():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert lever_table() in readme
