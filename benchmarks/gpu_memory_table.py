@@ -5,7 +5,7 @@ For each preset, one training step (forward, DiceCE loss, backward, AdamW step) 
 run twice: the second step is measured, so optimizer state exists as in steady training.
 Prints parameters, peak allocated and peak reserved (``torch.cuda.max_memory_*``), and the
 five modules whose forward keeps the most activations (torch's MemTracker, via volseg's
-LayerTrace), as a Markdown table for README. Needs CUDA; ``--device cpu`` with a small
+LayerTrace), as a Markdown table for docs/benchmarks.md. Needs CUDA; ``--device cpu`` with a small
 ``--shape`` runs the same code path on a CPU for a check.
 
     python benchmarks/gpu_memory_table.py [--shape 26 150 320] [--batch 2] [--device cuda]

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from monai.losses import DiceCELoss
+from omegaconf import OmegaConf
 
 from volseg.memory.oom_report import INFERENCE_LEVERS, LEVERS
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.levers import LEVERS as ALL_LEVERS
 from volseg.models.levers import MemoryLevers, lever_table
 from volseg.models.segmentation_module import SegmentationModule
@@ -63,3 +65,8 @@ def test_the_oom_report_lists_every_lever_once():
 def test_the_readme_lever_table_is_the_levers_list():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert lever_table() in readme
+
+
+def test_the_planner_tries_the_checkpointing_choices_the_network_knows():
+    options = OmegaConf.load(Path(__file__).parents[2] / "configs/estimate/default.yaml")
+    assert tuple(options.checkpointing_options) == CHECKPOINTING_CHOICES

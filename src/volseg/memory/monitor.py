@@ -38,7 +38,7 @@ def snapshot_path(output_dir: Path, rank: int, world: int) -> Path:
 def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, Any]:
     """Readers of the devices a split network (``model.placement``) uses besides ``root``,
     by key name (``cuda1``, ``cpu``): ``mem/*`` reads the root device only."""
-    placement = getattr(pl_module, "placement", None) or {}
+    placement = getattr(getattr(pl_module, "levers", None), "placement", None) or {}
     readers = {}
     for device in {torch.device(d) for d in placement.values()}:
         same = device.type == root.type and (device.index or 0) == (root.index or 0)
