@@ -244,10 +244,15 @@ def test_a_split_network_gets_a_reader_for_its_other_device():
     from types import SimpleNamespace
 
     from volseg.memory.monitor import placed_readers
+    from volseg.models.levers import MemoryLevers
 
-    split = SimpleNamespace(placement={"encoder": "cuda:0", "decoder": "cpu"})
-    readers = placed_readers(split, torch.device("cuda", 0))
+    def placed(encoder: str, decoder: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            levers=MemoryLevers(placement={"encoder": encoder, "decoder": decoder})
+        )
+
+    readers = placed_readers(placed("cuda:0", "cpu"), torch.device("cuda", 0))
     assert list(readers) == ["cpu"] and readers["cpu"].kind == "host"
-    same = SimpleNamespace(placement={"encoder": "cpu", "decoder": "cpu"})
+    same = placed("cpu", "cpu")
     assert placed_readers(same, torch.device("cpu")) == {}
     assert placed_readers(SimpleNamespace(), torch.device("cpu")) == {}
