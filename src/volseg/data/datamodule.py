@@ -356,11 +356,11 @@ class VolumeDataModule(LightningDataModule):
         processes = f" ({est.ranks} training processes, each its own)" if est.ranks > 1 else ""
         raise UserInputError(
             f"data.cache=memory with data.cache_rate={self.cache_rate:g}: the data would need "
-            f"{est.data_total / GIB:,.2f} GiB of host RAM{processes}: training cache "
-            f"{est.train_cache / GIB:,.2f} GiB ({est.train_cached} of {est.train_volumes} "
-            f"volumes), validation cache {est.val_cache / GIB:,.2f} GiB, loader copies and "
-            f"batches {max(est.train_loading, est.val_loading) / GIB:,.2f} GiB; "
-            f"{available / GIB:,.2f} GiB is available ({source}). Nothing was loaded. {fits}; "
+            f"{est.data_total / GIB:.3g} GiB of host RAM{processes}: training cache "
+            f"{est.train_cache / GIB:.3g} GiB ({est.train_cached} of {est.train_volumes} "
+            f"volumes), validation cache {est.val_cache / GIB:.3g} GiB, loader copies and "
+            f"batches {max(est.train_loading, est.val_loading) / GIB:.3g} GiB; "
+            f"{available / GIB:.3g} GiB is available ({source}). Nothing was loaded. {fits}; "
             f"data.cache=disk keeps the volumes under data.cache_dir={self.cache_dir} and reads "
             "them per sample"
         )
