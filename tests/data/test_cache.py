@@ -135,3 +135,16 @@ def test_memory_cache_too_big_is_refused_before_any_volume_is_loaded(
     monkeypatch.setattr(datamodule_module, "available_ram", lambda: (room, "MemAvailable"))
     cfg = _cfg(small_dataset, tmp_path / "disk", "data.cache=disk", f"data.cache_dir={tmp_path}/c")
     assert "val/dice_mean" in train(cfg)
+
+
+def test_a_case_problem_is_reported_before_the_cache_size(
+    small_dataset, tmp_path, monkeypatch, capsys
+):
+    """Padded to a patch larger than every volume, the cache would look huge; the check's
+    message (the patch) is the one to fix first."""
+    monkeypatch.setattr(datamodule_module, "available_ram", lambda: (1, "MemAvailable"))
+    cfg = _cfg(small_dataset, tmp_path / "run", "data.patch_size=[32,64,64]")
+    with pytest.raises(SystemExit):
+        run_task(train, cfg)
+    err = capsys.readouterr().err
+    assert "is larger than the volume" in err and "data.cache=memory" not in err

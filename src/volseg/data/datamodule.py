@@ -43,6 +43,7 @@ from volseg.memory.host import (
     CACHE_MODES,
     GIB,
     HostEstimate,
+    VolumeBytes,
     available_ram,
     estimate_host,
     fitting_cache_rate,
@@ -199,6 +200,7 @@ class VolumeDataModule(LightningDataModule):
         self._split_done = False
         self._cases: list[Case] = []
         self._layout_problems: list[str] = []
+        self._sizes: tuple[dict[str, list[VolumeBytes]], list[str]] | None = None
         self._checked = False
         self._seed = 0
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
@@ -311,16 +313,7 @@ class VolumeDataModule(LightningDataModule):
         """The data side's host memory (:mod:`volseg.memory.host`) from the cases' headers,
         for training on ``device`` with ``devices`` processes on this machine. Cases whose
         headers cannot be read are left out (the check names them)."""
-        self.split()
-        sizes: dict[str, list] = {"train": [], "val": []}
-        unread = []
-        for role, cases in (("train", self.train_cases), ("val", self.val_cases)):
-            for case in cases:
-                try:
-                    pad = self.patch_size if role == "train" else None
-                    sizes[role].append(volume_bytes(case, self.spacing, pad))
-                except Exception:  # a bad file: the check reports it with its reason
-                    unread.append(case.name)
+        sizes, rejected = self._volume_sizes()
         options = resolve_loader_options(
             self.num_workers, self.pin_memory, self.persistent_workers, device, devices
         )
@@ -335,14 +328,37 @@ class VolumeDataModule(LightningDataModule):
             options.num_workers,
             options.pin_memory,
             ranks=devices,
-            unread=unread,
+            rejected=rejected,
         )
+
+    def _volume_sizes(self) -> tuple[dict[str, list[VolumeBytes]], list[str]]:
+        """Each split's volumes after loading (from headers, read once), and the cases the
+        check will reject: unreadable headers, or a patch larger than the volume in every axis
+        (padded to such a patch, a volume's bytes would say nothing of the data)."""
+        if self._sizes is None:
+            self.split()
+            sizes: dict[str, list[VolumeBytes]] = {"train": [], "val": []}
+            rejected = []
+            for role, cases in (("train", self.train_cases), ("val", self.val_cases)):
+                for case in cases:
+                    try:
+                        size = volume_bytes(case, self.spacing)
+                    except Exception:  # a bad file: the check reports it with its reason
+                        rejected.append(case.name)
+                        continue
+                    if all(p > s for p, s in zip(self.patch_size, size.shape_zyx, strict=True)):
+                        rejected.append(case.name)
+                    if role == "train":  # cached padded to the patch
+                        size = volume_bytes(case, self.spacing, self.patch_size)
+                    sizes[role].append(size)
+            self._sizes = (sizes, rejected)
+        return self._sizes
 
     def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
         """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
         the cache (and the loaders' copies) would not fit the RAM available; says what fits."""
-        if self.cache != "memory" or self.split()[1]:
-            return None  # a layout problem: the check reports it
+        if self.cache != "memory" or self.split()[1] or self._volume_sizes()[1]:
+            return None  # a problem of the layout or of a case: the check reports it first
         est = self.host_estimate(device, devices)
         available, source = available_ram()
         if available is None or est.data_total <= available:

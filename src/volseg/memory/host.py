@@ -117,7 +117,8 @@ class HostEstimate:
     ``train_cache``/``val_cache``: the cached volumes (``data.cache=memory``; 0 otherwise), per
     process; ``train_loading``/``val_loading``: volume copies and batches in flight while that
     loader runs, per process; ``spawned_copies``: the caches each non-forked worker holds again;
-    ``process_rss``: this process now (VmRSS).
+    ``process_rss``: this process now (VmRSS); ``rejected``: cases the checks will reject
+    (unreadable headers: not counted; smaller than the patch in every axis).
     """
 
     cache: str
@@ -138,7 +139,7 @@ class HostEstimate:
     val_loading: int
     spawned_copies: int
     process_rss: int
-    unread: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
 
     @property
     def cache_bytes(self) -> int:
@@ -176,7 +177,7 @@ def estimate_host(
     pin_memory: bool,
     ranks: int = 1,
     start_method: str | None = None,
-    unread: Sequence[str] = (),
+    rejected: Sequence[str] = (),
 ) -> HostEstimate:
     """The data side's host memory (see the module docstring for what is counted and why).
 
@@ -222,7 +223,7 @@ def estimate_host(
         val_loading=val_loading,
         spawned_copies=spawned,
         process_rss=process_rss(),
-        unread=list(unread),
+        rejected=list(rejected),
     )
 
 
@@ -340,6 +341,6 @@ def format_host(est: HostEstimate) -> str:
         ("host total", est.total),
     ]
     lines += [f"    {name:<36}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    if est.unread:
-        lines.append(f"  not counted (headers unreadable): {', '.join(est.unread)}")
+    if est.rejected:
+        lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
     return "\n".join(lines)
