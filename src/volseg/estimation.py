@@ -13,6 +13,7 @@ from volseg.memory.estimator import MemoryEstimate, estimate, target_device
 from volseg.memory.host import HostEstimate, format_host, local_processes
 from volseg.memory.planner import Plan, parse_bytes, plan
 from volseg.utils.errors import BudgetExceeded, UserInputError
+from volseg.utils.instantiate import build
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,6 @@ def format_plan(result: Plan) -> str:
 def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
     """The data side's host memory for ``cfg`` (from the dataset's headers), or ``None`` and
     why not (e.g. a dataset not generated yet: nothing is generated or loaded here)."""
-    from volseg.utils.instantiate import build
-
     try:
         datamodule = build(cfg.data, "data")
         if not hasattr(datamodule, "host_estimate"):
