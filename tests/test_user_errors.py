@@ -61,6 +61,8 @@ TABLE = [
     ("train", ["data.samples_per_volume=-1"], "data.samples_per_volume=-1"),
     ("train", ["data.val_fraction=1.5"], "data.val_fraction=1.5"),
     ("train", ["data.cache_rate=2"], "data.cache_rate=2"),
+    ("train", ["data.cache=ram"], "data.cache=ram"),
+    ("train", ["data.cache=disk", "data.cache_dir=null"], "data.cache_dir"),
     ("train", ["data.patch_size=[16,32]"], "data.patch_size=[16, 32]"),
     ("train", ["data.num_workers=-1"], "data.num_workers=-1"),
     ("train", ["data.root={dir}/nowhere"], "nowhere"),

@@ -9,9 +9,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.memory.estimator import MemoryEstimate, estimate, target_device
+from volseg.memory.host import HostEstimate, format_host, local_processes
 from volseg.memory.planner import Plan, parse_bytes, plan
 from volseg.utils.errors import BudgetExceeded, UserInputError
+from volseg.utils.instantiate import build
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +75,43 @@ def format_plan(result: Plan) -> str:
     return "\n".join(lines)
 
 
-def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
+def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
+    """The data side's host memory for ``cfg`` (from the dataset's headers), or ``None`` and
+    why not (e.g. a dataset not generated yet: nothing is generated or loaded here)."""
+    try:
+        datamodule = build(cfg.data, "data")
+        if not hasattr(datamodule, "host_estimate"):
+            return None, f"{cfg.data._target_} has no host estimate"
+        if not Path(datamodule.root).exists():
+            return None, f"data.root={datamodule.root} does not exist yet"
+        device = target_device(cfg)
+        return datamodule.host_estimate(device, local_processes(cfg.trainer, device)), ""
+    except UserInputError as err:  # train.py reports it; the step estimate stands without it
+        return None, str(err).splitlines()[0]
+
+
+def log_host(host: HostEstimate | None) -> None:
+    """The host section of the budget check: one log line (MiB)."""
+    if host is not None:
+        log.info(
+            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
+            "this process holds %s MiB now",
+            f"{host.data_total / MIB:,.0f}",
+            host.cache,
+            f"{host.cache_bytes / MIB:,.0f}",
+            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
+            f"{host.process_rss / MIB:,.0f}",
+        )
+
+
+def check_memory_budget(cfg: DictConfig, host: HostEstimate | None = None) -> MemoryEstimate | None:
     """With ``memory.budget`` set, estimate the training step before anything is built and
-    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned).
+    ``host``: the data side's host memory, logged next to it (the budget is the step's)."""
     budget_value = cfg.get("memory", {}).get("budget")
     if not budget_value:
         return None
+    log_host(host)
     budget = parse_bytes(budget_value, "memory.budget")
     est = estimate(cfg)
     total = est.total_within(budget)
@@ -126,6 +159,9 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     est = estimate(cfg)
     print(format_estimate(est, top=int(options.top)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    host, why_not = host_estimate(cfg)
+    print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
+    result["host"] = host.to_dict() if host is not None else None
     if budget is not None:
         checkpointing = OmegaConf.to_container(options.checkpointing_options)
         answer = plan(

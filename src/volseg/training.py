@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.estimation import check_memory_budget
+from volseg.memory.host import local_processes
 from volseg.models.unet import check_patch_poolable
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
@@ -60,6 +62,16 @@ def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> 
                 cfg[key] = found
 
 
+def training_device(cfg: DictConfig) -> str:
+    """``cuda`` or ``cpu``: where ``trainer.accelerator`` trains on this machine."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda"):
+        return "cuda"
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
 
@@ -78,13 +90,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule: L.LightningDataModule = build(cfg.data, "data")
     datamodule.prepare_data()
+    check_only = getattr(datamodule, "check_only", False)
+    host = None
+    if hasattr(datamodule, "check_host_memory") and not check_only:
+        # from the headers, before the checks read any voxel: a cache too big for the RAM stops
+        # the run here, not when the machine swaps or the kernel kills it mid-load
+        device = training_device(cfg)
+        host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
     datamodule.check()
     take_shape_from_data(cfg, datamodule)
-    if getattr(datamodule, "check_only", False):
+    if check_only:
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
 
-    check_memory_budget(cfg)  # resolves trainer.precision=auto for its own target device
+    check_memory_budget(cfg, host)  # resolves trainer.precision=auto for its own target device
     precision = resolve_trainer_precision(cfg)
 
     log.info("Instantiating model <%s>", cfg.model._target_)
