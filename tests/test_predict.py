@@ -174,3 +174,31 @@ def test_inputs_that_share_an_output_are_named_before_any_work(checkpoint, small
         err.value
     )
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_ddp_predicts_every_volume_once_across_ranks(checkpoint, small_dataset, tmp_path):
+    # trainer=ddp_sim turns Lightning's distributed sampler off (volseg shards its own training
+    # patches); prediction must still give each of the 3 volumes to one rank, not to both
+    images = tmp_path / "in"
+    images.mkdir()
+    names = [f"case_00{i}.nii.gz" for i in range(3)]
+    for name in names:
+        shutil.copy(small_dataset / "images" / name, images / name)
+    out, run_dir = tmp_path / "pred", tmp_path / "run"
+    args = ["predict.py", "trainer=ddp_sim", f"ckpt_path={checkpoint}", f"input={images}"]
+    result = subprocess.run(
+        [sys.executable, *args, f"output={out}", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == names
+    log = (run_dir / "predict.log").read_text()
+    for name in names:  # the forked ranks log to the same file
+        assert log.count(f"wrote {name}") == 1, log[-2000:]
+    assert "Rank 0 wrote" in log and "Rank 1 wrote" in log
+    assert "Wrote 3 file(s)" in log

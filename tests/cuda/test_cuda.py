@@ -75,8 +75,11 @@ def test_memory_keys_come_from_the_caching_allocator(small_dataset, tmp_path):
         assert 0 < allocated <= reserved
         assert float(row["mem/peak_reserved_mib"]) >= float(row["mem/peak_allocated_mib"]) > 0
         assert float(row["mem/fragmentation_mib"]) == pytest.approx(reserved - allocated, abs=0.1)
+        # host memory next to the device's: at least the interpreter, torch and the caches
+        assert float(row["mem/host_rss_mib"]) > 100
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["memory"]["device"] == "cuda"
+    assert summary["memory"]["peak_host_rss_mib"] > 100
 
 
 def test_snapshot_file_is_written(small_dataset, tmp_path):

@@ -256,3 +256,32 @@ def test_a_split_network_gets_a_reader_for_its_other_device():
     same = placed("cpu", "cpu")
     assert placed_readers(same, torch.device("cpu")) == {}
     assert placed_readers(SimpleNamespace(), torch.device("cpu")) == {}
+
+
+def test_cuda_runs_log_the_host_resident_set_next_to_the_device_keys(tmp_path):
+    from types import SimpleNamespace
+
+    from volseg.data.host_memory import process_rss
+    from volseg.memory.readers import MemoryReading
+
+    class FakeCudaReader:
+        kind = "cuda"
+
+        def read(self) -> MemoryReading:
+            return MemoryReading(100 * 2**20, 200 * 2**20, 150 * 2**20, 250 * 2**20)
+
+        def reset_peak(self) -> None:
+            pass
+
+    monitor = MemoryMonitor(tmp_path)
+    monitor.reader = FakeCudaReader()
+    trainer = SimpleNamespace(global_step=0, loggers=[], is_global_zero=True)
+    monitor.on_train_batch_start(trainer, None, None, 0)
+    monitor.on_before_backward(trainer, None, None)
+    monitor.on_after_backward(trainer, None)
+    trainer.global_step += 1
+    monitor.on_train_batch_end(trainer, None, None, None, 0)
+    row = monitor.history[0]
+    assert row["mem/allocated_mib"] == 100  # the device's, from the allocator
+    assert row["mem/host_rss_mib"] == pytest.approx(process_rss() / 2**20, rel=0.2)
+    assert monitor.summary()["peak_host_rss_mib"] == round(row["mem/host_rss_mib"], 1)

@@ -78,6 +78,9 @@ def test_trained_with_max_time_the_lr_decays(small_dataset, tmp_path):
         *tiny_train_overrides(small_dataset),
         "trainer.max_epochs=-1",
         "trainer.max_time=00:00:00:08",
+        "callbacks.validation_budget=null",  # the trainer's Timer alone ends the run
     ]
     cfg = compose_config("train", tmp_path, overrides)
-    assert _final_lr(cfg) < 0.3 * cfg.model.optimizer.lr
+    # a constant LR (the epoch cosine of a run without max_epochs) would end at 1.0 x the start;
+    # how far below depends on how much of the 8 s the last step saw on a loaded machine
+    assert _final_lr(cfg) < 0.9 * cfg.model.optimizer.lr

@@ -41,6 +41,17 @@ def test_bias_flag_and_norm_types():
     assert any(isinstance(m, torch.nn.GroupNorm) for m in net.modules())
 
 
+def test_leaky_relu_keeps_a_gradient_for_negative_inputs():
+    relu = UNet3D(1, 2, widths=[4, 8], activation="relu")
+    leaky = UNet3D(1, 2, widths=[4, 8], activation="leaky_relu")
+    leaky.load_state_dict(relu.state_dict())  # same weights: only the nonlinearity differs
+    acts = [m for m in leaky.modules() if isinstance(m, torch.nn.LeakyReLU)]
+    assert len(acts) == 2 * (1 + 1 + 1)  # two per DoubleConv: inc, one down, one up
+    assert not any(isinstance(m, torch.nn.ReLU) for m in leaky.modules())
+    x = torch.randn(1, 1, 8, 8, 8)
+    assert not torch.allclose(relu(x), leaky(x))
+
+
 def test_bad_settings_name_the_parameter():
     with pytest.raises(ValueError, match="^decoder_widths needs"):
         UNet3D(1, 2, widths=[4, 8, 16], decoder_widths=[4])
@@ -48,6 +59,8 @@ def test_bad_settings_name_the_parameter():
         UNet3D(1, 2, widths=[4, 8], norm="layer")
     with pytest.raises(ValueError, match="^widths needs"):
         UNet3D(1, 2, widths=[4])
+    with pytest.raises(ValueError, match="^activation must"):
+        UNet3D(1, 2, widths=[4, 8], activation="gelu")
 
 
 THIN = [[2, 2, 2], [2, 2, 2], [1, 2, 2], [1, 2, 2]]  # auto for 26 x 150 x 320, 4 poolings

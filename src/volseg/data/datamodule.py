@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import monai
 import torch
 from lightning.pytorch import LightningDataModule
-from monai.data import CacheDataset, list_data_collate
-from monai.transforms import Compose
+from monai.data import CacheDataset, Dataset, PersistentDataset, list_data_collate
+from monai.data.utils import pickle_hashing
+from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader
 
 from volseg.data.cases import (
@@ -21,6 +24,15 @@ from volseg.data.cases import (
     find_cases,
     find_inputs,
     split_cases,
+)
+from volseg.data.host_memory import (
+    CACHE_MODES,
+    HostEstimate,
+    VolumeBytes,
+    available_ram,
+    estimate_host,
+    fitting_cache_rate,
+    volume_bytes,
 )
 from volseg.data.loader_options import (
     LoaderOptions,
@@ -37,8 +49,50 @@ from volseg.data.sampling import (
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.utils.errors import UserInputError, raise_problems
+from volseg.utils.units import GIB
 
 log = logging.getLogger(__name__)
+
+#: part of every disk cache's key: raise it when the loading code changes what it caches
+DISK_CACHE_VERSION = 1
+
+
+def item_hash(item: dict[str, Any]) -> bytes:
+    """``PersistentDataset``'s key of an item: its file paths plus each file's size and
+    modification time, so that a file rewritten in place is loaded again, not read stale."""
+    files = item["image"] if isinstance(item["image"], list) else [item["image"]]
+    if item.get("label"):
+        files = [*files, item["label"]]
+    stats = []
+    for name in files:
+        path = Path(name).resolve()
+        stat = path.stat() if path.exists() else None
+        stats.append((str(path), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1))
+    return pickle_hashing({**item, "files": stats})
+
+
+def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str, Any]) -> Path:
+    """The folder of one disk cache: ``root/<role>-<hash>``, the hash taken over what decides the
+    cached arrays (the deterministic transforms up to the first random one, the loading
+    options, the MONAI version), so a change of e.g. ``data.spacing`` starts a new cache and
+    the old one stays as it was. ``key.json`` inside says what the hash covers."""
+    names = []
+    for t in transform.transforms:
+        if isinstance(t, Randomizable):
+            break
+        names.append(type(t).__name__)
+    key = {
+        "role": role,
+        "transforms": names,
+        "settings": settings,
+        "monai": monai.__version__,
+        "version": DISK_CACHE_VERSION,
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    folder = root / f"{role}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "key.json").write_text(json.dumps(key, indent=2, sort_keys=True, default=str))
+    return folder
 
 
 class VolumeDataModule(LightningDataModule):
@@ -65,8 +119,15 @@ class VolumeDataModule(LightningDataModule):
         class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
         num_workers, pin_memory, persistent_workers: loader settings, each a value or ``auto``
             (from the device: see :func:`volseg.data.loader_options.resolve_loader_options`).
-        cache_rate: fraction of the volumes kept in memory after loading and normalization
-            (before the random transforms).
+        cache: where loaded volumes (after loading, resampling and normalization: the steps
+            before the random transforms) are kept: ``memory`` (MONAI ``CacheDataset``, the first
+            ``cache_rate`` of the volumes in host RAM; ``train.py`` refuses to start when they
+            would not fit), ``disk`` (MONAI ``PersistentDataset``: written once under
+            ``cache_dir``, read per sample, reused by later runs) or ``none`` (every sample
+            loaded from the files).
+        cache_rate: with ``cache=memory``, the fraction of the volumes kept in memory.
+        cache_dir: with ``cache=disk``, the folder of the caches (one subfolder per loading
+            setting: see :func:`disk_cache_dir`).
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
         mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
@@ -105,6 +166,8 @@ class VolumeDataModule(LightningDataModule):
         mni152: dict[str, Any] | None = None,
         augment: dict[str, Any] | None = None,
         patch_voxels: int | None = None,
+        cache: str = "memory",
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -122,7 +185,9 @@ class VolumeDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        self.cache = cache
         self.cache_rate = cache_rate
+        self.cache_dir = Path(cache_dir) if cache_dir else None
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
@@ -131,7 +196,11 @@ class VolumeDataModule(LightningDataModule):
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_ds: SeededItems | None = None
-        self._val_ds: CacheDataset | None = None
+        self._val_ds: Dataset | None = None
+        self._split_done = False
+        self._cases: list[Case] = []
+        self._layout_problems: list[str] = []
+        self._sizes: tuple[dict[str, list[VolumeBytes]], list[str]] | None = None
         self._checked = False
         self._seed = 0
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
@@ -143,6 +212,10 @@ class VolumeDataModule(LightningDataModule):
             raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
         if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
             raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
+        if cache not in CACHE_MODES:
+            raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
+        if cache == "disk" and self.cache_dir is None:
+            raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
         if str(patch_size) == "auto":
             raise UserInputError(
                 "data.patch_size=auto is planned from the data by train.py; call "
@@ -195,17 +268,8 @@ class VolumeDataModule(LightningDataModule):
         """
         if self._checked:
             return
-        cases, problems = self.find()
-        if not problems:
-            self.train_cases, self.val_cases = split_cases(
-                cases, self.root, self.val_fraction, self.split_seed, self.fold
-            )
-            if not self.train_cases or not self.val_cases:
-                raise UserInputError(
-                    f"data.root={self.root}: the split leaves no training or no validation case "
-                    f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
-                )
-        problems += case_problems(
+        cases, problems = self.split()
+        problems = problems + case_problems(
             cases,
             self.num_classes,
             self.patch_size,
@@ -221,6 +285,99 @@ class VolumeDataModule(LightningDataModule):
             len(self.train_cases),
             len(self.val_cases),
             self.class_names,
+        )
+
+    def split(self) -> tuple[list[Case], list[str]]:
+        """Find the cases and split them into ``train_cases``/``val_cases`` (no voxel is read);
+        returns all cases and the layout's problems (then nothing is split)."""
+        if self._split_done:
+            return self._cases, self._layout_problems
+        cases, problems = self.find()
+        if not problems:
+            self.train_cases, self.val_cases = split_cases(
+                cases, self.root, self.val_fraction, self.split_seed, self.fold
+            )
+            if not self.train_cases or not self.val_cases:
+                raise UserInputError(
+                    f"data.root={self.root}: the split leaves no training or no validation case "
+                    f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
+                )
+        self._cases, self._layout_problems = cases, problems
+        self._split_done = True
+        return cases, problems
+
+    def host_estimate(
+        self, device: str, devices: int = 1, cache_rate: float | None = None
+    ) -> HostEstimate:
+        """The data side's host memory (:mod:`volseg.data.host_memory`) from the cases' headers,
+        for training on ``device`` with ``devices`` processes on this machine. Cases whose
+        headers cannot be read are left out (the check names them)."""
+        sizes, rejected = self._volume_sizes()
+        options = resolve_loader_options(
+            self.num_workers, self.pin_memory, self.persistent_workers, device, devices
+        )
+        return estimate_host(
+            sizes["train"],
+            sizes["val"],
+            self.cache,
+            self.cache_rate if cache_rate is None else cache_rate,
+            self.batch_size,
+            self.patch_size,
+            self.in_channels,
+            options.num_workers,
+            options.pin_memory,
+            ranks=devices,
+            rejected=rejected,
+        )
+
+    def _volume_sizes(self) -> tuple[dict[str, list[VolumeBytes]], list[str]]:
+        """Each split's volumes after loading (from headers, read once), and the cases the
+        check will reject: unreadable headers, or a patch larger than the volume in every axis
+        (padded to such a patch, a volume's bytes would say nothing of the data)."""
+        if self._sizes is None:
+            self.split()
+            sizes: dict[str, list[VolumeBytes]] = {"train": [], "val": []}
+            rejected = []
+            for role, cases in (("train", self.train_cases), ("val", self.val_cases)):
+                for case in cases:
+                    try:
+                        size = volume_bytes(case, self.spacing)
+                    except Exception:  # a bad file: the check reports it with its reason
+                        rejected.append(case.name)
+                        continue
+                    if all(p > s for p, s in zip(self.patch_size, size.shape_zyx, strict=True)):
+                        rejected.append(case.name)
+                    if role == "train":  # cached padded to the patch
+                        size = volume_bytes(case, self.spacing, self.patch_size)
+                    sizes[role].append(size)
+            self._sizes = (sizes, rejected)
+        return self._sizes
+
+    def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
+        """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
+        the cache (and the loaders' copies) would not fit the RAM available; says what fits."""
+        if self.cache != "memory" or self.split()[1] or self._volume_sizes()[1]:
+            return None  # a problem of the layout or of a case: the check reports it first
+        est = self.host_estimate(device, devices)
+        available, source = available_ram()
+        if available is None or est.data_total <= available:
+            return est
+
+        def rate_for(rate: float) -> HostEstimate:
+            return self.host_estimate(device, devices, cache_rate=rate)
+
+        rate = fitting_cache_rate(rate_for, available, self.cache_rate)
+        fits = f"data.cache_rate={rate:g} fits" if rate else "no data.cache_rate above 0 fits"
+        processes = f" ({est.ranks} training processes, each its own)" if est.ranks > 1 else ""
+        raise UserInputError(
+            f"data.cache=memory with data.cache_rate={self.cache_rate:g}: the data would need "
+            f"{est.data_total / GIB:.3g} GiB of host RAM{processes}: training cache "
+            f"{est.train_cache / GIB:.3g} GiB ({est.train_cached} of {est.train_volumes} "
+            f"volumes), validation cache {est.val_cache / GIB:.3g} GiB, loader copies and "
+            f"batches {max(est.train_loading, est.val_loading) / GIB:.3g} GiB; "
+            f"{available / GIB:.3g} GiB is available ({source}). Nothing was loaded. {fits}; "
+            f"data.cache=disk keeps the volumes under data.cache_dir={self.cache_dir} and reads "
+            "them per sample"
         )
 
     @property
@@ -254,24 +411,32 @@ class VolumeDataModule(LightningDataModule):
                 **self.load_options,
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
-            cache = CacheDataset(
-                [c.as_dict() for c in self.train_cases],
-                transform,
-                cache_rate=self.cache_rate,
-                num_workers=None,
-                progress=False,
-            )
+            dataset = self._dataset(self.train_cases, transform, "train")
             # every volume appears samples_per_volume times per epoch without caching it twice
             indices = list(range(len(self.train_cases))) * self.samples_per_volume
-            self._train_ds = SeededItems(cache, indices)
+            self._train_ds = SeededItems(dataset, indices)
         if self._val_ds is None:
-            self._val_ds = CacheDataset(
-                [c.as_dict() for c in self.val_cases],
-                eval_transforms(**self.load_options),
-                cache_rate=self.cache_rate,
-                num_workers=None,
-                progress=False,
+            self._val_ds = self._dataset(
+                self.val_cases, eval_transforms(**self.load_options), "val"
             )
+
+    def _dataset(self, cases: Sequence[Case], transform: Compose, role: str) -> Dataset:
+        """The MONAI dataset ``data.cache`` asks for; each applies ``transform`` in
+        ``__getitem__`` from its first random transform on (the seeded sampling relies on it)."""
+        items = [c.as_dict() for c in cases]
+        if self.cache == "memory":
+            return CacheDataset(
+                items, transform, cache_rate=self.cache_rate, num_workers=None, progress=False
+            )
+        if self.cache == "disk":
+            # training volumes are cached padded to the patch: the patch is part of their key
+            settings = {**self.load_options}
+            if role == "train":
+                settings["patch_size"] = self.patch_size
+            folder = disk_cache_dir(self.cache_dir, role, transform, settings)
+            log.info("data.cache=disk: %s volumes cached in %s", role, folder)
+            return PersistentDataset(items, transform, cache_dir=folder, hash_func=item_hash)
+        return Dataset(items, transform)
 
     def loader_options(self) -> LoaderOptions:
         """``num_workers``/``pin_memory``/``persistent_workers`` for the trainer's device."""

@@ -20,7 +20,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from volseg.memory.charts import plot_timeline
 from volseg.memory.layers import LayerTrace
 from volseg.memory.oom_report import category_bytes, oom_report
-from volseg.memory.readers import MemoryReading, make_reader, set_mmap_threshold
+from volseg.memory.readers import (
+    HostMemoryReader,
+    MemoryReading,
+    make_reader,
+    set_mmap_threshold,
+)
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -51,7 +56,8 @@ def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, 
 class MemoryMonitor(Callback):
     """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end.
 
-    On CUDA the numbers come from the caching allocator; on a CPU from the process's resident
+    On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
+    process's resident host memory next to them; on a CPU all come from the process's resident
     memory (host memory, labelled so in the log and in ``summary.json``).
 
     Args:
@@ -177,6 +183,9 @@ class MemoryMonitor(Callback):
             "mem/step_start_allocated_mib": self._start.allocated / MIB,
         }
         metrics.update({f"mem/peak_{p}_mib": r.peak_allocated / MIB for p, r in peaks.items()})
+        if self.reader.kind == "cuda" and HostMemoryReader.available():
+            # host memory is memory too (caches, pinned batches): on a CPU mem/* already hold it
+            metrics["mem/host_rss_mib"] = HostMemoryReader().read().allocated / MIB
         for name, reader in self.placed_readers.items():  # the other part of a split network
             other = reader.read()
             metrics[f"mem/{name}/allocated_mib"] = other.allocated / MIB
@@ -225,6 +234,11 @@ class MemoryMonitor(Callback):
                 sum(r["mem/fragmentation_mib"] for r in self.history) / len(self.history), 1
             ),
             "logged_steps": len(self.history),
+            **(
+                {"peak_host_rss_mib": round(max(r["mem/host_rss_mib"] for r in self.history), 1)}
+                if "mem/host_rss_mib" in self.history[0]
+                else {}
+            ),
         }
 
     @rank_zero_only

@@ -24,12 +24,14 @@ log = logging.getLogger(__name__)
 
 Norm = Literal["batch", "instance", "group"]
 Upsampling = Literal["trilinear", "transposed"]
+Activation = Literal["relu", "leaky_relu"]
 # null: [2, 2, 2] at every level; "auto": from the patch; or one [z, y, x] kernel per level
 Pooling = str | Sequence[Sequence[int]] | None
 
 AXES = ("D", "H", "W")
 # pooling=auto pools an axis only while it keeps at least this many voxels after the pooling
 AUTO_MIN_POOLED = 4
+LEAKY_SLOPE = 0.01
 
 
 def pooling_factors(
@@ -144,13 +146,23 @@ def make_norm(kind: Norm, channels: int, num_groups: int = 8) -> nn.Module:
     raise ValueError(f"norm must be one of batch, instance, group; got {kind!r}")
 
 
+def make_activation(kind: Activation) -> nn.Module:
+    """The nonlinearity after every norm (in place: its input is not needed for backward)."""
+    if kind == "relu":
+        return nn.ReLU(inplace=True)
+    if kind == "leaky_relu":
+        # nnU-Net's slope: units that a ReLU would switch off for good keep a gradient
+        return nn.LeakyReLU(LEAKY_SLOPE, inplace=True)
+    raise ValueError(f"activation must be 'relu' or 'leaky_relu'; got {kind!r}")
+
+
 def checkpointing_now(block: nn.Module) -> bool:
     """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
     return getattr(block, "checkpointed", False) and block.training and torch.is_grad_enabled()
 
 
 class DoubleConv(nn.Sequential):
-    """[Conv3d(k=3, pad=1) -> norm -> ReLU] x 2, optional dropout after the first ReLU.
+    """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first one.
 
     With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`), each
     conv -> norm -> ReLU unit runs as its own checkpoint segment while training.
@@ -166,18 +178,19 @@ class DoubleConv(nn.Sequential):
         num_groups: int = 8,
         bias: bool = True,
         dropout: float = 0.0,
+        activation: Activation = "relu",
     ) -> None:
         layers: list[nn.Module] = [
             nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=1, bias=bias),
             make_norm(norm, out_channels, num_groups),
-            nn.ReLU(inplace=True),
+            make_activation(activation),
         ]
         if dropout > 0:
             layers.append(nn.Dropout3d(dropout))
         layers += [
             nn.Conv3d(out_channels, out_channels, kernel_size=3, padding=1, bias=bias),
             make_norm(norm, out_channels, num_groups),
-            nn.ReLU(inplace=True),
+            make_activation(activation),
         ]
         super().__init__(*layers)
 
@@ -286,6 +299,7 @@ class UNet3D(nn.Module):
             one ``[z, y, x]`` kernel of 1s and 2s per pooling; see :func:`pooling_factors`.
         patch_size: training patch ``[D, H, W]`` in voxels; needed by ``pooling="auto"``, and
             checked against a fixed pooling (see :func:`check_patch_poolable`).
+        activation: ``relu`` or ``leaky_relu`` (slope 0.01) after every norm.
         depth: levels; ``None``: ``len(widths)``; an int cuts or extends ``widths`` (doubling,
             at most 320); ``"auto"``: from ``patch_size`` (:func:`auto_depth`).
 
@@ -306,6 +320,7 @@ class UNet3D(nn.Module):
         pooling: Pooling = None,
         patch_size: Sequence[int] | None = None,
         depth: int | str | None = None,
+        activation: Activation = "relu",
     ) -> None:
         super().__init__()
         widths = list(widths)
@@ -344,7 +359,9 @@ class UNet3D(nn.Module):
         factors = pooling_factors(widths, pooling, patch_size)
         if patch_size is not None:
             check_patch_poolable(widths, pooling, patch_size)
-        conv_kwargs = dict(norm=norm, num_groups=num_groups, bias=bias, dropout=dropout)
+        conv_kwargs = dict(
+            norm=norm, num_groups=num_groups, bias=bias, dropout=dropout, activation=activation
+        )
         self.widths = widths
         self.decoder_widths = decoder_widths
         self.pooling = factors  # [[fz, fy, fx], ...], level i -> i + 1

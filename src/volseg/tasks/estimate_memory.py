@@ -10,10 +10,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.data.host_memory import HostEstimate, format_host, local_processes
+from volseg.memory.estimator import MemoryEstimate, estimate, target_device
 from volseg.memory.planner import Plan, plan
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
+from volseg.utils.instantiate import build
 from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,21 @@ def format_plan(result: Plan) -> str:
     return "\n".join(lines)
 
 
+def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
+    """The data side's host memory for ``cfg`` (from the dataset's headers), or ``None`` and
+    why not (e.g. a dataset not generated yet: nothing is generated or loaded here)."""
+    try:
+        datamodule = build(cfg.data, "data")
+        if not hasattr(datamodule, "host_estimate"):
+            return None, f"{cfg.data._target_} has no host estimate"
+        if not Path(datamodule.root).exists():
+            return None, f"data.root={datamodule.root} does not exist yet"
+        device = target_device(cfg)
+        return datamodule.host_estimate(device, local_processes(cfg.trainer, device)), ""
+    except UserInputError as err:  # train.py reports it; the step estimate stands without it
+        return None, str(err).splitlines()[0]
+
+
 def check_json_out(path: Path, overwrite: bool) -> None:
     """One clear error, before estimating, when ``estimate.json_out`` cannot or must not be
     written: a folder, a file in a folder that does not exist, or an existing file."""
@@ -102,6 +119,9 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     est = estimate(cfg)
     print(format_estimate(est, top=int(options.top)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    host, why_not = host_estimate(cfg)
+    print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
+    result["host"] = host.to_dict() if host is not None else None
     if budget is not None:
         checkpointing = plain(options.checkpointing_options)
         answer = plan(

@@ -204,6 +204,7 @@ class VolumeWriter(BasePredictionWriter):
                 write_volume(path, array, affine=affine, key=key)
                 if path not in self.written:
                     self.written.append(path)
+            log.info("Rank %d wrote %s", trainer.global_rank, name)
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
@@ -238,7 +239,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     resolve_trainer_precision(cfg)
-    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=False)
+    # Lightning's own predict sharding (UnrepeatedDistributedSamplerWrapper: every volume once,
+    # no padding), also under trainer configs that turn it off for volseg's training sampler
+    trainer: L.Trainer = build(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=False, use_distributed_sampler=True
+    )
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",
         len(cases),
@@ -249,5 +254,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         cfg.stitch,
     )
     trainer.predict(predictor, dataloaders=loader, return_predictions=False)
-    log.info("Wrote %d file(s) to %s", len(writer.written), output_dir)
-    return {"written": [str(p) for p in writer.written]}
+    # counted on disk: under a forking strategy the writers ran in the worker processes
+    written = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
+    written = [path for path in written if path.exists()]
+    log.info("Wrote %d file(s) to %s", len(written), output_dir)
+    return {"written": [str(p) for p in written]}

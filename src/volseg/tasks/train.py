@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from volseg.data.host_memory import local_processes, log_host
 from volseg.memory.budget import check_memory_budget
 from volseg.models.unet import check_patch_poolable
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
@@ -68,6 +70,16 @@ def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> 
                 cfg[key] = found
 
 
+def training_device(cfg: DictConfig) -> str:
+    """``cuda`` or ``cpu``: where ``trainer.accelerator`` trains on this machine."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda"):
+        return "cuda"
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
 
@@ -86,12 +98,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule: L.LightningDataModule = build(cfg.data, "data")
     datamodule.prepare_data()
+    check_only = getattr(datamodule, "check_only", False)
+    host = None
+    if hasattr(datamodule, "check_host_memory") and not check_only:
+        # from the headers, before the checks read any voxel: a cache too big for the RAM stops
+        # the run here, not when the machine swaps or the kernel kills it mid-load
+        device = training_device(cfg)
+        host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
     datamodule.check()
     take_shape_from_data(cfg, datamodule)
-    if getattr(datamodule, "check_only", False):
+    if check_only:
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
 
+    if cfg.get("memory", {}).get("budget"):
+        log_host(host)  # the budget is the step's; the data side is logged next to it
     check_memory_budget(cfg)  # resolves trainer.precision=auto for its own target device
     precision = resolve_trainer_precision(cfg)
 

@@ -8,6 +8,7 @@ from typing import Any
 from volseg.utils.errors import UserInputError
 
 MIB = 2**20
+GIB = 2**30
 
 #: the units :func:`parse_bytes` reads, lower case: decimal (kB, MB, ...) and binary (KiB, ...)
 UNITS = {

@@ -1,0 +1,362 @@
+"""Host memory of the data side of a training run, estimated from the files' headers.
+
+What the loading side holds in host RAM, per training process (a DDP rank has its own):
+
+- the training cache (``data.cache=memory``): the first ``int(len(train) * cache_rate)`` training
+  volumes (MONAI ``CacheDataset`` caches that many, in order) after the loading transforms:
+  ``channels x voxels x 4`` bytes of float32 image plus ``voxels x 4`` bytes of label (MONAI's
+  ``LoadImaged`` reads labels as float32 too), voxels counted after resampling to
+  ``data.spacing`` and padding to the patch (the padding is cached with the volume);
+- the validation cache: the same for the validation volumes (unpadded);
+- loader copies: each process that loads (every loader worker, or the training process with
+  ``num_workers=0``) works on one volume at a time: a copy of the cached volume (``CacheDataset``
+  deep-copies an item before its random transforms; an uncached volume is read and converted,
+  counted as two copies) plus the class index of every voxel (int64) that the class-balanced
+  crop draws its centre from;
+- batches in flight: each worker prefetches ``PREFETCH_FACTOR`` batches (in shared memory), and
+  with ``pin_memory`` as many pinned copies wait for the device. Validation batches are whole
+  volumes.
+
+Training and validation loaders do not load at once, so the larger of their in-flight parts is
+counted. Forked loader workers share the cache with the training process: the cached tensors are
+never written, so their pages stay shared (Python's reference counts touch the tensor objects,
+not their storage); ``ps``/``top`` count those pages again in every worker's RSS. Under another
+start method (``spawn``, ``forkserver``) each worker unpickles its own copy of the dataset, cache
+included, and that copy is counted. Not counted: each worker's interpreter and imported libraries
+(tens to hundreds of MiB of private pages), and the training step itself (on a CPU it is host
+memory too: see ``estimate_memory.py``'s step estimate).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from volseg.data.cases import Case
+from volseg.data.io import read_geometry
+from volseg.utils.units import MIB
+
+log = logging.getLogger(__name__)
+
+FLOAT32 = 4
+INDEX = 8  # int64 voxel index of the class-balanced crop
+#: torch DataLoader's default batches in flight per worker
+PREFETCH_FACTOR = 2
+CACHE_MODES = ("memory", "disk", "none")
+
+
+@dataclass(frozen=True)
+class VolumeBytes:
+    """One case after the loading transforms: voxels ``[D, H, W]`` and bytes of image and label."""
+
+    shape_zyx: tuple[int, int, int]
+    image: int
+    label: int
+
+    @property
+    def total(self) -> int:
+        return self.image + self.label
+
+    @property
+    def voxels(self) -> int:
+        return math.prod(self.shape_zyx)
+
+
+def volume_bytes(
+    case: Case, spacing: Sequence[float] | None = None, pad_to: Sequence[int] | None = None
+) -> VolumeBytes:
+    """Bytes of a case after loading (float32 image and label), from its headers only.
+
+    ``spacing``: the target voxel size ``[z, y, x]`` (``data.spacing``); ``pad_to``: the patch a
+    training volume is padded to before it is cached.
+    """
+    channels = 0
+    geometry: dict[str, Any] = {}
+    for path in case.image_files:
+        geometry = read_geometry(path, case.image_key)
+        channels += int(geometry["channels"])
+    shape = [int(s) for s in geometry["shape_zyx"][:3]]
+    if spacing is not None:
+        shape = spacing_shape(shape, geometry["affine"], spacing)
+    if pad_to is not None:
+        shape = [max(s, int(p)) for s, p in zip(shape, pad_to, strict=True)]
+    voxels = math.prod(shape)
+    label = voxels * FLOAT32 if case.label is not None else 0
+    return VolumeBytes((shape[0], shape[1], shape[2]), channels * voxels * FLOAT32, label)
+
+
+def spacing_shape(
+    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
+) -> list[int]:
+    """``[D, H, W]`` after MONAI's ``Spacing`` to ``spacing_zyx``, as it computes it: the extent
+    between the first and last voxel centres, rescaled, plus one voxel, rounded half to even
+    (``monai.data.utils.compute_shape_offset``; an axis-aligned affine)."""
+    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
+    return [
+        max(1, int(np.round((n - 1) * c / t + 1.0)))
+        for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
+    ]
+
+
+def cached_count(num_items: int, cache_rate: float) -> int:
+    """How many items MONAI's ``CacheDataset`` caches: the first ``int(num_items * rate)``."""
+    return min(num_items, int(num_items * cache_rate))
+
+
+@dataclass
+class HostEstimate:
+    """Host memory of the data side, in bytes, for all training processes of this machine.
+
+    ``train_cache``/``val_cache``: the cached volumes (``data.cache=memory``; 0 otherwise), per
+    process; ``train_loading``/``val_loading``: volume copies and batches in flight while that
+    loader runs, per process; ``spawned_copies``: the caches each non-forked worker holds again;
+    ``process_rss``: this process now (VmRSS); ``rejected``: cases the checks will reject
+    (unreadable headers: not counted; smaller than the patch in every axis).
+    """
+
+    cache: str
+    cache_rate: float
+    ranks: int
+    num_workers: int
+    pin_memory: bool
+    start_method: str
+    train_volumes: int
+    train_cached: int
+    train_cache: int
+    train_all: int
+    val_volumes: int
+    val_cached: int
+    val_cache: int
+    val_all: int
+    train_loading: int
+    val_loading: int
+    spawned_copies: int
+    process_rss: int
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The caches of all ranks."""
+        return self.ranks * (self.train_cache + self.val_cache + self.spawned_copies)
+
+    @property
+    def data_total(self) -> int:
+        """Caches plus the larger loader's copies and batches, all ranks."""
+        return self.cache_bytes + self.ranks * max(self.train_loading, self.val_loading)
+
+    @property
+    def total(self) -> int:
+        """Predicted host total: this process now plus the data side."""
+        return self.process_rss + self.data_total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "cache_bytes": self.cache_bytes,
+            "data_total": self.data_total,
+            "total": self.total,
+        }
+
+
+def estimate_host(
+    train: Sequence[VolumeBytes],
+    val: Sequence[VolumeBytes],
+    cache: str,
+    cache_rate: float,
+    batch_size: int,
+    patch_size: Sequence[int],
+    in_channels: int,
+    num_workers: int,
+    pin_memory: bool,
+    ranks: int = 1,
+    start_method: str | None = None,
+    rejected: Sequence[str] = (),
+) -> HostEstimate:
+    """The data side's host memory (see the module docstring for what is counted and why).
+
+    ``train``: training volumes in the order the dataset holds them, padded to the patch;
+    ``val``: validation volumes; ``num_workers``/``pin_memory``: the resolved loader settings.
+    """
+    start_method = start_method or multiprocessing.get_start_method()
+    in_memory = cache == "memory"
+    n_train = cached_count(len(train), cache_rate) if in_memory else 0
+    n_val = cached_count(len(val), cache_rate) if in_memory else 0
+    train_cache = sum(v.total for v in train[:n_train])
+    val_cache = sum(v.total for v in val[:n_val])
+    loaders = max(1, num_workers)  # 0 workers: the training process loads
+    in_flight = PREFETCH_FACTOR * num_workers if num_workers else 1
+    pinned = in_flight if pin_memory else 0
+    patch = math.prod(int(p) for p in patch_size)
+    batch = batch_size * patch * (in_channels + 1) * FLOAT32
+    # a cached volume is deep-copied once; an uncached one is read and converted (two copies)
+    copies = 1 if n_train == len(train) else 2
+    largest = max((copies * v.total + INDEX * v.voxels for v in train), default=0)
+    train_loading = loaders * largest + (in_flight + pinned) * batch
+    val_largest = max((v.total for v in val), default=0)
+    # validation batches are whole volumes: the collated copy, in flight and pinned
+    val_loading = (min(len(val), loaders) + min(len(val), in_flight + pinned)) * val_largest
+    forked = start_method == "fork"
+    spawned = 0 if forked or num_workers == 0 else num_workers * (train_cache + val_cache)
+    return HostEstimate(
+        cache=cache,
+        cache_rate=float(cache_rate),
+        ranks=ranks,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        start_method=start_method,
+        train_volumes=len(train),
+        train_cached=n_train,
+        train_cache=train_cache,
+        train_all=sum(v.total for v in train),
+        val_volumes=len(val),
+        val_cached=n_val,
+        val_cache=val_cache,
+        val_all=sum(v.total for v in val),
+        train_loading=train_loading,
+        val_loading=val_loading,
+        spawned_copies=spawned,
+        process_rss=process_rss(),
+        rejected=list(rejected),
+    )
+
+
+def local_processes(trainer_cfg: Any, device: str) -> int:
+    """Training processes on this machine (``trainer.devices``; each DDP rank has its own
+    caches and loaders): a count, a list of devices, ``-1``/``auto`` (every GPU; 1 on a CPU)."""
+    devices = trainer_cfg.get("devices", 1) if trainer_cfg is not None else 1
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return max(1, len(devices))
+    if str(devices) in ("-1", "auto"):
+        if device == "cuda":
+            return max(1, torch.cuda.device_count())
+        return 1
+    try:
+        return max(1, int(devices))
+    except (TypeError, ValueError):
+        return 1  # a malformed value is the trainer's error, named there
+
+
+def process_rss() -> int:
+    """This process's resident set now (VmRSS, bytes); 0 where /proc is missing."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return 0
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status.read_text(), re.M)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_available() -> int | None:
+    """Bytes the memory cgroup still allows (limit − usage, page cache that can be dropped not
+    counted as used); ``None`` without a limit."""
+    v2 = Path("/sys/fs/cgroup")
+    limit = _read_int(v2 / "memory.max")
+    usage = _read_int(v2 / "memory.current")
+    stat = v2 / "memory.stat"
+    if limit is None:  # cgroup v1
+        v1 = v2 / "memory"
+        limit = _read_int(v1 / "memory.limit_in_bytes")
+        usage = _read_int(v1 / "memory.usage_in_bytes")
+        stat = v1 / "memory.stat"
+        if limit is not None and limit >= 2**60:  # v1 writes "no limit" as a huge number
+            return None
+    if limit is None or usage is None:
+        return None
+    reclaimable = 0
+    try:
+        match = re.search(r"^(?:total_)?inactive_file (\d+)", stat.read_text(), re.M)
+        reclaimable = int(match.group(1)) if match else 0
+    except OSError:
+        pass
+    return max(0, limit - max(0, usage - reclaimable))
+
+
+def available_ram() -> tuple[int | None, str]:
+    """RAM a new allocation can get without swapping (bytes), and where the figure comes from:
+    MemAvailable of /proc/meminfo, or the memory cgroup's room when that is lower."""
+    available, source = None, "unknown"
+    try:
+        match = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+        if match:
+            available, source = int(match.group(1)) * 1024, "MemAvailable in /proc/meminfo"
+    except OSError:
+        pass
+    room = _cgroup_available()
+    if room is not None and (available is None or room < available):
+        available, source = room, "the memory cgroup's limit"
+    return available, source
+
+
+def fitting_cache_rate(
+    rate_for: Any, available: int, cache_rate: float, step: float = 0.05
+) -> float | None:
+    """The largest ``data.cache_rate`` below ``cache_rate`` (in ``step``s) whose estimate
+    ``rate_for(rate)`` fits ``available`` bytes; ``None`` if not even 0 fits."""
+    rate = math.floor(cache_rate / step) * step
+    while rate >= 0:
+        if rate_for(round(rate, 4)).data_total <= available:
+            return round(rate, 4)
+        rate -= step
+    return None
+
+
+def format_host(est: HostEstimate) -> str:
+    """The host section of ``estimate_memory.py``'s output (MiB)."""
+    ranks = f" x {est.ranks} processes" if est.ranks > 1 else ""
+    workers = f"{est.num_workers} loader worker(s)" if est.num_workers else "loading in-process"
+    cached = (
+        f"data.cache=memory, cache_rate {est.cache_rate:g}"
+        if est.cache == "memory"
+        else f"data.cache={est.cache}: nothing cached in RAM"
+    )
+    lines = [
+        f"Host memory of the data side ({cached}; {workers}, pin_memory={est.pin_memory}, "
+        f"start method {est.start_method}){ranks}:",
+    ]
+    rows = [
+        (f"training cache ({est.train_cached}/{est.train_volumes} vol.)", est.train_cache),
+        (f"validation cache ({est.val_cached}/{est.val_volumes} vol.)", est.val_cache),
+        ("training loader copies+batches", est.train_loading),
+        ("validation loader copies+batches", est.val_loading),
+    ]
+    if est.spawned_copies:
+        rows.append((f"cache copies ({est.start_method} workers)", est.spawned_copies))
+    rows += [
+        ("data side total", est.data_total),
+        ("this process now (VmRSS)", est.process_rss),
+        ("host total", est.total),
+    ]
+    lines += [f"    {name:<36}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    if est.rejected:
+        lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
+    return "\n".join(lines)
+
+
+def log_host(host: HostEstimate | None) -> None:
+    """The host side of the ``memory.budget`` check: one log line (MiB)."""
+    if host is not None:
+        log.info(
+            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
+            "this process holds %s MiB now",
+            f"{host.data_total / MIB:,.0f}",
+            host.cache,
+            f"{host.cache_bytes / MIB:,.0f}",
+            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
+            f"{host.process_rss / MIB:,.0f}",
+        )
