@@ -10,8 +10,9 @@ Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, 
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +311,30 @@ def write_volume(
             f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
         )
     return path
+
+
+def write_dataset(
+    root: str | Path,
+    names: Sequence[str],
+    write_case: Callable[[int, Path, Path], None],
+    num_val: int,
+    class_names: Sequence[str],
+) -> Path:
+    """Write a folder-layout dataset: ``write_case(i, image_path, label_path)`` for each of
+    ``names``, ``splits.json`` (the last ``num_val`` cases: validation) and ``classes.json``.
+
+    Written to ``<root>.partial`` and renamed into place, so an interrupted run never leaves a
+    half-written dataset behind.
+    """
+    root = Path(root)
+    tmp = root.with_name(root.name + ".partial")
+    for sub in ("images", "labels"):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        write_case(i, tmp / "images" / name, tmp / "labels" / name)
+    train = len(names) - num_val
+    splits = {"train": list(names[:train]), "val": list(names[train:])}
+    (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
+    (tmp / "classes.json").write_text(json.dumps(list(class_names)))
+    tmp.rename(root)
+    return root

@@ -28,12 +28,13 @@ The last ``num_val`` cases form the validation split (``splits.json``), class na
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 from scipy import ndimage
+
+from volseg.data.io import write_dataset
 
 TASKS: dict[str, tuple[str, ...]] = {
     "lobes": (
@@ -166,20 +167,12 @@ def build_mni152_dataset(
     """
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
-    root = Path(root)
     template = load_template(template_resolution)
-    tmp = root.with_name(root.name + ".partial")
-    for sub in ("images", "labels"):
-        (tmp / sub).mkdir(parents=True, exist_ok=True)
-    names = []
-    for i in range(num_cases):
-        name = f"mni_{i:03d}.nii.gz"
+
+    def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label, affine = make_case(template, task, seed=seed * 100_003 + i, spacing=spacing)
-        nib.save(nib.Nifti1Image(image, affine), tmp / "images" / name)
-        nib.save(nib.Nifti1Image(label, affine), tmp / "labels" / name)
-        names.append(name)
-    splits = {"train": names[: num_cases - num_val], "val": names[num_cases - num_val :]}
-    (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
-    (tmp / "classes.json").write_text(json.dumps(list(TASKS[task])))
-    tmp.rename(root)
-    return root
+        nib.save(nib.Nifti1Image(image, affine), image_path)
+        nib.save(nib.Nifti1Image(label, affine), label_path)
+
+    names = [f"mni_{i:03d}.nii.gz" for i in range(num_cases)]
+    return write_dataset(root, names, write_case, num_val, TASKS[task])

@@ -10,7 +10,6 @@ layout with a ``splits.json``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 from monai.transforms import GaussianSmooth
 
-from volseg.data.io import write_volume
+from volseg.data.io import write_dataset, write_volume
 
 CLASS_NAMES: tuple[str, ...] = ("background", "blob", "tube", "shell", "granule")
 SPACING_ZYX: tuple[float, float, float] = (1.0, 0.5, 0.5)
@@ -130,19 +129,11 @@ def generate_synthetic_dataset(
     Files are written to a temporary folder and renamed into place, so an interrupted run never
     leaves a half-written dataset behind.
     """
-    root = Path(root)
-    tmp = root.with_name(root.name + ".partial")
-    for sub in ("images", "labels"):
-        (tmp / sub).mkdir(parents=True, exist_ok=True)
-    names = []
-    for i in range(num_volumes):
-        name = f"case_{i:03d}.{file_format}"
+
+    def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label = make_volume(shape, seed=seed * 100_003 + i)
-        write_volume(tmp / "images" / name, image, spacing_zyx=SPACING_ZYX)
-        write_volume(tmp / "labels" / name, label, spacing_zyx=SPACING_ZYX)
-        names.append(name)
-    splits = {"train": names[: num_volumes - num_val], "val": names[num_volumes - num_val :]}
-    (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
-    (tmp / "classes.json").write_text(json.dumps(list(CLASS_NAMES)))
-    tmp.rename(root)
-    return root
+        write_volume(image_path, image, spacing_zyx=SPACING_ZYX)
+        write_volume(label_path, label, spacing_zyx=SPACING_ZYX)
+
+    names = [f"case_{i:03d}.{file_format}" for i in range(num_volumes)]
+    return write_dataset(root, names, write_case, num_val, CLASS_NAMES)
