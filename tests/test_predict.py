@@ -33,6 +33,21 @@ def _predict(ckpt: Path, input: Path, output: Path, *extra: str) -> dict:
     return predict(cfg)
 
 
+def _predict_process(
+    ckpt: Path, input: Path, output: Path, run_dir: Path, *extra: str
+) -> subprocess.CompletedProcess:
+    """``python predict.py`` as a user runs it, in its own process."""
+    args = [f"ckpt_path={ckpt}", f"input={input}", f"output={output}", *extra]
+    return subprocess.run(
+        [sys.executable, "predict.py", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def _assert_same_geometry(pred: Path, source: Path) -> None:
     assert read_geometry(pred)["shape_zyx"] == read_geometry(source)["shape_zyx"]
     assert np.allclose(read_geometry(pred)["affine"], read_geometry(source)["affine"], atol=1e-5)
@@ -103,16 +118,7 @@ def test_refuses_to_overwrite_then_overwrites_with_overwrite_true(
     out.mkdir()
     existing = out / source.name
     existing.write_bytes(b"keep me")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = ["predict.py", f"ckpt_path={checkpoint}", f"input={source}", f"output={out}"]
-    result = subprocess.run(
-        [sys.executable, *args, f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _predict_process(checkpoint, source, out, tmp_path / "run")
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{existing}: exists" in result.stderr and "overwrite=true" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
@@ -186,15 +192,7 @@ def test_ddp_predicts_every_volume_once_across_ranks(checkpoint, small_dataset, 
     for name in names:
         shutil.copy(small_dataset / "images" / name, images / name)
     out, run_dir = tmp_path / "pred", tmp_path / "run"
-    args = ["predict.py", "trainer=ddp_sim", f"ckpt_path={checkpoint}", f"input={images}"]
-    result = subprocess.run(
-        [sys.executable, *args, f"output={out}", f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _predict_process(checkpoint, images, out, run_dir, "trainer=ddp_sim")
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == names
     log = (run_dir / "predict.log").read_text()
