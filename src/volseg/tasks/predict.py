@@ -177,7 +177,6 @@ class VolumeWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.cases = {c.name: c for c in cases}
         self.targets = targets
-        self.written: list[Path] = []
 
     def write_on_batch_end(
         self,
@@ -202,8 +201,6 @@ class VolumeWriter(BasePredictionWriter):
                 path.unlink(missing_ok=True)  # overwrite=true: start from an empty file
             for (path, key), array in zip(targets, arrays, strict=False):
                 write_volume(path, array, affine=affine, key=key)
-                if path not in self.written:
-                    self.written.append(path)
             log.info("Rank %d wrote %s", trainer.global_rank, name)
 
 
