@@ -112,8 +112,12 @@ def compose(overrides: list[str], device: str):
         )
 
 
-def measure(overrides: list[str], device: str) -> dict[str, float]:
-    """Two real training steps; the second's peak rise above its start (bytes)."""
+def measure(overrides: list[str], device: str, snapshot: Path | None = None) -> dict[str, float]:
+    """Two real training steps; the second's peak rise above its start (bytes).
+
+    ``snapshot``: on CUDA, a file for the allocator's memory snapshot of both steps (every
+    allocation, free and segment with its Python stack; open it at pytorch.org/memory_viz).
+    """
     from volseg.memory.estimator import MIXED, build_training_step
     from volseg.memory.readers import HostMemoryReader
 
@@ -148,10 +152,14 @@ def measure(overrides: list[str], device: str) -> dict[str, float]:
             readings["start"] = reader.read().allocated
             reader.reset_peak()
 
+    if snapshot is not None and device == "cuda":
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     started = time.perf_counter()
     step.run(2, new_batch, on_step_start)
     if device == "cuda":
         torch.cuda.synchronize()
+        if snapshot is not None:
+            torch.cuda.memory._dump_snapshot(str(snapshot))
         return {
             "growth": torch.cuda.max_memory_allocated() - readings["start_allocated"],
             "peak_allocated": torch.cuda.max_memory_allocated(),
@@ -176,15 +184,17 @@ def predict(overrides: list[str], device: str) -> dict[str, float]:
     }
 
 
-def child(index: int, device: str) -> None:
+def child(index: int, device: str, snapshot_dir: Path | None = None) -> None:
     """Measure one config in this (fresh) process and print the result as JSON."""
-    print(json.dumps(measure(CONFIGS[index][1], device)))
+    snapshot = snapshot_dir / f"config_{index}.pickle" if snapshot_dir else None
+    print(json.dumps(measure(CONFIGS[index][1], device, snapshot)))
 
 
-def run_child(index: int, device: str) -> dict[str, float]:
+def run_child(index: int, device: str, snapshot_dir: Path | None = None) -> dict[str, float]:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    extra = ["--snapshot-dir", str(snapshot_dir)] if snapshot_dir else []
     out = subprocess.run(
-        [sys.executable, __file__, "--child", str(index), "--device", device],
+        [sys.executable, __file__, "--child", str(index), "--device", device, *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -196,10 +206,18 @@ def run_child(index: int, device: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=None,
+        help="CUDA: write each measured step's allocator snapshot here (config_<i>.pickle)",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.snapshot_dir:
+        args.snapshot_dir.mkdir(parents=True, exist_ok=True)
     if args.child is not None:
-        child(args.child, args.device)
+        child(args.child, args.device, args.snapshot_dir)
         return
 
     print(
@@ -213,7 +231,7 @@ def main() -> None:
     errors = []
     for index, (name, overrides) in enumerate(CONFIGS):
         predicted = predict(overrides, args.device)
-        measured = run_child(index, args.device)
+        measured = run_child(index, args.device, args.snapshot_dir)
         error = predicted["growth"] / measured["growth"] - 1
         errors.append(abs(error))
         row = (

@@ -55,7 +55,10 @@ def _gradients(module: SegmentationModule, device: str = "cuda") -> dict[str, to
     image = torch.randn(2, 1, 16, 32, 32, generator=generator).to(device)
     label = torch.randint(0, 3, (2, 1, 16, 32, 32), generator=generator).float().to(device)
     module.train()
-    module.compute_loss(module(image), label).backward()
+    # cuDNN computes float32 convolutions in TF32 (10-bit mantissa) by default and may pick
+    # non-deterministic algorithms: 1e-3 apart between two runs, let alone against the CPU
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True, allow_tf32=False):
+        module.compute_loss(module(image), label).backward()
     return {n: p.grad.detach().float().cpu() for n, p in module.named_parameters()}
 
 

@@ -48,6 +48,7 @@ from volseg.data.sampling import (
 )
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
+from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError, raise_problems
 from volseg.utils.units import GIB
 
@@ -466,6 +467,7 @@ class VolumeDataModule(LightningDataModule):
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
             collate_fn=list_data_collate,
+            worker_init_fn=init_loader_worker,
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
             generator=torch.Generator().manual_seed(self._seed),
         )
@@ -490,4 +492,5 @@ class VolumeDataModule(LightningDataModule):
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
             collate_fn=list_data_collate,
+            worker_init_fn=init_loader_worker,
         )

@@ -33,6 +33,7 @@ from volseg.data.io import (
     write_volume,
 )
 from volseg.data.transforms import to_shape
+from volseg.data.workers import init_loader_worker
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, instantiate_callbacks
@@ -233,6 +234,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         batch_size=1,
         num_workers=cfg.num_workers,
         collate_fn=list_data_collate,
+        worker_init_fn=init_loader_worker,
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     resolve_trainer_precision(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 from pathlib import Path
@@ -88,6 +89,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    # an earlier run in this process (multirun, notebook) may have left cycles holding its model
+    # and optimizer: free them before this run measures memory and forks loader workers
+    gc.collect()
     seed_everything(cfg)
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
