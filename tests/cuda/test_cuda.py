@@ -11,6 +11,8 @@ import csv
 import importlib.util
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,16 @@ pytestmark = [
 
 def _gpu_overrides(data_root: Path, *extra: str) -> list[str]:
     overrides = [o for o in tiny_train_overrides(data_root) if "accelerator" not in o]
-    return [*overrides, "trainer.accelerator=gpu", "trainer.devices=1", *extra]
+    # Loading in the training process: forked loader workers of a fit that follows other fits
+    # in one process have died on an H200 ("CUDA error: initialization error" in a tensor
+    # destructor); loader workers are tested in a process of their own below.
+    return [
+        *overrides,
+        "trainer.accelerator=gpu",
+        "trainer.devices=1",
+        "data.num_workers=0",
+        *extra,
+    ]
 
 
 def _run_dir_train(small_dataset: Path, tmp_path: Path, *extra: str) -> tuple[dict, Path]:
@@ -57,7 +68,9 @@ def _gradients(module: SegmentationModule, device: str = "cuda") -> dict[str, to
     module.train()
     # cuDNN computes float32 convolutions in TF32 (10-bit mantissa) by default and may pick
     # non-deterministic algorithms: 1e-3 apart between two runs, let alone against the CPU
-    with torch.backends.cudnn.flags(enabled=True, deterministic=True, allow_tf32=False):
+    with torch.backends.cudnn.flags(
+        enabled=True, deterministic=True, allow_tf32=False, fp32_precision="ieee"
+    ):
         module.compute_loss(module(image), label).backward()
     return {n: p.grad.detach().float().cpu() for n, p in module.named_parameters()}
 
@@ -83,6 +96,22 @@ def test_memory_keys_come_from_the_caching_allocator(small_dataset, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["memory"]["device"] == "cuda"
     assert summary["memory"]["peak_host_rss_mib"] > 100
+
+
+def test_loader_workers_feed_a_fresh_training_process(small_dataset, tmp_path):
+    """``python train.py`` on a GPU: ``data.num_workers=auto`` forks workers, pinned batches."""
+    overrides = [o for o in _gpu_overrides(small_dataset) if not o.startswith("data.num_workers")]
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pin_memory=True, persistent_workers=True" in result.stdout + result.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["global_step"] > 0
 
 
 def test_snapshot_file_is_written(small_dataset, tmp_path):
