@@ -74,6 +74,16 @@ def format_plan(result: Plan) -> str:
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
         lines.append(f"  largest batch by activation_checkpointing: {table}")
+    if result.flops_per_sample is not None:
+        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
+    micro = result.micro_batching
+    if micro is not None:
+        lines += [
+            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
+            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
+            f"per sample {micro['flops_per_sample']:.2f}x the configured step's (step time "
+            "follows FLOPs where the GPU is busy; small micro-batches may run below its rate)",
+        ]
     return "\n".join(lines)
 
 
