@@ -26,8 +26,10 @@ SCHEMA_VERSION = 1
 def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
     shape = "×".join(str(p) for p in est.patch_size)
+    k = est.accumulate_grad_batches
+    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
     lines = [
-        f"Estimated training step on {est.device}: batch {est.batch_size} of {shape} voxels, "
+        f"Estimated training step on {est.device}: {batch} of {shape} voxels, "
         f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
         f"({est.seconds:.1f} s)",
         "  at the step's peak:",
@@ -81,8 +83,7 @@ def format_plan(result: Plan) -> str:
         lines += [
             f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
             f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
-            f"per sample {micro['flops_per_sample']:.2f}x the configured step's (step time "
-            "follows FLOPs where the GPU is busy; small micro-batches may run below its rate)",
+            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
         ]
     return "\n".join(lines)
 
