@@ -352,8 +352,8 @@ class TrainingStep:
         del loss, image, label
 
     def _clip_gradients(self) -> None:
-        """``Precision.clip_gradients``: nothing for a clip value of ``None`` or 0."""
-        if not self.loop.gradient_clip_val:
+        """``Precision.clip_gradients``: nothing for a clip value of ``None``, 0 or less."""
+        if self.loop.gradient_clip_val is None or self.loop.gradient_clip_val <= 0:
             return
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         clip = nn.utils.clip_grad_value_ if self.loop.gradient_clip_algorithm == "value" else None
