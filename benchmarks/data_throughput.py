@@ -70,7 +70,7 @@ def step_rate(model: str, steps: int) -> tuple[float, str]:
     start = time.perf_counter()
     step.run(steps, new_batch=batch)
     seconds = (time.perf_counter() - start) / steps
-    return step.image_shape[0] / seconds, precision
+    return step.image_shape[0] * step.loop.accumulate_grad_batches / seconds, precision
 
 
 def main() -> None:

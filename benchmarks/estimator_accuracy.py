@@ -131,8 +131,11 @@ def measure(overrides: list[str], device: str, snapshot: Path | None = None) -> 
         step.module.to(target)
         if step.autocast_in_backward:
             dtype = MIXED[str(cfg.trainer.precision)]
-            step.autocast = partial(torch.autocast, "cuda", dtype=dtype)
+            # as Lightning's MixedPrecision: no cast cache, a CUDA GradScaler for float16
+            step.autocast = partial(torch.autocast, "cuda", dtype=dtype, cache_enabled=False)
             step.autocast_in_backward = False
+        if step.scaler is not None:
+            step.scaler = torch.amp.GradScaler("cuda")
     reader = HostMemoryReader()
     readings: dict[str, float] = {}
 

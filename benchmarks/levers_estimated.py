@@ -31,7 +31,8 @@ SEED = [
     "estimate.device=cuda",
 ]
 CKPT = ["model.activation_checkpointing=all", "model.checkpoint_loss=true"]
-MICRO = ["data.batch_size=1"]  # with trainer.accumulate_grad_batches=2: the same effective batch
+# two micro-batches of 1 make the same effective batch: the second runs with the first's gradients
+MICRO = ["data.batch_size=1", "trainer.accumulate_grad_batches=2"]
 LEVERS: dict[str, list[str]] = {
     "none (16-mixed)": [],
     "checkpointing: decoder": ["model.activation_checkpointing=decoder"],

@@ -22,7 +22,12 @@ def real_step_peak(cfg, batch_size: int | None = None) -> dict[str, int]:
     trace = LayerTrace(step.module, [step.optimizer], [])
     trace.start()
     try:
-        step.run(2, new_batch, trace.tracker.reset_mod_stats, trace.optimizer_update_begins)
+        step.run(
+            2,
+            new_batch,
+            before_update=trace.optimizer_update_begins,
+            on_micro_batch_start=trace.tracker.reset_mod_stats,
+        )
     finally:
         trace.stop()
     return trace.peak()

@@ -1,14 +1,21 @@
-"""The estimator against real CPU steps, the seed-style comparison, the CUDA-specific parts."""
+"""The estimator against real CPU steps and real ``trainer.fit`` steps, the seed-style comparison,
+the CUDA-specific parts, Lightning's loop (accumulation, clipping, GradScaler)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import open_dict
+from torch import nn
 
-from tests.conftest import compose_config
+from tests.conftest import compose_config, tiny_train_overrides
+from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
-from volseg.memory.estimator import estimate
+from volseg.memory.estimator import build_training_step, estimate, target_device
+from volseg.models.build import build_model
+from volseg.tasks.train import train
 
 SMALL = ["model.net.widths=[8,16,32]", "data.batch_size=2", "data.patch_size=[16,32,32]"]
 SEED = ["data.batch_size=2", "data.patch_size=[26,150,320]", "trainer.precision=16-true"]
@@ -96,8 +103,137 @@ def test_bad_device_and_precision_name_the_key(tmp_path):
 
 
 def test_checkpointed_loss_keeps_no_float32_logits(tmp_path):
-    """With many classes the loss is large: recomputing it must not cost more than keeping it."""
+    """With many classes the loss is large. Without the checkpoint Lightning frees the logits
+    when ``training_step`` returns; the checkpoint keeps them as its input, recomputing the loss
+    at the start of backward: it may cost the float16 logits, never a float32 copy of them."""
     base = ["model.net.widths=[8,16,32]", "num_classes=32", *SEED[:2], "trainer.precision=16-mixed"]
     kept = estimate(_cfg(tmp_path, base))
     recomputed = estimate(_cfg(tmp_path, [*base, "model.checkpoint_loss=true"]))
-    assert recomputed.peak_allocated <= kept.peak_allocated
+    float16_logits = 2 * 32 * 26 * 150 * 320 * 2  # (B, classes, D, H, W), 2 bytes
+    assert recomputed.peak_allocated - kept.peak_allocated <= float16_logits
+
+
+def test_estimator_and_train_build_the_module_through_one_function(
+    small_dataset, tmp_path, monkeypatch
+):
+    """Whatever the one builder returns (here with a marker module added) is what train.py fits
+    and what the estimator estimates, with the same optimizer."""
+    built = []
+
+    def marked(cfg):
+        module = build_model(cfg)
+        module.marker = nn.Linear(3, 1)  # 4 parameters the config does not have
+        built.append(module)
+        return module
+
+    monkeypatch.setattr("volseg.tasks.train.build_model", marked)
+    monkeypatch.setattr("volseg.memory.estimator.build_model", marked)
+    cfg = compose_config("train", tmp_path / "run", tiny_train_overrides(small_dataset))
+    with open_dict(cfg):
+        cfg.trainer.max_epochs, cfg.trainer.limit_val_batches = 1, 0
+        cfg.trainer.num_sanity_val_steps = 0
+    train(cfg)
+    trained = built.pop()
+    fitted = trained.trainer.optimizers[0]
+    est = estimate(cfg)
+    assert est.num_parameters == sum(p.numel() for p in trained.parameters())
+    estimated = build_training_step(cfg, target_device(cfg)).optimizer
+    assert [m.marker.weight.shape for m in built] == [(1, 3)] * 2  # the estimate's and this step's
+    assert type(estimated) is type(fitted)
+    assert estimated.defaults == fitted.defaults  # lr, betas, eps, weight decay, foreach, ...
+    shapes = [[p.shape for p in g["params"]] for g in fitted.param_groups]
+    assert [[p.shape for p in g["params"]] for g in estimated.param_groups] == shapes
+    assert (1, 3) in shapes[0]
+
+
+# activations well above the host's noise, gradients (5.4 MiB) well above its granularity
+ACCUMULATE = [
+    "model.net.widths=[32,64,128]",
+    "data.batch_size=1",
+    "data.patch_size=[16,64,64]",
+    "trainer.precision=32",
+    "estimate.device=cpu",
+]
+
+
+def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path):
+    one = estimate(_cfg(tmp_path, ACCUMULATE))
+    two = estimate(_cfg(tmp_path, [*ACCUMULATE, "trainer.accumulate_grad_batches=2"]))
+    assert (two.batch_size, two.accumulate_grad_batches) == (1, 2)
+    # the second micro-batch runs forward and backward with the first one's gradients held
+    assert two.grads == one.params  # float32: a gradient as large as its parameter
+    assert two.peak_allocated - one.peak_allocated == pytest.approx(one.params, rel=0.15)
+    # and so does a real trainer.fit, in a fresh process: the same rise, the same difference
+    real_one = measure_fit(ACCUMULATE)["growth"]
+    real_two = measure_fit([*ACCUMULATE, "trainer.accumulate_grad_batches=2"])["growth"]
+    assert real_one == pytest.approx(one.step_peak_growth, rel=0.05)
+    assert real_two == pytest.approx(two.step_peak_growth, rel=0.05)
+    predicted = two.step_peak_growth - one.step_peak_growth
+    assert real_two - real_one == pytest.approx(predicted, rel=0.25)
+
+
+@pytest.mark.parametrize(
+    "device, algorithm, foreach",
+    [("cuda", "norm", True), ("cpu", "norm", None), ("cuda", "value", True)],
+)
+def test_clipping_runs_as_lightning_clips(tmp_path, monkeypatch, device, algorithm, foreach):
+    """``clip_grad_norm_``/``clip_grad_value_`` over the optimizer's parameters after backward,
+    foreach on CUDA (torch's choice for CUDA tensors); the norm's temporaries are in the trace,
+    after the step's peak."""
+    name = f"clip_grad_{algorithm}_"
+    calls = []
+    real = getattr(torch.nn.utils, name)
+
+    def spy(parameters, clip, *args, **kwargs):
+        parameters = list(parameters)
+        calls.append((len(parameters), all(p.grad is not None for p in parameters), clip, kwargs))
+        return real(parameters, clip, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, name, spy)
+    base = [*SMALL, f"estimate.device={device}", "trainer.precision=32"]
+    plain = estimate(_cfg(tmp_path, base))
+    assert calls == []
+    clip = ["trainer.gradient_clip_val=0.5", f"trainer.gradient_clip_algorithm={algorithm}"]
+    clipped = estimate(_cfg(tmp_path, [*base, *clip]))
+    tensors = len(list(build_training_step(_cfg(tmp_path, base), device).module.parameters()))
+    assert calls == [(tensors, True, 0.5, {"foreach": foreach})] * 2  # once per step
+    assert clipped.peak_allocated == plain.peak_allocated
+
+    def allocations(est):
+        return sum(kind == "malloc" for kind, _, _ in est.events)
+
+    if algorithm == "norm":  # a norm per gradient, then their total (value clips in place)
+        assert allocations(clipped) - allocations(plain) >= 2 * tensors
+
+
+def test_16_mixed_on_cuda_runs_the_grad_scaler(tmp_path, monkeypatch):
+    calls = []
+    for method in ("scale", "unscale_", "update"):
+        real = getattr(torch.amp.GradScaler, method)
+
+        def spy(self, *args, _real=real, _method=method, **kwargs):
+            calls.append(_method)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.amp.GradScaler, method, spy)
+    mixed = [*SMALL, "estimate.device=cuda", "trainer.accumulate_grad_batches=2"]
+    estimate(_cfg(tmp_path, [*mixed, "trainer.precision=16-mixed"]))
+    # per step: a scaled loss per micro-batch, one unscale before the update, one update after
+    assert calls == ["scale", "scale", "unscale_", "update"] * 2
+    calls.clear()
+    estimate(_cfg(tmp_path, [*mixed, "trainer.precision=bf16-mixed"]))
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
+        ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm=max"),
+    ],
+)
+def test_bad_loop_settings_name_the_key(tmp_path, override, named):
+    from volseg.utils.errors import UserInputError
+
+    with pytest.raises(UserInputError, match=named):
+        estimate(_cfg(tmp_path, [*SMALL, override]))

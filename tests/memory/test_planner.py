@@ -138,3 +138,30 @@ def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
     )
     assert result.returncode == 2
     assert named in result.stderr and "Traceback" not in result.stderr
+
+
+def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
+    cfg = compose_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
+    without = estimate(cfg)
+    with_all = estimate(cfg, activation_checkpointing="all")
+    budget = (without.process_total + with_all.process_total) // 2
+    answer = plan(cfg, budget, search="batch")
+    micro = answer.micro_batching
+    b, k = micro["batch_size"], micro["accumulate_grad_batches"]
+    assert b * k == 8 and b < 8
+    assert micro["overrides"] == [f"data.batch_size={b}", f"trainer.accumulate_grad_batches={k}"]
+    assert micro["estimate"]["accumulate_grad_batches"] == k
+    assert micro["total_within_budget"] is not None and micro["total_within_budget"] <= budget
+    # the largest: the next divisor of 8 (twice the micro-batch, half the accumulation) does not fit
+    assert not estimate(cfg, batch_size=2 * b, accumulate_grad_batches=k // 2).fits(budget)
+    # time from FLOPs: micro-batches do the configured step's work, checkpointing recomputes
+    assert micro["flops_per_sample"] == pytest.approx(1.0, abs=0.01)
+    assert answer.overrides[-1].startswith("model.activation_checkpointing=")
+    assert answer.flops_per_sample > 1.05  # checkpointed levels run their forward twice
+
+
+def test_planner_offers_no_micro_batches_when_the_batch_fits(tmp_path):
+    cfg = compose_config("train", tmp_path, SMALL)
+    answer = plan(cfg, 60 * MIB, search="batch")
+    assert answer.fits_as_configured
+    assert answer.micro_batching is None and answer.flops_per_sample is None

@@ -1,23 +1,29 @@
 """Estimate a training step's memory before running it: fake tensors under torch's MemTracker.
 
-The network, loss, optimizer, precision and memory levers are built from the same config as
-``train.py`` builds them; the parameters are then swapped for fake tensors
+The module is built by the function ``train.py`` builds it with
+(:func:`volseg.models.build.build_model`: network, loss, memory levers), with its own optimizer
+from ``configure_optimizers()``; the parameters are then swapped for fake tensors
 (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and strides, no data) and two
-training steps run on a fake batch: forward and loss (under autocast for the mixed precisions),
-backward, the optimizer update. No memory is allocated and no GPU is needed. The first step creates
-the optimizer state; the second is a steady step, and the per-module table comes from it.
+optimizer steps run on fake batches the way Lightning's automatic optimization runs them for the
+``trainer`` config (:class:`TrainingStep`): ``accumulate_grad_batches`` micro-batches of forward,
+loss (under autocast for the mixed precisions) and backward, the gradients kept between them,
+the GradScaler's scale and unscale (``16-mixed`` on CUDA), gradient clipping
+(``gradient_clip_val``), the optimizer update. No memory is allocated and no GPU is needed. The
+first step creates the optimizer state; the second is a steady step, and the per-module table
+comes from it.
 
 Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
 the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.autocast`; the CPU's
-differ, e.g. for max-pooling), the foreach optimizer update (CUDA's default), requests rounded to
-512 bytes, and the caching allocator replayed over the allocation sequence
+differ, e.g. for max-pooling), the foreach optimizer update and clipping (CUDA's default),
+requests rounded to 512 bytes, and the caching allocator replayed over the allocation sequence
 (:mod:`volseg.memory.allocator`) for the reserved peak; the CUDA context is a config value. For a
 CPU estimate, the scratch memory of oneDNN's kernels is added (:mod:`volseg.memory.workspace`).
 
 Not modelled: cuDNN's convolution workspace (it depends on the algorithm cuDNN picks on the GPU),
-the GradScaler's few bytes, DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager
-step is estimated), and ``model.placement`` over two devices (the estimate is for one device
-holding everything).
+the GradScaler's inf check on the host (the update is estimated as when the gradients are
+finite), DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager step is
+estimated), and ``model.placement`` over two devices (the estimate is for one device holding
+everything).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -37,6 +43,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.utils.flop_counter import FlopCounterMode
 
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
@@ -45,8 +52,8 @@ from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.memory.workspace import cpu_workspace
 from volseg.models import offload
+from volseg.models.build import build_model
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 from volseg.utils.units import MIB
 
@@ -68,7 +75,8 @@ class MemoryEstimate:
     that kernels hold inside an op (modelled on the CPU only); ``peak_reserved``: what the CUDA
     caching allocator holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``:
     reserved plus the CUDA context; ``modules``: each block's own activations (what its
-    forward keeps).
+    forward keeps); ``batch_size`` is a micro-batch's, ``accumulate_grad_batches`` of them make
+    one optimizer step.
     """
 
     device: str
@@ -91,6 +99,7 @@ class MemoryEstimate:
     process_total: int
     seconds: float
     modules: dict[str, int] = field(default_factory=dict)
+    accumulate_grad_batches: int = 1
 
     def __post_init__(self) -> None:
         # the step's allocations and frees, in order, for replays under a budget
@@ -220,7 +229,10 @@ def _step_config(
     return cfg
 
 
-def _optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
+def _configured_optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
+    """The optimizer of the module's own ``configure_optimizers()``, as Lightning takes it from a
+    returned optimizer or ``{"optimizer": ..., "lr_scheduler": ...}`` (the scheduler holds no
+    tensors and is left out)."""
     configured = module.configure_optimizers()
     optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
     if device == "cuda":
@@ -231,19 +243,64 @@ def _optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
     return optimizer
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What Lightning's loop does around the module, from the ``trainer`` config (validated as
+    ``lightning.pytorch.Trainer`` validates it, errors naming the key)."""
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+
+    @classmethod
+    def from_config(cls, trainer: DictConfig) -> LoopSettings:
+        k = trainer.get("accumulate_grad_batches", 1)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise UserInputError(
+                f"trainer.accumulate_grad_batches={k}: must be a whole number, 1 or more"
+            )
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float)):
+            raise UserInputError(f"trainer.gradient_clip_val={clip}: must be a number or null")
+        algorithm = str(trainer.get("gradient_clip_algorithm") or "norm").lower()
+        if algorithm not in ("norm", "value"):
+            raise UserInputError(
+                f"trainer.gradient_clip_algorithm={algorithm}: must be norm, value or null"
+            )
+        return cls(k, float(clip) if clip is not None else None, algorithm)
+
+
 @dataclass
 class TrainingStep:
-    """The training step ``train.py`` runs for a config, as Lightning runs it: forward and loss
-    under autocast (mixed precisions) or on a cast network and batch (``*-true``), backward,
-    the optimizer update, gradients set to ``None``. Real or fake tensors alike."""
+    """One optimizer step of ``train.py`` for a config, as Lightning's automatic optimization
+    runs it (``lightning.pytorch.loops.optimization.automatic``, ``plugins.precision``).
+
+    For each of ``accumulate_grad_batches`` micro-batches of ``image_shape``: forward and loss
+    (under autocast for the mixed precisions, on a cast network and batch for ``*-true``), the
+    loss divided by the number of micro-batches, the gradients set to ``None`` after the first
+    micro-batch's forward (Lightning zeroes them inside the closure, before backward: the last
+    step's gradients are held through that forward), the loss scaled by the GradScaler
+    (``16-mixed`` on CUDA), backward (the later micro-batches' gradients add up in place, their
+    forward runs with the gradients held). Then the GradScaler's unscale, gradient clipping
+    (``clip_grad_norm_``/``clip_grad_value_`` over the optimizer's parameters, foreach where
+    torch picks it for the device: on CUDA) and the optimizer update; the scaler's
+    ``update()`` last. Real or fake tensors alike.
+
+    ``GradScaler.step`` reads its inf check on the host, which fake tensors cannot give: the
+    update runs as ``optimizer.step()``, what ``GradScaler.step`` calls when the gradients are
+    finite.
+    """
 
     module: nn.Module
     optimizer: torch.optim.Optimizer
-    image_shape: tuple[int, ...]  # (B, C, D, H, W)
+    image_shape: tuple[int, ...]  # one micro-batch: (B, C, D, H, W)
     input_dtype: torch.dtype
     # the autocast of forward and loss; with CUDA's rules emulated, backward runs under it too
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
     autocast_in_backward: bool = False
+    loop: LoopSettings = field(default_factory=LoopSettings)
+    clip_foreach: bool | None = None
+    scaler: torch.amp.GradScaler | None = None
 
     def run(
         self,
@@ -251,28 +308,59 @@ class TrainingStep:
         new_batch: Any = None,
         on_step_start: Any = None,
         before_update: Any = None,
+        on_micro_batch_start: Any = None,
     ) -> None:
-        """``steps`` steps; ``new_batch(image_shape, label_shape, dtype)`` makes each batch
-        (default: ``torch.empty``, i.e. fake under a FakeTensorMode)."""
-        label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        """``steps`` optimizer steps; ``new_batch(image_shape, label_shape, dtype)`` makes each
+        micro-batch (default: ``torch.empty``, i.e. fake under a FakeTensorMode);
+        ``before_update`` runs where Lightning calls ``on_before_optimizer_step``."""
         for _ in range(steps):
             if on_step_start is not None:
                 on_step_start()
-            if new_batch is None:
-                image = torch.empty(self.image_shape, dtype=self.input_dtype)
-                label = torch.empty(label_shape, dtype=self.input_dtype)
-            else:
-                image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
-            with self.autocast():
-                logits = self.module(image)
-                loss = self.module.compute_loss(logits, label)
-            with self.autocast() if self.autocast_in_backward else contextlib.nullcontext():
-                loss.backward()
-            del logits, loss, image, label
+            for micro_batch in range(self.loop.accumulate_grad_batches):
+                if on_micro_batch_start is not None:
+                    on_micro_batch_start()
+                self._forward_backward(new_batch, first=micro_batch == 0)
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
             if before_update is not None:
                 before_update()
+            self._clip_gradients()
             self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+
+    def _forward_backward(self, new_batch: Any, first: bool) -> None:
+        """Lightning's closure for one micro-batch: training step, zero_grad, backward."""
+        label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        if new_batch is None:
+            image = torch.empty(self.image_shape, dtype=self.input_dtype)
+            label = torch.empty(label_shape, dtype=self.input_dtype)
+        else:
+            image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
+        with self.autocast():
+            logits = self.module(image)
+            loss = self.module.compute_loss(logits, label)
+        # training_step returns the loss: its logits go, the batch stays until the closure ends
+        del logits
+        loss = loss / self.loop.accumulate_grad_batches  # ClosureResult's normalization
+        if first:
             self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        with self.autocast() if self.autocast_in_backward else contextlib.nullcontext():
+            loss.backward()
+        del loss, image, label
+
+    def _clip_gradients(self) -> None:
+        """``Precision.clip_gradients``: nothing for a clip value of ``None``, 0 or less."""
+        if self.loop.gradient_clip_val is None or self.loop.gradient_clip_val <= 0:
+            return
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        clip = nn.utils.clip_grad_value_ if self.loop.gradient_clip_algorithm == "value" else None
+        if clip is not None:
+            clip(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
+        else:
+            nn.utils.clip_grad_norm_(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
 
 
 def build_training_step(
@@ -282,33 +370,50 @@ def build_training_step(
     patch_size: Sequence[int] | None = None,
     activation_checkpointing: Any = None,
     fake_mode: FakeTensorMode | None = None,
+    accumulate_grad_batches: int | None = None,
 ) -> TrainingStep:
-    """Network, loss and optimizer from ``cfg`` as ``train.py`` builds them, on the CPU, with
-    the precision's casts; ``device`` decides the autocast dtype of ``16-mixed`` (float16 on
-    CUDA; on a CPU it is resolved to bfloat16 or float32) and the optimizer's foreach update. With
-    ``fake_mode`` the parameters are fake tensors of that mode (before the optimizer sees them).
+    """The module as ``train.py`` builds it (:func:`volseg.models.build.build_model`), its own
+    optimizer (``configure_optimizers()``) and Lightning's loop settings from ``cfg.trainer``
+    (gradient accumulation, clipping, the precision's casts and GradScaler), on the CPU.
+    ``device`` decides the autocast dtype of ``16-mixed`` (float16 and a GradScaler on CUDA; on a
+    CPU it is resolved to bfloat16 or float32) and the foreach updates. With ``fake_mode`` the
+    parameters are fake tensors of that mode (before the optimizer sees them). ``batch_size``
+    (of a micro-batch), ``patch_size``, ``activation_checkpointing`` and
+    ``accumulate_grad_batches`` override the config's values.
     """
     precision = _precision(cfg, device)
     cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
+    loop = LoopSettings.from_config(cfg.trainer)
+    if accumulate_grad_batches is not None:
+        loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
-    module = build(cfg.model, "model")
+    module = build_model(cfg)
     module.train()
     if precision in TRUE:
+        # HalfPrecision.convert_module: the whole module in the lower precision
         module = module.to(TRUE[precision])
     if fake_mode is not None:
         _fake_parameters(module, fake_mode)
     step = TrainingStep(
         module=module,
-        optimizer=_optimizer(module, device),
+        optimizer=_configured_optimizer(module, device),
         image_shape=(int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
         input_dtype=TRUE.get(precision, torch.float32),
+        loop=loop,
+        # clip_grad_*_'s default (foreach=None) takes the foreach path for CUDA tensors only
+        clip_foreach=True if device == "cuda" else None,
     )
     if precision in MIXED and device == "cpu":
-        # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here
-        step.autocast = partial(torch.autocast, "cpu", dtype=MIXED[precision])
+        # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
+        # MixedPrecision.autocast_context_manager turns the cast cache off
+        step.autocast = partial(torch.autocast, "cpu", dtype=MIXED[precision], cache_enabled=False)
     elif precision in MIXED:
         step.autocast = partial(CudaAutocast, MIXED[precision])
         step.autocast_in_backward = True
+        if precision == "16-mixed":
+            # MixedPrecision's GradScaler; a "cpu" one, as the step's tensors are CPU tensors
+            # (fake or real): the same calls and the same few scalars as CUDA's
+            step.scaler = torch.amp.GradScaler("cpu")
     return step
 
 
@@ -329,8 +434,10 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
         try:
             step.run(
                 2,
-                on_step_start=lambda: (tracker.reset_mod_stats(), tracker.mark()),
+                on_step_start=tracker.mark,
                 before_update=trace.optimizer_update_begins,
+                # MemTracker follows one forward per module: the table is the last micro-batch's
+                on_micro_batch_start=tracker.reset_mod_stats,
             )
         finally:
             trace.stop()
@@ -367,17 +474,25 @@ def estimate(
     batch_size: int | None = None,
     patch_size: Sequence[int] | None = None,
     activation_checkpointing: Any = None,
+    accumulate_grad_batches: int | None = None,
 ) -> MemoryEstimate:
     """Predicted memory of a training step of ``cfg`` (a composed ``train`` config).
 
-    ``batch_size``, ``patch_size`` and ``activation_checkpointing`` override the config's
-    ``data.batch_size``, ``data.patch_size`` and ``model.activation_checkpointing``.
+    ``batch_size``, ``patch_size``, ``activation_checkpointing`` and ``accumulate_grad_batches``
+    override the config's ``data.batch_size``, ``data.patch_size``,
+    ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
     """
     started = time.perf_counter()
     device = target_device(cfg)
     mode = FakeTensorMode()
     step = build_training_step(
-        cfg, device, batch_size, patch_size, activation_checkpointing, fake_mode=mode
+        cfg,
+        device,
+        batch_size,
+        patch_size,
+        activation_checkpointing,
+        fake_mode=mode,
+        accumulate_grad_batches=accumulate_grad_batches,
     )
     trace = _trace_steps(step, mode, device)
     events = trace.tracker.events
@@ -396,6 +511,35 @@ def estimate(
         process_total=peaks["peak_reserved"] + peaks["cuda_context"],
         seconds=time.perf_counter() - started,
         modules={k: int(v * MIB) for k, v in block_activations(trace.rows()).items()},
+        accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
     result.events = events
     return result
+
+
+def step_flops(
+    cfg: DictConfig,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+    accumulate_grad_batches: int | None = None,
+) -> int:
+    """Floating-point operations of one optimizer step of ``cfg`` (all its micro-batches:
+    forward, loss, backward with checkpointing's recomputation, the update), counted by torch's
+    ``FlopCounterMode`` on fake tensors (matrix products and convolutions; elementwise ops count
+    nothing). The overrides are :func:`estimate`'s."""
+    device = target_device(cfg)
+    mode = FakeTensorMode()
+    step = build_training_step(
+        cfg,
+        device,
+        batch_size,
+        patch_size,
+        activation_checkpointing,
+        fake_mode=mode,
+        accumulate_grad_batches=accumulate_grad_batches,
+    )
+    counter = FlopCounterMode(display=False)
+    with mode, _constant_aranges(), _host_offload_modelled(), counter:
+        step.run(1)
+    return int(counter.get_total_flops())

@@ -1,8 +1,11 @@
-"""Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed.
+"""Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed,
+or the micro-batches that add up to the configured batch.
 
 Every answer is checked by an estimate (:func:`volseg.memory.estimator.estimate`); the search
 starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
-takes a handful of estimates, not one per candidate.
+takes a handful of estimates, not one per candidate. What an answer costs in time is estimated
+from FLOPs (:func:`volseg.memory.estimator.step_flops`): per sample, relative to the configured
+step.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.memory.estimator import MemoryEstimate, estimate, step_flops
 from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.config import plain
@@ -25,7 +28,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Plan:
-    """The planner's answer: what to set, and the estimates it rests on (bytes)."""
+    """The planner's answer: what to set, and the estimates it rests on (bytes).
+
+    When the configured batch does not fit (``search=batch``): ``micro_batching``, the largest
+    micro-batch that divides it and fits with ``trainer.accumulate_grad_batches`` making up the
+    rest (same effective batch, same checkpointing); ``flops_per_sample``, the answer's FLOPs
+    per sample relative to the configured step's (its ``micro_batching`` entry has its own).
+    """
 
     budget: int
     search: str
@@ -38,6 +47,8 @@ class Plan:
     total_within_budget: int | None
     next_step_estimate: dict[str, Any] | None
     largest_batch_by_checkpointing: dict[str, int] = field(default_factory=dict)
+    flops_per_sample: float | None = None
+    micro_batching: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +123,8 @@ class Planner:
         self.budget = budget
         self.max_batch_size = max_batch_size
         self.base_patch = [int(p) for p in cfg.data.patch_size]
-        self._cache: dict[tuple[int, tuple[int, ...], str], MemoryEstimate] = {}
+        self.accumulate = int(cfg.trainer.get("accumulate_grad_batches", 1))
+        self._cache: dict[tuple[int, tuple[int, ...], str, int], MemoryEstimate] = {}
 
     @property
     def estimates(self) -> int:
@@ -120,21 +132,48 @@ class Planner:
 
     def remember(self, est: MemoryEstimate) -> None:
         """Keep an estimate made elsewhere, so that it is not made again."""
-        key = (est.batch_size, tuple(est.patch_size), _key(est.activation_checkpointing))
+        checkpointing = _key(est.activation_checkpointing)
+        key = (est.batch_size, tuple(est.patch_size), checkpointing, est.accumulate_grad_batches)
         self._cache[key] = est
 
     def estimate(
-        self, batch_size: int, patch_size: Sequence[int], checkpointing: Any
+        self,
+        batch_size: int,
+        patch_size: Sequence[int],
+        checkpointing: Any,
+        accumulate: int | None = None,
     ) -> MemoryEstimate:
-        key = (batch_size, tuple(patch_size), _key(checkpointing))
+        """The estimate of micro-batches of ``batch_size`` (``accumulate`` of them a step;
+        default: the configured number)."""
+        accumulate = self.accumulate if accumulate is None else accumulate
+        key = (batch_size, tuple(patch_size), _key(checkpointing), accumulate)
         if key not in self._cache:
             self._cache[key] = estimate(
                 self.cfg,
                 batch_size=batch_size,
                 patch_size=patch_size,
                 activation_checkpointing=checkpointing,
+                accumulate_grad_batches=accumulate,
             )
         return self._cache[key]
+
+    def flops_per_sample(self, batch_size: int, checkpointing: Any, accumulate: int) -> float:
+        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
+        flops = step_flops(self.cfg, batch_size, self.base_patch, checkpointing, accumulate)
+        return flops / (batch_size * accumulate)
+
+    def micro_batching(
+        self, batch: int, checkpointing: Any
+    ) -> tuple[int, int, MemoryEstimate] | None:
+        """The largest micro-batch ``b`` below ``batch`` that divides it and fits with
+        ``accumulate_grad_batches`` raised ``batch / b`` times (the same samples per optimizer
+        step): ``(b, accumulate_grad_batches, estimate)``; ``None`` when even 1 does not fit."""
+        for b in sorted((d for d in range(1, batch) if batch % d == 0), reverse=True):
+            accumulate = self.accumulate * batch // b
+            est = self.estimate(b, self.base_patch, checkpointing, accumulate)
+            if est.fits(self.budget):
+                return b, accumulate, est
+        return None
 
     def largest_batch(self, checkpointing: Any) -> tuple[int, MemoryEstimate | None]:
         """Largest batch size at the configured patch (0 when 1 does not fit), its estimate."""
@@ -277,6 +316,9 @@ def plan(
         choice = _search_batch(planner, options, batch)
     else:
         choice = _search_patch(planner, options, cfg)
+    micro, flops = None, None
+    if search == "batch" and not fits_now:
+        micro, flops = _micro_batching(planner, choice, batch, configured)
     log.info("Planner: %d estimates", planner.estimates)
     est, next_est = choice.estimate, choice.next_estimate
     return Plan(
@@ -291,4 +333,39 @@ def plan(
         total_within_budget=est.total_within(budget) if est else None,
         next_step_estimate=next_est.to_dict() if next_est else None,
         largest_batch_by_checkpointing=choice.largest,
+        flops_per_sample=flops,
+        micro_batching=micro,
     )
+
+
+def _micro_batching(
+    planner: Planner, choice: _Choice, batch: int, configured: Any
+) -> tuple[dict[str, Any] | None, float | None]:
+    """The micro-batching answer for a configured ``batch`` that does not fit, and the FLOPs per
+    sample of ``choice`` relative to the configured step's.
+
+    Step time is estimated from FLOPs: micro-batches do the same FLOPs per sample as the whole
+    batch (a ratio of 1.0; what they lose is kernel efficiency at small batches, which FLOPs do
+    not show), checkpointing adds its recomputation's. Where the GPU runs near its peak rate,
+    time per sample follows FLOPs per sample.
+    """
+    reference = planner.flops_per_sample(batch, configured, planner.accumulate)
+    flops = None
+    if choice.estimate is not None:
+        per_sample = planner.flops_per_sample(
+            choice.batch_size, choice.checkpointing, planner.accumulate
+        )
+        flops = per_sample / reference
+    found = planner.micro_batching(batch, configured)
+    if found is None:
+        return None, flops
+    b, accumulate, est = found
+    micro = {
+        "batch_size": b,
+        "accumulate_grad_batches": accumulate,
+        "overrides": [f"data.batch_size={b}", f"trainer.accumulate_grad_batches={accumulate}"],
+        "estimate": est.to_dict(),
+        "total_within_budget": est.total_within(planner.budget),
+        "flops_per_sample": planner.flops_per_sample(b, configured, accumulate) / reference,
+    }
+    return micro, flops

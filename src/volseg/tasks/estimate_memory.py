@@ -26,8 +26,10 @@ SCHEMA_VERSION = 1
 def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
     shape = "×".join(str(p) for p in est.patch_size)
+    k = est.accumulate_grad_batches
+    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
     lines = [
-        f"Estimated training step on {est.device}: batch {est.batch_size} of {shape} voxels, "
+        f"Estimated training step on {est.device}: {batch} of {shape} voxels, "
         f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
         f"({est.seconds:.1f} s)",
         "  at the step's peak:",
@@ -74,6 +76,15 @@ def format_plan(result: Plan) -> str:
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
         lines.append(f"  largest batch by activation_checkpointing: {table}")
+    if result.flops_per_sample is not None:
+        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
+    micro = result.micro_batching
+    if micro is not None:
+        lines += [
+            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
+            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
+            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
+        ]
     return "\n".join(lines)
 
 

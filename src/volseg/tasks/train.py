@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.data.host_memory import local_processes, log_host
 from volseg.memory.budget import check_memory_budget
+from volseg.models.build import build_model
 from volseg.models.unet import check_patch_poolable
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
@@ -121,7 +122,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     precision = resolve_trainer_precision(cfg)
 
     log.info("Instantiating model <%s>", cfg.model._target_)
-    model: L.LightningModule = build(cfg.model, "model")
+    model: L.LightningModule = build_model(cfg)
     model.run_config = OmegaConf.to_container(cfg, resolve=True)
     model.precision_choice = precision.as_dict()
     if checkpoint is not None:
