@@ -12,13 +12,16 @@ def init_loader_worker(worker_id: int) -> None:
     """``worker_init_fn`` of volseg's data loaders: keep the parent's objects out of the worker's
     garbage collector, then seed the worker as Lightning does.
 
-    A forked worker inherits the parent's whole heap, including unreachable CUDA tensors of an
-    earlier run in the same process (Hydra multirun, a notebook, a test session). If the worker's
-    collector frees one, torch calls into CUDA from a forked child and the worker dies
-    ("DataLoader worker exited unexpectedly"). ``gc.freeze()`` moves everything inherited out of
-    the collector's reach; it also stops the collector writing to, and so copying, the pages of
-    the parent's cached volumes. Lightning adds its own seeding function only to loaders without
-    one, so it is called here under ``seed_everything(workers=True)``.
+    A forked worker inherits the parent's whole heap: the training process's cached volumes, and
+    in a process that trained before (Hydra multirun, a notebook, a test session) that run's
+    leftovers. ``gc.freeze()`` moves everything inherited out of the collector's reach, so the
+    worker neither frees the parent's objects (a CUDA or pinned tensor freed in a forked child
+    calls into CUDA there) nor writes to, and so copies, the pages that hold them. It does not
+    cover objects released by other means; forked workers of a fit that followed other fits in
+    one process have still died on a GPU ("CUDA error: initialization error" in a tensor
+    destructor), while a fresh ``train.py`` process was fine. Lightning adds its own seeding
+    function only to loaders without one, so it is called here under
+    ``seed_everything(workers=True)``.
     """
     gc.freeze()
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
