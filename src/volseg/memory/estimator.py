@@ -469,6 +469,29 @@ def _peaks(events: list[Event], device: str, cfg: DictConfig) -> dict[str, int]:
     }
 
 
+def _fake_step(
+    cfg: DictConfig,
+    batch_size: int | None,
+    patch_size: Sequence[int] | None,
+    activation_checkpointing: Any,
+    accumulate_grad_batches: int | None,
+) -> tuple[str, FakeTensorMode, TrainingStep]:
+    """The target device, a fake-tensor mode and ``cfg``'s training step with fake parameters in
+    it (the overrides are :func:`estimate`'s)."""
+    device = target_device(cfg)
+    mode = FakeTensorMode()
+    step = build_training_step(
+        cfg,
+        device,
+        batch_size,
+        patch_size,
+        activation_checkpointing,
+        fake_mode=mode,
+        accumulate_grad_batches=accumulate_grad_batches,
+    )
+    return device, mode, step
+
+
 def estimate(
     cfg: DictConfig,
     batch_size: int | None = None,
@@ -483,16 +506,8 @@ def estimate(
     ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
     """
     started = time.perf_counter()
-    device = target_device(cfg)
-    mode = FakeTensorMode()
-    step = build_training_step(
-        cfg,
-        device,
-        batch_size,
-        patch_size,
-        activation_checkpointing,
-        fake_mode=mode,
-        accumulate_grad_batches=accumulate_grad_batches,
+    device, mode, step = _fake_step(
+        cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
     )
     trace = _trace_steps(step, mode, device)
     events = trace.tracker.events
@@ -528,16 +543,8 @@ def step_flops(
     forward, loss, backward with checkpointing's recomputation, the update), counted by torch's
     ``FlopCounterMode`` on fake tensors (matrix products and convolutions; elementwise ops count
     nothing). The overrides are :func:`estimate`'s."""
-    device = target_device(cfg)
-    mode = FakeTensorMode()
-    step = build_training_step(
-        cfg,
-        device,
-        batch_size,
-        patch_size,
-        activation_checkpointing,
-        fake_mode=mode,
-        accumulate_grad_batches=accumulate_grad_batches,
+    _, mode, step = _fake_step(
+        cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
     )
     counter = FlopCounterMode(display=False)
     with mode, _constant_aranges(), _host_offload_modelled(), counter:
