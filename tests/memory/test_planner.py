@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import DictConfig
 
 from tests.conftest import REPO, compose_config
 from tests.memory.real_step import real_step_peak
@@ -35,11 +36,17 @@ def test_planned_batch_fits_and_one_more_does_not(tmp_path):
     assert sum(real_step_peak(cfg, n).values()) <= budget
 
 
-def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
+def _batch_8_between_no_and_all_checkpointing(tmp_path) -> tuple[DictConfig, int]:
+    """SMALL at batch 8 and a budget halfway between its estimate without checkpointing (does
+    not fit) and with every level checkpointed (fits)."""
     cfg = compose_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
-    budget = (without.process_total + with_all.process_total) // 2
+    return cfg, (without.process_total + with_all.process_total) // 2
+
+
+def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
+    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
     answer = plan(cfg, budget, search="batch")
     assert not answer.fits_as_configured
     assert answer.batch_size >= 8
@@ -141,10 +148,7 @@ def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
 
 
 def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
-    cfg = compose_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
-    without = estimate(cfg)
-    with_all = estimate(cfg, activation_checkpointing="all")
-    budget = (without.process_total + with_all.process_total) // 2
+    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
     answer = plan(cfg, budget, search="batch")
     micro = answer.micro_batching
     b, k = micro["batch_size"], micro["accumulate_grad_batches"]

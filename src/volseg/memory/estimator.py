@@ -356,11 +356,11 @@ class TrainingStep:
         if self.loop.gradient_clip_val is None or self.loop.gradient_clip_val <= 0:
             return
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        clip = nn.utils.clip_grad_value_ if self.loop.gradient_clip_algorithm == "value" else None
-        if clip is not None:
-            clip(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
+        if self.loop.gradient_clip_algorithm == "value":
+            clip = nn.utils.clip_grad_value_
         else:
-            nn.utils.clip_grad_norm_(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
+            clip = nn.utils.clip_grad_norm_
+        clip(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
 
 
 def build_training_step(

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimator import MemoryEstimate, estimate, step_flops
+from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
 from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.config import plain
@@ -123,7 +123,7 @@ class Planner:
         self.budget = budget
         self.max_batch_size = max_batch_size
         self.base_patch = [int(p) for p in cfg.data.patch_size]
-        self.accumulate = int(cfg.trainer.get("accumulate_grad_batches", 1))
+        self.accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
         self._cache: dict[tuple[int, tuple[int, ...], str, int], MemoryEstimate] = {}
 
     @property

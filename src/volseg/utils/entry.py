@@ -16,11 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.errors import UserInputError
-from volseg.utils.run_dirs import register_run_dir_resolver
 from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
-register_run_dir_resolver()  # ${unique_dir:...} in configs/hydra/default.yaml
 
 # the command shape of each entry point (by task_name), shown when a mandatory value is missing
 USAGE = {
