@@ -7,7 +7,8 @@ each variant (fp32, fp32 channels_last_3d, bf16 autocast) this prints:
   through a plain PyTorch loop doing the same work, and their ratio;
 - achieved FLOP/s (FLOPs of one forward+backward counted by torch.utils.flop_counter, times
   steps/s) divided by this machine's matmul FLOP/s in the dtype the step computes in, measured
-  in the same run: fp32 rows by the best fp32 GEMM, bf16 rows by the best bf16 GEMM.
+  in the same run: fp32 rows by the best fp32 GEMM, bf16 rows by the best bf16 GEMM ("of dtype
+  peak" for the Lightning step, "plain" for the plain loop).
 
 The CPU's model and ISA flags are printed with the table: bf16 is fast only on CPUs with
 AVX512_BF16 or AMX, and fp32 kernels differ between AVX2 and AVX-512.
@@ -19,6 +20,8 @@ Lightning and plain runs so that both see the same machine state.
     python benchmarks/train_throughput.py [--models unet_tiny:10,unet_small:3] [--repeats 3]
 
 (``model:steps`` sets the timed steps per run; unet_small takes ~5 s a step on 2 cores.)
+``--override`` (repeatable) changes the network for a study, e.g.
+``--override "model.net.widths=[32,32,64,128,256]"``.
 """
 
 from __future__ import annotations
@@ -72,8 +75,15 @@ def matmul_flops_per_s(dtype: torch.dtype, n: int = 2048) -> dict[str, float]:
     return rates
 
 
-def build_module(model: str, channels_last: bool) -> L.LightningModule:
-    overrides = [f"model={model}", "model.scheduler=null", f"model.channels_last={channels_last}"]
+def build_module(
+    model: str, channels_last: bool, extra: list[str] | None = None
+) -> L.LightningModule:
+    overrides = [
+        f"model={model}",
+        "model.scheduler=null",
+        f"model.channels_last={channels_last}",
+        *(extra or []),
+    ]
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
         cfg = compose("train", overrides=overrides)
     return hydra.utils.instantiate(cfg.model)
@@ -168,6 +178,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="unet_tiny:10,unet_small:3")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a train.py override for every model, e.g. 'model.net.widths=[32,32,64,128,256]'",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -184,11 +200,13 @@ def main() -> None:
         )
     print(
         f"batch {'x'.join(map(str, BATCH_SHAPE))}, timed steps after {args.warmup} warm-up, "
-        f"best of {args.repeats}\n"
+        f"best of {args.repeats}"
+        + (f"; overrides: {' '.join(args.override)}" if args.override else "")
     )
+    print()
     header = (
         f"{'model':<11} {'variant':<30} {'Lightning it/s':>14} {'plain it/s':>10} "
-        f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of dtype peak':>13}"
+        f"{'ratio':>6} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of dtype peak':>13} {'plain':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -198,7 +216,7 @@ def main() -> None:
             channels_last = "channels_last" in variant
             autocast = variant.startswith("bf16")
             batch = make_batch(channels_last)
-            base = build_module(model, channels_last)
+            base = build_module(model, channels_last, args.override)
             flops = flops_per_step(base, batch)
             lightning_best = plain_best = float("inf")
             for _ in range(args.repeats):
@@ -223,7 +241,8 @@ def main() -> None:
             print(
                 f"{model:<11} {variant:<30} {1 / lightning_best:>14.2f} {1 / plain_best:>10.2f} "
                 f"{plain_best / lightning_best:>6.3f} {flops / 1e9:>10.1f} "
-                f"{achieved / 1e9:>8.1f} {achieved / peak:>13.2f}",
+                f"{achieved / 1e9:>8.1f} {achieved / peak:>13.2f} "
+                f"{flops / plain_best / peak:>6.2f}",
                 flush=True,
             )
 
