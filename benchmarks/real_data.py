@@ -241,7 +241,9 @@ def main() -> None:
         rows.insert(0, finish_volseg(*started))
     cpu = cpu_line()
     mode = "at the same time, 1 thread each" if args.parallel else "one after the other"
-    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), float32; {cpu}\n")
+    asked = [o.split("=", 1)[1] for o in args.overrides if o.startswith("trainer.precision=")]
+    precision = "float32" + (f" (volseg: trainer.precision={asked[-1]})" if asked else "")
+    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), {precision}; {cpu}\n")
     print(table(rows))
     if args.json is not None:
         with open(args.json, "a") as f:

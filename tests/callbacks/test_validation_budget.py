@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
+from tests.conftest import compose_config, tiny_train_overrides
 from volseg.callbacks.validation_budget import ValidationBudget
+from volseg.tasks.train import train
 
 
 class FakeTimer:
@@ -72,3 +76,16 @@ def test_the_last_epoch_within_max_time_validates_and_stops(monkeypatch):
     callback.on_validation_start(trainer, None)
     callback.on_validation_end(trainer, None)
     assert trainer.should_stop
+
+
+def test_a_one_epoch_run_validates_its_epoch_whatever_the_cadence(small_dataset, tmp_path):
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "trainer.max_epochs=1",
+        "trainer.check_val_every_n_epoch=2",
+    ]
+    cfg = compose_config("train", tmp_path, overrides)
+    train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["best_val_dice_mean"] is not None
+    assert summary["best_val_dice_mean"] >= 0.0

@@ -48,17 +48,18 @@ class ValidationBudget(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.perf_counter()
-        if self._base_every is None or not self._epoch_times:
+        if self._base_every is None:
             return
-        epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
-        cycle_s = epoch_s + (self.last_validation_s or 0.0)  # one epoch and its validation
+        # decided before any epoch has been timed: a 1-epoch run validates its only epoch
         final = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
             trainer.max_epochs
         )
         timer = self._timer(trainer)
-        if timer is not None:
+        if not final and timer is not None and self._epoch_times:
+            epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
+            cycle_s = epoch_s + (self.last_validation_s or 0.0)  # one epoch and its validation
             # after this epoch and its validation, another such cycle would not fit
-            final = final or timer._duration - timer.time_elapsed() < 2 * cycle_s
+            final = timer._duration - timer.time_elapsed() < 2 * cycle_s
         if final:
             self._final = True
             trainer.check_val_every_n_epoch = 1

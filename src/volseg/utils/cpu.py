@@ -48,7 +48,7 @@ def cpu_bf16_native() -> bool:
     oneDNN reports bf16 support from plain AVX-512 on, but without AVX512_BF16 it converts in
     software, and how fast that is depends on the layer: on an AVX-512 Xeon without AVX512_BF16
     one Conv3d 32->32 ran 3x faster in bf16, yet the default network's training step 3x slower;
-    with oneDNN's AVX2 kernels a convolution ran 8-13x and the step 18x slower than in float32
+    with oneDNN's AVX2 kernels a convolution ran 8-16x and the step 18-64x slower than in float32
     (``benchmarks/cpu_precision.py``). ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check)
     behave as on a CPU without AVX-512.
     """

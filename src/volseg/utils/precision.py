@@ -2,7 +2,7 @@
 
 Lightning knows no ``auto`` precision, and on a CPU it runs ``16-mixed`` as bfloat16 autocast,
 which CPUs without bf16 instructions (AVX512_BF16, AMX) run in software: a training step took
-3x (AVX-512) to 18x (AVX2 kernels) as long as in float32. Every entry point resolves the requested
+3x (AVX-512) to 64x (AVX2 kernels) as long as in float32. Every entry point resolves the requested
 precision here before it builds a Trainer, so the choice and its reason are made and logged in
 one place.
 """
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 #: the default network's training step, bf16 autocast vs float32, measured on an AVX-512 Xeon
 #: without AVX512_BF16, as is and with oneDNN capped at AVX2 (benchmarks/cpu_precision.py)
-EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 18x (AVX2) slower per training step than float32"
+EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 64x (AVX2) slower per training step than float32"
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FP16_MIXED = ("16-mixed", "16")
