@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
 from volseg.tasks.train import train
+from volseg.utils.entry import close_wandb
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
@@ -74,7 +75,11 @@ def test_other_loggers_record_the_run(small_dataset, tmp_path, monkeypatch, logg
     overrides = [*tiny_train_overrides(small_dataset), f"logger={logger}", "trainer.max_epochs=1"]
     cfg = compose_config("train", tmp_path / "run", overrides)
     assert [type(lg).__name__ for lg in instantiate_loggers(cfg.logger)]
-    train(cfg)
+    try:
+        train(cfg)
+    finally:
+        # an unfinished W&B run would be reused by the next test's logger (as in a multirun)
+        close_wandb()
     run_dir = Path(cfg.paths.output_dir)
     if logger == "tensorboard":
         assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
