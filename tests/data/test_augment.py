@@ -7,7 +7,7 @@ import torch
 from monai.transforms import Compose
 
 from tests.conftest import compose_config
-from volseg.data.transforms import augment_transforms
+from volseg.data.transforms import RandCropWithContextd, affine_crop_size, augment_transforms
 from volseg.utils.errors import UserInputError
 
 PATCH = [8, 12, 12]
@@ -55,3 +55,66 @@ def test_bad_augment_keys_name_the_key():
         augment_transforms([8, 12, 16], {"rotate90_planes": [[1, 2]]})  # 12 != 16
     with pytest.raises(UserInputError, match="data.augment: unknown key"):
         augment_transforms(PATCH, {"flip_axis": [0]})
+
+
+def test_affine_crop_grows_evenly_and_only_when_asked():
+    assert affine_crop_size([32, 64, 64], 0.0, 0.0) == [32, 64, 64]
+    crop = affine_crop_size([32, 64, 64], 15.0, 0.15)
+    # a 15° turn about y moves a quarter of x's 64 voxels into z, and the zoom adds 15%
+    assert all(c > p and (c - p) % 2 == 0 for c, p in zip(crop, [32, 64, 64], strict=True))
+    assert crop[0] >= round(1.15 * (32 + 0.25 * 128))
+
+
+def _patches(augment, seeds=range(8)):
+    """(patch, centre of the enlarged crop) of a ramp image, for each seed."""
+    patch = [8, 16, 16]
+    options = {**augment, "intensity_scale": 0.0, "intensity_shift": 0.0}
+    crop = affine_crop_size(patch, options.get("rotate_degrees", 0.0), options.get("scale", 0.0))
+    image = torch.arange(torch.tensor(crop).prod().item(), dtype=torch.float32).reshape(1, *crop)
+    label = (image.remainder(5)).floor()
+    lo = [(c - p) // 2 for c, p in zip(crop, patch, strict=True)]
+    centre = image[:, lo[0] : lo[0] + 8, lo[1] : lo[1] + 16, lo[2] : lo[2] + 16]
+    transform = Compose(augment_transforms(patch, options))
+    out = []
+    for seed in seeds:
+        transform.set_random_state(seed)
+        item = transform({"image": image.clone(), "label": label.clone()})
+        out.append((torch.as_tensor(item["image"]), torch.as_tensor(item["label"]), centre))
+    return out
+
+
+def test_rotation_and_zoom_resample_the_patch_from_the_enlarged_crop():
+    views = _patches({"rotate_degrees": 15.0, "scale": 0.15, "prob": 1.0})
+    for image, label, centre in views:
+        assert image.shape == centre.shape
+        assert not torch.equal(image, centre)  # turned or zoomed
+        assert set(label.unique().tolist()) <= {0.0, 1.0, 2.0, 3.0, 4.0}  # nearest: no blends
+        assert image.min() > 0  # every voxel from inside the crop (the ramp starts at 0)
+
+
+def test_an_affine_not_drawn_leaves_the_centre_of_the_crop_exactly():
+    for image, _, centre in _patches({"rotate_degrees": 15.0, "scale": 0.15, "prob": 0.0}):
+        assert torch.equal(image, centre)
+
+
+def test_bad_rotation_or_zoom_names_the_key():
+    with pytest.raises(UserInputError, match=r"data.augment.rotate_degrees=120"):
+        augment_transforms(PATCH, {"rotate_degrees": 120})
+    with pytest.raises(UserInputError, match=r"data.augment.scale=-0.1"):
+        augment_transforms(PATCH, {"scale": -0.1})
+
+
+def test_patches_with_context_still_reach_the_corners_of_the_volume():
+    # classes 1 and 2 only at two opposite corners: every patch must contain one of them
+    label = torch.zeros(1, 20, 30, 30)
+    label[0, 0, 0, 0], label[0, -1, -1, -1] = 1, 2
+    image = torch.arange(1, 1 + 20 * 30 * 30, dtype=torch.float32).reshape(1, 20, 30, 30)
+    sampler = RandCropWithContextd(["image", "label"], [8, 12, 12], [4, 6, 6], 3, [0, 1, 1])
+    for seed in range(10):
+        sampler.set_random_state(seed)
+        (item,) = sampler({"image": image, "label": label})
+        assert item["image"].shape == (1, 16, 24, 24)
+        patch = (slice(None), slice(4, 12), slice(6, 18), slice(6, 18))
+        assert item["image"][patch].min() > 0  # the patch itself lies inside the volume
+        assert set(item["label"][patch].unique().tolist()) & {1.0, 2.0}
+        assert item["image"].min() == 0  # its context reaches beyond the corner: padding

@@ -6,6 +6,7 @@ Items are ``{"image": path, "label": path}``; after loading, ``image`` is float3
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,8 +18,10 @@ from monai.transforms import (
     LoadImaged,
     MapTransform,
     NormalizeIntensityd,
+    RandAffined,
     RandCropByLabelClassesd,
     RandFlipd,
+    Randomizable,
     RandRotate90d,
     RandScaleIntensityd,
     RandShiftIntensityd,
@@ -102,10 +105,108 @@ def load_transforms(
 DEFAULT_AUGMENT: dict[str, Any] = {
     "flip_axes": [],
     "rotate90_planes": [],
+    "rotate_degrees": 0.0,
+    "scale": 0.0,
     "intensity_scale": 0.1,
     "intensity_shift": 0.1,
     "prob": 0.5,
 }
+
+
+class RandCropWithContextd(Randomizable, MapTransform):
+    """A class-balanced patch (``RandCropByLabelClassesd``'s choice of centre for ``patch_size``)
+    cut out with ``context`` extra voxels on each side, zero-padded beyond the volume.
+
+    The centre is drawn exactly as for a plain ``patch_size`` crop, so patches still reach every
+    part of the volume; a later ``RandAffined`` resamples the patch from the context without
+    padding its corners. Padding here, per item, keeps the cached volumes their own size.
+
+    Args:
+        keys: ``image`` and ``label``, ``(C, D, H, W)``.
+        patch_size: the patch ``[D, H, W]`` (voxels) whose centre is drawn.
+        context: voxels added on each side per axis, ``[d, h, w]``.
+        num_classes, ratios: as ``RandCropByLabelClassesd``.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        patch_size: Sequence[int],
+        context: Sequence[int],
+        num_classes: int,
+        ratios: Sequence[float] | None = None,
+    ) -> None:
+        MapTransform.__init__(self, keys)
+        self.chooser = RandCropByLabelClassesd(
+            keys,
+            label_key="label",
+            spatial_size=list(patch_size),
+            num_classes=num_classes,
+            ratios=list(ratios) if ratios is not None else None,
+            num_samples=1,
+            warn=False,
+        )
+        self.patch_size = [int(p) for p in patch_size]
+        self.context = [int(c) for c in context]
+
+    def set_random_state(self, seed: int | None = None, state: Any = None) -> RandCropWithContextd:
+        self.chooser.set_random_state(seed, state)
+        return self
+
+    def randomize(self, data: Any = None) -> None:
+        self.chooser.randomize(label=data)
+
+    def __call__(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One item, in a list as ``RandCropByLabelClassesd`` returns it."""
+        out = dict(data)
+        self.randomize(out["label"])
+        centre = [int(c) for c in self.chooser.cropper.centers[0]]
+        # in the padded volume the patch starts where it would in the unpadded one
+        starts = [c - p // 2 for c, p in zip(centre, self.patch_size, strict=True)]
+        sizes = [p + 2 * m for p, m in zip(self.patch_size, self.context, strict=True)]
+        pad = [m for m in reversed(self.context) for _ in range(2)]  # F.pad: last axis first
+        for key in self.key_iterator(out):
+            volume = torch.nn.functional.pad(torch.as_tensor(out[key]), pad)
+            out[key] = volume[
+                :,
+                starts[0] : starts[0] + sizes[0],
+                starts[1] : starts[1] + sizes[1],
+                starts[2] : starts[2] + sizes[2],
+            ]
+        return [out]
+
+
+def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys; an unknown key is
+    a :class:`UserInputError`."""
+    options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
+    unknown = set(options) - set(DEFAULT_AUGMENT)
+    if unknown:
+        raise UserInputError(
+            f"data.augment: unknown key(s) {sorted(unknown)}; expected {sorted(DEFAULT_AUGMENT)}"
+        )
+    for key in ("rotate_degrees", "scale"):
+        if not 0.0 <= float(options[key]) < (90.0 if key == "rotate_degrees" else 1.0):
+            bound = "[0, 90)" if key == "rotate_degrees" else "[0, 1)"
+            raise UserInputError(f"data.augment.{key}={options[key]}: need a value in {bound}")
+    return options
+
+
+def affine_crop_size(patch_size: Sequence[int], degrees: float, scale: float) -> list[int]:
+    """The crop ``[D, H, W]`` (voxels) from which a ``patch_size`` patch rotated by up to
+    ``degrees`` about each axis and zoomed by up to 1 ± ``scale`` is resampled without padding.
+
+    Each side grows by the other sides' share that a rotation turns into it (sin of the angle)
+    and by the zoom; the growth is even, so the patch sits on the crop's voxel grid when the
+    affine is not drawn (RandAffine then centre-crops).
+    """
+    spread = math.sin(math.radians(degrees))
+    total = sum(patch_size)
+    out = []
+    for side in patch_size:
+        needed = math.ceil((1.0 + scale) * (side + spread * (total - side)))
+        out.append(side + 2 * math.ceil((needed - side) / 2))
+    return out
 
 
 def augment_transforms(
@@ -120,18 +221,31 @@ def augment_transforms(
     - ``rotate90_planes``: planes such as ``[[1, 2]]`` in which the patch may turn by a multiple of
       90° (probability ``prob``); a plane whose two sides differ is an error (the turn would
       change the patch's shape).
+    - ``rotate_degrees``, ``scale``: a rotation by U(−r, r) degrees about each axis and a zoom by
+      1 + U(−s, s) per axis (probability ``prob``; labels nearest-neighbour), resampled from a
+      crop enlarged by :func:`affine_crop_size` so that no corner of the patch is padding;
+      0 and 0 disable. Small rotations and zooms keep position cues, unlike mirroring.
     - ``intensity_scale``, ``intensity_shift``: image × (1 + U(−s, s)) and + U(−o, o) (z-score
       units), each with probability ``prob``; 0 disables.
     """
-    options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
-    unknown = set(options) - set(DEFAULT_AUGMENT)
-    if unknown:
-        raise UserInputError(
-            f"data.augment: unknown key(s) {sorted(unknown)}; expected {sorted(DEFAULT_AUGMENT)}"
-        )
+    options = augment_options(augment)
     keys = ["image", "label"]
     prob = float(options["prob"])
     out: list[MapTransform] = []
+    degrees, scale = float(options["rotate_degrees"]), float(options["scale"])
+    if degrees or scale:
+        out.append(
+            RandAffined(
+                keys,
+                spatial_size=list(patch_size),
+                prob=prob,
+                rotate_range=[math.radians(degrees)] * 3,
+                scale_range=[scale] * 3,
+                mode=["bilinear", "nearest"],
+                padding_mode="zeros",
+                cache_grid=True,
+            )
+        )
     for axis in options["flip_axes"] or []:
         if int(axis) not in (0, 1, 2):
             raise UserInputError(f"data.augment.flip_axes: {axis} is not a patch axis (0, 1, 2)")
@@ -170,21 +284,26 @@ def train_transforms(
     nnU-Net's foreground oversampling). Volumes smaller than the patch are zero-padded first.
     """
     keys = ["image", "label"]
-    augment = augment_transforms(patch_size, augment)
+    options = augment_options(augment)
+    crop = affine_crop_size(patch_size, float(options["rotate_degrees"]), float(options["scale"]))
+    sampler: MapTransform = RandCropByLabelClassesd(
+        keys,
+        label_key="label",
+        spatial_size=list(patch_size),
+        num_classes=num_classes,
+        ratios=list(class_ratios) if class_ratios is not None else None,
+        num_samples=1,
+        warn=False,
+    )
+    if crop != list(patch_size):
+        context = [(c - p) // 2 for c, p in zip(crop, patch_size, strict=True)]
+        sampler = RandCropWithContextd(keys, patch_size, context, num_classes, class_ratios)
     return Compose(
         [
             *load_transforms(keys, **load_options),
             SpatialPadd(keys, spatial_size=list(patch_size)),
-            RandCropByLabelClassesd(
-                keys,
-                label_key="label",
-                spatial_size=list(patch_size),
-                num_classes=num_classes,
-                ratios=list(class_ratios) if class_ratios is not None else None,
-                num_samples=1,
-                warn=False,
-            ),
-            *augment,
+            sampler,
+            *augment_transforms(patch_size, options),
             # plain tensors: MONAI metadata of patches from different volumes does not collate
             EnsureTyped(keys, track_meta=False),
         ]
