@@ -119,7 +119,8 @@ class RandCropWithContextd(Randomizable, MapTransform):
 
     The centre is drawn exactly as for a plain ``patch_size`` crop, so patches still reach every
     part of the volume; a later ``RandAffined`` resamples the patch from the context without
-    padding its corners. Padding here, per item, keeps the cached volumes their own size.
+    padding its corners. Only the window's part beyond the volume is padded, per item, so the
+    cached volumes keep their size.
 
     Args:
         keys: ``image`` and ``label``, ``(C, D, H, W)``.
@@ -161,18 +162,23 @@ class RandCropWithContextd(Randomizable, MapTransform):
         out = dict(data)
         self.randomize(out["label"])
         centre = [int(c) for c in self.chooser.cropper.centers[0]]
-        # in the padded volume the patch starts where it would in the unpadded one
-        starts = [c - p // 2 for c, p in zip(centre, self.patch_size, strict=True)]
+        # the window in the volume's coordinates; only its part beyond the volume is padded, so
+        # a large volume is never copied whole
+        lows = [
+            c - p // 2 - m for c, p, m in zip(centre, self.patch_size, self.context, strict=True)
+        ]
         sizes = [p + 2 * m for p, m in zip(self.patch_size, self.context, strict=True)]
-        pad = [m for m in reversed(self.context) for _ in range(2)]  # F.pad: last axis first
         for key in self.key_iterator(out):
-            volume = torch.nn.functional.pad(torch.as_tensor(out[key]), pad)
-            out[key] = volume[
-                :,
-                starts[0] : starts[0] + sizes[0],
-                starts[1] : starts[1] + sizes[1],
-                starts[2] : starts[2] + sizes[2],
-            ]
+            volume = torch.as_tensor(out[key])
+            shape = volume.shape[1:]
+            inside = tuple(
+                slice(max(lo, 0), min(lo + n, dim))
+                for lo, n, dim in zip(lows, sizes, shape, strict=True)
+            )
+            pad = []
+            for lo, n, dim in reversed(list(zip(lows, sizes, shape, strict=True))):
+                pad += [max(-lo, 0), max(lo + n - dim, 0)]  # F.pad: last axis first
+            out[key] = torch.nn.functional.pad(volume[(slice(None), *inside)], pad)
         return [out]
 
 
