@@ -192,10 +192,11 @@ def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
         raise UserInputError(
             f"data.augment: unknown key(s) {sorted(unknown)}; expected {sorted(DEFAULT_AUGMENT)}"
         )
-    for key in ("rotate_degrees", "scale"):
-        if not 0.0 <= float(options[key]) < (90.0 if key == "rotate_degrees" else 1.0):
-            bound = "[0, 90)" if key == "rotate_degrees" else "[0, 1)"
-            raise UserInputError(f"data.augment.{key}={options[key]}: need a value in {bound}")
+    for key, limit in (("rotate_degrees", 90.0), ("scale", 1.0)):
+        if not 0.0 <= float(options[key]) < limit:
+            raise UserInputError(
+                f"data.augment.{key}={options[key]}: need a value in [0, {limit:g})"
+            )
     return options
 
 

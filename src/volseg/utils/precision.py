@@ -20,8 +20,8 @@ from volseg.utils.cpu import cpu_bf16_native
 
 log = logging.getLogger(__name__)
 
-#: the default network's training step, bf16 autocast vs float32, measured on an AVX-512 Xeon
-#: without AVX512_BF16, as is and with oneDNN capped at AVX2 (benchmarks/cpu_precision.py)
+#: the default network's training step, bf16 autocast vs float32 (benchmarks/cpu_precision.py): an
+#: AVX-512 Xeon without AVX512_BF16 3x; with oneDNN capped at AVX2, 18x there and 64x on an AMD EPYC
 EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 64x (AVX2) slower per training step than float32"
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
