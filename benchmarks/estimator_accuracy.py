@@ -1,7 +1,8 @@
 """How close is ``estimate_memory.py`` to real ``python train.py`` runs?
 
 For each config, ``python train.py <overrides>`` runs in a fresh process for 3 optimizer steps
-(validation off, the embedded dataset generated into a temporary folder, the run dir there too),
+(validation off, the embedded dataset generated into a temporary folder, the run dir there too;
+a config with another ``num_classes`` than the dataset's 5 trains on a copy with that many),
 and the memory monitor's per-step figures are read back from the run's ``csv/metrics.csv``: a
 step's measured rise is its peak (``mem/peak_allocated_mib``, the largest over the step's
 micro-batches with ``trainer.accumulate_grad_batches``) minus what was held at its start
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import os
 import shutil
 import subprocess
@@ -45,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,11 +306,50 @@ def compose(overrides: list[str], device: str, data_dir: Path):
         )
 
 
-def predict(overrides: list[str], device: str, data_dir: Path) -> dict[str, float]:
+def data_dir(overrides: list[str], work_dir: Path) -> Path:
+    """Where a config's run finds the embedded dataset (``paths.data_dir``): ``work_dir/data``
+    for its own 5 classes, ``work_dir/data_<K>_classes`` for ``num_classes=K``."""
+    from volseg.data.synthetic import CLASS_NAMES
+
+    k = int(compose(overrides, "cpu", work_dir / "data").num_classes)
+    return work_dir / "data" if k == len(CLASS_NAMES) else work_dir / f"data_{k}_classes"
+
+
+def prepare_data(overrides: list[str], work_dir: Path) -> Path:
+    """The config's ``paths.data_dir`` (:func:`data_dir`). The embedded dataset has 5 classes
+    (``train.py`` generates it on first use); a config with ``num_classes=K`` trains on a copy
+    whose labels are cut to K classes (the last ones merged) and whose class list has K names,
+    made here. Memory does not depend on which labels the voxels carry."""
+    from omegaconf import OmegaConf
+
+    from volseg.data.io import read_array, write_volume
+    from volseg.data.synthetic import CLASS_NAMES, SPACING_ZYX, generate_synthetic_dataset
+
+    target = data_dir(overrides, work_dir)
+    if target == work_dir / "data" or (target / "synthetic").exists():
+        return target
+    cfg = compose(overrides, "cpu", work_dir / "data")
+    k = int(cfg.num_classes)
+    base = Path(cfg.data.synthetic.root)
+    if not base.exists():
+        generate_synthetic_dataset(**OmegaConf.to_container(cfg.data.synthetic, resolve=True))
+    partial = target / "synthetic.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(base, partial)
+    for path in sorted((partial / "labels").iterdir()):
+        label = read_array(path)
+        write_volume(path, np.minimum(label, k - 1).astype(label.dtype), SPACING_ZYX)
+    names = [*CLASS_NAMES[:k], *(f"class_{i}" for i in range(len(CLASS_NAMES), k))]
+    (partial / "classes.json").write_text(json.dumps(names))
+    partial.rename(target / "synthetic")
+    return target
+
+
+def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, float]:
     """The estimate of the config composed from the same overrides as its run (bytes)."""
     from volseg.memory.estimator import estimate
 
-    est = estimate(compose(overrides, device, data_dir))
+    est = estimate(compose(overrides, device, data_dir(overrides, work_dir)))
     return {
         "growth": est.step_peak_growth,
         "peak_allocated": est.peak_allocated,
@@ -368,7 +410,7 @@ def measure(
     command = [
         sys.executable,
         str(REPO / "train.py"),
-        *run_overrides(overrides, device, work_dir / "data"),
+        *run_overrides(overrides, device, prepare_data(overrides, work_dir)),
         f"hydra.run.dir={run_dir}",
     ]
     if snapshot is not None and device == "cuda":
@@ -414,7 +456,7 @@ def run_grid(
         print("|---|---:|---:|---:|")
     errors = []
     for index, (name, overrides) in enumerate(grid):
-        predicted = predict(overrides, device, work_dir / "data")
+        predicted = predict(overrides, device, work_dir)
         snapshot = snapshot_dir / f"{label}_{index}.pickle" if snapshot_dir else None
         measured = measure(
             overrides,
@@ -500,7 +542,7 @@ def main() -> None:
         }
     for label, line in summaries.items():
         print(f"{label}: {line}")
-    seed = predict(SEED, "cuda", REPO / "data")
+    seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"seed config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "
         f"{seed['seconds']:.1f} s: peak allocated {seed['peak_allocated'] / MIB:,.0f} MiB, "
