@@ -405,8 +405,8 @@ def measure(
     (``memory.snapshot_steps``; open it at pytorch.org/memory_viz).
     """
     run_dir = work_dir / "runs" / name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         str(REPO / "train.py"),
