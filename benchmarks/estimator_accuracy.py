@@ -416,7 +416,7 @@ def measure(
     if snapshot is not None and device == "cuda":
         command.append(f"memory.snapshot_steps={STEPS}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if not malloc_default:
+    if device == "cpu" and not malloc_default:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     started = time.perf_counter()
     out = subprocess.run(
@@ -528,7 +528,8 @@ def main() -> None:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     malloc = "glibc default" if args.malloc_default else "MALLOC_MMAP_THRESHOLD_=65536"
-    print(f"child processes: python train.py ... trainer.max_steps={STEPS}; {malloc}")
+    malloc = f"; {malloc}" if args.device == "cpu" else ""
+    print(f"child processes: python train.py ... trainer.max_steps={STEPS}{malloc}")
     print()
     grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
     with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
