@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every CUDA check and figure in one run of about 6 minutes (9 at most), on a GPU machine with torch and
+# Every CUDA check and figure in one run of about 8 minutes (14 at most), on a GPU machine with torch and
 # lightning (the rest installed from .whl/, see benchmarks/gpu_wheels.sh):
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]
 # Writes 7 files to OUT_DIR: gpu.txt (device, torch, CUDA context), steps.txt (exit code and
@@ -43,10 +43,10 @@ if torch.cuda.is_available():
 else:
     print("no CUDA device: GPU steps skipped")
 PY
-step pytest_cuda.txt 180 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda
+step pytest_cuda.txt 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda
 if [ "$has_cuda" = 1 ]; then
   step seed_table.md 45 python3 benchmarks/gpu_memory_table.py
-  step estimator_cuda.md 170 python3 benchmarks/estimator_accuracy.py --device cuda
+  step estimator_cuda.md 300 python3 benchmarks/estimator_accuracy.py --device cuda --grid tuned
   step levers_cuda.md 60 python3 benchmarks/levers.py --device cuda --steps 2
   step train_unet_small.txt 90 python3 train.py model=unet_small trainer.precision=16-mixed \
     trainer.max_time=00:00:01:15 hydra.run.dir=/tmp/volseg-gpu-run

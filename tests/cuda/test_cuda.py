@@ -216,11 +216,17 @@ def _accuracy_benchmark():
     return module
 
 
+@pytest.fixture(scope="module")
+def accuracy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("estimator_accuracy")  # the runs share one generated dataset
+
+
 @pytest.mark.parametrize("index", range(5))
-def test_estimator_within_ten_percent_of_a_real_cuda_step(index):
+def test_estimator_within_ten_percent_of_a_real_cuda_step(index, accuracy_dir):
     bench = _accuracy_benchmark()
-    overrides = bench.CONFIGS[index][1]
-    predicted = bench.predict(overrides, "cuda")
-    measured = bench.run_child(index, "cuda")  # a fresh process: nothing cached before it
+    overrides = bench.TUNED[index][1]
+    predicted = bench.predict(overrides, "cuda", accuracy_dir)
+    # python train.py trainer=gpu in a fresh process: nothing cached before it
+    measured = bench.measure(overrides, "cuda", accuracy_dir, f"tuned_{index}")
     for key in ("peak_allocated", "peak_reserved"):
         assert predicted[key] == pytest.approx(measured[key], rel=0.10), key

@@ -155,14 +155,14 @@ def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
         "data.patch_size=[16,32,32]",
         "trainer.accelerator=cpu",
         "trainer.precision=32",
-        "memory.budget=12MiB",
+        "memory.budget=48MiB",
     )
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = {r["overrides"]: r for r in csv.DictReader(f)}
     fits = next(r for k, r in rows.items() if "data.batch_size=1" in k)
     over = next(r for k, r in rows.items() if "data.batch_size=16" in k)
     assert fits["status"] == "ok"  # and the sweep exits 0: a pruned job is no failure
-    assert over["status"] == "pruned" and "memory.budget=12MiB" in over["error"]
+    assert over["status"] == "pruned" and "memory.budget=48MiB" in over["error"]
     assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
 
 

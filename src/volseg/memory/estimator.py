@@ -17,7 +17,8 @@ the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.auto
 differ, e.g. for max-pooling), the foreach optimizer update and clipping (CUDA's default),
 requests rounded to 512 bytes, and the caching allocator replayed over the allocation sequence
 (:mod:`volseg.memory.allocator`) for the reserved peak; the CUDA context is a config value. For a
-CPU estimate, the scratch memory of oneDNN's kernels is added (:mod:`volseg.memory.workspace`).
+CPU estimate, the scratch memory of oneDNN's kernels and the column buffers of torch's native
+convolutions are added (:mod:`volseg.memory.workspace`).
 
 Not modelled: cuDNN's convolution workspace (it depends on the algorithm cuDNN picks on the GPU),
 the GradScaler's inf check on the host (the update is estimated as when the gradients are

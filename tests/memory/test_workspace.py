@@ -1,0 +1,68 @@
+"""The CPU kernels' scratch memory: which convolutions torch runs natively, and what they hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from volseg.memory.workspace import runs_on_onednn
+
+
+def _onednn(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> bool:
+    inputs = torch.empty(shape, dtype=dtype, device="meta")
+    weight = torch.empty((16, shape[1], 3, 3, 3), dtype=dtype, device="meta")
+    return runs_on_onednn(inputs, weight, (1, 1, 1), (1, 1, 1), 1)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_torch_runs_a_small_float32_batch_of_one_natively():
+    # N x C x D x H: 1 x 16 x 20 x 64 = 20,480 is native, one slice more is oneDNN's
+    assert not _onednn((1, 16, 20, 64, 64))
+    assert _onednn((1, 16, 21, 64, 64))
+    assert _onednn((2, 16, 20, 64, 64))  # a batch of two always goes to oneDNN
+    bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert _onednn((1, 16, 20, 64, 64), torch.bfloat16) == bf16
+
+
+MEASURE = """
+import json, sys, torch
+from volseg.memory.readers import HostMemoryReader
+from volseg.memory.workspace import cpu_workspace
+torch.set_num_threads(2)
+shape = json.loads(sys.argv[1])
+conv = torch.nn.Conv3d(shape[1], 16, 3, padding=1)
+x = torch.randn(shape)
+reader = HostMemoryReader()
+with torch.no_grad():
+    for _ in range(2):  # the first call also creates oneDNN's primitive
+        start = reader.read().allocated
+        reader.reset_peak()
+        y = conv(x)
+        measured = reader.read().peak_allocated - start - y.numel() * y.element_size()
+        args = (x, conv.weight, conv.bias, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+        predicted = cpu_workspace(torch.ops.aten.convolution.default, args, y)
+        del y
+print(json.dumps([measured, predicted]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("shape", [[1, 16, 16, 32, 32], [1, 16, 16, 96, 96]])
+def test_a_convolutions_scratch_memory_is_what_it_holds(shape):
+    """Native (im2col, 27x the input) and oneDNN (a reordered copy) alike, measured in a fresh
+    process with freed memory returned to the system."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(shape)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    measured, predicted = json.loads(out.stdout.strip().splitlines()[-1])
+    assert predicted == pytest.approx(measured, rel=0.15)

@@ -1,0 +1,80 @@
+"""benchmarks/estimator_accuracy.py: its measurement path through a real ``python train.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO
+from volseg.memory.estimator import target_device
+from volseg.utils.units import MIB
+
+# a 2-level U-Net of 16-32 channels on a small embedded dataset: a run takes seconds
+TINY = [
+    "model.net.widths=[16,32]",
+    "model.net.pooling=null",
+    "data.batch_size=1",
+    "data.patch_size=[16,32,32]",
+    "data.synthetic.num_volumes=3",
+    "data.synthetic.num_val=1",
+    "data.synthetic.shape=[16,48,48]",
+    "trainer.precision=32",
+]
+
+
+def _benchmark():
+    path = REPO / "benchmarks" / "estimator_accuracy.py"
+    spec = importlib.util.spec_from_file_location("estimator_accuracy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(start: float, peak: float) -> dict[str, float]:
+    return {
+        "mem/step_start_allocated_mib": start,
+        "mem/peak_allocated_mib": peak,
+        "mem/peak_reserved_mib": peak,
+    }
+
+
+def test_a_step_with_accumulation_spans_its_micro_batches():
+    bench = _benchmark()
+    rows = [_row(100, 150), _row(120, 180), _row(110, 170), _row(130, 160)]
+    steps = bench.step_rises(rows, accumulate_grad_batches=2)
+    # from the first micro-batch's start to the highest peak of the step's micro-batches
+    assert [s["growth"] / MIB for s in steps] == [80, 60]
+    with pytest.raises(ValueError, match="whole steps"):
+        bench.step_rises(rows[:3], accumulate_grad_batches=2)
+
+
+@pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
+def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
+    bench = _benchmark()
+    for _, overrides in bench.TUNED + bench.HELD_OUT:
+        cfg = bench.compose(overrides, device, tmp_path)
+        assert cfg.trainer.accelerator == accelerator
+        assert target_device(cfg) == device
+        assert cfg.trainer.max_steps == bench.STEPS
+
+
+@pytest.mark.slow
+def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
+    bench = _benchmark()
+    predicted = bench.predict(TINY, "cpu", tmp_path)
+    measured = bench.measure(TINY, "cpu", tmp_path, "tiny")
+    assert len(measured["rises"]) == bench.STEPS
+    assert all(rise > 0 for rise in measured["rises"])
+    assert predicted["growth"] > 0
+    # the run's own config (Hydra's record of it) is the one the estimate was composed from
+    run = OmegaConf.load(tmp_path / "runs" / "tiny" / ".hydra" / "config.yaml")
+    composed = bench.compose(TINY, "cpu", tmp_path / "data")
+    for key in ("model", "data", "trainer"):
+        assert OmegaConf.to_container(run[key]) == OmegaConf.to_container(composed[key]), key
+    assert run.num_classes == composed.num_classes
+    # same order of magnitude: a broken reading (a wrong column, MiB for bytes) is far off
+    assert 0.5 < predicted["growth"] / measured["growth"] < 2, measured
+    assert Path(tmp_path / "data" / "synthetic").is_dir()  # nothing written into the repository
