@@ -102,12 +102,12 @@ def load_transforms(
 
 #: augmentations when ``data.augment`` is not given, as ``configs/data/folder.yaml``: safe for
 #: anatomy (no mirroring, no 90° turns, which would destroy position cues: left/right,
-#: front/back, up/down), small rotations and zooms, intensity jitter
+#: front/back, up/down), intensity jitter only
 DEFAULT_AUGMENT: dict[str, Any] = {
     "flip_axes": [],
     "rotate90_planes": [],
-    "rotate_degrees": 15.0,
-    "scale": 0.15,
+    "rotate_degrees": 0.0,
+    "scale": 0.0,
     "intensity_scale": 0.1,
     "intensity_shift": 0.1,
     "prob": 0.5,
