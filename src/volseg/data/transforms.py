@@ -114,6 +114,25 @@ DEFAULT_AUGMENT: dict[str, Any] = {
 }
 
 
+def class_balanced_crop(
+    keys: Sequence[str],
+    patch_size: Sequence[int],
+    num_classes: int,
+    ratios: Sequence[float] | None = None,
+) -> RandCropByLabelClassesd:
+    """One ``patch_size`` patch centred on a voxel of a class drawn with ``ratios`` (equal when
+    None), from the item's ``label``."""
+    return RandCropByLabelClassesd(
+        keys,
+        label_key="label",
+        spatial_size=list(patch_size),
+        num_classes=num_classes,
+        ratios=list(ratios) if ratios is not None else None,
+        num_samples=1,
+        warn=False,
+    )
+
+
 class RandCropWithContextd(Randomizable, MapTransform):
     """A class-balanced patch (``RandCropByLabelClassesd``'s choice of centre for ``patch_size``)
     cut out with ``context`` extra voxels on each side, zero-padded beyond the volume.
@@ -139,15 +158,7 @@ class RandCropWithContextd(Randomizable, MapTransform):
         ratios: Sequence[float] | None = None,
     ) -> None:
         MapTransform.__init__(self, keys)
-        self.chooser = RandCropByLabelClassesd(
-            keys,
-            label_key="label",
-            spatial_size=list(patch_size),
-            num_classes=num_classes,
-            ratios=list(ratios) if ratios is not None else None,
-            num_samples=1,
-            warn=False,
-        )
+        self.chooser = class_balanced_crop(keys, patch_size, num_classes, ratios)
         self.patch_size = [int(p) for p in patch_size]
         self.context = [int(c) for c in context]
 
@@ -294,15 +305,7 @@ def train_transforms(
     keys = ["image", "label"]
     options = augment_options(augment)
     crop = affine_crop_size(patch_size, float(options["rotate_degrees"]), float(options["scale"]))
-    sampler: MapTransform = RandCropByLabelClassesd(
-        keys,
-        label_key="label",
-        spatial_size=list(patch_size),
-        num_classes=num_classes,
-        ratios=list(class_ratios) if class_ratios is not None else None,
-        num_samples=1,
-        warn=False,
-    )
+    sampler: MapTransform = class_balanced_crop(keys, patch_size, num_classes, class_ratios)
     if crop != list(patch_size):
         context = [(c - p) // 2 for c, p in zip(crop, patch_size, strict=True)]
         sampler = RandCropWithContextd(keys, patch_size, context, num_classes, class_ratios)

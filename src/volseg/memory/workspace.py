@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -98,30 +99,21 @@ def _native_columns(inputs: Any, weight: Any, outputs: Any, transposed: bool) ->
     return inputs.shape[0] * inputs.shape[1] * kernel * math.prod(outputs.shape[2:]) * size
 
 
+#: aten::convolution's input, weight, stride, dilation, transposed, groups
+_CONVOLUTION_ARGS = itemgetter(0, 1, 3, 5, 6, 8)
+#: aten::convolution_backward's grad_output, input, weight, stride, dilation, transposed, groups
+_BACKWARD_ARGS = itemgetter(0, 1, 2, 4, 6, 7, 9)
+
+
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     """Scratch bytes of one op on the CPU (0 where none is known)."""
     if func is torch.ops.aten.convolution.default:
-        inputs, weight, stride, dilation, transposed, groups = (
-            args[0],
-            args[1],
-            args[3],
-            args[5],
-            args[6],
-            args[8],
-        )
+        inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, out, transposed)
         return max(_bytes(inputs), _bytes(out)) if inputs.is_contiguous() else 0
     if func is torch.ops.aten.convolution_backward.default:
-        grad, inputs, weight, stride, dilation, transposed, groups = (
-            args[0],
-            args[1],
-            args[2],
-            args[4],
-            args[6],
-            args[7],
-            args[9],
-        )
+        grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, grad, transposed)
         if not grad.is_contiguous():
