@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -17,6 +19,16 @@ from volseg.utils.errors import raise_problems
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 # a small copy of the embedded dataset: 6 volumes of 16x48x48, generated once per session

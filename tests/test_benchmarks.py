@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO
+from tests.conftest import load_benchmark
 from volseg.memory.estimator import target_device
 from volseg.utils.units import MIB
 
@@ -25,14 +24,6 @@ TINY = [
 ]
 
 
-def _benchmark():
-    path = REPO / "benchmarks" / "estimator_accuracy.py"
-    spec = importlib.util.spec_from_file_location("estimator_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _row(start: float, peak: float) -> dict[str, float]:
     return {
         "mem/step_start_allocated_mib": start,
@@ -42,7 +33,7 @@ def _row(start: float, peak: float) -> dict[str, float]:
 
 
 def test_a_step_with_accumulation_spans_its_micro_batches():
-    bench = _benchmark()
+    bench = load_benchmark("estimator_accuracy")
     rows = [_row(100, 150), _row(120, 180), _row(110, 170), _row(130, 160)]
     steps = bench.step_rises(rows, accumulate_grad_batches=2)
     # from the first micro-batch's start to the highest peak of the step's micro-batches
@@ -53,7 +44,7 @@ def test_a_step_with_accumulation_spans_its_micro_batches():
 
 @pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
-    bench = _benchmark()
+    bench = load_benchmark("estimator_accuracy")
     for _, overrides in bench.TUNED + bench.HELD_OUT:
         cfg = bench.compose(overrides, device, tmp_path)
         assert cfg.trainer.accelerator == accelerator
@@ -63,7 +54,7 @@ def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path
 
 @pytest.mark.slow
 def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
-    bench = _benchmark()
+    bench = load_benchmark("estimator_accuracy")
     predicted = bench.predict(TINY, "cpu", tmp_path)
     measured = bench.measure(TINY, "cpu", tmp_path, "tiny")
     assert len(measured["rises"]) == bench.STEPS

@@ -8,7 +8,6 @@ estimator against real CUDA steps.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import pickle
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 import torch
 from monai.losses import DiceCELoss
 
-from tests.conftest import REPO, compose_config, tiny_train_overrides
+from tests.conftest import REPO, compose_config, load_benchmark, tiny_train_overrides
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 from volseg.tasks.train import train
@@ -208,14 +207,6 @@ def test_sixteen_mixed_uses_a_grad_scaler(small_dataset, tmp_path):
     assert trainer.precision_plugin.scaler is not None
 
 
-def _accuracy_benchmark():
-    path = REPO / "benchmarks" / "estimator_accuracy.py"
-    spec = importlib.util.spec_from_file_location("estimator_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def accuracy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("estimator_accuracy")  # the runs share one generated dataset
@@ -223,7 +214,7 @@ def accuracy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("index", range(5))
 def test_estimator_within_ten_percent_of_a_real_cuda_step(index, accuracy_dir):
-    bench = _accuracy_benchmark()
+    bench = load_benchmark("estimator_accuracy")
     overrides = bench.TUNED[index][1]
     predicted = bench.predict(overrides, "cuda", accuracy_dir)
     # python train.py trainer=gpu in a fresh process: nothing cached before it
