@@ -57,6 +57,21 @@ def test_synthetic_config_keeps_all_flips_and_turns(tmp_path):
     assert flipped == {0, 1, 2} and turned
 
 
+def test_own_data_root_gets_the_anatomy_defaults_not_the_embedded_ones(tmp_path):
+    """``python train.py data.root=DIR`` keeps data=synthetic's config but not its flips, turns
+    or patch: those suit the embedded objects only."""
+    folder = compose_config("train", tmp_path / "f", ["data=folder", "data.root=/data/brains"])
+    own = compose_config("train", tmp_path / "o", ["data.root=/data/brains"])
+    for key in ("flip_axes", "rotate90_planes", "rotate_degrees", "scale"):
+        assert own.data.augment[key] == folder.data.augment[key], key
+    assert own.data.patch_size == folder.data.patch_size
+    flipped, turned = _views([12, 12, 12], own.data.augment)
+    assert flipped == set() and not turned
+    # the embedded folder under another spelling is still the embedded dataset
+    embedded = compose_config("train", tmp_path / "e", ["data.root=${paths.data_dir}/./synthetic"])
+    assert list(embedded.data.augment.flip_axes) == [0, 1, 2]
+
+
 def test_bad_augment_keys_name_the_key():
     with pytest.raises(UserInputError, match="data.augment.rotate90_planes"):
         augment_transforms([8, 12, 16], {"rotate90_planes": [[1, 2]]})  # 12 != 16
