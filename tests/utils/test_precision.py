@@ -115,6 +115,8 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
     log = (tmp_path / "train.log").read_text()
     assert "trainer.precision=16-mixed runs as 32 on cpu: fp16 autocast needs CUDA" in log
     assert json.loads((tmp_path / "summary.json").read_text())["precision"] == "32-true"
+    # one step ends the run before its first validation: said so, not "Best ...: -inf"
+    assert "Best val/dice_mean: none, no validation ran (stopped at step 1" in log
 
 
 def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):

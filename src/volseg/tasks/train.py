@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
     )
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    log.info("Best val/dice_mean: %.4f", getattr(model, "best_dice", float("nan")))
+    best = float(getattr(model, "best_dice", float("nan")))
+    if math.isfinite(best):
+        log.info("Best val/dice_mean: %.4f", best)
+    else:
+        # e.g. trainer.max_steps ended the run inside its first validation interval
+        log.info(
+            "Best val/dice_mean: none, no validation ran (stopped at step %d, epoch %d; "
+            "trainer.check_val_every_n_epoch=%s)",
+            trainer.global_step,
+            trainer.current_epoch,
+            trainer.check_val_every_n_epoch,
+        )
     if cfg.get("test"):
         metrics.update(evaluate_best(trainer, model, datamodule))
     return metrics
