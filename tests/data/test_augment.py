@@ -58,8 +58,8 @@ def test_synthetic_config_keeps_all_flips_and_turns(tmp_path):
 
 
 def test_own_data_root_gets_the_anatomy_defaults_not_the_embedded_ones(tmp_path):
-    """``python train.py data.root=DIR`` keeps data=synthetic's config but not its flips, turns
-    or patch: those suit the embedded objects only."""
+    """``python train.py data.root=DIR`` keeps data=synthetic's config but gets data=folder's
+    flips, turns and patch: the embedded data's suit its rotation-free objects only."""
     folder = compose_config("train", tmp_path / "f", ["data=folder", "data.root=/data/brains"])
     own = compose_config("train", tmp_path / "o", ["data.root=/data/brains"])
     for key in ("flip_axes", "rotate90_planes", "rotate_degrees", "scale"):

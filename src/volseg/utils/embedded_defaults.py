@@ -1,8 +1,8 @@
 """``${if_embedded:ROOT,EMBEDDED_ROOT,THEN,ELSE}``: the embedded dataset's own choices stay its own.
 
 ``configs/data/synthetic.yaml`` is the default data config, and users point it at their own
-data with ``python train.py data.root=DIR``. Its augmentations (every flip, 90° turns) and patch
-suit the embedded rotation-free objects only; on a brain they destroy the position cues the
+data with ``python train.py data.root=DIR``. Its augmentations (every flip, 90° turns) suit
+the embedded rotation-free objects only; on a brain they destroy the position cues the
 classes depend on. So each such value reads ``THEN`` while ``data.root`` is the embedded folder
 and ``ELSE`` (``data=folder``'s default) for any other root.
 """
