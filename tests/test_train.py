@@ -219,6 +219,12 @@ def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+    # torch 2.13: the compiled step segfaults when ATen's kernels are held below the CPU's own
+    # ISA (ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU), a stand-in for older CPUs only
+    reason="torch.compile crashes with ATEN_CPU_CAPABILITY below the CPU's ISA",
+)
 def test_compiled_network_trains_and_its_checkpoint_loads_uncompiled(small_dataset, tmp_path):
     overrides = [
         *tiny_train_overrides(small_dataset),

@@ -166,8 +166,10 @@ def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path)
     # and so does a real trainer.fit, in a fresh process: the same rise, the same difference
     real_one = measure_fit(ACCUMULATE)["growth"]
     real_two = measure_fit([*ACCUMULATE, "trainer.accumulate_grad_batches=2"])["growth"]
-    assert real_one == pytest.approx(one.step_peak_growth, rel=0.05)
-    assert real_two == pytest.approx(two.step_peak_growth, rel=0.05)
+    # within the estimator's accuracy (10%): oneDNN's AVX-512 kernels measured 0.3% under the
+    # estimate here, its AVX2 kernels (as on an AVX2-only CPU) 5.4-5.7% above it
+    assert real_one == pytest.approx(one.step_peak_growth, rel=0.10)
+    assert real_two == pytest.approx(two.step_peak_growth, rel=0.10)
     predicted = two.step_peak_growth - one.step_peak_growth
     assert real_two - real_one == pytest.approx(predicted, rel=0.25)
 
