@@ -306,13 +306,20 @@ def compose(overrides: list[str], device: str, data_dir: Path):
         )
 
 
+def _data_dir_for(num_classes: int, work_dir: Path) -> Path:
+    """``work_dir/data`` for the embedded dataset's own 5 classes, else
+    ``work_dir/data_<K>_classes``."""
+    from volseg.data.synthetic import CLASS_NAMES
+
+    if num_classes == len(CLASS_NAMES):
+        return work_dir / "data"
+    return work_dir / f"data_{num_classes}_classes"
+
+
 def data_dir(overrides: list[str], work_dir: Path) -> Path:
     """Where a config's run finds the embedded dataset (``paths.data_dir``): ``work_dir/data``
     for its own 5 classes, ``work_dir/data_<K>_classes`` for ``num_classes=K``."""
-    from volseg.data.synthetic import CLASS_NAMES
-
-    k = int(compose(overrides, "cpu", work_dir / "data").num_classes)
-    return work_dir / "data" if k == len(CLASS_NAMES) else work_dir / f"data_{k}_classes"
+    return _data_dir_for(int(compose(overrides, "cpu", work_dir / "data").num_classes), work_dir)
 
 
 def prepare_data(overrides: list[str], work_dir: Path) -> Path:
@@ -325,11 +332,11 @@ def prepare_data(overrides: list[str], work_dir: Path) -> Path:
     from volseg.data.io import read_array, write_volume
     from volseg.data.synthetic import CLASS_NAMES, SPACING_ZYX, generate_synthetic_dataset
 
-    target = data_dir(overrides, work_dir)
-    if target == work_dir / "data" or (target / "synthetic").exists():
-        return target
     cfg = compose(overrides, "cpu", work_dir / "data")
     k = int(cfg.num_classes)
+    target = _data_dir_for(k, work_dir)
+    if target == work_dir / "data" or (target / "synthetic").exists():
+        return target
     base = Path(cfg.data.synthetic.root)
     if not base.exists():
         generate_synthetic_dataset(**OmegaConf.to_container(cfg.data.synthetic, resolve=True))
