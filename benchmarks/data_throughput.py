@@ -1,33 +1,108 @@
-"""Can the loader feed the step? Training samples/s of the loader alone next to the step's.
+"""Can the loader feed the step? Training samples/s of the loader next to the step's, on
+real-sized volumes.
 
-The loader rows iterate the training DataLoader of the default data config (the embedded
-dataset, cached volumes, class-balanced patch sampling, augmentations, batch 2) with
-``data.num_workers`` 0, 1, 2 and ``auto``, nothing else running. The first batch (worker
-start-up) is timed apart. The step rows time the presets' training step on this CPU (forward,
-DiceCE, backward, AdamW; ``trainer.precision=auto`` as resolved here) on in-memory batches of
-the same shape. A loader that delivers fewer samples/s than a step consumes starves it.
+Three parts, each a table:
 
-    python benchmarks/data_throughput.py [--batches 24] [--models unet_tiny,unet_small]
+- ``--compare``: volseg's training loader (``data=folder``, ``data.cache=memory``) against the
+  loader a MONAI user writes in ten lines (``CacheDataset``, ``ClassesToIndicesd`` once per
+  volume, ``RandCropByLabelClassesd`` on those indices, one flip), seconds per batch, one
+  thread, no loader workers, on generated cases (default: 4 cases of 128x256x256, 5 classes,
+  patch 64x96x96, batch 2).
+- loader rows: volseg's training loader on generated real-sized datasets (128x256x256 MR-like
+  cases; 26x150x320 stacks, the seed config's shape; a 512x512x256 CT-sized volume) with
+  ``data.num_workers`` 0, 1, 2 and ``auto``. The first batch (cache filling, worker start-up)
+  is timed apart.
+- step rows: the samples/s each preset's training step consumes, measured on this CPU
+  (forward, DiceCE, backward, AdamW; ``trainer.precision=auto`` as resolved here) and, for
+  CUDA, from the GPU figures recorded in docs/memory.md. A loader that delivers fewer
+  samples/s than a step consumes starves it.
+
+    python benchmarks/data_throughput.py [--compare] [--datasets mr,stack,ct]
+        [--workers 0,1,2,auto] [--models unet_small,unet_large] [--batches 12] [--scale 1.0]
+
+``--scale`` shrinks every generated shape (and patch) by that factor per axis (tests use it).
+Generated cases are kept under ``--cache`` (default: a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
 import lightning as L
+import nibabel as nib
+import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
-from volseg.memory.estimator import build_training_step
 from volseg.utils.cpu import cpu_description
-from volseg.utils.precision import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
+
+#: generated datasets: (cases, shape [D, H, W], patch [D, H, W], voxel size [z, y, x])
+DATASETS: dict[str, tuple[int, list[int], list[int], list[float]]] = {
+    # brain-MR-sized cases (the issue's comparison)
+    "mr": (4, [128, 256, 256], [64, 96, 96], [1.0, 1.0, 1.0]),
+    # the seed config's stacks (unet_large's patch is the whole stack)
+    "stack": (4, [26, 150, 320], [26, 150, 320], [2.0, 0.5, 0.5]),
+    # one CT-sized volume (and a second one to validate on)
+    "ct": (2, [256, 512, 512], [64, 128, 128], [2.5, 0.8, 0.8]),
+}
+NUM_CLASSES = 5
+BATCH = 2
+
+#: samples/s a training step consumes on CUDA, from docs/memory.md (H200, torch 2.x):
+#: (preset, batch shape, precision, seconds per step)
+CUDA_STEPS = [
+    ("unet_large", "2x1x26x150x320", "16-mixed", 0.073),
+    ("unet_small", "2x1x32x64x64", "16-mixed", 1 / 32),
+]
+
+
+def scaled(shape: Sequence[int], scale: float) -> list[int]:
+    return [max(4, round(s * scale)) for s in shape]
+
+
+def write_cases(
+    root: Path, count: int, shape: Sequence[int], spacing: Sequence[float], seed: int = 0
+) -> Path:
+    """``count`` cases of ``shape`` [D, H, W] in the folder layout (``images/``, ``labels/``,
+    ``splits.json``: the last case validates): ``NUM_CLASSES - 1`` classes of random spheres
+    on background, image = class-dependent mean + noise; kept when ``root`` exists."""
+    if (root / "splits.json").is_file():
+        return root
+    rng = np.random.default_rng(seed)
+    names = [f"case_{i:03d}.nii.gz" for i in range(count)]
+    for sub in ("images", "labels"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    grid = np.ogrid[tuple(slice(0, s) for s in shape)]
+    for name in names:
+        label = np.zeros(shape, dtype=np.uint8)
+        for k in range(1, NUM_CLASSES):
+            for _ in range(3):
+                centre = [rng.uniform(0.2, 0.8) * s for s in shape]
+                radius = rng.uniform(0.05, 0.15) * min(shape)
+                dist = sum((g - c) ** 2 for g, c in zip(grid, centre, strict=True))
+                label[dist < radius**2] = k
+        image = label.astype(np.float32) * 0.7 + rng.standard_normal(shape, dtype=np.float32)
+        affine = np.diag([spacing[2], spacing[1], spacing[0], 1.0])
+        # NIfTI axes are (x, y, z): the network's (D, H, W) reversed
+        nib.save(nib.Nifti1Image(image.transpose(2, 1, 0), affine), root / "images" / name)
+        nib.save(nib.Nifti1Image(label.transpose(2, 1, 0), affine), root / "labels" / name)
+    splits = {"train": names[:-1], "val": names[-1:]} if count > 1 else None
+    if splits is None:
+        raise ValueError("need at least 2 cases (one validates)")
+    import json
+
+    (root / "splits.json").write_text(json.dumps(splits))
+    return root
 
 
 def compose_train(overrides: list[str]):
@@ -35,28 +110,111 @@ def compose_train(overrides: list[str]):
         return compose("train", overrides=overrides)
 
 
-def loader_rate(workers: str, batches: int) -> tuple[float, float, int]:
-    """(seconds to the first batch, samples/s after it, resolved workers) on this CPU."""
-    cfg = compose_train([f"data.num_workers={workers}", f"data.samples_per_volume={batches}"])
+def volseg_loader(root: Path, patch: Sequence[int], workers: str, samples: int, *extra: str):
+    """volseg's training loader for ``root`` (``data=folder``, cached in memory)."""
+    cfg = compose_train(
+        [
+            "data=folder",
+            f"data.root={root}",
+            f"data.patch_size=[{','.join(str(p) for p in patch)}]",
+            f"data.batch_size={BATCH}",
+            f"data.num_workers={workers}",
+            f"data.samples_per_volume={samples}",
+            f"num_classes={NUM_CLASSES}",
+            *extra,
+        ]
+    )
     L.seed_everything(0, verbose=False)
     datamodule = hydra.utils.instantiate(cfg.data)
-    datamodule.prepare_data()
     datamodule.setup("fit")
-    loader = datamodule.train_dataloader()
+    return datamodule.train_dataloader()
+
+
+def monai_loader(root: Path, patch: Sequence[int], samples: int):
+    """The ten-line MONAI loader: cached volumes, class indices once per volume, a
+    class-balanced crop on them, one flip."""
+    import json
+
+    from monai.data import CacheDataset, DataLoader, list_data_collate
+    from monai.transforms import (
+        ClassesToIndicesd,
+        Compose,
+        EnsureChannelFirstd,
+        LoadImaged,
+        RandCropByLabelClassesd,
+        RandFlipd,
+    )
+
+    names = json.loads((root / "splits.json").read_text())["train"]
+    items = [
+        {"image": str(root / "images" / n), "label": str(root / "labels" / n)} for n in names
+    ] * samples
+    keys = ["image", "label"]
+    transform = Compose(
+        [
+            LoadImaged(keys, image_only=True),
+            EnsureChannelFirstd(keys),
+            ClassesToIndicesd("label", num_classes=NUM_CLASSES),
+            RandCropByLabelClassesd(
+                keys,
+                "label",
+                list(patch)[::-1],
+                num_classes=NUM_CLASSES,
+                indices_key="label_cls_indices",
+                num_samples=1,
+                warn=False,
+            ),
+            RandFlipd(keys, prob=0.5, spatial_axis=0),
+        ]
+    )
+    dataset = CacheDataset(items, transform, progress=False, num_workers=None)
+    return DataLoader(dataset, batch_size=BATCH, shuffle=True, collate_fn=list_data_collate)
+
+
+def time_loader(build, batches: int) -> tuple[float, float, float]:
+    """(seconds to build and to the first batch, seconds per batch after it, samples/s)."""
     start = time.perf_counter()
+    loader = build()
     iterator = iter(loader)
-    first = next(iterator)
-    first_s = time.perf_counter() - start
-    start, samples = time.perf_counter(), 0
+    next(iterator)
+    first = time.perf_counter() - start
+    start, samples, count = time.perf_counter(), 0, 0
     for _, batch in zip(range(batches), iterator, strict=False):
         samples += batch["image"].shape[0]
-    del first
-    return first_s, samples / (time.perf_counter() - start), loader.num_workers
+        count += 1
+    seconds = time.perf_counter() - start
+    return first, seconds / max(count, 1), samples / seconds
 
 
-def step_rate(model: str, steps: int) -> tuple[float, str]:
-    """(samples/s of the training step, precision) for ``model`` on this CPU."""
-    cfg = compose_train([f"model={model}"])
+def compare(root: Path, patch: Sequence[int], batches: int) -> None:
+    """volseg's loader against the ten-line MONAI loader, one thread, no workers."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    samples = max(2, math.ceil((batches + 1) * BATCH / 3))
+    rows = [
+        (
+            "MONAI: CacheDataset + ClassesToIndicesd + RandCropByLabelClassesd + flip",
+            lambda: monai_loader(root, patch, samples),
+        ),
+        (
+            "volseg: data=folder, data.cache=memory",
+            lambda: volseg_loader(root, patch, "0", samples),
+        ),
+    ]
+    print("| loader (1 thread, 0 workers) | build + first batch (s) | s/batch |")
+    print("| --- | ---: | ---: |")
+    for name, build in rows:
+        first, per_batch, _ = time_loader(build, batches)
+        print(f"| {name} | {first:.2f} | {per_batch:.4f} |", flush=True)
+    torch.set_num_threads(threads)
+
+
+def step_rate(model: str, patch: Sequence[int], steps: int) -> tuple[float, str]:
+    """(samples/s of ``model``'s training step on this CPU at ``patch``, precision)."""
+    from volseg.memory.estimator import build_training_step
+    from volseg.utils.precision import resolve_precision
+
+    cfg = compose_train([f"model={model}", f"data.patch_size=[{','.join(str(p) for p in patch)}]"])
     precision = resolve_precision(cfg.trainer.precision, "cpu").precision
     cfg.trainer.precision = precision
     step = build_training_step(cfg, "cpu")
@@ -73,24 +231,63 @@ def step_rate(model: str, steps: int) -> tuple[float, str]:
     return step.image_shape[0] * step.loop.accumulate_grad_batches / seconds, precision
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=24)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--compare", action="store_true", help="volseg vs MONAI loader only")
+    parser.add_argument("--datasets", default="mr,stack,ct")
     parser.add_argument("--workers", default="0,1,2,auto")
-    parser.add_argument("--models", default="unet_tiny,unet_small")
-    args = parser.parse_args()
+    parser.add_argument("--models", default="unet_small,unet_large")
+    parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--cache", default=None, help="folder for the generated cases")
+    args = parser.parse_args(argv)
+    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="volseg-bench-"))
     print(f"CPU: {cpu_description()}")
-    print(f"torch {torch.__version__}, batch 2 of 1x32x64x64 patches\n")
-    print("| what | setting | first batch (s) | training samples/s |")
-    print("| --- | --- | ---: | ---: |")
-    for workers in args.workers.split(","):
-        first, rate, resolved = loader_rate(workers, args.batches)
-        setting = f"num_workers={workers}" + (f" ({resolved})" if workers == "auto" else "")
-        print(f"| loader | {setting} | {first:.2f} | {rate:.1f} |", flush=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {BATCH}\n")
+
+    def dataset(name: str) -> tuple[Path, list[int], list[int]]:
+        count, shape, patch, spacing = DATASETS[name]
+        shape, patch = scaled(shape, args.scale), scaled(patch, args.scale)
+        root = cache / f"{name}-{'x'.join(map(str, shape))}"
+        return write_cases(root, count, shape, spacing), shape, patch
+
+    if args.compare:
+        root, shape, patch = dataset("mr")
+        print(
+            f"{DATASETS['mr'][0]} cases of {'x'.join(map(str, shape))}, patch "
+            f"{'x'.join(map(str, patch))}, {NUM_CLASSES} classes\n"
+        )
+        compare(root, patch, args.batches)
+        return
+    print("| what | data | setting | first batch (s) | training samples/s |")
+    print("| --- | --- | --- | ---: | ---: |")
+    samples = max(2, math.ceil((args.batches + 1) * BATCH / 3))
+    for name in args.datasets.split(","):
+        root, shape, patch = dataset(name)
+        data = f"{name} {'x'.join(map(str, shape))}, patch {'x'.join(map(str, patch))}"
+        for workers in args.workers.split(","):
+            built = []
+
+            def build(w=workers, r=root, p=patch, keep=built):
+                keep.append(volseg_loader(r, p, w, samples))
+                return keep[-1]
+
+            first, _, rate = time_loader(build, args.batches)
+            resolved = built[-1].num_workers
+            setting = f"num_workers={workers}" + (f" ({resolved})" if workers == "auto" else "")
+            print(f"| loader | {data} | {setting} | {first:.2f} | {rate:.1f} |", flush=True)
+    patches = {"unet_small": [32, 64, 64], "unet_large": [26, 150, 320]}
     for model in args.models.split(","):
-        rate, precision = step_rate(model, args.steps)
-        print(f"| training step | {model}, {precision} | | {rate:.2f} |", flush=True)
+        patch = scaled(patches.get(model, [32, 64, 64]), args.scale)
+        rate, precision = step_rate(model, patch, args.steps)
+        shape = f"{BATCH}x1x{'x'.join(map(str, patch))}"
+        print(f"| CPU training step | {shape} | {model}, {precision} | | {rate:.2f} |", flush=True)
+    for model, shape, precision, seconds in CUDA_STEPS:
+        print(
+            f"| H200 training step (docs/memory.md) | {shape} | {model}, {precision} | | "
+            f"{BATCH / seconds:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -148,3 +148,45 @@ def test_a_case_problem_is_reported_before_the_cache_size(
         run_task(train, cfg)
     err = capsys.readouterr().err
     assert "is larger than the volume" in err and "data.cache=memory" not in err
+
+
+def _count_class_location_calls(monkeypatch) -> list[int]:
+    """Every whole-volume search for class locations MONAI can make: ClassesToIndicesd's and
+    the crop's own (when it is given no locations); each call appends the volume's voxels."""
+    import monai.transforms.croppad.array as croppad
+    import monai.transforms.utility.array as utility
+
+    calls: list[int] = []
+    for module in (croppad, utility):
+        original = module.map_classes_to_indices
+
+        def counting(label, *args, _original=original, **kwargs):
+            calls.append(int(label.numel()))
+            return _original(label, *args, **kwargs)
+
+        monkeypatch.setattr(module, "map_classes_to_indices", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_volume"), [("memory", True), ("disk", True), ("none", False)]
+)
+def test_class_locations_are_found_once_per_cached_volume(
+    small_dataset, tmp_path, monkeypatch, mode, per_volume
+):
+    """An epoch of 3 samples per volume searches each cached volume's labels once (when it is
+    cached), an uncached one for every sample; a second run reads the disk cache's."""
+    calls = _count_class_location_calls(monkeypatch)
+    cfg = _cfg(small_dataset, tmp_path / mode, f"data.cache={mode}", "data.samples_per_volume=3")
+
+    def epoch() -> int:
+        dm = hydra.utils.instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+        dm.setup("fit")
+        return sum(batch["image"].shape[0] for batch in dm.train_dataloader())
+
+    samples = epoch()
+    assert samples == 4 * 3
+    assert len(calls) == (4 if per_volume else samples)
+    if mode == "disk":
+        calls.clear()
+        assert epoch() == samples and calls == []

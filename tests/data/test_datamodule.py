@@ -134,3 +134,44 @@ def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp
     (root / "classes.json").unlink()
     with pytest.raises(UserInputError, match=r"data.num_classes=null .*classes.json"):
         hydra.utils.instantiate(cfg.data).check()
+
+
+def test_patch_centres_follow_the_class_ratios(tmp_path):
+    """The class at each patch's centre is the class drawn: over 400 patches the classes come
+    at the configured ratios (a class of ratio 0 never), from the cached class locations."""
+    import numpy as np
+
+    from tests.conftest import compose_config
+    from volseg.data.io import write_volume
+
+    label = np.zeros((40, 40, 40), dtype=np.uint8)
+    for k, corner in enumerate([(12, 12, 12), (12, 24, 12), (24, 12, 24), (24, 24, 24)], 1):
+        z, y, x = corner
+        label[z : z + 5, y : y + 5, x : x + 5] = k  # inside: no centre is moved off it
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        for sub, array in (("images", rng.standard_normal(label.shape)), ("labels", label)):
+            write_volume(tmp_path / "data" / sub / f"c{i}.nii.gz", array.astype(np.float32))
+    ratios = [1, 2, 0, 1, 4]
+    cfg = compose_config(
+        "train",
+        tmp_path / "run",
+        [
+            "data=folder",
+            f"data.root={tmp_path / 'data'}",
+            "data.patch_size=[8,8,8]",
+            f"data.class_ratios={ratios}",
+            "data.samples_per_volume=400",
+            "data.val_fraction=0.5",
+            "data.max_locations_per_class=50",
+        ],
+    )
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.setup("fit")
+    counts = torch.zeros(5)
+    for batch in datamodule.train_dataloader():
+        centres = batch["label"][:, 0, 4, 4, 4].long()
+        counts += torch.bincount(centres, minlength=5)
+    assert counts.sum() == 400 and counts[2] == 0
+    expected = torch.tensor(ratios, dtype=torch.float) / sum(ratios)
+    assert torch.allclose(counts / 400, expected, atol=0.07), counts

@@ -18,6 +18,7 @@ from volseg.data.host_memory import (
     local_processes,
 )
 from volseg.data.synthetic import generate_synthetic_dataset
+from volseg.data.transforms import LOCATIONS_KEY
 from volseg.tasks.estimate_memory import run_estimate
 
 
@@ -30,13 +31,14 @@ def _datamodule(small_dataset: Path, tmp_path: Path, *overrides: str):
     return datamodule
 
 
-def _cached_bytes(dataset) -> int:
-    """Bytes of the image and label arrays a MONAI CacheDataset holds."""
-    return sum(
-        item[key].numel() * item[key].element_size()
-        for item in dataset._cache[: dataset.cache_num]
-        for key in ("image", "label")
-    )
+def _cached_bytes(dataset) -> tuple[int, int]:
+    """Bytes of the image and label arrays a MONAI CacheDataset holds, and of the class
+    locations cached with the training volumes."""
+    arrays = locations = 0
+    for item in dataset._cache[: dataset.cache_num]:
+        arrays += sum(item[k].numel() * item[k].element_size() for k in ("image", "label"))
+        locations += sum(a.numel() * a.element_size() for a in item.get(LOCATIONS_KEY, []))
+    return arrays, locations
 
 
 @pytest.mark.parametrize(
@@ -57,11 +59,16 @@ def test_cache_estimate_is_the_bytes_the_cache_holds(small_dataset, tmp_path, ov
     datamodule.setup("fit")
     train, val = datamodule._train_ds.dataset, datamodule._val_ds
     assert (est.train_cached, est.val_cached) == (train.cache_num, val.cache_num)
-    for predicted, real in (
-        (est.train_cache, _cached_bytes(train)),
-        (est.val_cache, _cached_bytes(val)),
-    ):
-        assert predicted == pytest.approx(real, rel=tolerance, abs=0), (predicted, real)
+    sizes = datamodule._volume_sizes()[0]
+    for role, dataset, cached in (("train", train, est.train_cached), ("val", val, est.val_cached)):
+        arrays, locations = _cached_bytes(dataset)
+        predicted = sum(v.image + v.label for v in sizes[role][:cached])
+        assert predicted == pytest.approx(arrays, rel=tolerance, abs=0), (predicted, arrays)
+        # class locations: at most max_locations_per_class per class, counted as that bound
+        bound = sum(v.locations for v in sizes[role][:cached])
+        assert (locations > 0) == (role == "train" and cached > 0)
+        assert locations <= bound <= 5 * locations, (locations, bound)
+    assert est.train_cache == sum(v.total for v in sizes["train"][: est.train_cached])
 
 
 def test_estimate_follows_cache_rate_volumes_and_cache_mode():

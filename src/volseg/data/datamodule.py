@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError, raise_problems
-from volseg.utils.units import GIB
+from volseg.utils.units import GIB, MIB
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class VolumeDataModule(LightningDataModule):
         cache_rate: with ``cache=memory``, the fraction of the volumes kept in memory.
         cache_dir: with ``cache=disk``, the folder of the caches (one subfolder per loading
             setting: see :func:`disk_cache_dir`).
+        max_locations_per_class: voxel locations kept per class for the class-balanced crop
+            (evenly spaced; ``None``: all), computed once per cached volume
+            (:func:`volseg.data.transforms.class_locations`).
         synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
             exist, the embedded synthetic dataset is generated there first.
         mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
@@ -170,6 +174,7 @@ class VolumeDataModule(LightningDataModule):
         patch_voxels: int | None = None,
         cache: str = "memory",
         cache_dir: str | None = None,
+        max_locations_per_class: int | None = 10000,
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -190,6 +195,7 @@ class VolumeDataModule(LightningDataModule):
         self.cache = cache
         self.cache_rate = cache_rate
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.max_locations_per_class = max_locations_per_class
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
@@ -216,6 +222,15 @@ class VolumeDataModule(LightningDataModule):
             raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
         if cache not in CACHE_MODES:
             raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
+        if max_locations_per_class is not None and (
+            isinstance(max_locations_per_class, bool)
+            or not isinstance(max_locations_per_class, int)
+            or max_locations_per_class < 1
+        ):
+            raise UserInputError(
+                f"data.max_locations_per_class={max_locations_per_class}: expected a whole "
+                "number >= 1, or null (every voxel)"
+            )
         if cache == "disk" and self.cache_dir is None:
             raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
         if str(patch_size) == "auto":
@@ -361,8 +376,9 @@ class VolumeDataModule(LightningDataModule):
                         continue
                     if all(p > s for p, s in zip(self.patch_size, size.shape_zyx, strict=True)):
                         rejected.append(case.name)
-                    if role == "train":  # cached padded to the patch
-                        size = volume_bytes(case, self.spacing, self.patch_size)
+                    if role == "train":  # cached padded to the patch, with its class locations
+                        locations = (self.num_classes, self.max_locations_per_class)
+                        size = volume_bytes(case, self.spacing, self.patch_size, locations)
                     sizes[role].append(size)
             self._sizes = (sizes, rejected)
         return self._sizes
@@ -422,6 +438,7 @@ class VolumeDataModule(LightningDataModule):
                 self.num_classes,
                 self.class_ratios,
                 augment=self.augment,
+                max_locations_per_class=self.max_locations_per_class,
                 **self.load_options,
             )
             self._seed = torch.initial_seed()  # set by seed_everything(cfg.seed)
@@ -439,18 +456,48 @@ class VolumeDataModule(LightningDataModule):
         ``__getitem__`` from its first random transform on (the seeded sampling relies on it)."""
         items = [c.as_dict() for c in cases]
         if self.cache == "memory":
+            # copy_cache=False: a sample reads its cached volume in place instead of deep-copying
+            # all of it (the crop copies its patch out first: OwnPatchd)
             return CacheDataset(
-                items, transform, cache_rate=self.cache_rate, num_workers=None, progress=False
+                items,
+                transform,
+                cache_rate=self.cache_rate,
+                num_workers=None,
+                progress=False,
+                copy_cache=False,
             )
         if self.cache == "disk":
-            # training volumes are cached padded to the patch: the patch is part of their key
+            # training volumes are cached padded to the patch, with their class locations: the
+            # patch and the locations' limit are part of their key
             settings = {**self.load_options}
             if role == "train":
                 settings["patch_size"] = self.patch_size
+                settings["max_locations_per_class"] = self.max_locations_per_class
             folder = disk_cache_dir(self.cache_dir, role, transform, settings)
             log.info("data.cache=disk: %s volumes cached in %s", role, folder)
             return PersistentDataset(items, transform, cache_dir=folder, hash_func=item_hash)
+        if role == "train":
+            self._log_uncached_cost()
         return Dataset(items, transform)
+
+    def _log_uncached_cost(self) -> None:
+        """What ``data.cache=none`` costs: every sample reads, normalizes and indexes its whole
+        volume (from the headers: the largest training volume against one patch)."""
+        sizes = self._volume_sizes()[0]["train"]
+        largest = max(sizes, key=lambda v: v.voxels, default=None)
+        if largest is None:
+            return
+        patch = math.prod(self.patch_size)
+        log.info(
+            "data.cache=none: every training sample reads, normalizes and finds the class "
+            "locations of its whole volume (up to %s = %.1f M voxels, %.0f MiB, %.0fx a %s "
+            "patch); data.cache=memory or disk does that once per volume",
+            "x".join(str(s) for s in largest.shape_zyx),
+            largest.voxels / 1e6,
+            largest.total / MIB,
+            largest.voxels / patch,
+            "x".join(str(p) for p in self.patch_size),
+        )
 
     def loader_options(self) -> LoaderOptions:
         """``num_workers``/``pin_memory``/``persistent_workers`` for the trainer's device."""

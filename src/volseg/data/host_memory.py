@@ -8,11 +8,13 @@ What the loading side holds in host RAM, per training process (a DDP rank has it
   ``LoadImaged`` reads labels as float32 too), voxels counted after resampling to
   ``data.spacing`` and padding to the patch (the padding is cached with the volume);
 - the validation cache: the same for the validation volumes (unpadded);
+- the class locations cached with each training volume: up to ``max_locations_per_class``
+  int64 voxel indices per class (:func:`volseg.data.transforms.class_locations`);
 - loader copies: each process that loads (every loader worker, or the training process with
-  ``num_workers=0``) works on one volume at a time: a copy of the cached volume (``CacheDataset``
-  deep-copies an item before its random transforms; an uncached volume is read and converted,
-  counted as two copies) plus the class index of every voxel (int64) that the class-balanced
-  crop draws its centre from;
+  ``num_workers=0``) works on one volume at a time. A volume cached in memory is read in place
+  (``CacheDataset(copy_cache=False)``): only its patch is copied. One cached on disk is read
+  whole per sample (one copy); an uncached volume is read and converted (two copies) and its
+  class locations found again (an int64 index per voxel, at most);
 - batches in flight: each worker prefetches ``PREFETCH_FACTOR`` batches (in shared memory), and
   with ``pin_memory`` as many pinned copies wait for the device. Validation batches are whole
   volumes.
@@ -48,7 +50,7 @@ from volseg.utils.units import MIB
 log = logging.getLogger(__name__)
 
 FLOAT32 = 4
-INDEX = 8  # int64 voxel index of the class-balanced crop
+INDEX = 8  # int64 voxel index of a class location
 #: torch DataLoader's default batches in flight per worker
 PREFETCH_FACTOR = 2
 CACHE_MODES = ("memory", "disk", "none")
@@ -61,10 +63,12 @@ class VolumeBytes:
     shape_zyx: tuple[int, int, int]
     image: int
     label: int
+    #: the class locations cached with a training volume
+    locations: int = 0
 
     @property
     def total(self) -> int:
-        return self.image + self.label
+        return self.image + self.label + self.locations
 
     @property
     def voxels(self) -> int:
@@ -72,12 +76,18 @@ class VolumeBytes:
 
 
 def volume_bytes(
-    case: Case, spacing: Sequence[float] | None = None, pad_to: Sequence[int] | None = None
+    case: Case,
+    spacing: Sequence[float] | None = None,
+    pad_to: Sequence[int] | None = None,
+    locations: tuple[int, int | None] | None = None,
 ) -> VolumeBytes:
     """Bytes of a case after loading (float32 image and label), from its headers only.
 
     ``spacing``: the target voxel size ``[z, y, x]`` (``data.spacing``); ``pad_to``: the patch a
-    training volume is padded to before it is cached.
+    training volume is padded to before it is cached; ``locations``: ``(num_classes,
+    max_locations_per_class)`` of a training volume, whose class locations are cached with it
+    (int64; at most ``min(voxels, num_classes * max)``, exact when every class has more voxels
+    than the limit or the limit exceeds the volume).
     """
     channels = 0
     geometry: dict[str, Any] = {}
@@ -91,7 +101,11 @@ def volume_bytes(
         shape = [max(s, int(p)) for s, p in zip(shape, pad_to, strict=True)]
     voxels = math.prod(shape)
     label = voxels * FLOAT32 if case.label is not None else 0
-    return VolumeBytes((shape[0], shape[1], shape[2]), channels * voxels * FLOAT32, label)
+    kept = 0
+    if locations is not None and case.label is not None:
+        num_classes, limit = locations
+        kept = INDEX * (voxels if limit is None else min(voxels, num_classes * limit))
+    return VolumeBytes((shape[0], shape[1], shape[2]), channels * voxels * FLOAT32, label, kept)
 
 
 def spacing_shape(
@@ -197,9 +211,12 @@ def estimate_host(
     pinned = in_flight if pin_memory else 0
     patch = math.prod(int(p) for p in patch_size)
     batch = batch_size * patch * (in_channels + 1) * FLOAT32
-    # a cached volume is deep-copied once; an uncached one is read and converted (two copies)
-    copies = 1 if n_train == len(train) else 2
-    largest = max((copies * v.total + INDEX * v.voxels for v in train), default=0)
+    if n_train == len(train) and train:  # every volume read in place: patch copies only
+        largest = 0
+    elif cache == "disk":  # read whole, class locations included, per sample
+        largest = max((v.total for v in train), default=0)
+    else:  # read and converted (two copies), class locations found again
+        largest = max((2 * (v.image + v.label) + INDEX * v.voxels for v in train), default=0)
     train_loading = loaders * largest + (in_flight + pinned) * batch
     val_largest = max((v.total for v in val), default=0)
     # validation batches are whole volumes: the collated copy, in flight and pinned

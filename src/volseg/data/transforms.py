@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from monai.transforms import (
+    ClassesToIndicesd,
     Compose,
     EnsureChannelFirstd,
     EnsureTyped,
@@ -114,14 +115,32 @@ DEFAULT_AUGMENT: dict[str, Any] = {
 }
 
 
+#: where :func:`class_locations` stores each class's voxel locations in an item
+LOCATIONS_KEY = "label_cls_indices"
+
+
+def class_locations(num_classes: int, max_per_class: int | None) -> ClassesToIndicesd:
+    """Each class's voxel locations in the item's ``label`` ``(1, D, H, W)``: a list of
+    ``num_classes`` int64 tensors of flat indices under :data:`LOCATIONS_KEY`, at most
+    ``max_per_class`` per class (evenly spaced in raster order, as MONAI subsamples; ``None``:
+    every voxel). Deterministic, so a cached volume keeps them (``data.cache=memory``/``disk``):
+    computed once per volume instead of once per sample, like nnU-Net's ``class_locations``."""
+    return ClassesToIndicesd(
+        "label",
+        num_classes=num_classes,
+        indices_postfix=LOCATIONS_KEY.removeprefix("label"),
+        max_samples_per_class=max_per_class,
+    )
+
+
 def class_balanced_crop(
     keys: Sequence[str],
     patch_size: Sequence[int],
     num_classes: int,
     ratios: Sequence[float] | None = None,
 ) -> RandCropByLabelClassesd:
-    """One ``patch_size`` patch centred on a voxel of a class drawn with ``ratios`` (equal when
-    None), from the item's ``label``."""
+    """One ``patch_size`` patch centred on a location (:func:`class_locations`, taken from
+    :data:`LOCATIONS_KEY`) of a class drawn with ``ratios`` (equal when None)."""
     return RandCropByLabelClassesd(
         keys,
         label_key="label",
@@ -129,8 +148,21 @@ def class_balanced_crop(
         num_classes=num_classes,
         ratios=list(ratios) if ratios is not None else None,
         num_samples=1,
+        indices_key=LOCATIONS_KEY,
         warn=False,
     )
+
+
+class OwnPatchd(MapTransform):
+    """A copy of each key's patch: a crop is a view into the volume, and with the cache used in
+    place (``CacheDataset(copy_cache=False)``, so that no sample copies its whole volume) no
+    later transform may write into the cached volume."""
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = torch.as_tensor(d[key]).clone()
+        return d
 
 
 class RandCropWithContextd(Randomizable, MapTransform):
@@ -166,13 +198,13 @@ class RandCropWithContextd(Randomizable, MapTransform):
         self.chooser.set_random_state(seed, state)
         return self
 
-    def randomize(self, data: Any = None) -> None:
-        self.chooser.randomize(label=data)
+    def randomize(self, data: Any = None, indices: Any = None) -> None:
+        self.chooser.randomize(label=data, indices=indices)
 
     def __call__(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One item, in a list as ``RandCropByLabelClassesd`` returns it."""
         out = dict(data)
-        self.randomize(out["label"])
+        self.randomize(out["label"], out.pop(LOCATIONS_KEY, None))
         centre = [int(c) for c in self.chooser.cropper.centers[0]]
         # the window in the volume's coordinates; only its part beyond the volume is padded, so
         # a large volume is never copied whole
@@ -293,6 +325,7 @@ def train_transforms(
     num_classes: int,
     class_ratios: Sequence[float] | None = None,
     augment: Mapping[str, Any] | None = None,
+    max_locations_per_class: int | None = 10000,
     **load_options: Any,
 ) -> Compose:
     """Loading (options: see :func:`load_transforms`), then class-balanced patch sampling and
@@ -300,7 +333,10 @@ def train_transforms(
 
     ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
     ``class_ratios`` (equal by default, so small classes are seen as often as background — like
-    nnU-Net's foreground oversampling). Volumes smaller than the patch are zero-padded first.
+    nnU-Net's foreground oversampling), chosen among up to ``max_locations_per_class`` locations
+    per class (:func:`class_locations`). Volumes smaller than the patch are zero-padded first.
+    Every transform before the crop is deterministic: a cached volume holds its padding and its
+    class locations, and a sample costs one patch, whatever the volume's size.
     """
     keys = ["image", "label"]
     options = augment_options(augment)
@@ -313,7 +349,9 @@ def train_transforms(
         [
             *load_transforms(keys, **load_options),
             SpatialPadd(keys, spatial_size=list(patch_size)),
+            class_locations(num_classes, max_locations_per_class),
             sampler,
+            OwnPatchd(keys),
             *augment_transforms(patch_size, options),
             # plain tensors: MONAI metadata of patches from different volumes does not collate
             EnsureTyped(keys, track_meta=False),
