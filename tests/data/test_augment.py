@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from monai.transforms import Compose
 
 from tests.conftest import compose_config
+from volseg.data.dataset_defaults import DEFAULTS_FILE, resolve_augment
 from volseg.data.transforms import (
     RandCropWithContextd,
     affine_crop_size,
@@ -37,39 +40,63 @@ def _views(patch, augment, n=64):
 
 def test_default_anatomy_config_never_mirrors_or_turns(tmp_path):
     cfg = compose_config("train", tmp_path, ["data=mni152"])
-    assert list(cfg.data.augment.flip_axes) == [] and list(cfg.data.augment.rotate90_planes) == []
+    augment = _augment(cfg)
+    assert augment["flip_axes"] == [] and augment["rotate90_planes"] == []
     # small rotations and zooms are opt-in (they paid off only in long runs)
     assert cfg.data.augment.rotate_degrees == 0 and cfg.data.augment.scale == 0
-    flipped, turned = _views(PATCH, cfg.data.augment)
+    flipped, turned = _views(PATCH, augment)
     assert flipped == set() and not turned
 
 
 def test_enabled_axes_flip_and_disabled_axes_never_do(tmp_path):
     cfg = compose_config("train", tmp_path, ["data=mni152", "data.augment.flip_axes=[2]"])
-    flipped, turned = _views(PATCH, cfg.data.augment)
+    flipped, turned = _views(PATCH, _augment(cfg))
     assert flipped == {2} and not turned  # axis 2 mirrored alone sometimes; 0 and 1 never
 
 
-def test_synthetic_config_keeps_all_flips_and_turns(tmp_path):
-    cfg = compose_config("train", tmp_path, [])
+def _augment(cfg):
+    """``data.augment`` as the run uses it: null keys from the data folder's own defaults."""
+    return resolve_augment(cfg.data.augment, cfg.data.root)[0]
+
+
+def test_embedded_folder_keeps_all_flips_and_turns(tmp_path, small_dataset):
+    """The generated folder carries its own defaults, so the default config gets them."""
+    cfg = compose_config("train", tmp_path, [f"data.root={small_dataset}"])
     patch = [12, 12, 12]  # equal sides, so that a mirroring alone is recognisable in any axis
-    flipped, turned = _views(patch, cfg.data.augment)
+    flipped, turned = _views(patch, _augment(cfg))
     assert flipped == {0, 1, 2} and turned
 
 
-def test_own_data_root_gets_the_anatomy_defaults_not_the_embedded_ones(tmp_path):
+def test_a_copy_or_symlink_of_the_embedded_folder_keeps_its_defaults(tmp_path, small_dataset):
+    copy = tmp_path / "copy"
+    shutil.copytree(small_dataset, copy)
+    link = tmp_path / "link"
+    link.symlink_to(small_dataset, target_is_directory=True)
+    for root in (copy, link):
+        cfg = compose_config("train", tmp_path / root.name, [f"data.root={root}"])
+        augment, sources = resolve_augment(cfg.data.augment, cfg.data.root)
+        assert augment["flip_axes"] == [0, 1, 2] and augment["rotate90_planes"] == [[1, 2]]
+        assert DEFAULTS_FILE in sources["flip_axes"]
+
+
+def test_own_data_root_gets_the_anatomy_defaults_not_the_embedded_ones(tmp_path, small_dataset):
     """``python train.py data.root=DIR`` keeps data=synthetic's config but gets data=folder's
     flips, turns and patch: the embedded data's suit its rotation-free objects only."""
-    folder = compose_config("train", tmp_path / "f", ["data=folder", "data.root=/data/brains"])
-    own = compose_config("train", tmp_path / "o", ["data.root=/data/brains"])
+    brains = tmp_path / "brains"
+    shutil.copytree(small_dataset, brains)
+    (brains / DEFAULTS_FILE).unlink()  # the same files without the embedded data's defaults
+    folder = compose_config("train", tmp_path / "f", ["data=folder", f"data.root={brains}"])
+    own = compose_config("train", tmp_path / "o", [f"data.root={brains}"])
     for key in ("flip_axes", "rotate90_planes", "rotate_degrees", "scale"):
-        assert own.data.augment[key] == folder.data.augment[key], key
+        assert _augment(own)[key] == _augment(folder)[key], key
     assert own.data.patch_size == folder.data.patch_size
-    flipped, turned = _views([12, 12, 12], own.data.augment)
+    flipped, turned = _views([12, 12, 12], _augment(own))
     assert flipped == set() and not turned
-    # the embedded folder under another spelling is still the embedded dataset
-    embedded = compose_config("train", tmp_path / "e", ["data.root=${paths.data_dir}/./synthetic"])
-    assert list(embedded.data.augment.flip_axes) == [0, 1, 2]
+    # a value given on the command line wins over the folder's own
+    given = compose_config(
+        "train", tmp_path / "g", [f"data.root={small_dataset}", "data.augment.flip_axes=[]"]
+    )
+    assert _augment(given)["flip_axes"] == [] and _augment(given)["rotate90_planes"] == [[1, 2]]
 
 
 def test_bad_augment_keys_name_the_key():
@@ -145,7 +172,7 @@ def test_patches_with_context_still_reach_the_corners_of_the_volume():
 def test_rotations_and_zooms_are_one_plain_override_away(tmp_path):
     overrides = ["data=mni152", "data.augment.rotate_degrees=15", "data.augment.scale=0.15"]
     cfg = compose_config("train", tmp_path, overrides)
-    transform = train_transforms([32, 64, 64], 5, augment=cfg.data.augment)
+    transform = train_transforms([32, 64, 64], 5, augment=_augment(cfg))
     names = [type(t).__name__ for t in transform.transforms]
     assert "RandCropWithContextd" in names and "RandAffined" in names
     plain = train_transforms(

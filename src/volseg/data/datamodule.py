@@ -26,6 +26,12 @@ from volseg.data.cases import (
     find_inputs,
     split_cases,
 )
+from volseg.data.dataset_defaults import (
+    DEFAULTS_FILE,
+    EMBEDDED_DEFAULTS,
+    resolve_augment,
+    write_dataset_defaults,
+)
 from volseg.data.host_memory import (
     CACHE_MODES,
     HostEstimate,
@@ -139,7 +145,8 @@ class VolumeDataModule(LightningDataModule):
         mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
             built from the MNI152 template (:func:`volseg.data.mni152.build_mni152_dataset`).
         augment: training augmentations (:func:`volseg.data.transforms.augment_transforms`);
-            ``None``: the defaults there.
+            keys left ``None``: the folder's own (:mod:`volseg.data.dataset_defaults`), else
+            the defaults there.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
         spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
             µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
@@ -273,6 +280,10 @@ class VolumeDataModule(LightningDataModule):
                 if target.resolve() == self.root.resolve():
                     log.info("Generating %s in %s", what, self.root)
                     build(self.root, **settings)
+        embedded = self.synthetic and Path(self.synthetic["root"]).resolve() == self.root.resolve()
+        if embedded and self.root.is_dir() and not (self.root / DEFAULTS_FILE).exists():
+            # generated before the folder carried its own defaults: give it them once
+            write_dataset_defaults(self.root, EMBEDDED_DEFAULTS)
 
     def find(self) -> tuple[list[Case], list[str]]:
         """The dataset's complete cases, and problems of the layout itself (one line each).
@@ -437,7 +448,8 @@ class VolumeDataModule(LightningDataModule):
                 self.patch_size,
                 self.num_classes,
                 self.class_ratios,
-                augment=self.augment,
+                # keys left null: the folder's own defaults (the run plan passes them resolved)
+                augment=resolve_augment(self.augment, self.root)[0],
                 max_locations_per_class=self.max_locations_per_class,
                 **self.load_options,
             )

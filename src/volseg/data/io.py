@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,9 +319,11 @@ def write_dataset(
     write_case: Callable[[int, Path, Path], None],
     num_val: int,
     class_names: Sequence[str],
+    defaults: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a folder-layout dataset: ``write_case(i, image_path, label_path)`` for each of
-    ``names``, ``splits.json`` (the last ``num_val`` cases: validation) and ``classes.json``.
+    ``names``, ``splits.json`` (the last ``num_val`` cases: validation), ``classes.json`` and,
+    given ``defaults``, the dataset's own defaults (``dataset_defaults.json``).
 
     Written to ``<root>.partial`` and renamed into place, so an interrupted run never leaves a
     half-written dataset behind.
@@ -336,5 +338,7 @@ def write_dataset(
     splits = {"train": list(names[:train]), "val": list(names[train:])}
     (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
     (tmp / "classes.json").write_text(json.dumps(list(class_names)))
+    if defaults is not None:
+        (tmp / "dataset_defaults.json").write_text(json.dumps(dict(defaults), indent=2))
     tmp.rename(root)
     return root

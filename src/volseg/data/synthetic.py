@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from monai.transforms import GaussianSmooth
 
+from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS
 from volseg.data.io import write_dataset, write_volume
 
 CLASS_NAMES: tuple[str, ...] = ("background", "blob", "tube", "shell", "granule")
@@ -126,6 +127,8 @@ def generate_synthetic_dataset(
     """Write ``num_volumes`` stacks into ``root/images``, ``root/labels`` and ``root/splits.json``.
 
     Deterministic for a given ``seed``. The last ``num_val`` cases form the validation split.
+    The folder carries its own augmentation defaults (``dataset_defaults.json``: every mirroring
+    and in-plane turn, see :mod:`volseg.data.dataset_defaults`).
     Files are written to a temporary folder and renamed into place, so an interrupted run never
     leaves a half-written dataset behind.
     """
@@ -136,4 +139,4 @@ def generate_synthetic_dataset(
         write_volume(label_path, label, spacing_zyx=SPACING_ZYX)
 
     names = [f"case_{i:03d}.{file_format}" for i in range(num_volumes)]
-    return write_dataset(root, names, write_case, num_val, CLASS_NAMES)
+    return write_dataset(root, names, write_case, num_val, CLASS_NAMES, EMBEDDED_DEFAULTS)

@@ -17,6 +17,7 @@ from volseg.data.host_memory import local_processes, log_host
 from volseg.memory.budget import check_memory_budget
 from volseg.models.build import build_model
 from volseg.models.unet import check_patch_poolable
+from volseg.plan.reconcile import reconcile_callbacks
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError, at_config_key
@@ -130,7 +131,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         check_weights_fit(model, checkpoint, cfg.model, cfg.ckpt_path)
         del checkpoint  # Lightning loads it again to restore the whole training state
 
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    dropped, _ = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
+    callbacks = instantiate_callbacks(cfg.get("callbacks"), skip=dropped)
     loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
     for logger in trainer.loggers:

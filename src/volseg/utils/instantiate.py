@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,12 @@ def config_error(
     return UserInputError(f"{where}: {message}")
 
 
-def _instantiate_group(cfg: DictConfig | None, kind: str, group: str) -> list:
+def _instantiate_group(
+    cfg: DictConfig | None, kind: str, group: str, skip: Sequence[str] = ()
+) -> list:
     objects = []
     for name, entry in (cfg or {}).items():
-        if isinstance(entry, DictConfig) and "_target_" in entry:
+        if name not in skip and isinstance(entry, DictConfig) and "_target_" in entry:
             log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
             objects.append(build(entry, f"{group}.{name}", **_logger_defaults(kind, entry)))
     return objects
@@ -120,9 +123,10 @@ def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
     return {}
 
 
-def instantiate_callbacks(cfg: DictConfig | None) -> list[Callback]:
-    """One callback per entry of the ``callbacks`` group that has a ``_target_``."""
-    return _instantiate_group(cfg, "callback", "callbacks")
+def instantiate_callbacks(cfg: DictConfig | None, skip: Sequence[str] = ()) -> list[Callback]:
+    """One callback per entry of the ``callbacks`` group that has a ``_target_`` (but those
+    named in ``skip``)."""
+    return _instantiate_group(cfg, "callback", "callbacks", skip)
 
 
 def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:

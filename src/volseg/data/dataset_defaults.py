@@ -1,0 +1,71 @@
+"""A dataset folder's own defaults: ``<root>/dataset_defaults.json``, written with the dataset.
+
+The embedded dataset's objects are rotation-free, so every mirroring and in-plane 90° turn is a
+valid view of them; on anatomy the same augmentations destroy the position cues the classes
+depend on. The choice belongs to the data, not to the config that points at them: the generator
+writes it into the folder (``{"augment": {"flip_axes": [0, 1, 2], ...}}``), so a copy or a
+symlink of the folder keeps it, and any other folder gets ``data=folder``'s anatomy defaults.
+An ``augment`` key left ``null`` in the config takes the folder's value; a value given wins.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from volseg.data.transforms import DEFAULT_AUGMENT
+from volseg.utils.errors import UserInputError
+
+DEFAULTS_FILE = "dataset_defaults.json"
+
+#: what the embedded (synthetic) dataset is generated with
+EMBEDDED_DEFAULTS: dict[str, Any] = {
+    "augment": {"flip_axes": [0, 1, 2], "rotate90_planes": [[1, 2]]}
+}
+
+
+def write_dataset_defaults(root: str | Path, defaults: Mapping[str, Any]) -> Path:
+    """Write ``defaults`` as ``<root>/dataset_defaults.json``; returns the file."""
+    path = Path(root) / DEFAULTS_FILE
+    path.write_text(json.dumps(dict(defaults), indent=2))
+    return path
+
+
+def read_dataset_defaults(root: str | Path) -> dict[str, Any]:
+    """The folder's own defaults (``{}`` when it has none); a broken file is one error."""
+    path = Path(root) / DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"{path}: not readable as JSON ({err})") from None
+    if not isinstance(found, dict) or not isinstance(found.get("augment", {}), dict):
+        raise UserInputError(f'{path}: expected {{"augment": {{...}}}}')
+    return found
+
+
+def resolve_augment(
+    augment: Mapping[str, Any] | None, root: str | Path
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data.augment`` with every ``null`` (or missing) key taken from the folder's own
+    defaults, else :data:`DEFAULT_AUGMENT`; returns the values and, per key, where each came
+    from (``configured``, the defaults file, or ``data=folder's default``)."""
+    own = read_dataset_defaults(root).get("augment", {})
+    given = dict(augment or {})
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key in dict.fromkeys([*DEFAULT_AUGMENT, *given]):
+        value = given.get(key)
+        if value is not None:
+            values[key], sources[key] = value, "configured"
+        elif key in own:
+            values[key], sources[key] = (
+                own[key],
+                f"the dataset's own ({Path(root) / DEFAULTS_FILE})",
+            )
+        else:
+            values[key], sources[key] = DEFAULT_AUGMENT.get(key), "data=folder's default"
+    return values, sources
