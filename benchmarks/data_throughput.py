@@ -126,6 +126,7 @@ def volseg_loader(root: Path | None, patch: Sequence[int], workers: str, samples
     )
     L.seed_everything(0, verbose=False)
     datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.prepare_data()
     datamodule.setup("fit")
     return datamodule.train_dataloader()
 
