@@ -58,11 +58,11 @@ DATASETS: dict[str, tuple[int, list[int], list[int], list[float]]] = {
 NUM_CLASSES = 5
 BATCH = 2
 
-#: samples/s a training step consumes on CUDA, from docs/memory.md (H200, torch 2.x):
-#: (preset, batch shape, precision, seconds per step)
+#: samples/s a training step consumes on CUDA, from docs/memory.md (H200, torch 2.11):
+#: (preset, batch shape, precision, seconds per step, the dataset whose loader feeds it)
 CUDA_STEPS = [
-    ("unet_large", "2x1x26x150x320", "16-mixed", 0.073),
-    ("unet_small", "2x1x32x64x64", "16-mixed", 1 / 32),
+    ("unet_large", "2x1x26x150x320", "16-mixed", 0.073, "stack"),
+    ("unet_small", "2x1x32x64x64", "16-mixed", 1 / 32, "embedded"),
 ]
 
 
@@ -110,22 +110,23 @@ def compose_train(overrides: list[str]):
         return compose("train", overrides=overrides)
 
 
-def volseg_loader(root: Path, patch: Sequence[int], workers: str, samples: int, *extra: str):
-    """volseg's training loader for ``root`` (``data=folder``, cached in memory)."""
+def volseg_loader(root: Path | None, patch: Sequence[int], workers: str, samples: int):
+    """volseg's training loader for ``root`` (``data=folder``, cached in memory); ``None``: the
+    default data config (the embedded dataset, generated on first use)."""
+    data = ["data=folder", f"data.root={root}"] if root is not None else []
     cfg = compose_train(
         [
-            "data=folder",
-            f"data.root={root}",
+            *data,
             f"data.patch_size=[{','.join(str(p) for p in patch)}]",
             f"data.batch_size={BATCH}",
             f"data.num_workers={workers}",
             f"data.samples_per_volume={samples}",
             f"num_classes={NUM_CLASSES}",
-            *extra,
         ]
     )
     L.seed_everything(0, verbose=False)
     datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.prepare_data()
     datamodule.setup("fit")
     return datamodule.train_dataloader()
 
@@ -234,7 +235,7 @@ def step_rate(model: str, patch: Sequence[int], steps: int) -> tuple[float, str]
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", action="store_true", help="volseg vs MONAI loader only")
-    parser.add_argument("--datasets", default="mr,stack,ct")
+    parser.add_argument("--datasets", default="embedded,mr,stack,ct")
     parser.add_argument("--workers", default="0,1,2,auto")
     parser.add_argument("--models", default="unet_small,unet_large")
     parser.add_argument("--batches", type=int, default=12)
@@ -246,14 +247,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"CPU: {cpu_description()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {BATCH}\n")
 
-    def dataset(name: str) -> tuple[Path, list[int], list[int]]:
+    def dataset(name: str) -> tuple[Path | None, list[int], list[int], int]:
+        """(root, shape, patch, training cases) of a generated dataset; ``embedded``: the
+        default data config's (24 volumes of 32x96x96, 20 train, patch 32x64x64)."""
+        if name == "embedded":
+            return None, [32, 96, 96], [32, 64, 64], 20
         count, shape, patch, spacing = DATASETS[name]
         shape, patch = scaled(shape, args.scale), scaled(patch, args.scale)
         root = cache / f"{name}-{'x'.join(map(str, shape))}"
-        return write_cases(root, count, shape, spacing), shape, patch
+        return write_cases(root, count, shape, spacing), shape, patch, count - 1
 
     if args.compare:
-        root, shape, patch = dataset("mr")
+        root, shape, patch, _ = dataset("mr")
         print(
             f"{DATASETS['mr'][0]} cases of {'x'.join(map(str, shape))}, patch "
             f"{'x'.join(map(str, patch))}, {NUM_CLASSES} classes\n"
@@ -262,32 +267,49 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     print("| what | data | setting | first batch (s) | training samples/s |")
     print("| --- | --- | --- | ---: | ---: |")
-    samples = max(2, math.ceil((args.batches + 1) * BATCH / 3))
+    one_worker: dict[str, float] = {}
     for name in args.datasets.split(","):
-        root, shape, patch = dataset(name)
+        root, shape, patch, train_cases = dataset(name)
+        samples = max(1, math.ceil((args.batches + 1) * BATCH / train_cases))
         data = f"{name} {'x'.join(map(str, shape))}, patch {'x'.join(map(str, patch))}"
         for workers in args.workers.split(","):
             built = []
 
-            def build(w=workers, r=root, p=patch, keep=built):
-                keep.append(volseg_loader(r, p, w, samples))
+            def build(w=workers, r=root, p=patch, n=samples, keep=built):
+                keep.append(volseg_loader(r, p, w, n))
                 return keep[-1]
 
             first, _, rate = time_loader(build, args.batches)
             resolved = built[-1].num_workers
             setting = f"num_workers={workers}" + (f" ({resolved})" if workers == "auto" else "")
+            if workers == "0":
+                one_worker[name] = rate
             print(f"| loader | {data} | {setting} | {first:.2f} | {rate:.1f} |", flush=True)
     patches = {"unet_small": [32, 64, 64], "unet_large": [26, 150, 320]}
-    for model in args.models.split(","):
+    for model in [m for m in args.models.split(",") if m]:
         patch = scaled(patches.get(model, [32, 64, 64]), args.scale)
         rate, precision = step_rate(model, patch, args.steps)
         shape = f"{BATCH}x1x{'x'.join(map(str, patch))}"
         print(f"| CPU training step | {shape} | {model}, {precision} | | {rate:.2f} |", flush=True)
-    for model, shape, precision, seconds in CUDA_STEPS:
+    for model, shape, precision, seconds, _ in CUDA_STEPS:
         print(
             f"| H200 training step (docs/memory.md) | {shape} | {model}, {precision} | | "
             f"{BATCH / seconds:.1f} |"
         )
+    from volseg.data.loader_options import resolve_loader_options
+
+    auto = resolve_loader_options("auto", "auto", "auto", "cuda").num_workers
+    print(
+        f"\nWorkers that feed the H200 step (one worker ~ the 0-worker rate; auto on CUDA "
+        f"here: {auto}):\n"
+    )
+    print("| preset step | samples/s needed | loader samples/s per worker | workers needed |")
+    print("| --- | ---: | ---: | ---: |")
+    for model, shape, _, seconds, name in CUDA_STEPS:
+        if name in one_worker:
+            need = BATCH / seconds
+            workers = math.ceil(need / one_worker[name]) if one_worker[name] else float("inf")
+            print(f"| {model} {shape} | {need:.1f} | {one_worker[name]:.1f} | {workers} |")
 
 
 if __name__ == "__main__":

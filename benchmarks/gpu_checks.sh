@@ -52,3 +52,12 @@ if [ "$has_cuda" = 1 ]; then
     trainer.max_time=00:00:01:15 hydra.run.dir=/tmp/volseg-gpu-run
 fi
 cat "$OUT/gpu.txt"
+
+# training speed of python train.py at the seed config with its own loader (step time, data wait,
+# MFU); the figures as data under benchmarks/results/cuda/
+if [ "$has_cuda" = 1 ]; then
+  step train_speed_seed.txt 240 python3 benchmarks/gpu_train_speed.py --steps 60 \
+    --out "$OUT/train_speed_seed.json"
+else
+  step train_speed_dry_run.txt 240 python3 benchmarks/gpu_train_speed.py --dry-run
+fi

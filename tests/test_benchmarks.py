@@ -69,3 +69,20 @@ def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
     # same order of magnitude: a broken reading (a wrong column, MiB for bytes) is far off
     assert 0.5 < predicted["growth"] / measured["growth"] < 2, measured
     assert Path(tmp_path / "data" / "synthetic").is_dir()  # nothing written into the repository
+
+
+def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
+    """benchmarks/data_throughput.py at 1/8 of the real sizes: both of its tables come out, with
+    a positive rate in every loader row (and the comparison with the MONAI loader)."""
+    bench = load_benchmark("data_throughput")
+    common = ["--scale", "0.125", "--batches", "2", "--cache", str(tmp_path)]
+    bench.main([*common, "--datasets", "mr,stack", "--workers", "0", "--models", "unet_tiny"])
+    out = capsys.readouterr().out
+    loader_rows = [line for line in out.splitlines() if line.startswith("| loader |")]
+    assert len(loader_rows) == 2
+    assert all(float(row.rstrip(" |").split("|")[-1]) > 0 for row in loader_rows)
+    assert "| CPU training step | 2x1x4x8x8 | unet_tiny" in out
+    assert "| unet_large 2x1x26x150x320 | 27.4 |" in out  # the H200 step it must feed
+    bench.main([*common, "--compare"])
+    out = capsys.readouterr().out
+    assert "| MONAI: CacheDataset" in out and "| volseg: data=folder" in out

@@ -115,3 +115,24 @@ def test_predicted_labels_above_255_keep_their_ids(tmp_path):
     writer.on_validation_batch_end(trainer, module, {"pred": pred}, batch, 0)
     written = read_array(tmp_path / "out" / "image.nii.gz")
     assert written.dtype == np.uint16 and int(written.max()) == 299
+
+
+def test_eval_writes_a_reoriented_case_back_in_its_own_orientation(small_dataset, tmp_path):
+    """The validation label of a case stored SPL, loaded in RAS and written back by the writer,
+    is the stored label voxel for voxel, with the stored affine."""
+    from tests.data.test_orientation import reoriented_copy
+    from volseg.data.transforms import eval_transforms
+
+    source = reoriented_copy(
+        small_dataset / "labels" / "case_000.nii.gz", tmp_path / "spl.nii.gz", "SPL"
+    )
+    loaded = eval_transforms(orientation="RAS")({"image": str(source), "label": str(source)})
+    pred = loaded["label"].long()  # (1, D, H, W) on the RAS grid
+    assert pred.shape[1:] != read_array(source).shape  # SPL permutes the axes
+    writer = ValidationPredictionWriter(tmp_path / "out", orientation="RAS")
+    batch = {"image_path": [str(source)], "name": ["spl.nii.gz"]}
+    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(num_classes=5)
+    writer.on_validation_batch_end(trainer, module, {"pred": pred}, batch, 0)
+    written = tmp_path / "out" / "spl.nii.gz"
+    assert np.array_equal(read_array(written), read_array(source))
+    assert np.allclose(read_geometry(written)["affine"], read_geometry(source)["affine"])

@@ -200,3 +200,36 @@ def test_ddp_predicts_every_volume_once_across_ranks(checkpoint, small_dataset, 
         assert log.count(f"wrote {name}") == 1, log[-2000:]
     assert "Rank 0 wrote" in log and "Rank 1 wrote" in log
     assert "Wrote 3 file(s)" in log
+
+
+def test_a_case_stored_lps_or_permuted_gets_the_ras_prediction_in_its_own_orientation(
+    checkpoint, small_dataset, tmp_path
+):
+    """Loaded in data.orientation=RAS, the same case stored RAS, LPS and SPL is predicted
+    alike; each prediction (labels and probabilities) is written in its input's orientation,
+    shape and affine, so it lies voxel for voxel on its input."""
+    import nibabel as nib
+    from nibabel import orientations
+
+    from tests.data.test_orientation import reoriented_copy
+
+    source = small_dataset / "images" / "case_000.nii.gz"
+    written = {}
+    for axcodes in ("RAS", "LPS", "SPL"):
+        image = reoriented_copy(source, tmp_path / axcodes / "in" / "case.nii.gz", axcodes)
+        out = tmp_path / axcodes / "pred"
+        _predict(checkpoint, image, out, "write_probabilities=true")
+        _assert_same_geometry(out / "case.nii.gz", image)
+        pred = nib.load(str(out / "case.nii.gz"))
+        assert np.allclose(pred.affine, nib.load(str(image)).affine)
+        # back to RAS to compare: the voxels at the same world positions
+        ras = orientations.ornt_transform(
+            orientations.io_orientation(pred.affine), orientations.axcodes2ornt("RAS")
+        )
+        written[axcodes] = np.asarray(pred.as_reoriented(ras).dataobj)
+        probs = nib.load(str(out / "case_probabilities.nii.gz"))
+        assert probs.shape[:3] == pred.shape and np.allclose(probs.affine, pred.affine)
+        assert np.array_equal(np.asarray(probs.dataobj).argmax(axis=3), np.asarray(pred.dataobj))
+    assert len(np.unique(written["RAS"])) > 1
+    for axcodes in ("LPS", "SPL"):
+        assert np.array_equal(written[axcodes], written["RAS"]), axcodes

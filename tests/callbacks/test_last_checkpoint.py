@@ -114,3 +114,43 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset
 def test_bad_save_interval_is_named():
     with pytest.raises(ValueError, match=r"callbacks.last_checkpoint.save_every_n_steps=0"):
         LastCheckpoint(dirpath="x", filename="last", save_every_n_steps=0)
+
+
+def test_epoch_end_saves_keep_within_their_share_of_training_time(
+    small_dataset, tmp_path, monkeypatch
+):
+    """Epochs of ~0.1 s and a write of 0.3 s: at most 2% of training goes to last.ckpt, so after
+    the first epoch's save the epoch ends skip it; the end of training saves the final state."""
+    import time
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.conftest import compose_config, tiny_train_overrides
+    from volseg.tasks.train import train
+
+    writes: list[int] = []
+    save = ModelCheckpoint._save_checkpoint
+
+    def slow_save(self, trainer, filepath):
+        if isinstance(self, LastCheckpoint):
+            time.sleep(0.3)  # a large checkpoint on a slow disk
+            writes.append(trainer.global_step)
+        save(self, trainer, filepath)
+
+    monkeypatch.setattr(ModelCheckpoint, "_save_checkpoint", slow_save)
+    cfg = compose_config(
+        "train",
+        tmp_path / "run",
+        [
+            *tiny_train_overrides(small_dataset),
+            "trainer.max_epochs=4",
+            "trainer.check_val_every_n_epoch=4",
+            "callbacks.validation_overlays=null",
+            "callbacks.early_stopping=null",
+            "callbacks.last_checkpoint.max_time_share=0.02",
+        ],
+    )
+    train(cfg)
+    steps = _load(tmp_path / "run")["global_step"]
+    assert steps == 4 * 2  # 4 training volumes, batch 2: the final state
+    assert writes == [2, steps]  # the first epoch's end, then the end of training

@@ -1,5 +1,6 @@
-"""``checkpoints/last.ckpt``: at the end of every epoch and every few minutes or steps within one,
-replaced atomically, so that a run killed at any moment resumes from a whole checkpoint."""
+"""``checkpoints/last.ckpt``: at epoch ends (as often as ``max_time_share`` of training time
+allows), every few minutes or steps within an epoch and at the end of training, replaced
+atomically, so that a run killed at any moment resumes from a whole checkpoint."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class LastCheckpoint(ModelCheckpoint):
     A checkpoint saved within an epoch holds the training loader's position (see
     :class:`volseg.data.sampling.ResumableLoader`): the resumed run draws the epoch's remaining
     patches, so it ends with the weights of an uninterrupted run.
+
+    ``max_time_share``: the epoch-end save is skipped while writing would take more than this
+    share of the training time: the previous write's seconds must be at most
+    ``max_time_share`` x the seconds trained since it ended (short epochs with a large
+    checkpoint: every few epochs; long ones: every epoch). The end of training always saves.
+    ``None``: every epoch end.
     """
 
     def __init__(
@@ -34,9 +41,19 @@ class LastCheckpoint(ModelCheckpoint):
         *args: Any,
         save_every_n_steps: int | None = None,
         save_every_minutes: float | None = None,
+        max_time_share: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if max_time_share is not None and (
+            isinstance(max_time_share, bool) or not 0 < max_time_share <= 1
+        ):
+            raise ValueError(
+                f"callbacks.last_checkpoint.max_time_share={max_time_share}: expected a number "
+                "in (0, 1], or null"
+            )
+        self.max_time_share = max_time_share
+        self._write_seconds = 0.0  # the last write's duration
         for key, value in (
             ("save_every_n_steps", save_every_n_steps),
             ("save_every_minutes", save_every_minutes),
@@ -63,6 +80,27 @@ class LastCheckpoint(ModelCheckpoint):
             due = bool(trainer.strategy.broadcast(due))
         return due
 
+    def _epoch_save_affordable(self, trainer: L.Trainer) -> bool:
+        """Whether an epoch-end save keeps writing within ``max_time_share`` of training time
+        (rank 0 decides for every rank: a save is collective)."""
+        if self.max_time_share is None:
+            return True
+        trained = time.monotonic() - self._last_save_time
+        affordable = self._write_seconds <= self.max_time_share * trained
+        return bool(trainer.strategy.broadcast(affordable))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._epoch_save_affordable(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The final weights, when the last epoch end's save was skipped."""
+        super().on_train_end(trainer, pl_module)
+        if trainer.global_step != self._last_global_step_saved and not (
+            self._should_skip_saving_checkpoint(trainer)
+        ):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_train_batch_end(
         self,
         trainer: L.Trainer,
@@ -77,6 +115,7 @@ class LastCheckpoint(ModelCheckpoint):
         self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        started = time.monotonic()
         tmp = filepath + TMP_SUFFIX
         super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero:
@@ -93,3 +132,4 @@ class LastCheckpoint(ModelCheckpoint):
         trainer.strategy.barrier("LastCheckpoint.rename")
         self._last_checkpoint_saved = filepath
         self._last_save_time = time.monotonic()
+        self._write_seconds = self._last_save_time - started

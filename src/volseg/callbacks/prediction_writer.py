@@ -9,6 +9,7 @@ import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from volseg.data.io import read_geometry, write_volume
+from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.transforms import labels_to_shape
 
 
@@ -20,12 +21,14 @@ def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
 class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
     as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
-    input's format, affine/spacing and grid (predictions made on a ``data.spacing`` grid are
-    brought back to it).
+    input's format, affine/spacing, orientation and grid (predictions made on a ``data.spacing``
+    grid are brought back to it; those of a volume reoriented to ``orientation``, the
+    ``data.orientation`` it was loaded in, are turned back to the input's own).
     """
 
-    def __init__(self, output_dir: str | Path) -> None:
+    def __init__(self, output_dir: str | Path, orientation: str | None = None) -> None:
         self.output_dir = Path(output_dir)
+        self.orientation = orientation
         self.written: list[Path] = []
 
     def on_validation_batch_end(
@@ -44,9 +47,12 @@ class ValidationPredictionWriter(Callback):
             outputs["pred"].cpu(), batch["image_path"], batch["name"], strict=True
         ):
             geometry = read_geometry(source)
-            shape = list(geometry["shape_zyx"])[-3:]
+            shape = list(oriented_geometry(geometry, self.orientation)["shape_zyx"])[-3:]
             if list(pred.shape) != shape:
                 pred = labels_to_shape(pred, pl_module.num_classes, shape)
+            pred = to_input_orientation(
+                pred, geometry["affine"], self.orientation, geometry["format"]
+            )
             target = self.output_dir / name
             array = pred.numpy().astype(label_dtype(pl_module.num_classes))
             self.written.append(write_volume(target, array, affine=geometry["affine"]))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
+from volseg.data.orientation import orientation_problem, oriented_geometry
 from volseg.utils.errors import UserInputError, raise_problems
 
 
@@ -242,20 +243,33 @@ def _image_geometry(
     return first
 
 
-def check_inputs(cases: Sequence[Case], in_channels: int) -> None:
-    """Check images to predict from their headers: readable, 3D, ``in_channels`` channels.
+def check_inputs(cases: Sequence[Case], in_channels: int, orientation: str | None = None) -> None:
+    """Check images to predict from their headers: readable, 3D, ``in_channels`` channels,
+    an affine that can be reoriented to ``orientation`` (NIfTI).
 
     Raises one :class:`UserInputError` listing every problem, before anything is predicted.
     """
-    raise_problems(input_problems(cases, in_channels), "the input")
+    raise_problems(input_problems(cases, in_channels, orientation), "the input")
 
 
-def input_problems(cases: Sequence[Case], in_channels: int) -> list[str]:
+def input_problems(
+    cases: Sequence[Case], in_channels: int, orientation: str | None = None
+) -> list[str]:
     """Every problem of images to predict (see :func:`check_inputs`), one line each."""
     problems: list[str] = []
     for case in cases:
-        _image_geometry(case, in_channels, problems, "the network's ")
+        image = _image_geometry(case, in_channels, problems, "the network's ")
+        if image is not None:
+            problems += _orientation_problems(case, image, orientation)
     return problems
+
+
+def _orientation_problems(case: Case, image: dict[str, Any], orientation: str | None) -> list[str]:
+    """A NIfTI image whose affine cannot be reoriented to ``orientation``, named."""
+    if image.get("format") != "nifti":
+        return []
+    problem = orientation_problem(image["affine"], orientation)
+    return [] if problem is None else [f"{case.image_files[0]}: {problem}"]
 
 
 def _read_problem(path: Path, key: str | None, err: Exception) -> str:
@@ -311,14 +325,16 @@ def case_problems(
     in_channels: int | None = 1,
     classes_from: str = "num_classes",
     spacing: Sequence[float] | None = None,
+    orientation: str | None = None,
 ) -> list[str]:
     """Every problem of every case, one line each, naming the file.
 
     Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
     one case agreeing in shape and affine), finite image values, image/label shape and affine
     agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume in at
-    least one axis (smaller axes are padded). With a target ``spacing`` ``[z, y, x]``, the patch
-    is compared with the resampled shape.
+    least one axis (smaller axes are padded), and a NIfTI affine that can be reoriented to
+    ``orientation``. With a target ``spacing`` ``[z, y, x]``, the patch is compared with the
+    resampled shape (of the reoriented grid).
     """
     problems: list[str] = []
     for case in cases:
@@ -332,8 +348,11 @@ def case_problems(
         if image is None or (case.label is not None and label is None):
             continue
         problems += _voxel_problems(case)
-        shape = image["shape_zyx"]
-        sampled = shape if spacing is None else resampled_shape(shape, image["affine"], spacing)
+        reorient = _orientation_problems(case, image, orientation)
+        problems += reorient
+        loaded = oriented_geometry(image, None if reorient else orientation)
+        shape = loaded["shape_zyx"]
+        sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
             resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""
             problems.append(

@@ -47,6 +47,7 @@ from volseg.data.loader_options import (
     resolve_loader_options,
 )
 from volseg.data.mni152 import build_mni152_dataset
+from volseg.data.orientation import check_axcodes
 from volseg.data.sampling import (
     EpochSeededSampler,
     ResumableLoader,
@@ -137,6 +138,9 @@ class VolumeDataModule(LightningDataModule):
         cache_rate: with ``cache=memory``, the fraction of the volumes kept in memory.
         cache_dir: with ``cache=disk``, the folder of the caches (one subfolder per loading
             setting: see :func:`disk_cache_dir`).
+        orientation: axis codes every NIfTI case is reoriented to when loaded (``RAS``, as MONAI
+            and nnU-Net users expect; ``None``: as stored); TIFF/HDF5 carry no orientation and
+            are read as stored. Predictions are written back in each input's own orientation.
         max_locations_per_class: voxel locations kept per class for the class-balanced crop
             (evenly spaced; ``None``: all), computed once per cached volume
             (:func:`volseg.data.transforms.class_locations`).
@@ -182,6 +186,7 @@ class VolumeDataModule(LightningDataModule):
         cache: str = "memory",
         cache_dir: str | None = None,
         max_locations_per_class: int | None = 10000,
+        orientation: str | None = "RAS",
     ) -> None:
         super().__init__()
         self.root = Path(root)
@@ -203,6 +208,11 @@ class VolumeDataModule(LightningDataModule):
         self.cache_rate = cache_rate
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_locations_per_class = max_locations_per_class
+        self.orientation = str(orientation) if orientation is not None else None
+        try:
+            check_axcodes(self.orientation)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
         self.synthetic = dict(synthetic) if synthetic else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
@@ -316,6 +326,7 @@ class VolumeDataModule(LightningDataModule):
             self.in_channels,
             self.classes_from,
             self.spacing,
+            self.orientation,
         )
         raise_problems(problems, "the dataset")
         self._checked = True
@@ -381,7 +392,7 @@ class VolumeDataModule(LightningDataModule):
             for role, cases in (("train", self.train_cases), ("val", self.val_cases)):
                 for case in cases:
                     try:
-                        size = volume_bytes(case, self.spacing)
+                        size = volume_bytes(case, self.spacing, orientation=self.orientation)
                     except Exception:  # a bad file: the check reports it with its reason
                         rejected.append(case.name)
                         continue
@@ -389,7 +400,9 @@ class VolumeDataModule(LightningDataModule):
                         rejected.append(case.name)
                     if role == "train":  # cached padded to the patch, with its class locations
                         locations = (self.num_classes, self.max_locations_per_class)
-                        size = volume_bytes(case, self.spacing, self.patch_size, locations)
+                        size = volume_bytes(
+                            case, self.spacing, self.patch_size, locations, self.orientation
+                        )
                     sizes[role].append(size)
             self._sizes = (sizes, rejected)
         return self._sizes
@@ -424,7 +437,7 @@ class VolumeDataModule(LightningDataModule):
     @property
     def load_options(self) -> dict[str, Any]:
         """Options of :func:`volseg.data.transforms.load_transforms` for this layout."""
-        return {"spacing": self.spacing}
+        return {"spacing": self.spacing, "orientation": self.orientation}
 
     @property
     def classes_from(self) -> str:
@@ -434,7 +447,7 @@ class VolumeDataModule(LightningDataModule):
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""
         cases = find_inputs(path)
-        check_inputs(cases, in_channels)
+        check_inputs(cases, in_channels, self.orientation)
         return cases
 
     def predict_transforms(self) -> Compose:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.data.cases import resampled_shape
 from volseg.data.io import read_geometry
+from volseg.data.orientation import oriented_geometry
 from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.errors import UserInputError
 
@@ -74,6 +75,10 @@ def case_shapes(data_cfg: DictConfig) -> list[list[int]]:
     shapes = []
     for case in cases:
         geometry = read_geometry(case.image_files[0], case.image_key)
+        try:
+            geometry = oriented_geometry(geometry, options.get("orientation"))
+        except ValueError:  # an affine that cannot be reoriented: the check names it
+            continue
         shape = list(geometry["shape_zyx"])[:3]
         if spacing is not None:
             shape = resampled_shape(shape, geometry["affine"], spacing)

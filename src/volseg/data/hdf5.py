@@ -81,5 +81,5 @@ class HDF5DataModule(VolumeDataModule):
             Case(c.name, c.image, None, image_key=self.raw_key)
             for c in find_inputs(path, HDF5_SUFFIXES)
         ]
-        raise_problems(input_problems(cases, in_channels), "the input")
+        raise_problems(input_problems(cases, in_channels, self.orientation), "the input")
         return cases

@@ -45,6 +45,7 @@ import torch
 
 from volseg.data.cases import Case
 from volseg.data.io import read_geometry
+from volseg.data.orientation import oriented_geometry
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def volume_bytes(
     spacing: Sequence[float] | None = None,
     pad_to: Sequence[int] | None = None,
     locations: tuple[int, int | None] | None = None,
+    orientation: str | None = None,
 ) -> VolumeBytes:
     """Bytes of a case after loading (float32 image and label), from its headers only.
 
@@ -87,12 +89,13 @@ def volume_bytes(
     training volume is padded to before it is cached; ``locations``: ``(num_classes,
     max_locations_per_class)`` of a training volume, whose class locations are cached with it
     (int64; at most ``min(voxels, num_classes * max)``, exact when every class has more voxels
-    than the limit or the limit exceeds the volume).
+    than the limit or the limit exceeds the volume); ``orientation``: ``data.orientation``
+    (a NIfTI volume's axes after reorienting).
     """
     channels = 0
     geometry: dict[str, Any] = {}
     for path in case.image_files:
-        geometry = read_geometry(path, case.image_key)
+        geometry = oriented_geometry(read_geometry(path, case.image_key), orientation)
         channels += int(geometry["channels"])
     shape = [int(s) for s in geometry["shape_zyx"][:3]]
     if spacing is not None:

@@ -233,6 +233,6 @@ class MSDDataModule(VolumeDataModule):
                 )
                 continue
             cases.append(Case(name, tuple(channels[c] for c in sorted(channels)), None))
-        problems += input_problems(cases, in_channels)
+        problems += input_problems(cases, in_channels, self.orientation)
         raise_problems(problems, "the input")
         return cases

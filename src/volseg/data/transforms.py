@@ -34,6 +34,7 @@ from monai.transforms import (
 from monai.utils import convert_to_tensor
 
 from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
+from volseg.data.orientation import reorient_transform
 from volseg.utils.errors import UserInputError
 
 
@@ -67,9 +68,11 @@ def load_transforms(
     keys: Sequence[str],
     hdf5_keys: Mapping[str, str] | None = None,
     spacing: Sequence[float] | None = None,
+    orientation: str | None = None,
 ) -> list[MapTransform]:
-    """Read the files (a list of files: one per channel), optionally resample, reorder to
-    ``(C, D, H, W)``, z-score the image (per channel).
+    """Read the files (a list of files: one per channel), reorient NIfTI volumes to
+    ``orientation`` (``None``: as stored; see :mod:`volseg.data.orientation`), optionally
+    resample, reorder to ``(C, D, H, W)``, z-score the image (per channel).
 
     ``hdf5_keys``: ``{"image": dataset, "label": dataset}`` to read HDF5 files (one reader per
     key); otherwise NIfTI or TIFF, chosen by the file suffix. ``spacing``: target voxel size
@@ -92,6 +95,8 @@ def load_transforms(
         *loaders,
         # a 3D file gets a channel axis; channel files of one case are stacked by the reader
         EnsureChannelFirstd(keys),
+        # before resampling: data.spacing [z, y, x] names the axes of the reoriented grid
+        *reorient_transform(keys, orientation),
         *resample,
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),

@@ -65,7 +65,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
 
-    writer = ValidationPredictionWriter(cfg.predictions_dir)
+    writer = ValidationPredictionWriter(
+        cfg.predictions_dir, getattr(datamodule, "orientation", None)
+    )
     resolve_trainer_precision(cfg)
     trainer: L.Trainer = build(
         cfg.trainer, "trainer", callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))

@@ -32,6 +32,7 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
+from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
@@ -172,12 +173,19 @@ def check_outputs(
 
 
 class VolumeWriter(BasePredictionWriter):
-    """Writes each volume's labels (and probabilities) in its input's format and geometry."""
+    """Writes each volume's labels (and probabilities) in its input's format, orientation and
+    geometry (``orientation``: the ``data.orientation`` the volumes were loaded in)."""
 
-    def __init__(self, cases: Sequence[Case], targets: dict[str, list[Target]]) -> None:
+    def __init__(
+        self,
+        cases: Sequence[Case],
+        targets: dict[str, list[Target]],
+        orientation: str | None = None,
+    ) -> None:
         super().__init__(write_interval="batch")
         self.cases = {c.name: c for c in cases}
         self.targets = targets
+        self.orientation = orientation
 
     def write_on_batch_end(
         self,
@@ -192,9 +200,11 @@ class VolumeWriter(BasePredictionWriter):
         for probs, name in zip(prediction, batch["name"], strict=True):
             case = self.cases[name]
             geometry = read_geometry(case.image_files[0], case.image_key)
-            affine, shape = geometry["affine"], list(geometry["shape_zyx"])
+            affine = geometry["affine"]
+            shape = list(oriented_geometry(geometry, self.orientation)["shape_zyx"])
             if list(probs.shape[1:]) != shape:  # data.spacing resampled it: back to the input's
                 probs = to_shape(probs, shape)
+            probs = to_input_orientation(probs, affine, self.orientation, geometry["format"])
             dtype = label_dtype(probs.shape[0])
             arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
             targets = self.targets[name]
@@ -228,7 +238,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
     inferer = build(cfg.inferer, "inferer", roi_size=roi_size)
     predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
-    writer = VolumeWriter(cases, targets)
+    writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
     loader = DataLoader(
         Dataset([c.as_dict() for c in cases], datamodule.predict_transforms()),
         batch_size=1,

@@ -1,0 +1,133 @@
+"""One orientation for every case (``data.orientation``), and predictions put back into each
+input's own.
+
+NIfTI volumes may be stored in any orientation (LPS, RAS, sagittal slices, ...). Loading
+reorients every case to ``data.orientation`` (MONAI ``Orientationd``, from the affine), so the
+network never sees mirrored anatomy; TIFF stacks and HDF5 datasets carry no orientation (their
+affine is the voxel size only) and are read as stored. Predictions made on the reoriented grid
+are flipped and transposed back with the inverse of the same transform (nibabel's orientation
+arithmetic, which MONAI's ``Orientation`` uses too), then written with the input's own affine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.transforms import MapTransform, Orientation
+from nibabel import orientations
+
+from volseg.data.io import volume_format
+
+#: MONAI's (and nibabel's) default meaning of the axis codes: RAS+ world coordinates
+LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
+
+
+def _transform(affine: np.ndarray, axcodes: str) -> np.ndarray:
+    """nibabel orientation transform from the file's voxel axes to ``axcodes`` (raises
+    ``ValueError`` for an affine whose axes cannot be told apart)."""
+    source = orientations.io_orientation(np.asarray(affine, dtype=float))
+    if np.isnan(source).any():
+        raise ValueError("an axis of its affine has no direction (a zero or collinear column)")
+    return orientations.ornt_transform(source, orientations.axcodes2ornt(axcodes, LABELS))
+
+
+def orientation_problem(affine: np.ndarray, axcodes: str | None) -> str | None:
+    """Why a volume of this affine cannot be reoriented to ``axcodes``; ``None`` if it can."""
+    if axcodes is None:
+        return None
+    affine = np.asarray(affine, dtype=float)
+    if affine.shape != (4, 4) or not np.isfinite(affine).all():
+        return f"its affine is not a finite 4x4 matrix, so data.orientation={axcodes} cannot apply"
+    try:
+        _transform(affine, axcodes)
+    except ValueError as err:
+        return f"cannot be reoriented to data.orientation={axcodes}: {err}"
+    return None
+
+
+def check_axcodes(axcodes: str | None) -> None:
+    """``ValueError`` naming ``data.orientation`` unless it is three distinct axis codes."""
+    if axcodes is None:
+        return
+    try:
+        orientations.axcodes2ornt(str(axcodes), LABELS)
+        valid = len(str(axcodes)) == 3
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(
+            f"data.orientation={axcodes}: expected three axis codes, one of L/R, P/A, I/S each "
+            "(e.g. RAS, LPS), or null to read volumes as stored"
+        )
+
+
+def oriented_geometry(geometry: Mapping[str, Any], axcodes: str | None) -> dict[str, Any]:
+    """A :func:`volseg.data.io.read_geometry` result as loading sees it after reorienting to
+    ``axcodes``: ``shape_zyx`` permuted, ``affine`` of the reoriented grid. TIFF/HDF5 (and
+    ``axcodes=None``) unchanged."""
+    out = dict(geometry)
+    if axcodes is None or geometry.get("format") != "nifti":
+        return out
+    shape_xyz = list(geometry["shape_zyx"])[:3][::-1]
+    transform = _transform(geometry["affine"], axcodes)
+    order = transform[:, 0].astype(int)  # new axis i is old axis order[i]
+    shape_new = [shape_xyz[i] for i in np.argsort(order)]
+    out["shape_zyx"] = tuple(shape_new[::-1]) + tuple(geometry["shape_zyx"][3:])
+    out["affine"] = geometry["affine"] @ orientations.inv_ornt_aff(transform, shape_xyz)
+    return out
+
+
+def to_input_orientation(
+    array_zyx: np.ndarray | torch.Tensor, affine: np.ndarray, axcodes: str | None, fmt: str
+) -> np.ndarray | torch.Tensor:
+    """Undo the reorientation of a prediction: ``(..., D, H, W)`` on the grid loading produced
+    for an input of ``affine`` (file axes) and format ``fmt`` back on the input's own grid."""
+    if axcodes is None or fmt != "nifti":
+        return array_zyx
+    # the prediction's last axes are (z, y, x) of the reoriented grid; work in (x, y, z)
+    lead = array_zyx.ndim - 3
+    xyz = (*range(lead), lead + 2, lead + 1, lead)
+    _transform(affine, axcodes)  # the same error as loading for an affine it cannot use
+    back = orientations.ornt_transform(
+        orientations.axcodes2ornt(axcodes, LABELS), orientations.io_orientation(affine)
+    )
+    is_tensor = isinstance(array_zyx, torch.Tensor)
+    array = array_zyx.numpy() if is_tensor else np.asarray(array_zyx)
+    array = array.transpose(xyz)
+    # apply_orientation works on the first three axes: move leading channels to the end
+    array = np.moveaxis(array, list(range(lead)), list(range(3, 3 + lead))) if lead else array
+    array = orientations.apply_orientation(array, back)
+    array = np.moveaxis(array, list(range(3, 3 + lead)), list(range(lead))) if lead else array
+    array = np.ascontiguousarray(array.transpose(xyz))
+    return torch.from_numpy(array) if is_tensor else array
+
+
+class Reorientd(MapTransform):
+    """MONAI ``Orientation`` to ``axcodes`` for each key loaded from a NIfTI file (its
+    MetaTensor's affine); TIFF stacks and HDF5 datasets, which carry no orientation, pass as
+    stored.
+
+    Args:
+        keys: entries holding ``(C, x, y, z)`` MetaTensors as ``LoadImaged`` returns them.
+        axcodes: target orientation, e.g. ``RAS``.
+    """
+
+    def __init__(self, keys: Sequence[str], axcodes: str) -> None:
+        super().__init__(keys)
+        self.orientation = Orientation(axcodes=axcodes, labels=LABELS)
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            source = str(getattr(d[key], "meta", {}).get("filename_or_obj", ""))
+            if volume_format(source) == "nifti":
+                d[key] = self.orientation(d[key])
+        return d
+
+
+def reorient_transform(keys: Sequence[str], axcodes: str | None) -> list[MapTransform]:
+    """``[Reorientd(keys, axcodes)]``, or nothing for ``axcodes=None`` (as stored)."""
+    return [] if axcodes is None else [Reorientd(keys, axcodes)]
