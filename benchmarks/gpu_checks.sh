@@ -52,16 +52,18 @@ else:
 PY
 
 # 1. the results file: the recorded grid, then the held-out grid (~12 s a run on an H200: the
-#    process start dominates); no new run after 330 s, whatever is left is listed as not_run
+#    process start dominates); no new run after 300 s, whatever is left is listed as not_run
 if [ "$dry_run" = 1 ]; then
   step cuda_results.txt 300 python3 benchmarks/cuda_results.py --dry-run
 else
-  step cuda_results.txt 400 python3 benchmarks/cuda_results.py --budget-s 330
+  step cuda_results.txt 360 python3 benchmarks/cuda_results.py --budget-s 300
   cp benchmarks/results/cuda/"$(date +%F)"_*.json "$OUT"/ 2>/dev/null
 fi
 # 2. the CUDA tests (tests/cuda/: monitor keys, snapshot, offload, checkpointing, placement, host
-#    stitching, precisions)
-step pytest_cuda.txt 110 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda
+#    stitching, precisions, the 16 GiB planner check); the estimator-vs-train.py cases are left
+#    to step 1, which measures the same runs into the results file
+step pytest_cuda.txt 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
+  -k "not estimator_within_ten_percent"
 
 # ---- further GPU checks go below this line, each as one `step` with its own timeout ----
 
