@@ -1,15 +1,19 @@
-"""The memory levers on the seed config, estimated for a GPU (no GPU needed).
+"""The memory levers on the seed config, estimated for a GPU beside what a GPU measured.
 
-unet_large (40.2M parameters), batch 2 of 1x26x150x320, 5 classes, AdamW, float16 autocast as the
-baseline; each lever and combination is estimated by ``volseg.memory.estimator`` for CUDA (CUDA's
-autocast rules, caching-allocator model). Prints a Markdown table: peak allocated and reserved,
-and the baseline's peak divided by the lever's.
+unet_large (40.2M parameters, NCDHW as ``benchmarks/levers.py --device cuda`` builds it), batch 2
+of 1x26x150x320, 5 classes, AdamW, float16 autocast as the baseline; each lever and combination
+is estimated by ``volseg.memory.estimator`` for CUDA (CUDA's autocast rules, cuDNN's workspaces,
+caching-allocator model). Beside each estimate: the measured run with the same overrides in
+``benchmarks/results/cuda/*.json`` (peak allocated and reserved, the cut of the measured peak
+allocated, step time against the measured baseline's), or "not yet measured". No cut is given
+for a row without a measurement.
 
     python benchmarks/levers_estimated.py
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,8 +31,8 @@ SEED = [
     "model=unet_large",
     "data.batch_size=2",
     "data.patch_size=[26,150,320]",
+    "model.channels_last=false",
     "trainer.precision=16-mixed",
-    "estimate.device=cuda",
 ]
 CKPT = ["model.activation_checkpointing=all", "model.checkpoint_loss=true"]
 # two micro-batches of 1 make the same effective batch: the second runs with the first's gradients
@@ -42,6 +46,8 @@ LEVERS: dict[str, list[str]] = {
     "16-true (float16 weights)": ["trainer.precision=16-true"],
     "micro-batch 1 + checkpointing: all + loss": [*MICRO, *CKPT],
     "micro-batch 1 + offload": [*MICRO, "model.offload_activations=true"],
+    "activation offload: full resolution only": ["model.offload_activations=full_resolution"],
+    "cuDNN workspace capped at 0 MiB": ["model.cudnn_workspace_mib=0"],
     "16-true + micro-batch 1 + offload": [
         "trainer.precision=16-true",
         *MICRO,
@@ -56,17 +62,46 @@ LEVERS: dict[str, list[str]] = {
 }
 
 
+def recorded() -> dict[frozenset[str], dict]:
+    """Measured runs of ``benchmarks/results/cuda/*.json`` by their set of overrides."""
+    runs = {}
+    for path in sorted((REPO / "benchmarks" / "results" / "cuda").glob("*.json")):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"]:
+            runs.setdefault(frozenset(run["overrides"]), {**run, "gpu": doc["gpu"]})
+    return runs
+
+
+def _mib(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
 def main() -> None:
-    print("| lever | peak allocated (MiB) | peak reserved (MiB) | cut (baseline / lever) |")
-    print("| --- | ---: | ---: | ---: |")
+    measured = recorded()
+    print(
+        "| lever | estimated peak allocated / reserved (MiB) | measured peak allocated / "
+        "reserved (MiB) | measured cut | measured time ratio |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
     base = None
     for name, overrides in LEVERS.items():
+        keys = {o.split("=")[0]: o for o in [*SEED, *overrides]}
+        run_overrides = list(keys.values())
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-            est = estimate(compose("train", overrides=[*SEED, *overrides]))
-        base = base or est.peak_allocated
+            cfg = compose("train", overrides=[*run_overrides, "estimate.device=cuda"])
+        est = estimate(cfg)
+        run = measured.get(frozenset(run_overrides))
+        estimated = f"{est.peak_allocated / MIB:,.0f} / {est.peak_reserved / MIB:,.0f}"
+        if run is None:
+            print(f"| {name} | {estimated} | not yet measured | | |", flush=True)
+            continue
+        m = run["measured"]
+        base = base or m
+        cut = base["peak_allocated_mib"] / m["peak_allocated_mib"]
+        ratio = f"{m['step_s'] / base['step_s']:.2f}" if m["step_s"] and base["step_s"] else ""
         print(
-            f"| {name} | {est.peak_allocated / MIB:,.0f} | {est.peak_reserved / MIB:,.0f} "
-            f"| {base / est.peak_allocated:.2f}x |",
+            f"| {name} | {estimated} | {_mib(m['peak_allocated_mib'])} / "
+            f"{_mib(m['peak_reserved_mib'])} | {cut:.2f}x | {ratio} |",
             flush=True,
         )
 

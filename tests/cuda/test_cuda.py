@@ -221,3 +221,67 @@ def test_estimator_within_ten_percent_of_a_real_cuda_step(index, accuracy_dir):
     measured = bench.measure(overrides, "cuda", accuracy_dir, f"tuned_{index}")
     for key in ("peak_allocated", "peak_reserved"):
         assert predicted[key] == pytest.approx(measured[key], rel=0.10), key
+
+
+#: one training step of the seed config at a batch, the process capped at 16 GiB (the CUDA
+#: context included): prints "fits" or "oom"
+CAPPED_STEP = r"""
+import sys, torch
+from tests.conftest import compose_config
+from pathlib import Path
+from volseg.memory.cuda_context import resolve_cuda_context
+from volseg.memory.estimator import build_training_step
+batch, budget, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+overrides = sys.argv[4:]
+context = resolve_cuda_context("auto").nbytes
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction((budget - context) / total)
+cfg = compose_config("train", out, [*overrides, f"data.batch_size={batch}"])
+step = build_training_step(cfg, "cuda")
+step.module.to("cuda")
+if step.autocast_in_backward:
+    from functools import partial
+    step.autocast = partial(torch.autocast, "cuda", dtype=torch.float16, cache_enabled=False)
+    step.autocast_in_backward = False
+    step.scaler = torch.amp.GradScaler("cuda")
+def new_batch(image_shape, label_shape, dtype):
+    return (torch.randn(image_shape, dtype=dtype, device="cuda"),
+            torch.randint(0, 5, label_shape, device="cuda").to(dtype))
+try:
+    step.run(2, new_batch)
+    torch.cuda.synchronize()
+    print("fits")
+except torch.OutOfMemoryError:
+    print("oom")
+"""
+
+
+def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_one_more_does_not(tmp_path):
+    """``estimate.budget=16GiB`` on the seed config: the planned batch trains with the process
+    capped at 16 GiB (``set_per_process_memory_fraction``, the CUDA context left out of the
+    allocator's share), the next batch does not."""
+    from volseg.memory.planner import plan
+
+    seed = [
+        "model=unet_large",
+        "data.patch_size=[26,150,320]",
+        "trainer.precision=16-mixed",
+        "estimate.device=cuda",
+    ]
+    budget = 16 * 2**30
+    answer = plan(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)
+    assert answer.batch_size is not None
+
+    def outcome(batch: int) -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", CAPPED_STEP, str(batch), str(budget), str(tmp_path), *seed],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.strip().splitlines()[-1]
+
+    assert outcome(answer.batch_size) == "fits"
+    assert outcome(answer.batch_size + 1) == "oom"

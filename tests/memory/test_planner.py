@@ -169,3 +169,30 @@ def test_planner_offers_no_micro_batches_when_the_batch_fits(tmp_path):
     answer = plan(cfg, 60 * MIB, search="batch")
     assert answer.fits_as_configured
     assert answer.micro_batching is None and answer.flops_per_sample is None
+
+
+def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
+    """On CUDA the planner adds the estimate's shortfall on recorded GPU runs to the reserved
+    peak: the planned batch fits budget with it, one more does not, and the output says so."""
+    from volseg.tasks.estimate_memory import format_plan
+
+    cuda = [o for o in SMALL if o != "estimate.device=cpu"] + ["estimate.device=cuda"]
+    cfg = compose_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
+    budget = 60 * MIB
+    answer = plan(cfg, budget, search="batch")
+    est, more = answer.estimate, answer.next_step_estimate
+    assert est["margin"] > 0 and "depth 3" in est["margin_source"]
+    assert est["peak_reserved"] * (1 + est["margin"]) <= budget
+    assert more["peak_reserved"] * (1 + more["margin"]) > budget
+    # without the margin the next batch would have been planned
+    assert answer.batch_size < plan_without_margin(cfg, budget)
+    assert "margin of +29%" in format_plan(answer)
+
+
+def plan_without_margin(cfg: DictConfig, budget: int) -> int:
+    from unittest import mock
+
+    from volseg.memory import residuals
+
+    with mock.patch.object(residuals, "OTHER", residuals.Margin(0.0, "none")):
+        return plan(cfg, budget, search="batch").batch_size

@@ -22,7 +22,8 @@ from volseg.models.unet import UNet3D
     [
         ({"activation_checkpointing": "some"}, "model.activation_checkpointing must be"),
         ({"activation_checkpointing": [-1]}, "model.activation_checkpointing must be"),
-        ({"offload_activations": "yes"}, "model.offload_activations must be true or false"),
+        ({"offload_activations": "yes"}, "model.offload_activations must be true, false or"),
+        ({"cudnn_workspace_mib": -1}, "model.cudnn_workspace_mib must be null or MiB"),
         ({"checkpoint_loss": 1}, "model.checkpoint_loss must be"),
         ({"channels_last": None}, "model.channels_last must be"),
         ({"placement": {"a": "cpu"}}, "model.placement must be"),

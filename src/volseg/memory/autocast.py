@@ -97,6 +97,12 @@ FLOAT32 = frozenset(
         "triplet_margin_loss",
     }
 )
+#: ``F.interpolate`` reaches CUDA's float32 list (``upsample_nearest*``, ``upsample_linear1d``,
+#: ``upsample_bilinear2d``, ``upsample_trilinear3d``, ``upsample_bicubic2d``) in every mode but
+#: ``area`` (adaptive average pooling, on neither list). Its float32 output then makes
+#: ``torch.cat`` with a lower-precision skip a float32 tensor too (cat promotes its inputs'
+#: dtypes): a U-Net decoder's concatenation is float32 under autocast on CUDA.
+INTERPOLATE_NOT_FLOAT32 = frozenset({"area"})
 _ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -107,6 +113,12 @@ def _cast(dtype: torch.dtype) -> Any:
         return value
 
     return cast
+
+
+def _interpolates_in_float32(args: tuple, kwargs: dict) -> bool:
+    """Whether ``F.interpolate(input, size, scale_factor, mode, ...)`` hits CUDA's float32 list."""
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    return mode not in INTERPOLATE_NOT_FLOAT32
 
 
 class CudaAutocast(TorchFunctionMode):
@@ -142,6 +154,8 @@ class CudaAutocast(TorchFunctionMode):
         if kwargs.get("dtype") is None and not in_place:
             if name in LOWER_PRECISION:
                 args, kwargs = tree_map(_cast(self.dtype), (args, kwargs))
-            elif name in FLOAT32:
+            elif name in FLOAT32 or (
+                name == "interpolate" and _interpolates_in_float32(args, kwargs)
+            ):
                 args, kwargs = tree_map(_cast(torch.float32), (args, kwargs))
         return func(*args, **kwargs)

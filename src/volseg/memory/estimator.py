@@ -48,10 +48,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from volseg.memory.allocator import OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
+from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.events import Event, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
+from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
-from volseg.memory.workspace import cpu_workspace
+from volseg.memory.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.utils.errors import UserInputError
@@ -101,6 +103,9 @@ class MemoryEstimate:
     seconds: float
     modules: dict[str, int] = field(default_factory=dict)
     accumulate_grad_batches: int = 1
+    # planning margin on the reserved peak (CUDA): the estimate's shortfall on recorded GPU runs
+    margin: float = 0.0
+    margin_source: str = ""
 
     def __post_init__(self) -> None:
         # the step's allocations and frees, in order, for replays under a budget
@@ -115,11 +120,13 @@ class MemoryEstimate:
         step can fit with an unconstrained reserved peak above the budget."""
         if self.device != "cuda":
             return self.process_total if self.process_total <= budget else None
+        # with the margin, the modelled allocator gets what is left after it
+        capacity = int((budget - self.cuda_context) / (1 + self.margin))
         try:
-            allocator = replay(self.events, capacity=budget - self.cuda_context)
+            allocator = replay(self.events, capacity=capacity)
         except OutOfMemory:
             return None
-        return allocator.peak_reserved + self.cuda_context
+        return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
@@ -190,12 +197,16 @@ class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
     memory, left out of the device's count) and unpacked, strides kept, as new device tensors
     in backward."""
 
-    def __init__(self, pin_memory: bool = False) -> None:
-        def pack(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
+        def pack(t: torch.Tensor) -> tuple[torch.device | None, torch.Tensor]:
+            if not offload.worth_offloading(t, min_voxels):
+                return None, t  # stays on the device
             return t.device, torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
 
-        def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+        def unpack(packed: tuple[torch.device | None, torch.Tensor]) -> torch.Tensor:
             device, t = packed
+            if device is None:
+                return t
             return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
 
         super().__init__(pack, unpack)
@@ -418,11 +429,22 @@ def build_training_step(
     return step
 
 
+def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
+    """cuDNN's workspaces for ``module``'s step, capped by its ``cudnn_workspace_mib`` lever."""
+    levers = getattr(module, "levers", None)
+    limit = getattr(levers, "cudnn_workspace_mib", None)
+    # fake tensors follow the CPU's layout rules, which keep half-precision maps NCDHW: the
+    # lever says whether CUDA's would be channels-last
+    channels_last = bool(getattr(levers, "channels_last", False))
+    return CudnnWorkspace(None if limit is None else int(limit * MIB), channels_last)
+
+
 def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> LayerTrace:
     """Run two fake training steps under a recording tracker; the trace holds both (the first
     creates the optimizer state, the per-module table is the second's)."""
-    # kernels' scratch memory is measured for the CPU's oneDNN only (see volseg.memory.workspace)
-    workspace = cpu_workspace if device == "cpu" else None
+    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
+    # volseg.memory.workspace)
+    workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
     with mode, _constant_aranges(), offloaded, warnings.catch_warnings():
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
@@ -450,8 +472,13 @@ def _peaks(events: list[Event], device: str, cfg: DictConfig) -> dict[str, int]:
     context (bytes) of a traced step's allocation ``events`` on ``device``."""
     if device == "cuda":
         allocator = replay(events)
-        peak_allocated = tensors_peak = allocator.peak_allocated
-        context = int(float(cfg.get("estimate", {}).get("cuda_context_mib", 0)) * MIB)
+        peak_allocated = allocator.peak_allocated
+        # cuDNN's workspaces are the allocations with negative handles
+        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
+        settings = cfg.get("estimate", {})
+        context = resolve_cuda_context(
+            settings.get("cuda_context_mib", 0), settings.get("gpu")
+        ).nbytes
         return {
             "peak_allocated": peak_allocated,
             "kernel_workspace": peak_allocated - tensors_peak,
@@ -529,6 +556,12 @@ def estimate(
         modules={k: int(v * MIB) for k, v in block_activations(trace.rows()).items()},
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
+    if device == "cuda":
+        # the planner plans with this on top of the reserved peak (volseg.memory.residuals)
+        margin = cuda_margin(
+            step.module.levers.offload_activations, step.loop.accumulate_grad_batches
+        )
+        result.margin, result.margin_source = margin.fraction, margin.source
     result.events = events
     return result
 

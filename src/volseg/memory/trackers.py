@@ -36,12 +36,16 @@ class ClosureMemTracker(MemTracker):
 class RecordingMemTracker(ClosureMemTracker):
     """ClosureMemTracker that also records every allocation and free, in order; storages on the
     ``meta`` device (activations offloaded to the host) are left out. ``workspace`` gives the
-    bytes a kernel holds while it runs (``None``: not modelled)."""
+    bytes a kernel holds while it runs (``None``: not modelled): an int is scratch memory outside
+    any allocator (a ``workspace`` event, the CPU's), a tuple the sizes of buffers taken one
+    after the other from the caching allocator (``malloc``/``free`` events with negative
+    handles, CUDA's)."""
 
     def __init__(self, workspace: Workspace | None = None) -> None:
         super().__init__()
         self.events: list[Event] = []
         self.workspace = workspace
+        self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
 
     def mark(self) -> None:
         """Note where a training step starts."""
@@ -64,6 +68,14 @@ class RecordingMemTracker(ClosureMemTracker):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.workspace is not None:
             nbytes = self.workspace(func, args, out)
-            if nbytes:
+            if isinstance(nbytes, tuple):
+                # buffers the kernel takes from the caching allocator after its outputs, each
+                # freed before the next is taken (cuDNN's workspaces)
+                for size in nbytes:
+                    self._workspaces += 1
+                    handle = -self._workspaces
+                    self.events.append(("malloc", handle, size))
+                    self.events.append(("free", handle, 0))
+            elif nbytes:
                 self.events.append(("workspace", 0, nbytes))
         return out

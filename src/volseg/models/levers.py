@@ -14,6 +14,7 @@ The mechanisms live beside it: :mod:`volseg.models.checkpointing`, :mod:`volseg.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -121,6 +122,12 @@ def lever_table() -> str:
     return "\n".join(rows)
 
 
+#: ``model.offload_activations`` value that offloads only the input-resolution maps
+FULL_RESOLUTION = "full_resolution"
+#: cuDNN's environment variable capping its convolutions' workspace (MiB)
+CUDNN_WORKSPACE_CAP_ENV = "CUDNN_CONV_WSCAP_DBG"
+
+
 def _error(message: str) -> ValueError:
     """An error about a lever of the ``model`` config, naming its key (``model.<lever>``)."""
     return ValueError(f"model.{message}")
@@ -153,7 +160,12 @@ class MemoryLevers:
             indices (0 = full resolution): recompute those levels' activations in backward
             instead of keeping them (the network must offer ``set_activation_checkpointing``).
         offload_activations: keep the tensors saved for backward in host memory during forward
-            (:class:`volseg.models.offload.OffloadToHost`, pinned on CUDA, strides kept).
+            (:class:`volseg.models.offload.OffloadToHost`, pinned on CUDA, strides kept);
+            ``full_resolution``: only those at the input's resolution (most of the bytes, a
+            fraction of the copies).
+        cudnn_workspace_mib: cap (MiB) on the workspace of the convolution algorithms cuDNN may
+            pick (``CUDNN_CONV_WSCAP_DBG``, set at fit's set-up, before the first convolution;
+            ``None``: no cap). Smaller workspaces can mean slower algorithms.
         checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
             not the loss's full-resolution intermediates (softmax, one-hot, products).
         channels_last: weights and inputs in ``channels_last_3d`` (NDHWC) memory format:
@@ -164,18 +176,29 @@ class MemoryLevers:
     """
 
     activation_checkpointing: CheckpointSpec = None
-    offload_activations: bool = False
+    offload_activations: bool | str = False
     checkpoint_loss: bool = False
     channels_last: bool = False
     placement: Mapping[str, str] | None = None
     compile: bool = False
+    cudnn_workspace_mib: float | None = None
 
     def __post_init__(self) -> None:
         # frozen: validated values are set through object.__setattr__
         set_ = object.__setattr__
         set_(self, "activation_checkpointing", _checkpointing(self.activation_checkpointing))
-        for key in ("offload_activations", "checkpoint_loss", "channels_last", "compile"):
+        for key in ("checkpoint_loss", "channels_last", "compile"):
             _flag(key, getattr(self, key))
+        offload_value = self.offload_activations
+        if not (isinstance(offload_value, bool) or offload_value == FULL_RESOLUTION):
+            raise _error(
+                f"offload_activations must be true, false or {FULL_RESOLUTION}; "
+                f"got {self.offload_activations!r}"
+            )
+        cap = self.cudnn_workspace_mib
+        bad_cap = isinstance(cap, bool) or not isinstance(cap, int | float) or cap < 0
+        if cap is not None and bad_cap:
+            raise _error(f"cudnn_workspace_mib must be null or MiB, 0 or more; got {cap!r}")
         placement = plain(self.placement) if self.placement else None
         if placement is not None and (
             not isinstance(placement, dict) or set(placement) != {"encoder", "decoder"}
@@ -219,6 +242,9 @@ class MemoryLevers:
             # network, so checkpoints load with or without compile
             if self.compile and stage == "fit":
                 net.compile()
+            if self.cudnn_workspace_mib is not None:
+                # read by cuDNN when it picks an algorithm; set before the first convolution
+                os.environ[CUDNN_WORKSPACE_CAP_ENV] = str(int(self.cudnn_workspace_mib))
         elif self.placement is not None:
             net.place(self.placement["encoder"], self.placement["decoder"])
         return net
@@ -229,7 +255,9 @@ class MemoryLevers:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.offload_activations and training and torch.is_grad_enabled():
-            with offload.OffloadToHost(pin_memory=x.is_cuda):
+            full = self.offload_activations == FULL_RESOLUTION
+            min_voxels = x.shape[2:].numel() if full else 0
+            with offload.OffloadToHost(pin_memory=x.is_cuda, min_voxels=min_voxels):
                 return net(x)
         return net(x)
 

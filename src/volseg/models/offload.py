@@ -12,6 +12,13 @@ def host_copy(tensor: torch.Tensor, pin_memory: bool = False) -> torch.Tensor:
     return host
 
 
+def worth_offloading(tensor: torch.Tensor, min_voxels: int) -> bool:
+    """Whether a saved ``(B, C, D, H, W)`` tensor has at least ``min_voxels`` voxels per channel."""
+    if min_voxels <= 0:
+        return True
+    return tensor.dim() >= 3 and tensor.shape[2:].numel() >= min_voxels
+
+
 class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
     """Keep every tensor saved for backward in (pinned) host memory; each returns to its device
     for its own backward op.
@@ -24,16 +31,21 @@ class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
 
     Args:
         pin_memory: page-locked host buffers (CUDA: faster copies back in backward).
+        min_voxels: offload only tensors of at least this many voxels per channel (the product
+            of the dimensions after the second; 0: every tensor). The full-resolution maps hold
+            most of a U-Net's activations; the small deep ones stay and save their copies' time.
     """
 
-    def __init__(self, pin_memory: bool = False) -> None:
+    def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
         def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-            if tensor.device.type == "cpu":
-                return tensor.device, tensor
+            if tensor.device.type == "cpu" or not worth_offloading(tensor, min_voxels):
+                return torch.device("cpu"), tensor  # kept where it is: returned as it is
             return tensor.device, host_copy(tensor, pin_memory)
 
         def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
             device, host = packed
+            if host.device == device:
+                return host
             return host.to(device, non_blocking=pin_memory)
 
         super().__init__(pack, unpack)

@@ -50,7 +50,7 @@ class SegmentationModule(LightningModule):
         class_names: names for ``val/dice_<name>``; default taken from the datamodule.
         inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
         compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
-        placement: the memory levers, validated and applied by
+        placement, cudnn_workspace_mib: the memory levers, validated and applied by
             :class:`volseg.models.levers.MemoryLevers` (see there).
         stop_on_nonfinite_loss: raise ``FloatingPointError`` when the training loss is NaN/Inf
             (a sweep records the job as failed) instead of training on.
@@ -73,9 +73,10 @@ class SegmentationModule(LightningModule):
         compile: bool = False,
         channels_last: bool = False,
         activation_checkpointing: str | Sequence[int] | None = None,
-        offload_activations: bool = False,
+        offload_activations: bool | str = False,
         checkpoint_loss: bool = False,
         placement: dict[str, str] | None = None,
+        cudnn_workspace_mib: float | None = None,
         stop_on_nonfinite_loss: bool = True,
         nonfinite_check_every_n_steps: int = 1,
     ) -> None:
@@ -95,6 +96,7 @@ class SegmentationModule(LightningModule):
             channels_last=channels_last,
             placement=placement,
             compile=compile,
+            cudnn_workspace_mib=cudnn_workspace_mib,
         )
         self.net = self.levers.apply(net, "build")
         self.stop_on_nonfinite_loss = stop_on_nonfinite_loss

@@ -57,6 +57,11 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _planned_total(est: dict) -> float:
+    """An estimate's process total as the planner counts it: reserved with its margin."""
+    return est["peak_reserved"] * (1 + est.get("margin", 0.0)) + est["cuda_context"]
+
+
 def format_plan(result: Plan) -> str:
     """The planner's answer: what to paste, and what the estimate says of it."""
     budget = f"{result.budget / MIB:,.0f} MiB"
@@ -68,10 +73,16 @@ def format_plan(result: Plan) -> str:
             f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
             + (
                 f"; one step more ({result.search}) would need "
-                f"{result.next_step_estimate['process_total'] / MIB:,.0f} MiB"
+                f"{_planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
                 if result.next_step_estimate
                 else ""
             )
+        )
+    if result.estimate is not None and result.estimate.get("margin"):
+        lines.append(
+            f"  planned with a margin of +{result.estimate['margin']:.0%} on the reserved peak: "
+            f"the estimate's largest shortfall on a recorded GPU run of this kind, "
+            f"{result.estimate['margin_source']}"
         )
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())

@@ -1,0 +1,76 @@
+"""The CUDA context: device memory a process holds outside PyTorch's caching allocator (the
+driver's context, loaded kernels, cuBLAS/cuDNN handles), what nvidia-smi shows on top of
+``torch.cuda.memory_reserved()``.
+
+``estimate.cuda_context_mib``: a number (MiB) is taken as it is; ``auto`` measures it where a GPU
+is present (the process's own use that nvidia-smi reports through NVML, less what the caching
+allocator reserves, right after the context is created) and otherwise takes it from
+:data:`MEASURED` by ``estimate.gpu`` (a part of the GPU's name), else :data:`TYPICAL_MIB`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB
+
+#: context measured per GPU: nvidia-smi's figure for a process holding 2 MiB of tensors, less
+#: those 2 MiB (``benchmarks/gpu_checks.sh``; torch 2.11.0+cu130, driver 580.159.04, lazy loading)
+MEASURED: dict[str, float] = {"H200": 610.0}
+#: a recent GPU with lazy module loading, where no measurement is known (not measured)
+TYPICAL_MIB = 500.0
+
+
+@dataclass(frozen=True)
+class CudaContext:
+    """The context's size in bytes and where the figure came from (for the estimate's output)."""
+
+    nbytes: int
+    source: str
+
+
+def _measured_here() -> float | None:
+    """MiB this process's context takes on the current GPU, or ``None`` without NVML."""
+    try:
+        import pynvml  # noqa: PLC0415  (optional: only where a GPU is present)
+    except ImportError:
+        return None
+    torch.ones(1, device="cuda")  # creates the context
+    torch.cuda.synchronize()
+    try:
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        used = [
+            p.usedGpuMemory
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            if p.pid == os.getpid() and p.usedGpuMemory
+        ]
+    except pynvml.NVMLError:
+        return None
+    if not used:
+        return None
+    return (used[0] - torch.cuda.memory_reserved()) / MIB
+
+
+def resolve_cuda_context(value: object, gpu: object = None) -> CudaContext:
+    """``estimate.cuda_context_mib`` (a number or ``auto``) with ``estimate.gpu`` as bytes."""
+    if value is None or str(value) == "auto":
+        if torch.cuda.is_available():
+            measured = _measured_here()
+            if measured is not None:
+                return CudaContext(int(measured * MIB), "measured on this GPU")
+            gpu = gpu or torch.cuda.get_device_name()
+        for name, mib in MEASURED.items():
+            if gpu is not None and name.lower() in str(gpu).lower():
+                return CudaContext(int(mib * MIB), f"measured on an {name}")
+        return CudaContext(int(TYPICAL_MIB * MIB), "typical, not measured for this GPU")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise UserInputError(
+            f"estimate.cuda_context_mib={value}: must be auto or a number of MiB, 0 or more"
+        )
+    return CudaContext(int(float(value) * MIB), "estimate.cuda_context_mib")

@@ -1,0 +1,82 @@
+"""What the CUDA estimate models beyond tensors: cuDNN's workspaces, CUDA's autocast of
+upsampling, the CUDA context, offload of the full-resolution maps only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import compose_config
+from volseg.memory.allocator import replay
+from volseg.memory.autocast import CudaAutocast
+from volseg.memory.cuda_context import TYPICAL_MIB, resolve_cuda_context
+from volseg.memory.estimator import estimate
+from volseg.memory.workspace import CudnnWorkspace
+from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB
+
+CONV = torch.ops.aten.convolution.default
+CONV_BACKWARD = torch.ops.aten.convolution_backward.default
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor):
+    args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+    return args, CONV(*args)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def test_cudnn_takes_input_plus_output_forward_and_two_in_backward():
+    x, w = torch.randn(1, 4, 4, 8, 8), torch.randn(8, 4, 3, 3, 3)
+    args, y = _conv(x, w)
+    assert CudnnWorkspace()(CONV, args, y) == (_nbytes(x) + _nbytes(y),)
+    grad = torch.randn_like(y)
+    backward = (grad, x, w, [8], [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+    both = (*backward, [True, True, False])
+    weight_only = (*backward, [False, True, False])  # the first layer: its input needs no grad
+    outs = CONV_BACKWARD(*both)
+    assert CudnnWorkspace()(CONV_BACKWARD, both, outs) == (_nbytes(grad) + _nbytes(x),) * 2
+    assert CudnnWorkspace()(CONV_BACKWARD, weight_only, outs) == (_nbytes(grad) + _nbytes(x),)
+    assert CudnnWorkspace(limit=1000)(CONV, args, y) == (1000,)
+    assert CudnnWorkspace(channels_last=True)(CONV, args, y) == ()
+
+
+def test_a_workspace_makes_the_allocator_grow_a_segment():
+    """A 30 MiB workspace between two held 20 MiB tensors: allocated and reserved rise by it."""
+    events = [("malloc", 1, 20 * MIB), ("malloc", -1, 30 * MIB), ("free", -1, 0)]
+    allocator = replay([*events, ("malloc", 2, 20 * MIB)])
+    assert allocator.peak_allocated == 50 * MIB
+    assert allocator.peak_reserved == 50 * MIB  # the second tensor reuses the workspace's block
+
+
+def test_cuda_autocast_upsamples_in_float32_and_the_concat_follows():
+    low, skip = torch.randn(1, 2, 2, 4, 4), torch.randn(1, 2, 4, 8, 8).half()
+    with CudaAutocast(torch.float16):
+        up = F.interpolate(low.half(), scale_factor=2.0, mode="trilinear")
+        pooled = F.interpolate(skip, size=(2, 4, 4), mode="area")
+        assert up.dtype == torch.float32 and pooled.dtype == torch.float16
+        assert torch.cat([skip, up], dim=1).dtype == torch.float32
+
+
+def test_cuda_context_by_gpu():
+    assert resolve_cuda_context("auto", "NVIDIA H200").nbytes == 610 * MIB
+    if not torch.cuda.is_available():
+        assert resolve_cuda_context("auto", "NVIDIA L4").nbytes == TYPICAL_MIB * MIB
+    assert resolve_cuda_context(300).nbytes == 300 * MIB
+    with pytest.raises(UserInputError, match="estimate.cuda_context_mib=-1"):
+        resolve_cuda_context(-1)
+
+
+def test_offload_of_full_resolution_maps_only(tmp_path):
+    small = ["model.net.widths=[8,16,32]", "data.batch_size=2", "data.patch_size=[16,32,32]"]
+    base = [*small, "trainer.precision=32", "estimate.device=cuda"]
+    peaks = {
+        value: estimate(
+            compose_config("train", tmp_path, [*base, f"model.offload_activations={value}"])
+        ).peak_allocated
+        for value in ("false", "full_resolution", "true")
+    }
+    assert peaks["true"] < peaks["full_resolution"] < peaks["false"]
