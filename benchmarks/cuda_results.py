@@ -13,7 +13,8 @@ Two grids: ``recorded``, the configs of the runs already in ``benchmarks/results
 any GPU ran it and never tuned on (widths, depths, anisotropic patches, batch 1-4, every
 precision, each lever, 2-32 classes), each run marked ``held_out``. The file is rewritten after
 every run, so a run cut short by ``--budget-s`` or a timeout keeps what was measured; the runs
-not reached are listed under ``not_run``.
+not reached are listed under ``not_run`` (the two grids' runs alternate, so that a cut loses some
+of each).
 
     python benchmarks/cuda_results.py [--grid recorded held-out] [--budget-s 380] [--out DIR]
     python benchmarks/cuda_results.py --dry-run     # tiny sizes on the CPU: checks the pipeline
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,10 +285,12 @@ def main() -> None:
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     grids = {"recorded": recorded_grid(), "held-out": HELD_OUT}
-    todo = []
+    lists = []
     for grid in args.grid:
         runs = grids[grid][:1] if args.dry_run else grids[grid]
-        todo += [(name, overrides, grid == "held-out") for name, overrides in runs]
+        lists.append([(name, overrides, grid == "held-out") for name, overrides in runs])
+    # alternating between the grids: a run cut short by the budget loses some of each
+    todo = [run for group in zip_longest(*lists) for run in group if run is not None]
     info = device_info(device)
     out_dir = Path(tempfile.mkdtemp(prefix="cuda_results_")) if args.dry_run else args.out
     out_dir.mkdir(parents=True, exist_ok=True)

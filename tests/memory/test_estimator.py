@@ -3,6 +3,7 @@ the CUDA-specific parts, Lightning's loop (accumulation, clipping, GradScaler)."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,11 @@ def test_cuda_estimate_rounds_and_caches(tmp_path):
     assert est.peak_reserved >= est.peak_allocated > 0
     assert est.peak_reserved % (2 * 2**20) == 0  # whole segments
     assert est.process_total == est.peak_reserved + 300 * 2**20
-    assert est.fits(est.process_total) and not est.fits(est.process_total // 4)
+    # fitting counts the reserved peak with the planner's margin (volseg.memory.residuals)
+    assert est.margin > 0
+    planned = math.ceil(est.peak_reserved * (1 + est.margin)) + 300 * 2**20
+    assert est.fits(planned + 1) and not est.fits(est.process_total)
+    assert not est.fits(est.process_total // 4)
 
 
 def test_offload_moves_saved_activations_off_the_gpu(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,23 @@ def test_the_readme_lever_table_is_the_levers_list():
 def test_the_planner_tries_the_checkpointing_choices_the_network_knows():
     options = OmegaConf.load(Path(__file__).parents[2] / "configs/estimate/default.yaml")
     assert tuple(options.checkpointing_options) == CHECKPOINTING_CHOICES
+
+
+def test_cudnn_workspace_cap_is_set_for_cudnn_at_fit_setup(monkeypatch):
+    from volseg.models.levers import CUDNN_WORKSPACE_CAP_ENV
+
+    monkeypatch.delenv(CUDNN_WORKSPACE_CAP_ENV, raising=False)
+    levers = MemoryLevers(cudnn_workspace_mib=64)
+    net = UNet3D(1, 2, widths=[4, 8])
+    levers.apply(net, "build")
+    assert CUDNN_WORKSPACE_CAP_ENV not in os.environ  # not before set-up
+    levers.apply(net, "setup", "fit")
+    assert os.environ[CUDNN_WORKSPACE_CAP_ENV] == "64"
+
+
+def test_full_resolution_offload_keeps_the_smaller_maps():
+    from volseg.models.offload import worth_offloading
+
+    full, half = torch.empty(1, 4, 8, 16, 16), torch.empty(1, 8, 4, 8, 8)
+    assert worth_offloading(full, 8 * 16 * 16) and not worth_offloading(half, 8 * 16 * 16)
+    assert worth_offloading(half, 0)

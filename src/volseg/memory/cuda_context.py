@@ -3,14 +3,16 @@ driver's context, loaded kernels, cuBLAS/cuDNN handles), what nvidia-smi shows o
 ``torch.cuda.memory_reserved()``.
 
 ``estimate.cuda_context_mib``: a number (MiB) is taken as it is; ``auto`` measures it where a GPU
-is present (the process's own use that nvidia-smi reports through NVML, less what the caching
-allocator reserves, right after the context is created) and otherwise takes it from
-:data:`MEASURED` by ``estimate.gpu`` (a part of the GPU's name), else :data:`TYPICAL_MIB`.
+is present (the process's own use that nvidia-smi reports, through NVML or the ``nvidia-smi``
+command, less what the caching allocator reserves, right after the context is created) and
+otherwise takes it from :data:`MEASURED` by ``estimate.gpu`` (a part of the GPU's name), else
+:data:`TYPICAL_MIB`.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +35,35 @@ class CudaContext:
     source: str
 
 
+def _smi_used_mib() -> float | None:
+    """This process's memory on its GPUs as ``nvidia-smi`` reports it (MiB), or ``None``."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        pid, _, used = line.partition(",")
+        if pid.strip() == str(os.getpid()) and used.strip().isdigit():
+            return float(used)
+    return None
+
+
 def _measured_here() -> float | None:
-    """MiB this process's context takes on the current GPU, or ``None`` without NVML."""
+    """MiB this process's context takes on the current GPU (through NVML, else nvidia-smi), or
+    ``None`` without either."""
+    torch.ones(1, device="cuda")  # creates the context
+    torch.cuda.synchronize()
     try:
         import pynvml  # noqa: PLC0415  (optional: only where a GPU is present)
     except ImportError:
-        return None
-    torch.ones(1, device="cuda")  # creates the context
-    torch.cuda.synchronize()
+        used_mib = _smi_used_mib()
+        return None if used_mib is None else used_mib - torch.cuda.memory_reserved() / MIB
     try:
         pynvml.nvmlInit()
         index = torch.cuda.current_device()

@@ -14,15 +14,17 @@ comes from it.
 
 Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
 the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.autocast`; the CPU's
-differ, e.g. for max-pooling), the foreach optimizer update and clipping (CUDA's default),
-requests rounded to 512 bytes, and the caching allocator replayed over the allocation sequence
-(:mod:`volseg.memory.allocator`) for the reserved peak; the CUDA context is a config value. For a
-CPU estimate, the scratch memory of oneDNN's kernels and the column buffers of torch's native
-convolutions are added (:mod:`volseg.memory.workspace`).
+differ, e.g. for max-pooling and upsampling), cuDNN's convolution workspaces as allocations
+around each convolution (:class:`volseg.memory.workspace.CudnnWorkspace`), the foreach optimizer
+update and clipping (CUDA's default), requests rounded to 512 bytes, and the caching allocator
+replayed over the allocation sequence (:mod:`volseg.memory.allocator`) for the reserved peak; the
+CUDA context is measured or looked up (:mod:`volseg.memory.cuda_context`), and the planner's
+margin comes from recorded GPU runs (:mod:`volseg.memory.residuals`). For a CPU estimate, the
+scratch memory of oneDNN's kernels and the column buffers of torch's native convolutions are
+added (:mod:`volseg.memory.workspace`).
 
-Not modelled: cuDNN's convolution workspace (it depends on the algorithm cuDNN picks on the GPU),
-the GradScaler's inf check on the host (the update is estimated as when the gradients are
-finite), DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager step is
+Not modelled: the GradScaler's inf check on the host (the update is estimated as when the
+gradients are finite), DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager step is
 estimated), and ``model.placement`` over two devices (the estimate is for one device holding
 everything).
 """
