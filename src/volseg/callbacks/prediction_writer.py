@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from volseg.data.io import read_geometry, write_volume
 from volseg.data.transforms import labels_to_shape
+
+log = logging.getLogger(__name__)
 
 
 def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
@@ -21,7 +24,8 @@ class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
     as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
     input's format, affine/spacing and grid (predictions made on a ``data.spacing`` grid are
-    brought back to it).
+    brought back to it). Under DDP each rank writes the cases it validated (each case on one
+    rank, :class:`volseg.data.sampling.ShardedEvalSampler`); ``written`` lists this process's.
     """
 
     def __init__(self, output_dir: str | Path) -> None:
@@ -50,3 +54,4 @@ class ValidationPredictionWriter(Callback):
             target = self.output_dir / name
             array = pred.numpy().astype(label_dtype(pl_module.num_classes))
             self.written.append(write_volume(target, array, affine=geometry["affine"]))
+            log.info("Rank %d wrote %s", trainer.global_rank, target)

@@ -42,6 +42,7 @@ from volseg.data.loader_options import (
 from volseg.data.mni152 import build_mni152_dataset
 from volseg.data.sampling import (
     EpochSeededSampler,
+    EvalItems,
     ResumableLoader,
     SeededItems,
     ShardedEvalSampler,
@@ -448,8 +449,16 @@ class VolumeDataModule(LightningDataModule):
             self.num_workers, self.pin_memory, self.persistent_workers, device, devices
         )
 
+    def shard(self) -> tuple[int | None, int | None]:
+        """``(rank, world size)`` of this process among all training processes (every node's):
+        the trainer's, so that volseg's samplers shard as the strategy launched the ranks."""
+        trainer = self.trainer
+        if trainer is None:
+            return None, None  # no trainer: torch.distributed's, if initialized
+        return trainer.global_rank, trainer.world_size
+
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochSeededSampler(len(self._train_ds), self._seed)
+        sampler = EpochSeededSampler(len(self._train_ds), self._seed, *self.shard())
         options = self.loader_options()
         log.info(
             "Training loader: %d worker(s), pin_memory=%s, persistent_workers=%s "
@@ -481,12 +490,12 @@ class VolumeDataModule(LightningDataModule):
         return int(done), int(trainer.num_training_batches)
 
     def val_dataloader(self) -> DataLoader:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        """Whole validation volumes, batch 1, each with ``"counted"``: every case once across
+        ranks, every rank the same number of batches (:class:`ShardedEvalSampler`)."""
         options = self.loader_options()
         return DataLoader(
-            self._val_ds,
-            # under DDP (use_distributed_sampler=false) each rank validates its share
-            sampler=ShardedEvalSampler(len(self._val_ds)) if distributed else None,
+            EvalItems(self._val_ds),
+            sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
             batch_size=1,
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
