@@ -187,6 +187,9 @@ class VolumeDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        # CUDA initialised before these data exist: by an earlier run in this process (a
+        # multirun sweep, a notebook); its loader workers must not be forked from it
+        self.cuda_before = torch.cuda.is_initialized()
         self.cache = cache
         self.cache_rate = cache_rate
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -446,7 +449,12 @@ class VolumeDataModule(LightningDataModule):
         device = trainer.strategy.root_device.type if trainer is not None else "cpu"
         devices = trainer.num_devices if trainer is not None else 1
         return resolve_loader_options(
-            self.num_workers, self.pin_memory, self.persistent_workers, device, devices
+            self.num_workers,
+            self.pin_memory,
+            self.persistent_workers,
+            device,
+            devices,
+            cuda_initialized=self.cuda_before,
         )
 
     def shard(self) -> tuple[int | None, int | None]:
@@ -460,13 +468,16 @@ class VolumeDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSeededSampler(len(self._train_ds), self._seed, *self.shard())
         options = self.loader_options()
+        context = options.multiprocessing_context
         log.info(
-            "Training loader: %d worker(s), pin_memory=%s, persistent_workers=%s "
-            "(data.num_workers=%s)",
+            "Training loader: %d worker(s)%s, pin_memory=%s, persistent_workers=%s "
+            "(data.num_workers=%s%s)",
             options.num_workers,
+            f" started by {context} (CUDA was initialised before the data)" if context else "",
             options.pin_memory,
             options.persistent_workers,
             self.num_workers,
+            f": {options.cores_from}" if options.cores_from else "",
         )
         loader = ResumableLoader(
             self._train_ds,
@@ -475,6 +486,7 @@ class VolumeDataModule(LightningDataModule):
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
+            multiprocessing_context=options.multiprocessing_context,
             collate_fn=list_data_collate,
             worker_init_fn=init_loader_worker,
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
@@ -500,6 +512,7 @@ class VolumeDataModule(LightningDataModule):
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
+            multiprocessing_context=options.multiprocessing_context,
             collate_fn=list_data_collate,
             worker_init_fn=init_loader_worker,
         )

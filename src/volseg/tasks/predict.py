@@ -32,6 +32,7 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
+from volseg.data.loader_options import worker_context
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
@@ -214,9 +215,16 @@ class VolumeData(L.LightningDataModule):
     (:class:`ShardedEvalSampler`: every rank the same number of batches, the padding ones
     skipped)."""
 
-    def __init__(self, items: list[dict[str, Any]], transform: Any, num_workers: int) -> None:
+    def __init__(
+        self,
+        items: list[dict[str, Any]],
+        transform: Any,
+        num_workers: int,
+        multiprocessing_context: str | None = None,
+    ) -> None:
         super().__init__()
         self.items, self.transform, self.num_workers = items, transform, num_workers
+        self.multiprocessing_context = multiprocessing_context if num_workers > 0 else None
 
     def predict_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -226,6 +234,7 @@ class VolumeData(L.LightningDataModule):
             sampler=ShardedEvalSampler(len(self.items), *shard),
             batch_size=1,
             num_workers=self.num_workers,
+            multiprocessing_context=self.multiprocessing_context,
             collate_fn=list_data_collate,
             worker_init_fn=init_loader_worker,
         )
@@ -261,7 +270,10 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
     writer = VolumeWriter(cases, targets)
     data = VolumeData(
-        [c.as_dict() for c in cases], datamodule.predict_transforms(), cfg.num_workers
+        [c.as_dict() for c in cases],
+        datamodule.predict_transforms(),
+        cfg.num_workers,
+        worker_context(getattr(datamodule, "cuda_before", False)),
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     resolve_trainer_precision(cfg)
