@@ -111,7 +111,8 @@ def test_predicted_labels_above_255_keep_their_ids(tmp_path):
     writer = ValidationPredictionWriter(tmp_path / "out")
     pred = torch.full((1, 2, 3, 4), 299)
     batch = {"image_path": [str(source)], "name": ["image.nii.gz"]}
-    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(num_classes=300)
+    trainer = SimpleNamespace(sanity_checking=False, global_rank=0)
+    module = SimpleNamespace(num_classes=300)
     writer.on_validation_batch_end(trainer, module, {"pred": pred}, batch, 0)
     written = read_array(tmp_path / "out" / "image.nii.gz")
     assert written.dtype == np.uint16 and int(written.max()) == 299

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,13 +16,31 @@ import torch
 from tests.conftest import REPO, SMALL_PATCH
 from volseg.callbacks.last_checkpoint import LastCheckpoint
 
-# 4 training volumes x 4 patches, batch 2: 8 steps per epoch, 2 epochs
-STEPS_PER_EPOCH, EPOCHS = 8, 2
-KILL_AFTER_STEP = 5  # within the first epoch
+EPOCHS = 2
+# (extra overrides, optimizer steps per epoch, kill once last.ckpt holds this step)
+RUNS = {
+    # 4 training volumes x 4 patches, batch 2: 8 steps per epoch; a save after every step
+    "one_process": ([], 8, 5),
+    # 4 x 8 patches on 2 ranks, batch 2, 2 batches per optimizer step: 4 steps per epoch; a
+    # time-based save due after every batch, which must wait for the step to end
+    "two_processes": (
+        [
+            "trainer.devices=2",
+            "trainer.strategy=ddp_fork",
+            "trainer.accumulate_grad_batches=2",
+            "data.samples_per_volume=8",
+            "callbacks.last_checkpoint.save_every_n_steps=null",
+            "callbacks.last_checkpoint.save_every_minutes=0.00001",
+        ],
+        4,
+        2,
+    ),
+}
+SAVED = re.compile(r"Saved .*last\.ckpt: step (\d+), epoch (\d+), batch (\d+) of the epoch")
 
 
 def _command(data_root: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
+    args = [
         sys.executable,
         "train.py",
         f"data.root={data_root}",
@@ -43,6 +62,9 @@ def _command(data_root: Path, run_dir: Path, *extra: str) -> list[str]:
         f"hydra.run.dir={run_dir}",
         *extra,
     ]
+    # an override in extra replaces the one above (Hydra takes each key once)
+    last = {arg.split("=", 1)[0]: arg for arg in args}
+    return [arg for arg in args if last[arg.split("=", 1)[0]] is arg]
 
 
 def _load(run_dir: Path) -> dict:
@@ -50,10 +72,12 @@ def _load(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset, tmp_path):
+@pytest.mark.parametrize("run", RUNS)
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset, tmp_path, run):
+    extra, steps_per_epoch, kill_after_step = RUNS[run]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     full = subprocess.run(
-        _command(small_dataset, tmp_path / "full"),
+        _command(small_dataset, tmp_path / "full", *extra),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -61,10 +85,15 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset
         timeout=300,
     )
     assert full.returncode == 0, full.stderr[-3000:]
+    saves = [tuple(map(int, m)) for m in SAVED.findall(full.stdout + full.stderr)]
+    assert len(saves) >= steps_per_epoch * EPOCHS, saves[:5]
+    accumulate = 2 if "trainer.accumulate_grad_batches=2" in extra else 1
+    # only at optimizer-step boundaries: never between the batches of one step
+    assert all(batch % accumulate == 0 for _, _, batch in saves), saves
 
-    # the same run, killed as soon as its log says last.ckpt holds step KILL_AFTER_STEP
+    # the same run, killed as soon as its log says last.ckpt holds step kill_after_step
     killed = subprocess.Popen(
-        _command(small_dataset, tmp_path / "killed"),
+        _command(small_dataset, tmp_path / "killed", *extra),
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -72,10 +101,9 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset
         text=True,
         start_new_session=True,
     )
-    saved = re.compile(r"Saved .*last\.ckpt: step (\d+), epoch (\d+)")
     for line in killed.stdout:
-        found = saved.search(line)
-        if found and int(found.group(1)) >= KILL_AFTER_STEP:
+        found = SAVED.search(line)
+        if found and int(found.group(1)) >= kill_after_step:
             os.killpg(killed.pid, signal.SIGKILL)
             break
     killed.wait(timeout=60)
@@ -83,13 +111,13 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset
     assert killed.returncode == -signal.SIGKILL, "the run ended before the kill"
     part = _load(tmp_path / "killed")
     step = part["global_step"]
-    assert KILL_AFTER_STEP <= step < STEPS_PER_EPOCH * EPOCHS
+    assert kill_after_step <= step < steps_per_epoch * EPOCHS
     # whatever the kill interrupted, last.ckpt is whole (a partial write stays in last.ckpt.tmp)
-    assert part["epoch"] == step // STEPS_PER_EPOCH
+    assert part["epoch"] == step // steps_per_epoch
 
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     resumed = subprocess.run(
-        _command(small_dataset, tmp_path / "resumed", f"ckpt_path={last}"),
+        _command(small_dataset, tmp_path / "resumed", *extra, f"ckpt_path={last}"),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -100,7 +128,7 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(small_dataset
     assert "not resumable" not in resumed.stdout + resumed.stderr  # Lightning's warning
 
     a, b = _load(tmp_path / "full"), _load(tmp_path / "resumed")
-    assert a["global_step"] == b["global_step"] == STEPS_PER_EPOCH * EPOCHS
+    assert a["global_step"] == b["global_step"] == steps_per_epoch * EPOCHS
     assert a["epoch"] == b["epoch"]
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
@@ -119,21 +147,27 @@ def test_bad_save_interval_is_named():
 def test_epoch_end_saves_keep_within_their_share_of_training_time(
     small_dataset, tmp_path, monkeypatch
 ):
-    """Epochs of ~0.1 s and a write of 0.3 s: at most 2% of training goes to last.ckpt, so after
-    the first epoch's save the epoch ends skip it; the end of training saves the final state."""
+    """A write that takes 1000 s on the callback's clock: at most 2% of training may go to
+    last.ckpt, so after the first epoch's save the epoch ends skip it (the 3 epochs left would
+    need 50,000 s of training); the end of training saves the final state."""
     import time
+    from types import SimpleNamespace
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tests.conftest import compose_config, tiny_train_overrides
+    from volseg.callbacks import last_checkpoint
     from volseg.tasks.train import train
 
+    offset = [0.0]  # seconds the slow writes add to the callback's clock
+    clock = SimpleNamespace(monotonic=lambda: time.monotonic() + offset[0])
+    monkeypatch.setattr(last_checkpoint, "time", clock)
     writes: list[int] = []
     save = ModelCheckpoint._save_checkpoint
 
     def slow_save(self, trainer, filepath):
         if isinstance(self, LastCheckpoint):
-            time.sleep(0.3)  # a large checkpoint on a slow disk
+            offset[0] += 1000.0  # a large checkpoint on a slow disk, whatever the machine's load
             writes.append(trainer.global_step)
         save(self, trainer, filepath)
 
@@ -154,3 +188,24 @@ def test_epoch_end_saves_keep_within_their_share_of_training_time(
     steps = _load(tmp_path / "run")["global_step"]
     assert steps == 4 * 2  # 4 training volumes, batch 2: the final state
     assert writes == [2, steps]  # the first epoch's end, then the end of training
+
+
+def _trainer_at(batch: int, global_step: int) -> SimpleNamespace:
+    """A trainer 8 batches into an epoch of 8, 2 batches per optimizer step, after ``batch``."""
+    progress = SimpleNamespace(current=SimpleNamespace(ready=batch))
+    return SimpleNamespace(
+        global_step=global_step,
+        accumulate_grad_batches=2,
+        num_training_batches=8,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+        strategy=SimpleNamespace(broadcast=lambda obj: obj),
+    )
+
+
+def test_a_time_based_save_waits_for_the_end_of_the_optimizer_step(tmp_path):
+    """Step 3 ended at batch 6 while the time was not up; it is up at batch 7, between the two
+    batches of step 4: a checkpoint there would lose batch 7's gradient on resume."""
+    callback = LastCheckpoint(dirpath=tmp_path, filename="last", save_every_minutes=1e-9)
+    callback._last_global_step_saved = 2
+    assert not callback._due(_trainer_at(batch=7, global_step=3))
+    assert callback._due(_trainer_at(batch=8, global_step=4))  # step 4 done: save now

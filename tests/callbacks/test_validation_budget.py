@@ -28,6 +28,7 @@ FakeTimer.__name__ = "Timer"
 def _trainer(**kwargs):
     defaults = {"check_val_every_n_epoch": 2, "max_epochs": 100, "current_epoch": 0}
     defaults.update(sanity_checking=False, should_stop=False, callbacks=[])
+    defaults.update(strategy=SimpleNamespace(broadcast=lambda obj: obj))  # one process
     return SimpleNamespace(**{**defaults, **kwargs})
 
 
@@ -44,6 +45,22 @@ def test_expensive_validation_runs_less_often(monkeypatch):
     # 6 s / (0.1 * 10 s) = 6 epochs between validations
     assert trainer.check_val_every_n_epoch == 6
     assert not trainer.should_stop
+
+
+def test_rank_zero_decides_the_cadence_for_every_rank(monkeypatch):
+    """This rank timed a 6 s validation (every 6 epochs), rank 0 a cheap one: all follow rank 0,
+    or the ranks would validate in different epochs and wait for each other forever."""
+    callback = ValidationBudget(max_fraction=0.1)
+    rank0 = iter([False, 2])  # rank 0's "final epoch?" and "validate every N epochs"
+    trainer = _trainer(strategy=SimpleNamespace(broadcast=lambda obj: next(rank0)))
+    callback.on_train_start(trainer, None)
+    clock = iter([0.0, 10.0, 10.0, 16.0])
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    callback.on_train_epoch_start(trainer, None)
+    callback.on_train_epoch_end(trainer, None)
+    callback.on_validation_start(trainer, None)
+    callback.on_validation_end(trainer, None)
+    assert trainer.check_val_every_n_epoch == 2
 
 
 def test_cheap_validation_keeps_the_configured_cadence(monkeypatch):

@@ -101,14 +101,19 @@ def test_bad_loader_option_names_the_key(train_cfg):
     assert str(err) == "data.num_workers=-1: expected auto or a number >= 0"
 
 
-def test_validation_shards_cover_every_case_exactly_once():
-    """DistributedSampler would pad 5 cases on 2 ranks to 6, validating one case twice."""
+def test_validation_shards_count_every_case_exactly_once_and_pad_to_equal_length():
+    """DistributedSampler would pad 5 cases on 2 ranks to 6, validating one case twice; here the
+    padding key is marked not counted, and a rank without a case still gets a batch."""
     from volseg.data.sampling import ShardedEvalSampler
 
     shards = [list(ShardedEvalSampler(5, rank=r, world=2)) for r in (0, 1)]
-    assert shards == [[0, 2, 4], [1, 3]]
-    assert [len(ShardedEvalSampler(5, rank=r, world=2)) for r in (0, 1)] == [3, 2]
-    assert list(ShardedEvalSampler(5)) == [0, 1, 2, 3, 4]  # not distributed: all
+    assert [[i for i, counted in s if counted] for s in shards] == [[0, 2, 4], [1, 3]]
+    assert [len(s) for s in shards] == [3, 3] and shards[1][-1][1] is False
+    shards = [list(ShardedEvalSampler(3, rank=r, world=5)) for r in range(5)]
+    assert [len(s) for s in shards] == [1] * 5
+    assert sorted(s[0][0] for s in shards if s[0][1]) == [0, 1, 2]
+    assert [s[0][1] for s in shards] == [True, True, True, False, False]
+    assert list(ShardedEvalSampler(3)) == [(0, True), (1, True), (2, True)]  # one process
 
 
 def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp_path):
@@ -175,3 +180,20 @@ def test_patch_centres_follow_the_class_ratios(tmp_path):
     assert counts.sum() == 400 and counts[2] == 0
     expected = torch.tensor(ratios, dtype=torch.float) / sum(ratios)
     assert torch.allclose(counts / 400, expected, atol=0.07), counts
+
+
+def test_loaders_shard_by_the_trainers_world_across_nodes(train_cfg):
+    """2 nodes x 2 devices: 4 ranks, whatever torch.distributed says before the launch."""
+    from lightning.pytorch import Trainer
+
+    datamodule = hydra.utils.instantiate(train_cfg.data, samples_per_volume=4)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    datamodule.trainer = Trainer(
+        accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False
+    )
+    assert datamodule.trainer.world_size == 4
+    train_sampler = datamodule.train_dataloader().sampler
+    assert (train_sampler.rank, train_sampler.world, len(train_sampler)) == (0, 4, 4)
+    val_sampler = datamodule.val_dataloader().sampler  # 2 cases on 4 ranks
+    assert (val_sampler.rank, val_sampler.world, list(val_sampler)) == (0, 4, [(0, True)])

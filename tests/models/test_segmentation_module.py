@@ -38,9 +38,7 @@ def _label():
 
 def _validate(module, label):
     module.validation_step({"image": torch.zeros(1, 1, 8, 8, 8), "label": label[:, None]}, 0)
-    per_case = module.dice.aggregate()
-    module.dice.reset()
-    return per_case.nanmean(dim=0)
+    return module.reduced_validation()[0]
 
 
 def test_dice_is_one_for_a_perfect_prediction_and_low_for_a_wrong_one():
@@ -54,6 +52,24 @@ def test_dice_is_one_for_a_perfect_prediction_and_low_for_a_wrong_one():
     module.log = lambda *a, **k: None
     dice = _validate(module, label)
     assert dice[1] == 0 and dice[2] < 0.5
+
+
+def test_a_padding_batch_is_neither_scored_nor_returned_and_absent_classes_are_left_out():
+    label = _label()
+    no_b = label.clone()
+    no_b[no_b == 2] = 0  # class b absent from this case: it must not pull b's mean to 0
+    module = _module(_Oracle(label, 3))
+    image = torch.zeros(1, 1, 8, 8, 8)
+    module.validation_step({"image": image, "label": label[:, None], "counted": [True]}, 0)
+    wrong = {"image": image, "label": no_b[:, None], "counted": torch.tensor([False])}
+    assert module.validation_step(wrong, 1) == {}  # a padding batch: nothing to write
+    module.net = _Oracle(no_b, 3)
+    module.validation_step({"image": image, "label": no_b[:, None]}, 2)
+    dice, loss, cases = module.reduced_validation()
+    assert cases == 2
+    assert torch.allclose(dice, torch.ones(3))  # b: 1 from the first case, absent in the second
+    losses = [module.loss(_Oracle(y, 3)(image), y[:, None]).item() for y in (label, no_b)]
+    assert abs(loss - sum(losses) / 2) < 1e-6  # the padding batch's loss was not counted
 
 
 def test_loss_is_smaller_for_the_right_answer():

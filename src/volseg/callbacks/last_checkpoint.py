@@ -22,8 +22,9 @@ TMP_SUFFIX = ".tmp"
 class LastCheckpoint(ModelCheckpoint):
     """A :class:`ModelCheckpoint` (``monitor=None``: one file, e.g. ``last.ckpt``) that also saves
     within an epoch, every ``save_every_n_steps`` optimizer steps and/or every
-    ``save_every_minutes`` of training, and writes each checkpoint to ``<file>.tmp`` first and
-    renames it over the previous one (a kill while writing leaves the previous checkpoint whole).
+    ``save_every_minutes`` of training (at the next optimizer-step boundary), and writes each
+    checkpoint to ``<file>.tmp`` first and renames it over the previous one (a kill while
+    writing leaves the previous checkpoint whole).
 
     A checkpoint saved within an epoch holds the training loader's position (see
     :class:`volseg.data.sampling.ResumableLoader`): the resumed run draws the epoch's remaining
@@ -70,9 +71,21 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._last_save_time = time.monotonic()
 
+    @staticmethod
+    def at_step_boundary(trainer: L.Trainer) -> bool:
+        """Whether the batch just trained on ended an optimizer step: with
+        ``trainer.accumulate_grad_batches=k`` only every k-th batch (and the epoch's last) does.
+        A checkpoint between the micro-batches of one step would hold neither their gradients
+        (not saved) nor a loader position before them: the resumed run would skip them."""
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return done % trainer.accumulate_grad_batches == 0 or done >= trainer.num_training_batches
+
     def _due(self, trainer: L.Trainer) -> bool:
         """Whether a mid-epoch save is due; with a time limit, rank 0 decides for every rank (a
-        save is collective: ranks that disagreed would wait for each other forever)."""
+        save is collective: ranks that disagreed would wait for each other forever). Only at
+        an optimizer-step boundary (the same batch on every rank)."""
+        if not self.at_step_boundary(trainer):
+            return False
         steps = trainer.global_step - self._last_global_step_saved
         due = self.save_every_n_steps is not None and steps >= self.save_every_n_steps
         if self.save_every_minutes is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from volseg.data.io import read_geometry, write_volume
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.transforms import labels_to_shape
+
+log = logging.getLogger(__name__)
 
 
 def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
@@ -23,7 +26,9 @@ class ValidationPredictionWriter(Callback):
     as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
     input's format, affine/spacing, orientation and grid (predictions made on a ``data.spacing``
     grid are brought back to it; those of a volume reoriented to ``orientation``, the
-    ``data.orientation`` it was loaded in, are turned back to the input's own).
+    ``data.orientation`` it was loaded in, are turned back to the input's own). Under DDP each
+    rank writes the cases it validated (each case on one rank,
+    :class:`volseg.data.sampling.ShardedEvalSampler`); ``written`` lists this process's.
     """
 
     def __init__(self, output_dir: str | Path, orientation: str | None = None) -> None:
@@ -56,3 +61,4 @@ class ValidationPredictionWriter(Callback):
             target = self.output_dir / name
             array = pred.numpy().astype(label_dtype(pl_module.num_classes))
             self.written.append(write_volume(target, array, affine=geometry["affine"]))
+            log.info("Rank %d wrote %s", trainer.global_rank, target)

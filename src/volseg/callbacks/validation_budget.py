@@ -60,6 +60,9 @@ class ValidationBudget(Callback):
             cycle_s = epoch_s + (self.last_validation_s or 0.0)  # one epoch and its validation
             # after this epoch and its validation, another such cycle would not fit
             final = timer._duration - timer.time_elapsed() < 2 * cycle_s
+        # each rank timed itself: rank 0 decides for all (ranks that disagreed on whether to
+        # validate would wait for each other in the validation's collectives forever)
+        final = bool(trainer.strategy.broadcast(final))
         if final:
             self._final = True
             trainer.check_val_every_n_epoch = 1
@@ -86,6 +89,7 @@ class ValidationBudget(Callback):
             self._base_every,
             math.ceil(self.last_validation_s / (self.max_fraction * max(epoch_s, 1e-6))),
         )
+        every = int(trainer.strategy.broadcast(every))  # rank 0's timing, as above
         if every != trainer.check_val_every_n_epoch:
             log.info(
                 "Validation takes %.1f s, a training epoch %.1f s: validating every %d epochs "

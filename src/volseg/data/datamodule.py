@@ -50,6 +50,7 @@ from volseg.data.mni152 import build_mni152_dataset
 from volseg.data.orientation import check_axcodes
 from volseg.data.sampling import (
     EpochSeededSampler,
+    EvalItems,
     ResumableLoader,
     SeededItems,
     ShardedEvalSampler,
@@ -204,6 +205,9 @@ class VolumeDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        # CUDA initialised before these data exist: by an earlier run in this process (a
+        # multirun sweep, a notebook); its loader workers must not be forked from it
+        self.cuda_before = torch.cuda.is_initialized()
         self.cache = cache
         self.cache_rate = cache_rate
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -530,19 +534,35 @@ class VolumeDataModule(LightningDataModule):
         device = trainer.strategy.root_device.type if trainer is not None else "cpu"
         devices = trainer.num_devices if trainer is not None else 1
         return resolve_loader_options(
-            self.num_workers, self.pin_memory, self.persistent_workers, device, devices
+            self.num_workers,
+            self.pin_memory,
+            self.persistent_workers,
+            device,
+            devices,
+            cuda_initialized=self.cuda_before,
         )
 
+    def shard(self) -> tuple[int | None, int | None]:
+        """``(rank, world size)`` of this process among all training processes (every node's):
+        the trainer's, so that volseg's samplers shard as the strategy launched the ranks."""
+        trainer = self.trainer
+        if trainer is None:
+            return None, None  # no trainer: torch.distributed's, if initialized
+        return trainer.global_rank, trainer.world_size
+
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochSeededSampler(len(self._train_ds), self._seed)
+        sampler = EpochSeededSampler(len(self._train_ds), self._seed, *self.shard())
         options = self.loader_options()
+        context = options.multiprocessing_context
         log.info(
-            "Training loader: %d worker(s), pin_memory=%s, persistent_workers=%s "
-            "(data.num_workers=%s)",
+            "Training loader: %d worker(s)%s, pin_memory=%s, persistent_workers=%s "
+            "(data.num_workers=%s%s)",
             options.num_workers,
+            f" started by {context} (CUDA was initialised before the data)" if context else "",
             options.pin_memory,
             options.persistent_workers,
             self.num_workers,
+            f": {options.cores_from}" if options.cores_from else "",
         )
         loader = ResumableLoader(
             self._train_ds,
@@ -551,6 +571,7 @@ class VolumeDataModule(LightningDataModule):
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
+            multiprocessing_context=options.multiprocessing_context,
             collate_fn=list_data_collate,
             worker_init_fn=init_loader_worker,
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
@@ -566,16 +587,17 @@ class VolumeDataModule(LightningDataModule):
         return int(done), int(trainer.num_training_batches)
 
     def val_dataloader(self) -> DataLoader:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        """Whole validation volumes, batch 1, each with ``"counted"``: every case once across
+        ranks, every rank the same number of batches (:class:`ShardedEvalSampler`)."""
         options = self.loader_options()
         return DataLoader(
-            self._val_ds,
-            # under DDP (use_distributed_sampler=false) each rank validates its share
-            sampler=ShardedEvalSampler(len(self._val_ds)) if distributed else None,
+            EvalItems(self._val_ds),
+            sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
             batch_size=1,
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
+            multiprocessing_context=options.multiprocessing_context,
             collate_fn=list_data_collate,
             worker_init_fn=init_loader_worker,
         )

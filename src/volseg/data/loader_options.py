@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from volseg.utils.errors import UserInputError
@@ -18,6 +20,11 @@ class LoaderOptions:
     num_workers: int
     pin_memory: bool
     persistent_workers: bool
+    #: how the workers start: ``None`` (the platform's default, fork on Linux) or
+    #: ``forkserver`` (see :func:`worker_context`)
+    multiprocessing_context: str | None = None
+    #: where ``num_workers=auto`` took its cores from, for the log
+    cores_from: str = field(default="", compare=False)
 
 
 def available_cores() -> int:
@@ -25,6 +32,51 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def _leading_int(value: str | None) -> int | None:
+    """``4`` of SLURM's ``"4"``, ``"4(x2)"`` or ``"4,2"``; ``None`` for a missing value."""
+    found = re.match(r"\s*(\d+)", value or "")
+    return int(found.group(1)) if found else None
+
+
+def cores_per_process(devices_per_node: int = 1) -> tuple[int, str]:
+    """The CPU cores one training process may give its loader workers, and where that came
+    from (for the log).
+
+    - SLURM (``SLURM_CPUS_PER_TASK``): each task's own share, at most its affinity mask; shared
+      only when one task holds several training processes (fewer tasks per node,
+      ``SLURM_NTASKS_PER_NODE``, than devices: Lightning launched them inside the task). The
+      mask is not divided again: with one task per GPU it already is the task's share.
+    - torchrun (``LOCAL_WORLD_SIZE``): the mask, shared by the processes torchrun started on
+      this node.
+    - otherwise: the mask, shared by the ``devices_per_node`` processes Lightning starts.
+    """
+    mask = available_cores()
+    devices = max(1, devices_per_node)
+    slurm_cpus = _leading_int(os.environ.get("SLURM_CPUS_PER_TASK"))
+    if slurm_cpus:
+        tasks = _leading_int(
+            os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+        )
+        per_task = max(1, devices // max(1, tasks or devices))
+        cores = min(mask, slurm_cpus) // per_task
+        return max(1, cores), f"SLURM_CPUS_PER_TASK={slurm_cpus}, {per_task} process(es) per task"
+    local = _leading_int(os.environ.get("LOCAL_WORLD_SIZE"))
+    if local:
+        return max(1, mask // local), f"{mask} cores shared by LOCAL_WORLD_SIZE={local}"
+    return max(1, mask // devices), f"{mask} cores shared by {devices} device process(es)"
+
+
+def worker_context(cuda_initialized: bool) -> str | None:
+    """``forkserver`` when CUDA was initialised in this process before its data were built
+    (an earlier run of a multirun sweep or a notebook): a forked worker inherits that run's
+    CUDA state, and freeing a tensor of it there fails ("CUDA error: initialization error").
+    Otherwise ``None``: fork, which shares the cached volumes with the workers instead of
+    pickling them to each (forkserver's cost)."""
+    if cuda_initialized and "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return "spawn" if cuda_initialized else None
 
 
 def check_loader_options(num_workers: Any, pin_memory: Any, persistent_workers: Any) -> None:
@@ -42,19 +94,24 @@ def resolve_loader_options(
     persistent_workers: bool | str,
     device: str,
     devices_per_node: int = 1,
+    cuda_initialized: bool = False,
 ) -> LoaderOptions:
     """The loader settings for ``device`` (``cuda`` or ``cpu``); explicit values win.
 
-    ``auto`` on CUDA: one worker per core this process may use, shared by the node's GPUs, less
-    one core for the training process (at least 1, at most :data:`MAX_AUTO_WORKERS`); pinned
-    batches; persistent workers. On a CPU the training step itself uses every core, so ``auto``
-    loads in the training process (0 workers, see ``benchmarks/data_throughput.py``).
+    ``auto`` on CUDA: one worker per core of this process's share (:func:`cores_per_process`:
+    SLURM's task, torchrun's or Lightning's processes on the node), less one core for the
+    training process (at least 1, at most :data:`MAX_AUTO_WORKERS`); pinned batches;
+    persistent workers. On a CPU the training step itself uses every core, so ``auto`` loads
+    in the training process (0 workers, see ``benchmarks/data_throughput.py``). Workers start
+    by :func:`worker_context` (``cuda_initialized``: before the data were built).
     """
     check_loader_options(num_workers, pin_memory, persistent_workers)
     on_cuda = device == "cuda"
+    cores_from = ""
     if num_workers == "auto":
-        per_device = available_cores() // max(1, devices_per_node)
-        num_workers = max(1, min(MAX_AUTO_WORKERS, per_device - 1)) if on_cuda else 0
+        cores, cores_from = cores_per_process(devices_per_node)
+        num_workers = max(1, min(MAX_AUTO_WORKERS, cores - 1)) if on_cuda else 0
     pin = on_cuda if pin_memory == "auto" else bool(pin_memory)
     persistent = num_workers > 0 if persistent_workers == "auto" else bool(persistent_workers)
-    return LoaderOptions(int(num_workers), pin, persistent and num_workers > 0)
+    context = worker_context(cuda_initialized) if num_workers > 0 else None
+    return LoaderOptions(int(num_workers), pin, persistent and num_workers > 0, context, cores_from)

@@ -11,6 +11,19 @@ from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
+def process_shard(rank: int | None = None, world: int | None = None) -> tuple[int, int]:
+    """``(rank, world size)``: the values given (the trainer's ``global_rank``/``world_size``),
+    else ``torch.distributed``'s when it is initialized, else ``(0, 1)``."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if rank is None:
+        rank = torch.distributed.get_rank() if distributed else 0
+    if world is None:
+        world = torch.distributed.get_world_size() if distributed else 1
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world size {world}: expected 0 <= rank < world")
+    return int(rank), int(world)
+
+
 class EpochSeededSampler(Sampler[tuple[int, int]]):
     """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch; yields
     ``(index, item_seed)``.
@@ -21,13 +34,18 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
     :class:`SeededItems` seeds the random transforms with it. A patch and its augmentations are
     thus a function of (seed, epoch, position) only: a run resumed at epoch ``e`` draws exactly
     the patches an uninterrupted run draws there, with any number of loader workers. Under DDP
-    it shards itself by rank (configs set ``trainer.use_distributed_sampler=false``, since
-    Lightning's wrapper around a custom sampler would not pass ``set_epoch`` on).
+    it shards itself by rank: rank ``r`` of ``world`` (the trainer's ``global_rank`` and
+    ``world_size``, nodes x devices) takes every ``world``-th item of the epoch's order. It is the
+    only sharding: every Trainer is built with ``use_distributed_sampler=False``
+    (:func:`volseg.utils.instantiate.build_trainer`).
     """
 
-    def __init__(self, num_items: int, seed: int) -> None:
+    def __init__(
+        self, num_items: int, seed: int, rank: int | None = None, world: int | None = None
+    ) -> None:
         self.num_items = num_items
         self.seed = seed
+        self.rank, self.world = process_shard(rank, world)
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, positions to skip)
 
@@ -43,18 +61,12 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _shard(self) -> tuple[int, int]:
-        """(rank, world size): under DDP each rank takes every world-size-th index."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-
     def __iter__(self) -> Iterator[tuple[int, int]]:
         generator = torch.Generator().manual_seed(self.epoch_seed())
         order = torch.randperm(self.num_items, generator=generator).tolist()
         seeds = torch.randint(0, 2**31 - 1, (self.num_items,), generator=generator).tolist()
         pairs = list(zip(order, seeds, strict=True))
-        rank, world = self._shard()
+        rank, world = self.rank, self.world
         pairs += pairs[: len(self) * world - len(pairs)]  # equal shares, as DistributedSampler
         share = pairs[rank::world]
         if self._resume is not None:
@@ -65,7 +77,7 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         yield from share
 
     def __len__(self) -> int:
-        return -(-self.num_items // self._shard()[1])
+        return -(-self.num_items // self.world)
 
 
 class ResumableLoader(DataLoader):
@@ -125,25 +137,41 @@ class SeededItems(Dataset):
         return self.dataset[self.indices[position]]
 
 
-class ShardedEvalSampler(Sampler[int]):
-    """Every index exactly once across ranks (rank ``r`` of ``w`` takes ``r, r + w, ...``).
+class ShardedEvalSampler(Sampler[tuple[int, bool]]):
+    """Every index exactly once across ranks, the same number of keys on every rank.
 
-    Unlike ``DistributedSampler(shuffle=False)`` it does not pad the ranks to equal length with
-    repeated items, which would count those validation cases twice in the gathered Dice and
-    write their predictions twice. Ranks may then run one batch more or fewer; metrics are
-    gathered once at epoch end, so nothing waits on a per-batch collective.
+    Yields ``(index, counted)``: rank ``r`` of ``w`` takes ``r, r + w, ...`` (counted), then
+    pads its share to ``ceil(num_items / w)`` with keys ``(index, False)``, also when it has no
+    item of its own (more ranks than validation cases). Every rank thus runs the same number of
+    validation steps and joins every collective (DDP's buffer broadcast in each step, the
+    epoch-end reductions), while a padding key is neither scored nor written
+    (``DistributedSampler`` pads with repeated items that count twice).
     """
 
     def __init__(self, num_items: int, rank: int | None = None, world: int | None = None) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if rank is None:
-            rank = torch.distributed.get_rank() if distributed else 0
-        if world is None:
-            world = torch.distributed.get_world_size() if distributed else 1
-        self.num_items, self.rank, self.world = num_items, rank, world
+        self.num_items = num_items
+        self.rank, self.world = process_shard(rank, world)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.num_items, self.world))
+    def __iter__(self) -> Iterator[tuple[int, bool]]:
+        own = [(i, True) for i in range(self.rank, self.num_items, self.world)]
+        pad = [(i % max(1, self.num_items), False) for i in range(len(self) - len(own))]
+        return iter(own + pad)
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.num_items, self.world))
+        return -(-self.num_items // self.world)
+
+
+class EvalItems(Dataset):
+    """``dataset[index]`` for the key ``(index, counted)`` of :class:`ShardedEvalSampler`, with
+    ``"counted"`` added: ``False`` marks a padding item (loaded so that the batch has the shape
+    of a real one, then skipped by the validation and prediction steps)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, bool]) -> dict:
+        index, counted = key
+        return {**self.dataset[index], "counted": bool(counted)}

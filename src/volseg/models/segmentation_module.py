@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from monai.inferers import Inferer, SlidingWindowInferer
-from monai.metrics import DiceMetric
+from monai.metrics import compute_dice
 from monai.networks.utils import one_hot
 from torch import nn
 
@@ -18,6 +19,12 @@ from volseg.models.schedules import RunBudget
 
 log = logging.getLogger(__name__)
 
+
+# the validation values are reduced across ranks before they are logged (the same on every
+# rank): Lightning's advice to sync them again does not apply
+warnings.filterwarnings(
+    "ignore", message=r"It is recommended to use `self.log\('val/", category=UserWarning
+)
 
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 
@@ -103,7 +110,9 @@ class SegmentationModule(LightningModule):
         self.nonfinite_check_every_n_steps = max(1, int(nonfinite_check_every_n_steps))
         self._finite: torch.Tensor | None = None  # all losses finite since step _finite_since
         self._finite_since = 0
-        self.dice = DiceMetric(include_background=True, reduction="none", ignore_empty=True)
+        # this rank's validation sums, reduced across ranks at the epoch's end:
+        # [Dice sum per class (K), cases with the class (K), loss sum, cases] (float64)
+        self._val_sums: torch.Tensor | None = None
         self.best_dice = float("-inf")
         self.best_dice_per_class: dict[str, float] = {}
         self.run_config: dict[str, Any] | None = None  # the resolved train config, for eval.py
@@ -173,24 +182,78 @@ class SegmentationModule(LightningModule):
         """Sliding-window logits ``(B, num_classes, D, H, W)`` for whole volumes ``image``."""
         return self.inferer(image, self)
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
-        """Whole-volume inference; returns ``{"pred": (B, D, H, W) class indices}``."""
-        logits = self.predict_volume(batch["image"]).float()
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+        """Whole-volume inference; returns ``{"pred": (B, D, H, W) class indices}`` of the counted
+        cases (``{}`` for a padding batch: see :class:`volseg.data.sampling.ShardedEvalSampler`).
+
+        The loss and Dice are summed per rank and reduced once at the epoch's end
+        (:meth:`reduced_validation`), where every rank joins whatever its number of cases.
+        """
+        counted = batch.get("counted")
+        keep = torch.ones(batch["image"].shape[0], dtype=torch.bool)
+        if counted is not None:
+            keep = torch.as_tensor(counted, dtype=torch.bool).reshape(-1).cpu()
+        if not keep.any():
+            return {}
+        image = batch["image"] if keep.all() else batch["image"][keep]
+        label = batch["label"] if keep.all() else batch["label"][keep]
+        logits = self.predict_volume(image).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
-        label = batch["label"].to(logits.device)
-        self.log("val/loss", self.loss(logits, label), batch_size=label.shape[0], sync_dist=True)
+        label = label.to(logits.device)
         pred = logits.argmax(dim=1, keepdim=True)
-        self.dice(one_hot(pred, self.num_classes), one_hot(label.long(), self.num_classes))
+        self.accumulate_validation(pred, label, self.loss(logits, label))
         return {"pred": pred[:, 0]}
 
+    def accumulate_validation(
+        self, pred: torch.Tensor, label: torch.Tensor, loss: torch.Tensor
+    ) -> None:
+        """Add the cases of ``pred``/``label`` (``(B, 1, D, H, W)`` class indices) and their
+        mean ``loss`` to this rank's sums; a class absent from a case's label is left out of
+        that class's mean Dice."""
+        per_case = compute_dice(
+            one_hot(pred, self.num_classes),
+            one_hot(label.long(), self.num_classes),
+            include_background=True,
+            ignore_empty=True,
+        ).double()  # (B, K), NaN where the class is absent
+        cases = per_case.shape[0]
+        sums = torch.cat(
+            [
+                per_case.nan_to_num(0.0).sum(dim=0),
+                (~per_case.isnan()).sum(dim=0).double(),
+                loss.detach().double().reshape(1) * cases,
+                torch.tensor([float(cases)], dtype=torch.float64, device=per_case.device),
+            ]
+        ).cpu()
+        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+
+    def reduced_validation(self) -> tuple[torch.Tensor, float, int]:
+        """Per-class Dice ``(K,)`` over the cases of all ranks (0 for a class in no case), the
+        mean loss per case (NaN without a case) and the number of cases; then starts over.
+
+        A collective: every rank calls it once per validation. Sums are reduced, not means
+        (Lightning's ``sync_dist`` mean of per-rank counts rounds an uneven count down).
+        """
+        k = self.num_classes
+        local = self._val_sums if self._val_sums is not None else torch.zeros(2 * k + 2)
+        self._val_sums = None
+        total = local.double().to(self.device)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        total = total.cpu()
+        sums, counts, loss, cases = total[:k], total[k : 2 * k], total[-2], total[-1]
+        per_class = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+        mean_loss = (loss / cases).item() if cases > 0 else float("nan")
+        return per_class.float(), mean_loss, int(cases.item())
+
     def on_validation_epoch_end(self) -> None:
-        per_case = self.dice.aggregate()  # (cases, classes); NaN where a class is absent
-        self.dice.reset()
-        log.debug("Validation Dice over %d case(s), gathered from all ranks", per_case.shape[0])
-        per_class = per_case.nanmean(dim=0).nan_to_num(0.0)
+        per_class, loss, cases = self.reduced_validation()
+        log.debug("Validation Dice over %d case(s), gathered from all ranks", cases)
+        self.log("val/loss", loss)
         first = 0 if self.include_background else 1
         mean = per_class[first:].mean()
         scores = {f"val/dice_{n}": d for n, d in zip(self.class_names, per_class, strict=True)}
+        # the same values on every rank already (reduced above): no sync_dist
         self.log_dict(scores)
         self.log("val/dice_mean", mean, prog_bar=True)
         if not self.trainer.sanity_checking and mean.item() > self.best_dice:

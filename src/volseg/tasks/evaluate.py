@@ -13,7 +13,7 @@ from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.entry import seed_everything
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import build, instantiate_loggers
+from volseg.utils.instantiate import build, build_trainer, instantiate_loggers
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -69,18 +69,22 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         cfg.predictions_dir, getattr(datamodule, "orientation", None)
     )
     resolve_trainer_precision(cfg)
-    trainer: L.Trainer = build(
-        cfg.trainer, "trainer", callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
+    trainer: L.Trainer = build_trainer(
+        cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
     )
     results = trainer.validate(model=model, datamodule=datamodule)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    # counted on disk: under a forking strategy the writers ran in the ranks' processes
+    predictions = Path(cfg.predictions_dir)
+    written = [predictions / c.name for c in datamodule.val_cases]
+    written = [p for p in written if p.exists()]
     summary = {
         "ckpt_path": str(cfg.ckpt_path),
         "data_root": str(data_cfg.root),
         "metrics": metrics,
-        "predictions": [str(p) for p in writer.written],
+        "predictions": [str(p) for p in written],
     }
     out = Path(cfg.paths.output_dir) / "eval_summary.json"
     out.write_text(json.dumps(summary, indent=2))
-    log.info("Wrote %d predictions to %s", len(writer.written), cfg.predictions_dir)
+    log.info("Wrote %d predictions to %s", len(written), cfg.predictions_dir)
     return metrics

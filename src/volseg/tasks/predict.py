@@ -32,12 +32,14 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
+from volseg.data.loader_options import worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
+from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
 from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import build, instantiate_callbacks
+from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -87,10 +89,6 @@ class VolumePredictor(L.LightningModule):
         self.flips = flip_combinations(flip_axes)
         self.stitch = stitch
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
-        # the volume stays on the host until predict_step knows where it is stitched
-        return batch
-
     def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:
         """Where the whole volume's probabilities are accumulated."""
         if self.device.type != "cuda" or self.stitch == "device":
@@ -102,8 +100,12 @@ class VolumePredictor(L.LightningModule):
         return self.device if needed <= DEVICE_STITCH_SHARE * free else torch.device("cpu")
 
     @torch.no_grad()
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        """Mean softmax over the flips, on the host: ``(B, K, D, H, W)`` float32."""
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
+        """Mean softmax over the flips, on the host: ``(B, K, D, H, W)`` float32; ``None`` for
+        a padding batch (:class:`volseg.data.sampling.ShardedEvalSampler`)."""
+        counted = batch.get("counted")
+        if counted is not None and not torch.as_tensor(counted, dtype=torch.bool).all():
+            return None  # batch size 1: a padding volume, predicted by another rank
         target = self.stitch_device(batch["image"].shape[2:])
         image = batch["image"].to(target)
         self.inferer.sw_device = self.device
@@ -197,6 +199,8 @@ class VolumeWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if prediction is None:
+            return  # a padding batch: its volume is another rank's
         for probs, name in zip(prediction, batch["name"], strict=True):
             case = self.cases[name]
             geometry = read_geometry(case.image_files[0], case.image_key)
@@ -213,6 +217,42 @@ class VolumeWriter(BasePredictionWriter):
             for (path, key), array in zip(targets, arrays, strict=False):
                 write_volume(path, array, affine=affine, key=key)
             log.info("Rank %d wrote %s", trainer.global_rank, name)
+
+
+class VolumeData(L.LightningDataModule):
+    """The volumes to predict, batch 1, each volume on one rank only: built in every process
+    after the strategy launched it, with the trainer's rank and world size
+    (:class:`ShardedEvalSampler`: every rank the same number of batches, the padding ones
+    skipped)."""
+
+    def __init__(
+        self,
+        items: list[dict[str, Any]],
+        transform: Any,
+        num_workers: int,
+        multiprocessing_context: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.items, self.transform, self.num_workers = items, transform, num_workers
+        self.multiprocessing_context = multiprocessing_context if num_workers > 0 else None
+
+    def predict_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        shard = (trainer.global_rank, trainer.world_size) if trainer is not None else ()
+        return DataLoader(
+            EvalItems(Dataset(self.items, self.transform)),
+            sampler=ShardedEvalSampler(len(self.items), *shard),
+            batch_size=1,
+            num_workers=self.num_workers,
+            multiprocessing_context=self.multiprocessing_context,
+            collate_fn=list_data_collate,
+            worker_init_fn=init_loader_worker,
+        )
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
+        # the volume stays on the host until VolumePredictor.predict_step knows where it is
+        # stitched
+        return batch
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
@@ -239,20 +279,15 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     inferer = build(cfg.inferer, "inferer", roi_size=roi_size)
     predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
     writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
-    loader = DataLoader(
-        Dataset([c.as_dict() for c in cases], datamodule.predict_transforms()),
-        batch_size=1,
-        num_workers=cfg.num_workers,
-        collate_fn=list_data_collate,
-        worker_init_fn=init_loader_worker,
+    data = VolumeData(
+        [c.as_dict() for c in cases],
+        datamodule.predict_transforms(),
+        cfg.num_workers,
+        worker_context(getattr(datamodule, "cuda_before", False)),
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     resolve_trainer_precision(cfg)
-    # Lightning's own predict sharding (UnrepeatedDistributedSamplerWrapper: every volume once,
-    # no padding), also under trainer configs that turn it off for volseg's training sampler
-    trainer: L.Trainer = build(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=False, use_distributed_sampler=True
-    )
+    trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",
         len(cases),
@@ -262,7 +297,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         len(predictor.flips),
         cfg.stitch,
     )
-    trainer.predict(predictor, dataloaders=loader, return_predictions=False)
+    trainer.predict(predictor, datamodule=data, return_predictions=False)
     # counted on disk: under a forking strategy the writers ran in the worker processes
     written = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
     written = [path for path in written if path.exists()]

@@ -21,7 +21,12 @@ from volseg.plan.reconcile import reconcile_callbacks
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError, at_config_key
-from volseg.utils.instantiate import build, instantiate_callbacks, instantiate_loggers
+from volseg.utils.instantiate import (
+    build,
+    build_trainer,
+    instantiate_callbacks,
+    instantiate_loggers,
+)
 from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
@@ -134,7 +139,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     dropped, _ = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
     callbacks = instantiate_callbacks(cfg.get("callbacks"), skip=dropped)
     loggers = instantiate_loggers(cfg.get("logger"))
-    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers)
+    trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers)
     for logger in trainer.loggers:
         logger.log_hyperparams(model.run_config)
 
@@ -143,7 +148,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
     )
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    best = float(getattr(model, "best_dice", float("nan")))
+    # a forking or spawning strategy trained the model in other processes: this one gets the
+    # weights and the metrics back (val/dice_mean_best), not the module's attributes
+    best = float(metrics.get("val/dice_mean_best", getattr(model, "best_dice", float("nan"))))
     if math.isfinite(best):
         log.info("Best val/dice_mean: %.4f", best)
     else:

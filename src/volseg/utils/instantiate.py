@@ -48,6 +48,23 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         raise translated from err
 
 
+def build_trainer(cfg: DictConfig, **kwargs: Any) -> Any:
+    """The ``lightning.Trainer`` of ``cfg`` (the ``trainer`` node) for every entry point.
+
+    Built with ``use_distributed_sampler=False`` whatever the trainer config: volseg's samplers
+    (:mod:`volseg.data.sampling`) shard every loader by the trainer's rank and world size
+    (nodes x devices), and Lightning's would shard them a second time (each rank would see
+    1/world of its share) and replace the resumable training loader. ``true`` in the config
+    is one clear error.
+    """
+    if cfg.get("use_distributed_sampler"):
+        raise UserInputError(
+            f"trainer.use_distributed_sampler={cfg.use_distributed_sampler}: volseg's samplers "
+            "shard the data by rank themselves; Lightning's would shard it twice. Remove the key"
+        )
+    return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)
+
+
 def config_error(
     err: BaseException, key: str, cfg: DictConfig | None = None
 ) -> UserInputError | None:
