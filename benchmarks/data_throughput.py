@@ -282,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             first, _, rate = time_loader(build, args.batches)
             resolved = built[-1].num_workers
             setting = f"num_workers={workers}" + (f" ({resolved})" if workers == "auto" else "")
-            if workers == "0":
+            # a worker process loads with one thread: its rate is what each added worker adds
+            if workers == "1" or (workers == "0" and name not in one_worker):
                 one_worker[name] = rate
             print(f"| loader | {data} | {setting} | {first:.2f} | {rate:.1f} |", flush=True)
     patches = {"unet_small": [32, 64, 64], "unet_large": [26, 150, 320]}
@@ -300,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     auto = resolve_loader_options("auto", "auto", "auto", "cuda").num_workers
     print(
-        f"\nWorkers that feed the H200 step (one worker ~ the 0-worker rate; auto on CUDA "
-        f"here: {auto}):\n"
+        f"\nWorkers that feed the H200 step (each worker ~ the 1-worker rate, else the 0-worker "
+        f"one; data.num_workers=auto on CUDA on this machine: {auto}):\n"
     )
     print("| preset step | samples/s needed | loader samples/s per worker | workers needed |")
     print("| --- | ---: | ---: | ---: |")
