@@ -52,17 +52,17 @@ else:
 PY
 
 # 1. the results file: the recorded grid, then the held-out grid (~12 s a run on an H200: the
-#    process start dominates); no new run after 300 s, whatever is left is listed as not_run
+#    process start dominates); no new run after 240 s, whatever is left is listed as not_run
 if [ "$dry_run" = 1 ]; then
   step cuda_results.txt 300 python3 benchmarks/cuda_results.py --dry-run
 else
-  step cuda_results.txt 360 python3 benchmarks/cuda_results.py --budget-s 300
+  step cuda_results.txt 290 python3 benchmarks/cuda_results.py --budget-s 240
   cp benchmarks/results/cuda/"$(date +%F)"_*.json "$OUT"/ 2>/dev/null
 fi
 # 2. the CUDA tests (tests/cuda/: monitor keys, snapshot, offload, checkpointing, placement, host
 #    stitching, precisions, the 16 GiB planner check); the estimator-vs-train.py cases are left
 #    to step 1, which measures the same runs into the results file
-step pytest_cuda.txt 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
+step pytest_cuda.txt 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
   -k "not estimator_within_ten_percent"
 
 # ---- further GPU checks go below this line, each as one `step` with its own timeout ----
@@ -72,7 +72,7 @@ cat "$OUT/gpu.txt"
 # training speed of python train.py at the seed config with its own loader (step time, data wait,
 # MFU); the figures as data under benchmarks/results/cuda/
 if [ "$has_cuda" = 1 ]; then
-  step train_speed_seed.txt 240 python3 benchmarks/gpu_train_speed.py --steps 60 \
+  step train_speed_seed.txt 120 python3 benchmarks/gpu_train_speed.py --steps 60 \
     --out "$OUT/train_speed_seed.json"
 else
   step train_speed_dry_run.txt 240 python3 benchmarks/gpu_train_speed.py --dry-run
