@@ -117,6 +117,22 @@ def test_fsdp_config_builds_its_strategy(tmp_path):
     assert isinstance(hydra.utils.instantiate(cfg.trainer.strategy), FSDPStrategy)
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu"])
+def test_fsdp_without_a_cuda_gpu_is_one_clear_error_before_any_work(tmp_path, accelerator):
+    """Lightning runs FSDP on CUDA only: on CPU processes it stops before the data are read."""
+    import torch
+
+    from volseg.tasks.train import train
+    from volseg.utils.errors import UserInputError
+
+    if accelerator == "gpu" and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: trainer=fsdp runs")
+    overrides = ["trainer=fsdp", f"trainer.accelerator={accelerator}", "data.root=/nonexistent"]
+    cfg = compose_config("train", tmp_path, overrides)
+    with pytest.raises(UserInputError, match=r"FSDPStrategy: shards the model across CUDA GPUs"):
+        train(cfg)  # before the missing data.root is noticed
+
+
 # Lightning Trainer arguments its users type without `+` (declared in trainer/default.yaml)
 TRAINER_OVERRIDES = {
     "max_steps": "1",

@@ -102,6 +102,9 @@ def test_every_patch_once_per_epoch_on_1_2_and_3_processes(small_dataset, tmp_pa
         result = run_entry(["train.py", *train_args(small_dataset, run_dir), *processes(n)])
         assert result.returncode == 0, result.stderr[-3000:]
         steps[n] = json.loads((run_dir / "summary.json").read_text())["global_step"]
+        log = (run_dir / "train.log").read_text()
+        per_rank = re.search(r"Memory per rank, .* MiB: (.*)", log)
+        assert per_rank and per_rank.group(1).count("rank ") == n, log[-2000:]
     # each rank's share of the 16 patches, padded to equal shares: 8, 4 and 6 patches
     assert steps == {1: 8, 2: 4, 3: 3}
     assert abs(steps[2] - steps[1] / 2) <= 1

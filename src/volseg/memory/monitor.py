@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_only
 
 from volseg.memory.charts import plot_timeline
 from volseg.memory.layers import LayerTrace
@@ -241,10 +240,30 @@ class MemoryMonitor(Callback):
             ),
         }
 
-    @rank_zero_only
+    def per_rank_peaks(self, trainer: Trainer) -> list[tuple[float, float]] | None:
+        """``(peak allocated, peak reserved)`` MiB of every rank (rank order), gathered from all
+        ranks (a collective: each calls it once at fit end); ``None`` with one process."""
+        if trainer.world_size <= 1:
+            return None
+        mine = [0.0, 0.0]
+        if self.history:
+            mine = [
+                max(r["mem/peak_allocated_mib"] for r in self.history),
+                max(r["mem/peak_reserved_mib"] for r in self.history),
+            ]
+        local = torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device)
+        gathered = trainer.strategy.all_gather(local).reshape(-1, 2).cpu().tolist()
+        return [(a, r) for a, r in gathered]
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.history:
+        peaks = self.per_rank_peaks(trainer)  # every rank measured its own device (or process)
+        if not trainer.is_global_zero or not self.history:
             return
+        if peaks is not None:
+            log.info(
+                "Memory per rank, peak allocated / peak reserved MiB: %s",
+                ", ".join(f"rank {i}: {a:.1f} / {r:.1f}" for i, (a, r) in enumerate(peaks)),
+            )
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_timeline(self.history, self.output_dir / "memory_timeline.png", self.reader.kind)
         summary = self.summary()

@@ -47,6 +47,28 @@ def check_strategy_installed(strategy: Any) -> None:
             )
 
 
+#: strategies that shard the model across CUDA GPUs: Lightning runs them on CUDA only
+CUDA_ONLY_STRATEGIES = ("fsdp", "deepspeed")
+
+
+def check_strategy_device(trainer_cfg: DictConfig) -> None:
+    """One clear error, before any work, for ``trainer=fsdp``/``trainer=deepspeed`` where the run
+    has no CUDA GPU (``trainer.accelerator=cpu``, or none on this machine)."""
+    strategy = trainer_cfg.get("strategy")
+    name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
+    if not any(key in name.lower() for key in CUDA_ONLY_STRATEGIES):
+        return
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return
+    why = "" if accelerator == "cpu" else ", and this machine has no CUDA GPU"
+    raise UserInputError(
+        f"trainer.strategy={name}: shards the model across CUDA GPUs (Lightning runs it on CUDA "
+        f"only); this run has trainer.accelerator={accelerator}{why}. On CPU processes use "
+        "trainer.accelerator=cpu trainer.devices=N trainer.strategy=ddp_fork"
+    )
+
+
 #: the config keys of check_patch_poolable's values
 PATCH_CONFIG_KEYS = {
     "patch_size": "data.patch_size",
@@ -105,6 +127,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
 
     check_strategy_installed(cfg.trainer.get("strategy"))
+    check_strategy_device(cfg.trainer)
     check_patch_fits_network(cfg)
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
