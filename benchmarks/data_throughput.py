@@ -23,8 +23,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from volseg.memory.estimator import build_training_step
+from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
-from volseg.utils.precision import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
@@ -56,9 +56,9 @@ def loader_rate(workers: str, batches: int) -> tuple[float, float, int]:
 
 def step_rate(model: str, steps: int) -> tuple[float, str]:
     """(samples/s of the training step, precision) for ``model`` on this CPU."""
-    cfg = compose_train([f"model={model}"])
-    precision = resolve_precision(cfg.trainer.precision, "cpu").precision
-    cfg.trainer.precision = precision
+    # planned as train.py plans it on this CPU (pooling=auto, precision=auto)
+    cfg = planned_config(compose_train([f"model={model}", "trainer.accelerator=cpu"]))
+    precision = str(cfg.trainer.precision)
     step = build_training_step(cfg, "cpu")
     num_classes = int(cfg.num_classes)
 
