@@ -11,13 +11,8 @@ set_project_root(__file__)
 @hydra.main(version_base="1.3", config_path="configs", config_name="estimate_memory.yaml")
 def main(cfg: DictConfig) -> None:
     from volseg.tasks.estimate_memory import run_estimate
-    from volseg.tasks.train import check_patch_fits_network
 
-    def task(cfg: DictConfig) -> None:
-        check_patch_fits_network(cfg)  # a too-thin patch: one clear error, not a failed build
-        run_estimate(cfg)
-
-    run_task(task, cfg)
+    run_task(run_estimate, cfg)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import hydra
 import torch
 from hydra import compose, initialize_config_dir
 
+from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def training_step(bf16: bool, model: str | None = None) -> Callable[[], None]:
     overrides = ["model.scheduler=null"] + ([f"model={model}"] if model else [])
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
         cfg = compose("train", overrides=overrides)
-    module = hydra.utils.instantiate(cfg.model)
+    module = hydra.utils.instantiate(planned_config(cfg).model)  # pooling=auto planned
     net, loss_fn = module.net.train(), module.loss
     optimizer = module.optimizer_factory(params=net.parameters())
     generator = torch.Generator().manual_seed(0)

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
+from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,11 +214,13 @@ def compare(root: Path, patch: Sequence[int], batches: int) -> None:
 def step_rate(model: str, patch: Sequence[int], steps: int) -> tuple[float, str]:
     """(samples/s of ``model``'s training step on this CPU at ``patch``, precision)."""
     from volseg.memory.estimator import build_training_step
-    from volseg.utils.precision import resolve_precision
 
-    cfg = compose_train([f"model={model}", f"data.patch_size=[{','.join(str(p) for p in patch)}]"])
-    precision = resolve_precision(cfg.trainer.precision, "cpu").precision
-    cfg.trainer.precision = precision
+    # planned as train.py plans it on this CPU (pooling=auto, precision=auto)
+    patch_override = f"data.patch_size=[{','.join(str(p) for p in patch)}]"
+    cfg = planned_config(
+        compose_train([f"model={model}", patch_override, "trainer.accelerator=cpu"])
+    )
+    precision = str(cfg.trainer.precision)
     step = build_training_step(cfg, "cpu")
     num_classes = int(cfg.num_classes)
 

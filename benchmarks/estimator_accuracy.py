@@ -355,8 +355,10 @@ def prepare_data(overrides: list[str], work_dir: Path) -> Path:
 def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, float]:
     """The estimate of the config composed from the same overrides as its run (bytes)."""
     from volseg.memory.estimator import estimate
+    from volseg.plan import planned_config
 
-    est = estimate(compose(overrides, device, data_dir(overrides, work_dir)))
+    # planned as train.py plans it (pooling=auto, precision for the device)
+    est = estimate(planned_config(compose(overrides, device, data_dir(overrides, work_dir))))
     return {
         "growth": est.step_peak_growth,
         "peak_allocated": est.peak_allocated,

@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.models.segmentation_module import guard_fp16_eps
+from volseg.plan import planned_config
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 def build(preset: str):
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
         cfg = compose("train", overrides=[f"model={preset}", "model.scheduler=null"])
-    return hydra.utils.instantiate(cfg.model)
+    return hydra.utils.instantiate(planned_config(cfg).model)  # pooling=auto planned
 
 
 def nvidia_smi_used_mib(device: torch.device) -> float | None:

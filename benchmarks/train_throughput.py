@@ -41,6 +41,7 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data import IterableDataset
 from torch.utils.flop_counter import FlopCounterMode
 
+from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def build_module(
     ]
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
         cfg = compose("train", overrides=overrides)
-    return hydra.utils.instantiate(cfg.model)
+    return hydra.utils.instantiate(planned_config(cfg).model)  # pooling=auto planned
 
 
 class RepeatBatch(IterableDataset):

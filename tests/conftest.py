@@ -60,6 +60,17 @@ def compose_config(
     return cfg
 
 
+def planned_config(
+    config_name: str, output_dir: Path, overrides: list[str] | None = None
+) -> DictConfig:
+    """:func:`compose_config`, then planned (every ``auto`` resolved, as the entry points do
+    before they build anything): for tests that build a model or datamodule themselves."""
+    from volseg.plan import make_plan
+
+    cfg = compose_config(config_name, output_dir, overrides)
+    return make_plan(cfg, estimate_step=False).run_config()
+
+
 def tiny_train_overrides(data_root: Path) -> list[str]:
     """A 2-epoch run on the small dataset with a 3-level, 4-16 channel U-Net."""
     return [

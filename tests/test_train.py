@@ -17,6 +17,7 @@ from lightning.pytorch import Callback
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
+from volseg.plan import make_plan
 from volseg.tasks.train import check_patch_fits_network, train
 from volseg.utils.precision import resolve_precision
 
@@ -193,7 +194,8 @@ def test_pooling_auto_builds_the_thin_patch_network_from_the_config(small_datase
     overrides = [*tiny_train_overrides(small_dataset), *thin, "model.net.pooling=auto"]
     cfg = compose_config("train", tmp_path, overrides)
     check_patch_fits_network(cfg)  # passes: the same network as above, pooled by auto
-    net = hydra.utils.instantiate(cfg.model.net)  # patch_size comes from ${data.patch_size}
+    # built from the plan's config: pooling=auto planned for ${data.patch_size}
+    net = hydra.utils.instantiate(make_plan(cfg, estimate_step=False).config.model.net)
     # z: 8 -> 4, then kept; y, x: 32 -> 16 -> 8 -> 4, then kept
     assert net.pooling == [[2, 2, 2], [1, 2, 2], [1, 2, 2], [1, 1, 1]]
     x = torch.randn(2, 1, 8, 32, 32)

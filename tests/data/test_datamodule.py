@@ -37,7 +37,7 @@ def test_synthetic_dataset_is_generated_only_at_its_own_root(train_cfg, tmp_path
     assert not other.exists()
 
 
-def test_epoch_seeded_sampler_shards_by_rank_and_changes_with_the_epoch(monkeypatch):
+def test_epoch_seeded_sampler_shards_by_rank_and_changes_with_the_epoch():
     from volseg.data.sampling import EpochSeededSampler
 
     sampler = EpochSeededSampler(10, seed=3)
@@ -49,10 +49,7 @@ def test_epoch_seeded_sampler_shards_by_rank_and_changes_with_the_epoch(monkeypa
     assert list(sampler) != first
     sampler.set_epoch(0)
     assert list(sampler) == first  # a function of (seed, epoch) only
-    shards = []
-    for rank in (0, 1, 2):
-        monkeypatch.setattr(EpochSeededSampler, "_shard", lambda self, r=rank: (r, 3))
-        shards.append([i for i, _ in sampler])
+    shards = [[i for i, _ in EpochSeededSampler(10, 3, rank=r, world=3)] for r in (0, 1, 2)]
     assert [len(s) for s in shards] == [4, 4, 4]
     assert set().union(*shards) == set(range(10))
 
@@ -121,7 +118,7 @@ def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp
     import shutil
 
     from tests.conftest import compose_config
-    from volseg.tasks.train import take_shape_from_data
+    from volseg.plan import plan_run
 
     root = tmp_path / "regions"
     shutil.copytree(small_dataset, root)
@@ -133,8 +130,9 @@ def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp
     datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.check()
     assert datamodule.num_classes == 9 and datamodule.class_names == names
-    take_shape_from_data(cfg, datamodule)
-    assert cfg.num_classes == 9  # the model is built for the dataset's classes
+    planned = plan_run(cfg).run_config()
+    assert planned.num_classes == 9  # the model is built for the dataset's classes
+    assert planned.model.net.num_classes == 9
 
     (root / "classes.json").unlink()
     with pytest.raises(UserInputError, match=r"data.num_classes=null .*classes.json"):

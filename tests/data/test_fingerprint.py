@@ -7,7 +7,8 @@ import math
 import pytest
 
 from tests.conftest import SMALL_SHAPE, compose_config, tiny_train_overrides
-from volseg.data.fingerprint import median_shape, plan_patch, resolve_auto_patch
+from volseg.data.fingerprint import median_shape, plan_patch
+from volseg.plan import make_plan
 
 
 def test_median_shape_is_per_axis():
@@ -43,14 +44,18 @@ def test_plan_shrinks_the_longest_sides_and_keeps_thin_axes():
 def test_auto_is_resolved_from_the_data_before_interpolation(small_dataset, tmp_path):
     overrides = [*tiny_train_overrides(small_dataset), "data.patch_size=auto"]
     overrides += ["data.patch_voxels=16384"]
-    cfg = compose_config("train", tmp_path, overrides)
-    patch = resolve_auto_patch(cfg)
+    plan = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
+    patch = plan.value("data.patch_size")
     # 16 x 48 x 48 cases, 3-level U-Net (multiple 4), 16384 voxels: 16 x 32 x 32
     assert patch == plan_patch(SMALL_SHAPE, 16384, 4) == [16, 32, 32]
+    assert plan.decisions["data.patch_size"].source == "planned"
+    assert "median case shape [16, 48, 48]" in plan.decisions["data.patch_size"].why
+    cfg = plan.run_config()
     assert list(cfg.model.net.patch_size) == list(cfg.model.inferer.roi_size) == patch
 
 
 def test_an_explicit_patch_wins(small_dataset, tmp_path):
     cfg = compose_config("train", tmp_path, tiny_train_overrides(small_dataset))
-    assert resolve_auto_patch(cfg) is None
-    assert list(cfg.data.patch_size) == [16, 32, 32]
+    plan = make_plan(cfg, estimate_step=False)
+    assert plan.value("data.patch_size") == [16, 32, 32]
+    assert plan.decisions["data.patch_size"].source == "configured"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
@@ -65,7 +66,9 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
     cfg = compose_config("train", tmp_path / "train", overrides)
     metrics = train(cfg)
 
-    assert cfg.num_classes == 3 and cfg.in_channels == 2
+    decisions = yaml.safe_load((tmp_path / "train" / "plan.yaml").read_text())["decisions"]
+    assert decisions["num_classes"]["value"] == 3 and decisions["in_channels"]["value"] == 2
+    assert decisions["num_classes"]["source"] == "the data"  # dataset.json, via the run plan
     assert {f"val/dice_{name}" for name in CLASSES} <= set(metrics)
     ckpt = tmp_path / "train" / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)

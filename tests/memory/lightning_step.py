@@ -42,12 +42,12 @@ def main(overrides: list[str]) -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    from tests.conftest import compose_config
+    from tests.conftest import planned_config
     from volseg.memory.readers import HostMemoryReader
     from volseg.models.build import build_model
     from volseg.utils.instantiate import build
 
-    cfg = compose_config("train", Path(tempfile.mkdtemp()), overrides)
+    cfg = planned_config("train", Path(tempfile.mkdtemp()), overrides)  # as train.py plans it
     k = int(cfg.trainer.accumulate_grad_batches)
     batch, channels = int(cfg.data.batch_size), int(cfg.in_channels)
     patch = [int(p) for p in cfg.data.patch_size]

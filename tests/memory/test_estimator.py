@@ -11,7 +11,7 @@ import torch
 from omegaconf import open_dict
 from torch import nn
 
-from tests.conftest import compose_config, tiny_train_overrides
+from tests.conftest import compose_config, planned_config, tiny_train_overrides
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import build_training_step, estimate, target_device
@@ -23,7 +23,11 @@ SEED = ["data.batch_size=2", "data.patch_size=[26,150,320]", "trainer.precision=
 
 
 def _cfg(tmp_path: Path, overrides: list[str]):
-    return compose_config("train", tmp_path, overrides)
+    """Planned as train.py plans it (pooling=auto). The estimates here are for a GPU unless a
+    test says otherwise: a plan made on this GPU-less machine would be for its CPU."""
+    if not any(o.startswith(("estimate.device=", "trainer.accelerator=cpu")) for o in overrides):
+        overrides = [*overrides, "estimate.device=cuda"]
+    return planned_config("train", tmp_path, overrides)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +73,7 @@ def test_halving_parameters_barely_moves_the_peak(tmp_path):
 def test_cuda_estimate_rounds_and_caches(tmp_path):
     cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "estimate.cuda_context_mib=300"])
     est = estimate(cfg)
-    assert est.device == "cuda"  # trainer.accelerator=auto counts as a GPU
+    assert est.device == "cuda"  # planned for a GPU (estimate.device=cuda)
     assert est.peak_reserved >= est.peak_allocated > 0
     assert est.peak_reserved % (2 * 2**20) == 0  # whole segments
     assert est.process_total == est.peak_reserved + 300 * 2**20
@@ -141,6 +145,7 @@ def test_estimator_and_train_build_the_module_through_one_function(
         cfg.trainer.num_sanity_val_steps = 0
     train(cfg)
     trained = built.pop()
+    built.clear()  # the run plan's own estimate of the step built the module too
     fitted = trained.trainer.optimizers[0]
     est = estimate(cfg)
     assert est.num_parameters == sum(p.numel() for p in trained.parameters())

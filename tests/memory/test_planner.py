@@ -9,7 +9,7 @@ import sys
 import pytest
 from omegaconf import DictConfig
 
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
 from volseg.memory.planner import plan, pooling_divisor
@@ -25,7 +25,7 @@ SMALL = [
 
 
 def test_planned_batch_fits_and_one_more_does_not(tmp_path):
-    cfg = compose_config("train", tmp_path, SMALL)
+    cfg = planned_config("train", tmp_path, SMALL)
     budget = 60 * MIB
     answer = plan(cfg, budget, search="batch")
     n = answer.batch_size
@@ -39,7 +39,7 @@ def test_planned_batch_fits_and_one_more_does_not(tmp_path):
 def _batch_8_between_no_and_all_checkpointing(tmp_path) -> tuple[DictConfig, int]:
     """SMALL at batch 8 and a budget halfway between its estimate without checkpointing (does
     not fit) and with every level checkpointed (fits)."""
-    cfg = compose_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
+    cfg = planned_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
     return cfg, (without.process_total + with_all.process_total) // 2
@@ -55,7 +55,7 @@ def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
 
 
 def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
-    cfg = compose_config("train", tmp_path, [*SMALL, "data.patch_size=[8,16,32]"])
+    cfg = planned_config("train", tmp_path, [*SMALL, "data.patch_size=[8,16,32]"])
     answer = plan(cfg, 40 * MIB, search="patch")
     patch = answer.patch_size
     assert all(p % 4 == 0 for p in patch)  # widths [8,16,32]: two poolings
@@ -68,9 +68,9 @@ def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
 def test_pooling_divisor_is_per_axis(tmp_path):
     five = "model.net.widths=[4,8,16,32,64]"
     null = "model.net.pooling=null"
-    cfg = compose_config("train", tmp_path, [five, "data.patch_size=[26,150,320]", null])
+    cfg = planned_config("train", tmp_path, [five, "data.patch_size=[26,150,320]", null])
     assert pooling_divisor(cfg) == [16, 16, 16]
-    cfg = compose_config(
+    cfg = planned_config(
         "train", tmp_path, [five, "data.patch_size=[26,150,320]", "model.net.pooling=auto"]
     )
     assert pooling_divisor(cfg) == [4, 16, 16]  # z: 26 -> 13 -> 6, then kept
@@ -78,7 +78,7 @@ def test_pooling_divisor_is_per_axis(tmp_path):
 
 def test_planned_patch_divides_each_axis_by_its_own_poolings(tmp_path):
     anisotropic = ["data.patch_size=[8,16,32]", "model.net.pooling=[[1,2,2],[2,2,2]]"]
-    cfg = compose_config("train", tmp_path, [*SMALL, *anisotropic])
+    cfg = planned_config("train", tmp_path, [*SMALL, *anisotropic])
     assert pooling_divisor(cfg) == [2, 4, 4]
     answer = plan(cfg, 40 * MIB, search="patch")
     patch = answer.patch_size
@@ -165,7 +165,7 @@ def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
 
 
 def test_planner_offers_no_micro_batches_when_the_batch_fits(tmp_path):
-    cfg = compose_config("train", tmp_path, SMALL)
+    cfg = planned_config("train", tmp_path, SMALL)
     answer = plan(cfg, 60 * MIB, search="batch")
     assert answer.fits_as_configured
     assert answer.micro_batching is None and answer.flops_per_sample is None
@@ -177,7 +177,7 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     from volseg.tasks.estimate_memory import format_plan
 
     cuda = [o for o in SMALL if o != "estimate.device=cpu"] + ["estimate.device=cuda"]
-    cfg = compose_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
+    cfg = planned_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
     budget = 60 * MIB
     answer = plan(cfg, budget, search="batch")
     est, more = answer.estimate, answer.next_step_estimate

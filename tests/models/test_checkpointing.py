@@ -13,7 +13,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import volseg.models.checkpointing as checkpointing
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.models.segmentation_module import SegmentationModule
-from volseg.models.unet import UNet3D
+from volseg.models.unet import UNet3D, pooling_factors
 from volseg.tasks.train import train
 
 LOSS = DiceCELoss(to_onehot_y=True, softmax=True)
@@ -56,7 +56,8 @@ def test_gradients_and_batchnorm_statistics_match_no_checkpointing(spec, dropout
 def test_anisotropic_pooling_gradients_match_no_checkpointing(upsampling):
     """A thin patch with pooling=auto (z kept at 6: [[1,2,2],[1,2,2]]) recomputes exactly."""
     torch.manual_seed(0)
-    base = UNet3D(1, 5, [8, 16, 32], upsampling=upsampling, pooling="auto", patch_size=[6, 32, 32])
+    pooling = pooling_factors([8, 16, 32], "auto", [6, 32, 32])  # what the run plan passes
+    base = UNet3D(1, 5, [8, 16, 32], upsampling=upsampling, pooling=pooling, patch_size=[6, 32, 32])
     assert base.pooling == [[1, 2, 2], [1, 2, 2]]
     x, y = _batch((2, 1, 6, 32, 32))
     reference = _step(copy.deepcopy(base), x, y)

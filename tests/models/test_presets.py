@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from volseg.models.unet import auto_depth
+from volseg.plan import make_plan
+from volseg.plan.network import auto_depth
 
 
 def _build(preset: str, tmp_path: Path) -> torch.nn.Module:
@@ -53,7 +54,7 @@ def test_unet_small_layout(tmp_path):
 def test_unet_tiny_is_default_and_small(tmp_path):
     cfg = compose_config("train", tmp_path)
     assert cfg.model.net.widths == [16, 16, 32, 64, 128]
-    net = hydra.utils.instantiate(cfg.model.net)
+    net = hydra.utils.instantiate(make_plan(cfg, estimate_step=False).config.model.net)
     # what depth=auto plans for the 32x64x64 patch: 5 levels, pooling to a 4x4x4 bottleneck
     assert auto_depth(cfg.model.net.pooling, cfg.data.patch_size) == net.depth == 5
     assert net.pooling == [[2, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]]
@@ -64,7 +65,7 @@ def test_widths_override_and_top_level_classes(tmp_path):
     cfg = compose_config(
         "train", tmp_path, ["model.net.widths=[16,32,64]", "num_classes=3", "in_channels=2"]
     )
-    net = hydra.utils.instantiate(cfg.model.net)
+    net = hydra.utils.instantiate(cfg.model.net, pooling=None)  # 2 on every axis, 3 levels
     assert net.depth == 3
     assert net.inc[0].in_channels == 2 and net.head.out_channels == 3
     assert cfg.data.num_classes == 3 and cfg.model.num_classes == 3

@@ -122,9 +122,9 @@ def test_channels_last_gives_the_same_logits_and_gradients():
 def test_validation_inferer_options_come_from_the_config(tmp_path):
     import hydra
 
-    from tests.conftest import compose_config
+    from tests.conftest import planned_config
 
-    cfg = compose_config(
+    cfg = planned_config(
         "train", tmp_path, ["model.inferer.device=cpu", "model.inferer.sw_batch_size=4"]
     )
     module = hydra.utils.instantiate(cfg.model)

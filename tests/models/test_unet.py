@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from volseg.models import UNet3D
-from volseg.models.unet import pooling_factors, total_pooling, widths_for_depth
+from volseg.models.unet import pooling_factors, widths_for_depth
 
 
 def _count(net: torch.nn.Module) -> int:
@@ -76,7 +76,7 @@ def _bottleneck_shape(net: UNet3D, x: torch.Tensor) -> tuple[int, ...]:
 def test_auto_pooling_keeps_z_unpooled_on_a_26_slice_patch():
     assert pooling_factors([4, 8, 16, 32, 64], "auto", [26, 150, 320]) == THIN
     with torch.device("meta"):
-        net = UNet3D(1, 5, [4, 8, 16, 32, 64], pooling="auto", patch_size=[26, 150, 320])
+        net = UNet3D(1, 5, [4, 8, 16, 32, 64], pooling=THIN, patch_size=[26, 150, 320])
         # z: 26 -> 13 -> 6, then kept (6 < 8); y, x pooled 4 times
         assert _bottleneck_shape(net, torch.empty(1, 1, 26, 150, 320)) == (6, 9, 20)
     assert [down[0].kernel_size for down in net.downs] == [tuple(k) for k in THIN]
@@ -88,7 +88,8 @@ def test_auto_pooling_trains_an_8_slice_patch_a_fixed_one_cannot(upsampling):
     widths = [4, 8, 16, 32, 64]
     with pytest.raises(ValueError, match=r"D=8 < 16.*pooling=auto"):
         UNet3D(1, 3, widths, patch_size=[8, 64, 64])
-    net = UNet3D(1, 3, widths, upsampling=upsampling, pooling="auto", patch_size=[8, 64, 64])
+    pooling = pooling_factors(widths, "auto", [8, 64, 64])  # what the run plan passes
+    net = UNet3D(1, 3, widths, upsampling=upsampling, pooling=pooling, patch_size=[8, 64, 64])
     x = torch.randn(1, 1, 8, 64, 64, requires_grad=True)
     assert _bottleneck_shape(net, x) == (4, 4, 4)
     net(x).sum().backward()
@@ -120,7 +121,7 @@ def test_default_pooling_is_2_everywhere_with_the_same_weights():
         ([[2, 2], [2, 2, 2]], None),  # not [z, y, x]
         ("sometimes", None),
         (2, None),  # not a list of kernels
-        ("auto", None),  # auto without a patch
+        ("auto", [8, 64, 64]),  # auto: the run plan's to decide, not the network's
     ],
 )
 def test_bad_pooling_names_the_parameter(pooling, patch_size):
@@ -128,22 +129,10 @@ def test_bad_pooling_names_the_parameter(pooling, patch_size):
         UNet3D(1, 2, widths=[4, 8, 16], pooling=pooling, patch_size=patch_size)
 
 
-@pytest.mark.parametrize(
-    ("pooling", "patch", "levels", "bottleneck"),
-    [
-        ("auto", [32, 64, 64], 5, [4, 4, 4]),  # z stops at 4, y and x pooled once more
-        (None, [32, 64, 64], 4, [4, 8, 8]),  # all axes together: the thinnest decides
-        ("auto", [48, 56, 48], 4, [6, 7, 6]),
-        ("auto", [26, 150, 320], 7, [6, 4, 5]),
-    ],
-)
-def test_depth_auto_pools_until_the_bottleneck_is_a_few_voxels(pooling, patch, levels, bottleneck):
-    net = UNet3D(1, 3, [4, 8, 16], pooling=pooling, patch_size=patch, depth="auto")
-    assert net.depth == levels
-    assert net.widths == widths_for_depth([4, 8, 16], levels)
-    assert [p // f for p, f in zip(patch, total_pooling(net.pooling), strict=True)] == bottleneck
-    x = torch.zeros(1, 1, *patch)
-    assert net(x).shape == (1, 3, *patch)
+def test_the_network_takes_explicit_depth_not_auto():
+    with pytest.raises(ValueError, match="auto is planned by the run plan"):
+        UNet3D(1, 3, [4, 8, 16], patch_size=[32, 64, 64], depth="auto")
+    assert UNet3D(1, 3, [4, 8, 16], depth=5).widths == widths_for_depth([4, 8, 16], 5)
 
 
 def test_widths_for_depth_doubles_up_to_320_or_cuts():

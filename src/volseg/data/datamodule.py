@@ -116,8 +116,8 @@ class VolumeDataModule(LightningDataModule):
             ``None``: as many as ``root/classes.json`` names.
         in_channels: image channels (single-channel stacks: 1).
         patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
-            ``auto`` in the config is planned from the data by ``train.py`` before this class
-            is built (:func:`volseg.data.fingerprint.resolve_auto_patch`).
+            ``auto`` in the config is planned from the data by the run plan before this class
+            is built (:func:`volseg.plan.make_plan`).
         patch_voxels: the voxel budget of ``patch_size=auto`` (read by the planner).
         batch_size: patches per training step.
         samples_per_volume: patches drawn from each training volume per epoch (epoch length =
@@ -256,8 +256,8 @@ class VolumeDataModule(LightningDataModule):
             raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
         if str(patch_size) == "auto":
             raise UserInputError(
-                "data.patch_size=auto is planned from the data by train.py; call "
-                "volseg.data.fingerprint.resolve_auto_patch(cfg) before building the datamodule"
+                "data.patch_size=auto is planned from the data by the run plan; build the "
+                "datamodule from volseg.plan.make_plan(cfg).run_config()"
             )
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")

@@ -4,6 +4,8 @@ nnU-Net starts from the median (resampled) shape of the training cases and shrin
 until it fits its memory target; the network then pools each axis while it keeps at least 4
 voxels, so the bottleneck sees a few voxels and the receptive field covers the structures. Here
 the target is a voxel budget (``data.patch_voxels``); the pooling is ``model.net.pooling=auto``.
+The run plan (:mod:`volseg.plan.make`) calls :func:`plan_auto_patch` with the fingerprint of
+:func:`dataset_fingerprint`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from collections.abc import Sequence
 
 import hydra
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.cases import resampled_shape
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
-from volseg.models.unet import pooling_factors, total_pooling
 from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -62,17 +63,18 @@ def plan_patch(median_zyx: Sequence[int], max_voxels: int, multiple: int = 8) ->
     return patch
 
 
-def case_shapes(data_cfg: DictConfig) -> list[list[int]]:
-    """``[D, H, W]`` of every case's image (headers only) of the dataset ``data_cfg`` describes
-    (any layout: its datamodule finds the cases; an embedded dataset is generated first), on the
-    resampled grid when ``data.spacing`` is set."""
+def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]:
+    """``([D, H, W], [z, y, x] spacing)`` of every case's image (headers only) of the dataset
+    ``data_cfg`` describes (any layout: its datamodule finds the cases; an embedded dataset is
+    generated first); the shape on the resampled grid when ``data.spacing`` is set, the spacing
+    the files'."""
     options = OmegaConf.to_container(data_cfg, resolve=True)
     options["patch_size"] = [MIN_SIDE] * 3  # a placeholder: finding cases does not use it
     datamodule = hydra.utils.instantiate(options)
     datamodule.prepare_data()
     cases, _ = datamodule.find()
     spacing = options.get("spacing")
-    shapes = []
+    found = []
     for case in cases:
         geometry = read_geometry(case.image_files[0], case.image_key)
         try:
@@ -80,54 +82,52 @@ def case_shapes(data_cfg: DictConfig) -> list[list[int]]:
         except ValueError:  # an affine that cannot be reoriented: the check names it
             continue
         shape = list(geometry["shape_zyx"])[:3]
+        affine = np.asarray(geometry["affine"])
+        own = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
         if spacing is not None:
             shape = resampled_shape(shape, geometry["affine"], spacing)
-        shapes.append(shape)
-    return shapes
+        found.append((shape, own))
+    return found
 
 
-def resolve_auto_patch(cfg: DictConfig) -> list[int] | None:
-    """Replace ``data.patch_size=auto`` in ``cfg`` by a patch planned from the data (before
-    anything interpolates it: ``model.net.patch_size`` and ``model.inferer.roi_size`` follow
-    ``${data.patch_size}``). An explicit patch is left as it is. Logs one line saying what was
-    chosen and why; returns the patch (``None`` when nothing was auto)."""
-    data = cfg.get("data")
-    if data is None or str(data.get("patch_size")) != "auto":
-        return None
-    max_voxels = int(data.get("patch_voxels") or 0)
+def case_shapes(data_cfg: DictConfig) -> list[list[int]]:
+    """``[D, H, W]`` of every case's image (:func:`case_geometries`)."""
+    return [shape for shape, _ in case_geometries(data_cfg)]
+
+
+def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
+    """What the plan knows of the dataset, from the headers: the number of cases, the median,
+    smallest and largest ``[D, H, W]`` (resampled to ``data.spacing`` when set) and the median
+    voxel spacing ``[z, y, x]`` of the files."""
+    geometries = case_geometries(data_cfg)
+    if not geometries:
+        raise UserInputError(f"data.root={data_cfg.get('root')}: no cases found to plan from")
+    shapes = np.asarray([g[0] for g in geometries])
+    spacings = np.asarray([g[1] for g in geometries])
+    spacing = data_cfg.get("spacing")
+    return {
+        "cases": len(geometries),
+        "median_shape": median_shape(shapes.tolist()),
+        "min_shape": shapes.min(axis=0).tolist(),
+        "max_shape": shapes.max(axis=0).tolist(),
+        "median_spacing": [round(float(v), 6) for v in np.median(spacings, axis=0)],
+        "shapes_resampled_to": list(spacing) if spacing is not None else None,
+    }
+
+
+def plan_auto_patch(
+    data_cfg: DictConfig, multiple: int, median: Sequence[int]
+) -> tuple[list[int], str]:
+    """``data.patch_size=auto``: the patch for the dataset's median case shape ``median`` within
+    ``data.patch_voxels`` voxels, sides multiples of ``multiple``; and why, in words."""
+    max_voxels = int(data_cfg.get("patch_voxels") or 0)
     if max_voxels < MIN_SIDE**3:
         raise UserInputError(
-            f"data.patch_voxels={data.get('patch_voxels')}: data.patch_size=auto needs a voxel "
-            f"budget >= {MIN_SIDE**3}"
+            f"data.patch_voxels={data_cfg.get('patch_voxels')}: data.patch_size=auto needs a "
+            f"voxel budget >= {MIN_SIDE**3}"
         )
-    spacing = data.get("spacing")
-    shapes = case_shapes(data)
-    if not shapes:
-        raise UserInputError(
-            f"data.patch_size=auto: no cases found in data.root={data.get('root')} to plan from"
-        )
-    net = cfg.get("model", {}).get("net") or {}
-    widths = list(net.get("widths") or [0, 0, 0, 0])
-    pooling = net.get("pooling")
-    # the patch must divide by what the network pools: 2^(levels - 1) per axis at most
-    multiple = 2 ** (len(widths) - 1)
-    median = median_shape(shapes)
     patch = plan_patch(median, max_voxels, multiple=max(multiple, 2))
-    factors = pooling_factors(widths, pooling if pooling is not None else None, patch)
-    bottleneck = [p // f for p, f in zip(patch, total_pooling(factors), strict=True)]
-    log.info(
-        "data.patch_size=auto -> %s: median case shape %s (%d cases%s), at most "
-        "data.patch_voxels=%d voxels, sides multiples of %d; bottleneck %s voxels after "
-        "model.net.pooling=%s",
-        patch,
-        median,
-        len(shapes),
-        f", resampled to data.spacing={list(spacing)}" if spacing is not None else "",
-        max_voxels,
-        multiple,
-        bottleneck,
-        pooling if pooling is not None else "null",
+    return patch, (
+        f"median case shape {list(median)}, at most data.patch_voxels={max_voxels} voxels, "
+        f"sides multiples of {multiple}"
     )
-    with open_dict(cfg):
-        cfg.data.patch_size = patch
-    return patch

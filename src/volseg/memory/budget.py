@@ -13,14 +13,10 @@ from volseg.utils.units import MIB, parse_bytes
 log = logging.getLogger(__name__)
 
 
-def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
-    """With ``memory.budget`` set, estimate the training step before anything is built and
-    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
-    budget_value = cfg.get("memory", {}).get("budget")
-    if not budget_value:
-        return None
+def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
+    """The predicted process total of ``est`` within ``memory.budget=budget_value``; raises
+    :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
     budget = parse_bytes(budget_value, "memory.budget")
-    est = estimate(cfg)
     total = est.total_within(budget)
     if total is None:
         raise BudgetExceeded(
@@ -36,4 +32,15 @@ def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
         f"{total / MIB:,.0f}",
         est.device,
     )
+    return total
+
+
+def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
+    """With ``memory.budget`` set, estimate the training step before anything is built and
+    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+    budget_value = cfg.get("memory", {}).get("budget")
+    if not budget_value:
+        return None
+    est = estimate(cfg)
+    check_estimate_fits(est, budget_value)
     return est

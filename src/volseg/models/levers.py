@@ -4,8 +4,8 @@
 naming its config key. :meth:`MemoryLevers.apply` applies the ones that change the network, in
 one stated order; :meth:`MemoryLevers.forward` and :meth:`MemoryLevers.loss` apply the ones that
 act while a step runs. :data:`LEVERS` lists every lever a user can pull (these, the trainer's,
-the data's and the inferer's), in the order to try them: the OOM report and the README's table
-read it.
+the data's and the inferer's), in the order to try them: the OOM report and the table of
+docs/memory.md read it.
 
 This module sits in ``models/`` (not ``memory/``) because the LightningModule applies the levers
 and ``models/`` imports nothing from ``memory/``; the estimator and planner read it from there.
@@ -114,7 +114,7 @@ def lever_lines(during: str) -> list[str]:
 
 
 def lever_table() -> str:
-    """:data:`LEVERS` as the README's markdown table."""
+    """:data:`LEVERS` as the markdown table of docs/memory.md."""
     rows = ["| lever | config | what it does |", "| --- | --- | --- |"]
     for lever in LEVERS:
         setting = lever.setting.replace("|", "\\|")

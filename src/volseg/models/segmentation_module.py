@@ -116,6 +116,7 @@ class SegmentationModule(LightningModule):
         self.best_dice = float("-inf")
         self.best_dice_per_class: dict[str, float] = {}
         self.run_config: dict[str, Any] | None = None  # the resolved train config, for eval.py
+        self.run_plan: dict[str, Any] | None = None  # its plan (volseg.plan), for eval/predict
 
     @property
     def class_names(self) -> list[str]:
@@ -307,6 +308,7 @@ class SegmentationModule(LightningModule):
             "best_dice": self.best_dice,
             "best_dice_per_class": self.best_dice_per_class,
             "config": self.run_config,
+            "plan": self.run_plan,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

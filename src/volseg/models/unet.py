@@ -78,21 +78,6 @@ def pooling_factors(
 MAX_WIDTH = 320
 
 
-def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
-    """Levels for ``depth="auto"``: pool until no axis of ``patch_size`` can be pooled
-    again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
-    with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
-    a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
-    counts = []
-    for extent in (int(p) for p in patch_size):
-        n = 0
-        while extent >= 2 * AUTO_MIN_POOLED:
-            extent //= 2
-            n += 1
-        counts.append(n)
-    return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
-
-
 def widths_for_depth(widths: Sequence[int], depth: int) -> list[int]:
     """``widths`` cut or extended (doubling the last, at most ``MAX_WIDTH``) to ``depth`` levels."""
     out = [int(w) for w in widths][:depth]
@@ -295,13 +280,14 @@ class UNet3D(nn.Module):
         upsampling: ``trilinear`` (align_corners=True) or ``transposed`` (ConvTranspose3d k=2 s=2).
         bias: conv bias.
         dropout: Dropout3d probability inside every DoubleConv (0 disables it).
-        pooling: ``None`` (2 on every axis at every level), ``"auto"`` (from ``patch_size``) or
-            one ``[z, y, x]`` kernel of 1s and 2s per pooling; see :func:`pooling_factors`.
-        patch_size: training patch ``[D, H, W]`` in voxels; needed by ``pooling="auto"``, and
-            checked against a fixed pooling (see :func:`check_patch_poolable`).
+        pooling: ``None`` (2 on every axis at every level) or one ``[z, y, x]`` kernel of 1s and
+            2s per pooling; see :func:`pooling_factors` (``auto`` is planned from the patch by
+            :func:`volseg.plan.network.plan_network`, not here).
+        patch_size: training patch ``[D, H, W]`` in voxels, checked against the pooling (see
+            :func:`check_patch_poolable`).
         activation: ``relu`` or ``leaky_relu`` (slope 0.01) after every norm.
         depth: levels; ``None``: ``len(widths)``; an int cuts or extends ``widths`` (doubling,
-            at most 320); ``"auto"``: from ``patch_size`` (:func:`auto_depth`).
+            at most 320).
 
     Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
     """
@@ -324,27 +310,12 @@ class UNet3D(nn.Module):
     ) -> None:
         super().__init__()
         widths = list(widths)
-        if depth == "auto":
-            if patch_size is None or len(patch_size) != 3:
-                raise ValueError(f"depth=auto needs patch_size=[D, H, W]; got {patch_size}")
-            depth = auto_depth(pooling, patch_size)
-            planned = widths_for_depth(widths, depth)
-            bottleneck = [
-                p // f
-                for p, f in zip(
-                    patch_size,
-                    total_pooling(pooling_factors(planned, pooling, patch_size)),
-                    strict=True,
-                )
-            ]
-            log.info(
-                "depth=auto -> %d levels, widths %s: pooled until no axis of the patch "
-                "%s can be halved again (pooling=%s), bottleneck %s voxels",
-                depth,
-                planned,
-                list(patch_size),
-                pooling,
-                bottleneck,
+        if pooling == "auto" or depth == "auto":
+            # the patch decides them: the run plan does (volseg.plan.network), once, for every
+            # entry point; the network is built with what it decided
+            raise ValueError(
+                f"pooling={pooling!r}, depth={depth!r}: auto is planned by the run plan "
+                "(volseg.plan.make_plan); UNet3D takes explicit pooling kernels and depth"
             )
         if depth is not None:
             widths = widths_for_depth(widths, int(depth))

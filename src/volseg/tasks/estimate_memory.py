@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
 from volseg.memory.estimator import MemoryEstimate, estimate, target_device
 from volseg.memory.planner import Plan, plan
+from volseg.plan import plan_run
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build
@@ -131,7 +132,11 @@ def check_json_out(path: Path, overwrite: bool) -> None:
 
 
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
-    """Estimate the step ``train.py`` would run; plan with ``estimate.budget``; write JSON."""
+    """Estimate the step ``train.py`` would run (the same plan: :func:`volseg.plan.plan_run`);
+    search with ``estimate.budget``; write JSON."""
+    run_plan = plan_run(cfg, estimate_step=False)
+    log.info("%s", run_plan.format())
+    cfg = run_plan.run_config()
     options = cfg.estimate
     budget = parse_bytes(options.budget, "estimate.budget") if options.budget else None
     json_out = Path(options.json_out) if options.json_out else None
@@ -151,6 +156,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
         )
         print(format_plan(answer))
         result["plan"] = answer.to_dict()
+    result["run_plan"] = run_plan.to_dict()["decisions"]
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=2))
         log.info("Wrote %s", json_out)

@@ -7,14 +7,14 @@ import logging
 from pathlib import Path
 
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
-from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
+from volseg.plan.files import plan_from_run
+from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.entry import seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_loggers
-from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,17 @@ def check_predictions_dir(
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Validate a checkpoint on the validation split and write its predicted label volumes.
 
-    Model and data come from the config saved in the checkpoint; ``data.*`` and ``model.*``
-    overrides on the command line replace the saved values. Writes ``predictions/`` and
+    Model and data come from the training run's plan (the checkpoint's); overrides on the
+    command line apply as in train.py (``data.*``, ``model.*``, a group such as ``data=msd``),
+    see :func:`volseg.plan.files.plan_from_run`. Writes ``plan.yaml``, ``predictions/`` and
     ``eval_summary.json`` into the run dir and returns the validation metrics.
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
-    data_cfg = OmegaConf.merge(run_cfg.data, command_line_overrides("data"))
+    run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "eval.py")
+    log.info("%s", run_plan.format())
+    run_plan.write(cfg.paths.output_dir)
+    cfg = run_plan.run_config()
+    data_cfg = cfg.data
     seed_everything(cfg)
 
     datamodule: L.LightningDataModule = build(data_cfg, "data")
@@ -62,13 +67,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_predictions_dir(
         Path(cfg.predictions_dir), datamodule, bool(cfg.get("overwrite", False)), data_cfg.root
     )
-    model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
-    model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
+    model = load_model(checkpoint, cfg.model, cfg.ckpt_path)
 
     writer = ValidationPredictionWriter(
         cfg.predictions_dir, getattr(datamodule, "orientation", None)
     )
-    resolve_trainer_precision(cfg)
     trainer: L.Trainer = build_trainer(
         cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
     )

@@ -37,10 +37,10 @@ from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
-from volseg.utils.checkpoint import command_line_overrides, load_model, load_run_config
+from volseg.plan.files import plan_from_run
+from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
-from volseg.utils.precision import resolve_trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +263,12 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     Returns ``{"written": [paths]}``.
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
-    model_cfg = OmegaConf.merge(run_cfg.model, command_line_overrides("model"))
-    data_cfg = OmegaConf.merge(run_cfg.data, command_line_overrides("data"))
+    # the training run's plan, this command's overrides applied as train.py applies them
+    run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
+    log.info("%s", run_plan.format())
+    run_plan.write(cfg.paths.output_dir)
+    cfg = run_plan.run_config()
+    model_cfg, data_cfg = cfg.model, cfg.data
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
     in_channels = int(OmegaConf.select(model_cfg, "net.in_channels", default=1))
     num_classes = int(OmegaConf.select(model_cfg, "net.num_classes", default=model.num_classes))
@@ -286,7 +290,6 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         worker_context(getattr(datamodule, "cuda_before", False)),
     )
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
-    resolve_trainer_precision(cfg)
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",

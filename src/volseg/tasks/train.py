@@ -11,23 +11,22 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import local_processes, log_host
-from volseg.memory.budget import check_memory_budget
 from volseg.models.build import build_model
-from volseg.models.unet import check_patch_poolable
-from volseg.plan.reconcile import reconcile_callbacks
+from volseg.plan import plan_run
+from volseg.plan.network import plan_network
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.entry import print_config, seed_everything
-from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import (
     build,
     build_trainer,
     instantiate_callbacks,
     instantiate_loggers,
 )
-from volseg.utils.precision import resolve_trainer_precision
+from volseg.utils.sweep import is_global_zero
 
 log = logging.getLogger(__name__)
 
@@ -69,46 +68,15 @@ def check_strategy_device(trainer_cfg: DictConfig) -> None:
     )
 
 
-#: the config keys of check_patch_poolable's values
-PATCH_CONFIG_KEYS = {
-    "patch_size": "data.patch_size",
-    "widths": "model.net.widths",
-    "pooling": "model.net.pooling",
-}
-
-
 def check_patch_fits_network(cfg: DictConfig) -> None:
     """One clear error, before any work, when ``data.patch_size`` is thinner than the U-Net's
-    poolings (``model.net.widths``/``model.net.pooling``) or the pooling setting is invalid."""
+    poolings (``model.net.widths``/``model.net.pooling``) or the pooling setting is invalid
+    (what the plan checks: :func:`volseg.plan.network.plan_network`)."""
     net = cfg.model.get("net")
     patch = cfg.data.get("patch_size")
     if net is None or "widths" not in net or patch is None or len(patch) != 3:
         return  # not a U-Net config; a malformed patch is the datamodule's error
-    try:
-        check_patch_poolable(net.widths, net.get("pooling"), patch, names=PATCH_CONFIG_KEYS)
-    except ValueError as err:
-        raise at_config_key(str(err), "model.net") from None
-
-
-def take_shape_from_data(cfg: DictConfig, datamodule: L.LightningDataModule) -> None:
-    """Set ``num_classes``/``in_channels`` to the checked data's (``data=msd``: dataset.json),
-    so that the model, built from ``${num_classes}``/``${in_channels}``, fits the data."""
-    for key in ("num_classes", "in_channels"):
-        found = getattr(datamodule, key, None)
-        if found is not None and found != cfg.get(key):
-            log.info("%s=%s from the dataset (was %s)", key, found, cfg.get(key))
-            with open_dict(cfg):
-                cfg[key] = found
-
-
-def training_device(cfg: DictConfig) -> str:
-    """``cuda`` or ``cpu``: where ``trainer.accelerator`` trains on this machine."""
-    accelerator = str(cfg.trainer.get("accelerator", "auto"))
-    if accelerator in ("gpu", "cuda"):
-        return "cuda"
-    if accelerator == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cpu"
+    plan_network(net, patch)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -125,10 +93,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     seed_everything(cfg)
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
-
     check_strategy_installed(cfg.trainer.get("strategy"))
     check_strategy_device(cfg.trainer)
-    check_patch_fits_network(cfg)
+
+    # every auto decided once (patch, network, precision, loader, shape from the data, budget);
+    # from here on everything is built from the plan's config, which nothing edits
+    run_plan = plan_run(cfg)
+    log.info("%s", run_plan.format())
+    if is_global_zero():
+        log.info("Wrote %s", run_plan.write(cfg.paths.output_dir))
+    cfg = run_plan.run_config()
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule: L.LightningDataModule = build(cfg.data, "data")
@@ -138,29 +112,25 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if hasattr(datamodule, "check_host_memory") and not check_only:
         # from the headers, before the checks read any voxel: a cache too big for the RAM stops
         # the run here, not when the machine swaps or the kernel kills it mid-load
-        device = training_device(cfg)
+        device = run_plan.value("device")
         host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
     datamodule.check()
-    take_shape_from_data(cfg, datamodule)
     if check_only:
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
-
     if cfg.get("memory", {}).get("budget"):
-        log_host(host)  # the budget is the step's; the data side is logged next to it
-    check_memory_budget(cfg)  # resolves trainer.precision=auto for its own target device
-    precision = resolve_trainer_precision(cfg)
+        log_host(host)  # the budget is the step's (checked by the plan); the data side's here
 
     log.info("Instantiating model <%s>", cfg.model._target_)
     model: L.LightningModule = build_model(cfg)
     model.run_config = OmegaConf.to_container(cfg, resolve=True)
-    model.precision_choice = precision.as_dict()
+    model.run_plan = run_plan.to_dict()
+    model.precision_choice = dict(run_plan.precision)
     if checkpoint is not None:
         check_weights_fit(model, checkpoint, cfg.model, cfg.ckpt_path)
         del checkpoint  # Lightning loads it again to restore the whole training state
 
-    dropped, _ = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
-    callbacks = instantiate_callbacks(cfg.get("callbacks"), skip=dropped)
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))
     loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers)
     for logger in trainer.loggers:
@@ -171,9 +141,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True
     )
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    # a forking or spawning strategy trained the model in other processes: this one gets the
-    # weights and the metrics back (val/dice_mean_best), not the module's attributes
-    best = float(metrics.get("val/dice_mean_best", getattr(model, "best_dice", float("nan"))))
+    best = float(getattr(model, "best_dice", float("nan")))
     if math.isfinite(best):
         log.info("Best val/dice_mean: %.4f", best)
     else:

@@ -1,8 +1,8 @@
 """Loading a trained run back: the checkpoint, the train config saved in it, its network.
 
 Shared by ``eval.py`` and ``predict.py``: both rebuild the model from the checkpoint's own config
-(command-line ``model.*``/``data.*`` overrides replace saved values) and load the weights, turning
-any mismatch into one :class:`UserInputError` that names it.
+and plan (:func:`volseg.plan.files.plan_from_run` applies the command line's overrides) and load
+the weights, turning any mismatch into one :class:`UserInputError` that names it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch import LightningModule
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,15 +39,6 @@ def load_run_config(ckpt_path: str | Path) -> tuple[dict[str, Any], DictConfig]:
     if not saved:
         raise UserInputError(f"ckpt_path={path}: no volseg config in it (not written by train.py)")
     return checkpoint, OmegaConf.create(saved)
-
-
-def command_line_overrides(group: str) -> DictConfig:
-    """The ``<group>.*`` overrides given on this command line, e.g. ``data.root=DIR``."""
-    if not HydraConfig.initialized():
-        return OmegaConf.create()
-    prefix = f"{group}."
-    dotlist = [o for o in HydraConfig.get().overrides.task if o.startswith(prefix)]
-    return OmegaConf.from_dotlist(dotlist).get(group, OmegaConf.create())
 
 
 def weight_mismatches(

@@ -26,6 +26,7 @@ USAGE = {
     "eval": "python eval.py ckpt_path=PATH [data.root=DIR] [predictions_dir=DIR]",
     "predict": "python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR",
     "estimate": "python estimate_memory.py [train.py overrides] [estimate.json_out=FILE]",
+    "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [estimate.device=cuda]",
 }
 
 # set when the entry point's task starts: an error before it is Hydra's (composing the config)

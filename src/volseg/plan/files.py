@@ -1,0 +1,177 @@
+"""Plans that come from somewhere: a plan file (``python train.py plan=PATH``) or the training
+run a checkpoint belongs to (``eval.py``/``predict.py``). Either is laid over this command's
+composed config and planned again: explicit values stay, and each decision the earlier plan made
+keeps its source, naming where it came from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from volseg.plan.run_plan import RUN_NODES, SCHEMA_VERSION, Decision, RunPlan
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """``plan.yaml`` as written by :meth:`RunPlan.write`; a file that is not one: one error."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"plan={path}: file not found (plan.py writes one: plan.yaml)")
+    try:
+        saved = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise UserInputError(f"plan={path}: not YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(saved, dict) or "config" not in saved or "decisions" not in saved:
+        raise UserInputError(f"plan={path}: not a volseg plan (no config and decisions in it)")
+    if saved.get("schema_version") != SCHEMA_VERSION:
+        raise UserInputError(
+            f"plan={path}: schema_version {saved.get('schema_version')}, expected {SCHEMA_VERSION}"
+        )
+    return saved
+
+
+def command_line(prefixes: tuple[str, ...] = ()) -> list[str]:
+    """This command's overrides (``key=value`` as typed), but those starting with ``prefixes``."""
+    if not HydraConfig.initialized():
+        return []
+    return [o for o in HydraConfig.get().overrides.task if not o.startswith(prefixes)]
+
+
+def lay_over(
+    cfg: DictConfig, saved: Mapping[str, Any], keep: tuple[str, ...] = RUN_NODES
+) -> DictConfig:
+    """``cfg`` with each top-level node of the ``saved`` config replacing its own (a saved
+    ``data`` node replaces, not merges: another group choice has other keys), but ``keep``."""
+    out = cfg.copy()
+    with open_dict(out):
+        for key, value in saved.items():
+            if key not in keep:
+                out[key] = value
+    return out
+
+
+def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig:
+    """``key=value`` overrides applied to ``cfg`` as Hydra applies them; a group choice
+    (``data=msd``), an added or deleted key (``+key``, ``~key``) stops with one line naming
+    it, followed by ``what``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    with open_dict(cfg):
+        for text in overrides:
+            override = parser.parse_override(text)
+            key = override.key_or_group
+            group_choice = "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig))
+            if override.is_add() or override.is_delete() or group_choice:
+                raise UserInputError(f"{text}: {what}")
+            OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
+    return cfg
+
+
+def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunPlan:
+    """``plan`` with each decision that equals the ``saved`` plan's and was not simply
+    configured there named after it: source ``where`` and the earlier source and reason."""
+    earlier = saved.get("decisions") or {}
+    decisions: dict[str, Decision] = {}
+    for key, decision in plan.decisions.items():
+        before = earlier.get(key)
+        same = before is not None and plain(before.get("value")) == plain(decision.value)
+        if same and before.get("source") != "configured" and decision.source == "configured":
+            why = f"{before.get('source')}: {before.get('why')}".rstrip(": ")
+            decision = Decision(decision.value, where, why)
+        decisions[key] = decision
+    return RunPlan(
+        config=plan.config,
+        decisions=decisions,
+        estimate=plan.estimate,
+        fingerprint=plan.fingerprint or saved.get("fingerprint"),
+        notes=plan.notes,
+        precision=plan.precision,
+    )
+
+
+def plan_from_file(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
+    """``python train.py plan=PATH [key=value ...]``: this command's config with the plan
+    file's laid over it and this command's dotted overrides applied again on top, and the
+    saved plan (its decisions name their sources)."""
+    path = str(cfg.plan)
+    saved = read_plan_file(path)
+    laid = lay_over(cfg, saved["config"])
+    overrides = command_line(("plan=", "hydra.", "paths.", "task_name="))
+    what = (
+        f"with plan={path} the groups are the plan's; choose a group in the plan.py command "
+        "that writes the plan"
+    )
+    return apply_dotted(laid, overrides, what), saved
+
+
+#: the nodes a trained run fixes; eval.py and predict.py take them from its checkpoint
+RUN_OWN = ("data", "model", "num_classes", "in_channels")
+
+
+def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConfig:
+    """eval.py's/predict.py's composed ``cfg`` with the training run's ``data``, ``model``,
+    ``num_classes`` and ``in_channels`` (``run_cfg``, from the checkpoint), and this command's
+    overrides of them applied as train.py applies them: ``data.*``/``model.*`` onto the run's
+    values, a group choice (``data=msd``) replacing the run's node with that group's config
+    (with this command's ``data.*`` on it); ``num_classes``/``in_channels`` stop with one line
+    (they are the trained network's)."""
+    overrides = command_line()
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = [(text, parser.parse_override(text)) for text in overrides]
+    chosen = {o.key_or_group for _, o in parsed if o.key_or_group in RUN_OWN[:2]}
+    for text, o in parsed:
+        if o.key_or_group in ("num_classes", "in_channels"):
+            raise UserInputError(
+                f"{text}: {task} takes {o.key_or_group} from the checkpoint's run "
+                f"({run_cfg.get(o.key_or_group)}); its network was trained for it"
+            )
+    merged = cfg.copy()
+    with open_dict(merged):
+        for key in RUN_OWN:
+            if key not in chosen and key in run_cfg:
+                merged[key] = copy_node(run_cfg[key])
+        dotted = [
+            (text, o)
+            for text, o in parsed
+            if o.key_or_group.split(".")[0] in RUN_OWN[:2]
+            and "." in o.key_or_group
+            and o.key_or_group.split(".")[0] not in chosen
+        ]
+        for text, o in dotted:
+            if o.is_delete():
+                raise UserInputError(f"{text}: {task} cannot delete a key of the trained run")
+            OmegaConf.update(merged, o.key_or_group, o.value(), merge=False, force_add=True)
+    return merged
+
+
+def copy_node(node: Any) -> Any:
+    return OmegaConf.create(OmegaConf.to_container(node)) if isinstance(node, DictConfig) else node
+
+
+def plan_from_run(
+    cfg: DictConfig, run_cfg: DictConfig, saved_plan: Mapping[str, Any] | None, task: str
+) -> RunPlan:
+    """The plan of ``eval.py``/``predict.py``: the training run's (``run_cfg``, its plan
+    ``saved_plan`` from the checkpoint) with this command's overrides (:func:`config_from_run`),
+    planned again; decisions the training run planned say so."""
+    from volseg.plan.make import make_plan
+
+    planned = make_plan(config_from_run(cfg, run_cfg, task), estimate_step=False)
+    for key in ("num_classes", "in_channels"):
+        trained, found = run_cfg.get(key), planned.decisions.get(key)
+        if trained is not None and found is not None and found.value != trained:
+            # another dataset (data=msd, data.root=...) with other classes or channels
+            raise UserInputError(
+                f"{key}={found.value} from the data ({found.why or found.source}), but the "
+                f"checkpoint's network was trained for {key}={trained}"
+            )
+    return inherit_sources(planned, saved_plan or {}, "the training run's plan")

@@ -1,0 +1,320 @@
+"""``make_plan(cfg)``: the composed config in, one :class:`RunPlan` out, every ``auto`` resolved
+once, in this order (each step may read what the ones before decided):
+
+1. callbacks that contradict other options (:mod:`volseg.plan.reconcile`);
+2. the device the run trains on, and ``trainer.precision`` for it;
+3. from the data, where asked (``null``/``auto``): ``num_classes``/``in_channels`` (``data=msd``:
+   dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
+   dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
+4. the network for the patch: ``model.net.depth``, ``widths``, ``pooling``;
+5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
+6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
+7. the estimator's peak memory and FLOPs of one optimizer step of the planned run.
+
+Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
+from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_patch
+from volseg.data.host_memory import local_processes
+from volseg.data.loader_options import resolve_loader_options
+from volseg.plan.network import plan_network
+from volseg.plan.reconcile import reconcile_callbacks
+from volseg.plan.run_plan import Decision, RunPlan
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
+from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
+from volseg.utils.units import MIB, parse_bytes
+
+log = logging.getLogger(__name__)
+
+
+def plan_device(cfg: DictConfig) -> Decision:
+    """Where the run trains: ``estimate.device`` when set (a plan for a GPU this machine may
+    lack), else ``trainer.accelerator`` on this machine (``auto``: CUDA when it has it)."""
+    wanted = OmegaConf.select(cfg, "estimate.device")
+    if wanted is not None:
+        if wanted not in ("cuda", "cpu"):
+            raise UserInputError(f"estimate.device={wanted}: must be one of cuda, cpu")
+        return Decision(str(wanted), "configured", f"estimate.device={wanted}")
+    accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
+    if accelerator in ("gpu", "cuda"):
+        return Decision("cuda", "configured", f"trainer.accelerator={accelerator}")
+    if accelerator == "auto":
+        here = torch.cuda.is_available()
+        why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
+        return Decision("cuda" if here else "cpu", "planned", why)
+    return Decision("cpu", "configured", f"trainer.accelerator={accelerator}")
+
+
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+class _Data:
+    """The dataset, opened once and only when a decision needs it (headers, never voxels)."""
+
+    def __init__(self, data_cfg: DictConfig) -> None:
+        self.cfg = data_cfg
+        self._module: Any = None
+
+    @property
+    def module(self) -> Any:
+        if self._module is None:
+            options = OmegaConf.to_container(self.cfg, resolve=True)
+            if str(options.get("patch_size")) == "auto":
+                options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
+            self._module = hydra.utils.instantiate(options)
+            self._module.prepare_data()  # an embedded dataset is generated here, once
+        return self._module
+
+    def augment(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """``data.augment`` with null keys from the folder's own defaults. An embedded dataset
+        not generated yet gets those it will be generated with (nothing is generated for it)."""
+        root = Path(str(self.cfg.root))
+        pending = self.cfg.get("synthetic") and not root.exists()
+        if pending and Path(str(self.cfg.synthetic.root)).resolve() == root.resolve():
+            values, sources = resolve_augment(plain(self.cfg.augment), root)
+            for key, value in EMBEDDED_DEFAULTS["augment"].items():
+                if sources.get(key) != "configured":
+                    values[key] = value
+                    sources[key] = "the embedded dataset's own (written when it is generated)"
+            return values, sources
+        return resolve_augment(plain(self.cfg.augment), root)
+
+
+def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool) -> Any:
+    data = cfg.data
+    opened = _Data(data)
+    fingerprint = None
+    # classes and channels: the data's where the data config leaves them null (data=msd)
+    for key in ("num_classes", "in_channels"):
+        if data.get(key) is None and key in data:
+            opened.module.find()  # dataset.json: sets them, or one error naming the file
+            found = int(getattr(opened.module, key))
+            decisions[key] = Decision(found, "the data", f"{opened.module.classes_from}")
+            _set(cfg, key, found)
+            _set(cfg, f"data.{key}", found)
+        elif key in cfg:
+            decisions[key] = Decision(int(cfg[key]), "configured")
+    # augmentations the config leaves null: the dataset folder's own defaults
+    if "augment" in data:
+        augment, sources = opened.augment()
+        for key in ("flip_axes", "rotate90_planes"):
+            decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
+        _set(cfg, "data.augment", augment)
+    if "spacing" in data:
+        decisions["data.spacing"] = Decision(
+            plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
+        )
+    if "orientation" in data:
+        decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
+    auto_patch = str(data.get("patch_size")) == "auto"
+    if auto_patch or want_fingerprint:
+        fingerprint = dataset_fingerprint(data)
+    if auto_patch:
+        net = cfg.model.get("net") or {}
+        # the patch must divide by what the network pools: 2^(levels - 1) per axis at most
+        multiple = 2 ** (len(net.get("widths") or [0, 0, 0, 0]) - 1)
+        patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
+        why += f" ({fingerprint['cases']} cases)"
+        decisions["data.patch_size"] = Decision(patch, "planned", why)
+        _set(cfg, "data.patch_size", patch)
+    elif "patch_size" in data:
+        patch = plain(data.patch_size)
+        if not (
+            isinstance(patch, list)
+            and len(patch) == 3
+            and all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)
+        ):
+            raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
+        decisions["data.patch_size"] = Decision(patch, "configured")
+    return fingerprint
+
+
+def _source(text: str) -> tuple[str, str]:
+    """``resolve_augment``'s source as (source, why)."""
+    if text == "configured":
+        return "configured", ""
+    if text.startswith("the dataset's own"):
+        return "the data", text.removeprefix("the dataset's own (").removesuffix(")")
+    if text.startswith("the embedded dataset's own"):
+        return "the data", text
+    return "default", text
+
+
+def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> None:
+    data = cfg.data
+    if "num_workers" not in data:
+        return
+    asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
+    devices = local_processes(cfg.trainer, device)
+    options = resolve_loader_options(*asked.values(), device, devices)
+    for key, value in (
+        ("num_workers", options.num_workers),
+        ("pin_memory", options.pin_memory),
+        ("persistent_workers", options.persistent_workers),
+    ):
+        if asked[key] == "auto":
+            why = f"for {device} with {devices} process(es) on this machine"
+            decisions[f"data.{key}"] = Decision(value, "planned", why)
+        else:
+            decisions[f"data.{key}"] = Decision(value, "configured")
+        _set(cfg, f"data.{key}", value)
+    for key in ("cache", "cache_rate"):
+        if key in data:
+            decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
+
+
+def _plan_step(
+    cfg: DictConfig, decisions: dict[str, Decision], estimate_step: bool, fit_budget: bool
+) -> dict:
+    """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
+    estimator's step: ``{device, peak_allocated, process_total, flops_per_step}`` (bytes)."""
+    from volseg.memory.budget import check_estimate_fits
+    from volseg.memory.estimator import estimate, step_flops
+
+    budget_value = OmegaConf.select(cfg, "memory.budget")
+    why = ""
+    result: dict[str, Any] = {}
+    if budget_value or estimate_step:
+        try:
+            est = estimate(cfg)
+            result = {
+                "device": est.device,
+                "precision": est.precision,
+                "peak_allocated": est.peak_allocated,
+                "process_total": est.process_total,
+                "flops_per_step": step_flops(cfg),
+            }
+        except UserInputError:
+            raise
+        except Exception as err:  # a setting the estimator does not model: the run goes on
+            if budget_value:
+                raise
+            result = {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}
+    planned: dict[str, str] = {}
+    if budget_value:
+        budget = parse_bytes(budget_value, "memory.budget")
+        if fit_budget and est.total_within(budget) is None:
+            planned, est = _fit_budget(cfg, budget, budget_value, est)
+            result.update(
+                peak_allocated=est.peak_allocated,
+                process_total=est.process_total,
+                flops_per_step=step_flops(cfg),
+            )
+        total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
+        why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
+    for key in (
+        "data.batch_size",
+        "model.activation_checkpointing",
+        "trainer.accumulate_grad_batches",
+    ):
+        value = OmegaConf.select(cfg, key)
+        if key in planned:
+            decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
+        elif value is not None:
+            decisions[key] = Decision(plain(value), "configured", why)
+    return result
+
+
+def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
+    """The configured step does not fit ``memory.budget``: the planner's answer
+    (:func:`volseg.memory.planner.plan`), set in ``cfg``: micro-batches that add up to the
+    configured batch where they fit (the same samples per optimizer step), else its batch and
+    checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
+    from volseg.memory.estimator import estimate
+    from volseg.memory.planner import plan as search
+
+    answer = search(cfg, budget, "batch", as_configured=configured)
+    if answer.micro_batching is not None:
+        overrides = list(answer.micro_batching["overrides"])
+        why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
+    elif answer.overrides:
+        overrides = list(answer.overrides)
+        why = "the configured step does not fit: the largest batch that does"
+    else:
+        return {}, configured
+    planned = {}
+    for text in overrides:
+        key, _, value = text.partition("=")
+        _set(cfg, key, yaml.safe_load(value))
+        planned[key] = why
+    log.info("memory.budget=%s: planned %s", budget_value, " ".join(overrides))
+    return planned, estimate(cfg)
+
+
+def make_plan(
+    cfg: DictConfig,
+    estimate_step: bool = True,
+    fingerprint: bool = False,
+    fit_budget: bool = False,
+) -> RunPlan:
+    """The plan of the run ``cfg`` (a composed ``train`` config, or eval/predict's config
+    merged onto the training run's) describes; ``cfg`` itself is not changed.
+
+    ``estimate_step``: also estimate the planned training step (peak memory, FLOPs);
+    ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
+    ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
+    micro-batches (plan.py) instead of stopping the run (train.py).
+    Bad values raise one :class:`UserInputError` naming the key.
+    """
+    cfg = copy.deepcopy(cfg)
+    decisions: dict[str, Decision] = {}
+    notes: list[str] = []
+
+    if "callbacks" in cfg and "trainer" in cfg:
+        dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
+        for name in dropped:
+            _set(cfg, f"callbacks.{name}", None)
+        if dropped:
+            decisions["callbacks"] = Decision(
+                sorted(k for k, v in cfg.callbacks.items() if v is not None),
+                "planned",
+                f"left out {', '.join(dropped)}: trainer.enable_progress_bar=false",
+            )
+        notes += said
+
+    device = plan_device(cfg)
+    decisions["device"] = device
+    if OmegaConf.select(cfg, "estimate") is not None:
+        _set(cfg, "estimate.device", device.value)  # the estimator plans for the same device
+    requested = cfg.trainer.get("precision", "32")
+    cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
+    choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
+    log_choice(choice)
+    source = "configured" if choice.precision == str(requested) else "planned"
+    decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
+    _set(cfg, "trainer.precision", choice.precision)
+
+    found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
+
+    net = OmegaConf.select(cfg, "model.net")
+    if isinstance(net, DictConfig) and "widths" in net and "patch_size" in cfg.data:
+        for key, decision in plan_network(net, cfg.data.patch_size).items():
+            decisions[key] = decision
+            _set(cfg, key, decision.value)
+    if "data" in cfg:
+        _plan_loader(cfg, device.value, decisions)
+    estimate = _plan_step(cfg, decisions, estimate_step, fit_budget) if "model" in cfg else {}
+    return RunPlan(
+        config=cfg,
+        decisions=decisions,
+        estimate=estimate,
+        fingerprint=found,
+        notes=tuple(notes),
+        precision=choice.as_dict(),
+    )
