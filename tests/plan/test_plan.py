@@ -108,8 +108,8 @@ def test_the_estimate_of_the_planned_step_is_in_the_plan(tmp_path):
 
 
 def test_a_budget_is_checked_or_fitted_by_the_planner(tmp_path):
-    small = [*CPU, "model.net.widths=[8,16,32]", "data.patch_size=[16,32,32]"]
-    small += ["trainer.precision=32", "data.batch_size=8"]
+    small = [*CPU, "model.net.widths=[4,8,16]", "data.patch_size=[16,32,32]"]
+    small += ["trainer.precision=32", "data.batch_size=4", "estimate.max_batch_size=4"]
     needed = _plan(tmp_path, small, estimate_step=True).estimate["process_total"]
     budget = f"memory.budget={int(0.6 * needed / MIB)}MiB"
     with pytest.raises(BudgetExceeded, match="memory.budget="):
@@ -117,7 +117,7 @@ def test_a_budget_is_checked_or_fitted_by_the_planner(tmp_path):
     plan = _plan(tmp_path, [*small, budget], fit_budget=True)  # what plan.py does
     batch, steps = plan.value("data.batch_size"), plan.value("trainer.accumulate_grad_batches")
     assert plan.decisions["data.batch_size"].source == "planned"
-    assert batch < 8 and batch * steps == 8  # micro-batches: the same samples per step
+    assert batch < 4 and batch * steps == 4  # micro-batches: the same samples per step
     assert plan.estimate["process_total"] <= 0.6 * needed
 
 

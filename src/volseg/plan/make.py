@@ -238,8 +238,17 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
     from volseg.memory.estimator import estimate
     from volseg.memory.planner import plan as search
+    from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 
-    answer = search(cfg, budget, "batch", as_configured=configured)
+    options = OmegaConf.select(cfg, "estimate") or {}
+    answer = search(
+        cfg,
+        budget,
+        "batch",
+        plain(options.get("checkpointing_options", CHECKPOINTING_CHOICES)),
+        int(options.get("max_batch_size", 256)),
+        as_configured=configured,
+    )
     if answer.micro_batching is not None:
         overrides = list(answer.micro_batching["overrides"])
         why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
@@ -269,7 +278,8 @@ def make_plan(
     ``estimate_step``: also estimate the planned training step (peak memory, FLOPs);
     ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
     ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
-    micro-batches (plan.py) instead of stopping the run (train.py).
+    micro-batches (plan.py) instead of stopping the run (train.py), searched within
+    ``estimate.max_batch_size`` and ``estimate.checkpointing_options``.
     Bad values raise one :class:`UserInputError` naming the key.
     """
     cfg = copy.deepcopy(cfg)
