@@ -43,6 +43,8 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 import estimator_accuracy as accuracy  # noqa: E402
 
+from volseg.memory.cuda_context import nvidia_smi  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
 SEED = ["model=unet_large", "data.batch_size=2", "data.patch_size=[26,150,320]"]
 STEP_TIMER = "+callbacks.step_timer._target_=volseg.callbacks.step_timer.StepTimer"
@@ -200,20 +202,6 @@ def recorded_grid() -> list[tuple[str, list[str]]]:
     return list(seen.items())
 
 
-def _smi(query: str) -> list[str]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
 def device_info(device: str) -> dict:
     import torch
 
@@ -231,9 +219,9 @@ def device_info(device: str) -> dict:
     torch.cuda.synchronize()
     info["gpu"] = torch.cuda.get_device_name()
     info["gpu_memory_mib"] = torch.cuda.get_device_properties(0).total_memory // 2**20
-    driver = _smi("gpu=driver_version")
+    driver = nvidia_smi("gpu=driver_version")
     info["driver"] = driver[0] if driver else None
-    mine = [line.split(",") for line in _smi("compute-apps=pid,used_memory")]
+    mine = [line.split(",") for line in nvidia_smi("compute-apps=pid,used_memory")]
     used = [float(m[1]) for m in mine if m[0].strip() == str(os.getpid())]
     if used:
         info["cuda_context_mib"] = round(used[0] - torch.cuda.memory_reserved() / 2**20)

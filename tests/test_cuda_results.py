@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, compose_config, load_benchmark
+from tests.conftest import REPO, load_benchmark, planned_config
 from volseg.models.build import build_model
 
 cuda_results = load_benchmark("cuda_results")
@@ -26,7 +26,7 @@ def test_recorded_grid_is_every_recorded_config():
 def test_held_out_config_composes_and_builds(name, overrides, tmp_path: Path):
     """A typo in a held-out override would cost a GPU run: each composes and its module builds
     (levers validated) as train.py builds it."""
-    cfg = compose_config("train", tmp_path, [*overrides, "trainer=gpu"])
+    cfg = planned_config("train", tmp_path, [*overrides, "trainer=gpu"])
     build_model(cfg)
 
 

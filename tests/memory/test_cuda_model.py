@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import compose_config
+from tests.conftest import planned_config
 from volseg.memory.allocator import replay
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.cuda_context import TYPICAL_MIB, resolve_cuda_context
@@ -75,7 +75,7 @@ def test_offload_of_full_resolution_maps_only(tmp_path):
     base = [*small, "trainer.precision=32", "estimate.device=cuda"]
     peaks = {
         value: estimate(
-            compose_config("train", tmp_path, [*base, f"model.offload_activations={value}"])
+            planned_config("train", tmp_path, [*base, f"model.offload_activations={value}"])
         ).peak_allocated
         for value in ("false", "full_resolution", "true")
     }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, planned_config
 from volseg.memory.estimator import estimate
 from volseg.utils.units import MIB
 
@@ -81,7 +81,7 @@ def _runs(with_reasons: bool = True) -> list:
 def _estimate(overrides: tuple[str, ...]):
     """The CUDA estimate of a run's overrides (made once: two tests read it)."""
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose_config("train", Path(run_dir), [*overrides, "estimate.device=cuda"])
+        cfg = planned_config("train", Path(run_dir), [*overrides, "estimate.device=cuda"])
         return estimate(cfg)
 
 

@@ -35,19 +35,25 @@ class CudaContext:
     source: str
 
 
-def _smi_used_mib() -> float | None:
-    """This process's memory on its GPUs as ``nvidia-smi`` reports it (MiB), or ``None``."""
+def nvidia_smi(query: str) -> list[str]:
+    """``nvidia-smi --query-<query>`` as CSV lines without header or units (``[]`` without the
+    tool or a GPU), e.g. ``nvidia_smi("gpu=driver_version")``."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _smi_used_mib() -> float | None:
+    """This process's memory on its GPUs as ``nvidia-smi`` reports it (MiB), or ``None``."""
+    for line in nvidia_smi("compute-apps=pid,used_memory"):
         pid, _, used = line.partition(",")
         if pid.strip() == str(os.getpid()) and used.strip().isdigit():
             return float(used)
