@@ -10,6 +10,8 @@ import torch
 from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from volseg.utils.errors import UserInputError
+
 
 def process_shard(rank: int | None = None, world: int | None = None) -> tuple[int, int]:
     """``(rank, world size)``: the values given (the trainer's ``global_rank``/``world_size``),
@@ -81,9 +83,12 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
 
 
 class ResumableLoader(DataLoader):
-    """The training loader, with a state Lightning keeps in every checkpoint: the epoch and how
-    many batches of it were trained on. A run resumed from a checkpoint saved within an epoch
-    thus draws that epoch's remaining patches, not its first ones again.
+    """The training loader, with a state Lightning keeps in every checkpoint: the epoch, how
+    many batches of it were trained on and the world size (processes) they were counted in. A
+    run resumed from a checkpoint saved within an epoch thus draws that epoch's remaining
+    patches, not its first ones again; on another world size the batches done mean other
+    patches (each rank's share is another), so such a resume stops with one error
+    (:func:`check_resume_world`).
 
     ``progress`` (set by the datamodule) returns ``(batches trained on in this epoch, batches
     in the epoch)`` from the trainer's loop; the sampler must be an :class:`EpochSeededSampler`.
@@ -95,14 +100,45 @@ class ResumableLoader(DataLoader):
         if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
             return {}
         done, total = self.progress()
+        world = self.sampler.world
         if done >= total:  # the epoch is complete: a resumed run starts the next one
-            return {"epoch": self.sampler.epoch + 1, "batches_done": 0}
-        return {"epoch": self.sampler.epoch, "batches_done": done}
+            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": world}
+        return {"epoch": self.sampler.epoch, "batches_done": done, "world": world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):
+            check_resume_world(state, self.sampler.world, "ckpt_path (the resumed checkpoint)")
             skip = int(state["batches_done"]) * int(self.batch_size or 1)
             self.sampler.resume_at(int(state["epoch"]), skip)
+
+
+def check_resume_world(state: dict[str, Any], world: int, source: str) -> None:
+    """One :class:`UserInputError` when the loader ``state`` was saved within an epoch by
+    another number of processes than ``world``: its batches done count this rank's share of
+    that world, which another world splits otherwise. A state saved at an epoch end
+    (``batches_done == 0``) resumes on any world (the next epoch is sharded anew); a state
+    without ``"world"`` (an older checkpoint) is not checked. ``source`` names the checkpoint
+    in the message (``ckpt_path=...``)."""
+    saved = state.get("world")
+    if saved is None or int(state.get("batches_done", 0)) == 0 or int(saved) == world:
+        return
+
+    def processes(n: int) -> str:
+        return f"{n} process" if n == 1 else f"{n} processes"
+
+    raise UserInputError(
+        f"{source}: saved mid-epoch by {processes(int(saved))}, resumed on {world}: resume on "
+        f"{processes(int(saved))} (trainer.devices x trainer.num_nodes), or from a checkpoint "
+        "saved at an epoch end"
+    )
+
+
+def saved_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training loaders' states in a Lightning checkpoint (the fit loop keeps them under
+    ``loops.fit_loop.state_dict.combined_loader``, one per stateful loader); ``[]`` without."""
+    loops = checkpoint.get("loops") or {}
+    fit_state = (loops.get("fit_loop") or {}).get("state_dict") or {}
+    return [s for s in fit_state.get("combined_loader") or [] if isinstance(s, dict)]
 
 
 def seed_random_transforms(transform: Compose, seed: int) -> None:

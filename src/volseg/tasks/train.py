@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import local_processes, log_host
+from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.network import plan_network
@@ -93,6 +94,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     seed_everything(cfg)
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
+    loader_states = saved_loader_states(checkpoint) if checkpoint is not None else []
     check_strategy_installed(cfg.trainer.get("strategy"))
     check_strategy_device(cfg.trainer)
 
@@ -133,6 +135,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
     loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers)
+    for state in loader_states:  # the world size is exact once the trainer is built
+        check_resume_world(state, trainer.world_size, f"ckpt_path={cfg.ckpt_path}")
     for logger in trainer.loggers:
         logger.log_hyperparams(model.run_config)
 
