@@ -132,7 +132,8 @@ def test_eval_writes_a_reoriented_case_back_in_its_own_orientation(small_dataset
     assert pred.shape[1:] != read_array(source).shape  # SPL permutes the axes
     writer = ValidationPredictionWriter(tmp_path / "out", orientation="RAS")
     batch = {"image_path": [str(source)], "name": ["spl.nii.gz"]}
-    trainer, module = SimpleNamespace(sanity_checking=False), SimpleNamespace(num_classes=5)
+    trainer = SimpleNamespace(sanity_checking=False, global_rank=0)
+    module = SimpleNamespace(num_classes=5)
     writer.on_validation_batch_end(trainer, module, {"pred": pred}, batch, 0)
     written = tmp_path / "out" / "spl.nii.gz"
     assert np.array_equal(read_array(written), read_array(source))
