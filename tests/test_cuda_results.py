@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,12 @@ def test_held_out_config_composes_and_builds(name, overrides, tmp_path: Path):
     """A typo in a held-out override would cost a GPU run: each composes and its module builds
     (levers validated) as train.py builds it."""
     cfg = planned_config("train", tmp_path, [*overrides, "trainer=gpu"])
-    build_model(cfg)
+    module = build_model(cfg)
+    # the network is the one the overrides describe: its levels and its classes
+    assert len(module.net.downs) == len(cfg.model.net.widths) - 1
+    assert module.net.head.out_channels == cfg.num_classes
+    named = re.search(r"(\d+) classes", name)
+    assert cfg.num_classes == (int(named.group(1)) if named else 5)  # as the run's name says
 
 
 def test_step_seconds_skips_the_first_step(tmp_path: Path):
