@@ -9,7 +9,7 @@ Three parts, each a table:
   thread, no loader workers, on generated cases (default: 4 cases of 128x256x256, 5 classes,
   patch 64x96x96, batch 2).
 - loader rows: volseg's training loader on generated real-sized datasets (128x256x256 MR-like
-  cases; 26x150x320 stacks, the seed config's shape; a 512x512x256 CT-sized volume) with
+  cases; 26x150x320 stacks, the reference config's shape; a 512x512x256 CT-sized volume) with
   ``data.num_workers`` 0, 1, 2 and ``auto``. The first batch (cache filling, worker start-up)
   is timed apart.
 - step rows: the samples/s each preset's training step consumes, measured on this CPU
@@ -51,7 +51,7 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 DATASETS: dict[str, tuple[int, list[int], list[int], list[float]]] = {
     # brain-MR-sized cases (the comparison)
     "mr": (4, [128, 256, 256], [64, 96, 96], [1.0, 1.0, 1.0]),
-    # the seed config's stacks (unet_large's patch is the whole stack)
+    # the reference config's stacks (unet_large's patch is the whole stack)
     "stack": (4, [26, 150, 320], [26, 150, 320], [2.0, 0.5, 0.5]),
     # one CT-sized volume (and a second one to validate on)
     "ct": (2, [256, 512, 512], [64, 128, 128], [2.5, 0.8, 0.8]),

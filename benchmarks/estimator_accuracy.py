@@ -29,7 +29,7 @@ result on it was seen and never tuned on.
     python benchmarks/estimator_accuracy.py --device cuda          # on a GPU machine
     python benchmarks/estimator_accuracy.py --device cuda --snapshot-dir DIR
 
-Also prints how long the seed config (unet_large, batch 2, 1x26x150x320, 16-true) takes to
+Also prints how long the reference config (unet_large, batch 2, 1x26x150x320, 16-true) takes to
 estimate.
 """
 
@@ -554,7 +554,7 @@ def main() -> None:
         print(f"{label}: {line}")
     seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
-        f"seed config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "
+        f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "
         f"{seed['seconds']:.1f} s: peak allocated {seed['peak_allocated'] / MIB:,.0f} MiB, "
         f"reserved {seed['peak_reserved'] / MIB:,.0f} MiB"
     )

@@ -69,7 +69,7 @@ step pytest_cuda.txt 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/
 
 cat "$OUT/gpu.txt"
 
-# training speed of python train.py at the seed config with its own loader (step time, data wait,
+# training speed of python train.py at the reference config with its own loader (step time, data wait,
 # MFU); the figures as data under benchmarks/results/cuda/
 if [ "$has_cuda" = 1 ]; then
   step train_speed_seed.txt 120 python3 benchmarks/gpu_train_speed.py --steps 60 \

@@ -1,4 +1,4 @@
-"""The seed case on a GPU: peak memory of unet_large vs unet_small, and where it goes.
+"""The reference config on a GPU: peak memory of unet_large vs unet_small, and where it goes.
 
 For each preset and precision, one training step (forward, DiceCE loss, backward, AdamW step) at
 batch 2 on 1x26x150x320, run twice: the second step is measured, so optimizer state exists as in

@@ -1,8 +1,8 @@
 """How well ``python train.py`` keeps a GPU busy: step time, data-wait fraction and model FLOP
-utilization of a whole training run at the seed config, with volseg's own loader.
+utilization of a whole training run at the reference config, with volseg's own loader.
 
-Trains the seed config (unet_large, batch 2 of 1x26x150x320, 5 classes, ``16-mixed``) on
-generated seed-shaped stacks (``data=folder``, cached in memory, ``data.num_workers=auto``)
+Trains the reference config (unet_large, batch 2 of 1x26x150x320, 5 classes, ``16-mixed``) on
+generated stacks of that shape (``data=folder``, cached in memory, ``data.num_workers=auto``)
 for ``--steps`` optimizer steps (no validation), timing each step from the callback hooks
 (the device synchronized at every step end, so a step's time is its GPU time):
 

@@ -1,7 +1,7 @@
 """Memory levers on the CPU: peak memory and step time of each lever, relative to no lever.
 
 A seed-like scaled config: the unet_large layout (5 levels, decoder widths as the preset) at a
-quarter of its width (16..128 channels) on the seed case's input, batch 2 of 1x26x150x320, 5
+quarter of its width (16..128 channels) on the reference input, batch 2 of 1x26x150x320, 5
 classes. For each lever (and useful combinations) it runs training steps (forward, DiceCE,
 backward, AdamW) and reports, from the memory monitor's host reader (resident memory with
 glibc's mmap threshold fixed, so freed tensors leave it):
@@ -15,7 +15,7 @@ each also as a ratio to the no-lever baseline measured in the same run.
 
     python benchmarks/levers.py [--shape 26 150 320] [--batch 2] [--steps 2]
 
-``--device cuda`` measures the levers that matter on a GPU on the seed config itself: full-width
+``--device cuda`` measures the levers that matter on a GPU on the reference config: full-width
 unet_large (40.2M parameters) under float16 autocast (``16-mixed``), with the caching allocator's
 peak allocated and peak reserved instead of host memory, and step times synchronized.
 

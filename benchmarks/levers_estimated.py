@@ -1,4 +1,4 @@
-"""The memory levers on the seed config, estimated for a GPU beside what a GPU measured.
+"""The memory levers on the reference config, estimated for a GPU beside what a GPU measured.
 
 unet_large (40.2M parameters, NCDHW as ``benchmarks/levers.py --device cuda`` builds it), batch 2
 of 1x26x150x320, 5 classes, AdamW, float16 autocast as the baseline; each lever and combination
