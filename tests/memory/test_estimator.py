@@ -186,6 +186,32 @@ def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path)
     assert real_two - real_one == pytest.approx(predicted, rel=0.25)
 
 
+def _held_at_step_start(events) -> int:
+    """Bytes held where the last traced step starts (its ``mark``)."""
+    held, live, at_mark = 0, {}, 0
+    for kind, handle, nbytes in events:
+        if kind == "mark":
+            at_mark = held
+        elif kind == "malloc":
+            live[handle] = nbytes
+            held += nbytes
+        elif kind == "free":
+            held -= live.pop(handle)
+    return at_mark
+
+
+def test_a_loop_that_zeroes_after_the_update_starts_forward_without_gradients(tmp_path):
+    lightning = estimate(_cfg(tmp_path, SMALL))
+    by_hand = estimate(_cfg(tmp_path, [*SMALL, "estimate.zero_grad=after_update"]))
+    # Lightning sets the gradients to None inside the closure, after forward: the last step's
+    # gradients are still there when the next step starts; a hand-written loop's
+    # optimizer.zero_grad() after optimizer.step() has freed them
+    float32_grads = lightning.params  # a float32 gradient per float32 parameter
+    held = _held_at_step_start(lightning.events) - _held_at_step_start(by_hand.events)
+    assert held == pytest.approx(float32_grads, rel=0.01)
+    assert by_hand.peak_allocated <= lightning.peak_allocated
+
+
 @pytest.mark.parametrize(
     "device, algorithm, foreach",
     [("cuda", "norm", True), ("cpu", "norm", None), ("cuda", "value", True)],
@@ -244,6 +270,7 @@ def test_16_mixed_on_cuda_runs_the_grad_scaler(tmp_path, monkeypatch):
     [
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
         ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm=max"),
+        ("estimate.zero_grad=before_forward", "estimate.zero_grad=before_forward"),
     ],
 )
 def test_bad_loop_settings_name_the_key(tmp_path, override, named):

@@ -265,6 +265,8 @@ class LoopSettings:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
+    # where the gradients are set to None: "closure" (Lightning's) or "after_update"
+    zero_grad: str = "closure"
 
     @classmethod
     def from_config(cls, trainer: DictConfig) -> LoopSettings:
@@ -293,7 +295,9 @@ class TrainingStep:
     (under autocast for the mixed precisions, on a cast network and batch for ``*-true``), the
     loss divided by the number of micro-batches, the gradients set to ``None`` after the first
     micro-batch's forward (Lightning zeroes them inside the closure, before backward: the last
-    step's gradients are held through that forward), the loss scaled by the GradScaler
+    step's gradients are held through that forward; with ``loop.zero_grad="after_update"``
+    they are set to ``None`` after the update instead, as a hand-written loop does), the loss
+    scaled by the GradScaler
     (``16-mixed`` on CUDA), backward (the later micro-batches' gradients add up in place, their
     forward runs with the gradients held). Then the GradScaler's unscale, gradient clipping
     (``clip_grad_norm_``/``clip_grad_value_`` over the optimizer's parameters, foreach where
@@ -342,6 +346,8 @@ class TrainingStep:
             self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()
+            if self.loop.zero_grad == "after_update":
+                self.optimizer.zero_grad(set_to_none=True)
 
     def _forward_backward(self, new_batch: Any, first: bool) -> None:
         """Lightning's closure for one micro-batch: training step, zero_grad, backward."""
@@ -357,7 +363,7 @@ class TrainingStep:
         # training_step returns the loss: its logits go, the batch stays until the closure ends
         del logits
         loss = loss / self.loop.accumulate_grad_batches  # ClosureResult's normalization
-        if first:
+        if first and self.loop.zero_grad == "closure":
             self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
@@ -400,6 +406,7 @@ def build_training_step(
     loop = LoopSettings.from_config(cfg.trainer)
     if accumulate_grad_batches is not None:
         loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
+    loop = replace(loop, zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     module = build_model(cfg)
     module.train()
@@ -429,6 +436,23 @@ def build_training_step(
             # (fake or real): the same calls and the same few scalars as CUDA's
             step.scaler = torch.amp.GradScaler("cpu")
     return step
+
+
+ZERO_GRAD = ("closure", "after_update")
+
+
+def zero_grad_setting(cfg: DictConfig) -> str:
+    """``estimate.zero_grad``: where the training loop sets the gradients to ``None``.
+
+    ``closure`` (default): Lightning's automatic optimization, inside the first micro-batch's
+    closure after its forward, so the previous step's gradients are held through that forward.
+    ``after_update``: a hand-written loop's ``optimizer.step(); optimizer.zero_grad()``, whose
+    forward starts without gradients (``benchmarks/levers.py`` and ``gpu_memory_table.py``).
+    """
+    value = str(cfg.get("estimate", {}).get("zero_grad") or "closure")
+    if value not in ZERO_GRAD:
+        raise UserInputError(f"estimate.zero_grad={value}: must be one of {', '.join(ZERO_GRAD)}")
+    return value
 
 
 def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:

@@ -21,12 +21,13 @@ class Margin:
 
 
 #: NVIDIA H200, 2026-11-30 (benchmarks/results/cuda/2026-11-30_nvidia-h200.json), against the
-#: estimate of 2026-12-01: measured / estimated peak reserved, the largest per kind of step
+#: estimate of 2026-12-01 (each run estimated with its own loop's ``estimate.zero_grad``):
+#: measured / estimated peak reserved, the largest per kind of step
 OFFLOAD = Margin(
     0.57, "levers: micro-batch 1 + offload (reserved 4,306 MiB measured, 2,748 estimated)"
 )
 ACCUMULATION = Margin(
-    0.41, "levers: micro-batch 1 (x2 accumulation) (reserved 5,420 MiB measured, 3,844 estimated)"
+    0.47, "levers: micro-batch 1 (x2 accumulation) (reserved 5,420 MiB measured, 3,692 estimated)"
 )
 OTHER = Margin(
     0.29,
