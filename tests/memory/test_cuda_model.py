@@ -1,5 +1,6 @@
-"""What the CUDA estimate models beyond tensors: cuDNN's workspaces, CUDA's autocast of
-upsampling, the CUDA context, offload of the full-resolution maps only."""
+"""What the CUDA estimate models beyond tensors: cuDNN's workspaces, CUDA's trilinear backward's
+contiguous copies, CUDA's autocast of upsampling, the CUDA context, offload of the full-resolution
+maps only."""
 
 from __future__ import annotations
 
@@ -42,6 +43,40 @@ def test_cudnn_takes_input_plus_output_forward_and_two_in_backward():
     assert CudnnWorkspace()(CONV_BACKWARD, weight_only, outs) == (_nbytes(grad) + _nbytes(x),)
     assert CudnnWorkspace(limit=1000)(CONV, args, y) == (1000,)
     assert CudnnWorkspace(channels_last=True)(CONV, args, y) == ()
+
+
+def test_cuda_trilinear_backward_copies_a_sliced_or_channels_last_gradient():
+    """UpSampleTrilinear3d.cu runs on contiguous grad_output and grad_input: the slice of a
+    concatenation's gradient is copied (NCDHW: unless the batch is one), and a channels-last
+    network's gradient and grad_input both, held together."""
+    backward = torch.ops.aten.upsample_trilinear3d_backward.default
+    low = torch.randn(2, 4, 2, 4, 4)
+    up = F.interpolate(low, scale_factor=2.0, mode="trilinear")
+    cat_grad = torch.randn(2, 8, *up.shape[2:])
+    for batch, expected in ((2, ((_nbytes(up),),)), (1, ())):
+        grad = cat_grad[:batch, 4:]  # the upsampled half of [skip, up]
+        args = (grad, list(up.shape[2:]), [batch, *low.shape[1:]], False)
+        out = backward(*args)
+        assert CudnnWorkspace()(backward, args, out) == expected
+        both = ((_nbytes(grad), _nbytes(out)),)
+        assert CudnnWorkspace(channels_last=True)(backward, args, out) == both
+
+
+def test_buffers_held_together_are_freed_after_both_are_taken():
+    from volseg.memory.trackers import RecordingMemTracker
+
+    backward = torch.ops.aten.upsample_trilinear3d_backward.default
+    grad = torch.randn(2, 8, 4, 8, 8)[:, 4:]
+    tracker = RecordingMemTracker(CudnnWorkspace(channels_last=True))
+    with tracker:
+        out = backward(grad, [4, 8, 8], [2, 4, 2, 4, 4], False)
+    kinds = [(kind, nbytes) for kind, handle, nbytes in tracker.events if handle < 0]
+    assert kinds == [
+        ("malloc", _nbytes(grad)),
+        ("malloc", _nbytes(out)),
+        ("free", 0),
+        ("free", 0),
+    ]
 
 
 def test_a_workspace_makes_the_allocator_grow_a_segment():

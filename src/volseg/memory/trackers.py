@@ -39,7 +39,7 @@ class RecordingMemTracker(ClosureMemTracker):
     bytes a kernel holds while it runs (``None``: not modelled): an int is scratch memory outside
     any allocator (a ``workspace`` event, the CPU's), a tuple the sizes of buffers taken one
     after the other from the caching allocator (``malloc``/``free`` events with negative
-    handles, CUDA's)."""
+    handles, CUDA's; an inner tuple: buffers held at the same time)."""
 
     def __init__(self, workspace: Workspace | None = None) -> None:
         super().__init__()
@@ -70,12 +70,15 @@ class RecordingMemTracker(ClosureMemTracker):
             nbytes = self.workspace(func, args, out)
             if isinstance(nbytes, tuple):
                 # buffers the kernel takes from the caching allocator after its outputs, each
-                # freed before the next is taken (cuDNN's workspaces)
-                for size in nbytes:
-                    self._workspaces += 1
-                    handle = -self._workspaces
-                    self.events.append(("malloc", handle, size))
-                    self.events.append(("free", handle, 0))
+                # freed before the next is taken (cuDNN's workspaces); a tuple among them is
+                # buffers held together (a kernel's contiguous copies of its operands)
+                for sizes in nbytes:
+                    handles = []
+                    for size in sizes if isinstance(sizes, tuple) else (sizes,):
+                        self._workspaces += 1
+                        handles.append(-self._workspaces)
+                        self.events.append(("malloc", handles[-1], size))
+                    self.events.extend(("free", handle, 0) for handle in handles)
             elif nbytes:
                 self.events.append(("workspace", 0, nbytes))
         return out

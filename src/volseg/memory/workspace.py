@@ -28,6 +28,10 @@ off, NCDHW tensors in float32, float16 and bfloat16):
 - backward convolution: two, one after the other, of about grad-output plus input each (the
   gradient of the input, then of the weight; one where the input needs no gradient).
 
+CUDA's trilinear backward (``UpSampleTrilinear3d.cu``) runs on contiguous copies of a
+non-contiguous gradient and of a channels-last ``grad_input``, both held through the kernel
+(:meth:`CudnnWorkspace._trilinear_backward`).
+
 The workspace depends on the algorithm cuDNN picks for a GPU; ``CUDNN_CONV_WSCAP_DBG`` (MiB)
 caps what cuDNN may pick (the ``model.cudnn_workspace_mib`` lever), and the estimate caps each
 workspace the same way.
@@ -154,7 +158,8 @@ def _channels_last(tensor: Any) -> bool:
 
 @dataclass(frozen=True)
 class CudnnWorkspace:
-    """cuDNN's convolution workspaces on CUDA, as the caching allocator sees them.
+    """cuDNN's convolution workspaces (and the trilinear backward's copies) on CUDA, as the
+    caching allocator sees them.
 
     ``limit``: bytes a workspace may take at most (``CUDNN_CONV_WSCAP_DBG``; ``None``: no cap).
     Returns, for a convolution, the sizes of the workspaces it takes one after the other:
@@ -170,7 +175,23 @@ class CudnnWorkspace:
             return sizes
         return tuple(min(size, self.limit) for size in sizes if min(size, self.limit) > 0)
 
-    def __call__(self, func: Any, args: tuple, out: Any) -> tuple[int, ...]:
+    def _trilinear_backward(self, grad: Any, grad_input: Any) -> tuple[tuple[int, ...], ...]:
+        """CUDA's ``upsample_trilinear3d_backward`` (``UpSampleTrilinear3d.cu``, the default,
+        non-deterministic kernel) runs on ``grad_output_.contiguous()`` and on
+        ``grad_input_.contiguous()`` (copied back into the channels-last gradient after), both
+        held through the kernel. The gradient from a concatenation is a channel slice of its
+        gradient: contiguous only for NCDHW maps of a batch of one; a channels-last network's
+        (which fake tensors keep NCDHW) is channels-last, so never."""
+        copies = []
+        if self.channels_last or not grad.is_contiguous():
+            copies.append(_bytes(grad))
+        if self.channels_last and grad_input.shape[1] > 1:
+            copies.append(_bytes(grad_input))
+        return (tuple(copies),) if copies else ()
+
+    def __call__(self, func: Any, args: tuple, out: Any) -> tuple[int | tuple[int, ...], ...]:
+        if func is torch.ops.aten.upsample_trilinear3d_backward.default:
+            return self._trilinear_backward(args[0], out)
         if func is torch.ops.aten.convolution.default:
             inputs = args[0]
             if inputs.dim() != 5 or self.channels_last or _channels_last(out):
