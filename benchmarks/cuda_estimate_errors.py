@@ -1,0 +1,83 @@
+"""The CUDA estimate against every GPU run kept in ``benchmarks/results/cuda/*.json``, on any CPU.
+
+Each run not held out is estimated as ``tests/memory/test_recorded_cuda.py`` estimates it: its
+``train.py`` overrides, ``estimate.device=cuda`` and its loop's ``estimate.zero_grad`` (the run's
+``zero_grad``; Lightning's closure where it has none). Prints one Markdown row per run: peak
+allocated (or, where only the rise above the step's start was measured, that rise) and peak
+reserved, estimated / measured in MiB with the error, bold outside the test's bounds (5%
+allocated, 10% reserved), then the mean |error| of each and the runs within both.
+
+    python benchmarks/cuda_estimate_errors.py      # about 4 s a run on a 2-core CPU
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+os.environ.setdefault("PROJECT_ROOT", str(REPO))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from volseg.memory.estimator import estimate  # noqa: E402
+from volseg.plan import planned_config  # noqa: E402
+from volseg.utils.units import MIB  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "cuda"
+ALLOCATED_WITHIN, RESERVED_WITHIN = 0.05, 0.10
+
+
+def _cell(estimated: float, measured: float, within: float, digits: int) -> tuple[str, float]:
+    """``estimated / measured | error`` (bold outside ``within``) and the error."""
+    error = estimated / measured - 1
+    text = f"{error:+.1%}".replace("-", "−")
+    shown = f"**{text}**" if abs(error) > within else text
+    return f"{estimated:,.{digits}f} / {measured:,.{digits}f} | {shown}", error
+
+
+def main() -> None:
+    print(
+        "| run | allocated: estimated / measured MiB | error "
+        "| reserved: estimated / measured MiB | error |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
+    allocated_errors, reserved_errors, within = [], [], 0
+    for path in sorted(RESULTS.glob("*.json")):
+        for run in json.loads(path.read_text())["runs"]:
+            if run["held_out"]:
+                continue
+            overrides = [
+                *run["overrides"],
+                f"estimate.zero_grad={run.get('zero_grad', 'closure')}",
+                "estimate.device=cuda",
+            ]
+            with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
+                cfg = planned_config(compose("train", overrides=overrides))
+            est = estimate(cfg)
+            m = run["measured"]
+            if m.get("peak_allocated_mib") is not None:
+                pair, digits = (est.peak_allocated / MIB, m["peak_allocated_mib"]), 0
+            else:
+                pair, digits = (est.step_peak_growth / MIB, m["step_peak_growth_mib"]), 1
+            allocated, a_error = _cell(*pair, ALLOCATED_WITHIN, digits)
+            reserved, r_error = _cell(
+                est.peak_reserved / MIB, m["peak_reserved_mib"], RESERVED_WITHIN, 0
+            )
+            allocated_errors.append(abs(a_error))
+            reserved_errors.append(abs(r_error))
+            within += abs(a_error) <= ALLOCATED_WITHIN and abs(r_error) <= RESERVED_WITHIN
+            print(f"| {run['name']} | {allocated} | {reserved} |", flush=True)
+    count = len(allocated_errors)
+    print(
+        f"\n{within} of {count} runs within both bounds; mean |error| "
+        f"{sum(allocated_errors) / count:.1%} allocated, {sum(reserved_errors) / count:.1%} "
+        "reserved"
+    )
+
+
+if __name__ == "__main__":
+    main()
