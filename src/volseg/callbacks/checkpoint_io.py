@@ -1,0 +1,128 @@
+"""Checkpoints written in a background thread from a host copy (``async_checkpoint=true``): the
+training loop pays for copying the state to host memory, not for serializing and writing it.
+
+Built on Lightning's :class:`~lightning.pytorch.plugins.io.AsyncCheckpointIO` (one writer
+thread, errors raised at the next save or at teardown, teardown waits for the writes), with
+what volseg's checkpoints guarantee added:
+
+- the state is copied to host memory on the caller's thread before the next optimizer step can
+  change it (tensors to CPU, everything else deep-copied): no GPU memory is held while a file is
+  written, and a loader position or RNG state updated in place later is not written half-new;
+- each file is written to ``<file>.tmp`` and renamed over the previous one (a kill while
+  writing leaves the previous file whole);
+- removing a file (the previous best checkpoint) waits, in the writer's queue, for the writes
+  submitted before it: a kill never leaves the run with no best checkpoint;
+- at most one write is in flight: a save waits for the previous one first, so at most one copy
+  of the state is held in host memory beside the one being written.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+
+log = logging.getLogger(__name__)
+
+# suffix of the file a checkpoint is written to before it replaces the previous one
+TMP_SUFFIX = ".tmp"
+
+
+def host_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint`` that nothing in the training loop shares: every tensor copied to
+    host memory (CPU tensors cloned), every other object deep-copied."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def to_host(tensor: torch.Tensor) -> torch.Tensor:
+        copied = tensor.detach().to("cpu", copy=True)
+        copies[id(copied)] = copied
+        return copied
+
+    on_host = apply_to_collection(checkpoint, torch.Tensor, to_host)
+    # the host copies are this snapshot's own already: deepcopy keeps them (memo), copies the rest
+    return copy.deepcopy(on_host, memo=dict(copies))
+
+
+def describe(checkpoint: dict[str, Any]) -> str:
+    """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint (the log's words)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    batch = progress.get("current", {}).get("processed", 0)
+    return (
+        f"step {checkpoint.get('global_step', 0)}, epoch {checkpoint.get('epoch', 0)}, "
+        f"batch {batch} of the epoch"
+    )
+
+
+class BackgroundCheckpointIO(AsyncCheckpointIO):
+    """:class:`AsyncCheckpointIO` writing a host snapshot to ``<file>.tmp`` and renaming it (see the
+    module docstring). ``blocked_seconds``: the time saves and removals held the caller (the
+    copy, and waiting for a previous write); ``written_seconds``: the writer thread's time."""
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(checkpoint_io)
+        self._pending: Future | None = None
+        self.blocked_seconds = 0.0
+        self.written_seconds = 0.0
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()  # the task stores its error in self._error
+            self._pending = None
+
+    def _submit(self, task: Any, *args: Any) -> None:
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                task(*args)
+            except BaseException as err:  # raised on the caller's thread at the next call
+                self._error = err
+            finally:
+                self.written_seconds += time.monotonic() - started
+
+        self._ensure_setup()
+        assert self._executor is not None
+        self._pending = self._executor.submit(run)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        started = time.monotonic()
+        self._wait()
+        if self._error:
+            raise self._error
+        snapshot = host_snapshot(checkpoint)
+        self._submit(self._write, snapshot, str(path), storage_options)
+        self.blocked_seconds += time.monotonic() - started
+
+    def _write(self, checkpoint: dict[str, Any], path: str, storage_options: Any | None) -> None:
+        assert self.checkpoint_io is not None
+        if "://" in path:  # a remote file system: its own transaction, no rename
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        else:
+            tmp = path + TMP_SUFFIX
+            self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+            os.replace(tmp, path)  # atomic on one file system
+        log.info("Saved %s: %s", path, describe(checkpoint))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        started = time.monotonic()
+        assert self.checkpoint_io is not None
+        self._submit(self.checkpoint_io.remove_checkpoint, path)  # after the writes before it
+        self.blocked_seconds += time.monotonic() - started
+
+    def teardown(self) -> None:
+        """Waits for the writes in flight (counted in ``blocked_seconds``)."""
+        started = time.monotonic()
+        try:
+            super().teardown()
+        finally:
+            self._pending = None
+            self.blocked_seconds += time.monotonic() - started
