@@ -4,7 +4,11 @@ and memory charts, each as a share of the run's wall time.
 Runs ``train(cfg)`` in this process (the config ``python train.py`` composes, plus the
 overrides given) with timers around:
 
-- checkpoint: every ``ModelCheckpoint`` write (``last.ckpt`` and the best checkpoint);
+- checkpoint writes: the time every ``ModelCheckpoint`` save (``last.ckpt`` and the best
+  checkpoint) holds the training loop: the whole write, or with ``async_checkpoint=true`` the
+  copy to host memory (and any wait for the previous write); "waiting for writes at the end":
+  the end of fit waiting for the background writes in flight; "background writes": the writer
+  thread's time (beside the loop, not in it);
 - logging: the loggers' ``log_metrics``/``log_hyperparams``/``save``/``finalize``;
 - overlays: the validation overlays callback (collecting slices, rendering, writing PNGs);
 - memory charts: the charts logged at the end of fit, and the memory monitor's per-step hooks.
@@ -12,10 +16,11 @@ overrides given) with timers around:
 Two runs by default: the embedded dataset as it trains (40 steps per epoch), and the same with
 epochs of 2 steps and unet_large's 40.2M parameters at a small patch (a 460 MiB checkpoint with
 AdamW's state against short steps), each with ``callbacks.last_checkpoint.max_time_share`` at
-its default and at ``null`` (a save at every epoch end).
+its default and at ``null`` (a save at every epoch end), and with ``async_checkpoint`` true and
+false.
 
     python benchmarks/training_overheads.py [--epochs 3] [--runs default,short_epochs]
-        [--shares 0.02,null] [--override KEY=VALUE ...]
+        [--shares 0.02,null] [--async-checkpoint true,false] [--override KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -84,9 +89,12 @@ def instrument(timers: Timers) -> None:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from volseg.callbacks import overlays
+    from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
     from volseg.memory.monitor import MemoryMonitor
 
     timers.wrap(ModelCheckpoint, "_save_checkpoint", "checkpoint writes")
+    timers.wrap(BackgroundCheckpointIO, "teardown", "checkpoint writes: waiting at the end")
+    timers.wrap(BackgroundCheckpointIO, "_write", "background writes (beside the loop)")
     for logger in (CSVLogger, TensorBoardLogger):
         for name in ("log_metrics", "log_hyperparams", "save", "finalize"):
             timers.wrap(logger, name, "logging")
@@ -160,27 +168,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", default="default,short_epochs")
     parser.add_argument("--shares", default="0.02,null", help="max_time_share values to run")
     parser.add_argument(
+        "--async-checkpoint", default="true,false", help="async_checkpoint values to run"
+    )
+    parser.add_argument(
         "--override", action="append", default=[], help="an override for every run (repeatable)"
     )
     args = parser.parse_args(argv)
     import torch
 
     print(f"CPU: {cpu_description()}\ntorch {torch.__version__}\n")
-    print("| run | max_time_share | steps | wall (s) | item | seconds | calls | share of wall |")
-    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    print(
+        "| run | max_time_share | async_checkpoint | steps | wall (s) | item | seconds | calls "
+        "| share of wall |"
+    )
+    print("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
     extra = list(args.override)
     for name in args.runs.split(","):
         for share in args.shares.split(","):
-            overrides = [*RUNS[name], *extra, f"callbacks.last_checkpoint.max_time_share={share}"]
-            with tempfile.TemporaryDirectory() as tmp:
-                wall, timers, steps = run(overrides, args.epochs, Path(tmp))
-            for item in sorted(timers.seconds):
-                seconds = timers.seconds[item]
-                print(
-                    f"| {name} | {share} | {steps} | {wall:.1f} | {item} | {seconds:.3f} | "
-                    f"{timers.calls[item]} | {100 * seconds / wall:.1f}% |",
-                    flush=True,
-                )
+            for background in args.async_checkpoint.split(","):
+                overrides = [
+                    *RUNS[name],
+                    *extra,
+                    f"callbacks.last_checkpoint.max_time_share={share}",
+                    f"async_checkpoint={background}",
+                ]
+                with tempfile.TemporaryDirectory() as tmp:
+                    wall, timers, steps = run(overrides, args.epochs, Path(tmp))
+                for item in sorted(timers.seconds):
+                    seconds = timers.seconds[item]
+                    print(
+                        f"| {name} | {share} | {background} | {steps} | {wall:.1f} | {item} | "
+                        f"{seconds:.3f} | {timers.calls[item]} | {100 * seconds / wall:.1f}% |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
