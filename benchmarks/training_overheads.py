@@ -4,11 +4,12 @@ and memory charts, each as a share of the run's wall time.
 Runs ``train(cfg)`` in this process (the config ``python train.py`` composes, plus the
 overrides given) with timers around:
 
-- checkpoint writes: the time every ``ModelCheckpoint`` save (``last.ckpt`` and the best
-  checkpoint) holds the training loop: the whole write, or with ``async_checkpoint=true`` the
-  copy to host memory (and any wait for the previous write); "waiting for writes at the end":
-  the end of fit waiting for the background writes in flight; "background writes": the writer
-  thread's time (beside the loop, not in it);
+- checkpoint writes during training: the time every ``ModelCheckpoint`` save (``last.ckpt``
+  and the best checkpoint) holds the training loop: the whole write, or with
+  ``async_checkpoint=true`` the copy to host memory (and any wait for the previous write);
+- checkpoint writes at the end of fit: the final ``last.ckpt`` save and the wait for the
+  background writes in flight; "background writes": the writer thread's time (beside the loop,
+  not in it);
 - logging: the loggers' ``log_metrics``/``log_hyperparams``/``save``/``finalize``;
 - overlays: the validation overlays callback (collecting slices, rendering, writing PNGs);
 - memory charts: the charts logged at the end of fit, and the memory monitor's per-step hooks.
@@ -60,11 +61,14 @@ class Timers:
         self._undo: list[Callable[[], None]] = []
         self._depth: dict[str, int] = defaultdict(int)
 
-    def wrap(self, owner: object, name: str, item: str) -> None:
+    def wrap(self, owner: object, name: str, item: str, unless_in: str | None = None) -> None:
+        """Time ``owner.name`` as ``item``; not while ``unless_in``'s item is being timed."""
         original = getattr(owner, name)
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
+            if unless_in is not None and self._depth[unless_in] > 0:
+                return original(*args, **kwargs)  # counted in unless_in's item
             self._depth[item] += 1  # nested calls (a subclass calling super) counted once
             start = time.perf_counter()
             try:
@@ -90,10 +94,13 @@ def instrument(timers: Timers) -> None:
 
     from volseg.callbacks import overlays
     from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
+    from volseg.callbacks.last_checkpoint import LastCheckpoint
     from volseg.memory.monitor import MemoryMonitor
 
-    timers.wrap(ModelCheckpoint, "_save_checkpoint", "checkpoint writes")
-    timers.wrap(BackgroundCheckpointIO, "teardown", "checkpoint writes: waiting at the end")
+    end = "checkpoint writes at the end of fit (final save, waiting for writes)"
+    timers.wrap(LastCheckpoint, "on_train_end", end)
+    timers.wrap(BackgroundCheckpointIO, "teardown", end)
+    timers.wrap(ModelCheckpoint, "_save_checkpoint", "checkpoint writes during training", end)
     timers.wrap(BackgroundCheckpointIO, "_write", "background writes (beside the loop)")
     for logger in (CSVLogger, TensorBoardLogger):
         for name in ("log_metrics", "log_hyperparams", "save", "finalize"):

@@ -150,3 +150,23 @@ def test_a_run_writes_in_the_background_and_its_last_ckpt_is_its_final_state(
     assert last["global_step"] == trainer.global_step
     for key, value in trainer.lightning_module.state_dict().items():
         assert torch.equal(last["state_dict"][key], value.cpu()), key
+
+
+def test_two_writes_in_flight_a_third_save_waits_for_the_oldest(tmp_path: Path):
+    """The best checkpoint and last.ckpt saved after one validation: the second does not wait
+    for the first; a third save waits (host memory holds at most two copies)."""
+    inner = GatedIO()
+    io = BackgroundCheckpointIO(inner)
+    io.save_checkpoint({"n": 1}, tmp_path / "best.ckpt")
+    io.remove_checkpoint(tmp_path / "previous_best.ckpt")  # a removal holds no copy
+    io.save_checkpoint({"n": 2}, tmp_path / "last.ckpt")  # returns: the gate is still closed
+    third = threading.Thread(target=io.save_checkpoint, args=({"n": 3}, tmp_path / "last.ckpt"))
+    third.start()
+    third.join(timeout=0.5)
+    assert third.is_alive(), "a third save did not wait for the oldest write"
+    inner.gate.set()
+    third.join(timeout=GATE_TIMEOUT_S)
+    assert not third.is_alive()
+    io.teardown()
+    assert torch.load(tmp_path / "best.ckpt", weights_only=True) == {"n": 1}
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"n": 3}

@@ -12,8 +12,9 @@ what volseg's checkpoints guarantee added:
   writing leaves the previous file whole);
 - removing a file (the previous best checkpoint) waits, in the writer's queue, for the writes
   submitted before it: a kill never leaves the run with no best checkpoint;
-- at most one write is in flight: a save waits for the previous one first, so at most one copy
-  of the state is held in host memory beside the one being written.
+- at most :data:`MAX_PENDING` writes are in flight: a save waits for the oldest first, so the
+  host holds at most that many copies of the state (the best checkpoint and ``last.ckpt`` are
+  often saved at the same step, after a validation: neither waits for the other).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import copy
 import logging
 import os
 import time
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # suffix of the file a checkpoint is written to before it replaces the previous one
 TMP_SUFFIX = ".tmp"
+#: writes (and removals) queued or being written before a save waits for the oldest
+MAX_PENDING = 2
 
 
 def host_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -68,16 +72,18 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
-        self._pending: Future | None = None
+        self._pending: deque[Future] = deque()  # the writes, oldest first
         self.blocked_seconds = 0.0
         self.written_seconds = 0.0
 
-    def _wait(self) -> None:
-        if self._pending is not None:
-            self._pending.result()  # the task stores its error in self._error
-            self._pending = None
+    def _wait_for_writes(self, most: int) -> None:
+        """Until at most ``most`` writes are queued or running (a removal holds no copy)."""
+        while self._pending and self._pending[0].done():
+            self._pending.popleft()
+        while len(self._pending) > most:
+            self._pending.popleft().result()  # a task stores its error in self._error
 
-    def _submit(self, task: Any, *args: Any) -> None:
+    def _submit(self, task: Any, *args: Any) -> Future:
         def run() -> None:
             started = time.monotonic()
             try:
@@ -89,17 +95,17 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
         self._ensure_setup()
         assert self._executor is not None
-        self._pending = self._executor.submit(run)
+        return self._executor.submit(run)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         started = time.monotonic()
-        self._wait()
+        self._wait_for_writes(MAX_PENDING - 1)
         if self._error:
             raise self._error
         snapshot = host_snapshot(checkpoint)
-        self._submit(self._write, snapshot, str(path), storage_options)
+        self._pending.append(self._submit(self._write, snapshot, str(path), storage_options))
         self.blocked_seconds += time.monotonic() - started
 
     def _write(self, checkpoint: dict[str, Any], path: str, storage_options: Any | None) -> None:
@@ -124,5 +130,5 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         try:
             super().teardown()
         finally:
-            self._pending = None
+            self._pending.clear()
             self.blocked_seconds += time.monotonic() - started
