@@ -75,6 +75,8 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self._pending: deque[Future] = deque()  # the writes, oldest first
         self.blocked_seconds = 0.0
         self.written_seconds = 0.0
+        self.writes = 0
+        self._logged_writes = 0  # teardown follows every stage: say each write once
 
     def _wait_for_writes(self, most: int) -> None:
         """Until at most ``most`` writes are queued or running (a removal holds no copy)."""
@@ -106,6 +108,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             raise self._error
         snapshot = host_snapshot(checkpoint)
         self._pending.append(self._submit(self._write, snapshot, str(path), storage_options))
+        self.writes += 1
         self.blocked_seconds += time.monotonic() - started
 
     def _write(self, checkpoint: dict[str, Any], path: str, storage_options: Any | None) -> None:
@@ -132,3 +135,12 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         finally:
             self._pending.clear()
             self.blocked_seconds += time.monotonic() - started
+        if self.writes > self._logged_writes:
+            self._logged_writes = self.writes
+            log.info(
+                "Checkpoints: %d written in the background in %.1f s; the loop and the end of "
+                "fit waited %.1f s for them (copies to host memory, writes in flight)",
+                self.writes,
+                self.written_seconds,
+                self.blocked_seconds,
+            )

@@ -57,7 +57,7 @@ class LastCheckpoint(ModelCheckpoint):
                 "in (0, 1], or null"
             )
         self.max_time_share = max_time_share
-        self._write_seconds = 0.0  # the last write's duration
+        self._write_seconds = 0.0  # how long the last save held the training loop
         for key, value in (
             ("save_every_n_steps", save_every_n_steps),
             ("save_every_minutes", save_every_minutes),
