@@ -4,7 +4,12 @@ and memory charts, each as a share of the run's wall time.
 Runs ``train(cfg)`` in this process (the config ``python train.py`` composes, plus the
 overrides given) with timers around:
 
-- checkpoint: every ``ModelCheckpoint`` write (``last.ckpt`` and the best checkpoint);
+- checkpoint writes during training: the time every ``ModelCheckpoint`` save (``last.ckpt``
+  and the best checkpoint) holds the training loop: the whole write, or with
+  ``async_checkpoint=true`` the copy to host memory (and any wait for the previous write);
+- checkpoint writes at the end of fit: the final ``last.ckpt`` save and the wait for the
+  background writes in flight; "background writes": the writer thread's time (beside the loop,
+  not in it);
 - logging: the loggers' ``log_metrics``/``log_hyperparams``/``save``/``finalize``;
 - overlays: the validation overlays callback (collecting slices, rendering, writing PNGs);
 - memory charts: the charts logged at the end of fit, and the memory monitor's per-step hooks.
@@ -12,10 +17,11 @@ overrides given) with timers around:
 Two runs by default: the embedded dataset as it trains (40 steps per epoch), and the same with
 epochs of 2 steps and unet_large's 40.2M parameters at a small patch (a 460 MiB checkpoint with
 AdamW's state against short steps), each with ``callbacks.last_checkpoint.max_time_share`` at
-its default and at ``null`` (a save at every epoch end).
+its default and at ``null`` (a save at every epoch end), and with ``async_checkpoint`` true and
+false.
 
     python benchmarks/training_overheads.py [--epochs 3] [--runs default,short_epochs]
-        [--shares 0.02,null] [--override KEY=VALUE ...]
+        [--shares 0.02,null] [--async-checkpoint true,false] [--override KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -55,11 +61,14 @@ class Timers:
         self._undo: list[Callable[[], None]] = []
         self._depth: dict[str, int] = defaultdict(int)
 
-    def wrap(self, owner: object, name: str, item: str) -> None:
+    def wrap(self, owner: object, name: str, item: str, unless_in: str | None = None) -> None:
+        """Time ``owner.name`` as ``item``; not while ``unless_in``'s item is being timed."""
         original = getattr(owner, name)
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
+            if unless_in is not None and self._depth[unless_in] > 0:
+                return original(*args, **kwargs)  # counted in unless_in's item
             self._depth[item] += 1  # nested calls (a subclass calling super) counted once
             start = time.perf_counter()
             try:
@@ -84,9 +93,15 @@ def instrument(timers: Timers) -> None:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from volseg.callbacks import overlays
+    from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
+    from volseg.callbacks.last_checkpoint import LastCheckpoint
     from volseg.memory.monitor import MemoryMonitor
 
-    timers.wrap(ModelCheckpoint, "_save_checkpoint", "checkpoint writes")
+    end = "checkpoint writes at the end of fit (final save, waiting for writes)"
+    timers.wrap(LastCheckpoint, "on_train_end", end)
+    timers.wrap(BackgroundCheckpointIO, "teardown", end)
+    timers.wrap(ModelCheckpoint, "_save_checkpoint", "checkpoint writes during training", end)
+    timers.wrap(BackgroundCheckpointIO, "_write", "background writes (beside the loop)")
     for logger in (CSVLogger, TensorBoardLogger):
         for name in ("log_metrics", "log_hyperparams", "save", "finalize"):
             timers.wrap(logger, name, "logging")
@@ -160,27 +175,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", default="default,short_epochs")
     parser.add_argument("--shares", default="0.02,null", help="max_time_share values to run")
     parser.add_argument(
+        "--async-checkpoint", default="true,false", help="async_checkpoint values to run"
+    )
+    parser.add_argument(
         "--override", action="append", default=[], help="an override for every run (repeatable)"
     )
     args = parser.parse_args(argv)
     import torch
 
     print(f"CPU: {cpu_description()}\ntorch {torch.__version__}\n")
-    print("| run | max_time_share | steps | wall (s) | item | seconds | calls | share of wall |")
-    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    print(
+        "| run | max_time_share | async_checkpoint | steps | wall (s) | item | seconds | calls "
+        "| share of wall |"
+    )
+    print("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
     extra = list(args.override)
     for name in args.runs.split(","):
         for share in args.shares.split(","):
-            overrides = [*RUNS[name], *extra, f"callbacks.last_checkpoint.max_time_share={share}"]
-            with tempfile.TemporaryDirectory() as tmp:
-                wall, timers, steps = run(overrides, args.epochs, Path(tmp))
-            for item in sorted(timers.seconds):
-                seconds = timers.seconds[item]
-                print(
-                    f"| {name} | {share} | {steps} | {wall:.1f} | {item} | {seconds:.3f} | "
-                    f"{timers.calls[item]} | {100 * seconds / wall:.1f}% |",
-                    flush=True,
-                )
+            for background in args.async_checkpoint.split(","):
+                overrides = [
+                    *RUNS[name],
+                    *extra,
+                    f"callbacks.last_checkpoint.max_time_share={share}",
+                    f"async_checkpoint={background}",
+                ]
+                with tempfile.TemporaryDirectory() as tmp:
+                    wall, timers, steps = run(overrides, args.epochs, Path(tmp))
+                for item in sorted(timers.seconds):
+                    seconds = timers.seconds[item]
+                    print(
+                        f"| {name} | {share} | {background} | {steps} | {wall:.1f} | {item} | "
+                        f"{seconds:.3f} | {timers.calls[item]} | {100 * seconds / wall:.1f}% |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

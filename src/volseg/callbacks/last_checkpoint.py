@@ -1,6 +1,9 @@
 """``checkpoints/last.ckpt``: at epoch ends (as often as ``max_time_share`` of training time
 allows), every few minutes or steps within an epoch and at the end of training, replaced
-atomically, so that a run killed at any moment resumes from a whole checkpoint."""
+atomically, so that a run killed at any moment resumes from a whole checkpoint. With
+``async_checkpoint=true`` the trainer's
+:class:`~volseg.callbacks.checkpoint_io.BackgroundCheckpointIO` writes and renames it in the
+background."""
 
 from __future__ import annotations
 
@@ -13,10 +16,9 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-log = logging.getLogger(__name__)
+from volseg.callbacks.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO
 
-# suffix of the file a checkpoint is written to before it replaces the previous one
-TMP_SUFFIX = ".tmp"
+log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -31,7 +33,8 @@ class LastCheckpoint(ModelCheckpoint):
     patches, so it ends with the weights of an uninterrupted run.
 
     ``max_time_share``: the epoch-end save is skipped while writing would take more than this
-    share of the training time: the previous write's seconds must be at most
+    share of the training time: the seconds the previous save held the training loop (the
+    whole write; in the background, the copy to host memory) must be at most
     ``max_time_share`` x the seconds trained since it ended (short epochs with a large
     checkpoint: every few epochs; long ones: every epoch). The end of training always saves.
     ``None``: every epoch end.
@@ -54,7 +57,7 @@ class LastCheckpoint(ModelCheckpoint):
                 "in (0, 1], or null"
             )
         self.max_time_share = max_time_share
-        self._write_seconds = 0.0  # the last write's duration
+        self._write_seconds = 0.0  # how long the last save held the training loop
         for key, value in (
             ("save_every_n_steps", save_every_n_steps),
             ("save_every_minutes", save_every_minutes),
@@ -129,6 +132,13 @@ class LastCheckpoint(ModelCheckpoint):
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         started = time.monotonic()
+        if isinstance(trainer.strategy.checkpoint_io, BackgroundCheckpointIO):
+            # the plugin copies the state now, writes <file>.tmp, renames it and logs it later
+            super()._save_checkpoint(trainer, filepath)
+            self._last_checkpoint_saved = filepath
+            self._last_save_time = time.monotonic()
+            self._write_seconds = self._last_save_time - started
+            return
         tmp = filepath + TMP_SUFFIX
         super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero:

@@ -2,7 +2,8 @@
 once, in this order (each step may read what the ones before decided):
 
 1. callbacks that contradict other options (:mod:`volseg.plan.reconcile`);
-2. the device the run trains on, and ``trainer.precision`` for it;
+2. the device the run trains on, and ``trainer.precision`` for it; ``async_checkpoint`` for the
+   strategy;
 3. from the data, where asked (``null``/``auto``): ``num_classes``/``in_channels`` (``data=msd``:
    dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
    dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
@@ -30,6 +31,7 @@ from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
 from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_patch
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
+from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import plan_network
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
@@ -309,6 +311,10 @@ def make_plan(
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
     _set(cfg, "trainer.precision", choice.precision)
+    if "async_checkpoint" in cfg and "trainer" in cfg:
+        writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
+        decisions["async_checkpoint"] = writes
+        _set(cfg, "async_checkpoint", writes.value)
 
     found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
 

@@ -134,7 +134,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
     loggers = instantiate_loggers(cfg.get("logger"))
-    trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers)
+    trainer: L.Trainer = build_trainer(
+        cfg.trainer,
+        async_checkpoint=cfg.get("async_checkpoint") is True,
+        callbacks=callbacks,
+        logger=loggers,
+    )
     for state in loader_states:  # the world size is exact once the trainer is built
         check_resume_world(state, trainer.world_size, f"ckpt_path={cfg.ckpt_path}")
     for logger in trainer.loggers:

@@ -48,8 +48,11 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         raise translated from err
 
 
-def build_trainer(cfg: DictConfig, **kwargs: Any) -> Any:
+def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any) -> Any:
     """The ``lightning.Trainer`` of ``cfg`` (the ``trainer`` node) for every entry point.
+
+    ``async_checkpoint`` (the plan's ``async_checkpoint``): checkpoints written in the background
+    by :class:`volseg.callbacks.checkpoint_io.BackgroundCheckpointIO`.
 
     Built with ``use_distributed_sampler=False`` whatever the trainer config: volseg's samplers
     (:mod:`volseg.data.sampling`) shard every loader by the trainer's rank and world size
@@ -62,6 +65,10 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> Any:
             f"trainer.use_distributed_sampler={cfg.use_distributed_sampler}: volseg's samplers "
             "shard the data by rank themselves; Lightning's would shard it twice. Remove the key"
         )
+    if async_checkpoint:
+        from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
+
+        kwargs["plugins"] = [*kwargs.get("plugins", []), BackgroundCheckpointIO()]
     return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)
 
 

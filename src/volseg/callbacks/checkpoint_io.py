@@ -1,0 +1,146 @@
+"""Checkpoints written in a background thread from a host copy (``async_checkpoint=true``): the
+training loop pays for copying the state to host memory, not for serializing and writing it.
+
+Built on Lightning's :class:`~lightning.pytorch.plugins.io.AsyncCheckpointIO` (one writer
+thread, errors raised at the next save or at teardown, teardown waits for the writes), with
+what volseg's checkpoints guarantee added:
+
+- the state is copied to host memory on the caller's thread before the next optimizer step can
+  change it (tensors to CPU, everything else deep-copied): no GPU memory is held while a file is
+  written, and a loader position or RNG state updated in place later is not written half-new;
+- each file is written to ``<file>.tmp`` and renamed over the previous one (a kill while
+  writing leaves the previous file whole);
+- removing a file (the previous best checkpoint) waits, in the writer's queue, for the writes
+  submitted before it: a kill never leaves the run with no best checkpoint;
+- at most :data:`MAX_PENDING` writes are in flight: a save waits for the oldest first, so the
+  host holds at most that many copies of the state (the best checkpoint and ``last.ckpt`` are
+  often saved at the same step, after a validation: neither waits for the other).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+
+log = logging.getLogger(__name__)
+
+# suffix of the file a checkpoint is written to before it replaces the previous one
+TMP_SUFFIX = ".tmp"
+#: writes (and removals) queued or being written before a save waits for the oldest
+MAX_PENDING = 2
+
+
+def host_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint`` that nothing in the training loop shares: every tensor copied to
+    host memory (CPU tensors cloned), every other object deep-copied."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def to_host(tensor: torch.Tensor) -> torch.Tensor:
+        copied = tensor.detach().to("cpu", copy=True)
+        copies[id(copied)] = copied
+        return copied
+
+    on_host = apply_to_collection(checkpoint, torch.Tensor, to_host)
+    # the host copies are this snapshot's own already: deepcopy keeps them (memo), copies the rest
+    return copy.deepcopy(on_host, memo=dict(copies))
+
+
+def describe(checkpoint: dict[str, Any]) -> str:
+    """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint (the log's words)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    batch = progress.get("current", {}).get("processed", 0)
+    return (
+        f"step {checkpoint.get('global_step', 0)}, epoch {checkpoint.get('epoch', 0)}, "
+        f"batch {batch} of the epoch"
+    )
+
+
+class BackgroundCheckpointIO(AsyncCheckpointIO):
+    """:class:`AsyncCheckpointIO` writing a host snapshot to ``<file>.tmp`` and renaming it (see the
+    module docstring). ``blocked_seconds``: the time saves and removals held the caller (the
+    copy, and waiting for a previous write); ``written_seconds``: the writer thread's time."""
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(checkpoint_io)
+        self._pending: deque[Future] = deque()  # the writes, oldest first
+        self.blocked_seconds = 0.0
+        self.written_seconds = 0.0
+        self.writes = 0
+        self._logged_writes = 0  # teardown follows every stage: say each write once
+
+    def _wait_for_writes(self, most: int) -> None:
+        """Until at most ``most`` writes are queued or running (a removal holds no copy)."""
+        while self._pending and self._pending[0].done():
+            self._pending.popleft()
+        while len(self._pending) > most:
+            self._pending.popleft().result()  # a task stores its error in self._error
+
+    def _submit(self, task: Any, *args: Any) -> Future:
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                task(*args)
+            except BaseException as err:  # raised on the caller's thread at the next call
+                self._error = err
+            finally:
+                self.written_seconds += time.monotonic() - started
+
+        self._ensure_setup()
+        assert self._executor is not None
+        return self._executor.submit(run)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        started = time.monotonic()
+        self._wait_for_writes(MAX_PENDING - 1)
+        if self._error:
+            raise self._error
+        snapshot = host_snapshot(checkpoint)
+        self._pending.append(self._submit(self._write, snapshot, str(path), storage_options))
+        self.writes += 1
+        self.blocked_seconds += time.monotonic() - started
+
+    def _write(self, checkpoint: dict[str, Any], path: str, storage_options: Any | None) -> None:
+        assert self.checkpoint_io is not None
+        if "://" in path:  # a remote file system: its own transaction, no rename
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        else:
+            tmp = path + TMP_SUFFIX
+            self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+            os.replace(tmp, path)  # atomic on one file system
+        log.info("Saved %s: %s", path, describe(checkpoint))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        started = time.monotonic()
+        assert self.checkpoint_io is not None
+        self._submit(self.checkpoint_io.remove_checkpoint, path)  # after the writes before it
+        self.blocked_seconds += time.monotonic() - started
+
+    def teardown(self) -> None:
+        """Waits for the writes in flight (counted in ``blocked_seconds``)."""
+        started = time.monotonic()
+        try:
+            super().teardown()
+        finally:
+            self._pending.clear()
+            self.blocked_seconds += time.monotonic() - started
+        if self.writes > self._logged_writes:
+            self._logged_writes = self.writes
+            log.info(
+                "Checkpoints: %d written in the background in %.1f s; the loop and the end of "
+                "fit waited %.1f s for them (copies to host memory, writes in flight)",
+                self.writes,
+                self.written_seconds,
+                self.blocked_seconds,
+            )

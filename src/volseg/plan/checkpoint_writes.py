@@ -1,0 +1,51 @@
+"""``async_checkpoint``: whether checkpoints are written in the background
+(:class:`volseg.callbacks.checkpoint_io.BackgroundCheckpointIO`), decided from the strategy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from volseg.plan.run_plan import Decision
+from volseg.utils.errors import UserInputError
+
+#: strategies whose checkpoints go through Lightning's CheckpointIO as one file from rank 0
+#: (named, or their class); DeepSpeed and FSDP write (sharded) checkpoints themselves
+IO_STRATEGIES = ("auto", "single_device", "ddp")
+IO_STRATEGY_CLASSES = ("SingleDeviceStrategy", "DDPStrategy")
+
+
+def strategy_name(strategy: Any) -> str:
+    """``trainer.strategy`` as a name: the string, or the class of a ``_target_`` node."""
+    if isinstance(strategy, DictConfig | dict) and "_target_" in strategy:
+        return str(strategy["_target_"]).rsplit(".", 1)[-1]
+    return str(strategy if strategy is not None else "auto")
+
+
+def writes_through_checkpoint_io(strategy: Any) -> bool:
+    name = strategy_name(strategy)
+    lowered = name.lower()
+    return name in IO_STRATEGY_CLASSES or any(
+        lowered == s or lowered.startswith(f"{s}_") for s in IO_STRATEGIES
+    )
+
+
+def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
+    """``async_checkpoint`` (``auto``, ``true`` or ``false``) for ``trainer.strategy``;
+    one :class:`UserInputError` for another value, or ``true`` with a strategy that writes its
+    checkpoints itself."""
+    supported = writes_through_checkpoint_io(strategy)
+    name = strategy_name(strategy)
+    if value == "auto":
+        if supported:
+            return Decision(True, "planned", f"trainer.strategy={name} saves through CheckpointIO")
+        return Decision(False, "planned", f"trainer.strategy={name} writes its checkpoints itself")
+    if not isinstance(value, bool):
+        raise UserInputError(f"async_checkpoint={value}: expected auto, true or false")
+    if value and not supported:
+        raise UserInputError(
+            f"async_checkpoint=true: trainer.strategy={name} writes its checkpoints itself, not "
+            "through Lightning's CheckpointIO; use async_checkpoint=auto or false"
+        )
+    return Decision(value, "configured")
