@@ -243,14 +243,18 @@ def _step_config(
     return cfg
 
 
-def _configured_optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
+def _configured_optimizer(module: nn.Module) -> torch.optim.Optimizer:
     """The optimizer of the module's own ``configure_optimizers()``, as Lightning takes it from a
     returned optimizer or ``{"optimizer": ..., "lr_scheduler": ...}`` (the scheduler holds no
     tensors and is left out)."""
     configured = module.configure_optimizers()
-    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    return configured["optimizer"] if isinstance(configured, dict) else configured
+
+
+def _as_on_device(optimizer: torch.optim.Optimizer, device: str) -> torch.optim.Optimizer:
+    """``optimizer`` updating as it would on ``device``: CUDA's default update is the foreach
+    one, which holds a temporary per state tensor."""
     if device == "cuda":
-        # CUDA's default update is the foreach one, which holds a temporary per state tensor
         for group in optimizer.param_groups:
             if "foreach" in group and group["foreach"] is None:
                 group["foreach"] = True
@@ -315,6 +319,14 @@ class TrainingStep:
     loop: LoopSettings = field(default_factory=LoopSettings)
     clip_foreach: bool | None = None
     scaler: torch.amp.GradScaler | None = None
+    # loss(output, label); None: the module's own compute_loss (a volseg SegmentationModule)
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    # make_batch(image_shape, label_shape, dtype) -> (image, label) when run() gets no new_batch
+    # (None: torch.empty of both, i.e. fake under a FakeTensorMode)
+    make_batch: Callable[..., tuple[Any, Any]] | None = None
+    # zero the gradients before the first micro-batch's forward (a plain PyTorch loop such as
+    # nnU-Net's trainer) instead of after it (Lightning's closure)
+    zero_grad_before_forward: bool = False
 
     def run(
         self,
@@ -346,18 +358,22 @@ class TrainingStep:
     def _forward_backward(self, new_batch: Any, first: bool) -> None:
         """Lightning's closure for one micro-batch: training step, zero_grad, backward."""
         label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        new_batch = new_batch or self.make_batch
         if new_batch is None:
             image = torch.empty(self.image_shape, dtype=self.input_dtype)
             label = torch.empty(label_shape, dtype=self.input_dtype)
         else:
             image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
+        if first and self.zero_grad_before_forward:
+            self.optimizer.zero_grad(set_to_none=True)
+        compute_loss = self.loss or self.module.compute_loss
         with self.autocast():
             logits = self.module(image)
-            loss = self.module.compute_loss(logits, label)
+            loss = compute_loss(logits, label)
         # training_step returns the loss: its logits go, the batch stays until the closure ends
         del logits
         loss = loss / self.loop.accumulate_grad_batches  # ClosureResult's normalization
-        if first:
+        if first and not self.zero_grad_before_forward:
             self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
@@ -401,7 +417,34 @@ def build_training_step(
     if accumulate_grad_batches is not None:
         loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
-    module = build_model(cfg)
+    return module_training_step(
+        build_model(cfg),
+        _configured_optimizer,
+        (int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        precision,
+        device,
+        loop,
+        fake_mode,
+    )
+
+
+def module_training_step(
+    module: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    image_shape: Sequence[int],
+    precision: str,
+    device: str,
+    loop: LoopSettings | None = None,
+    fake_mode: FakeTensorMode | None = None,
+    **step_options: Any,
+) -> TrainingStep:
+    """The training step of any ``module`` (in training mode) with the optimizer
+    ``make_optimizer(module)`` on batches of ``image_shape`` ``(B, C, D, H, W)``, at
+    ``precision`` (a Lightning precision string, resolved for ``device``) on ``device``: the
+    ``*-true`` casts, autocast, the GradScaler of ``16-mixed`` on CUDA and CUDA's foreach updates
+    as :func:`build_training_step` applies them. With ``fake_mode`` the parameters are fake
+    tensors of that mode before the optimizer sees them. ``step_options``: further
+    :class:`TrainingStep` fields (``loss``, ``make_batch``, ``zero_grad_before_forward``)."""
     module.train()
     if precision in TRUE:
         # HalfPrecision.convert_module: the whole module in the lower precision
@@ -410,12 +453,13 @@ def build_training_step(
         _fake_parameters(module, fake_mode)
     step = TrainingStep(
         module=module,
-        optimizer=_configured_optimizer(module, device),
-        image_shape=(int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        optimizer=_as_on_device(make_optimizer(module), device),
+        image_shape=tuple(int(n) for n in image_shape),
         input_dtype=TRUE.get(precision, torch.float32),
-        loop=loop,
+        loop=loop or LoopSettings(),
         # clip_grad_*_'s default (foreach=None) takes the foreach path for CUDA tensors only
         clip_foreach=True if device == "cuda" else None,
+        **step_options,
     )
     if precision in MIXED and device == "cpu":
         # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
@@ -469,15 +513,15 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
     return trace
 
 
-def _peaks(events: list[Event], device: str, cfg: DictConfig) -> dict[str, int]:
+def _peaks(events: list[Event], device: str, settings: Any) -> dict[str, int]:
     """Peak allocated and reserved, the steady step's growth, the kernels' workspace and the CUDA
-    context (bytes) of a traced step's allocation ``events`` on ``device``."""
+    context (bytes) of a traced step's allocation ``events`` on ``device``; ``settings``: the
+    ``estimate`` config (``cuda_context_mib``, ``gpu``)."""
     if device == "cuda":
         allocator = replay(events)
         peak_allocated = allocator.peak_allocated
         # cuDNN's workspaces are the allocations with negative handles
         tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
-        settings = cfg.get("estimate", {})
         context = resolve_cuda_context(
             settings.get("cuda_context_mib", 0), settings.get("gpu")
         ).nbytes
@@ -539,17 +583,36 @@ def estimate(
     device, mode, step = _fake_step(
         cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
     )
+    return estimate_step(
+        step, mode, device, _precision(cfg, device), cfg.get("estimate") or {}, started
+    )
+
+
+def estimate_step(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    precision: str,
+    settings: Any = None,
+    started: float | None = None,
+) -> MemoryEstimate:
+    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
+    :func:`module_training_step`) on ``device`` at ``precision``; ``settings``: the ``estimate``
+    config's ``cuda_context_mib`` and ``gpu`` (default: ``auto``, this machine's GPU).
+    :func:`estimate` is this for a volseg config's step; any module's step can be estimated so."""
+    started = time.perf_counter() if started is None else started
     trace = _trace_steps(step, mode, device)
     events = trace.tracker.events
     # saved tensors offloaded to the host live on the meta device: not on the estimated one
     by_category = trace.peak(skip_device_type="meta")
-    peaks = _peaks(events, device, cfg)
+    peaks = _peaks(events, device, settings or {})
+    levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
-        precision=_precision(cfg, device),
+        precision=precision,
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
-        activation_checkpointing=step.module.levers.activation_checkpointing,
+        activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
         **{k: v for k, v in by_category.items() if k != "other"},
         **peaks,
@@ -561,7 +624,8 @@ def estimate(
     if device == "cuda":
         # the planner plans with this on top of the reserved peak (volseg.memory.residuals)
         margin = cuda_margin(
-            step.module.levers.offload_activations, step.loop.accumulate_grad_batches
+            bool(getattr(levers, "offload_activations", False)),
+            step.loop.accumulate_grad_batches,
         )
         result.margin, result.margin_source = margin.fraction, margin.source
     result.events = events
