@@ -245,15 +245,42 @@ def nnunet_plan(dataset_id: int) -> tuple[dict[str, Any], float]:
     DatasetFingerprintExtractor(dataset_id, num_processes=2).run(overwrite_existing=True)
     planner = ExperimentPlanner(dataset_id)
     plans = planner.plan_experiment()
-    return json.loads(json.dumps(plans)), float(planner.UNet_vram_target_GB)
+    reference = {
+        "target_gb": float(planner.UNet_vram_target_GB),
+        "reference_value_3d": planner.UNet_reference_val_3d,
+        "reference_batch_3d": planner.UNet_reference_val_corresp_bs_3d,
+        "reference_gb": planner.UNet_reference_val_corresp_GB,
+    }
+    return json.loads(json.dumps(plans)), reference
+
+
+def proxy_gb(network: Any, step: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
+    """nnU-Net's own memory proxy of its plan, in GB: the network's summed feature-map sizes
+    for one sample at the patch (``compute_conv_feature_map_size``) times the batch, against the
+    reference value that stands for ``reference_gb`` (ExperimentPlanner: ``batch_size =
+    reference / value * reference_batch``, so a sample counts ``reference_gb * value /
+    (reference * reference_batch)``)."""
+    patch = step["image_shape"][2:]
+    value = float(network.compute_conv_feature_map_size(patch))
+    per_sample_gb = (
+        reference["reference_gb"]
+        * value
+        / (reference["reference_value_3d"] * reference["reference_batch_3d"])
+    )
+    return {"feature_map_size": value, "gb": per_sample_gb * step["image_shape"][0]}
 
 
 def volseg_plan(overrides: list[str], budget: str, run_dir: Path) -> dict[str, Any]:
     """volseg's plan of the same files for ``memory.budget=budget``: plan.py's decisions."""
+    from volseg.memory.planner import plan as search
     from volseg.plan import plan_run
+    from volseg.utils.units import parse_bytes
 
     cfg = compose([*overrides, *VOLSEG, f"memory.budget={budget}"], run_dir)
-    planned = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True).to_dict()
+    run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
+    planned = run_plan.to_dict()
+    # what estimate_memory.py estimate.budget=... answers: the largest batch within the budget
+    largest = search(run_plan.run_config(), parse_bytes(budget, "memory.budget"), "batch", ["none"])
     decisions = planned["decisions"]
     value = {k: v["value"] for k, v in decisions.items()}
     return {
@@ -271,11 +298,14 @@ def volseg_plan(overrides: list[str], budget: str, run_dir: Path) -> dict[str, A
         "model": str(planned["config"]["model"]["net"].get("_target_", "")),
         "estimate": planned["estimate"],
         "batch_size_source": decisions["data.batch_size"]["source"],
+        "largest_batch_within_budget": largest.batch_size,
+        "largest_batch_process_total": largest.total_within_budget,
     }
 
 
-def estimate_nnunet_step(step: dict[str, Any]) -> dict[str, Any]:
-    """volseg's estimate of one nnU-Net training step (``step``: :func:`step_input`) on CUDA."""
+def estimate_nnunet_step(step: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """volseg's estimate of one nnU-Net training step (``step``: :func:`step_input`) on CUDA,
+    with nnU-Net's own proxy of it (:func:`proxy_gb`)."""
     import torch
     from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
     from nnunetv2.training.loss.deep_supervision import DeepSupervisionWrapper
@@ -294,6 +324,7 @@ def estimate_nnunet_step(step: dict[str, Any]) -> dict[str, Any]:
         allow_init=True,
         deep_supervision=True,
     )
+    proxy = proxy_gb(network, step, reference)
     dice = {"batch_dice": step["batch_dice"], "smooth": 1e-5, "do_bg": False, "ddp": False}
     loss = DeepSupervisionWrapper(
         DC_and_CE_loss(
@@ -335,7 +366,7 @@ def estimate_nnunet_step(step: dict[str, Any]) -> dict[str, Any]:
         "process_total",
         "seconds",
     )
-    return {k: getattr(est, k) for k in keys}
+    return {**{k: getattr(est, k) for k in keys}, "nnunet_proxy": proxy}
 
 
 # ---------------------------------------------------------------- machine, table
@@ -387,13 +418,14 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
         vs = v["spacing"] or [round(s, 3) for s in v["median_spacing"]]
         lines.append(
             f"| {name} | volseg plan.py (memory.budget={row['budget']}) | {vs} "
-            f"| {v['patch_size']} | {v['batch_size']} | {v['n_stages']} | {v['widths']} |"
+            f"| {v['patch_size']} | {v['batch_size']} (largest within budget: "
+            f"{v['largest_batch_within_budget']}) | {v['n_stages']} | {v['widths']} |"
         )
     lines += [
         "",
         "| dataset | nnU-Net step (batch × patch) | parameters | peak allocated | peak reserved "
-        "| + CUDA context | nnU-Net's VRAM target |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| + CUDA context | nnU-Net's proxy | nnU-Net's VRAM target |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in rows.items():
         e, s = row["estimate_of_nnunet_step"], row["step_input"]
@@ -401,6 +433,7 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {s['image_shape'][0]} × {list(s['image_shape'][2:])} "
             f"| {e['num_parameters'] / 1e6:.1f}M | {_mib(e['peak_allocated'])} MiB "
             f"| {_mib(e['peak_reserved'])} MiB | {_mib(e['process_total'])} MiB "
+            f"| {e['nnunet_proxy']['gb']:.2f} GB ({_mib(e['nnunet_proxy']['gb'] * 1e9)} MiB) "
             f"| {row['nnunet_target_gb']:g} GB ({_mib(row['nnunet_target_gb'] * 1e9)} MiB) |"
         )
     return "\n".join(lines)
@@ -428,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             module = prepare_volseg_data(overrides, work / "runs" / name / "data")
             write_raw_from_folder(Path(module.root), raw, list(module.class_names))
-        plans, target_gb = nnunet_plan(spec["id"])
+        plans, reference = nnunet_plan(spec["id"])
+        target_gb = reference["target_gb"]
         budget = f"{target_gb:g}GB"
         dataset = json.loads((raw / "dataset.json").read_text())
         out = args.out / name
@@ -440,11 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {
             "nnunet_dataset": folder_name,
             "nnunet_target_gb": target_gb,
+            "nnunet_reference": reference,
             "budget": budget,
             "nnunet": plan_summary(plans),
             "volseg": volseg_plan(overrides, budget, work / "runs" / name / "plan"),
             "step_input": step,
-            "estimate_of_nnunet_step": estimate_nnunet_step(step),
+            "estimate_of_nnunet_step": estimate_nnunet_step(step, reference),
         }
         print(f"{name}: done", flush=True)
     result = {
