@@ -270,7 +270,7 @@ def test_16_mixed_on_cuda_runs_the_grad_scaler(tmp_path, monkeypatch):
     [
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
         ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm=max"),
-        ("estimate.zero_grad=before_forward", "estimate.zero_grad=before_forward"),
+        ("estimate.zero_grad=never", "estimate.zero_grad=never"),
     ],
 )
 def test_bad_loop_settings_name_the_key(tmp_path, override, named):

@@ -243,14 +243,18 @@ def _step_config(
     return cfg
 
 
-def _configured_optimizer(module: nn.Module, device: str) -> torch.optim.Optimizer:
+def _configured_optimizer(module: nn.Module) -> torch.optim.Optimizer:
     """The optimizer of the module's own ``configure_optimizers()``, as Lightning takes it from a
     returned optimizer or ``{"optimizer": ..., "lr_scheduler": ...}`` (the scheduler holds no
     tensors and is left out)."""
     configured = module.configure_optimizers()
-    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    return configured["optimizer"] if isinstance(configured, dict) else configured
+
+
+def _as_on_device(optimizer: torch.optim.Optimizer, device: str) -> torch.optim.Optimizer:
+    """``optimizer`` updating as it would on ``device``: CUDA's default update is the foreach
+    one, which holds a temporary per state tensor."""
     if device == "cuda":
-        # CUDA's default update is the foreach one, which holds a temporary per state tensor
         for group in optimizer.param_groups:
             if "foreach" in group and group["foreach"] is None:
                 group["foreach"] = True
@@ -265,7 +269,8 @@ class LoopSettings:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
-    # where the gradients are set to None: "closure" (Lightning's) or "after_update"
+    # where the gradients are set to None: "closure" (Lightning's), "after_update" or
+    # "before_forward" (plain PyTorch loops, e.g. nnU-Net's trainer)
     zero_grad: str = "closure"
 
     @classmethod
@@ -296,7 +301,8 @@ class TrainingStep:
     loss divided by the number of micro-batches, the gradients set to ``None`` after the first
     micro-batch's forward (Lightning zeroes them inside the closure, before backward: the last
     step's gradients are held through that forward; with ``loop.zero_grad="after_update"``
-    they are set to ``None`` after the update instead, as a hand-written loop does), the loss
+    they are set to ``None`` after the update instead, and with ``"before_forward"`` before the
+    first micro-batch's forward, as hand-written loops do), the loss
     scaled by the GradScaler
     (``16-mixed`` on CUDA), backward (the later micro-batches' gradients add up in place, their
     forward runs with the gradients held). Then the GradScaler's unscale, gradient clipping
@@ -319,6 +325,11 @@ class TrainingStep:
     loop: LoopSettings = field(default_factory=LoopSettings)
     clip_foreach: bool | None = None
     scaler: torch.amp.GradScaler | None = None
+    # loss(output, label); None: the module's own compute_loss (a volseg SegmentationModule)
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    # make_batch(image_shape, label_shape, dtype) -> (image, label) when run() gets no new_batch
+    # (None: torch.empty of both, i.e. fake under a FakeTensorMode)
+    make_batch: Callable[..., tuple[Any, Any]] | None = None
 
     def run(
         self,
@@ -352,14 +363,18 @@ class TrainingStep:
     def _forward_backward(self, new_batch: Any, first: bool) -> None:
         """Lightning's closure for one micro-batch: training step, zero_grad, backward."""
         label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        new_batch = new_batch or self.make_batch
         if new_batch is None:
             image = torch.empty(self.image_shape, dtype=self.input_dtype)
             label = torch.empty(label_shape, dtype=self.input_dtype)
         else:
             image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
+        if first and self.loop.zero_grad == "before_forward":
+            self.optimizer.zero_grad(set_to_none=True)
+        compute_loss = self.loss or self.module.compute_loss
         with self.autocast():
             logits = self.module(image)
-            loss = self.module.compute_loss(logits, label)
+            loss = compute_loss(logits, label)
         # training_step returns the loss: its logits go, the batch stays until the closure ends
         del logits
         loss = loss / self.loop.accumulate_grad_batches  # ClosureResult's normalization
@@ -408,7 +423,34 @@ def build_training_step(
         loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
     loop = replace(loop, zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
-    module = build_model(cfg)
+    return module_training_step(
+        build_model(cfg),
+        _configured_optimizer,
+        (int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        precision,
+        device,
+        loop,
+        fake_mode,
+    )
+
+
+def module_training_step(
+    module: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    image_shape: Sequence[int],
+    precision: str,
+    device: str,
+    loop: LoopSettings | None = None,
+    fake_mode: FakeTensorMode | None = None,
+    **step_options: Any,
+) -> TrainingStep:
+    """The training step of any ``module`` (in training mode) with the optimizer
+    ``make_optimizer(module)`` on batches of ``image_shape`` ``(B, C, D, H, W)``, at
+    ``precision`` (a Lightning precision string, resolved for ``device``) on ``device``: the
+    ``*-true`` casts, autocast, the GradScaler of ``16-mixed`` on CUDA and CUDA's foreach updates
+    as :func:`build_training_step` applies them. With ``fake_mode`` the parameters are fake
+    tensors of that mode before the optimizer sees them. ``step_options``: further
+    :class:`TrainingStep` fields (``loss``, ``make_batch``)."""
     module.train()
     if precision in TRUE:
         # HalfPrecision.convert_module: the whole module in the lower precision
@@ -417,12 +459,13 @@ def build_training_step(
         _fake_parameters(module, fake_mode)
     step = TrainingStep(
         module=module,
-        optimizer=_configured_optimizer(module, device),
-        image_shape=(int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        optimizer=_as_on_device(make_optimizer(module), device),
+        image_shape=tuple(int(n) for n in image_shape),
         input_dtype=TRUE.get(precision, torch.float32),
-        loop=loop,
+        loop=loop or LoopSettings(),
         # clip_grad_*_'s default (foreach=None) takes the foreach path for CUDA tensors only
         clip_foreach=True if device == "cuda" else None,
+        **step_options,
     )
     if precision in MIXED and device == "cpu":
         # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
@@ -438,7 +481,7 @@ def build_training_step(
     return step
 
 
-ZERO_GRAD = ("closure", "after_update")
+ZERO_GRAD = ("closure", "after_update", "before_forward")
 
 
 def zero_grad_setting(cfg: DictConfig) -> str:
@@ -448,6 +491,8 @@ def zero_grad_setting(cfg: DictConfig) -> str:
     closure after its forward, so the previous step's gradients are held through that forward.
     ``after_update``: a hand-written loop's ``optimizer.step(); optimizer.zero_grad()``, whose
     forward starts without gradients (``benchmarks/levers.py`` and ``gpu_memory_table.py``).
+    ``before_forward``: ``optimizer.zero_grad()`` first in each step (nnU-Net's trainer); the
+    gradients are held between steps but not in its forward.
     """
     value = str(cfg.get("estimate", {}).get("zero_grad") or "closure")
     if value not in ZERO_GRAD:
@@ -493,15 +538,15 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
     return trace
 
 
-def _peaks(events: list[Event], device: str, cfg: DictConfig) -> dict[str, int]:
+def _peaks(events: list[Event], device: str, settings: Any) -> dict[str, int]:
     """Peak allocated and reserved, the steady step's growth, the kernels' workspace and the CUDA
-    context (bytes) of a traced step's allocation ``events`` on ``device``."""
+    context (bytes) of a traced step's allocation ``events`` on ``device``; ``settings``: the
+    ``estimate`` config (``cuda_context_mib``, ``gpu``)."""
     if device == "cuda":
         allocator = replay(events)
         peak_allocated = allocator.peak_allocated
         # cuDNN's workspaces are the allocations with negative handles
         tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
-        settings = cfg.get("estimate", {})
         context = resolve_cuda_context(
             settings.get("cuda_context_mib", 0), settings.get("gpu")
         ).nbytes
@@ -563,17 +608,36 @@ def estimate(
     device, mode, step = _fake_step(
         cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
     )
+    return estimate_step(
+        step, mode, device, _precision(cfg, device), cfg.get("estimate") or {}, started
+    )
+
+
+def estimate_step(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    precision: str,
+    settings: Any = None,
+    started: float | None = None,
+) -> MemoryEstimate:
+    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
+    :func:`module_training_step`) on ``device`` at ``precision``; ``settings``: the ``estimate``
+    config's ``cuda_context_mib`` and ``gpu`` (default: ``auto``, this machine's GPU).
+    :func:`estimate` is this for a volseg config's step; any module's step can be estimated so."""
+    started = time.perf_counter() if started is None else started
     trace = _trace_steps(step, mode, device)
     events = trace.tracker.events
     # saved tensors offloaded to the host live on the meta device: not on the estimated one
     by_category = trace.peak(skip_device_type="meta")
-    peaks = _peaks(events, device, cfg)
+    peaks = _peaks(events, device, settings or {})
+    levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
-        precision=_precision(cfg, device),
+        precision=precision,
         batch_size=step.image_shape[0],
         patch_size=list(step.image_shape[2:]),
-        activation_checkpointing=step.module.levers.activation_checkpointing,
+        activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
         **{k: v for k, v in by_category.items() if k != "other"},
         **peaks,
@@ -585,7 +649,8 @@ def estimate(
     if device == "cuda":
         # the planner plans with this on top of the reserved peak (volseg.memory.residuals)
         margin = cuda_margin(
-            step.module.levers.offload_activations, step.loop.accumulate_grad_batches
+            bool(getattr(levers, "offload_activations", False)),
+            step.loop.accumulate_grad_batches,
         )
         result.margin, result.margin_source = margin.fraction, margin.source
     result.events = events

@@ -1,0 +1,114 @@
+"""The estimator on a module that is not volseg's (its own loss, batches and loop order), and the
+nnU-Net side-by-side benchmark's reading of a committed nnU-Net plan (no nnunetv2 needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tests.conftest import REPO, load_benchmark
+from volseg.memory.estimator import LoopSettings, estimate_step, module_training_step
+
+PLANS = REPO / "benchmarks" / "results" / "nnunet"
+
+
+class TwoHeads(nn.Module):
+    """A conv with a full- and a half-resolution output, as a deep-supervised network returns;
+    records whether the gradients are held when each forward starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(1, 4, 3, padding=1)  # 4 * 27 + 4 = 112 parameters
+        self.grads_held: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        self.grads_held.append(self.conv.weight.grad is not None)
+        y = self.conv(x)
+        return [y, nn.functional.avg_pool3d(y, 2)]
+
+
+@pytest.mark.parametrize("before_forward", [True, False])
+def test_a_foreign_step_runs_with_its_own_loss_batches_and_zero_grad(before_forward):
+    calls = {"loss": 0, "batch": []}
+
+    def loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
+        calls["loss"] += 1
+        return sum((o - t.float()).square().mean() for o, t in zip(outputs, targets, strict=True))
+
+    def batch(image_shape, label_shape, dtype):
+        calls["batch"].append(tuple(image_shape))
+        b, _, d, h, w = image_shape
+        targets = [torch.empty(b, 4, d, h, w), torch.empty(b, 4, d // 2, h // 2, w // 2)]
+        return torch.empty(image_shape), [t.to(torch.int16) for t in targets]
+
+    module, mode = TwoHeads(), FakeTensorMode()
+    step = module_training_step(
+        module,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.99, nesterov=True),
+        (2, 1, 8, 8, 8),
+        "32",
+        "cpu",
+        LoopSettings(
+            gradient_clip_val=12.0, zero_grad="before_forward" if before_forward else "closure"
+        ),
+        mode,
+        loss=loss,
+        make_batch=batch,
+    )
+    est = estimate_step(step, mode, "cpu", "32")
+    assert calls["loss"] == 2 and calls["batch"] == [(2, 1, 8, 8, 8)] * 2  # two steps
+    assert est.num_parameters == 112 and est.params == 112 * 4
+    assert est.batch_size == 2 and est.patch_size == [8, 8, 8]
+    # the second step's forward: gradients already dropped (nnU-Net's loop) or still held
+    assert module.grads_held == [False, not before_forward]
+
+
+def test_nnunet_plans_are_read_as_its_trainer_builds_the_step():
+    """The embedded dataset's committed 3d_fullres plan, its values typed from the JSON."""
+    bench = load_benchmark("nnunet_side_by_side")
+    plans = json.loads((PLANS / "synthetic" / "nnUNetPlans.json").read_text())
+    dataset = json.loads((PLANS / "synthetic" / "dataset.json").read_text())
+    step = bench.step_input(plans, dataset)
+    assert (
+        step["network_class_name"]
+        == "dynamic_network_architectures.architectures.unet.PlainConvUNet"
+    )
+    assert step["image_shape"] == (2, 1, 32, 96, 96)
+    assert step["num_classes"] == 5 and step["in_channels"] == 1
+    kwargs = step["arch_kwargs"]
+    assert kwargs["n_stages"] == 5
+    assert kwargs["features_per_stage"] == [32, 64, 128, 256, 320]
+    assert kwargs["strides"] == [[1, 1, 1], [1, 2, 2], [2, 2, 2], [2, 2, 2], [2, 2, 2]]
+    assert kwargs["kernel_sizes"][0] == [1, 3, 3]
+    # one target per decoder output, the bottleneck's left out
+    assert step["target_shapes"] == [
+        (2, 1, 32, 96, 96),
+        (2, 1, 32, 48, 48),
+        (2, 1, 16, 24, 24),
+        (2, 1, 8, 12, 12),
+    ]
+    assert step["loss_weights"] == pytest.approx([4 / 7, 2 / 7, 1 / 7, 0])
+    assert step["batch_dice"] is False
+
+
+def test_nnunet_plans_of_an_anisotropic_two_channel_msd_dataset():
+    """The MSD-layout dataset's committed plan: 2 channels, z pooled less (2.5 mm against 0.8)."""
+    bench = load_benchmark("nnunet_side_by_side")
+    plans = json.loads((PLANS / "msd" / "nnUNetPlans.json").read_text())
+    dataset = json.loads((PLANS / "msd" / "dataset.json").read_text())
+    step = bench.step_input(plans, dataset)
+    assert step["in_channels"] == 2 and step["num_classes"] == 3
+    assert step["image_shape"] == (2, 2, 40, 160, 160)
+    assert step["arch_kwargs"]["features_per_stage"] == [32, 64, 128, 256, 320, 320]
+    assert step["target_shapes"] == [
+        (2, 1, 40, 160, 160),
+        (2, 1, 40, 80, 80),
+        (2, 1, 20, 40, 40),
+        (2, 1, 10, 20, 20),
+        (2, 1, 5, 10, 10),
+    ]
+    assert step["loss_weights"] == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15, 0])
