@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan, pooling_divisor
+from volseg.memory.planner import Plan, plan, pooling_divisor
 from volseg.utils.units import MIB
 
 SMALL = [
@@ -36,18 +36,24 @@ def test_planned_batch_fits_and_one_more_does_not(tmp_path):
     assert sum(real_step_peak(cfg, n).values()) <= budget
 
 
-def _batch_8_between_no_and_all_checkpointing(tmp_path) -> tuple[DictConfig, int]:
-    """SMALL at batch 8 and a budget halfway between its estimate without checkpointing (does
-    not fit) and with every level checkpointed (fits)."""
-    cfg = planned_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
+@pytest.fixture(scope="module")
+def batch_8_between_no_and_all_checkpointing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[DictConfig, int, Plan]:
+    """SMALL at batch 8, a budget halfway between its estimate without checkpointing (does not
+    fit) and with every level checkpointed (fits), and the planner's answer for it (one search,
+    read by the tests below)."""
+    cfg = planned_config("train", tmp_path_factory.mktemp("batch8"), [*SMALL, "data.batch_size=8"])
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
-    return cfg, (without.process_total + with_all.process_total) // 2
+    budget = (without.process_total + with_all.process_total) // 2
+    return cfg, budget, plan(cfg, budget, search="batch", as_configured=without)
 
 
-def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
-    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
-    answer = plan(cfg, budget, search="batch")
+def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(
+    batch_8_between_no_and_all_checkpointing,
+):
+    cfg, budget, answer = batch_8_between_no_and_all_checkpointing
     assert not answer.fits_as_configured
     assert answer.batch_size >= 8
     assert any(o.startswith("model.activation_checkpointing=") for o in answer.overrides)
@@ -147,9 +153,10 @@ def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
     assert named in result.stderr and "Traceback" not in result.stderr
 
 
-def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
-    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
-    answer = plan(cfg, budget, search="batch")
+def test_planner_offers_micro_batches_that_add_up_to_the_batch(
+    batch_8_between_no_and_all_checkpointing,
+):
+    cfg, budget, answer = batch_8_between_no_and_all_checkpointing
     micro = answer.micro_batching
     b, k = micro["batch_size"], micro["accumulate_grad_batches"]
     assert b * k == 8 and b < 8
