@@ -42,9 +42,17 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     )
 
 
-def test_train_writes_checkpoints_metrics_and_summary(train_cfg):
-    metrics = train(train_cfg)
-    run_dir = Path(train_cfg.paths.output_dir)
+@pytest.fixture(scope="module")
+def trained(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One tiny run (``tiny_train_overrides``), read (never written) by the tests below:
+    ``(run dir, the metrics train() returned)``."""
+    run_dir = tmp_path_factory.mktemp("train") / "run"
+    metrics = train(compose_config("train", run_dir, tiny_train_overrides(small_dataset)))
+    return run_dir, metrics
+
+
+def test_train_writes_checkpoints_metrics_and_summary(trained):
+    run_dir, metrics = trained
 
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -68,11 +76,8 @@ def test_train_writes_checkpoints_metrics_and_summary(train_cfg):
     assert len(list((run_dir / "overlays").glob("epoch_00[01]_case_*.png"))) == 4
 
 
-def test_checkpoint_loads_weights_only_and_carries_the_config(train_cfg):
-    train(train_cfg)
-    ckpt = torch.load(
-        Path(train_cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
-    )
+def test_checkpoint_loads_weights_only_and_carries_the_config(trained):
+    ckpt = torch.load(trained[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["volseg"]["config"]["model"]["net"]["widths"] == [4, 8, 16]
     assert ckpt["volseg"]["config"]["data"]["patch_size"] == [16, 32, 32]
     assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
