@@ -24,10 +24,17 @@ SMALL = [
 ]
 
 
-def test_planned_batch_fits_and_one_more_does_not(tmp_path):
-    cfg = planned_config("train", tmp_path, SMALL)
+@pytest.fixture(scope="module")
+def small_within_60_mib(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictConfig, Plan]:
+    """SMALL (batch 2, which fits) and the planner's batch search for 60 MiB, read by the tests
+    below."""
+    cfg = planned_config("train", tmp_path_factory.mktemp("small"), SMALL)
+    return cfg, plan(cfg, 60 * MIB, search="batch")
+
+
+def test_planned_batch_fits_and_one_more_does_not(small_within_60_mib):
+    cfg, answer = small_within_60_mib
     budget = 60 * MIB
-    answer = plan(cfg, budget, search="batch")
     n = answer.batch_size
     assert n is not None and n > 2 and answer.overrides == [f"data.batch_size={n}"]
     assert answer.estimate["process_total"] <= budget
@@ -171,9 +178,8 @@ def test_planner_offers_micro_batches_that_add_up_to_the_batch(
     assert answer.flops_per_sample > 1.05  # checkpointed levels run their forward twice
 
 
-def test_planner_offers_no_micro_batches_when_the_batch_fits(tmp_path):
-    cfg = planned_config("train", tmp_path, SMALL)
-    answer = plan(cfg, 60 * MIB, search="batch")
+def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_60_mib):
+    answer = small_within_60_mib[1]
     assert answer.fits_as_configured
     assert answer.micro_batching is None and answer.flops_per_sample is None
 
