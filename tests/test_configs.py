@@ -13,7 +13,7 @@ from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
 from volseg.tasks.train import train
 from volseg.utils.entry import close_wandb
 from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
-from volseg.utils.precision import resolve_trainer_precision
+from volseg.utils.precision import resolve_precision
 
 
 def _choices(group: str) -> list[str]:
@@ -32,7 +32,9 @@ def test_cpu_trainer_and_callbacks_build(tmp_path):
     callbacks = instantiate_callbacks(cfg.callbacks)
     names = {type(c).__name__ for c in callbacks}
     assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "RichModelSummary"} <= names
-    resolve_trainer_precision(cfg)  # Lightning knows no `auto` precision
+    cfg.trainer.precision = resolve_precision(
+        cfg.trainer.precision, "cpu"
+    ).precision  # no `auto` in Lightning
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=False)
     assert trainer.max_epochs == cfg.trainer.max_epochs
 
@@ -150,7 +152,7 @@ def test_lightning_trainer_arguments_are_plain_overrides(tmp_path, key):
     value = TRAINER_OVERRIDES[key]
     cfg = compose_config("train", tmp_path, ["trainer=cpu", f"trainer.{key}={value}"])
     assert str(cfg.trainer[key]).lower() == value
-    resolve_trainer_precision(cfg)
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, "cpu").precision
     hydra.utils.instantiate(cfg.trainer, logger=False)
 
 

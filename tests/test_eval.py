@@ -25,6 +25,12 @@ def _train_once(data_root: Path, run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def checkpoint(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny run on the small dataset, read (never written) by the tests below."""
+    return _train_once(small_dataset, tmp_path_factory.mktemp("eval_train"))
+
+
 def _tiff_copy(root: Path, target: Path) -> Path:
     for sub in ("images", "labels"):
         for path in sorted((root / sub).glob("*.nii.gz")):
@@ -39,15 +45,17 @@ def _tiff_copy(root: Path, target: Path) -> Path:
 
 
 @pytest.mark.parametrize("fmt", ["nifti", "tiff"])
-def test_eval_writes_predictions_with_the_input_geometry(small_dataset, tmp_path, fmt):
-    data_root = small_dataset if fmt == "nifti" else _tiff_copy(small_dataset, tmp_path / "tif")
-    ckpt = _train_once(data_root, tmp_path / "train")
+def test_eval_writes_predictions_with_the_input_geometry(small_dataset, checkpoint, tmp_path, fmt):
+    if fmt == "nifti":
+        data_root, ckpt = small_dataset, checkpoint
+    else:
+        data_root = _tiff_copy(small_dataset, tmp_path / "tif")
+        ckpt = _train_once(data_root, tmp_path / "train")
 
     out = tmp_path / "eval"
     cfg = compose_config("eval", out, [f"ckpt_path={ckpt}", "extras.print_config=false"])
     metrics = evaluate(cfg)
 
-    assert 0.0 <= metrics["val/dice_mean"] <= 1.0
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["data_root"] == str(data_root)
     val_names = json.loads((data_root / "splits.json").read_text())["val"]
@@ -60,10 +68,28 @@ def test_eval_writes_predictions_with_the_input_geometry(small_dataset, tmp_path
         assert np.allclose(affine_pred, affine_source, atol=1e-5)
         values = np.unique(read_array(pred))
         assert values.min() >= 0 and values.max() < 5
+    # the reported Dice is the written predictions' against the labels (computed here)
+    assert metrics["val/dice_mean"] == pytest.approx(
+        _dice_mean(out / "predictions", data_root / "labels", val_names, 5), abs=1e-5
+    )
 
 
-def test_eval_data_root_override_and_bad_checkpoint(small_dataset, tmp_path):
-    ckpt = _train_once(small_dataset, tmp_path / "train")
+def _dice_mean(predictions: Path, labels: Path, names: list[str], num_classes: int) -> float:
+    """Mean over the foreground classes of each class's mean Dice over the cases whose label
+    has it (0 for a class in no case): what ``val/dice_mean`` reports."""
+    per_class = []
+    for c in range(1, num_classes):
+        scores = []
+        for name in names:
+            pred, label = read_array(predictions / name) == c, read_array(labels / name) == c
+            if label.any():
+                scores.append(2 * (pred & label).sum() / (pred.sum() + label.sum()))
+        per_class.append(np.mean(scores) if scores else 0.0)
+    return float(np.mean(per_class))
+
+
+def test_eval_data_root_override_and_bad_checkpoint(small_dataset, checkpoint, tmp_path):
+    ckpt = checkpoint
     other = shutil.copytree(small_dataset, tmp_path / "other")
     cfg = compose_config("eval", tmp_path / "eval", [f"ckpt_path={ckpt}", f"data.root={other}"])
     evaluate(cfg)
@@ -77,14 +103,14 @@ def test_eval_data_root_override_and_bad_checkpoint(small_dataset, tmp_path):
         evaluate(cfg)
 
 
-def test_eval_never_writes_into_the_dataset_nor_over_existing_predictions(small_dataset, tmp_path):
+def test_eval_never_writes_into_the_dataset_nor_over_existing_predictions(
+    small_dataset, checkpoint, tmp_path
+):
     data = shutil.copytree(small_dataset, tmp_path / "data")
-    ckpt = _train_once(data, tmp_path / "train")
+    ckpt = [f"ckpt_path={checkpoint}", f"data.root={data}"]
     before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
     for inside in (data / "labels", data, data / "images" / "new"):
-        cfg = compose_config(
-            "eval", tmp_path / "eval", [f"ckpt_path={ckpt}", f"predictions_dir={inside}"]
-        )
+        cfg = compose_config("eval", tmp_path / "eval", [*ckpt, f"predictions_dir={inside}"])
         with pytest.raises(UserInputError, match=r"inside data.root=.*would change the dataset"):
             evaluate(cfg)
     assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
@@ -93,7 +119,7 @@ def test_eval_never_writes_into_the_dataset_nor_over_existing_predictions(small_
     out.mkdir()
     val_names = json.loads((data / "splits.json").read_text())["val"]
     (out / val_names[0]).write_bytes(b"keep me")
-    args = [f"ckpt_path={ckpt}", f"predictions_dir={out}"]
+    args = [*ckpt, f"predictions_dir={out}"]
     with pytest.raises(UserInputError, match=rf"{val_names[0]}: exists.*") as err:
         evaluate(compose_config("eval", tmp_path / "eval2", args))
     assert "overwrite=true" in str(err.value)

@@ -83,6 +83,7 @@ def train_args(data: Path, run_dir: Path) -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
+        "estimate.plan_step=false",
         f"hydra.run.dir={run_dir}",
     ]
 
@@ -120,9 +121,10 @@ def three_val_cases(small_dataset: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.mark.slow
-def test_eval_scores_and_writes_each_case_once_on_2_3_and_5_processes(three_val_cases, tmp_path):
-    """3 validation cases: on 5 processes two ranks have none and must still join the
-    reductions (a rank with no batch raised, one skipping the gather would hang)."""
+def test_eval_scores_and_writes_each_case_once_on_2_and_5_processes(three_val_cases, tmp_path):
+    """3 validation cases: on 2 processes the shares are uneven (2 and 1), on 5 two ranks have
+    none and must still join the reductions (a rank with no batch raised, one skipping the
+    gather would hang)."""
     train_dir = tmp_path / "train"
     overrides = [*tiny_train_overrides(three_val_cases), "trainer.max_epochs=1"]
     train(compose_config("train", train_dir, overrides))
@@ -130,7 +132,7 @@ def test_eval_scores_and_writes_each_case_once_on_2_3_and_5_processes(three_val_
     one = evaluate(compose_config("eval", tmp_path / "eval1", [f"ckpt_path={ckpt}"]))
     names = sorted(p.name for p in (three_val_cases / "images").iterdir())[3:]
     assert 0.0 < one["val/dice_mean"] < 1.0  # a trained, imperfect model: the scores differ
-    for n in (2, 3, 5):
+    for n in (2, 5):
         run_dir = tmp_path / f"eval{n}"
         args = ["eval.py", f"ckpt_path={ckpt}", "extras.print_config=false", *processes(n)]
         result = run_entry([*args, f"hydra.run.dir={run_dir}"])

@@ -197,12 +197,12 @@ def test_half_precisions_train_on_the_gpu(small_dataset, tmp_path, precision):
 def test_sixteen_mixed_uses_a_grad_scaler(small_dataset, tmp_path):
     import hydra
 
-    from volseg.utils.precision import resolve_trainer_precision
+    from volseg.utils.precision import resolve_precision
 
     cfg = compose_config(
         "train", tmp_path, _gpu_overrides(small_dataset, "trainer.precision=16-mixed")
     )
-    resolve_trainer_precision(cfg)
+    cfg.trainer.precision = resolve_precision(cfg.trainer.precision, "cuda").precision
     trainer = hydra.utils.instantiate(cfg.trainer, logger=False)
     assert trainer.precision_plugin.scaler is not None
 

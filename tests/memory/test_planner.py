@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan, pooling_divisor
+from volseg.memory.planner import Plan, plan, pooling_divisor
 from volseg.utils.units import MIB
 
 SMALL = [
@@ -24,10 +24,17 @@ SMALL = [
 ]
 
 
-def test_planned_batch_fits_and_one_more_does_not(tmp_path):
-    cfg = planned_config("train", tmp_path, SMALL)
+@pytest.fixture(scope="module")
+def small_within_60_mib(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictConfig, Plan]:
+    """SMALL (batch 2, which fits) and the planner's batch search for 60 MiB, read by the tests
+    below."""
+    cfg = planned_config("train", tmp_path_factory.mktemp("small"), SMALL)
+    return cfg, plan(cfg, 60 * MIB, search="batch")
+
+
+def test_planned_batch_fits_and_one_more_does_not(small_within_60_mib):
+    cfg, answer = small_within_60_mib
     budget = 60 * MIB
-    answer = plan(cfg, budget, search="batch")
     n = answer.batch_size
     assert n is not None and n > 2 and answer.overrides == [f"data.batch_size={n}"]
     assert answer.estimate["process_total"] <= budget
@@ -36,18 +43,24 @@ def test_planned_batch_fits_and_one_more_does_not(tmp_path):
     assert sum(real_step_peak(cfg, n).values()) <= budget
 
 
-def _batch_8_between_no_and_all_checkpointing(tmp_path) -> tuple[DictConfig, int]:
-    """SMALL at batch 8 and a budget halfway between its estimate without checkpointing (does
-    not fit) and with every level checkpointed (fits)."""
-    cfg = planned_config("train", tmp_path, [*SMALL, "data.batch_size=8"])
+@pytest.fixture(scope="module")
+def batch_8_between_no_and_all_checkpointing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[DictConfig, int, Plan]:
+    """SMALL at batch 8, a budget halfway between its estimate without checkpointing (does not
+    fit) and with every level checkpointed (fits), and the planner's answer for it (one search,
+    read by the tests below)."""
+    cfg = planned_config("train", tmp_path_factory.mktemp("batch8"), [*SMALL, "data.batch_size=8"])
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
-    return cfg, (without.process_total + with_all.process_total) // 2
+    budget = (without.process_total + with_all.process_total) // 2
+    return cfg, budget, plan(cfg, budget, search="batch", as_configured=without)
 
 
-def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(tmp_path):
-    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
-    answer = plan(cfg, budget, search="batch")
+def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(
+    batch_8_between_no_and_all_checkpointing,
+):
+    cfg, budget, answer = batch_8_between_no_and_all_checkpointing
     assert not answer.fits_as_configured
     assert answer.batch_size >= 8
     assert any(o.startswith("model.activation_checkpointing=") for o in answer.overrides)
@@ -147,9 +160,10 @@ def test_estimate_memory_cli_bad_input_is_one_clear_error(tmp_path, bad, named):
     assert named in result.stderr and "Traceback" not in result.stderr
 
 
-def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
-    cfg, budget = _batch_8_between_no_and_all_checkpointing(tmp_path)
-    answer = plan(cfg, budget, search="batch")
+def test_planner_offers_micro_batches_that_add_up_to_the_batch(
+    batch_8_between_no_and_all_checkpointing,
+):
+    cfg, budget, answer = batch_8_between_no_and_all_checkpointing
     micro = answer.micro_batching
     b, k = micro["batch_size"], micro["accumulate_grad_batches"]
     assert b * k == 8 and b < 8
@@ -164,9 +178,8 @@ def test_planner_offers_micro_batches_that_add_up_to_the_batch(tmp_path):
     assert answer.flops_per_sample > 1.05  # checkpointed levels run their forward twice
 
 
-def test_planner_offers_no_micro_batches_when_the_batch_fits(tmp_path):
-    cfg = planned_config("train", tmp_path, SMALL)
-    answer = plan(cfg, 60 * MIB, search="batch")
+def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_60_mib):
+    answer = small_within_60_mib[1]
     assert answer.fits_as_configured
     assert answer.micro_batching is None and answer.flops_per_sample is None
 

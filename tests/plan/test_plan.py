@@ -154,8 +154,10 @@ def test_the_same_command_gives_the_same_plan_in_every_entry_point(small_dataset
     overrides = [*tiny_train_overrides(small_dataset), "data.patch_size=auto"]
     overrides += ["data.patch_voxels=16384", "trainer.max_epochs=1"]
     train(compose_config("train", tmp_path / "train", overrides))
-    trained = yaml.safe_load((tmp_path / "train" / "plan.yaml").read_text())["decisions"]
+    trained_plan = yaml.safe_load((tmp_path / "train" / "plan.yaml").read_text())
+    trained = trained_plan["decisions"]
     assert trained["data.patch_size"]["source"] == "planned"
+    assert trained_plan["estimate"] == {}  # estimate.plan_step=false: the step is not estimated
 
     estimated = run_estimate(compose_config("estimate_memory", tmp_path / "est", overrides))
     assert _values(estimated["run_plan"]) == _values(trained)
@@ -227,7 +229,12 @@ def test_plan_py_on_the_embedded_data_and_train_from_the_plan(small_dataset, tmp
 
     # train.py plan=PATH trains the planned run: the same decisions, the same result as the
     # same command given to train.py directly
-    direct = train(compose_config("train", tmp_path / "direct", overrides))
+    # (train.py estimates the planned step as plan.py does: the same figures in its plan.yaml)
+    direct = train(
+        compose_config("train", tmp_path / "direct", [*overrides, "estimate.plan_step=true"])
+    )
+    trained = yaml.safe_load((tmp_path / "direct" / "plan.yaml").read_text())["estimate"]
+    assert trained == written["estimate"] and trained["peak_allocated"] > 0
     from_plan = train(compose_config("train", tmp_path / "run", [f"plan={path}"]))
     replayed = yaml.safe_load((tmp_path / "run" / "plan.yaml").read_text())["decisions"]
     assert _values(replayed) == _values(written["decisions"])

@@ -11,17 +11,13 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, compose_config, tiny_train_overrides
+from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
 from volseg.memory.estimator import _precision
+from volseg.plan.make import plan_device
 from volseg.tasks.train import train
 from volseg.utils import cpu
 from volseg.utils.cpu import cpu_bf16_native
-from volseg.utils.precision import (
-    device_kind,
-    log_choice,
-    resolve_precision,
-    resolve_trainer_precision,
-)
+from volseg.utils.precision import log_choice, resolve_precision
 
 # (requested, device, native bf16 / GPU bf16) -> what runs
 CASES = [
@@ -46,11 +42,12 @@ def test_precision_resolves_by_device_kind(requested, device, bf16, runs):
     assert (choice.requested, choice.precision, choice.device) == (requested, runs, device)
 
 
-def test_cuda_auto_asks_the_gpu(monkeypatch):
+def test_cuda_auto_asks_the_gpu(monkeypatch, tmp_path):
     """The capability query decides, not a guess: a stand-in GPU without bfloat16 gets fp16."""
+    cfg = compose_config("train", tmp_path, ["trainer.accelerator=auto"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert device_kind("auto") == "cuda"
+    assert plan_device(cfg).value == "cuda"
     assert resolve_precision("auto", "cuda").precision == "16-mixed"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert resolve_precision("auto", "cuda").precision == "bf16-mixed"
@@ -65,12 +62,12 @@ def test_explicit_bf16_on_an_emulating_cpu_warns_with_the_slowdown(caplog):
     assert choice.precision == "bf16-mixed"
 
 
-def test_trainer_config_is_resolved_in_place_with_one_log_line(caplog, tmp_path):
-    cfg = compose_config("train", tmp_path, ["trainer.accelerator=cpu"])
-    assert cfg.trainer.precision == "auto"
+def test_the_plan_resolves_the_trainer_precision_with_one_log_line(caplog, tmp_path):
+    assert compose_config("train", tmp_path, []).trainer.precision == "auto"
     with caplog.at_level(logging.INFO, logger="volseg.utils.precision"):
-        choice = resolve_trainer_precision(cfg)
+        cfg = planned_config("train", tmp_path, ["trainer.accelerator=cpu"])
     expected = "bf16-mixed" if cpu_bf16_native() else "32"
+    choice = resolve_precision("auto", "cpu")
     assert cfg.trainer.precision == choice.precision == expected
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"trainer.precision=auto runs as {expected} on cpu: {choice.reason}"]
@@ -106,6 +103,7 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
         "trainer.max_steps=1",
         "trainer.limit_val_batches=1",
         "callbacks.rich_progress_bar=null",
+        "estimate.plan_step=false",
         f"hydra.run.dir={tmp_path}",
     ]
     result = subprocess.run(

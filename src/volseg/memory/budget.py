@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import DictConfig
-
-from volseg.memory.estimator import MemoryEstimate, estimate
+from volseg.memory.estimator import MemoryEstimate
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
@@ -33,14 +31,3 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
         est.device,
     )
     return total
-
-
-def check_memory_budget(cfg: DictConfig) -> MemoryEstimate | None:
-    """With ``memory.budget`` set, estimate the training step before anything is built and
-    raise :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
-    budget_value = cfg.get("memory", {}).get("budget")
-    if not budget_value:
-        return None
-    est = estimate(cfg)
-    check_estimate_fits(est, budget_value)
-    return est

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, open_dict
 
 from volseg.utils.cpu import cpu_bf16_native
 
@@ -39,15 +38,6 @@ class PrecisionChoice:
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
-
-
-def device_kind(accelerator: Any) -> str:
-    """``cuda`` or ``cpu``: the device ``trainer.accelerator`` will train on here (``auto``:
-    CUDA when this machine has it)."""
-    name = str(accelerator or "auto").lower()
-    if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
-        return "cuda"
-    return "cpu"
 
 
 def cuda_bf16_supported() -> bool:
@@ -121,16 +111,3 @@ def log_choice(choice: PrecisionChoice) -> None:
         log.warning(line)
     else:
         log.info(line)
-
-
-def resolve_trainer_precision(cfg: DictConfig) -> PrecisionChoice:
-    """Resolve ``cfg.trainer.precision`` for ``cfg.trainer.accelerator`` in place (before any
-    Trainer, estimate or saved config sees it) and log the choice."""
-    trainer = cfg.trainer
-    choice = resolve_precision(
-        trainer.get("precision", "32"), device_kind(trainer.get("accelerator"))
-    )
-    log_choice(choice)
-    with open_dict(trainer):
-        trainer.precision = choice.precision
-    return choice
