@@ -93,9 +93,9 @@ def instrument(timers: Timers) -> None:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from volseg.callbacks import overlays
-    from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
     from volseg.callbacks.last_checkpoint import LastCheckpoint
     from volseg.memory.monitor import MemoryMonitor
+    from volseg.utils.checkpoint_io import BackgroundCheckpointIO
 
     end = "checkpoint writes at the end of fit (final save, waiting for writes)"
     timers.wrap(LastCheckpoint, "on_train_end", end)

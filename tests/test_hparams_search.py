@@ -121,10 +121,10 @@ def _rows(sweep_dir) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_killed_optuna_sweep_resumes_with_the_trials_it_had_left(small_dataset, tmp_path):
-    """SIGKILL after 2 of 3 trials; the same command again runs the one left, in the same sweep dir
+    """SIGKILL after 2 of 4 trials; the same command again runs the 2 left, in the same sweep dir
     (one sweep_summary.csv, every trial once), with job numbers that go on."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    command = [*_sweep_command(tmp_path / "logs", storage, 3), f"data.root={small_dataset}"]
+    command = [*_sweep_command(tmp_path / "logs", storage, 4), f"data.root={small_dataset}"]
     sweeps = tmp_path / "logs" / "train" / "multiruns"
     first = subprocess.Popen(
         command,
@@ -150,17 +150,17 @@ def test_killed_optuna_sweep_resumes_with_the_trials_it_had_left(small_dataset, 
     assert again.returncode == 0, again.stderr[-3000:]
     assert list(sweeps.glob("*")) == [sweep_dir]  # the first run's dir, no second one
     rows = _rows(sweep_dir)
-    assert rows[:2] == done and len(rows) == 3  # only the trial left ran
+    assert rows[:2] == done and len(rows) == 4  # only the 2 trials left ran
     assert all(r["status"] == "ok" for r in rows)
     jobs = [int(r["job"]) for r in rows]
-    assert len(set(jobs)) == 3 and min(jobs[2:]) > max(jobs[:2])  # numbers go on
+    assert len(set(jobs)) == 4 and min(jobs[2:]) > max(jobs[:2])  # numbers go on
     assert all((sweep_dir / str(j) / "summary.json").is_file() for j in jobs)
     study = optuna.load_study(study_name="resume_me", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(complete) == 3
+    assert len(complete) == 4
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
     # started once more: nothing left to run
     third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert third.returncode == 0, third.stderr[-3000:]
-    assert len(_rows(sweep_dir)) == 3
+    assert len(_rows(sweep_dir)) == 4

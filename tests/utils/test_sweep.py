@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import multiprocessing
 import os
 import subprocess
@@ -65,7 +66,11 @@ def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_pa
         rows = list(csv.DictReader(f))
     assert [r["job"] for r in rows] == ["0", "1"]
     ok, failed = rows
-    assert ok["status"] == "ok" and 0 <= float(ok["best_val_dice_mean"]) <= 1
+    job_summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert ok["status"] == "ok"
+    assert float(ok["best_val_dice_mean"]) == pytest.approx(
+        job_summary["best_val_dice_mean"], abs=1e-4
+    )
     assert float(ok["peak_allocated_mib"]) > 0
     assert failed["status"] == "failed"
     assert "UserInputError" in failed["error"] and "is larger than the volume" in failed["error"]
@@ -196,4 +201,7 @@ def test_ddp_sim_sweep_runs_each_job_in_two_processes(small_dataset, tmp_path):
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["status"]) for r in rows] == [("0", "ok"), ("1", "ok")]
-    assert 0 <= float(rows[0]["best_val_dice_mean"]) <= 1
+    job_summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert float(rows[0]["best_val_dice_mean"]) == pytest.approx(
+        job_summary["best_val_dice_mean"], abs=1e-4
+    )

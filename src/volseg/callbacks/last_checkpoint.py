@@ -2,7 +2,7 @@
 allows), every few minutes or steps within an epoch and at the end of training, replaced
 atomically, so that a run killed at any moment resumes from a whole checkpoint. With
 ``async_checkpoint=true`` the trainer's
-:class:`~volseg.callbacks.checkpoint_io.BackgroundCheckpointIO` writes and renames it in the
+:class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO` writes and renames it in the
 background."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from volseg.callbacks.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO
+from volseg.utils.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO
 
 log = logging.getLogger(__name__)
 

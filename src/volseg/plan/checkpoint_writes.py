@@ -1,5 +1,5 @@
 """``async_checkpoint``: whether checkpoints are written in the background
-(:class:`volseg.callbacks.checkpoint_io.BackgroundCheckpointIO`), decided from the strategy."""
+(:class:`volseg.utils.checkpoint_io.BackgroundCheckpointIO`), decided from the strategy."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
     """The ``lightning.Trainer`` of ``cfg`` (the ``trainer`` node) for every entry point.
 
     ``async_checkpoint`` (the plan's ``async_checkpoint``): checkpoints written in the background
-    by :class:`volseg.callbacks.checkpoint_io.BackgroundCheckpointIO`.
+    by :class:`volseg.utils.checkpoint_io.BackgroundCheckpointIO`.
 
     Built with ``use_distributed_sampler=False`` whatever the trainer config: volseg's samplers
     (:mod:`volseg.data.sampling`) shard every loader by the trainer's rank and world size
@@ -66,7 +66,7 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
             "shard the data by rank themselves; Lightning's would shard it twice. Remove the key"
         )
     if async_checkpoint:
-        from volseg.callbacks.checkpoint_io import BackgroundCheckpointIO
+        from volseg.utils.checkpoint_io import BackgroundCheckpointIO
 
         kwargs["plugins"] = [*kwargs.get("plugins", []), BackgroundCheckpointIO()]
     return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from volseg.callbacks.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO, host_snapshot
+from volseg.utils.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO, host_snapshot
 
 GATE_TIMEOUT_S = 30
 
