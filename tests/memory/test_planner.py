@@ -54,8 +54,16 @@ def batch_8_between_no_and_all_checkpointing(
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
     budget = (without.process_total + with_all.process_total) // 2
-    return cfg, budget, plan(
-        cfg, budget, search="batch", as_configured=without, checkpointing_options=["none", "all"]
+    return (
+        cfg,
+        budget,
+        plan(
+            cfg,
+            budget,
+            search="batch",
+            as_configured=without,
+            checkpointing_options=["none", "all"],
+        ),
     )
 
 
