@@ -33,12 +33,12 @@ RESERVED_WITHIN = 0.10
 #: against measured on 2026-12-01, torch 2.13.0+cpu estimating for CUDA, each run with its
 #: loop's ``estimate.zero_grad``)
 NOT_YET: dict[tuple[str, str], str] = {
-    ("2026-11-30_nvidia-h200", "seed table: unet_large 16-true"): (
+    ("2026-11-30_nvidia-h200", "reference table: unet_large 16-true"): (
         "reserved -12.7% (5,786 / 6,630 MiB), allocated -4.6%: float16 weights with "
         "channels_last; what holds the extra cache is not in the recorded figures "
         "(gpu_checks.sh keeps an allocator snapshot of this run)"
     ),
-    ("2026-11-30_nvidia-h200", "seed table: unet_small 16-true"): (
+    ("2026-11-30_nvidia-h200", "reference table: unet_small 16-true"): (
         "allocated -5.6% (5,323 / 5,639 MiB), reserved -5.9%: as unet_large 16-true"
     ),
     ("2026-11-30_nvidia-h200", "levers: activation offload"): (
