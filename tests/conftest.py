@@ -71,6 +71,17 @@ def planned_config(
     return make_plan(cfg, estimate_step=False).run_config()
 
 
+def foreground_mean_dice(metrics: dict, background: str = "background") -> float:
+    """The mean of the per-class ``val/dice_<class>`` values in ``metrics`` without background:
+    what ``val/dice_mean`` must be (the validation's own average, recomputed here)."""
+    skip = {"val/dice_mean", "val/dice_mean_best", f"val/dice_{background}"}
+    per_class = [
+        float(v) for k, v in metrics.items() if k.startswith("val/dice_") and k not in skip
+    ]
+    assert per_class, sorted(metrics)
+    return sum(per_class) / len(per_class)
+
+
 def tiny_train_overrides(data_root: Path) -> list[str]:
     """A 2-epoch run on the small dataset with a 3-level, 4-16 channel U-Net."""
     return [
