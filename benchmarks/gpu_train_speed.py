@@ -93,12 +93,8 @@ def step_flops(module, batch_shape: list[int], num_classes: int, device: str) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
     from volseg.tasks import train as train_task
+    from volseg.utils.config import compose_run_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -139,16 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         "extras.print_config=false",
         *args.override,
     ]
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(tmp / "run")
-        cfg.hydra.runtime.output_dir = str(tmp / "run")
-        cfg.hydra.run.dir = str(tmp / "run")
-        cfg.hydra.job.num = 0
-        cfg.hydra.job.id = 0
-    HydraConfig().set_config(cfg)
+    cfg = compose_run_config(REPO / "configs", "train", overrides, tmp / "run")
     clock = StepClock()
     modules: list = []
     build = train_task.instantiate_callbacks

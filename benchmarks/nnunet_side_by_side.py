@@ -201,24 +201,9 @@ def write_raw_from_folder(folder: Path, raw: Path, class_names: Sequence[str]) -
 
 
 def compose(overrides: list[str], run_dir: Path) -> Any:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from volseg.utils.config import compose_run_config
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        cfg = hydra_compose("plan", overrides=overrides, return_hydra_config=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(run_dir)
-        cfg.hydra.runtime.output_dir = str(run_dir)
-        cfg.hydra.run.dir = str(run_dir)
-        cfg.hydra.job.num = 0
-        cfg.hydra.job.id = 0
-    HydraConfig().set_config(cfg)
-    return cfg
+    return compose_run_config(REPO / "configs", "plan", overrides, run_dir)
 
 
 def prepare_volseg_data(overrides: list[str], run_dir: Path) -> Any:

@@ -121,34 +121,18 @@ def instrument(timers: Timers) -> None:
 
 def run(overrides: list[str], epochs: int, workdir: Path) -> tuple[float, Timers, int]:
     """(wall seconds of ``train``, timers, optimizer steps)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
     from volseg.tasks.train import train
+    from volseg.utils.config import compose_run_config
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        cfg = compose(
-            "train",
-            overrides=[
-                f"trainer.max_epochs={epochs}",
-                "trainer.accelerator=cpu",
-                "extras.print_config=false",
-                f"paths.data_dir={workdir / 'data'}",
-                *overrides,
-            ],
-            return_hydra_config=True,
-        )
+    overrides = [
+        f"trainer.max_epochs={epochs}",
+        "trainer.accelerator=cpu",
+        "extras.print_config=false",
+        f"paths.data_dir={workdir / 'data'}",
+        *overrides,
+    ]
     out = workdir / "run"
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(out)
-        cfg.hydra.runtime.output_dir = str(out)
-        cfg.hydra.run.dir = str(out)
-        cfg.hydra.job.num = 0
-        cfg.hydra.job.id = 0
-    HydraConfig().set_config(cfg)
+    cfg = compose_run_config(REPO / "configs", "train", overrides, out)
     # the dataset is generated before the clock starts
     import hydra
 

@@ -8,13 +8,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from volseg.data.cases import case_problems
 from volseg.data.synthetic import generate_synthetic_dataset
+from volseg.utils.config import compose_run_config
 from volseg.utils.errors import raise_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,18 +44,7 @@ def compose_config(
     config_name: str, output_dir: Path, overrides: list[str] | None = None
 ) -> DictConfig:
     """Compose ``configs/<config_name>.yaml`` as the entry point would, with the run dir set."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIGS)):
-        cfg = compose(config_name, overrides=overrides or [], return_hydra_config=True)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(output_dir)
-        cfg.hydra.runtime.output_dir = str(output_dir)
-        cfg.hydra.run.dir = str(output_dir)  # not a new folder under logs/ when resolved
-        cfg.hydra.job.num = 0
-        cfg.hydra.job.id = 0
-    HydraConfig().set_config(cfg)
-    return cfg
+    return compose_run_config(CONFIGS, config_name, overrides or [], output_dir)
 
 
 def planned_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -18,3 +19,30 @@ def plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [plain(v) for v in value]
     return value
+
+
+def compose_run_config(
+    config_dir: Path | str, config_name: str, overrides: Sequence[str], run_dir: Path | str
+) -> DictConfig:
+    """``config_dir/<config_name>.yaml`` composed with ``overrides`` as its entry point composes
+    it, outside a Hydra app (benchmarks, tests, notebooks): the Hydra config is included and
+    registered, and the run writes into ``run_dir`` (created) instead of a new folder under
+    ``logs/``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(Path(config_dir).resolve())):
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run_dir)
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.run.dir = str(run_dir)
+        cfg.hydra.job.num = 0
+        cfg.hydra.job.id = 0
+    HydraConfig().set_config(cfg)
+    return cfg
