@@ -104,12 +104,53 @@ def test_a_failed_write_is_raised_at_teardown(tmp_path: Path):
 def test_host_snapshot_shares_no_tensor_and_no_container():
     tensor = torch.arange(4.0)
     checkpoint = {"a": tensor, "nested": [tensor, {"n": 1}], "state": {"rng": [1, 2]}}
-    snap = host_snapshot(checkpoint)
+    snap, _ = host_snapshot(checkpoint)
     tensor.add_(10)
     checkpoint["state"]["rng"].append(3)
     assert torch.equal(snap["a"], torch.arange(4.0))
     assert torch.equal(snap["nested"][0], torch.arange(4.0))
     assert snap["state"]["rng"] == [1, 2]
+
+
+def test_a_save_after_a_finished_write_reuses_its_host_memory_and_writes_the_new_state(
+    tmp_path: Path,
+):
+    """The second save copies into the host tensors of the first (written by then), and each
+    file holds the state at its own save; while a write is in flight its tensors are not
+    reused (the third save, made with the second still gated, gets memory of its own)."""
+    model, optimizer = _model_and_optimizer()
+    inner = GatedIO()
+    inner.gate.set()
+    io = BackgroundCheckpointIO(inner)
+    host_copies: list[list[torch.Tensor]] = []
+    write = io._write
+
+    def recording_write(checkpoint, taken, *args):
+        host_copies.append(list(taken))
+        write(checkpoint, taken, *args)
+
+    io._write = recording_write
+    states = []
+    for name in ("first", "second"):
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+        io.save_checkpoint({"state_dict": model.state_dict()}, tmp_path / f"{name}.ckpt")
+        io._wait_for_writes(0)
+        _step(model, optimizer)
+    inner.gate.clear()
+    io.save_checkpoint({"state_dict": model.state_dict()}, tmp_path / "third.ckpt")
+    assert inner.started.wait(GATE_TIMEOUT_S)
+    io.save_checkpoint({"state_dict": model.state_dict()}, tmp_path / "fourth.ckpt")
+    inner.gate.set()
+    io.teardown()
+
+    pointers = [{t.data_ptr() for t in copies} for copies in host_copies]
+    assert len(pointers[0]) == len(model.state_dict())
+    assert pointers[1] == pointers[0], "the second save did not reuse the first's host memory"
+    assert not pointers[3] & pointers[2], "a save reused memory of a write still in flight"
+    for name, state in zip(("first", "second"), states, strict=True):
+        written = torch.load(tmp_path / f"{name}.ckpt", weights_only=True)["state_dict"]
+        for key, value in state.items():
+            assert torch.equal(written[key], value), (name, key)
 
 
 def test_a_run_writes_in_the_background_and_its_last_ckpt_is_its_final_state(

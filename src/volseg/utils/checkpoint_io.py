@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -40,19 +41,64 @@ TMP_SUFFIX = ".tmp"
 MAX_PENDING = 2
 
 
-def host_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``checkpoint`` that nothing in the training loop shares: every tensor copied to
-    host memory (CPU tensors cloned), every other object deep-copied."""
+class HostBuffers:
+    """Host tensors kept from one save to the next and reused for the next snapshot (a thread
+    hands a write's tensors back when it is done). A fresh host allocation of a large
+    checkpoint's size is paged in on first touch, which costs several times the copy into memory
+    already mapped; a GPU tensor is copied into page-locked memory, the fast transfer. Holds at
+    most as many copies of the state as writes are in flight (:data:`MAX_PENDING`)."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[tuple[int, ...], torch.dtype, bool], list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(tensor: torch.Tensor, pinned: bool) -> tuple[tuple[int, ...], torch.dtype, bool]:
+        return tuple(tensor.shape), tensor.dtype, pinned
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous host tensor of ``like``'s shape and dtype (its values undefined)."""
+        pinned = like.is_cuda
+        with self._lock:
+            free = self._free.get(self._key(like, pinned))
+            if free:
+                return free.pop()
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pinned)
+
+    def give_back(self, tensors: list[torch.Tensor]) -> None:
+        with self._lock:
+            for tensor in tensors:
+                key = self._key(tensor, tensor.is_pinned())
+                self._free.setdefault(key, []).append(tensor)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+def host_snapshot(
+    checkpoint: dict[str, Any], buffers: HostBuffers | None = None
+) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """A copy of ``checkpoint`` that nothing in the training loop shares, and the host tensors
+    taken from ``buffers`` for it (to hand back once it is written): every tensor copied to host
+    memory (CPU tensors too), every other object deep-copied."""
     copies: dict[int, torch.Tensor] = {}
+    taken: list[torch.Tensor] = []
 
     def to_host(tensor: torch.Tensor) -> torch.Tensor:
-        copied = tensor.detach().to("cpu", copy=True)
+        tensor = tensor.detach()
+        if buffers is not None and tensor.layout == torch.strided:
+            copied = buffers.take(tensor)
+            copied.copy_(tensor)
+            taken.append(copied)
+        else:
+            copied = tensor.to("cpu", copy=True)
         copies[id(copied)] = copied
         return copied
 
     on_host = apply_to_collection(checkpoint, torch.Tensor, to_host)
     # the host copies are this snapshot's own already: deepcopy keeps them (memo), copies the rest
-    return copy.deepcopy(on_host, memo=dict(copies))
+    return copy.deepcopy(on_host, memo=dict(copies)), taken
 
 
 def describe(checkpoint: dict[str, Any]) -> str:
@@ -73,6 +119,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
         self._pending: deque[Future] = deque()  # the writes, oldest first
+        self._buffers = HostBuffers()
         self.blocked_seconds = 0.0
         self.written_seconds = 0.0
         self.writes = 0
@@ -106,20 +153,32 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self._wait_for_writes(MAX_PENDING - 1)
         if self._error:
             raise self._error
-        snapshot = host_snapshot(checkpoint)
-        self._pending.append(self._submit(self._write, snapshot, str(path), storage_options))
+        snapshot, taken = host_snapshot(checkpoint, self._buffers)
+        self._pending.append(self._submit(self._write, snapshot, taken, str(path), storage_options))
         self.writes += 1
         self.blocked_seconds += time.monotonic() - started
 
-    def _write(self, checkpoint: dict[str, Any], path: str, storage_options: Any | None) -> None:
+    def _write(
+        self,
+        checkpoint: dict[str, Any],
+        taken: list[torch.Tensor],
+        path: str,
+        storage_options: Any | None,
+    ) -> None:
         assert self.checkpoint_io is not None
-        if "://" in path:  # a remote file system: its own transaction, no rename
-            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
-        else:
-            tmp = path + TMP_SUFFIX
-            self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
-            os.replace(tmp, path)  # atomic on one file system
-        log.info("Saved %s: %s", path, describe(checkpoint))
+        try:
+            if "://" in path:  # a remote file system: its own transaction, no rename
+                self.checkpoint_io.save_checkpoint(
+                    checkpoint, path, storage_options=storage_options
+                )
+            else:
+                tmp = path + TMP_SUFFIX
+                self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+                os.replace(tmp, path)  # atomic on one file system
+            log.info("Saved %s: %s", path, describe(checkpoint))
+        finally:
+            del checkpoint
+            self._buffers.give_back(taken)
 
     def remove_checkpoint(self, path: Any) -> None:
         started = time.monotonic()
@@ -134,6 +193,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             super().teardown()
         finally:
             self._pending.clear()
+            self._buffers.clear()  # the host copies are not kept past the run
             self.blocked_seconds += time.monotonic() - started
         if self.writes > self._logged_writes:
             self._logged_writes = self.writes
