@@ -44,3 +44,22 @@ def test_the_dice_term_averages_over_the_59_foreground_classes(tmp_path):
     logits = 100.0 * torch.nn.functional.one_hot(predicted[:, 0], K).permute(0, 4, 1, 2, 3)
     expected = (1.0 + 1.0 / 3.0) / (K - 1)
     assert loss.dice(logits.float(), label).item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_sixty_classes_train_at_the_many_class_rate_with_the_light_cross_entropy(tmp_path):
+    """``model.optimizer.lr=auto`` plans the many-class rate for 59 foreground classes (the
+    embedded data's 4 keep the few-class one), and the built module's optimizer and loss get
+    what the plan says: AdamW at 0.02, cross-entropy weighted 0.25 beside Dice."""
+    from volseg.models.build import build_model
+    from volseg.plan import make_plan
+
+    many = make_plan(compose_config("train", tmp_path / "many", [f"num_classes={K}"]), False)
+    few = make_plan(compose_config("train", tmp_path / "few", []), False)
+    assert many.decisions["model.optimizer.lr"].value == 0.02
+    assert many.decisions["model.optimizer.lr"].source == "planned"
+    assert few.decisions["model.optimizer.lr"].value == 0.003
+    module = build_model(many.run_config())
+    optimizer = module.optimizer_factory(module.parameters())
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.param_groups[0]["lr"] == 0.02
+    assert module.loss.lambda_ce == 0.25 and module.loss.lambda_dice == 1.0

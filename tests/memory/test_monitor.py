@@ -17,6 +17,7 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.memory.layers import CSV_COLUMNS
 from volseg.memory.monitor import MemoryMonitor
+from volseg.plan import make_plan
 from volseg.tasks.train import train
 
 SIZE_KEYS = [
@@ -147,10 +148,9 @@ def _fit_until_out_of_memory(train_cfg, raiser: L.Callback, **trainer_options) -
         callbacks=[MemoryMonitor(train_cfg.paths.output_dir), raiser],
         **trainer_options,
     )
+    planned = make_plan(train_cfg, estimate_step=False).run_config()  # lr=auto planned
     with pytest.raises(torch.OutOfMemoryError):
-        trainer.fit(
-            hydra.utils.instantiate(train_cfg.model), hydra.utils.instantiate(train_cfg.data)
-        )
+        trainer.fit(hydra.utils.instantiate(planned.model), hydra.utils.instantiate(planned.data))
 
 
 def test_out_of_memory_prints_the_report_and_re_raises(train_cfg, capsys):

@@ -7,7 +7,8 @@ once, in this order (each step may read what the ones before decided):
 3. from the data, where asked (``null``/``auto``): ``num_classes``/``in_channels`` (``data=msd``:
    dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
    dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
-4. the network for the patch: ``model.net.depth``, ``widths``, ``pooling``;
+4. ``model.optimizer.lr`` (``auto``: from the number of foreground classes) and the network
+   for the patch: ``model.net.depth``, ``widths``, ``pooling``;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
 7. the estimator's peak memory and FLOPs of one optimizer step of the planned run.
@@ -33,6 +34,7 @@ from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import plan_network
+from volseg.plan.optimizer import plan_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.config import plain
@@ -317,6 +319,21 @@ def make_plan(
         _set(cfg, "async_checkpoint", writes.value)
 
     found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
+
+    optimizer = OmegaConf.select(cfg, "model.optimizer")
+    if isinstance(optimizer, DictConfig) and "lr" in optimizer and "num_classes" in cfg:
+        rule = optimizer.get("lr_by_classes")
+        lr = plan_learning_rate(
+            optimizer.lr,
+            plain(rule) if rule is not None else None,
+            int(cfg.num_classes),
+            bool(OmegaConf.select(cfg, "model.include_background", default=False)),
+        )
+        decisions["model.optimizer.lr"] = lr
+        _set(cfg, "model.optimizer.lr", lr.value)
+        if "lr_by_classes" in optimizer:  # the plan's, not the optimizer's argument
+            with open_dict(cfg):
+                del cfg.model.optimizer["lr_by_classes"]
 
     net = OmegaConf.select(cfg, "model.net")
     if isinstance(net, DictConfig) and "widths" in net and "patch_size" in cfg.data:
