@@ -20,7 +20,36 @@ def test_generator_is_deterministic_and_writes_the_layout(small_dataset, tmp_pat
             assert np.array_equal(
                 read_array(small_dataset / sub / name), read_array(again / sub / name)
             )
-    assert not (tmp_path / "again.partial").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["again"]  # no partial folder left
+
+
+def test_two_jobs_generating_one_dataset_at_once_leave_one_whole_copy(tmp_path):
+    """The first use of the embedded dataset by two jobs at once (a sweep): each writes its own
+    partial copy, one is renamed into place, the other is discarded without an error."""
+    import threading
+
+    root = tmp_path / "shared"
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def generate() -> None:
+        start.wait(timeout=60)
+        try:
+            generate_synthetic_dataset(root, num_volumes=4, num_val=1, shape=[8, 16, 16], seed=1)
+        except BaseException as err:
+            errors.append(err)
+
+    jobs = [threading.Thread(target=generate) for _ in range(2)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(timeout=120)
+    assert not errors, errors
+    assert [p.name for p in tmp_path.iterdir()] == ["shared"]
+    splits = json.loads((root / "splits.json").read_text())
+    assert sorted(p.name for p in (root / "images").iterdir()) == sorted(
+        splits["train"] + splits["val"]
+    )
 
 
 def test_every_class_present_and_anisotropic():

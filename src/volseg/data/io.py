@@ -11,6 +11,8 @@ Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -325,20 +327,30 @@ def write_dataset(
     ``names``, ``splits.json`` (the last ``num_val`` cases: validation), ``classes.json`` and,
     given ``defaults``, the dataset's own defaults (``dataset_defaults.json``).
 
-    Written to ``<root>.partial`` and renamed into place, so an interrupted run never leaves a
-    half-written dataset behind.
+    Written to a folder of its own beside ``root`` (``<root>.partial-*``) and renamed into
+    place, so an interrupted run never leaves a half-written dataset behind, and processes that
+    generate the same dataset at once (the jobs of a sweep on first use) each write their own
+    copy: the first rename wins and the others discard theirs.
     """
     root = Path(root)
-    tmp = root.with_name(root.name + ".partial")
-    for sub in ("images", "labels"):
-        (tmp / sub).mkdir(parents=True, exist_ok=True)
-    for i, name in enumerate(names):
-        write_case(i, tmp / "images" / name, tmp / "labels" / name)
-    train = len(names) - num_val
-    splits = {"train": list(names[:train]), "val": list(names[train:])}
-    (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
-    (tmp / "classes.json").write_text(json.dumps(list(class_names)))
-    if defaults is not None:
-        (tmp / "dataset_defaults.json").write_text(json.dumps(dict(defaults), indent=2))
-    tmp.rename(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=root.name + ".partial-", dir=root.parent))
+    try:
+        for sub in ("images", "labels"):
+            (tmp / sub).mkdir()
+        for i, name in enumerate(names):
+            write_case(i, tmp / "images" / name, tmp / "labels" / name)
+        train = len(names) - num_val
+        splits = {"train": list(names[:train]), "val": list(names[train:])}
+        (tmp / "splits.json").write_text(json.dumps(splits, indent=2))
+        (tmp / "classes.json").write_text(json.dumps(list(class_names)))
+        if defaults is not None:
+            (tmp / "dataset_defaults.json").write_text(json.dumps(dict(defaults), indent=2))
+        try:
+            tmp.rename(root)
+        except OSError:
+            if not (root / "splits.json").is_file():  # not another process's whole copy
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; else this copy's files
     return root
