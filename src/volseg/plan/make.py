@@ -34,7 +34,7 @@ from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import plan_network
-from volseg.plan.optimizer import plan_learning_rate
+from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.config import plain
@@ -320,20 +320,9 @@ def make_plan(
 
     found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
 
-    optimizer = OmegaConf.select(cfg, "model.optimizer")
-    if isinstance(optimizer, DictConfig) and "lr" in optimizer and "num_classes" in cfg:
-        rule = optimizer.get("lr_by_classes")
-        lr = plan_learning_rate(
-            optimizer.lr,
-            plain(rule) if rule is not None else None,
-            int(cfg.num_classes),
-            bool(OmegaConf.select(cfg, "model.include_background", default=False)),
-        )
+    lr = apply_learning_rate(cfg)
+    if lr is not None:
         decisions["model.optimizer.lr"] = lr
-        _set(cfg, "model.optimizer.lr", lr.value)
-        if "lr_by_classes" in optimizer:  # the plan's, not the optimizer's argument
-            with open_dict(cfg):
-                del cfg.model.optimizer["lr_by_classes"]
 
     net = OmegaConf.select(cfg, "model.net")
     if isinstance(net, DictConfig) and "widths" in net and "patch_size" in cfg.data:

@@ -13,7 +13,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf, open_dict
+
 from volseg.plan.run_plan import Decision
+from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 
 RULE_KEY = "model.optimizer.lr_by_classes"
@@ -63,3 +66,25 @@ def plan_learning_rate(
         "planned",
         f"{classes} foreground classes: {RULE_KEY} {dict(rule)}",
     )
+
+
+def apply_learning_rate(cfg: DictConfig) -> Decision | None:
+    """Plan ``cfg.model.optimizer.lr`` in place (:func:`plan_learning_rate` for ``cfg``'s
+    ``num_classes``) and take the rule out of the optimizer's arguments; ``None`` when ``cfg``
+    has no optimizer with a learning rate. The run plan calls it, and so does the memory
+    estimator given a config that was not planned (the rate changes no byte, but the optimizer
+    must build)."""
+    optimizer = OmegaConf.select(cfg, "model.optimizer")
+    if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
+        return None
+    rule = optimizer.get("lr_by_classes")
+    decision = plan_learning_rate(
+        optimizer.lr,
+        plain(rule) if rule is not None else None,
+        int(cfg.num_classes),
+        bool(OmegaConf.select(cfg, "model.include_background", default=False)),
+    )
+    with open_dict(cfg):
+        optimizer.lr = decision.value
+        optimizer.pop("lr_by_classes", None)  # the plan's, not the optimizer's argument
+    return decision
