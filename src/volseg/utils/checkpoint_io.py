@@ -177,7 +177,6 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
                 os.replace(tmp, path)  # atomic on one file system
             log.info("Saved %s: %s", path, describe(checkpoint))
         finally:
-            del checkpoint
             self._buffers.give_back(taken)
 
     def remove_checkpoint(self, path: Any) -> None:
