@@ -150,7 +150,8 @@ def test_epoch_end_saves_keep_within_their_share_of_training_time(
 ):
     """A write that takes 1000 s on the callback's clock: at most 2% of training may go to
     last.ckpt, so after the first epoch's save the epoch ends skip it (the 3 epochs left would
-    need 50,000 s of training); the end of training saves the final state."""
+    need 50,000 s of training); the end of training saves the final state, as a second name of
+    the best checkpoint the validation at the same step has just written."""
     import time
     from types import SimpleNamespace
 
@@ -188,7 +189,9 @@ def test_epoch_end_saves_keep_within_their_share_of_training_time(
     train(cfg)
     steps = _load(tmp_path / "run")["global_step"]
     assert steps == 4 * 2  # 4 training volumes, batch 2: the final state
-    assert writes == [2, steps]  # the first epoch's end, then the end of training
+    assert writes == [2]  # the first epoch's end; the end of training is a link, not a write
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert os.path.samefile(checkpoints / "last.ckpt", checkpoints / "epoch_003.ckpt")
 
 
 def _trainer_at(batch: int, global_step: int) -> SimpleNamespace:

@@ -1,6 +1,7 @@
 """Checkpoints written in the background: the caller does not wait for the write, the file holds
-the state as it was when saved (not as the next optimizer step left it), a removal waits for the
-writes before it, teardown waits for every write, and a real run's last.ckpt is its final state."""
+the state as it was when saved (not as the next optimizer step left it), a removal or a link
+waits for the writes before it, teardown waits for every write, and a real run's last.ckpt is
+its final state."""
 
 from __future__ import annotations
 
@@ -90,6 +91,42 @@ def test_removing_the_previous_best_waits_for_the_new_one(tmp_path: Path):
     io.teardown()
     assert torch.load(new, weights_only=True) == {"epoch": 3}
     assert not previous.exists()
+
+
+def test_a_link_waits_for_its_file_and_outlives_it(tmp_path: Path):
+    """last.ckpt as a second name of the best checkpoint saved at the same step: made once the
+    best is written (not before: there is no file yet), and still whole when the best is
+    removed (a later best replaces it) or last.ckpt is written anew."""
+    best, last = tmp_path / "epoch_003.ckpt", tmp_path / "last.ckpt"
+    torch.save({"epoch": 1}, last)
+    inner = GatedIO()
+    io = BackgroundCheckpointIO(inner)
+    io.save_checkpoint({"epoch": 3}, best)
+    io.link_checkpoint(str(best), str(last))  # returns at once: the writer is at the gate
+    assert inner.started.wait(GATE_TIMEOUT_S)
+    assert torch.load(last, weights_only=True) == {"epoch": 1}
+    inner.gate.set()
+    io.remove_checkpoint(best)
+    io.teardown()
+    assert not best.exists() and not Path(str(last) + TMP_SUFFIX).exists()
+    assert torch.load(last, weights_only=True) == {"epoch": 3}
+    assert io.writes == 1 and io.links == 1
+
+
+def test_a_link_is_a_copy_where_the_file_system_has_no_hard_links(tmp_path: Path, monkeypatch):
+    import os
+
+    def no_links(*args):
+        raise OSError("hard links not supported")
+
+    best, last = tmp_path / "epoch_003.ckpt", tmp_path / "last.ckpt"
+    torch.save({"epoch": 3}, best)
+    monkeypatch.setattr(os, "link", no_links)
+    io = BackgroundCheckpointIO(TorchCheckpointIO())
+    io.link_checkpoint(str(best), str(last))
+    io.teardown()
+    assert not os.path.samefile(best, last)
+    assert torch.load(last, weights_only=True) == {"epoch": 3}
 
 
 def test_a_failed_write_is_raised_at_teardown(tmp_path: Path):

@@ -3,7 +3,9 @@ allows), every few minutes or steps within an epoch and at the end of training, 
 atomically, so that a run killed at any moment resumes from a whole checkpoint. With
 ``async_checkpoint=true`` the trainer's
 :class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO` writes and renames it in the
-background."""
+background; a save of the state another checkpoint callback has just saved (the best
+checkpoint, at the same step and batch) is then a second name of that file, not a second
+write."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import shutil
 import time
 from typing import Any
+from weakref import proxy
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -38,6 +41,11 @@ class LastCheckpoint(ModelCheckpoint):
     ``max_time_share`` x the seconds trained since it ended (short epochs with a large
     checkpoint: every few epochs; long ones: every epoch). The end of training always saves.
     ``None``: every epoch end.
+
+    With :class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO`, a save at the batch and
+    optimizer step another checkpoint callback saved its full checkpoint at (the best one,
+    after the validation at an epoch's end) links ``last.ckpt`` to that file: the two differ
+    only in this callback's own state (the previous save's step), which resuming does not use.
     """
 
     def __init__(
@@ -69,6 +77,41 @@ class LastCheckpoint(ModelCheckpoint):
         self.save_every_n_steps = save_every_n_steps
         self.save_every_minutes = save_every_minutes
         self._last_save_time = time.monotonic()
+        # (optimizer step, batches trained) at the last full checkpoint saved (by any callback)
+        self._dumped_at: tuple[int, int] | None = None
+
+    @staticmethod
+    def _position(trainer: L.Trainer) -> tuple[int, int]:
+        """(optimizer step, batches trained in the run): equal for two saves of the same state."""
+        return trainer.global_step, trainer.fit_loop.epoch_loop.batch_progress.total.processed
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Called for every full checkpoint the trainer saves, this callback's own too."""
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        self._dumped_at = self._position(trainer)
+
+    def _same_state_file(self, trainer: L.Trainer, filepath: str) -> str | None:
+        """The file another checkpoint callback saved the current state to, if one did last,
+        it holds the full state (as this callback's would) and both are on a local file system."""
+        if (
+            self._dumped_at != self._position(trainer)
+            or self.save_weights_only
+            or "://" in filepath
+        ):
+            return None
+        for callback in trainer.checkpoint_callbacks:
+            if (
+                callback is not self
+                and isinstance(callback, ModelCheckpoint)
+                and callback._last_global_step_saved == trainer.global_step
+                and callback._last_checkpoint_saved
+                and not callback.save_weights_only
+                and "://" not in str(callback._last_checkpoint_saved)
+            ):
+                return str(callback._last_checkpoint_saved)
+        return None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -132,13 +175,22 @@ class LastCheckpoint(ModelCheckpoint):
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         started = time.monotonic()
-        if isinstance(trainer.strategy.checkpoint_io, BackgroundCheckpointIO):
+        checkpoint_io = trainer.strategy.checkpoint_io
+        background = isinstance(checkpoint_io, BackgroundCheckpointIO)
+        same = self._same_state_file(trainer, filepath) if background else None
+        if same is not None:
+            self._link(trainer, checkpoint_io, same, filepath)
+        elif background:
             # the plugin copies the state now, writes <file>.tmp, renames it and logs it later
             super()._save_checkpoint(trainer, filepath)
-            self._last_checkpoint_saved = filepath
-            self._last_save_time = time.monotonic()
+        else:
+            self._write_and_rename(trainer, filepath)
+        self._last_checkpoint_saved = filepath
+        self._last_save_time = time.monotonic()
+        if same is None:  # after a link, the next save costs what the last write did
             self._write_seconds = self._last_save_time - started
-            return
+
+    def _write_and_rename(self, trainer: L.Trainer, filepath: str) -> None:
         tmp = filepath + TMP_SUFFIX
         super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero:
@@ -153,6 +205,16 @@ class LastCheckpoint(ModelCheckpoint):
                 trainer.fit_loop.epoch_loop.batch_progress.current.processed,
             )
         trainer.strategy.barrier("LastCheckpoint.rename")
-        self._last_checkpoint_saved = filepath
-        self._last_save_time = time.monotonic()
-        self._write_seconds = self._last_save_time - started
+
+    def _link(
+        self, trainer: L.Trainer, checkpoint_io: BackgroundCheckpointIO, source: str, path: str
+    ) -> None:
+        """``path`` as a second name of ``source``, made by the writer after ``source``'s write;
+        what :meth:`ModelCheckpoint._save_checkpoint` records and notifies, without a write."""
+        if trainer.is_global_zero:
+            checkpoint_io.link_checkpoint(source, path)
+        trainer.strategy.barrier("LastCheckpoint.link")
+        self._last_global_step_saved = trainer.global_step
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))

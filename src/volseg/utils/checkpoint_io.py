@@ -13,8 +13,11 @@ what volseg's checkpoints guarantee added:
 - removing a file (the previous best checkpoint) waits, in the writer's queue, for the writes
   submitted before it: a kill never leaves the run with no best checkpoint;
 - at most :data:`MAX_PENDING` writes are in flight: a save waits for the oldest first, so the
-  host holds at most that many copies of the state (the best checkpoint and ``last.ckpt`` are
-  often saved at the same step, after a validation: neither waits for the other).
+  host holds at most that many copies of the state;
+- a checkpoint of the state another file was just saved from (``last.ckpt`` and the best
+  checkpoint at the same step, see :class:`volseg.callbacks.last_checkpoint.LastCheckpoint`)
+  is a second name of that file, made in the writer's queue once the file is written
+  (:meth:`BackgroundCheckpointIO.link_checkpoint`): one write instead of two.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import deque
@@ -101,6 +105,22 @@ def host_snapshot(
     return copy.deepcopy(on_host, memo=dict(copies)), taken
 
 
+def link_checkpoint(source: str, path: str) -> None:
+    """``path`` as a second name of the written file ``source`` (a hard link; a copy where the
+    file system has none), made as ``<path>.tmp`` and renamed over ``path``. Both names stay
+    whole when either is replaced or removed later: every checkpoint file is written to a
+    ``.tmp`` and renamed, never rewritten in place."""
+    tmp = path + TMP_SUFFIX
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:  # no hard links here (e.g. FAT, some network file systems), or across them
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, path)
+    log.info("Saved %s: the file of %s (the same state)", path, source)
+
+
 def describe(checkpoint: dict[str, Any]) -> str:
     """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint (the log's words)."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
@@ -123,6 +143,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self.blocked_seconds = 0.0
         self.written_seconds = 0.0
         self.writes = 0
+        self.links = 0
         self._logged_writes = 0  # teardown follows every stage: say each write once
 
     def _wait_for_writes(self, most: int) -> None:
@@ -179,6 +200,16 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         finally:
             self._buffers.give_back(taken)
 
+    def link_checkpoint(self, source: str, path: str) -> None:
+        """``path`` as a second name of ``source`` once the writes submitted before it (the
+        write of ``source``) are done (:func:`link_checkpoint`); the caller does not wait."""
+        started = time.monotonic()
+        if self._error:
+            raise self._error
+        self._submit(link_checkpoint, str(source), str(path))
+        self.links += 1
+        self.blocked_seconds += time.monotonic() - started
+
     def remove_checkpoint(self, path: Any) -> None:
         started = time.monotonic()
         assert self.checkpoint_io is not None
@@ -197,9 +228,11 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         if self.writes > self._logged_writes:
             self._logged_writes = self.writes
             log.info(
-                "Checkpoints: %d written in the background in %.1f s; the loop and the end of "
-                "fit waited %.1f s for them (copies to host memory, writes in flight)",
+                "Checkpoints: %d written in the background in %.1f s (and %d saved as a second "
+                "name of one written at the same step); the loop and the end of fit waited %.1f s "
+                "for them (copies to host memory, writes in flight)",
                 self.writes,
                 self.written_seconds,
+                self.links,
                 self.blocked_seconds,
             )
