@@ -86,3 +86,10 @@ def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     bench.main([*common, "--compare"])
     out = capsys.readouterr().out
     assert "| MONAI: CacheDataset" in out and "| volseg: data=folder" in out
+
+
+def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys):
+    bench = load_benchmark("cpu_bf16_conv")
+    bench.main(["--channels", "8", "--trials", "1", "--depths", "2,3", "--size", "4"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| volseg")]
+    assert len(rows) == 2 and not any("wrong" in row for row in rows), rows

@@ -58,6 +58,7 @@ from volseg.memory.trackers import RecordingMemTracker
 from volseg.memory.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
+from volseg.models.conv import traced_for_cuda
 from volseg.plan.optimizer import apply_learning_rate
 from volseg.utils.errors import UserInputError
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
@@ -519,7 +520,8 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
     # volseg.memory.workspace)
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
-    with mode, _constant_aranges(), offloaded, warnings.catch_warnings():
+    as_on_device = traced_for_cuda() if device == "cuda" else contextlib.nullcontext()
+    with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings():
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
         warnings.filterwarnings("ignore", message="Module is None")
         trace = LayerTrace(

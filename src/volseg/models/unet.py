@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from volseg.models.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+from volseg.models.conv import Conv3d
 from volseg.utils.config import plain
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,8 @@ def checkpointing_now(block: nn.Module) -> bool:
 
 
 class DoubleConv(nn.Sequential):
-    """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first one.
+    """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first one
+    (:class:`volseg.models.conv.Conv3d`: a CPU bf16 call at depth 2 runs in float32).
 
     With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`), each
     conv -> norm -> ReLU unit runs as its own checkpoint segment while training.
@@ -166,14 +168,14 @@ class DoubleConv(nn.Sequential):
         activation: Activation = "relu",
     ) -> None:
         layers: list[nn.Module] = [
-            nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=1, bias=bias),
+            Conv3d(in_channels, out_channels, kernel_size=3, padding=1, bias=bias),
             make_norm(norm, out_channels, num_groups),
             make_activation(activation),
         ]
         if dropout > 0:
             layers.append(nn.Dropout3d(dropout))
         layers += [
-            nn.Conv3d(out_channels, out_channels, kernel_size=3, padding=1, bias=bias),
+            Conv3d(out_channels, out_channels, kernel_size=3, padding=1, bias=bias),
             make_norm(norm, out_channels, num_groups),
             make_activation(activation),
         ]

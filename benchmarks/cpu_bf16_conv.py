@@ -1,0 +1,86 @@
+"""Whether this CPU's bf16 3D convolutions get their gradients right: PyTorch's ``nn.Conv3d``
+and volseg's :class:`volseg.models.conv.Conv3d` against float32, per input depth.
+
+For each depth (and a transposed convolution), one forward and backward under CPU bf16
+autocast and the same in float32, from the same inputs; the table gives the largest relative
+error (max |bf16 - fp32| / max |fp32|) of the output, the input's gradient and the weight's
+gradient over ``--trials`` random draws. bf16 rounding alone gives about 0.004; a row far above
+that is a wrong kernel.
+
+    python benchmarks/cpu_bf16_conv.py [--channels 32] [--trials 3] [--depths 1,2,3,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+from volseg.models.conv import Conv3d
+from volseg.utils.cpu import cpu_description
+
+#: relative error above which a row is marked wrong (bf16 rounding gives ~0.004)
+WRONG_ABOVE = 0.05
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def errors(layer: nn.Module, shape: tuple[int, ...], generator: torch.Generator) -> list[float]:
+    """Relative errors (output, input gradient, weight gradient) of one bf16 call of ``layer``
+    on an input of ``shape`` against float32."""
+    x = (3 * torch.randn(shape, generator=generator)).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y16 = layer(x)
+    grad = torch.randn(y16.shape, generator=generator)
+    y16.backward(grad.to(y16.dtype))
+    x16, w16 = x.grad.clone(), layer.weight.grad.clone()
+    x.grad = None
+    layer.weight.grad = None
+    y32 = layer(x)
+    y32.backward(grad)
+    return [
+        relative_error(y16, y32),
+        relative_error(x16, x.grad),
+        relative_error(w16, layer.weight.grad),
+    ]
+
+
+def worst(make, shape, trials: int, seed: int) -> list[float]:
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    rows = [errors(make(), shape, generator) for _ in range(trials)]
+    return [max(r[i] for r in rows) for i in range(3)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--channels", type=int, default=32)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--depths", default="1,2,3,4")
+    parser.add_argument("--size", type=int, default=8, help="height and width of the input")
+    args = parser.parse_args(argv)
+    c, hw = args.channels, args.size
+    print(f"CPU: {cpu_description()}\ntorch {torch.__version__}\n")
+    print("| layer | input | output | input gradient | weight gradient |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    layers = {
+        "torch.nn.Conv3d k=3": lambda: nn.Conv3d(c, c, 3, padding=1),
+        "volseg Conv3d k=3": lambda: Conv3d(c, c, 3, padding=1),
+    }
+    for depth in (int(d) for d in args.depths.split(",")):
+        shape = (2, c, depth, hw, hw)
+        for name, make in layers.items():
+            row = worst(make, shape, args.trials, seed=depth)
+            cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in row]
+            print(f"| {name} | 2×{c}×{depth}×{hw}×{hw} | " + " | ".join(cells) + " |", flush=True)
+    row = worst(lambda: nn.ConvTranspose3d(c, c, 2, stride=2), (2, c, 2, hw, hw), args.trials, 0)
+    cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in row]
+    print(f"| torch.nn.ConvTranspose3d k=2 s=2 | 2×{c}×2×{hw}×{hw} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
