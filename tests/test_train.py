@@ -161,6 +161,32 @@ def test_every_precision_trains_without_nan(small_dataset, tmp_path, precision):
     assert torch.isfinite(torch.tensor(metrics["val/loss"]))  # the validation forward too
 
 
+def test_a_diverging_run_stops_with_one_line_and_exit_1(small_dataset, tmp_path):
+    """AdamW at lr 1e30 blows the weights up within a step: the NaN/Inf loss stops the run with
+    one message naming the fix and exit code 1 (not a user-input error: not 2), no traceback."""
+    result = _run(
+        [
+            "train.py",
+            f"data.root={small_dataset}",
+            "data.patch_size=[16,32,32]",
+            "model.net.widths=[4,8]",
+            "model.optimizer.lr=1e30",
+            "model.nonfinite_check_every_n_steps=1",
+            "trainer.max_epochs=2",
+            "trainer.limit_val_batches=1",
+            "trainer.precision=32",
+            "estimate.plan_step=false",
+            "callbacks.rich_progress_bar=null",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "train/loss is NaN or Inf" in errors[0], result.stderr[-3000:]
+    assert "model.optimizer.lr" in errors[0]
+
+
 def test_used_by_command_runs_as_written(small_dataset, tmp_path):
     """`python train.py model=unet_small trainer.precision=16-mixed`, with tiny limits."""
     result = _run(

@@ -16,6 +16,7 @@ from torch import nn
 
 from volseg.models.levers import MemoryLevers
 from volseg.models.schedules import RunBudget
+from volseg.utils.errors import TrainingDiverged
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,8 @@ class SegmentationModule(LightningModule):
         compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
         placement, cudnn_workspace_mib: the memory levers, validated and applied by
             :class:`volseg.models.levers.MemoryLevers` (see there).
-        stop_on_nonfinite_loss: raise ``FloatingPointError`` when the training loss is NaN/Inf
-            (a sweep records the job as failed) instead of training on.
+        stop_on_nonfinite_loss: raise :class:`~volseg.utils.errors.TrainingDiverged` when the
+            training loss is NaN/Inf (a sweep records the job as failed) instead of training on.
         nonfinite_check_every_n_steps: read that test on the host every N steps (it stays on the
             device in between: reading it every step would make each CUDA step wait for the
             GPU); the configs use ``trainer.log_every_n_steps``, when the logged loss is read.
@@ -165,7 +166,7 @@ class SegmentationModule(LightningModule):
         if not all_finite:
             # stop: the optimizer steps on a NaN/Inf loss poison every weight
             when = f"at step {step}" if since == step else f"at a step in [{since}, {step}]"
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"train/loss is NaN or Inf {when}; try a lower model.optimizer.lr, "
                 "trainer.precision=32 or trainer.gradient_clip_val=1.0"
             )

@@ -15,7 +15,7 @@ import rich.tree
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2.
+    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2,
+    a :class:`TrainingDiverged` (NaN/Inf loss) one message and exit code 1.
 
     In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
     fails (bad input, an exception, CUDA out of memory) is recorded as failed, or one that raises
@@ -118,10 +119,10 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             if is_global_zero():
                 record_job(None, err)
             return None
-        if isinstance(err, UserInputError):
+        if isinstance(err, UserInputError | TrainingDiverged):
             log.error("%s", err)
             print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(2 if isinstance(err, UserInputError) else 1)
         raise
     close_wandb()
     if multirun and is_global_zero():

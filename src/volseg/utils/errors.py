@@ -25,6 +25,11 @@ class TrialPruned(Exception):
     """
 
 
+class TrainingDiverged(FloatingPointError):
+    """The training loss became NaN or Inf: the run stops (the optimizer's next steps would
+    poison every weight). Not the input's fault: one clear error and exit code 1."""
+
+
 class BudgetExceeded(TrialPruned, UserInputError):
     """The configured run does not fit ``memory.budget``: pruned in a sweep; in a single run, one
     clear error and exit code 2 like any other :class:`UserInputError`."""
