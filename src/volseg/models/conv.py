@@ -2,14 +2,15 @@
 a CPU in bfloat16.
 
 oneDNN, which computes PyTorch's CPU convolutions (torch 2.13.0+cpu bundles oneDNN 3.12),
-returns a wrong weight gradient in bfloat16 for a kernel deeper than 1 over an input of depth
-exactly 2: relative errors of 1e30 up to inf and NaN, on an AVX512_BF16 CPU, with bf16 autocast
-and with bf16 tensors alike, any channel count, any height and width; the forward pass and the
-input's gradient are right, as are depths 1 and 3 to 8 and transposed convolutions
+returns a wrong weight gradient in bfloat16 from its AVX-512 kernels (with or without the
+AVX512_BF16 instructions; its AVX2 kernels are right) for a kernel deeper than 1 over an input
+of depth exactly 2: relative errors of 1e30 up to inf and NaN, under bf16 autocast and with bf16
+tensors alike, at every channel count and in-plane size tried; the forward pass and the input's
+gradient are right, as are depths 1 and 3 to 8 and transposed convolutions
 (``python benchmarks/cpu_bf16_conv.py`` checks each case on the CPU it runs on). A U-Net level
 of depth 2 is common: with ``[2, 2, 2]`` pooling a patch of depth 16-23 has it at the fourth
-level, 32-47 at the fifth. Training then diverges or learns nothing in those layers. Such a
-call runs in float32 here; every other one is a plain ``nn.Conv3d`` call.
+level, 32-47 at the fifth, and training can diverge (docs/benchmarks.md, "bf16 convolutions at
+depth 2"). Such a call runs in float32 here; every other one is a plain ``nn.Conv3d`` call.
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ def host_snapshot(
 def link_checkpoint(source: str, path: str) -> None:
     """``path`` as a second name of the written file ``source`` (a hard link; a copy where the
     file system has none), made as ``<path>.tmp`` and renamed over ``path``. Both names stay
-    whole when either is replaced or removed later: every checkpoint file is written to a
-    ``.tmp`` and renamed, never rewritten in place."""
+    whole when either is replaced or removed later, as long as neither file is rewritten in
+    place: :class:`BackgroundCheckpointIO` writes every file to a ``.tmp`` and renames it."""
     tmp = path + TMP_SUFFIX
     if os.path.lexists(tmp):
         os.remove(tmp)
