@@ -67,6 +67,10 @@ step pytest_cuda.txt 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/
 
 # ---- further GPU checks go below this line, each as one `step` with its own timeout ----
 
+# the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
+# its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
+step cpu_bf16_conv.txt 30 python3 benchmarks/cpu_bf16_conv.py
+
 cat "$OUT/gpu.txt"
 
 # training speed of python train.py at the reference config with its own loader (step time, data wait,
