@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -25,25 +24,27 @@ from torch import nn
 #: the input depth whose bf16 weight gradient oneDNN gets wrong (kernel depth > 1)
 BROKEN_BF16_DEPTH = 2
 
-# False while the memory estimator traces a CUDA step on (fake) CPU tensors: CUDA has no such call
-_on_cpu = ContextVar("volseg_conv_on_cpu", default=True)
+# True while the memory estimator traces a CUDA step on (fake) CPU tensors: CUDA has no such
+# call. A module global, not a ContextVar: torch.compile reads a global without a graph break
+_traced_for_cuda = False
 
 
 @contextlib.contextmanager
 def traced_for_cuda() -> Iterator[None]:
     """CPU tensors stand for CUDA ones here (the estimator's trace of a CUDA step): every
     convolution runs as a plain ``nn.Conv3d`` call, as on CUDA."""
-    token = _on_cpu.set(False)
+    global _traced_for_cuda
+    previous, _traced_for_cuda = _traced_for_cuda, True
     try:
         yield
     finally:
-        _on_cpu.reset(token)
+        _traced_for_cuda = previous
 
 
 def runs_in_cpu_bf16(x: torch.Tensor) -> bool:
     """Whether a convolution of ``x`` would run in bfloat16 on the CPU (bf16 input, or CPU
     autocast to bf16)."""
-    if x.device.type != "cpu" or not _on_cpu.get():
+    if x.device.type != "cpu" or _traced_for_cuda:
         return False
     if x.dtype == torch.bfloat16:
         return True
