@@ -78,3 +78,19 @@ def test_every_unet_convolution_at_depth_2_is_volsegs():
         net(torch.zeros(1, 1, 16, 32, 32))
     assert sorted({depth for _, depth in depths.values()}) == [1, 2, 4, 8, 16]
     assert all(kind is Conv3d for kind, _ in depths.values()), depths
+
+
+def test_torch_compile_traces_the_depth_2_call_without_a_graph_break():
+    import torch._dynamo
+
+    ours, _ = _layers()
+    x = torch.randn(2, 8, 2, 6, 6)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(ours, backend="eager")  # dynamo's tracing, no code generation
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = compiled(x)
+    assert y.dtype == torch.bfloat16
+    assert not torch._dynamo.utils.counters["graph_break"], dict(
+        torch._dynamo.utils.counters["graph_break"]
+    )
