@@ -7,12 +7,13 @@ error (max |bf16 - fp32| / max |fp32|) of the output, the input's gradient and t
 gradient over ``--trials`` random draws. bf16 rounding alone gives about 0.004; a row far above
 that is a wrong kernel.
 
-    python benchmarks/cpu_bf16_conv.py [--channels 32] [--trials 3] [--depths 1,2,3,4]
+    python benchmarks/cpu_bf16_conv.py [--channels 32] [--trials 3] [--depths 1,2,3,4] [--size 8]
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -49,11 +50,19 @@ def errors(layer: nn.Module, shape: tuple[int, ...], generator: torch.Generator)
     ]
 
 
-def worst(make, shape, trials: int, seed: int) -> list[float]:
+def worst(
+    make: Callable[[], nn.Module], shape: tuple[int, ...], trials: int, seed: int
+) -> list[float]:
+    """The largest of each relative error over ``trials`` fresh layers and draws."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     rows = [errors(make(), shape, generator) for _ in range(trials)]
     return [max(r[i] for r in rows) for i in range(3)]
+
+
+def print_row(name: str, shape: tuple[int, ...], errors: list[float]) -> None:
+    cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in errors]
+    print(f"| {name} | {'×'.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,12 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     for depth in (int(d) for d in args.depths.split(",")):
         shape = (2, c, depth, hw, hw)
         for name, make in layers.items():
-            row = worst(make, shape, args.trials, seed=depth)
-            cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in row]
-            print(f"| {name} | 2×{c}×{depth}×{hw}×{hw} | " + " | ".join(cells) + " |", flush=True)
-    row = worst(lambda: nn.ConvTranspose3d(c, c, 2, stride=2), (2, c, 2, hw, hw), args.trials, 0)
-    cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in row]
-    print(f"| torch.nn.ConvTranspose3d k=2 s=2 | 2×{c}×2×{hw}×{hw} | " + " | ".join(cells) + " |")
+            print_row(name, shape, worst(make, shape, args.trials, seed=depth))
+    shape = (2, c, 2, hw, hw)
+    transposed = worst(lambda: nn.ConvTranspose3d(c, c, 2, stride=2), shape, args.trials, 0)
+    print_row("torch.nn.ConvTranspose3d k=2 s=2", shape, transposed)
 
 
 if __name__ == "__main__":
