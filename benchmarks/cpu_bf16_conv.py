@@ -61,7 +61,8 @@ def worst(
 
 
 def print_row(name: str, shape: tuple[int, ...], errors: list[float]) -> None:
-    cells = [f"{e:.3g}{' (wrong)' if e > WRONG_ABOVE else ''}" for e in errors]
+    # not "e > WRONG_ABOVE": a NaN error compares false with everything, and is wrong too
+    cells = [f"{e:.3g}{'' if e <= WRONG_ABOVE else ' (wrong)'}" for e in errors]
     print(f"| {name} | {'×'.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
 
 
