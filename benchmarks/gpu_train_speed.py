@@ -3,14 +3,16 @@ utilization of a whole training run at the reference config, with volseg's own l
 
 Trains the reference config (unet_large, batch 2 of 1x26x150x320, 5 classes, ``16-mixed``) on
 generated stacks of that shape (``data=folder``, cached in memory, ``data.num_workers=auto``)
-for ``--steps`` optimizer steps (no validation), timing each step from the callback hooks
-(the device synchronized at every step end, so a step's time is its GPU time):
+for ``--steps`` optimizer steps (no validation) and prints what the run's own training-speed
+callback (``callbacks.training_speed``, summary.json's ``speed``) measured after ``--warmup``
+steps:
 
-- step time: median seconds from one step's end to the next, after ``--warmup`` steps;
+- step time: mean wall seconds per optimizer step, the fetching of its batch included;
 - data wait: the share of that time spent between a step's end and the next step's start
   (the loop fetching the next batch: what the GPU waits for);
-- MFU: FLOPs of one training step (``torch.utils.flop_counter`` over forward and backward)
-  / step time / the GPU's dense bf16/fp16 peak (``--peak-tflops``, or looked up by name).
+- MFU: FLOPs of one training step (the plan's count, ``torch.utils.flop_counter`` over
+  forward, loss and backward) / step time / the GPU's dense bf16/fp16 peak (``--peak-tflops``,
+  or the callback's table of GPUs).
 
 Anchors: the seed step alone on an H200 (benchmarks/levers.py) 0.073 s for 10.5 TFLOP, 0.15
 of 989 TFLOP/s; NVIDIA's tuned nnU-Net (DynUNet, AMP, channels-last) 0.25 of an A100's 312.
@@ -26,19 +28,13 @@ import datetime
 import importlib.util
 import json
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-#: dense bf16/fp16 tensor-core peaks (TFLOP/s, no sparsity), by a part of the device name
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
 def _data_throughput():
@@ -46,50 +42,6 @@ def _data_throughput():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class StepClock(Callback):
-    """Per step: seconds from the previous step's end to this one's start (data wait) and to
-    this one's end (the step), the device synchronized at each end."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self.steps: list[float] = []
-        self._end: float | None = None
-        self._start = 0.0
-
-    def _sync(self, pl_module) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._start = time.perf_counter()
-        if self._end is not None:
-            self.waits.append(self._start - self._end)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._sync(pl_module)
-        end = time.perf_counter()
-        if self._end is not None:
-            self.steps.append(end - self._end)
-        self._end = end
-
-
-def step_flops(module, batch_shape: list[int], num_classes: int, device: str) -> int:
-    """FLOPs of one forward and backward of ``module.net`` (with its loss) on a batch of
-    ``batch_shape`` ``(B, C, D, H, W)``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    net = module.net.to(device).train()
-    image = torch.randn(batch_shape, device=device)
-    label = torch.randint(0, num_classes, (batch_shape[0], 1, *batch_shape[2:]), device=device)
-    dtype = torch.bfloat16 if device == "cpu" else torch.float16
-    with FlopCounterMode(display=False) as counter:
-        with torch.autocast(device, dtype=dtype):
-            loss = module.loss(net(image), label)
-        loss.backward()
-    net.zero_grad(set_to_none=True)
-    return int(counter.get_total_flops())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,53 +85,30 @@ def main(argv: list[str] | None = None) -> None:
         "callbacks.model_checkpoint=null",
         "callbacks.validation_overlays=null",
         "extras.print_config=false",
+        f"callbacks.training_speed.warmup_steps={warmup}",
+        *([f"callbacks.training_speed.peak_tflops={args.peak_tflops}"] if args.peak_tflops else []),
         *args.override,
     ]
     cfg = compose_run_config(REPO / "configs", "train", overrides, tmp / "run")
-    clock = StepClock()
-    modules: list = []
-    build = train_task.instantiate_callbacks
-
-    def with_clock(*a, **kw):
-        return [*build(*a, **kw), clock]
-
-    train_task.instantiate_callbacks = with_clock
-    original_fit = train_task.L.Trainer.fit
-
-    def fit(self, *a, **kw):
-        modules.append(kw.get("model", a[0] if a else None))
-        return original_fit(self, *a, **kw)
-
-    train_task.L.Trainer.fit = fit
-    try:
-        train_task.train(cfg)
-    finally:
-        train_task.instantiate_callbacks = build
-        train_task.L.Trainer.fit = original_fit
-    timed = clock.steps[warmup:]
-    waits = clock.waits[warmup:]
-    step_s = statistics.median(timed)
-    wait_share = sum(waits) / sum(timed)
-    flops = step_flops(modules[0], [2, 1, *patch], int(cfg.num_classes), device)
+    train_task.train(cfg)
+    speed = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["speed"]
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
-    mfu = flops / step_s / (peak * 1e12) if peak else None
     result = {
         "date": datetime.date.today().isoformat(),
         "device": name,
         "torch": torch.__version__,
         "overrides": overrides,
-        "steps_timed": len(timed),
-        "step_s_median": step_s,
-        "data_wait_fraction": wait_share,
-        "step_tflop": flops / 1e12,
-        "peak_tflops": peak,
-        "mfu": mfu,
+        **speed,
     }
-    mfu_text = f"{mfu:.3f}" if mfu is not None else "n/a (no peak for this device)"
+    if speed["step_s"] is None:
+        raise SystemExit(f"{name}: no step measured after {warmup} of warm-up")
+    flops = speed["flops_per_step"]
+    rate = f"{flops / 1e12:.3f} TFLOP/step" if flops else "FLOPs not planned"
+    mfu = speed["mfu"]
+    mfu_text = f"{mfu:.3f}" if mfu is not None else f"n/a ({speed['peak_source']})"
     print(
-        f"{name}: {len(timed)} steps, median {step_s:.4f} s/step, data wait "
-        f"{100 * wait_share:.1f}% of step time, {flops / 1e12:.3f} TFLOP/step, MFU {mfu_text}"
+        f"{name}: {speed['steps_measured']} steps, mean {speed['step_s']:.4f} s/step, data wait "
+        f"{100 * speed['data_wait_share']:.1f}% of step time, {rate}, MFU {mfu_text}"
     )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

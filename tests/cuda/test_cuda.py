@@ -103,6 +103,23 @@ def test_memory_keys_come_from_the_caching_allocator(small_dataset, tmp_path):
     assert summary["memory"]["peak_host_rss_mib"] > 100
 
 
+def test_training_speed_of_a_gpu_run_against_its_peak(small_dataset, tmp_path):
+    """summary.json's ``speed`` on a GPU: the planned step's FLOP rate over the GPU's peak."""
+    _, run_dir = _run_dir_train(
+        small_dataset,
+        tmp_path,
+        "estimate.plan_step=true",  # the planned step's FLOPs
+        "callbacks.training_speed.warmup_steps=1",
+    )
+    speed = json.loads((run_dir / "summary.json").read_text())["speed"]
+    assert speed["steps_measured"] == 3 and speed["flops_per_step"] > 0
+    name = torch.cuda.get_device_name()
+    if "H200" in name or "A100" in name:  # in the table
+        assert speed["peak_source"] == name
+        assert speed["mfu"] == pytest.approx(speed["tflops_per_s"] / speed["peak_tflops"])
+        assert 0 < speed["mfu"] < 1
+
+
 def test_loader_workers_feed_a_fresh_training_process(small_dataset, tmp_path):
     """``python train.py`` on a GPU: ``data.num_workers=auto`` forks workers, pinned batches."""
     overrides = [o for o in _gpu_overrides(small_dataset) if not o.startswith("data.num_workers")]

@@ -1,0 +1,199 @@
+"""How fast a run trains and how busy it keeps its device: step time, the share of it spent
+fetching batches, and the step's FLOP rate against the GPU's peak (model FLOP utilization).
+
+Nothing is synchronized: the figures are wall-clock means over every optimizer step after the
+warm-up, so that queued CUDA work is counted where the loop waits for it (16-mixed's inf check
+waits for the device at every step; otherwise the bounded launch queue holds the loop back).
+Gaps between epochs and validation are not counted: they are neither a step nor a batch
+fetched for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+log = logging.getLogger(__name__)
+
+#: dense tensor-core peaks per GPU (TFLOP/s, without sparsity) for half precision (bfloat16 or
+#: float16) and for TF32 (float32 convolutions with ``torch.backends.cudnn.allow_tf32``, on by
+#: default), from NVIDIA's data sheets. Lightning's table (``get_available_flops``) gives
+#: Hopper's figures with sparsity and does not match the name ``NVIDIA H200``.
+DENSE_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"\bH100\b.*\bPCIe\b", {"half": 756.0, "tf32": 378.0}),
+    (r"\bH(100|200)\b(?!.*\b(NVL|PCIe)\b)", {"half": 989.0, "tf32": 494.7}),
+    (r"\bA100\b", {"half": 312.0, "tf32": 156.0}),
+    (r"\bL40S\b", {"half": 362.0, "tf32": 183.0}),
+)
+
+_KEY = "callbacks.training_speed"  # the config node, for errors
+
+HALF_PRECISIONS = ("16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
+
+
+def dense_peak_tflops(device_name: str, precision: str) -> float | None:
+    """The dense peak (TFLOP/s) of a GPU named ``device_name`` (``torch.cuda.get_device_name``)
+    at Lightning's ``precision``; None for a GPU not in :data:`DENSE_PEAK_TFLOPS` and for
+    float32 without TF32."""
+    if str(precision) in HALF_PRECISIONS:
+        kind = "half"
+    elif torch.backends.cudnn.allow_tf32:
+        kind = "tf32"
+    else:
+        return None
+    for pattern, peaks in DENSE_PEAK_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return peaks[kind]
+    return None
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a training batch: the first dimension of its first tensor (0 without one)."""
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    else:
+        values = list(batch) if isinstance(batch, list | tuple) else [batch]
+    return next((int(v.shape[0]) for v in values if isinstance(v, torch.Tensor)), 0)
+
+
+class TrainingSpeed(Callback):
+    """Measures every optimizer step after ``warmup_steps`` of them and reports, in the log at
+    the end of fit, under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at every
+    epoch's end:
+
+    - ``step_s``: mean wall seconds per optimizer step, the batches' fetching included;
+    - ``data_wait_share``: the share of it the loop spent between one batch's end and the next
+      one's start (fetching the batch; on a GPU ahead of the loop, an upper bound of what the
+      device waited);
+    - ``samples_per_s``: training samples per second, all processes together;
+    - ``tflops_per_s``: the planned step's FLOPs (``plan.yaml``'s ``estimate.flops_per_step``:
+      convolutions and matrix products of forward, loss and backward, checkpointing's
+      recomputation included) per step second, per process;
+    - ``mfu``: that rate over the device's dense peak (``peak_tflops``; None looks the GPU up in
+      :data:`DENSE_PEAK_TFLOPS`); None on a CPU, for a GPU not in the table, or without the
+      planned step's FLOPs (``estimate.plan_step=false``).
+    """
+
+    summary_key = "speed"  # RunSummary puts summary() under this key of summary.json
+
+    def __init__(self, warmup_steps: int = 5, peak_tflops: float | None = None) -> None:
+        if int(warmup_steps) < 0:
+            raise ValueError(f"{_KEY}.warmup_steps={warmup_steps}: must be 0 or more")
+        if peak_tflops is not None and float(peak_tflops) <= 0:
+            raise ValueError(f"{_KEY}.peak_tflops={peak_tflops}: must be a positive TFLOP/s figure")
+        self.warmup_steps = int(warmup_steps)
+        self.peak_tflops = None if peak_tflops is None else float(peak_tflops)
+        self.peak_source = "configured" if peak_tflops is not None else ""
+        self.flops_per_step: int | None = None
+        self.world_size = 1
+        self.steps = 0
+        self.samples = 0
+        self.busy_s = 0.0  # batches' own time: forward, backward, update
+        self.wait_s = 0.0  # between one batch's end and the next one's start
+        self._batch_start: float | None = None
+        self._step_at_start = 0
+        self._counted_from = 0  # the first step measured: warm-up steps after the fit's first
+        self._last_end: float | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        estimate = (getattr(pl_module, "run_plan", None) or {}).get("estimate") or {}
+        flops = estimate.get("flops_per_step")
+        self.flops_per_step = int(flops) if flops else None
+        self.world_size = int(trainer.world_size)
+        device = trainer.strategy.root_device
+        if self.peak_tflops is None and device.type == "cuda":
+            name = torch.cuda.get_device_name(device)
+            self.peak_tflops = dense_peak_tflops(name, str(trainer.precision))
+            self.peak_source = name if self.peak_tflops is not None else f"{name}: not in the table"
+        elif self.peak_tflops is None:
+            self.peak_source = f"{device.type}: no peak"
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # after a checkpoint's state is restored: a resumed fit warms up again from its step
+        self._counted_from = trainer.global_step + self.warmup_steps
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        self._step_at_start = trainer.global_step
+        if self._last_end is not None and self._step_at_start >= self._counted_from:
+            self.wait_s += now - self._last_end
+        self._batch_start = now
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._batch_start is not None and self._step_at_start >= self._counted_from:
+            self.busy_s += now - self._batch_start
+            self.samples += batch_samples(batch)
+            self.steps += trainer.global_step - self._step_at_start
+        self._batch_start = None
+        self._last_end = now
+
+    def _pause(self, *_: Any) -> None:
+        self._last_end = None  # validation, epoch ends: not a batch fetched for a step
+
+    on_validation_start = _pause
+    on_train_epoch_start = _pause
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._pause()
+        figures = self.summary()
+        for key in ("step_s", "data_wait_share", "samples_per_s", "tflops_per_s", "mfu"):
+            if figures[key] is not None:
+                # every rank logs its own: the mean over ranks
+                pl_module.log(f"speed/{key}", float(figures[key]), on_epoch=True, sync_dist=True)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures so far (None where nothing was measured)."""
+        total = self.busy_s + self.wait_s
+        step_s = total / self.steps if self.steps else None
+        tflops = self.flops_per_step / step_s / 1e12 if step_s and self.flops_per_step else None
+        return {
+            "steps_measured": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "step_s": step_s,
+            "data_wait_share": self.wait_s / total if self.steps and total > 0 else None,
+            "samples_per_s": self.samples * self.world_size / total if self.steps else None,
+            "flops_per_step": self.flops_per_step,
+            "tflops_per_s": tflops,
+            "peak_tflops": self.peak_tflops,
+            "peak_source": self.peak_source,
+            "mfu": tflops / self.peak_tflops if tflops and self.peak_tflops else None,
+        }
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        s = self.summary()
+        if s["step_s"] is None:
+            log.info(
+                "Training speed: not measured (%d optimizer steps, %s.warmup_steps=%d)",
+                trainer.global_step,
+                _KEY,
+                self.warmup_steps,
+            )
+            return
+        rate = ""
+        if s["tflops_per_s"] is not None:
+            rate = f"; {s['tflops_per_s']:.2f} TFLOP/s per process"
+            if s["mfu"] is not None:
+                rate += f", {s['mfu']:.3f} of {s['peak_tflops']:g} TFLOP/s ({s['peak_source']})"
+        log.info(
+            "Training speed over %d optimizer steps after %d of warm-up: %.4f s per step "
+            "(%.1f samples/s), %.1f%% of it fetching batches%s",
+            s["steps_measured"],
+            self.warmup_steps,
+            s["step_s"],
+            s["samples_per_s"],
+            100 * s["data_wait_share"],
+            rate,
+        )
