@@ -41,7 +41,7 @@ def _trainer(step: int = 0) -> SimpleNamespace:
 
 
 def test_figures_count_steps_after_the_warmup_and_no_gap_between_epochs_or_validation(
-    monkeypatch,
+    monkeypatch, caplog
 ):
     clock = _Clock()
     monkeypatch.setattr(training_speed.time, "perf_counter", clock)
@@ -91,6 +91,16 @@ def test_figures_count_steps_after_the_warmup_and_no_gap_between_epochs_or_valid
     # the epoch's end logged what had been measured by then: 2 steps in 6.5 s
     assert logged["speed/step_s"] == pytest.approx(3.25)
     assert logged["speed/mfu"] == pytest.approx(5e12 / 3.25 / 4e12)
+    # 20% of the step fetching batches, above the 10% default: the end of fit says so
+    with caplog.at_level("INFO", logger="volseg.callbacks.training_speed"):
+        speed.on_fit_end(trainer, module)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("The loader did not keep up: 20%")
+    caplog.clear()
+    speed.data_wait_warning = 0.25
+    with caplog.at_level("INFO", logger="volseg.callbacks.training_speed"):
+        speed.on_fit_end(trainer, module)
+    assert [r.levelname for r in caplog.records] == ["INFO"]
 
 
 def test_a_resumed_fit_warms_up_from_its_checkpoint_step(monkeypatch):
@@ -216,7 +226,12 @@ def test_train_py_reports_the_planned_steps_flops_rate(small_dataset, tmp_path, 
 
 
 @pytest.mark.parametrize(
-    ("value", "says"), [("warmup_steps=-1", "must be 0 or more"), ("peak_tflops=0", "positive")]
+    ("value", "says"),
+    [
+        ("warmup_steps=-1", "must be 0 or more"),
+        ("peak_tflops=0", "positive"),
+        ("data_wait_warning=1.5", r"in \[0, 1\]"),
+    ],
 )
 def test_a_bad_value_is_one_error_naming_its_key(tmp_path, value, says):
     cfg = compose_config("train", tmp_path, [f"callbacks.training_speed.{value}"])

@@ -78,11 +78,22 @@ class TrainingSpeed(Callback):
     - ``mfu``: that rate over the device's dense peak (``peak_tflops``; None looks the GPU up in
       :data:`DENSE_PEAK_TFLOPS`); None on a CPU, for a GPU not in the table, or without the
       planned step's FLOPs (``estimate.plan_step=false``).
+
+    A data-wait share above ``data_wait_warning`` ends the fit with a warning that names the
+    loader's settings.
     """
 
     summary_key = "speed"  # RunSummary puts summary() under this key of summary.json
 
-    def __init__(self, warmup_steps: int = 5, peak_tflops: float | None = None) -> None:
+    def __init__(
+        self,
+        warmup_steps: int = 5,
+        peak_tflops: float | None = None,
+        data_wait_warning: float = 0.1,
+    ) -> None:
+        if not 0 <= float(data_wait_warning) <= 1:
+            raise ValueError(f"{_KEY}.data_wait_warning={data_wait_warning}: must be in [0, 1]")
+        self.data_wait_warning = float(data_wait_warning)
         if int(warmup_steps) < 0:
             raise ValueError(f"{_KEY}.warmup_steps={warmup_steps}: must be 0 or more")
         if peak_tflops is not None and float(peak_tflops) <= 0:
@@ -197,3 +208,17 @@ class TrainingSpeed(Callback):
             100 * s["data_wait_share"],
             rate,
         )
+        if s["data_wait_share"] > self.data_wait_warning:
+            loader = getattr(trainer, "train_dataloader", None)
+            workers = getattr(loader, "num_workers", None)
+            cpu = trainer.strategy.root_device.type == "cpu"
+            log.warning(
+                "The loader did not keep up: %.0f%% of the step time went to fetching batches "
+                "(%s.data_wait_warning=%g). Cached volumes (data.cache=memory or disk) or more "
+                "loader workers (data.num_workers, %s here%s) shorten it",
+                100 * s["data_wait_share"],
+                _KEY,
+                self.data_wait_warning,
+                "unknown" if workers is None else workers,
+                "; on a CPU they take cores from the step" if cpu else "",
+            )
