@@ -116,7 +116,7 @@ def test_results_are_in_the_recorded_format():
             assert run.get("zero_grad", "closure") in ("closure", "after_update"), run["name"]
 
 
-@pytest.mark.slow  # about 4 s a run, 17 runs: ~65 s on a shared 2-core CPU
+@pytest.mark.slow  # about 4 s a run, 16 runs: ~65 s on a shared 2-core CPU
 @pytest.mark.parametrize("run", _runs())
 def test_cuda_estimate_holds_to_the_recorded_run(run):
     est = _estimate(_loop(run))
