@@ -118,6 +118,9 @@ def pooling_divisor(cfg: DictConfig) -> list[int]:
 class Planner:
     """Searches a composed ``train`` config for what fits ``budget`` bytes."""
 
+    #: how many times a batch guess that does not fit is moved before the search walks from it
+    GUESS_REFINEMENTS = 2
+
     def __init__(self, cfg: DictConfig, budget: int, max_batch_size: int = 256) -> None:
         self.cfg = cfg
         self.budget = budget
@@ -186,8 +189,17 @@ class Planner:
             return 0, None
         one = self.estimate(1, self.base_patch, checkpointing).process_total
         two = self.estimate(2, self.base_patch, checkpointing).process_total
-        # the step's memory grows linearly with the batch: start where the line meets the budget
+        # the step's memory grows about linearly with the batch: start where the line meets the
+        # budget. Fixed costs (weights, optimizer state, workspaces) weigh most at batches 1 and
+        # 2, so that line can be too flat: a guess that does not fit moves to where the line
+        # through batch 2 and the guess meets the budget, from which the search walks
         guess = 1 + (self.budget - one) // max(two - one, 1)
+        for _ in range(self.GUESS_REFINEMENTS):
+            n = min(guess, self.max_batch_size)
+            if n <= 2 or fits(n) is not None:
+                break
+            slope = (self.estimate(n, self.base_patch, checkpointing).process_total - two) / (n - 2)
+            guess = min(n - 1, 2 + int((self.budget - two) // max(slope, 1.0)))
         return _largest(fits, 1, self.max_batch_size, guess)
 
     def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
