@@ -190,9 +190,10 @@ class Planner:
         one = self.estimate(1, self.base_patch, checkpointing).process_total
         two = self.estimate(2, self.base_patch, checkpointing).process_total
         # the step's memory grows about linearly with the batch: start where the line meets the
-        # budget. Fixed costs (weights, optimizer state, workspaces) weigh most at batches 1 and
-        # 2, so that line can be too flat: a guess that does not fit moves to where the line
-        # through batch 2 and the guess meets the budget, from which the search walks
+        # budget. At batches 1 and 2 the peak can be one that does not grow with the batch (the
+        # optimizer's update over weights, gradients and moments), so that line can be too
+        # flat: a guess that does not fit moves to where the line through batch 2 and the guess
+        # meets the budget, from which the search walks
         guess = 1 + (self.budget - one) // max(two - one, 1)
         for _ in range(self.GUESS_REFINEMENTS):
             n = min(guess, self.max_batch_size)
