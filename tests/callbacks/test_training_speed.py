@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from pathlib import Path
@@ -46,12 +47,10 @@ def test_figures_count_steps_after_the_warmup_and_no_gap_between_epochs_or_valid
     clock = _Clock()
     monkeypatch.setattr(training_speed.time, "perf_counter", clock)
     logged: dict[str, float] = {}
-    module = SimpleNamespace(
-        run_plan={"estimate": {"flops_per_step": 5e12}},
-        log=lambda key, value, **_: logged.__setitem__(key, value),
-    )
+    module = SimpleNamespace(run_plan={"estimate": {"flops_per_step": 5e12}})
     speed = TrainingSpeed(warmup_steps=1, peak_tflops=4.0)
     trainer = _trainer()
+    trainer.loggers = [SimpleNamespace(log_metrics=lambda metrics, step: logged.update(metrics))]
     speed.on_fit_start(trainer, module)
     speed.on_train_start(trainer, module)
     speed.on_train_epoch_start(trainer, module)
@@ -106,7 +105,7 @@ def test_figures_count_steps_after_the_warmup_and_no_gap_between_epochs_or_valid
 def test_a_resumed_fit_warms_up_from_its_checkpoint_step(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(training_speed.time, "perf_counter", clock)
-    module = SimpleNamespace(run_plan={}, log=lambda *a, **k: None)
+    module = SimpleNamespace(run_plan={})
     speed = TrainingSpeed(warmup_steps=2)
     trainer = _trainer(step=40)
     speed.on_fit_start(trainer, module)
@@ -212,7 +211,7 @@ def test_train_py_reports_the_planned_steps_flops_rate(small_dataset, tmp_path, 
     ]
     cfg = compose_config("train", tmp_path, overrides)
     with caplog.at_level("INFO", logger="volseg.callbacks.training_speed"):
-        metrics = train(cfg)
+        train(cfg)
     run_dir = Path(cfg.paths.output_dir)
     speed = json.loads((run_dir / "summary.json").read_text())["speed"]
     planned = yaml.safe_load((run_dir / "plan.yaml").read_text())["estimate"]["flops_per_step"]
@@ -221,7 +220,11 @@ def test_train_py_reports_the_planned_steps_flops_rate(small_dataset, tmp_path, 
     assert speed["flops_per_step"] == planned > 0
     assert speed["tflops_per_s"] == pytest.approx(planned / speed["step_s"] / 1e12)
     assert speed["mfu"] is None and speed["peak_source"] == "cpu: no peak"
-    assert "speed/step_s" in metrics
+    # the loggers get the figures at each epoch's end: 1 step measured by the first, 3 by the last
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("speed/step_s")]
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert float(rows[-1]["speed/step_s"]) == pytest.approx(speed["step_s"])
     assert any(r.getMessage().startswith("Training speed over 3") for r in caplog.records)
 
 

@@ -157,11 +157,16 @@ class TrainingSpeed(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._pause()
+        if not trainer.is_global_zero:
+            return
+        # rank 0's figures, as in summary.json, straight to the loggers: no collective that
+        # every rank must join with the same keys
         figures = self.summary()
-        for key in ("step_s", "data_wait_share", "samples_per_s", "tflops_per_s", "mfu"):
-            if figures[key] is not None:
-                # every rank logs its own: the mean over ranks
-                pl_module.log(f"speed/{key}", float(figures[key]), on_epoch=True, sync_dist=True)
+        keys = ("step_s", "data_wait_share", "samples_per_s", "tflops_per_s", "mfu")
+        metrics = {f"speed/{k}": float(figures[k]) for k in keys if figures[k] is not None}
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
 
     def summary(self) -> dict[str, Any]:
         """The figures so far (None where nothing was measured)."""
