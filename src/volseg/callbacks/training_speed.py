@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from volseg.utils.precision import HALF
+
 log = logging.getLogger(__name__)
 
 #: dense tensor-core peaks per GPU (TFLOP/s, without sparsity) for half precision (bfloat16 or
@@ -34,14 +36,12 @@ DENSE_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 _KEY = "callbacks.training_speed"  # the config node, for errors
 
-HALF_PRECISIONS = ("16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16")
-
 
 def dense_peak_tflops(device_name: str, precision: str) -> float | None:
     """The dense peak (TFLOP/s) of a GPU named ``device_name`` (``torch.cuda.get_device_name``)
     at Lightning's ``precision``; None for a GPU not in :data:`DENSE_PEAK_TFLOPS` and for
     float32 without TF32."""
-    if str(precision) in HALF_PRECISIONS:
+    if str(precision) in HALF:
         kind = "half"
     elif torch.backends.cudnn.allow_tf32:
         kind = "tf32"

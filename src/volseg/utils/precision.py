@@ -25,6 +25,8 @@ EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 64x (AVX2) slower per training step th
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FP16_MIXED = ("16-mixed", "16")
+#: every precision whose convolutions run in 16 bits (bfloat16 or float16)
+HALF = (*BF16, *FP16_MIXED, "16-true")
 
 
 @dataclass(frozen=True)
