@@ -54,7 +54,10 @@ def dense_peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 def batch_samples(batch: Any) -> int:
-    """Samples in a training batch: the first dimension of its first tensor (0 without one)."""
+    """Samples in a training batch: the first dimension of its first tensor (0 without one).
+
+    Not Lightning's ``extract_batch_size``: it also reads the batch's lists of case names and
+    paths, and warns of an "ambiguous collection" for every volseg batch."""
     if isinstance(batch, Mapping):
         values = list(batch.values())
     else:
