@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import Plan, plan, pooling_divisor
+from volseg.memory.planner import Plan, patch_divisor, plan
 from volseg.utils.units import MIB
 
 SMALL = [
@@ -88,21 +88,21 @@ def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
     assert answer.next_step_estimate["process_total"] > 40 * MIB
 
 
-def test_pooling_divisor_is_per_axis(tmp_path):
+def test_patch_divisor_is_per_axis(tmp_path):
     five = "model.net.widths=[4,8,16,32,64]"
     null = "model.net.pooling=null"
     cfg = planned_config("train", tmp_path, [five, "data.patch_size=[26,150,320]", null])
-    assert pooling_divisor(cfg) == [16, 16, 16]
+    assert patch_divisor(cfg) == [16, 16, 16]
     cfg = planned_config(
         "train", tmp_path, [five, "data.patch_size=[26,150,320]", "model.net.pooling=auto"]
     )
-    assert pooling_divisor(cfg) == [4, 16, 16]  # z: 26 -> 13 -> 6, then kept
+    assert patch_divisor(cfg) == [4, 16, 16]  # z: 26 -> 13 -> 6, then kept
 
 
 def test_planned_patch_divides_each_axis_by_its_own_poolings(tmp_path):
     anisotropic = ["data.patch_size=[8,16,32]", "model.net.pooling=[[1,2,2],[2,2,2]]"]
     cfg = planned_config("train", tmp_path, [*SMALL, *anisotropic])
-    assert pooling_divisor(cfg) == [2, 4, 4]
+    assert patch_divisor(cfg) == [2, 4, 4]
     answer = plan(cfg, 40 * MIB, search="patch")
     patch = answer.patch_size
     assert patch[0] % 2 == 0 and patch[1] % 4 == 0 and patch[2] % 4 == 0

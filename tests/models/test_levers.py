@@ -10,6 +10,7 @@ import torch
 from monai.losses import DiceCELoss
 from omegaconf import OmegaConf
 
+from tests.conftest import compose_config
 from volseg.memory.oom_report import INFERENCE_LEVERS, LEVERS
 from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.levers import LEVERS as ALL_LEVERS
@@ -21,13 +22,13 @@ from volseg.models.unet import UNet3D
 @pytest.mark.parametrize(
     ("levers", "key"),
     [
-        ({"activation_checkpointing": "some"}, "model.activation_checkpointing must be"),
-        ({"activation_checkpointing": [-1]}, "model.activation_checkpointing must be"),
+        ({"activation_checkpointing": 3}, "model.activation_checkpointing must be"),
+        ({"activation_checkpointing": [1.5]}, "model.activation_checkpointing must be"),
         ({"offload_activations": "yes"}, "model.offload_activations must be true, false or"),
         ({"cudnn_workspace_mib": -1}, "model.cudnn_workspace_mib must be null or MiB"),
         ({"checkpoint_loss": 1}, "model.checkpoint_loss must be"),
         ({"channels_last": None}, "model.channels_last must be"),
-        ({"placement": {"a": "cpu"}}, "model.placement must be"),
+        ({"placement": {"a": 0}}, "model.placement must be"),
     ],
 )
 def test_a_bad_lever_names_its_key(levers, key):
@@ -42,11 +43,40 @@ def test_levels_beyond_the_network_name_the_key():
         )
 
 
-def test_a_network_without_the_method_names_the_key():
-    with pytest.raises(ValueError, match="model.placement: Conv3d does not support it"):
-        MemoryLevers(placement={"encoder": "cpu", "decoder": "cpu"}).apply(
-            torch.nn.Conv3d(1, 1, 1), "build"
-        )
+@pytest.mark.parametrize(
+    ("net", "levers", "message"),
+    [
+        (
+            UNet3D(1, 5, [4, 8]),
+            {"activation_checkpointing": "some"},
+            "model.activation_checkpointing: UNet3D .volseg UNet3D. takes none, decoder, encoder",
+        ),
+        (
+            UNet3D(1, 5, [4, 8]),
+            {"activation_checkpointing": [-1]},
+            "model.activation_checkpointing: UNet3D .volseg UNet3D. takes",
+        ),
+        (
+            UNet3D(1, 5, [4, 8]),
+            {"placement": {"a": "cpu"}},
+            "model.placement: UNet3D is split as {encoder: DEVICE, decoder: DEVICE}",
+        ),
+        (
+            torch.nn.Conv3d(1, 1, 1),
+            {"placement": {"encoder": "cpu", "decoder": "cpu"}},
+            "model.placement: Conv3d has no submodule 'encoder'",
+        ),
+        (
+            torch.nn.Conv3d(1, 1, 1),
+            {"activation_checkpointing": "decoder"},
+            "model.activation_checkpointing: Conv3d .any nn.Module. takes none, all or a list of "
+            "submodule names",
+        ),
+    ],
+)
+def test_a_lever_the_network_cannot_take_names_the_key(net, levers, message):
+    with pytest.raises(ValueError, match=message):
+        MemoryLevers(**levers).apply(net, "build")
 
 
 def test_checkpointing_marks_the_chosen_blocks():
@@ -69,9 +99,15 @@ def test_the_docs_lever_table_is_the_levers_list():
     assert lever_table() in docs
 
 
-def test_the_planner_tries_the_checkpointing_choices_the_network_knows():
+def test_the_planner_tries_the_checkpointing_choices_the_network_knows(tmp_path):
+    from volseg.memory.planner import checkpointing_choices
+
     options = OmegaConf.load(Path(__file__).parents[2] / "configs/estimate/default.yaml")
-    assert tuple(options.checkpointing_options) == CHECKPOINTING_CHOICES
+    assert options.checkpointing_options == "auto"
+    cfg = compose_config("train", tmp_path, [])
+    assert checkpointing_choices(cfg, "auto") == list(CHECKPOINTING_CHOICES)
+    cfg = compose_config("train", tmp_path, ["model/net=segresnet"])
+    assert checkpointing_choices(cfg, "auto") == ["none", "all"]
 
 
 def test_cudnn_workspace_cap_is_set_for_cudnn_at_fit_setup(monkeypatch):

@@ -8,7 +8,7 @@ import torch
 
 from tests.conftest import compose_config
 from volseg.plan import make_plan
-from volseg.plan.network import auto_depth
+from volseg.models.networks.unet3d import auto_depth
 
 
 def _build(preset: str, tmp_path: Path) -> torch.nn.Module:

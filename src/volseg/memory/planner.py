@@ -18,8 +18,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
-from volseg.models.checkpointing import CHECKPOINTING_CHOICES
-from volseg.models.unet import pooling_factors, total_pooling
+from volseg.models.networks import adapter_for
+from volseg.models.networks.probe import probe_divisibility
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError, at_config_key
 
@@ -102,17 +102,32 @@ def _key(checkpointing: Any) -> str:
     return str(checkpointing)
 
 
-def pooling_divisor(cfg: DictConfig) -> list[int]:
-    """Per-axis ``[D, H, W]`` divisors: each patch side must divide by the product of the
-    U-Net's poolings on that axis to be exact (``model.net.pooling``; ``auto`` is computed at
-    the configured patch)."""
+def patch_divisor(cfg: DictConfig) -> list[int]:
+    """Per-axis ``[D, H, W]`` divisors of a patch the network takes: the plan's
+    ``model.divisible_by``, else the network adapter's (or probed) at the configured patch."""
+    planned = plain(cfg.model.get("divisible_by"))
+    if isinstance(planned, list):
+        return [int(d) for d in planned]
+    if isinstance(planned, int) and not isinstance(planned, bool):
+        return [planned] * 3
     net = cfg.model.net
-    widths = net.get("widths") or [0]
+    known = adapter_for(str(net._target_)).divisibility(net, plain(cfg.data.patch_size))
+    if known is not None:
+        return list(known)
     try:
-        factors = pooling_factors(widths, net.get("pooling"), cfg.data.patch_size)
+        return probe_divisibility(net, int(cfg.get("in_channels", 1)))
     except ValueError as err:
-        raise at_config_key(str(err), "model.net") from None
-    return total_pooling(factors)
+        raise at_config_key(str(err), "model") from None
+
+
+def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
+    """The checkpointing settings a budget search tries, least recomputation first:
+    ``estimate.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
+    adapter's named choices."""
+    configured = plain(configured)
+    if configured is None or configured == "auto":
+        return list(adapter_for(str(cfg.model.net._target_)).checkpointing_choices)
+    return list(configured)
 
 
 class Planner:
@@ -271,7 +286,7 @@ def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choi
 
 def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> _Choice:
     """The largest patch at the configured batch with the first option with which one fits."""
-    divisor = pooling_divisor(cfg)
+    divisor = patch_divisor(cfg)
     batch = int(cfg.data.batch_size)
     for option in options:
         found, option_est = planner.largest_patch(divisor, option)
@@ -304,13 +319,15 @@ def plan(
     cfg: DictConfig,
     budget: int,
     search: str = "batch",
-    checkpointing_options: Sequence[Any] = CHECKPOINTING_CHOICES,
+    checkpointing_options: Sequence[Any] | str | None = "auto",
     max_batch_size: int = 256,
     as_configured: MemoryEstimate | None = None,
 ) -> Plan:
     """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
 
-    ``search=batch``: the largest batch with the configured checkpointing; when that is smaller
+    ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
+    network adapter's). ``search=batch``: the largest batch with the configured checkpointing;
+    when that is smaller
     than the configured batch, the options are tried cheapest first and the first that fits the
     configured batch is taken (else the one that fits the largest batch). ``search=patch``: the
     largest patch at the configured batch, with the configured checkpointing or, if no patch fits
@@ -322,7 +339,8 @@ def plan(
     if as_configured is not None:
         planner.remember(as_configured)
     configured = plain(cfg.model.get("activation_checkpointing", "none"))
-    options = [configured] + [o for o in checkpointing_options if _key(o) != _key(configured)]
+    tried = checkpointing_choices(cfg, checkpointing_options)
+    options = [configured] + [o for o in tried if _key(o) != _key(configured)]
     batch = int(cfg.data.batch_size)
     fits_now = planner.estimate(batch, planner.base_patch, configured).fits(budget)
     if search == "batch":

@@ -24,7 +24,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from volseg.models import offload
-from volseg.models.checkpointing import CHECKPOINTING_CHOICES, CheckpointSpec
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES
+from volseg.models.networks import CheckpointSpec, adapter_for
 from volseg.utils.config import plain
 
 #: when :meth:`MemoryLevers.apply` runs: at construction; at Lightning's ``setup`` (per stage);
@@ -65,8 +66,9 @@ LEVERS = (
     Lever(
         "activation checkpointing",
         f"model.activation_checkpointing={'|'.join(CHECKPOINTING_CHOICES)}|[0,1]",
-        "recompute those levels' activations in backward (non-reentrant "
-        "torch.utils.checkpoint) instead of keeping them",
+        "recompute those blocks' activations in backward (non-reentrant "
+        "torch.utils.checkpoint) instead of keeping them; UNet3D's choices and level indices, "
+        "any other network's none|all|[submodule names] (docs/networks.md)",
     ),
     Lever(
         "loss checkpointing",
@@ -82,8 +84,8 @@ LEVERS = (
     Lever(
         "encoder/decoder split",
         'model.placement="{encoder: cuda:0, decoder: cuda:1}"',
-        "the encoder on one device, the decoder on another; skips cross with differentiable "
-        ".to, so backward and the optimizer span both",
+        "the encoder on one device, the decoder on another (any other network: its submodules "
+        "by name); tensors cross with differentiable .to, so backward and the optimizer span both",
     ),
     Lever(
         "fewer windows at once",
@@ -140,14 +142,16 @@ def _flag(key: str, value: Any) -> bool:
 
 
 def _checkpointing(value: Any) -> CheckpointSpec:
+    """The setting's form (a name, or a list of level indices or submodule names); whether the
+    network takes it is its adapter's to say (:meth:`MemoryLevers.check_network`)."""
     value = plain(value)
-    if value is None or value in CHECKPOINTING_CHOICES:
+    if value is None or isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(i, int) and i >= 0 for i in value):
+    if isinstance(value, list) and value and all(isinstance(i, int | str) for i in value):
         return value
     raise _error(
-        f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)} or a list of "
-        f"level indices; got {value!r}"
+        f"activation_checkpointing must be a name ({', '.join(CHECKPOINTING_CHOICES)}, ...) or "
+        f"a list of level indices or submodule names; got {value!r}"
     )
 
 
@@ -158,7 +162,9 @@ class MemoryLevers:
     Args:
         activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or a list of level
             indices (0 = full resolution): recompute those levels' activations in backward
-            instead of keeping them (the network must offer ``set_activation_checkpointing``).
+            instead of keeping them; the settings and how they are applied are the network's
+            adapter's (:func:`volseg.models.networks.adapter_for`): UNet3D's levels, any other
+            network's ``all`` (every block) or submodule names.
         offload_activations: keep the tensors saved for backward in host memory during forward
             (:class:`volseg.models.offload.OffloadToHost`, pinned on CUDA, strides kept);
             ``full_resolution``: only those at the input's resolution (most of the bytes, a
@@ -170,8 +176,9 @@ class MemoryLevers:
             not the loss's full-resolution intermediates (softmax, one-hot, products).
         channels_last: weights and inputs in ``channels_last_3d`` (NDHWC) memory format:
             oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
-        placement: ``{"encoder": device, "decoder": device}``: split the network over two
-            devices (the network must offer ``place``).
+        placement: ``{name: device}``: split the network over devices (UNet3D:
+            ``encoder``/``decoder``; any other network: its submodules by name), as its adapter
+            applies it.
         compile: ``torch.compile`` the network for fit (kernels, not what a step keeps).
     """
 
@@ -201,7 +208,8 @@ class MemoryLevers:
             raise _error(f"cudnn_workspace_mib must be null or MiB, 0 or more; got {cap!r}")
         placement = plain(self.placement) if self.placement else None
         if placement is not None and (
-            not isinstance(placement, dict) or set(placement) != {"encoder", "decoder"}
+            not isinstance(placement, dict)
+            or not all(isinstance(v, str) for v in placement.values())
         ):
             raise _error(f"placement must be {{encoder: DEVICE, decoder: DEVICE}}; got {placement}")
         set_(self, "placement", placement)
@@ -211,12 +219,15 @@ class MemoryLevers:
         return self.activation_checkpointing not in (None, "none")
 
     def check_network(self, net: nn.Module) -> None:
-        """Raise naming the key when ``net`` cannot take a lever that is set."""
-        needs = {"activation_checkpointing": "set_activation_checkpointing", "placement": "place"}
-        for key, method in needs.items():
-            wanted = self.checkpointing if key == "activation_checkpointing" else self.placement
-            if wanted and not hasattr(net, method):
-                raise _error(f"{key}: {type(net).__name__} does not support it (no {method})")
+        """Raise naming the key when ``net`` cannot take a lever that is set (its adapter says)."""
+        adapter = adapter_for(net)
+        try:
+            if self.checkpointing:
+                adapter.check_checkpointing(net, self.activation_checkpointing)
+            if self.placement:
+                adapter.check_placement(net, self.placement)
+        except ValueError as err:
+            raise _error(str(err)) from None
 
     def apply(self, net: nn.Module, when: When, stage: str | None = None) -> nn.Module:
         """Apply the levers due ``when`` to ``net``; returns the network to use.
@@ -231,10 +242,7 @@ class MemoryLevers:
         if when == "build":
             self.check_network(net)
             if self.checkpointing:
-                try:
-                    net.set_activation_checkpointing(self.activation_checkpointing)
-                except ValueError as err:  # levels outside the network's depth
-                    raise _error(str(err)) from None
+                adapter_for(net).apply_checkpointing(net, self.activation_checkpointing)
             if self.channels_last:
                 net = net.to(memory_format=torch.channels_last_3d)
         elif when == "setup":
@@ -246,7 +254,7 @@ class MemoryLevers:
                 # read by cuDNN when it picks an algorithm; set before the first convolution
                 os.environ[CUDNN_WORKSPACE_CAP_ENV] = str(int(self.cudnn_workspace_mib))
         elif self.placement is not None:
-            net.place(self.placement["encoder"], self.placement["decoder"])
+            adapter_for(net).place(net, self.placement)
         return net
 
     def forward(self, net: nn.Module, x: torch.Tensor, training: bool) -> torch.Tensor:

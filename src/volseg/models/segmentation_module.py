@@ -43,6 +43,17 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
             group["eps"] = FP16_MIN_EPS
 
 
+def deep_supervision_heads(logits: Any, label: torch.Tensor) -> list[torch.Tensor] | None:
+    """A network's deep-supervision outputs as a list (full resolution first): a list or tuple
+    as it is, a stacked ``(B, S, K, D, H, W)`` tensor (DynUNet) split along ``S``; ``None`` for
+    plain logits ``(B, K, D, H, W)`` (as many dimensions as the labels)."""
+    if isinstance(logits, list | tuple):
+        return list(logits)
+    if logits.dim() == label.dim() + 1:
+        return list(logits.unbind(dim=1))
+    return None
+
+
 class SegmentationModule(LightningModule):
     """Trains ``net`` on ``(B, C, D, H, W)`` patches; validates on whole volumes.
 
@@ -57,6 +68,8 @@ class SegmentationModule(LightningModule):
         include_background: average background into ``val/dice_mean`` too.
         class_names: names for ``val/dice_<name>``; default taken from the datamodule.
         inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
+        divisible_by: what each patch side must divide by for ``net``, ``[D, H, W]`` voxels (the
+            plan's ``model.divisible_by``; kept with the run's hyperparameters).
         compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
         placement, cudnn_workspace_mib: the memory levers, validated and applied by
             :class:`volseg.models.levers.MemoryLevers` (see there).
@@ -78,6 +91,7 @@ class SegmentationModule(LightningModule):
         include_background: bool = False,
         class_names: Sequence[str] | None = None,
         inferer: Inferer | None = None,
+        divisible_by: Sequence[int] | str | None = None,
         compile: bool = False,
         channels_last: bool = False,
         activation_checkpointing: str | Sequence[int] | None = None,
@@ -97,6 +111,7 @@ class SegmentationModule(LightningModule):
         self.include_background = include_background
         self._class_names = list(class_names) if class_names is not None else None
         self.inferer = inferer or SlidingWindowInferer(roi_size=(32, 64, 64), overlap=0.25)
+        self.divisible_by = divisible_by
         self.levers = MemoryLevers(
             activation_checkpointing=activation_checkpointing,
             offload_activations=offload_activations,
@@ -140,7 +155,9 @@ class SegmentationModule(LightningModule):
         self.net = self.levers.apply(self.net, "start")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``."""
+        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``; in training, a network
+        with deep supervision returns its outputs stacked, ``(B, S, num_classes, D, H, W)``
+        (DynUNet), or as a list."""
         return self.levers.forward(self.net, x, self.training)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -148,7 +165,7 @@ class SegmentationModule(LightningModule):
         loss = self.compute_loss(logits, batch["label"])
         if self.stop_on_nonfinite_loss:
             self._check_finite(loss)
-        self.log("train/loss", loss, prog_bar=True, batch_size=logits.shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["image"].shape[0])
         return loss
 
     def _check_finite(self, loss: torch.Tensor) -> None:
@@ -171,13 +188,19 @@ class SegmentationModule(LightningModule):
                 "trainer.precision=32 or trainer.gradient_clip_val=1.0"
             )
 
-    def compute_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``."""
-        return self.levers.loss(self._float_loss, logits, label.to(logits.device))
+    def compute_loss(self, logits: Any, label: torch.Tensor) -> torch.Tensor:
+        """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``.
+        Deep-supervision outputs (stacked ``(B, S, K, D, H, W)`` or a list, full resolution
+        first) reach the loss as a list, as MONAI's ``DeepSupervisionLoss`` takes them."""
+        device = (logits[0] if isinstance(logits, list | tuple) else logits).device
+        return self.levers.loss(self._float_loss, logits, label.to(device))
 
-    def _float_loss(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    def _float_loss(self, logits: Any, label: torch.Tensor) -> torch.Tensor:
         # cast inside the checkpoint: the float32 copy of the logits is then not kept either
-        return self.loss(logits.float(), label)
+        heads = deep_supervision_heads(logits, label)
+        if heads is None:
+            return self.loss(logits.float(), label)
+        return self.loss([head.float() for head in heads], label)
 
     @torch.no_grad()
     def predict_volume(self, image: torch.Tensor) -> torch.Tensor:

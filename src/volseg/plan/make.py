@@ -8,7 +8,9 @@ once, in this order (each step may read what the ones before decided):
    dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
    dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
 4. ``model.optimizer.lr`` (``auto``: from the number of foreground classes) and the network
-   for the patch: ``model.net.depth``, ``widths``, ``pooling``;
+   for the patch, through its adapter (:mod:`volseg.plan.network`): the constructor's channel
+   names, the family's own settings (UNet3D: ``depth``, ``widths``, ``pooling``),
+   ``model.divisible_by``, and the deep-supervision loss where the network has it;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
 7. the estimator's peak memory and FLOPs of one optimizer step of the planned run.
@@ -33,7 +35,7 @@ from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_pat
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
-from volseg.plan.network import plan_network
+from volseg.plan.network import divisible_by, network_adapter, plan_network
 from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
@@ -130,9 +132,11 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
     if auto_patch or want_fingerprint:
         fingerprint = dataset_fingerprint(data)
     if auto_patch:
-        net = cfg.model.get("net") or {}
-        # the patch must divide by what the network pools: 2^(levels - 1) per axis at most
-        multiple = 2 ** (len(net.get("widths") or [0, 0, 0, 0]) - 1)
+        # the patch must divide by what the network needs (its adapter's, or probed), on the
+        # axis that needs most
+        multiple = 8
+        if OmegaConf.select(cfg, "model.net") is not None:
+            multiple = max(divisible_by(cfg, network_adapter(cfg), None).value)
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
@@ -242,14 +246,13 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
     from volseg.memory.estimator import estimate
     from volseg.memory.planner import plan as search
-    from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 
     options = OmegaConf.select(cfg, "estimate") or {}
     answer = search(
         cfg,
         budget,
         "batch",
-        plain(options.get("checkpointing_options", CHECKPOINTING_CHOICES)),
+        plain(options.get("checkpointing_options", "auto")),
         int(options.get("max_batch_size", 256)),
         as_configured=configured,
     )
@@ -325,10 +328,8 @@ def make_plan(
         decisions["model.optimizer.lr"] = lr
 
     net = OmegaConf.select(cfg, "model.net")
-    if isinstance(net, DictConfig) and "widths" in net and "patch_size" in cfg.data:
-        for key, decision in plan_network(net, cfg.data.patch_size).items():
-            decisions[key] = decision
-            _set(cfg, key, decision.value)
+    if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:
+        decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
     estimate = _plan_step(cfg, decisions, estimate_step, fit_budget) if "model" in cfg else {}

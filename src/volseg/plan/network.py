@@ -1,79 +1,135 @@
-"""The U-Net's topology for a patch: depth and per-level pooling kernels, planned as nnU-Net
-plans its networks (pool an axis while it keeps a few voxels), so the network is built with
-explicit values (:class:`volseg.models.unet.UNet3D` plans nothing)."""
+"""The network planned for the training patch, through its adapter
+(:func:`volseg.models.networks.adapter_for`): the constructor's names for the channel counts,
+the family's own settings (UNet3D: depth and per-level pooling, planned as nnU-Net plans its
+networks), the patch divisibility (``model.divisible_by``), and the loss for a network with deep
+supervision. Nothing here reads a network's own keys; the adapters do."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue
 
-from volseg.models.unet import (
-    AUTO_MIN_POOLED,
-    Pooling,
-    check_patch_poolable,
-    pooling_factors,
-    total_pooling,
-    widths_for_depth,
-)
+from volseg.models.networks import NetworkAdapter, adapter_for
+from volseg.models.networks.probe import channel_names, describe, probe_divisibility
 from volseg.plan.run_plan import Decision
 from volseg.utils.config import plain
-from volseg.utils.errors import at_config_key
+from volseg.utils.errors import UserInputError, at_config_key
 
-#: the config keys of check_patch_poolable's values
-PATCH_CONFIG_KEYS = {
-    "patch_size": "data.patch_size",
-    "widths": "model.net.widths",
-    "pooling": "model.net.pooling",
-}
+#: MONAI's loss for networks with one output per decoder level
+DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
 
 
-def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
-    """Levels for ``depth=auto``: pool until no axis of ``patch_size`` can be pooled
-    again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
-    with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
-    a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
-    counts = []
-    for extent in (int(p) for p in patch_size):
-        n = 0
-        while extent >= 2 * AUTO_MIN_POOLED:
-            extent //= 2
-            n += 1
-        counts.append(n)
-    return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
-def plan_network(net: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
-    """``model.net.widths``, ``depth`` and ``pooling`` for the training patch ``patch``
-    ([D, H, W] voxels): ``depth=auto`` and ``pooling=auto`` planned, explicit values checked
-    against the patch (one error naming the keys when an axis would pool to nothing)."""
-    patch = [int(p) for p in patch]
-    widths = [int(w) for w in net.widths]
-    pooling: Any = plain(net.get("pooling"))
-    depth = net.get("depth")
-    out: dict[str, Decision] = {}
-    if depth == "auto":
-        levels = auto_depth(pooling, patch)
-        widths = widths_for_depth(widths, levels)
-        out["model.net.depth"] = Decision(
-            levels, "planned", f"pooled until no axis of the patch {patch} can be halved again"
-        )
-        out["model.net.widths"] = Decision(widths, "planned", "model.net.widths cut or extended")
-    else:
-        if depth is not None:
-            widths = widths_for_depth(widths, int(depth))
-        out["model.net.depth"] = Decision(len(widths), "configured")
-        out["model.net.widths"] = Decision(widths, "configured")
+def network_class(net: DictConfig) -> type:
+    """The class ``model.net._target_`` names; one :class:`UserInputError` when it is missing
+    or does not import."""
     try:
-        factors = pooling_factors(widths, pooling, patch)
-        check_patch_poolable(widths, pooling, patch, names=PATCH_CONFIG_KEYS)
+        target = net._target_
+    except MissingMandatoryValue:
+        raise UserInputError(
+            "model.net._target_ is missing: name your network's class, e.g. "
+            "model/net=custom model.net._target_=my_module.MyNet"
+        ) from None
+    try:
+        return get_class(str(target))
+    except Exception as err:
+        raise UserInputError(
+            f"model.net._target_={target}: does not import ({str(err).splitlines()[0]})"
+        ) from None
+
+
+def network_adapter(cfg: DictConfig) -> NetworkAdapter:
+    """The adapter of the network ``cfg.model.net`` names."""
+    return adapter_for(network_class(cfg.model.net))
+
+
+def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:
+    """``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them by."""
+    names = channel_names(cls)
+    net = cfg.model.net
+    for key in ("in_channels", "num_classes"):
+        name = names.get(key)
+        if key not in net or name is None or name == key:
+            continue
+        value = net[key]
+        with open_dict(net):
+            del net[key]
+            net[name] = value
+        decisions[f"model.net.{name}"] = Decision(
+            plain(value), "planned", f"{key}, by the name {cls.__name__} takes it"
+        )
+
+
+def divisible_by(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int] | None) -> Decision:
+    """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed. ``patch``:
+    the training patch; ``None``: before one is planned (for ``data.patch_size=auto``)."""
+    configured = plain(cfg.model.get("divisible_by", "auto"))
+    if configured not in (None, "auto"):
+        value = [configured] * 3 if isinstance(configured, int) else configured
+        ok = isinstance(value, list) and len(value) == 3
+        if not (
+            ok and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        ):
+            raise UserInputError(
+                f"model.divisible_by={configured}: expected auto, an int > 0 or [D, H, W] > 0"
+            )
+        return Decision(value, "configured")
+    net = cfg.model.net
+    known = adapter.divisibility(net, patch) if patch is not None else adapter.patch_multiple(net)
+    if known is not None:
+        why = f"{adapter.family}: its settings make each side divide by {describe(known)}"
+        return Decision(list(known), "planned", why)
+    try:
+        probed = probe_divisibility(net, int(cfg.get("in_channels", 1)))
     except ValueError as err:
-        raise at_config_key(str(err), "model.net") from None
-    bottleneck = [p // f for p, f in zip(patch, total_pooling(factors), strict=True)]
-    if pooling == "auto":
-        why = f"an axis pooled while it keeps >= {AUTO_MIN_POOLED} voxels; bottleneck {bottleneck}"
-        out["model.net.pooling"] = Decision(factors, "planned", why)
-    else:
-        out["model.net.pooling"] = Decision(factors, "configured", f"bottleneck {bottleneck}")
-    return out
+        raise at_config_key(str(err), "model") from None
+    why = f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})"
+    return Decision(probed, "planned", why)
+
+
+def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision | None:
+    """For a network with one output per decoder level in training, the configured loss inside
+    MONAI's ``DeepSupervisionLoss`` (unless it already is one)."""
+    if not adapter.deep_supervision(cfg.model.net) or "loss" not in cfg.model:
+        return None
+    loss = cfg.model.loss
+    if str(loss.get("_target_")) == DEEP_SUPERVISION_LOSS:
+        return Decision(DEEP_SUPERVISION_LOSS, "configured")
+    inner = OmegaConf.to_container(loss, resolve=True)
+    _set(
+        cfg,
+        "model.loss",
+        {"_target_": DEEP_SUPERVISION_LOSS, "weight_mode": "exp", "weights": None, "loss": inner},
+    )
+    why = (
+        f"{adapter.family} returns one output per decoder level in training: "
+        f"{inner.get('_target_')} on each, weighed 1, 1/2, 1/4, ... (weight_mode exp)"
+    )
+    return Decision(DEEP_SUPERVISION_LOSS, "planned", why)
+
+
+def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
+    """The network of ``cfg.model.net`` planned for the training patch ``patch`` ([D, H, W]
+    voxels); ``cfg`` is updated with every planned value. One :class:`UserInputError` naming
+    the key for a value the network cannot take."""
+    cls = network_class(cfg.model.net)
+    adapter = adapter_for(cls)
+    decisions: dict[str, Decision] = {}
+    _rename_channels(cfg, cls, decisions)
+    for planned in adapter.plan(cfg.model.net, patch):
+        decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
+        _set(cfg, planned.key, planned.value)
+    decisions["model.divisible_by"] = divisible_by(cfg, adapter, patch)
+    _set(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
+    loss = _deep_supervision_loss(cfg, adapter)
+    if loss is not None:
+        decisions["model.loss._target_"] = loss
+    return decisions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib.util
 import logging
@@ -19,6 +20,7 @@ from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.network import plan_network
 from volseg.utils.checkpoint import check_weights_fit, load_run_config
+from volseg.utils.config import plain
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import (
@@ -70,14 +72,13 @@ def check_strategy_device(trainer_cfg: DictConfig) -> None:
 
 
 def check_patch_fits_network(cfg: DictConfig) -> None:
-    """One clear error, before any work, when ``data.patch_size`` is thinner than the U-Net's
-    poolings (``model.net.widths``/``model.net.pooling``) or the pooling setting is invalid
-    (what the plan checks: :func:`volseg.plan.network.plan_network`)."""
-    net = cfg.model.get("net")
+    """One clear error, before any work, when ``data.patch_size`` does not fit the network (a
+    UNet3D axis thinner than its poolings, an invalid pooling setting, a network class that
+    does not import): what the plan checks, :func:`volseg.plan.network.plan_network`."""
     patch = cfg.data.get("patch_size")
-    if net is None or "widths" not in net or patch is None or len(patch) != 3:
-        return  # not a U-Net config; a malformed patch is the datamodule's error
-    plan_network(net, patch)
+    if cfg.model.get("net") is None or patch is None or len(patch) != 3 or patch == "auto":
+        return  # a malformed patch is the datamodule's error
+    plan_network(copy.deepcopy(cfg), plain(patch))
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -80,8 +80,6 @@ def check_weights_fit(
         net = model_cfg.get("net", {})
         raise UserInputError(
             f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
-            f"(in_channels={net.get('in_channels')}, num_classes={net.get('num_classes')}, "
-            f"widths={list(net.get('widths', []))}); drop model.* overrides that change the "
-            "network",
+            f"({net.get('_target_')}); drop model.* overrides that change the network",
             shown,
         )

@@ -1,0 +1,56 @@
+"""Networks: the contract between a network and the plan, the planner and the memory levers.
+
+:func:`adapter_for` gives the :class:`NetworkAdapter` of a network class (by its ``_target_`` or
+a built module): a family's own adapter where one is registered in :data:`ADAPTERS`, else the
+generic one, right for any ``nn.Module``. docs/networks.md says what each offers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.utils import get_class
+from torch import nn
+
+from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned, child_blocks
+from volseg.models.networks.monai_nets import (
+    BasicUNetAdapter,
+    DynUNetAdapter,
+    SegResNetAdapter,
+    SwinUNETRAdapter,
+)
+from volseg.models.networks.unet3d import UNet3DAdapter
+
+__all__ = [
+    "ADAPTERS",
+    "CheckpointSpec",
+    "NetworkAdapter",
+    "Planned",
+    "adapter_for",
+    "child_blocks",
+]
+
+#: (class path, adapter): a network class that is (a subclass of) one of these gets its adapter
+ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (
+    ("volseg.models.unet.UNet3D", UNet3DAdapter()),
+    ("monai.networks.nets.DynUNet", DynUNetAdapter()),
+    ("monai.networks.nets.SegResNet", SegResNetAdapter()),
+    ("monai.networks.nets.SwinUNETR", SwinUNETRAdapter()),
+    ("monai.networks.nets.BasicUNet", BasicUNetAdapter()),
+)
+GENERIC = NetworkAdapter()
+
+
+def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
+    """The adapter of ``network``: a class path (a config's ``_target_``), a class or a module.
+    A path that does not import raises ``ImportError``."""
+    if isinstance(network, nn.Module):
+        cls: Any = type(network)
+    elif isinstance(network, str):
+        cls = get_class(network)
+    else:
+        cls = network
+    for path, adapter in ADAPTERS:
+        if isinstance(cls, type) and issubclass(cls, get_class(path)):
+            return adapter
+    return GENERIC

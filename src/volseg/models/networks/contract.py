@@ -1,0 +1,190 @@
+"""The network contract: what the plan, the planner and the memory levers need from a network.
+
+:class:`NetworkAdapter` is the generic adapter, right for any ``nn.Module`` that maps
+``(B, C_in, D, H, W)`` to logits ``(B, K, D, H, W)``; a network family with more to say (its
+divisibility from its own settings, a topology to plan, its own checkpointing flag, deep
+supervision) subclasses it (:mod:`volseg.models.networks.unet3d`,
+:mod:`volseg.models.networks.monai_nets`). Nothing outside the adapters reads a network's own
+config keys.
+
+Config side (the plan, before anything is built): :meth:`NetworkAdapter.plan`,
+:meth:`NetworkAdapter.divisibility`, :meth:`NetworkAdapter.deep_supervision`. Module side (the
+levers, on the built network): :meth:`NetworkAdapter.check_checkpointing`,
+:meth:`NetworkAdapter.apply_checkpointing`, :meth:`NetworkAdapter.check_placement`,
+:meth:`NetworkAdapter.place`. Errors are ``ValueError`` naming the lever's key below ``model.``
+(``activation_checkpointing ...``, ``placement ...``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.utils._pytree import tree_map
+
+from volseg.models.checkpointing import checkpoint_segment
+
+#: a checkpointing setting: a named choice, UNet3D's level indices, or submodule names
+CheckpointSpec = str | Sequence[int] | Sequence[str] | None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One value the adapter decided or checked for the plan: ``key`` (a config key, e.g.
+    ``model.net.depth``), its ``value``, ``source`` (``configured`` or ``planned``), ``why``."""
+
+    key: str
+    value: Any
+    source: str
+    why: str = ""
+
+
+def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The network's blocks, by qualified name: its children that hold parameters, the entries
+    of a ``ModuleList``/``ModuleDict`` child in its place. A child that contains another block
+    (a chain of shared modules, as DynUNet's ``skip_layers``) is left out: checkpointing it
+    would checkpoint nearly the whole network as one segment."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, child in net.named_children():
+        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+            found += [(f"{name}.{n}", c) for n, c in child.named_children()]
+        else:
+            found.append((name, child))
+    found = [(n, m) for n, m in found if any(True for _ in m.parameters())]
+    ids = {id(m) for _, m in found}
+    return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
+
+
+def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
+    BatchNorm running statistics as the forward left them."""
+    return checkpoint_segment(partial(module, **kwargs), [module], *args)
+
+
+class NetworkAdapter:
+    """The generic adapter: any ``nn.Module``.
+
+    Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
+    unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
+    :func:`child_blocks`, a list of submodule names wraps those, with torch's
+    ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
+    by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
+    its device, and its inputs follow it there (a forward pre-hook calls ``Tensor.to``, which is
+    differentiable, so backward flows through every device).
+    """
+
+    #: what the adapter is for, in docs and errors
+    family = "any nn.Module"
+    #: the named checkpointing settings, least recomputation first (the planner tries them so)
+    checkpointing_choices: tuple[str, ...] = ("none", "all")
+    #: what a list in ``model.activation_checkpointing`` names
+    checkpointing_list = "submodule names"
+
+    # ---- config side -------------------------------------------------------------------
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """The network's own settings planned for the training patch ``patch`` ([D, H, W]
+        voxels), each as :class:`Planned`; checks that raise ``ValueError`` naming the key
+        below ``model.net``. The generic network plans nothing."""
+        return []
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int] | None:
+        """What each patch side ``[D, H, W]`` must divide by, from the network's settings (after
+        :meth:`plan`); ``None``: not known from the settings (the plan probes the network)."""
+        return None
+
+    def patch_multiple(self, net_cfg: Any) -> list[int] | None:
+        """What the sides of a patch planned from the data (``data.patch_size=auto``) must divide
+        by, before the patch is known; ``None``: not known from the settings (probed)."""
+        return self.divisibility(net_cfg, None)
+
+    def deep_supervision(self, net_cfg: Any) -> bool:
+        """Whether the network returns one output per decoder level in training."""
+        return False
+
+    # ---- module side -------------------------------------------------------------------
+    def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        """Raise ``ValueError`` when ``spec`` is not a setting this network takes."""
+        if spec is None or spec in self.checkpointing_choices:
+            return
+        if isinstance(spec, str) or not isinstance(spec, Sequence) or not spec:
+            raise self._bad_checkpointing(net, spec)
+        if not all(isinstance(name, str) for name in spec):
+            raise self._bad_checkpointing(net, spec)
+        for name in spec:
+            try:
+                net.get_submodule(name)
+            except AttributeError:
+                raise ValueError(
+                    f"activation_checkpointing: {type(net).__name__} has no submodule {name!r}; "
+                    f"its blocks: {', '.join(n for n, _ in child_blocks(net))}"
+                ) from None
+
+    def _bad_checkpointing(self, net: nn.Module, spec: Any) -> ValueError:
+        return ValueError(
+            f"activation_checkpointing: {type(net).__name__} ({self.family}) takes "
+            f"{', '.join(self.checkpointing_choices)} or a list of {self.checkpointing_list}; "
+            f"got {spec!r}"
+        )
+
+    def checkpointed_modules(self, net: nn.Module, spec: CheckpointSpec) -> list[nn.Module]:
+        """The modules ``spec`` checkpoints."""
+        if spec is None or spec == "none":
+            return []
+        if spec == "all":
+            return [m for _, m in child_blocks(net)]
+        return [net.get_submodule(name) for name in spec]
+
+    def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        """Checkpoint what ``spec`` chooses, in place (state_dict keys unchanged: torch's
+        checkpoint wrapper strips its prefix)."""
+        chosen = {id(m) for m in self.checkpointed_modules(net, spec)}
+        if chosen:
+            apply_activation_checkpointing(
+                net,
+                checkpoint_wrapper_fn=partial(
+                    checkpoint_wrapper, checkpoint_fn=_recompute_keeping_norm_statistics
+                ),
+                check_fn=lambda module: id(module) in chosen,
+            )
+
+    def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:
+        """Raise ``ValueError`` when ``placement`` names no submodule of ``net``."""
+        for name in placement:
+            try:
+                net.get_submodule(name)
+            except AttributeError:
+                raise ValueError(
+                    f"placement: {type(net).__name__} has no submodule {name!r}; "
+                    f"its blocks: {', '.join(n for n, _ in child_blocks(net))}"
+                ) from None
+
+    def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:
+        """Move each named submodule to its device; its tensor inputs follow it there."""
+        hooks = getattr(net, "_volseg_placement_hooks", [])
+        for handle in hooks:  # placed again at every stage's start: one hook per submodule
+            handle.remove()
+        hooks = []
+        for name, device in placement.items():
+            module = net.get_submodule(name)
+            module.to(device)
+            hooks.append(
+                module.register_forward_pre_hook(
+                    partial(_inputs_to, torch.device(device)), with_kwargs=True
+                )
+            )
+        net._volseg_placement_hooks = hooks
+
+
+def _inputs_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    def move(value: Any) -> Any:
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    return tree_map(move, args), tree_map(move, kwargs)

@@ -1,0 +1,75 @@
+"""Adapters for MONAI's 3D segmentation networks: their divisibility from their own settings,
+DynUNet's deep supervision, SwinUNETR's own checkpointing flag. Checkpointing and placement
+otherwise as for any network (:class:`~volseg.models.networks.contract.NetworkAdapter`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter
+from volseg.utils.config import plain
+
+
+def _per_axis(value: Any) -> list[int]:
+    """A MONAI kernel or stride setting (an int, or ``[z, y, x]``) as ``[z, y, x]``."""
+    value = plain(value)
+    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)] * 3
+
+
+class DynUNetAdapter(NetworkAdapter):
+    """MONAI's DynUNet (nnU-Net's plain-conv U-Net): divisible by the per-axis product of its
+    ``strides``; ``deep_supervision: true`` returns ``1 + deep_supr_num`` outputs in training."""
+
+    family = "MONAI DynUNet"
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        strides = [_per_axis(s) for s in plain(net_cfg.strides)]
+        return [math.prod(s[axis] for s in strides) for axis in range(3)]
+
+    def deep_supervision(self, net_cfg: Any) -> bool:
+        return bool(net_cfg.get("deep_supervision", False))
+
+
+class SegResNetAdapter(NetworkAdapter):
+    """MONAI's SegResNet: ``len(blocks_down) - 1`` stride-2 downsamplings."""
+
+    family = "MONAI SegResNet"
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        levels = len(plain(net_cfg.get("blocks_down", [1, 2, 2, 4])))
+        return [2 ** (levels - 1)] * 3
+
+
+class BasicUNetAdapter(NetworkAdapter):
+    """MONAI's BasicUNet: four 2x max-poolings (its decoder pads other sizes)."""
+
+    family = "MONAI BasicUNet"
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        return [16, 16, 16]
+
+
+class SwinUNETRAdapter(NetworkAdapter):
+    """MONAI's SwinUNETR: a patch embedding of ``patch_size`` then four 2x patch mergings (sides
+    divisible by ``patch_size * 16``, 32 by default); checkpointing ``all`` is MONAI's own
+    ``use_checkpoint`` on every Swin block."""
+
+    family = "MONAI SwinUNETR"
+    checkpointing_list = "nothing (SwinUNETR's own flag checkpoints every Swin block)"
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        return [int(net_cfg.get("patch_size", 2)) * 16] * 3
+
+    def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        if spec is not None and spec not in self.checkpointing_choices:
+            raise self._bad_checkpointing(net, spec)
+
+    def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        if spec == "all":
+            for module in net.modules():
+                if hasattr(module, "use_checkpoint"):
+                    module.use_checkpoint = True

@@ -1,0 +1,109 @@
+"""What the plan learns about a network it has no adapter knowledge of: the constructor's names
+for the channel counts, and the patch divisibility, probed on meta tensors (shapes only: no
+memory is allocated and no arithmetic is done)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+#: what constructors call the image channels and the classes, volseg's name first
+IN_CHANNEL_NAMES = (
+    "in_channels",
+    "n_channels",
+    "in_ch",
+    "in_chans",
+    "input_channels",
+    "num_input_channels",
+    "n_input_channels",
+    "channels_in",
+)
+CLASS_NAMES = (
+    "num_classes",
+    "out_channels",
+    "n_classes",
+    "classes",
+    "out_ch",
+    "output_channels",
+    "num_output_channels",
+    "n_output_channels",
+    "channels_out",
+)
+#: the probe tries sides 3 * 2^k for k up to this (a multiple of up to 64 is found)
+MAX_POWER = 6
+
+
+def channel_names(cls: type) -> dict[str, str]:
+    """``{"in_channels": name, "num_classes": name}``: the names ``cls``'s constructor takes
+    the channel counts by (the first of :data:`IN_CHANNEL_NAMES` / :data:`CLASS_NAMES` it has);
+    a count it takes by none of them, and it has no ``**kwargs``, is left out."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {"in_channels": "in_channels", "num_classes": "num_classes"}
+    out = {}
+    for key, names in (("in_channels", IN_CHANNEL_NAMES), ("num_classes", CLASS_NAMES)):
+        found = next((n for n in names if n in params), None)
+        if found is not None:
+            out[key] = found
+    return out
+
+
+def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str) -> bool:
+    """Whether ``net`` maps an input of ``shape`` to an output of the same spatial shape."""
+    try:
+        with torch.no_grad():
+            out = net(torch.empty(1, in_channels, *shape, device=device))
+    except Exception:  # any complaint about the shape: it does not take that shape
+        return False
+    out = out[0] if isinstance(out, list | tuple) else out
+    return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
+
+
+def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
+    """Per axis ``[D, H, W]``, the smallest ``2^k`` such that the network built from
+    ``net_cfg`` (on the meta device) keeps every side ``3 * 2^j`` (``k <= j <=`` :data:`MAX_POWER`)
+    of that axis, the others at ``3 * 2^MAX_POWER``. Raises ``ValueError`` when even the largest
+    side is not kept."""
+    options = OmegaConf.to_container(net_cfg, resolve=True)
+    try:
+        with torch.device("meta"):
+            net = hydra.utils.instantiate(options)
+        fake: Any = contextlib.nullcontext()
+        device = "meta"
+    except Exception:  # a constructor that reads a value (.item()): built for real, run on fakes
+        net = hydra.utils.instantiate(options)
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        device = "cpu"
+    net.eval()  # one output, as validation and prediction see it
+    large = 3 * 2**MAX_POWER
+    divisors = []
+    for axis in range(3):
+        with fake:
+            kept = [
+                _fits(
+                    net, in_channels, [3 * 2**k if a == axis else large for a in range(3)], device
+                )
+                for k in range(MAX_POWER + 1)
+            ]
+        if not kept[-1]:
+            raise ValueError(
+                f"divisible_by: probing {options.get('_target_')} on meta tensors, no side up to "
+                f"{large} voxels kept its shape on axis {'DHW'[axis]}; set model.divisible_by="
+                "[D,H,W] (what each patch side must divide by)"
+            )
+        first = MAX_POWER
+        while first > 0 and kept[first - 1]:
+            first -= 1
+        divisors.append(2**first)
+    return divisors
+
+
+def describe(value: Any) -> str:
+    """A divisibility ``[d, h, w]`` as text: ``16`` when the axes agree."""
+    return str(value[0]) if len(set(value)) == 1 else str(list(value))

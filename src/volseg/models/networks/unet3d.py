@@ -1,0 +1,133 @@
+"""volseg's :class:`~volseg.models.unet.UNet3D`: depth and per-level pooling planned from the
+patch as nnU-Net plans its networks (pool an axis while it keeps a few voxels), checkpointing by
+level, and its own encoder/decoder split."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES, checkpoint_levels
+from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned
+from volseg.models.unet import (
+    AUTO_MIN_POOLED,
+    Pooling,
+    check_patch_poolable,
+    pooling_factors,
+    total_pooling,
+    widths_for_depth,
+)
+from volseg.utils.config import plain
+from volseg.utils.errors import at_config_key
+
+#: the config keys of check_patch_poolable's values
+PATCH_CONFIG_KEYS = {
+    "patch_size": "data.patch_size",
+    "widths": "model.net.widths",
+    "pooling": "model.net.pooling",
+}
+
+
+def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
+    """Levels for ``depth=auto``: pool until no axis of ``patch_size`` can be pooled
+    again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
+    with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
+    a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
+    counts = []
+    for extent in (int(p) for p in patch_size):
+        n = 0
+        while extent >= 2 * AUTO_MIN_POOLED:
+            extent //= 2
+            n += 1
+        counts.append(n)
+    return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class UNet3DAdapter(NetworkAdapter):
+    """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by
+    the per-axis product of its poolings; checkpointing ``none``/``decoder``/``encoder``/``all``
+    or level indices (its own per-conv-unit segments); placement ``{encoder, decoder}``."""
+
+    family = "volseg UNet3D"
+    checkpointing_choices = CHECKPOINTING_CHOICES
+    checkpointing_list = "level indices (0 = full resolution)"
+
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """``depth=auto`` and ``pooling=auto`` planned, explicit values checked against the
+        patch (one error naming the keys when an axis would pool to nothing)."""
+        patch = [int(p) for p in patch]
+        widths = [int(w) for w in net_cfg.widths]
+        pooling: Any = plain(net_cfg.get("pooling"))
+        depth = net_cfg.get("depth")
+        out: list[Planned] = []
+        if depth == "auto":
+            levels = auto_depth(pooling, patch)
+            widths = widths_for_depth(widths, levels)
+            why = f"pooled until no axis of the patch {patch} can be halved again"
+            out.append(Planned("model.net.depth", levels, "planned", why))
+            out.append(Planned("model.net.widths", widths, "planned", "cut or extended"))
+        else:
+            if depth is not None:
+                widths = widths_for_depth(widths, int(depth))
+            out.append(Planned("model.net.depth", len(widths), "configured"))
+            out.append(Planned("model.net.widths", widths, "configured"))
+        try:
+            factors = pooling_factors(widths, pooling, patch)
+            check_patch_poolable(widths, pooling, patch, names=PATCH_CONFIG_KEYS)
+        except ValueError as err:
+            raise at_config_key(str(err), "model.net") from None
+        bottleneck = [p // f for p, f in zip(patch, total_pooling(factors), strict=True)]
+        if pooling == "auto":
+            kept = f"an axis pooled while it keeps >= {AUTO_MIN_POOLED} voxels"
+            why = f"{kept}; bottleneck {bottleneck}"
+            out.append(Planned("model.net.pooling", factors, "planned", why))
+        else:
+            out.append(
+                Planned("model.net.pooling", factors, "configured", f"bottleneck {bottleneck}")
+            )
+        return out
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int]) -> list[int]:
+        widths = net_cfg.get("widths") or [0]
+        try:
+            factors = pooling_factors(widths, plain(net_cfg.get("pooling")), patch)
+        except ValueError as err:
+            raise at_config_key(str(err), "model.net") from None
+        return total_pooling(factors)
+
+    def patch_multiple(self, net_cfg: Any) -> list[int]:
+        """Explicit kernels: their product; ``null`` or ``auto``: ``2^(levels - 1)`` on every
+        axis (``auto`` pools an axis at most that often)."""
+        pooling = plain(net_cfg.get("pooling"))
+        if isinstance(pooling, list):
+            return self.divisibility(net_cfg, None)
+        return [2 ** (len(net_cfg.get("widths") or [0]) - 1)] * 3
+
+    def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        if spec is None or spec in self.checkpointing_choices:
+            return
+        ok = isinstance(spec, Sequence) and not isinstance(spec, str) and spec
+        if not (
+            ok and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec)
+        ):
+            raise self._bad_checkpointing(net, spec)
+        checkpoint_levels(spec, net.depth)  # levels outside the network's depth: ValueError
+
+    def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        net.set_activation_checkpointing(spec)
+
+    def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:
+        if set(placement) != {"encoder", "decoder"}:
+            raise ValueError(
+                f"placement: UNet3D is split as {{encoder: DEVICE, decoder: DEVICE}}; "
+                f"got {dict(placement)}"
+            )
+
+    def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:
+        net.place(placement["encoder"], placement["decoder"])
