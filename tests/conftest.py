@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
+from lightning.pytorch import Callback
 from omegaconf import DictConfig
 
 from volseg.data.cases import case_problems
@@ -58,15 +60,56 @@ def planned_config(
     return make_plan(cfg, estimate_step=False).run_config()
 
 
-def foreground_mean_dice(metrics: dict, background: str = "background") -> float:
-    """The mean of the per-class ``val/dice_<class>`` values in ``metrics`` without background:
-    what ``val/dice_mean`` must be (the validation's own average, recomputed here)."""
-    skip = {"val/dice_mean", "val/dice_mean_best", f"val/dice_{background}"}
-    per_class = [
-        float(v) for k, v in metrics.items() if k.startswith("val/dice_") and k not in skip
-    ]
-    assert per_class, sorted(metrics)
-    return sum(per_class) / len(per_class)
+class ValidationPredictions(Callback):
+    """Saves the class indices each validation case was scored on, ``(D, H, W)``, as
+    ``out_dir/<case name>.npy`` (each validation overwrites them: the last one's remain, those
+    of the run's final ``val/*`` metrics). Added to a train run by
+    :func:`save_validation_predictions`."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        if trainer.sanity_checking or not outputs:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for pred, name in zip(outputs["pred"].cpu().numpy(), batch["name"], strict=True):
+            np.save(self.out_dir / f"{name}.npy", pred)
+
+
+def save_validation_predictions(out_dir: Path) -> list[str]:
+    """Train overrides that add :class:`ValidationPredictions` writing into ``out_dir``."""
+    key = "+callbacks.validation_predictions"
+    return [f"{key}._target_=tests.conftest.ValidationPredictions", f"{key}.out_dir={out_dir}"]
+
+
+def counted_dice(predictions: Path, labels: dict[str, np.ndarray], num_classes: int) -> list[float]:
+    """Per-class Dice of the saved predictions (:class:`ValidationPredictions`) against
+    ``labels`` (case name -> ``(D, H, W)`` class indices, read from the label files), counted
+    with numpy: 2|P∩L| / (|P| + |L|) per case and class, a class absent from a case's label left
+    out of that class's mean over cases, 0 for a class in no case's label (the module's
+    definition, ``SegmentationModule.accumulate_validation``, without its code)."""
+    assert sorted(p.name for p in predictions.glob("*.npy")) == sorted(f"{n}.npy" for n in labels)
+    scores: list[list[float]] = [[] for _ in range(num_classes)]
+    for name, label in labels.items():
+        pred = np.load(predictions / f"{name}.npy")
+        assert pred.shape == label.shape, (name, pred.shape, label.shape)
+        for k in range(num_classes):
+            in_label, in_pred = label == k, pred == k
+            if in_label.any():
+                overlap = np.logical_and(in_pred, in_label).sum()
+                scores[k].append(2 * overlap / (in_pred.sum() + in_label.sum()))
+    return [float(np.mean(s)) if s else 0.0 for s in scores]
+
+
+def assert_logged_dice(metrics: dict, class_names: list[str], dice: list[float]) -> None:
+    """``val/dice_<class>`` is ``dice`` (:func:`counted_dice`) for every class, and
+    ``val/dice_mean`` their mean without the background (the first class)."""
+    logged = {name: float(metrics[f"val/dice_{name}"]) for name in class_names}
+    assert logged == pytest.approx(dict(zip(class_names, dice, strict=True)), abs=1e-6)
+    assert float(metrics["val/dice_mean"]) == pytest.approx(np.mean(dice[1:]), abs=1e-6)
 
 
 def tiny_train_overrides(data_root: Path) -> list[str]:

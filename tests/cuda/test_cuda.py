@@ -7,6 +7,7 @@ estimator against real CUDA steps.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import pickle
@@ -20,14 +21,21 @@ from monai.losses import DiceCELoss
 
 from tests.conftest import (
     REPO,
+    SMALL_SHAPE,
+    assert_logged_dice,
     compose_config,
-    foreground_mean_dice,
+    counted_dice,
     load_benchmark,
+    save_validation_predictions,
     tiny_train_overrides,
 )
+from volseg.data.io import read_array
+from volseg.data.synthetic import CLASS_NAMES
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 from volseg.tasks.train import train
+from volseg.utils.checkpoint import load_model, load_run_config
+from volseg.utils.instantiate import build
 
 pytestmark = [
     pytest.mark.cuda,
@@ -184,11 +192,44 @@ def test_placement_across_gpu_and_host_trains_with_the_unsplit_gradients(small_d
     assert {"mem/peak_allocated_mib", "mem/cpu/peak_allocated_mib"} <= keys
 
 
+def _stitched_on_host_and_device(ckpt: Path, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of the checkpoint's first validation volume, windows run on ``device``:
+    stitched by the checkpoint's own inferer (``model.inferer.device=cpu``: on the host) and by
+    a copy of it with ``device=None`` (on the input's device)."""
+    checkpoint, run_cfg = load_run_config(ckpt)
+    module = load_model(checkpoint, run_cfg.model, ckpt).to(device).eval()
+    datamodule = build(run_cfg.data, "data")
+    datamodule.setup("validate")
+    image = next(iter(datamodule.val_dataloader()))["image"].to(device)
+    on_host = module.inferer
+    assert str(on_host.device) == "cpu", on_host.device
+    on_device = copy.copy(on_host)
+    on_device.device = None
+    # the same cuDNN algorithms in both: the windows' logits are equal, the stitching is compared
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, deterministic=True):
+        return on_host(image, module), on_device(image, module)
+
+
 def test_validation_with_host_stitching(small_dataset, tmp_path):
-    metrics, _ = _run_dir_train(
-        small_dataset, tmp_path, "model.inferer.device=cpu", "trainer.max_epochs=1"
+    """``model.inferer.device=cpu``: the validation scores what it stitched on the host (its
+    Dice counted again from its predictions), and one checkpoint's logits of one volume are the
+    same stitched on the host as on the GPU."""
+    scored = tmp_path / "scored"
+    metrics, run_dir = _run_dir_train(
+        small_dataset,
+        tmp_path,
+        "model.inferer.device=cpu",
+        "trainer.max_epochs=1",
+        *save_validation_predictions(scored),
     )
-    assert float(metrics["val/dice_mean"]) == pytest.approx(foreground_mean_dice(metrics), abs=1e-6)
+    val = json.loads((small_dataset / "splits.json").read_text())["val"]
+    labels = {name: read_array(small_dataset / "labels" / name) for name in val}
+    assert_logged_dice(metrics, list(CLASS_NAMES), counted_dice(scored, labels, 5))
+
+    on_host, on_device = _stitched_on_host_and_device(run_dir / "checkpoints" / "last.ckpt", "cuda")
+    assert on_host.device.type == "cpu" and on_device.device.type == "cuda"
+    assert on_host.shape == (1, 5, *SMALL_SHAPE)
+    torch.testing.assert_close(on_host, on_device.cpu(), rtol=1e-4, atol=1e-4)
 
 
 def test_prediction_with_host_stitching(small_dataset, tmp_path):
