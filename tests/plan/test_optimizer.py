@@ -1,4 +1,5 @@
-"""``model.optimizer.lr=auto``: the rate planned from the foreground class count."""
+"""``model.optimizer.lr=auto`` in the run plan: the rate as a decision (the rule itself:
+tests/models/test_learning_rate.py)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,10 @@ import pytest
 
 from tests.conftest import compose_config
 from volseg.plan import make_plan
-from volseg.plan.optimizer import lr_for_classes, plan_learning_rate
+from volseg.plan.optimizer import plan_learning_rate
 from volseg.utils.errors import UserInputError
 
 RULE = {"few_classes": 4, "lr_few": 0.003, "many_classes": 32, "lr_many": 0.02}
-
-
-@pytest.mark.parametrize(
-    ("classes", "expected"),
-    [
-        (1, 0.003),
-        (4, 0.003),
-        (32, 0.02),
-        (83, 0.02),
-        # 16 is two thirds of the way from 4 to 32 in log scale
-        (16, 0.003 * (0.02 / 0.003) ** (2 / 3)),
-    ],
-)
-def test_few_and_many_classes_get_their_rates_and_log_linear_between(classes, expected):
-    assert lr_for_classes(classes, RULE) == pytest.approx(expected, rel=1e-9)
 
 
 def test_background_counts_when_the_loss_includes_it():

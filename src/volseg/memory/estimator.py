@@ -59,7 +59,7 @@ from volseg.memory.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
-from volseg.plan.optimizer import apply_learning_rate
+from volseg.models.learning_rate import resolve_learning_rate
 from volseg.utils.errors import UserInputError
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 from volseg.utils.units import MIB
@@ -242,7 +242,7 @@ def _step_config(
             cfg.model.activation_checkpointing = activation_checkpointing
         # compiling is not run on fake tensors here: it changes kernels, not what the step keeps
         cfg.model.compile = False
-    apply_learning_rate(cfg)  # lr=auto in a config that was not planned
+    resolve_learning_rate(cfg)  # lr=auto in a config that was not planned
     return cfg
 
 

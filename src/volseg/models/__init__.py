@@ -3,6 +3,7 @@
 - ``unet``: ``UNet3D`` and its blocks; ``checkpointing``, ``offload``: the mechanisms of the
   activation levers; ``levers``: ``MemoryLevers``, every lever validated and applied in one place.
 - ``segmentation_module``: loss, metrics, sliding-window validation; ``schedules``: LR schedules.
+- ``learning_rate``: ``model.optimizer.lr=auto`` from the number of foreground classes.
 - ``build``: ``build_model(cfg)``, the one place a config becomes the module (train.py, estimator).
 """
 

@@ -1,90 +1,44 @@
-"""``model.optimizer.lr=auto``: the learning rate planned from the number of foreground classes.
-
-Few-class tasks train best at a low rate; many-class tasks learn their regions one after
-another, and within a short budget they need a rate several times higher
-(docs/benchmarks.md, "Many classes"). The rule is ``model.optimizer.lr_by_classes``:
-``lr_few`` up to ``few_classes`` foreground classes, ``lr_many`` from ``many_classes``, and
-log-linear in the class count between them.
-"""
+"""``model.optimizer.lr=auto`` in the run plan: the rate from the foreground class count
+(the rule, ``model.optimizer.lr_by_classes``, is :mod:`volseg.models.learning_rate`'s), recorded
+as a :class:`~volseg.plan.run_plan.Decision`: ``configured`` for a number, ``planned`` from the
+rule."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
+from volseg.models.learning_rate import (
+    RULE_FIELDS,
+    RULE_KEY,
+    LearningRate,
+    learning_rate,
+    lr_for_classes,
+    resolve_learning_rate,
+)
 from volseg.plan.run_plan import Decision
-from volseg.utils.config import plain
-from volseg.utils.errors import UserInputError
 
-RULE_KEY = "model.optimizer.lr_by_classes"
-RULE_FIELDS = ("few_classes", "lr_few", "many_classes", "lr_many")
+__all__ = ["RULE_FIELDS", "RULE_KEY", "apply_learning_rate", "lr_for_classes", "plan_learning_rate"]
 
 
-def _positive(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UserInputError(f"{key}={value}: expected a number > 0")
-    return float(value)
-
-
-def lr_for_classes(foreground_classes: int, rule: Mapping[str, Any]) -> float:
-    """The rule's learning rate for ``foreground_classes`` (see the module docstring)."""
-    missing = [k for k in RULE_FIELDS if k not in rule]
-    if missing:
-        raise UserInputError(f"{RULE_KEY}: missing {', '.join(missing)} (needs {RULE_FIELDS})")
-    few, many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("few_classes", "many_classes"))
-    lr_few, lr_many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("lr_few", "lr_many"))
-    if many <= few:
-        raise UserInputError(
-            f"{RULE_KEY}: many_classes={rule['many_classes']} must be above "
-            f"few_classes={rule['few_classes']}"
-        )
-    if foreground_classes <= few:
-        return lr_few
-    if foreground_classes >= many:
-        return lr_many
-    share = math.log(foreground_classes / few) / math.log(many / few)
-    return lr_few * (lr_many / lr_few) ** share
+def _decision(rate: LearningRate) -> Decision:
+    if rate.why:
+        return Decision(rate.value, "planned", rate.why)
+    return Decision(rate.value, "configured")
 
 
 def plan_learning_rate(
     lr: Any, rule: Mapping[str, Any] | None, num_classes: int, include_background: bool
 ) -> Decision:
-    """``model.optimizer.lr``: a configured number as it is, ``auto`` from the rule for the
-    task's foreground classes (``num_classes`` counts background; with ``include_background``
-    every class counts)."""
-    if str(lr) != "auto":
-        return Decision(_positive(lr, "model.optimizer.lr"), "configured")
-    if rule is None:
-        raise UserInputError(f"model.optimizer.lr=auto needs {RULE_KEY} ({', '.join(RULE_FIELDS)})")
-    classes = num_classes if include_background else num_classes - 1
-    planned = lr_for_classes(classes, rule)
-    return Decision(
-        planned,
-        "planned",
-        f"{classes} foreground classes: {RULE_KEY} {dict(rule)}",
-    )
+    """``model.optimizer.lr`` as a decision (:func:`volseg.models.learning_rate.learning_rate`)."""
+    return _decision(learning_rate(lr, rule, num_classes, include_background))
 
 
 def apply_learning_rate(cfg: DictConfig) -> Decision | None:
-    """Plan ``cfg.model.optimizer.lr`` in place (:func:`plan_learning_rate` for ``cfg``'s
-    ``num_classes``) and take the rule out of the optimizer's arguments; ``None`` when ``cfg``
-    has no optimizer with a learning rate. The run plan calls it, and so does the memory
-    estimator given a config that was not planned (the rate changes no byte, but the optimizer
-    must build)."""
-    optimizer = OmegaConf.select(cfg, "model.optimizer")
-    if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
-        return None
-    rule = optimizer.get("lr_by_classes")
-    decision = plan_learning_rate(
-        optimizer.lr,
-        plain(rule) if rule is not None else None,
-        int(cfg.num_classes),
-        bool(OmegaConf.select(cfg, "model.include_background", default=False)),
-    )
-    with open_dict(cfg):
-        optimizer.lr = decision.value
-        optimizer.pop("lr_by_classes", None)  # the plan's, not the optimizer's argument
-    return decision
+    """Plan ``cfg.model.optimizer.lr`` in place and take the rule out of the optimizer's
+    arguments (:func:`volseg.models.learning_rate.resolve_learning_rate`); ``None`` when ``cfg``
+    has no optimizer with a learning rate."""
+    rate = resolve_learning_rate(cfg)
+    return None if rate is None else _decision(rate)

@@ -1,0 +1,98 @@
+"""``model.optimizer.lr=auto``: the learning rate from the number of foreground classes.
+
+Few-class tasks train best at a low rate; many-class tasks learn their regions one after
+another, and within a short budget they need a rate several times higher
+(docs/benchmarks.md, "Many classes"). The rule is ``model.optimizer.lr_by_classes``:
+``lr_few`` up to ``few_classes`` foreground classes, ``lr_many`` from ``many_classes``, and
+log-linear in the class count between them.
+
+The rule belongs to the optimizer's settings, so it lives with the model: the run plan
+(:mod:`volseg.plan.optimizer`) records the rate as a decision, and the memory estimator, given a
+config that was not planned, resolves it here without loading the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
+
+RULE_KEY = "model.optimizer.lr_by_classes"
+RULE_FIELDS = ("few_classes", "lr_few", "many_classes", "lr_many")
+
+
+class LearningRate(NamedTuple):
+    """A resolved ``model.optimizer.lr``: ``why`` says from what for a rate from the rule and is
+    empty for a configured number."""
+
+    value: float
+    why: str = ""
+
+
+def _positive(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UserInputError(f"{key}={value}: expected a number > 0")
+    return float(value)
+
+
+def lr_for_classes(foreground_classes: int, rule: Mapping[str, Any]) -> float:
+    """The rule's learning rate for ``foreground_classes`` (see the module docstring)."""
+    missing = [k for k in RULE_FIELDS if k not in rule]
+    if missing:
+        raise UserInputError(f"{RULE_KEY}: missing {', '.join(missing)} (needs {RULE_FIELDS})")
+    few, many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("few_classes", "many_classes"))
+    lr_few, lr_many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("lr_few", "lr_many"))
+    if many <= few:
+        raise UserInputError(
+            f"{RULE_KEY}: many_classes={rule['many_classes']} must be above "
+            f"few_classes={rule['few_classes']}"
+        )
+    if foreground_classes <= few:
+        return lr_few
+    if foreground_classes >= many:
+        return lr_many
+    share = math.log(foreground_classes / few) / math.log(many / few)
+    return lr_few * (lr_many / lr_few) ** share
+
+
+def learning_rate(
+    lr: Any, rule: Mapping[str, Any] | None, num_classes: int, include_background: bool
+) -> LearningRate:
+    """``model.optimizer.lr``: a configured number as it is, ``auto`` from the rule for the
+    task's foreground classes (``num_classes`` counts background; with ``include_background``
+    every class counts)."""
+    if str(lr) != "auto":
+        return LearningRate(_positive(lr, "model.optimizer.lr"))
+    if rule is None:
+        raise UserInputError(f"model.optimizer.lr=auto needs {RULE_KEY} ({', '.join(RULE_FIELDS)})")
+    classes = num_classes if include_background else num_classes - 1
+    return LearningRate(
+        lr_for_classes(classes, rule), f"{classes} foreground classes: {RULE_KEY} {dict(rule)}"
+    )
+
+
+def resolve_learning_rate(cfg: DictConfig) -> LearningRate | None:
+    """Set ``cfg.model.optimizer.lr`` in place (:func:`learning_rate` for ``cfg``'s
+    ``num_classes``) and take the rule out of the optimizer's arguments; ``None`` when ``cfg``
+    has no optimizer with a learning rate. The run plan calls it
+    (:func:`volseg.plan.optimizer.apply_learning_rate`), and so does the memory estimator given a
+    config that was not planned (the rate changes no byte, but the optimizer must build)."""
+    optimizer = OmegaConf.select(cfg, "model.optimizer")
+    if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
+        return None
+    rule = optimizer.get("lr_by_classes")
+    rate = learning_rate(
+        optimizer.lr,
+        plain(rule) if rule is not None else None,
+        int(cfg.num_classes),
+        bool(OmegaConf.select(cfg, "model.include_background", default=False)),
+    )
+    with open_dict(cfg):
+        optimizer.lr = rate.value
+        optimizer.pop("lr_by_classes", None)  # the rule's, not the optimizer's argument
+    return rate
