@@ -1,25 +1,42 @@
 """A model of PyTorch's CUDA caching allocator: from a sequence of allocations and frees to the
 peak of reserved memory.
 
-What is modelled (``c10/cuda/CUDACachingAllocator.cpp``, default settings): request sizes are
-rounded up to 512 bytes; requests of at most 1 MiB come from a small pool whose segments are
-2 MiB, larger ones from a large pool whose new segments are 20 MiB for requests under 10 MiB and
-the request rounded up to 2 MiB otherwise; a request takes the smallest cached block that fits
-(best fit), the rest of the block is split off when it is at least 512 bytes (small pool) or more
-than 1 MiB (large pool); a freed block merges with free neighbours of its segment and stays
-cached. Without a capacity segments are never released, as when memory is plentiful: reserved
-memory is the sum of the segments ever created. With a capacity (the GPU's memory less the CUDA
-context), a new segment that would not fit first makes the allocator release every wholly free
-cached segment and retry, as the real one does before it raises out-of-memory.
+What is modelled (``c10/cuda/CUDACachingAllocator.cpp``): request sizes are rounded up to 512
+bytes; requests of at most 1 MiB come from a small pool, larger ones from a large pool; a request
+takes the smallest cached block that fits (best fit); a freed block merges with free neighbours
+of its segment and stays cached. Without a capacity nothing is given back, as when memory is
+plentiful. With a capacity (the GPU's memory less the CUDA context), memory that would not fit
+first makes the allocator give back its free cached memory and retry, as the real one does
+before it raises out-of-memory. Two modes, as :class:`AllocatorSettings` says:
 
-Not modelled: ``expandable_segments``, ``max_split_size_mb`` and ``roundup_power2_divisions``
-settings, streams other than the default one, and memory that
-libraries allocate outside PyTorch's allocator (cuDNN/cuBLAS handles live in the CUDA context).
+- default (one ``cudaMalloc`` per segment): small-pool segments are 2 MiB, large-pool ones 20 MiB
+  for requests under 10 MiB and the request rounded up to 2 MiB otherwise; the rest of a block is
+  split off when it is at least 512 bytes (small pool) or more than 1 MiB (large pool); reserved
+  is the sum of the segments. Released: every wholly free segment.
+- ``expandable_segments:True``: one segment per pool (and stream) that grows by mapping pages, 2
+  MiB in the small pool and 20 MiB in the large one; a request no free block fits takes the
+  lowest address where free and unmapped room add up to it, and maps the pages it lacks (rounded
+  up to whole pages); the rest of a block is split off when it is at least 512 bytes. Reserved is
+  the mapped pages: at the peak about the allocated bytes rounded up to pages, plus what free
+  holes between live blocks hold. Released (``empty_cache``, or before out-of-memory): the pages
+  wholly inside free blocks are unmapped.
+
+``max_split_size_mb`` is modelled in both modes: a request below it does not take a cached block
+of at least that size, a request of at least that size does not take a block 20 MiB or more
+larger than itself, and (default mode) a block of a request at least that size is not split;
+under a capacity the cached blocks of at least that size are released first, only as many as the
+request needs.
+
+Not modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold`` (it acts only with
+a per-process memory fraction), the other allocator settings (none of them changes reserved
+memory), streams other than the default one, and memory that libraries allocate outside
+PyTorch's allocator (cuDNN/cuBLAS handles live in the CUDA context).
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
 
 from volseg.utils.units import MIB
@@ -32,6 +49,13 @@ SMALL_SEGMENT = 2 * MIB  # kSmallBuffer: segment size of the small pool
 LARGE_SEGMENT = 20 * MIB  # kLargeBuffer: segment for large requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
 ROUND_LARGE = 2 * MIB  # kRoundLarge: larger requests get segments rounded up to this
+# expandable segments map physical memory in pages of kSmallBuffer (small pool) and kLargeBuffer
+# (large pool): ExpandableSegment's segment_size_
+SMALL_PAGE = SMALL_SEGMENT
+LARGE_PAGE = LARGE_SEGMENT
+# an expandable segment reserves address space for 1 1/8 of the GPU's memory; the model's is
+# unbounded (the capacity bounds what is mapped)
+_ADDRESS_SPACE = 2**62
 
 
 def round_size(nbytes: int) -> int:
@@ -50,6 +74,29 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
+@dataclass(frozen=True)
+class AllocatorSettings:
+    """The allocator settings the model follows (torch's defaults: ``AllocatorSettings()``).
+
+    ``expandable_segments``: one growing segment per pool instead of one ``cudaMalloc`` per
+    segment; ``max_split_size``: bytes (``max_split_size_mb`` × MiB), ``None`` = unlimited.
+    """
+
+    expandable_segments: bool = False
+    max_split_size: int | None = None
+
+    @classmethod
+    def from_conf(cls, conf: str | None) -> AllocatorSettings:
+        """The settings of a ``PYTORCH_CUDA_ALLOC_CONF`` value (``key:value,...``); keys the
+        model does not follow are skipped, and so is a value torch would reject."""
+        expandable = re.search(r"(?:^|,)\s*expandable_segments\s*:\s*(\w+)", conf or "")
+        split = re.search(r"(?:^|,)\s*max_split_size_mb\s*:\s*(\d+)", conf or "")
+        return cls(
+            expandable_segments=bool(expandable and expandable.group(1) == "True"),
+            max_split_size=int(split.group(1)) * MIB if split else None,
+        )
+
+
 @dataclass
 class _Block:
     segment: int
@@ -57,11 +104,42 @@ class _Block:
     size: int
     small: bool
     free: bool = True
+    mapped: bool = True
     prev: _Block | None = field(default=None, repr=False)
     next: _Block | None = field(default=None, repr=False)
 
     def key(self) -> tuple[int, int, int]:
         return (self.size, self.segment, self.offset)
+
+    def split(self, size: int) -> _Block:
+        """Cut the first ``size`` bytes off: this block keeps them, the rest is returned."""
+        rest = _Block(
+            self.segment,
+            self.offset + size,
+            self.size - size,
+            self.small,
+            mapped=self.mapped,
+            prev=self,
+            next=self.next,
+        )
+        if self.next is not None:
+            self.next.prev = rest
+        self.next = rest
+        self.size = size
+        return rest
+
+    def absorb(self, other: _Block) -> None:
+        """Take in the neighbour ``other`` (before or after this block)."""
+        if other is self.prev:
+            self.offset = other.offset
+            self.prev = other.prev
+            if other.prev is not None:
+                other.prev.next = self
+        else:
+            self.next = other.next
+            if other.next is not None:
+                other.next.prev = self
+        self.size += other.size
 
 
 class OutOfMemory(Exception):
@@ -72,15 +150,21 @@ class CachingAllocatorModel:
     """Replays ``malloc``/``free`` calls; ``peak_reserved`` and ``peak_allocated`` in bytes.
 
     ``capacity``: bytes the allocator may reserve (``None``: unlimited); :class:`OutOfMemory` is
-    raised when a request does not fit even after releasing the free cached segments.
+    raised when a request does not fit even after releasing the free cached memory.
+    ``settings``: the allocator settings (default: torch's).
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(
+        self, capacity: int | None = None, settings: AllocatorSettings | None = None
+    ) -> None:
         self.capacity = capacity
-        # free blocks of each pool, sorted by (size, segment, offset) for best fit
+        self.settings = settings or AllocatorSettings()
+        # free (mapped) blocks of each pool, sorted by (size, segment, offset) for best fit
         self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
         self._by_key: dict[tuple[int, int, int], _Block] = {}
         self._live: dict[int, _Block] = {}
+        # expandable segments: the unmapped blocks of each pool's one segment
+        self._unmapped: dict[bool, list[_Block]] = {True: [], False: []}
         self._segments = 0
         self.reserved = 0
         self.allocated = 0
@@ -98,81 +182,230 @@ class CachingAllocatorModel:
         del pool[bisect.bisect_left(pool, key)]
         del self._by_key[key]
 
+    def _reserve(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.capacity is None or self.reserved + nbytes <= self.capacity
+
+    # -- malloc ---------------------------------------------------------------------------
+
     def malloc(self, handle: int, nbytes: int) -> None:
         """Allocate ``nbytes`` for the caller's ``handle`` (e.g. a storage id)."""
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
-        pool = self._free[small]
-        i = bisect.bisect_left(pool, (size, -1, -1))
-        if i < len(pool):
-            block = self._by_key[pool[i]]
-            self._remove_free(block)
-        else:
-            block = self._new_segment(segment_size(size), small)
+        block = self._cached_block(size, small)
+        if block is None:
+            block = self._with_release(size, small)
         remaining = block.size - size
-        if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
-            rest = _Block(
-                block.segment, block.offset + size, remaining, small, prev=block, next=block.next
-            )
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._insert_free(rest)
+        max_split = self.settings.max_split_size
+        if small or self.settings.expandable_segments:
+            split = remaining >= MIN_BLOCK
+        else:
+            split = (max_split is None or size < max_split) and remaining > SMALL_SIZE
+        if split:
+            self._insert_free(block.split(size))
         block.free = False
         self._live[handle] = block
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
-    def _new_segment(self, nbytes: int, small: bool) -> _Block:
-        if self.capacity is not None and self.reserved + nbytes > self.capacity:
-            self._release_cached()
-            if self.reserved + nbytes > self.capacity:
-                raise OutOfMemory(
-                    f"{nbytes} bytes more with {self.reserved} reserved is over {self.capacity}"
-                )
-        block = _Block(self._segments, 0, nbytes, small)
-        self._segments += 1
-        self.reserved += nbytes
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+    def _cached_block(self, size: int, small: bool) -> _Block | None:
+        """The best-fitting free block (``get_free_block``), taken out of the pool."""
+        pool = self._free[small]
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i == len(pool):
+            return None
+        if self.settings.expandable_segments:
+            # a block followed by unmapped room counts as the size it can grow to: a larger
+            # block that cannot grow is taken before it
+            while i + 1 < len(pool) and self._reach(pool[i + 1]) < self._reach(pool[i]):
+                i += 1
+        found = pool[i][0]
+        max_split = self.settings.max_split_size
+        if max_split is not None:
+            if size < max_split and found >= max_split:
+                return None  # no oversize block for a smaller request
+            if size >= max_split and found >= size + LARGE_SEGMENT:
+                return None  # an oversize block only for a request within 20 MiB of it
+        block = self._by_key[pool[i]]
+        self._remove_free(block)
         return block
 
-    def _release_cached(self) -> None:
-        """Give every wholly free segment back (``cudaFree``), as before an out-of-memory."""
-        for small in (True, False):
-            for key in list(self._free[small]):
-                block = self._by_key[key]
-                if block.prev is None and block.next is None:
-                    self._remove_free(block)
-                    self.reserved -= block.size
+    def _reach(self, key: tuple[int, int, int]) -> int:
+        block = self._by_key[key]
+        after = block.next
+        return block.size + (after.size if after is not None and not after.mapped else 0)
+
+    def _with_release(self, size: int, small: bool) -> _Block:
+        """New memory for a request no cached block serves; under a capacity the free cached
+        memory is released (oversize blocks first) and the request retried."""
+        block = self._new_memory(size, small)
+        if block is None and self._release_oversize(size):
+            block = self._new_memory(size, small)
+        if block is None:
+            self.release_cached()
+            block = self._new_memory(size, small)
+        if block is None:
+            raise OutOfMemory(
+                f"a request of {size} bytes with {self.reserved} reserved does not fit "
+                f"{self.capacity}"
+            )
+        return block
+
+    def _new_memory(self, size: int, small: bool) -> _Block | None:
+        """A free block of at least ``size`` bytes from the driver, outside the free pool, or
+        ``None`` when the capacity does not allow it."""
+        if self.settings.expandable_segments:
+            return self._expand(size, small)
+        nbytes = segment_size(size)
+        if not self._fits(nbytes):
+            return None
+        block = _Block(self._segments, 0, nbytes, small)
+        self._segments += 1
+        self._reserve(nbytes)
+        return block
+
+    # -- expandable segments --------------------------------------------------------------
+
+    def _expand(self, size: int, small: bool) -> _Block | None:
+        """``try_allocate_expandable_block``: the lowest address of the pool's segment where a
+        free block and the unmapped room after it (or unmapped room alone) hold ``size`` bytes;
+        the pages it lacks are mapped and merged into one free block."""
+        unmapped = self._unmapped[small]
+        if not unmapped:  # the pool's segment: all address space, nothing mapped yet
+            whole = _Block(self._segments, 0, _ADDRESS_SPACE, small, mapped=False)
+            self._segments += 1
+            unmapped.append(whole)
+        candidate = None
+        for block in unmapped:  # in address order
+            start = block.prev if block.prev is not None and block.prev.free else block
+            room, b = 0, start
+            while room < size and b is not None and b.free:
+                room += b.size
+                b = b.next
+            if room >= size:
+                candidate = start
+                break
+        assert candidate is not None  # the last unmapped block reaches to the address space's end
+        if not candidate.mapped:
+            candidate = self._map(candidate, size)
+        while candidate is not None and candidate.size < size:
+            # a free block, then unmapped room: map what it lacks (it merges into the block)
+            candidate = self._map(candidate.next, size - candidate.size)
+        if candidate is None:
+            return None  # what was mapped stays, as cached memory
+        self._remove_free(candidate)
+        return candidate
+
+    def _map(self, block: _Block, nbytes: int) -> _Block | None:
+        """``map_block``: map the pages that cover the first ``nbytes`` of the unmapped
+        ``block``; returns it merged with free neighbours, in the free pool, or ``None`` when
+        the capacity does not allow the pages."""
+        page = SMALL_PAGE if block.small else LARGE_PAGE
+        mapped = min(block.size, -(-nbytes // page) * page)
+        if not self._fits(mapped):
+            return None
+        unmapped = self._unmapped[block.small]
+        i = unmapped.index(block)
+        if mapped < block.size:
+            unmapped[i] = block.split(mapped)
+        else:
+            del unmapped[i]
+        block.mapped = True
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free and neighbour.mapped:
+                self._remove_free(neighbour)
+                block.absorb(neighbour)
+        self._insert_free(block)
+        self._reserve(mapped)
+        return block
+
+    # -- free and release -----------------------------------------------------------------
 
     def free(self, handle: int) -> None:
         """Return the block of ``handle`` to the cache, merged with free neighbours."""
         block = self._live.pop(handle)
         self.allocated -= block.size
         for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free:
+            if neighbour is not None and neighbour.free and neighbour.mapped:
                 self._remove_free(neighbour)
-                if neighbour is block.prev:
-                    neighbour.size += block.size
-                    neighbour.next = block.next
-                    if block.next is not None:
-                        block.next.prev = neighbour
-                    block = neighbour
-                else:
-                    block.size += neighbour.size
-                    block.next = neighbour.next
-                    if neighbour.next is not None:
-                        neighbour.next.prev = block
+                block.absorb(neighbour)
         self._insert_free(block)
+
+    def release_cached(self) -> None:
+        """Give the free cached memory back (``empty_cache``, or before out-of-memory): every
+        wholly free segment (``cudaFree``), or with expandable segments every page wholly inside
+        a free block (unmapped)."""
+        for small in (True, False):
+            for key in list(self._free[small]):
+                block = self._by_key[key]
+                if self.settings.expandable_segments:
+                    self._unmap(block)
+                elif block.prev is None and block.next is None:
+                    self._remove_free(block)
+                    self.reserved -= block.size
+
+    def _release_oversize(self, size: int) -> bool:
+        """``release_available_cached_blocks``: with ``max_split_size``, release the smallest
+        cached block of at least ``max(size, max_split_size)``, or else the largest oversize
+        ones until as many bytes are released; whether that much was."""
+        max_split = self.settings.max_split_size
+        if max_split is None or self.settings.expandable_segments:
+            return False
+        pool = self._free[False]
+        wanted = max(size, max_split)
+        i = bisect.bisect_left(pool, (wanted, -1, -1))
+        if i < len(pool):
+            chosen = [pool[i]]
+        else:
+            chosen, total = [], 0
+            for key in reversed(pool):
+                if total >= wanted or key[0] < max_split:
+                    break
+                chosen.append(key)
+                total += key[0]
+        released = 0
+        for key in chosen:
+            block = self._by_key[key]
+            if block.prev is None and block.next is None:  # a whole segment
+                self._remove_free(block)
+                self.reserved -= block.size
+                released += block.size
+        return released >= wanted
+
+    def _unmap(self, block: _Block) -> None:
+        """Unmap the pages wholly inside the free ``block`` (``unmap_block``)."""
+        page = SMALL_PAGE if block.small else LARGE_PAGE
+        begin = -(-block.offset // page) * page
+        end = (block.offset + block.size) // page * page
+        if begin >= end:
+            return
+        self._remove_free(block)
+        if begin > block.offset:  # the free bytes before the first whole page stay mapped
+            head, block = block, block.split(begin - block.offset)
+            self._insert_free(head)
+        if end < block.offset + block.size:  # and those after the last
+            self._insert_free(block.split(end - block.offset))
+        block.mapped = False
+        self.reserved -= block.size
+        unmapped = self._unmapped[block.small]
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.mapped:
+                unmapped.remove(neighbour)
+                block.absorb(neighbour)
+        bisect.insort(unmapped, block, key=lambda b: b.offset)
 
 
 def replay(
-    events: list[tuple[str, int, int]], capacity: int | None = None
+    events: list[tuple[str, int, int]],
+    capacity: int | None = None,
+    settings: AllocatorSettings | None = None,
 ) -> CachingAllocatorModel:
     """Run ``("malloc", handle, nbytes)`` / ``("free", handle, 0)`` events through the model
-    (other events, such as step marks, are skipped)."""
-    allocator = CachingAllocatorModel(capacity)
+    with ``settings`` (default: torch's); other events, such as step marks, are skipped."""
+    allocator = CachingAllocatorModel(capacity, settings)
     for op, handle, nbytes in events:
         if op == "malloc":
             allocator.malloc(handle, nbytes)

@@ -43,12 +43,12 @@ from functools import partial
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils.flop_counter import FlopCounterMode
 
-from volseg.memory.allocator import OutOfMemory, replay, round_size
+from volseg.memory.allocator import AllocatorSettings, OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.events import Event, held_peak
@@ -60,6 +60,7 @@ from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
 from volseg.models.learning_rate import resolve_learning_rate
+from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
 from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 from volseg.utils.units import MIB
@@ -114,6 +115,8 @@ class MemoryEstimate:
     def __post_init__(self) -> None:
         # the step's allocations and frees, in order, for replays under a budget
         self.events: list[tuple[str, int, int]] = []
+        # the allocator settings (memory.allocator) the reserved figures model
+        self.allocator = AllocatorSettings()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,7 +130,7 @@ class MemoryEstimate:
         # with the margin, the modelled allocator gets what is left after it
         capacity = int((budget - self.cuda_context) / (1 + self.margin))
         try:
-            allocator = replay(self.events, capacity=capacity)
+            allocator = replay(self.events, capacity=capacity, settings=self.allocator)
         except OutOfMemory:
             return None
         return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
@@ -542,12 +545,15 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
     return trace
 
 
-def _peaks(events: list[Event], device: str, settings: Any) -> dict[str, int]:
+def _peaks(
+    events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
+) -> dict[str, int]:
     """Peak allocated and reserved, the steady step's growth, the kernels' workspace and the CUDA
     context (bytes) of a traced step's allocation ``events`` on ``device``; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``)."""
+    ``estimate`` config (``cuda_context_mib``, ``gpu``); ``allocator_settings``: the caching
+    allocator's (``memory.allocator``)."""
     if device == "cuda":
-        allocator = replay(events)
+        allocator = replay(events, settings=allocator_settings)
         peak_allocated = allocator.peak_allocated
         # cuDNN's workspaces are the allocations with negative handles
         tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
@@ -614,8 +620,15 @@ def estimate(
     device, mode, step = _fake_step(
         cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
     )
+    allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
     return estimate_step(
-        step, mode, device, _precision(cfg, device), cfg.get("estimate") or {}, started
+        step,
+        mode,
+        device,
+        _precision(cfg, device),
+        cfg.get("estimate") or {},
+        started,
+        AllocatorSettings.from_conf(allocator),
     )
 
 
@@ -626,17 +639,20 @@ def estimate_step(
     precision: str,
     settings: Any = None,
     started: float | None = None,
+    allocator: AllocatorSettings | None = None,
 ) -> MemoryEstimate:
     """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
     :func:`module_training_step`) on ``device`` at ``precision``; ``settings``: the ``estimate``
-    config's ``cuda_context_mib`` and ``gpu`` (default: ``auto``, this machine's GPU).
+    config's ``cuda_context_mib`` and ``gpu`` (default: ``auto``, this machine's GPU);
+    ``allocator``: the CUDA caching allocator's settings (default: torch's).
     :func:`estimate` is this for a volseg config's step; any module's step can be estimated so."""
     started = time.perf_counter() if started is None else started
     trace = _trace_steps(step, mode, device)
     events = trace.tracker.events
     # saved tensors offloaded to the host live on the meta device: not on the estimated one
     by_category = trace.peak(skip_device_type="meta")
-    peaks = _peaks(events, device, settings or {})
+    allocator = allocator or AllocatorSettings()
+    peaks = _peaks(events, device, settings or {}, allocator)
     levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
@@ -660,6 +676,7 @@ def estimate_step(
         )
         result.margin, result.margin_source = margin.fraction, margin.source
     result.events = events
+    result.allocator = allocator
     return result
 
 

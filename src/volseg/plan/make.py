@@ -39,6 +39,7 @@ from volseg.plan.network import divisible_by, network_adapter, plan_network
 from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
+from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
@@ -307,6 +308,9 @@ def make_plan(
 
     device = plan_device(cfg)
     decisions["device"] = device
+    if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
+        allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
+        decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
     if OmegaConf.select(cfg, "estimate") is not None:
         _set(cfg, "estimate.device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "32")

@@ -15,6 +15,7 @@ import rich.tree
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
 
@@ -92,7 +93,9 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Run ``task(cfg)``; a :class:`UserInputError` becomes one stderr message and exit code 2,
+    """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment
+    (:func:`volseg.utils.alloc_conf.apply_allocator`); a :class:`UserInputError` becomes one
+    stderr message and exit code 2,
     a :class:`TrainingDiverged` (NaN/Inf loss) one message and exit code 1.
 
     In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
@@ -104,6 +107,9 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     _task_started = True
     multirun = in_multirun()
     try:
+        # first of all: memory.allocator into PYTORCH_CUDA_ALLOC_CONF, before anything starts
+        # CUDA (torch reads it once, when its allocator starts; child processes inherit it)
+        apply_allocator(run_allocator_node(cfg))
         check_mandatory(cfg)
         result = task(cfg)
     except Exception as raised:

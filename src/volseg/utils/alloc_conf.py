@@ -1,0 +1,219 @@
+"""``memory.allocator``: PyTorch's CUDA caching-allocator settings as config values, written into
+``PYTORCH_CUDA_ALLOC_CONF`` by the entry point before anything can start CUDA.
+
+torch reads the variable once, when its CUDA allocator starts (the first CUDA tensor), so a value
+set later has no effect; loader workers and DDP processes (forked, or launched again with this
+environment) inherit it. The keys are those torch 2.13's parser knows
+(``c10/core/AllocatorConfig.cpp``, ``c10/cuda/CUDAAllocatorConfig.cpp``), checked as it checks
+them: a bad key or value is one :class:`UserInputError` naming ``memory.allocator.<key>``, before
+any work, instead of torch's error when CUDA starts. ``backend`` is refused: torch reads it when
+it is imported, before any config is read, and the estimator models the native allocator only.
+
+Which value wins: with any key set, the config's replace a value already in the environment (a
+warning names the value replaced); with none set, the environment's value stays as the user set
+it. Either way :func:`resolve_allocator` says which, and the plan records it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from volseg.utils.errors import UserInputError
+
+log = logging.getLogger(__name__)
+
+#: the variable torch reads; torch >= 2.9 also reads PYTORCH_ALLOC_CONF (2.13 takes the CUDA one
+#: first, later versions the other): both are written, with the same value
+ENV = "PYTORCH_CUDA_ALLOC_CONF"
+ENV_GENERIC = "PYTORCH_ALLOC_CONF"
+NODE = "memory.allocator"
+MIB_MIN_SPLIT = 20  # kLargeBuffer in MiB: the least max_split_size_mb / max_non_split_rounding_mb
+
+
+def _flag(value: Any) -> str:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return str(value)  # torch takes True/False only
+
+
+def _whole(minimum: int, power_of_2: bool = False, maximum: int | None = None) -> Callable:
+    def check(value: Any) -> str:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        ok = ok and (maximum is None or value <= maximum)
+        ok = ok and (not power_of_2 or value & (value - 1) == 0)
+        if not ok:
+            kind = "a power of 2" if power_of_2 else "a whole number"
+            upto = f" and <= {maximum}" if maximum is not None else ""
+            raise ValueError(f"expected {kind} >= {minimum}{upto}")
+        return str(value)
+
+    return check
+
+
+def _fraction(include_one: bool) -> Callable:
+    def check(value: Any) -> str:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and value > 0 and (value <= 1 if include_one else value < 1)):
+            raise ValueError(f"expected a number in (0, 1{']' if include_one else ')'}")
+        return str(float(value))
+
+    return check
+
+
+def _divisions(value: Any) -> str:
+    """A power of 2 for every size, or ``{MiB: divisions, '>': divisions}`` (MiB a power of 2,
+    divisions 0 or a power of 2): torch's ``[256:1,512:2,>:4]``."""
+    if isinstance(value, Mapping):
+        parts = []
+        for size, divisions in value.items():
+            if str(size) != ">":
+                _whole(1, power_of_2=True)(int(size) if str(size).isdigit() else size)
+            if divisions != 0:
+                _whole(1, power_of_2=True)(divisions)
+            parts.append(f"{size}:{divisions}")
+        if not parts:
+            raise ValueError("expected at least one interval")
+        return f"[{','.join(parts)}]"
+    return _whole(1, power_of_2=True)(value)
+
+
+#: each option torch knows and how its value is checked and written
+OPTIONS: dict[str, Callable[[Any], str]] = {
+    "expandable_segments": _flag,
+    "max_split_size_mb": _whole(MIB_MIN_SPLIT),
+    "max_non_split_rounding_mb": _whole(MIB_MIN_SPLIT),
+    "garbage_collection_threshold": _fraction(include_one=False),
+    "roundup_power2_divisions": _divisions,
+    "release_lock_on_cudamalloc": _flag,
+    "pinned_use_cuda_host_register": _flag,
+    "pinned_num_register_threads": _whole(1, power_of_2=True, maximum=128),
+    "pinned_use_background_threads": _flag,
+    "pinned_reserve_segment_size_mb": _whole(1),
+    "graph_capture_record_stream_reuse": _flag,
+    "per_process_memory_fraction": _fraction(include_one=True),
+    "throw_on_cudamalloc_oom": _flag,
+}
+
+
+def alloc_conf(node: Any) -> str | None:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` value of a ``memory.allocator`` node (its keys that are
+    not null, in order), ``None`` when none is set. A bad key or value: one error naming it."""
+    if node is None:
+        return None
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, Mapping):
+        raise UserInputError(
+            f"{NODE}={node}: expected allocator options as keys, e.g. "
+            f"{NODE}.expandable_segments=true"
+        )
+    parts = []
+    for key, value in node.items():
+        if value is None:
+            continue
+        if key == "backend":
+            raise UserInputError(
+                f"{NODE}.backend: torch reads the allocator backend when it is imported, before "
+                f"any config; set {ENV}=backend:{value} in the environment instead (the "
+                "estimator models the native allocator only)"
+            )
+        if key not in OPTIONS:
+            raise UserInputError(
+                f"{NODE}.{key}: not an allocator option torch knows ({', '.join(OPTIONS)})"
+            )
+        try:
+            parts.append(f"{key}:{OPTIONS[key](value)}")
+        except (ValueError, TypeError) as err:
+            raise UserInputError(f"{NODE}.{key}={value}: {err}") from None
+    return ",".join(parts) or None
+
+
+def environment_conf(environ: Mapping[str, str] | None = None) -> str | None:
+    """The allocator settings in the environment, as torch 2.13 reads them (``ENV`` first)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV) or environ.get(ENV_GENERIC) or None
+
+
+@dataclass(frozen=True)
+class AllocatorChoice:
+    """The allocator settings a run uses: ``value`` (``PYTORCH_CUDA_ALLOC_CONF``; ``None``:
+    torch's defaults), ``source`` (``configured``, ``the environment``, ``default``), ``why``."""
+
+    value: str | None
+    source: str
+    why: str
+
+
+def resolve_allocator(node: Any, environ: Mapping[str, str] | None = None) -> AllocatorChoice:
+    """Which allocator settings a run with ``memory.allocator`` = ``node`` uses: the config's
+    when it sets any key, else the environment's, else torch's defaults."""
+    configured = alloc_conf(node)
+    present = environment_conf(environ)
+    if configured is not None:
+        why = f"{ENV}, set before CUDA starts"
+        if present is not None and present != configured:
+            why += f"; replaced {present!r} of the environment"
+        return AllocatorChoice(configured, "configured", why)
+    if present is not None:
+        return AllocatorChoice(present, "the environment", f"{ENV}; {NODE} sets no key")
+    return AllocatorChoice(None, "default", "torch's defaults")
+
+
+def apply_allocator(node: Any, environ: MutableMapping[str, str] | None = None) -> AllocatorChoice:
+    """Write the config's allocator settings into the environment (``ENV`` and ``ENV_GENERIC``)
+    for this process and every process it starts; a value there already that they replace is
+    named in a warning. Call it before anything creates a CUDA tensor."""
+    environ = os.environ if environ is None else environ
+    choice = resolve_allocator(node, environ)
+    if choice.source != "configured":
+        return choice
+    present = environment_conf(environ)
+    if present is not None and present != choice.value:
+        log.warning("%s: %s=%r replaces %r of the environment", NODE, ENV, choice.value, present)
+    environ[ENV] = environ[ENV_GENERIC] = choice.value
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # a later job of a multirun in one process: the allocator has read its settings
+        log.warning(
+            "%s: CUDA started in this process before %s=%r was set; it applies to the processes "
+            "this one starts",
+            NODE,
+            ENV,
+            choice.value,
+        )
+    return choice
+
+
+def run_allocator_node(cfg: DictConfig) -> Any:
+    """The ``memory.allocator`` node the run of ``cfg`` uses: with ``plan=PATH`` the plan file's,
+    with this command's keys that are not null on top (as the plan is laid over the config
+    later); a plan file that cannot be read is left to the plan's own error."""
+    node = OmegaConf.select(cfg, NODE)
+    if not cfg.get("plan"):
+        return node
+    import yaml
+
+    try:
+        with open(str(cfg.plan)) as f:
+            saved = yaml.safe_load(f)
+        planned = dict(saved["config"]["memory"]["allocator"] or {})
+    except Exception:
+        return node
+    command = alloc_conf_items(node)
+    return {**planned, **command}
+
+
+def alloc_conf_items(node: Any) -> dict[str, Any]:
+    """The keys of a ``memory.allocator`` node that are not null."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, Mapping):
+        return {}
+    return {k: v for k, v in node.items() if v is not None}
