@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from volseg.plan import make_plan
 from volseg.models.networks.unet3d import auto_depth
+from volseg.plan import make_plan
 
 
 def _build(preset: str, tmp_path: Path) -> torch.nn.Module:
