@@ -206,3 +206,19 @@ def test_placement_by_submodule_name_moves_inputs_once_per_submodule():
     assert net(torch.randn(1, 1, 4, 8, 8)).shape == (1, 3, 4, 8, 8)
     with pytest.raises(ValueError, match="placement: NetU has no submodule 'encoder'"):
         adapter.check_placement(net, {"encoder": "cpu"})
+
+
+def test_the_estimate_counts_the_deep_supervision_outputs(tmp_path):
+    from volseg.memory.estimator import estimate
+
+    base = ["model/net=dynunet", "data.batch_size=2", "data.patch_size=[16,32,32]"]
+    base += ["trainer.accelerator=cpu", "trainer.precision=32"]
+    steps = {}
+    for deep in ("true", "false"):
+        overrides = [*base, f"model.net.deep_supervision={deep}"]
+        cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
+        steps[deep] = estimate(cfg.run_config()).step_peak_growth
+    # two more full-resolution outputs of 2 x 5 classes x 16x32x32 float32 voxels, each with its
+    # softmax and gradient, at least the outputs themselves
+    outputs = 2 * (2 * 5 * 16 * 32 * 32 * 4)
+    assert steps["true"] - steps["false"] >= outputs
