@@ -11,10 +11,13 @@ import pytest
 import yaml
 
 from tests.conftest import compose_config
+from volseg.data.io import read_array
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimator import estimate
 from volseg.memory.planner import plan
 from volseg.plan import make_plan
+from volseg.tasks.evaluate import evaluate
+from volseg.tasks.predict import predict
 from volseg.tasks.train import train
 
 #: a user's U-Net as the widely copied parts write it (constructor: n_channels, n_classes)
@@ -145,3 +148,22 @@ def test_a_users_module_from_a_file_trains_is_estimated_and_planned(cubes, tmp_p
     assert set(answer.largest_batch_by_checkpointing) == {"none", "all"}
     assert answer.activation_checkpointing == "all" and answer.batch_size >= 2
     assert answer.estimate["process_total"] <= budget
+
+
+@pytest.mark.slow
+def test_a_deep_supervision_checkpoint_evaluates_and_predicts_full_resolution(cubes, tmp_path):
+    run_dir = tmp_path / "run"
+    train(compose_config("train", run_dir, [*two_steps(cubes), "model/net=dynunet"]))
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    metrics = evaluate(
+        compose_config(
+            "eval", tmp_path / "eval", [f"ckpt_path={ckpt}", "extras.print_config=false"]
+        )
+    )
+    assert 0 <= metrics["val/dice_mean"] <= 1
+    source = sorted((cubes / "images").glob("*.nii.gz"))[0]
+    out = tmp_path / "pred"
+    overrides = [f"ckpt_path={ckpt}", f"input={source}", f"output={out}"]
+    predict(compose_config("predict", tmp_path / "pred_run", overrides))
+    (written,) = [p for p in out.iterdir() if "prob" not in p.name]
+    assert read_array(written).shape == read_array(source).shape  # one label volume, full size
