@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -13,7 +14,13 @@ import pytest
 from monai.data.utils import dense_patch_slices
 from monai.inferers.utils import _get_scan_interval
 
-from tests.conftest import REPO, planned_config
+from tests.conftest import (
+    REPO,
+    SMALL_SHAPE,
+    compose_config,
+    planned_config,
+    tiny_train_overrides,
+)
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.inference import (
     estimate_prediction,
@@ -21,6 +28,8 @@ from volseg.memory.inference import (
     stitching_bytes,
     window_count,
 )
+from volseg.plan import make_plan
+from volseg.tasks.estimate_memory import run_estimate
 
 SMALL = ["model.net.widths=[8,16,32]", "data.patch_size=[16,32,32]", "trainer.precision=32"]
 
@@ -105,3 +114,24 @@ def test_estimate_matches_a_real_cpu_validation(tmp_path):
     )
     est = estimate_validation(planned_config("train", tmp_path / "est", overrides), shape)
     assert measured * 2**20 == pytest.approx(est.peak_growth, rel=0.10)
+
+
+def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path):
+    out = tmp_path / "estimate.json"
+    cfg = compose_config(
+        "estimate_memory",
+        tmp_path / "run",
+        [*tiny_train_overrides(small_dataset), f"estimate.json_out={out}"],
+    )
+    result = run_estimate(cfg)
+    saved = json.loads(out.read_text())
+    for phase in ("validation", "prediction"):
+        assert saved[phase]["peak_allocated"] == result[phase]["peak_allocated"] > 0
+        assert saved[phase]["peak_reserved"] >= saved[phase]["peak_allocated"]
+    # the dataset's largest validation case, unless estimate.val_shape says otherwise
+    assert saved["validation"]["volume_shape"] == SMALL_SHAPE
+    planned = make_plan(compose_config("train", tmp_path / "plan", [
+        *tiny_train_overrides(small_dataset), "estimate.val_shape=[16,64,64]"
+    ]))  # fmt: skip
+    assert planned.to_dict()["validation"]["volume_shape"] == [16, 64, 64]
+    assert planned.to_dict()["validation"]["peak_allocated"] > 0

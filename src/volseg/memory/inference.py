@@ -56,6 +56,7 @@ from volseg.memory.estimator import _fake_step, _precision, _trace_steps
 from volseg.memory.events import Event
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB
 
 PHASES = ("validation", "prediction")
 STITCH = ("device", "host")
@@ -443,3 +444,94 @@ def estimate_prediction(
     return _traced(
         step, mode, device, "prediction", shape, stitch, run, settings, 0, precision, flips
     )
+
+
+def validation_shape(cfg: DictConfig) -> tuple[list[int] | None, str]:
+    """The validation volume to estimate: ``estimate.val_shape``, else the dataset's largest
+    validation case by voxels (from its headers); ``None`` and why where neither is known
+    (nothing is generated or loaded here)."""
+    configured = OmegaConf.select(cfg, "estimate.val_shape")
+    if configured is not None:
+        return _shape(list(configured)), "estimate.val_shape"
+    from pathlib import Path
+
+    from volseg.utils.instantiate import build
+
+    try:
+        datamodule = build(cfg.data, "data")
+        if not hasattr(datamodule, "validation_shapes"):
+            return None, f"{cfg.data._target_} lists no validation shapes; set estimate.val_shape"
+        if not Path(datamodule.root).exists():
+            return None, f"data.root={datamodule.root} does not exist yet; set estimate.val_shape"
+        shapes = datamodule.validation_shapes()
+    except UserInputError as err:
+        return None, str(err).splitlines()[0]
+    if not shapes:
+        return None, "no validation case; set estimate.val_shape"
+    largest = max(shapes, key=math.prod)
+    return largest, f"the largest of {len(shapes)} validation case(s)"
+
+
+def format_inference(est: InferenceEstimate, source: str = "") -> str:
+    """One estimate as ``estimate_memory.py`` prints it (MiB)."""
+    shape = "×".join(str(v) for v in est.volume_shape)
+    where = "host" if est.stitch == "host" else est.device
+    lines = [
+        f"Estimated {est.phase} on {est.device}: one {shape} volume"
+        + (f" ({source})" if source else "")
+        + f", {est.windows} windows of {'×'.join(map(str, est.roi_size))} in batches of "
+        f"{est.sw_batch_size}, stitched on the {where}"
+        + (f", {est.flips} flips" if est.flips > 1 else "")
+        + f", precision {est.precision} ({est.seconds:.1f} s)",
+    ]
+    rows = [
+        ("resident (training state)" if est.phase == "validation" else "resident (parameters)",
+         est.resident),
+        ("volume (input, label)" if est.phase == "validation" else "volume (input)", est.volume),
+        ("stitching buffers", est.stitching),
+        ("one window batch's forward", est.window_batch),
+        ("peak allocated", est.peak_allocated),
+    ]  # fmt: skip
+    if est.host_stitching:
+        rows.insert(3, ("stitching buffers (host)", est.host_stitching))
+    if est.device == "cuda":
+        rows += [
+            ("peak reserved", est.peak_reserved),
+            ("process total (nvidia-smi)", est.process_total),
+        ]
+    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    return "\n".join(lines)
+
+
+def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
+    """The run's peak: the larger of the training step's and validation's, by phase."""
+    phases = [("training step", step.peak_allocated, step.peak_reserved, step.process_total)]
+    if validation is not None:
+        phases.append(
+            (
+                "validation",
+                validation.peak_allocated,
+                validation.peak_reserved,
+                validation.process_total,
+            )
+        )
+    name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
+    lines = [f"Run peak: {name}"]
+    for phase, a, r, t in phases:
+        extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
+        lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
+    return "\n".join(lines)
+
+
+def plan_validation(cfg: DictConfig) -> dict[str, Any]:
+    """What ``plan.yaml`` records under ``validation``: the planned run's validation estimate
+    (:meth:`InferenceEstimate.summary`, bytes) for its validation shape, or why not."""
+    shape, source = validation_shape(cfg)
+    if shape is None:
+        return {"not_estimated": source}
+    try:
+        return {**estimate_validation(cfg, shape).summary(), "shape_from": source}
+    except UserInputError:
+        raise
+    except Exception as err:  # a setting the trace does not model: the run goes on
+        return {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}
