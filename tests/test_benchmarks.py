@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import load_benchmark
+from tests.conftest import REPO, load_benchmark
 from volseg.memory.estimator import target_device
 from volseg.utils.units import MIB
 
@@ -93,3 +93,11 @@ def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys):
     bench.main(["--channels", "8", "--trials", "1", "--depths", "2,3", "--size", "4"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| volseg")]
     assert len(rows) == 2 and not any("wrong" in row for row in rows), rows
+
+
+def test_validation_memory_table_reads_the_committed_results():
+    bench = load_benchmark("validation_memory")
+    results = sorted((REPO / "benchmarks" / "results" / "cpu").glob("*_validation_memory.json"))
+    assert results
+    text = bench.table(results[-1])
+    assert "| embedded |" in text and "torch " in text

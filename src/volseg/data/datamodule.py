@@ -411,6 +411,11 @@ class VolumeDataModule(LightningDataModule):
             self._sizes = (sizes, rejected)
         return self._sizes
 
+    def validation_shapes(self) -> list[list[int]]:
+        """``[D, H, W]`` of each validation volume as validation sees it (after spacing and
+        orientation; from the headers): what the inference memory estimate is made for."""
+        return [list(size.shape_zyx) for size in self._volume_sizes()[0]["val"]]
+
     def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
         """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
         the cache (and the loaders' copies) would not fit the RAM available; says what fits."""

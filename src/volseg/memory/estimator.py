@@ -516,9 +516,17 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
     return CudnnWorkspace(None if limit is None else int(limit * MIB), channels_last)
 
 
-def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> LayerTrace:
+def _trace_steps(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    then: Callable[[RecordingMemTracker], None] | None = None,
+    steps: int = 2,
+) -> LayerTrace:
     """Run two fake training steps under a recording tracker; the trace holds both (the first
-    creates the optimizer state, the per-module table is the second's)."""
+    creates the optimizer state, the per-module table is the second's). ``then(tracker)`` runs
+    after them in the same trace (a validation or, after no ``steps``, a prediction:
+    :mod:`volseg.memory.inference`)."""
     # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
     # volseg.memory.workspace)
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
@@ -534,12 +542,14 @@ def _trace_steps(step: TrainingStep, mode: FakeTensorMode, device: str) -> Layer
         trace.start()
         try:
             step.run(
-                2,
+                steps,
                 on_step_start=tracker.mark,
                 before_update=trace.optimizer_update_begins,
                 # MemTracker follows one forward per module: the table is the last micro-batch's
                 on_micro_batch_start=tracker.reset_mod_stats,
             )
+            if then is not None:
+                then(tracker)
         finally:
             trace.stop()
     return trace

@@ -53,7 +53,9 @@ def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, 
 
 
 class MemoryMonitor(Callback):
-    """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end.
+    """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end;
+    after each validation (not the sanity check) its own peaks, ``mem/val_peak_allocated_mib``
+    and ``mem/val_peak_reserved_mib``, and ``mem/val_start_allocated_mib`` (held when it began).
 
     On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
     process's resident host memory next to them; on a CPU all come from the process's resident
@@ -88,6 +90,8 @@ class MemoryMonitor(Callback):
         self.reader = None
         self.placed_readers: dict[str, Any] = {}
         self.history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []  # one row per validation (not sanity's)
+        self._val_start: MemoryReading | None = None
         self._active = False
         self._start: MemoryReading | None = None
         self._phase_peaks: dict[str, MemoryReading] = {}
@@ -195,6 +199,35 @@ class MemoryMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
 
+    # -- validation -----------------------------------------------------------------------
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Whole-volume validation has a peak of its own (sliding windows, stitching buffers
+        beside the training state): the counters are reset for it."""
+        self._val_start = None
+        if self.reader is None or trainer.sanity_checking:
+            return
+        self.reader.reset_peak()
+        self._val_start = self.reader.read()
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # read here, not at on_validation_end: checkpoint callbacks save there (their memory is
+        # the checkpoint's, not validation's)
+        if self._val_start is None:
+            return
+        end = self.reader.read()
+        metrics = {
+            "mem/val_peak_allocated_mib": end.peak_allocated / MIB,
+            "mem/val_peak_reserved_mib": end.peak_reserved / MIB,
+            "mem/val_start_allocated_mib": self._val_start.allocated / MIB,
+        }
+        self._val_start = None
+        # the next training step resets the counters itself; between them nothing is logged
+        step = trainer.global_step
+        self.val_history.append({"step": float(step), **metrics})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
     # -- per-layer trace ------------------------------------------------------------------
     def _finish_trace(self, trainer: Trainer) -> None:
         trace, self._trace = self._trace, None
@@ -233,6 +266,18 @@ class MemoryMonitor(Callback):
                 sum(r["mem/fragmentation_mib"] for r in self.history) / len(self.history), 1
             ),
             "logged_steps": len(self.history),
+            **(
+                {
+                    "val_peak_allocated_mib": round(
+                        max(r["mem/val_peak_allocated_mib"] for r in self.val_history), 1
+                    ),
+                    "val_peak_reserved_mib": round(
+                        max(r["mem/val_peak_reserved_mib"] for r in self.val_history), 1
+                    ),
+                }
+                if self.val_history
+                else {}
+            ),
             **(
                 {"peak_host_rss_mib": round(max(r["mem/host_rss_mib"] for r in self.history), 1)}
                 if "mem/host_rss_mib" in self.history[0]

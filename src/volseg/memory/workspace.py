@@ -5,7 +5,10 @@ convolutions reorder their operands into blocked layouts, and these copies domin
 here (torch 2.13 CPU, 3D convolutions of a U-Net, float32 and bfloat16 autocast, by reading the
 process's peak resident memory around each op):
 
-- forward convolution: about the larger of input and output, in the op's dtype;
+- forward convolution: about the larger of input and output, the input in its dtype, the output
+  in float32 elements (a bfloat16 convolution accumulates in float32: measured 16 MiB of scratch
+  for a bfloat16 (2, 16, 32, 64, 64) output of 8 MiB, with a grad or without, from 1 or 16
+  input channels, and 32 MiB from a 32 MiB input);
 - backward convolution: about grad-output plus input, in float32 elements;
 - none of these for channels-last (``channels_last_3d``) tensors, oneDNN's own layout;
 - backward trilinear upsampling of a non-contiguous gradient (a slice of the concat's gradient):
@@ -129,7 +132,8 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, out, transposed)
-        return max(_bytes(inputs), _bytes(out)) if inputs.is_contiguous() else 0
+        accumulated = _numel(out) * max(_FLOAT32_BYTES, out.element_size())
+        return max(_bytes(inputs), accumulated) if inputs.is_contiguous() else 0
     if func is torch.ops.aten.convolution_backward.default:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):

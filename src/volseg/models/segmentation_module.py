@@ -222,12 +222,18 @@ class SegmentationModule(LightningModule):
             return {}
         image = batch["image"] if keep.all() else batch["image"][keep]
         label = batch["label"] if keep.all() else batch["label"][keep]
+        return {"pred": self.validate_cases(image, label)[:, 0]}
+
+    def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """Whole-volume inference of ``image`` ``(B, C, D, H, W)``, its loss and Dice against
+        ``label`` ``(B, 1, D, H, W)`` added to this rank's sums; returns the predicted classes
+        ``(B, 1, D, H, W)`` (what the memory estimator traces: :mod:`volseg.memory.inference`)."""
         logits = self.predict_volume(image).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
         label = label.to(logits.device)
         pred = logits.argmax(dim=1, keepdim=True)
         self.accumulate_validation(pred, label, self.loss(logits, label))
-        return {"pred": pred[:, 0]}
+        return pred
 
     def accumulate_validation(
         self, pred: torch.Tensor, label: torch.Tensor, loss: torch.Tensor

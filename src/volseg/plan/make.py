@@ -337,10 +337,16 @@ def make_plan(
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
     estimate = _plan_step(cfg, decisions, estimate_step, fit_budget) if "model" in cfg else {}
+    validation = {}
+    if estimate_step and "model" in cfg and "data" in cfg:
+        from volseg.memory.inference import plan_validation
+
+        validation = plan_validation(cfg)
     return RunPlan(
         config=cfg,
         decisions=decisions,
         estimate=estimate,
+        validation=validation,
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),

@@ -50,6 +50,8 @@ class RunPlan:
     config: DictConfig
     decisions: Mapping[str, Decision]
     estimate: Mapping[str, Any] = field(default_factory=dict)
+    #: the planned run's validation of its largest volume (volseg.memory.inference), or why not
+    validation: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     #: trainer.precision: what was asked, what runs, on which device, why
@@ -71,6 +73,7 @@ class RunPlan:
             "schema_version": SCHEMA_VERSION,
             "decisions": {k: d.as_dict() for k, d in self.decisions.items()},
             "estimate": plain(dict(self.estimate)),
+            "validation": plain(dict(self.validation)),
             "fingerprint": plain(dict(self.fingerprint)) if self.fingerprint else None,
             "notes": list(self.notes),
             "config": config,
@@ -103,4 +106,12 @@ class RunPlan:
             )
         elif est:
             lines.append(f"  estimate: not made ({est.get('not_estimated')})")
+        val = dict(self.validation)
+        if "peak_allocated" in val:
+            lines.append(
+                f"  estimated validation of a {'x'.join(map(str, val['volume_shape']))} volume "
+                f"({val['shape_from']}): peak allocated {val['peak_allocated'] / 2**20:,.1f} MiB, "
+                f"process total {val['process_total'] / 2**20:,.1f} MiB, stitched on the "
+                f"{val['stitch']}"
+            )
         return "\n".join(lines)

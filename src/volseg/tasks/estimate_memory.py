@@ -12,6 +12,13 @@ from omegaconf import DictConfig
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
 from volseg.memory.estimator import MemoryEstimate, estimate, target_device
+from volseg.memory.inference import (
+    estimate_prediction,
+    estimate_validation,
+    format_inference,
+    format_run_peak,
+    validation_shape,
+)
 from volseg.memory.planner import Plan, plan
 from volseg.plan import plan_run
 from volseg.utils.config import plain
@@ -131,6 +138,28 @@ def check_json_out(path: Path, overwrite: bool) -> None:
         )
 
 
+def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]:
+    """Validation's and prediction's peaks for the validation shape (``estimate.val_shape`` or
+    the dataset's largest validation case), printed with the run's peak by phase; JSON entries
+    ``validation`` and ``prediction`` (``None`` and why not where no shape is known).
+    Prediction is estimated as ``predict.py`` runs by default (float32, no flips) for both of
+    its stitching places: on the device, and (``host_stitching``) in host memory."""
+    shape, source = validation_shape(cfg)
+    if shape is None:
+        print(f"Validation and prediction: not estimated ({source})")
+        return {"validation": {"not_estimated": source}, "prediction": {"not_estimated": source}}
+    validation = estimate_validation(cfg, shape)
+    prediction = estimate_prediction(cfg, shape, stitch="device")
+    host = estimate_prediction(cfg, shape, stitch="host") if prediction.device == "cuda" else None
+    print(format_inference(validation, source))
+    print(format_inference(prediction, source))
+    print(format_run_peak(step, validation))
+    predicted = prediction.to_dict()
+    if host is not None:
+        predicted["host_stitching"] = host.to_dict()
+    return {"validation": validation.to_dict(), "prediction": predicted}
+
+
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     """Estimate the step ``train.py`` would run (the same plan: :func:`volseg.plan.plan_run`);
     search with ``estimate.budget``; write JSON."""
@@ -146,6 +175,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     est = estimate(cfg)
     print(format_estimate(est, top=int(options.top)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    result.update(inference_estimates(cfg, est))
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
     result["host"] = host.to_dict() if host is not None else None

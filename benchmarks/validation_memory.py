@@ -1,0 +1,161 @@
+"""Validation's memory on the CPU: real ``python train.py`` runs against the estimate.
+
+For each case, the embedded dataset is generated at that volume shape into a temporary folder and
+``python train.py`` trains 2 steps and validates once in a fresh process with
+``MALLOC_MMAP_THRESHOLD_=65536`` (freed tensors leave the resident set at once, as in
+``benchmarks/estimator_accuracy.py``). The memory monitor logs the validation's peak resident
+memory (``mem/val_peak_allocated_mib``) and what was resident when it began
+(``mem/val_start_allocated_mib``); the measured figure is their difference, the estimate's is
+``estimate_validation(cfg, shape).peak_growth`` (the peak above the resident training state).
+Both are on this CPU, in the precision the run plans for it.
+
+    python benchmarks/validation_memory.py                 # every case, writes the JSON
+    python benchmarks/validation_memory.py --case embedded
+    python benchmarks/validation_memory.py --table FILE    # the docs' table from a results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("PROJECT_ROOT", str(REPO))
+
+import torch  # noqa: E402
+
+from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model  # noqa: E402
+from volseg.utils.units import MIB  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "cpu"
+
+#: name -> (volume shape [D, H, W], volumes (the last one validates), extra overrides)
+CASES: dict[str, tuple[list[int], int, list[str]]] = {
+    "embedded": ([32, 96, 96], 4, []),
+    "ct-sized": ([96, 256, 256], 2, []),
+}
+
+
+def overrides(data: Path) -> list[str]:
+    return [
+        f"data.root={data}",
+        "data.num_workers=0",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.check_val_every_n_epoch=1",
+        "trainer.num_sanity_val_steps=0",
+        "logger=csv",
+        "extras.print_config=false",
+        "callbacks.rich_progress_bar=null",
+        "callbacks.model_summary=null",
+        "callbacks.validation_overlays=null",
+        "estimate.plan_step=false",
+    ]
+
+
+def measure(name: str, work: Path) -> dict:
+    from tests.conftest import planned_config
+    from volseg.data.synthetic import generate_synthetic_dataset
+    from volseg.memory.inference import estimate_validation
+
+    shape, volumes, extra = CASES[name]
+    data = generate_synthetic_dataset(work / name / "data", volumes, 1, shape)
+    run_dir = work / name / "run"
+    args = [*overrides(data), *extra]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO / "src"))
+    command = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
+    started = time.perf_counter()
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    seconds = time.perf_counter() - started
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib"))
+    peak = float(row["mem/val_peak_allocated_mib"]) * MIB
+    start = float(row["mem/val_start_allocated_mib"]) * MIB
+    est = estimate_validation(planned_config("train", work / name / "est", args), shape)
+    return {
+        "case": name,
+        "volume_shape": shape,
+        "overrides": args,
+        "precision": est.precision,
+        "windows": est.windows,
+        "run_seconds": round(seconds, 1),
+        "measured_val_peak_rss": int(peak),
+        "measured_val_start_rss": int(start),
+        "measured_growth": int(peak - start),
+        "estimated_growth": est.peak_growth,
+        "estimated_peak_allocated": est.peak_allocated,
+        "estimated_resident": est.resident,
+        "estimated_stitching": est.stitching,
+        "estimated_window_batch": est.window_batch,
+        "estimate_seconds": round(est.seconds, 1),
+        "error": round(est.peak_growth / (peak - start) - 1, 4),
+    }
+
+
+def table(path: Path) -> str:
+    """The markdown table of a results file."""
+    saved = json.loads(path.read_text())
+    lines = [
+        f"{saved['cpu']} ({', '.join(f for f, on in saved['cpu_flags'].items() if on)}), "
+        f"torch {saved['torch']}, {saved['date']}: `{saved['command']}`",
+        "",
+        "| case | volume | precision | windows | measured rise MiB | estimated MiB | error |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in saved["rows"]:
+        lines.append(
+            f"| {r['case']} | {'×'.join(map(str, r['volume_shape']))} | {r['precision']} | "
+            f"{r['windows']} | {r['measured_growth'] / MIB:,.1f} | "
+            f"{r['estimated_growth'] / MIB:,.1f} | {100 * r['error']:+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=sorted(CASES), action="append")
+    parser.add_argument("--table", type=Path, help="print the table of a results file")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for name in args.case or list(CASES):
+            rows.append(measure(name, Path(work)))
+            print(json.dumps(rows[-1]), flush=True)
+    today = datetime.date.today().isoformat()
+    result = {
+        "benchmark": "validation_memory",
+        "date": today,
+        "command": "python benchmarks/validation_memory.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_description": cpu_description(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+    out = args.out or RESULTS / f"{today}_validation_memory.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"Wrote {out}")
+    print(table(out))
+
+
+if __name__ == "__main__":
+    main()
