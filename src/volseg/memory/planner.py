@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
 from volseg.models.networks import adapter_for
-from volseg.models.networks.probe import probe_divisibility
+from volseg.models.networks.probe import network_divisibility
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError, at_config_key
 
@@ -110,14 +110,13 @@ def patch_divisor(cfg: DictConfig) -> list[int]:
         return [int(d) for d in planned]
     if isinstance(planned, int) and not isinstance(planned, bool):
         return [planned] * 3
-    net = cfg.model.net
-    known = adapter_for(str(net._target_)).divisibility(net, plain(cfg.data.patch_size))
-    if known is not None:
-        return list(known)
     try:
-        return probe_divisibility(net, int(cfg.get("in_channels", 1)))
+        found, _ = network_divisibility(
+            cfg.model.net, plain(cfg.data.patch_size), int(cfg.get("in_channels", 1))
+        )
     except ValueError as err:
         raise at_config_key(str(err), "model") from None
+    return found
 
 
 def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
@@ -327,11 +326,10 @@ def plan(
 
     ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
     network adapter's). ``search=batch``: the largest batch with the configured checkpointing;
-    when that is smaller
-    than the configured batch, the options are tried cheapest first and the first that fits the
-    configured batch is taken (else the one that fits the largest batch). ``search=patch``: the
-    largest patch at the configured batch, with the configured checkpointing or, if no patch fits
-    with it, the first option with which one does.
+    when that is smaller than the configured batch, the options are tried cheapest first and the
+    first that fits the configured batch is taken (else the one that fits the largest batch).
+    ``search=patch``: the largest patch at the configured batch, with the configured
+    checkpointing or, if no patch fits with it, the first option with which one does.
     """
     if search not in ("batch", "patch"):
         raise UserInputError(f"estimate.search={search}: must be batch or patch")

@@ -35,7 +35,7 @@ from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_pat
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
-from volseg.plan.network import divisible_by, network_adapter, plan_network
+from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
@@ -137,7 +137,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
         # axis that needs most
         multiple = 8
         if OmegaConf.select(cfg, "model.net") is not None:
-            multiple = max(divisible_by(cfg, network_adapter(cfg), None).value)
+            multiple = max(divisible_by(cfg, None).value)
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.models.networks import NetworkAdapter, adapter_for
-from volseg.models.networks.probe import channel_names, describe, probe_divisibility
+from volseg.models.networks.probe import channel_names, network_divisibility
 from volseg.plan.run_plan import Decision
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError, at_config_key
@@ -46,11 +46,6 @@ def network_class(net: DictConfig) -> type:
         ) from None
 
 
-def network_adapter(cfg: DictConfig) -> NetworkAdapter:
-    """The adapter of the network ``cfg.model.net`` names."""
-    return adapter_for(network_class(cfg.model.net))
-
-
 def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:
     """``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them by."""
     names = channel_names(cls)
@@ -68,7 +63,7 @@ def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision])
         )
 
 
-def divisible_by(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int] | None) -> Decision:
+def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
     """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed. ``patch``:
     the training patch; ``None``: before one is planned (for ``data.patch_size=auto``)."""
     configured = plain(cfg.model.get("divisible_by", "auto"))
@@ -82,17 +77,11 @@ def divisible_by(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int] 
                 f"model.divisible_by={configured}: expected auto, an int > 0 or [D, H, W] > 0"
             )
         return Decision(value, "configured")
-    net = cfg.model.net
-    known = adapter.divisibility(net, patch) if patch is not None else adapter.patch_multiple(net)
-    if known is not None:
-        why = f"{adapter.family}: its settings make each side divide by {describe(known)}"
-        return Decision(list(known), "planned", why)
     try:
-        probed = probe_divisibility(net, int(cfg.get("in_channels", 1)))
+        found, why = network_divisibility(cfg.model.net, patch, int(cfg.get("in_channels", 1)))
     except ValueError as err:
         raise at_config_key(str(err), "model") from None
-    why = f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})"
-    return Decision(probed, "planned", why)
+    return Decision(found, "planned", why)
 
 
 def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision | None:
@@ -127,7 +116,7 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
     for planned in adapter.plan(cfg.model.net, patch):
         decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
         _set(cfg, planned.key, planned.value)
-    decisions["model.divisible_by"] = divisible_by(cfg, adapter, patch)
+    decisions["model.divisible_by"] = divisible_by(cfg, patch)
     _set(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
     loss = _deep_supervision_loss(cfg, adapter)
     if loss is not None:

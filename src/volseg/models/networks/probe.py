@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import hydra
@@ -107,3 +108,26 @@ def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
 def describe(value: Any) -> str:
     """A divisibility ``[d, h, w]`` as text: ``16`` when the axes agree."""
     return str(value[0]) if len(set(value)) == 1 else str(list(value))
+
+
+def network_divisibility(
+    net_cfg: DictConfig, patch: Sequence[int] | None, in_channels: int
+) -> tuple[list[int], str]:
+    """What each patch side ``[D, H, W]`` must divide by for the network ``net_cfg`` and why:
+    its adapter's (at the training ``patch``; ``None``: before one is planned), else probed."""
+    from volseg.models.networks import adapter_for
+
+    adapter = adapter_for(str(net_cfg._target_))
+    if patch is None:
+        known = adapter.patch_multiple(net_cfg)
+    else:
+        known = adapter.divisibility(net_cfg, patch)
+    if known is not None:
+        return list(
+            known
+        ), f"{adapter.family}: its settings make each side divide by {describe(known)}"
+    probed = probe_divisibility(net_cfg, in_channels)
+    return (
+        probed,
+        f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})",
+    )
