@@ -18,7 +18,9 @@ Every file has the same head, so that a table in docs can be regenerated from it
     results_io.write(results_io.result("<name>", rows, script=__file__, argv=argv), args.json_out)
 
 ``--json-out`` defaults to ``benchmarks/results/<device>/<date>_<name>.json`` (``none``: write
-nothing). Byte figures are kept in bytes, times in seconds, as measured (no rounding).
+nothing); a second run on the same day gets ``<date>_<name>-2.json`` and so on, so that no
+default write replaces a measurement. Byte figures are kept in bytes, times in seconds, as
+measured (no rounding).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -124,6 +127,13 @@ def write(doc: dict[str, Any], json_out: str | Path | None, device: str = "cpu")
     path = output_path(json_out, doc["benchmark"], device)
     if path is None:
         return None
+    if str(json_out) == DEFAULT:
+        count = 1
+        while path.exists():  # a default write never replaces an earlier run's file
+            count += 1
+            path = default_path(doc["benchmark"], device).with_stem(
+                f"{default_path(doc['benchmark'], device).stem}-{count}"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     print(f"Wrote {path}", flush=True)
@@ -139,9 +149,20 @@ def load(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def runs(benchmark: str, device: str = "cpu", root: Path = RESULTS) -> list[Path]:
+    """Every ``<date>_<benchmark>[-N].json`` under ``root/<device>/``, oldest first."""
+    pattern = re.compile(rf"(\d{{4}}-\d{{2}}-\d{{2}})_{re.escape(benchmark)}(?:-(\d+))?\.json")
+    found = []
+    for path in (root / device).glob("*.json"):
+        match = pattern.fullmatch(path.name)
+        if match:
+            found.append((match[1], int(match[2] or 1), path))
+    return [path for *_, path in sorted(found)]
+
+
 def latest(benchmark: str, device: str = "cpu", root: Path = RESULTS) -> Path | None:
-    """The newest ``<date>_<benchmark>.json`` under ``root/<device>/`` (None: none yet)."""
-    files = sorted((root / device).glob(f"*_{benchmark}.json"))
+    """The newest of :func:`runs` (None: none yet)."""
+    files = runs(benchmark, device, root)
     return files[-1] if files else None
 
 

@@ -155,3 +155,62 @@ def test_validation_memory_table_reads_the_committed_results():
     assert results
     text = bench.table(results[-1])
     assert "| embedded |" in text and "torch " in text
+
+
+def test_docs_tables_are_the_results_files_own():
+    """Every table between ``<!-- table: NAME -->`` markers in docs/ is what
+    ``python benchmarks/tables.py`` builds from the committed results files."""
+    tables = load_benchmark("tables")
+    assert tables.main(["--check"]) == 0
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    for name in ("levers_cuda", "cuda_estimate_errors"):
+        assert f"<!-- table: {name} -->\nbenchmarks/results/" in text, name
+
+
+def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    results = tmp_path / "results"
+    rows = [
+        {"loader": "monai", "label": "MONAI", "first_batch_s": 1.0, "s_per_batch": 0.25},
+        {"loader": "volseg", "label": "volseg", "first_batch_s": 2.0, "s_per_batch": 0.0125},
+    ]
+    doc = results_io.result("loader_compare", rows, argv=["--compare"], settings={"batch": 2})
+    results_io.write(doc, results / "cpu" / "2026-01-01_loader_compare.json")
+    text = (
+        "a\n<!-- table: loader_compare -->\nold\n<!-- /table: loader_compare -->\nb\n"
+        "<!-- table: training_overheads_stub -->\nkept\n<!-- /table: training_overheads_stub -->\n"
+    )
+    tables.TABLES["training_overheads_stub"] = lambda results: None  # no file yet
+    try:
+        new, done = tables.regenerate(text, results)
+    finally:
+        del tables.TABLES["training_overheads_stub"]
+    assert done == ["loader_compare"]
+    assert "| MONAI | 1.00 | 0.250 |" in new and "| volseg | 2.00 | 0.013 |" in new
+    assert "old" not in new and "\nkept\n" in new and new.startswith("a\n")
+    assert "`python benchmarks/loader_compare.py --compare`" in new  # the command, as recorded
+    with pytest.raises(KeyError, match="no such table"):
+        tables.regenerate("<!-- table: nothing -->\n<!-- /table: nothing -->", results)
+
+
+def test_a_default_results_file_never_replaces_an_earlier_run(tmp_path, monkeypatch):
+    results_io = load_benchmark("results_io")
+    monkeypatch.setattr(results_io, "RESULTS", tmp_path)
+    doc = results_io.result("bench", [{"x": 1}], argv=[])
+    first = results_io.write(doc, results_io.DEFAULT)
+    second = results_io.write(doc, results_io.DEFAULT)
+    assert first != second and second.name.endswith("_bench-2.json")
+    assert results_io.latest("bench", "cpu", tmp_path) == second
+    assert results_io.write(doc, "none") is None
+    loaded = results_io.load(second)
+    assert loaded["rows"] == [{"x": 1}] and loaded["torch"] and "cpu_flags" in loaded
+
+
+def test_real_data_refuses_a_precision_for_one_side_only():
+    """Both sides run in one precision (``--precision``): an override of volseg's alone, as the
+    docs once wrote the command, stops before any work."""
+    bench = load_benchmark("real_data")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--parallel", "--", "trainer.precision=auto"])
+    assert stop.value.code == 2

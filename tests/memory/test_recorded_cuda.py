@@ -156,10 +156,12 @@ def test_committed_estimate_is_the_estimators_own(run, request):
     """The planner's margins (``volseg.memory.residuals``) are computed from the estimates
     committed in ``benchmarks/results/cpu/*_cuda_estimate_errors.json``: they must be what the
     estimator gives today (rerun ``python benchmarks/cuda_estimate_errors.py`` when it changes)."""
-    newest = sorted((REPO / "benchmarks" / "results" / "cpu").glob("*_cuda_estimate_errors.json"))
+    from volseg.memory.residuals import estimates_file
+
+    newest = estimates_file()
     file_stem = request.node.callspec.id.split(": ", 1)[0]
-    rows = {(r["file"], r["run"]): r for r in json.loads(newest[-1].read_text())["rows"]}
+    rows = {(r["file"], r["run"]): r for r in json.loads(newest.read_text())["rows"]}
     committed = rows[(file_stem, run["name"])]
     est = _estimate(_loop(run))
-    assert committed["estimated_peak_reserved"] == est.peak_reserved, newest[-1].name
-    assert committed["estimated_peak_allocated"] == est.peak_allocated, newest[-1].name
+    assert committed["estimated_peak_reserved"] == est.peak_reserved, newest.name
+    assert committed["estimated_peak_allocated"] == est.peak_allocated, newest.name

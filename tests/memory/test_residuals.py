@@ -25,7 +25,7 @@ def _recorded() -> dict[tuple[str, str], dict]:
 
 
 def _estimates() -> dict[tuple[str, str], dict]:
-    newest = sorted((RESULTS / "cpu").glob("*_cuda_estimate_errors.json"))[-1]
+    newest = residuals.estimates_file()
     return {(r["file"], r["run"]): r for r in json.loads(newest.read_text())["rows"]}
 
 

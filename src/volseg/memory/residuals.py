@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,15 @@ def step_kind(overrides: Iterable[str]) -> str:
 
 
 def estimates_file(results: Path = RESULTS) -> Path:
-    """The newest ``benchmarks/results/cpu/<date>_cuda_estimate_errors.json``."""
-    files = sorted((results / "cpu").glob(f"*_{ESTIMATES}.json"))
+    """The newest ``benchmarks/results/cpu/<date>_cuda_estimate_errors[-N].json`` (a second
+    run on one day writes ``-2``)."""
+    pattern = re.compile(rf"(\d{{4}}-\d{{2}}-\d{{2}})_{ESTIMATES}(?:-(\d+))?\.json")
+    found = sorted(
+        (match[1], int(match[2] or 1), path)
+        for path in (results / "cpu").glob(f"*_{ESTIMATES}*.json")
+        if (match := pattern.fullmatch(path.name))
+    )
+    files = [path for *_, path in found]
     if not files:
         raise FileNotFoundError(
             f"no {results / 'cpu'}/*_{ESTIMATES}.json: the CUDA margin is read from the "
