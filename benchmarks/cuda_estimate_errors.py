@@ -12,15 +12,19 @@ allocated, 10% reserved), then the mean |error| of each and the runs within both
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
+import results_io  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from volseg.memory.estimator import estimate  # noqa: E402
@@ -39,7 +43,11 @@ def _cell(estimated: float, measured: float, within: float, digits: int) -> tupl
     return f"{estimated:,.{digits}f} / {measured:,.{digits}f} | {shown}", error
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    results_io.add_json_out(parser, "cuda_estimate_errors")
+    args = parser.parse_args(argv)
+    rows = []
     print(
         "| run | allocated: estimated / measured MiB | error "
         "| reserved: estimated / measured MiB | error |"
@@ -69,14 +77,39 @@ def main() -> None:
             )
             allocated_errors.append(abs(a_error))
             reserved_errors.append(abs(r_error))
-            within += abs(a_error) <= ALLOCATED_WITHIN and abs(r_error) <= RESERVED_WITHIN
+            ok = abs(a_error) <= ALLOCATED_WITHIN and abs(r_error) <= RESERVED_WITHIN
+            within += ok
             print(f"| {run['name']} | {allocated} | {reserved} |", flush=True)
+            rows.append(
+                {
+                    "file": path.stem,
+                    "run": run["name"],
+                    "overrides": overrides,
+                    "measured": m,
+                    "estimated_peak_allocated": est.peak_allocated,
+                    "estimated_peak_reserved": est.peak_reserved,
+                    "estimated_step_peak_growth": est.step_peak_growth,
+                    "allocated_compared": "peak" if digits == 0 else "step_peak_growth",
+                    "allocated_error": a_error,
+                    "reserved_error": r_error,
+                    "within_bounds": bool(ok),
+                }
+            )
     count = len(allocated_errors)
     print(
         f"\n{within} of {count} runs within both bounds; mean |error| "
         f"{sum(allocated_errors) / count:.1%} allocated, {sum(reserved_errors) / count:.1%} "
         "reserved"
     )
+    doc = results_io.result(
+        "cuda_estimate_errors",
+        rows,
+        script=__file__,
+        argv=argv,
+        bounds={"allocated": ALLOCATED_WITHIN, "reserved": RESERVED_WITHIN},
+        estimated_for="cuda (estimate.device=cuda), on this CPU",
+    )
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,18 @@ unet_large (40.2M parameters) under float16 autocast (``16-mixed``), with the ca
 peak allocated and peak reserved instead of host memory, and step times synchronized.
 
     python benchmarks/levers.py --device cuda
+
+Every row also goes to ``benchmarks/results/<cpu|cuda>/<date>_levers.json`` (``--json-out``)
+with the machine and the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from monai.losses import DiceCELoss
@@ -36,6 +41,9 @@ from volseg.memory.readers import CudaMemoryReader, HostMemoryReader, set_mmap_t
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 from volseg.utils.units import MIB
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 LEVERS: dict[str, dict] = {
     "none (fp32)": {},
@@ -157,7 +165,16 @@ def measure(lever: dict, x, y, steps: int, reader) -> dict[str, float]:
     }
 
 
-def main_cuda(args: argparse.Namespace) -> None:
+def save(args: argparse.Namespace, rows: list[dict], argv: list[str] | None) -> None:
+    """The rows as ``benchmarks/results/<device>/<date>_levers.json`` (``--json-out``)."""
+    settings = {"shape": args.shape, "batch": args.batch, "steps": args.steps}
+    doc = results_io.result(
+        "levers", rows, script=__file__, argv=argv, device=args.device, settings=settings
+    )
+    results_io.write(doc, args.json_out, args.device)
+
+
+def main_cuda(args: argparse.Namespace, argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     reader = CudaMemoryReader(device)
     generator = torch.Generator().manual_seed(0)
@@ -170,9 +187,10 @@ def main_cuda(args: argparse.Namespace) -> None:
     )
     print("| lever | peak allocated (MiB) | peak reserved (MiB) | cut | s/step | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    base = None
+    base, rows = None, []
     for name, lever in LEVERS_CUDA.items():
         r = measure(lever, x, y, args.steps, reader)
+        rows.append({"lever": name, "settings": lever, **r})
         base = base or r
         print(
             f"| {name} | {r['peak_allocated_mib']:,.0f} | {r['peak_reserved_mib']:,.0f} "
@@ -181,17 +199,19 @@ def main_cuda(args: argparse.Namespace) -> None:
             flush=True,
         )
         torch.cuda.empty_cache()
+    save(args, rows, argv)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", type=int, nargs=3, default=[26, 150, 320])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    args = parser.parse_args()
+    results_io.add_json_out(parser, "levers")
+    args = parser.parse_args(argv)
     if args.device == "cuda":
-        main_cuda(args)
+        main_cuda(args, argv)
         return
     set_mmap_threshold(65536)
     reader = HostMemoryReader()
@@ -208,9 +228,10 @@ def main() -> None:
     )
     print(header)
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    base = None
+    base, rows = None, []
     for name, lever in LEVERS.items():
         r = measure(lever, x, y, args.steps, reader)
+        rows.append({"lever": name, "settings": lever, **r})
         base = base or r
         print(
             f"| {name:<42} | {r['added_mib']:15,.0f} | {r['added_mib'] / base['added_mib']:5.2f} "
@@ -219,6 +240,7 @@ def main() -> None:
             f"| {r['seconds'] / base['seconds']:5.2f} |",
             flush=True,
         )
+    save(args, rows, argv)
 
 
 if __name__ == "__main__":

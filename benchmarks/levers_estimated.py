@@ -8,11 +8,15 @@ caching-allocator model). Beside each estimate: the measured run with the same o
 allocated, step time against the measured baseline's), or "not yet measured". No cut is given
 for a row without a measurement.
 
-    python benchmarks/levers_estimated.py
+    python benchmarks/levers_estimated.py [--json-out PATH|none]
+
+The estimates (bytes) go to ``benchmarks/results/cpu/<date>_levers_estimated.json``; ``python
+benchmarks/tables.py`` builds docs/benchmarks.md's table from it and the recorded GPU runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,8 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
+import results_io  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from volseg.memory.estimator import estimate  # noqa: E402
@@ -76,7 +82,18 @@ def _mib(value: float | None) -> str:
     return "" if value is None else f"{value:,.0f}"
 
 
-def main() -> None:
+def lever_overrides(name: str) -> list[str]:
+    """A lever's ``train.py`` overrides on top of :data:`SEED` (a lever's key replaces the
+    seed's)."""
+    keys = {o.split("=")[0]: o for o in [*SEED, *LEVERS[name]]}
+    return list(keys.values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    results_io.add_json_out(parser, "levers_estimated")
+    args = parser.parse_args(argv)
+    rows = []
     measured = recorded()
     print(
         "| lever | estimated peak allocated / reserved (MiB) | measured peak allocated / "
@@ -84,12 +101,19 @@ def main() -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: |")
     base = None
-    for name, overrides in LEVERS.items():
-        keys = {o.split("=")[0]: o for o in [*SEED, *overrides]}
-        run_overrides = list(keys.values())
+    for name in LEVERS:
+        run_overrides = lever_overrides(name)
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
             cfg = compose("train", overrides=[*run_overrides, "estimate.device=cuda"])
         est = estimate(cfg)
+        rows.append(
+            {
+                "lever": name,
+                "overrides": run_overrides,
+                "estimated_peak_allocated": est.peak_allocated,
+                "estimated_peak_reserved": est.peak_reserved,
+            }
+        )
         run = measured.get(frozenset(run_overrides))
         estimated = f"{est.peak_allocated / MIB:,.0f} / {est.peak_reserved / MIB:,.0f}"
         if run is None:
@@ -104,6 +128,10 @@ def main() -> None:
             f"{_mib(m['peak_reserved_mib'])} | {cut:.2f}x | {ratio} |",
             flush=True,
         )
+    doc = results_io.result(
+        "levers_estimated", rows, script=__file__, argv=argv, estimated_for="cuda"
+    )
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

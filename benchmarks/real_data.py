@@ -23,7 +23,13 @@ Both sides run in the same precision ``--precision`` (default ``auto``: what vol
 ``trainer.precision=auto`` picks on this CPU; the loop runs under ``torch.autocast`` with bfloat16
 where that is ``bf16-mixed``). Prints a markdown table (steps, best and final validation Dice =
 mean over foreground classes, classes at 0 in each, per class at the best, wall time) with the
-CPU's model and flags; ``--json`` appends each row to a file.
+CPU's model and flags, and writes the rows with the machine and the command to
+``benchmarks/results/cpu/<date>_real_data.json`` (``--json-out``; a second run on the same day:
+``-2``, and so on); ``--json`` appends each row to a file as well.
+
+The precision is set for both sides with ``--precision``; ``trainer.precision=`` after ``--`` is
+refused. ``--only volseg`` / ``--only monai`` runs one side alone (each in its own precision if
+two such runs are made side by side).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
+
 PATCH_ZYX = (32, 64, 64)
 DATA_CHOICES = ("mni152", "mni152_hemispheres", "mni152_regions", "mni152_regions_lr")
 PRECISIONS = ("auto", "32", "bf16-mixed")
@@ -301,7 +311,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=DATA_CHOICES, default="mni152")
     parser.add_argument("--budget", type=int, default=300, help="training seconds per method")
@@ -323,8 +333,9 @@ def main() -> None:
         action="store_true",
         help="run both at once, 1 CPU thread each, so both see the same load on a shared machine",
     )
+    results_io.add_json_out(parser, "real_data")
     parser.add_argument("overrides", nargs="*", help="train.py overrides for volseg (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     if any(o.startswith("trainer.precision=") for o in args.overrides):
         parser.error("set both sides' precision with --precision, not trainer.precision=")
@@ -357,6 +368,20 @@ def main() -> None:
     both = f"precision {precision} on both sides (--precision {args.precision})"
     print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), {both}; {cpu}\n")
     print(table(rows))
+    settings = {
+        "data": args.data,
+        "budget_s": args.budget,
+        "precision": precision,
+        "precision_requested": args.precision,
+        "mode": mode,
+        "monai_samples_per_volume": args.monai_samples,
+        "monai_val_every_s": args.monai_val_every,
+        "volseg_overrides": args.overrides,
+        "monai_validation_counted": False,
+        "volseg_validation_counted": True,
+    }
+    doc = results_io.result("real_data", rows, script=__file__, argv=argv, settings=settings)
+    results_io.write(doc, args.json_out)
     if args.json is not None:
         with open(args.json, "a") as f:
             for r in rows:

@@ -22,6 +22,10 @@ false.
 
     python benchmarks/training_overheads.py [--epochs 3] [--runs default,short_epochs]
         [--shares 0.02,null] [--async-checkpoint true,false] [--override KEY=VALUE ...]
+        [--json-out PATH|none]
+
+Each run (its wall time, steps and every timed item) also goes to
+``benchmarks/results/cpu/<date>_training_overheads.json`` with the machine and the command.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -37,6 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
 
 #: named runs: overrides of ``python train.py``
 RUNS: dict[str, list[str]] = {
@@ -164,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--override", action="append", default=[], help="an override for every run (repeatable)"
     )
+    results_io.add_json_out(parser, "training_overheads")
     args = parser.parse_args(argv)
+    rows = []
     import torch
 
     print(f"CPU: {cpu_description()}\ntorch {torch.__version__}\n")
@@ -185,6 +195,21 @@ def main(argv: list[str] | None = None) -> None:
                 ]
                 with tempfile.TemporaryDirectory() as tmp:
                     wall, timers, steps = run(overrides, args.epochs, Path(tmp))
+                rows.append(
+                    {
+                        "run": name,
+                        "max_time_share": share,
+                        "async_checkpoint": background,
+                        "overrides": overrides,
+                        "epochs": args.epochs,
+                        "steps": steps,
+                        "wall_s": wall,
+                        "items": {
+                            item: {"seconds": timers.seconds[item], "calls": timers.calls[item]}
+                            for item in sorted(timers.seconds)
+                        },
+                    }
+                )
                 for item in sorted(timers.seconds):
                     seconds = timers.seconds[item]
                     print(
@@ -192,6 +217,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{seconds:.3f} | {timers.calls[item]} | {100 * seconds / wall:.1f}% |",
                         flush=True,
                     )
+    doc = results_io.result("training_overheads", rows, script=__file__, argv=argv)
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

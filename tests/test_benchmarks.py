@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,19 +74,72 @@ def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
 
 def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     """benchmarks/data_throughput.py at 1/8 of the real sizes: both of its tables come out, with
-    a positive rate in every loader row (and the comparison with the MONAI loader)."""
+    a positive rate in every loader row (and the comparison with the MONAI loader, as written and
+    on volseg's terms), and each run's rows go to its results file."""
     bench = load_benchmark("data_throughput")
     common = ["--scale", "0.125", "--batches", "2", "--cache", str(tmp_path)]
-    bench.main([*common, "--datasets", "mr,stack", "--workers", "0", "--models", "unet_tiny"])
+    out_json = tmp_path / "throughput.json"
+    models = ["--models", "unet_tiny", "--json-out", str(out_json)]
+    bench.main([*common, "--datasets", "mr,stack", "--workers", "0", *models])
     out = capsys.readouterr().out
     loader_rows = [line for line in out.splitlines() if line.startswith("| loader |")]
     assert len(loader_rows) == 2
     assert all(float(row.rstrip(" |").split("|")[-1]) > 0 for row in loader_rows)
     assert "| CPU training step | 2x1x4x8x8 | unet_tiny" in out
     assert "| unet_large 2x1x26x150x320 | 27.4 |" in out  # the H200 step it must feed
-    bench.main([*common, "--compare"])
+    doc = json.loads(out_json.read_text())
+    assert doc["benchmark"] == "data_throughput" and doc["torch"] and doc["cpu_flags"]
+    assert doc["command"].startswith("python benchmarks/data_throughput.py --scale 0.125")
+    assert [r["what"] for r in doc["rows"]] == ["loader", "loader", "cpu_step", "gpu_feed"]
+    compare_json = tmp_path / "compare.json"
+    bench.main([*common, "--compare", "--json-out", str(compare_json)])
     out = capsys.readouterr().out
     assert "| MONAI: CacheDataset" in out and "| volseg: data=folder" in out
+    assert "| MONAI on volseg's terms" in out
+    rows = json.loads(compare_json.read_text())["rows"]
+    assert [r["loader"] for r in rows] == ["monai", "monai_in_place", "volseg"]
+    assert all(r["s_per_batch"] > 0 for r in rows)
+    # one row alone, as an idle machine times it
+    bench.main([*common, "--compare", "--loaders", "monai_in_place", "--json-out", "none"])
+    out = capsys.readouterr().out
+    assert "| MONAI on volseg's terms" in out and "| volseg:" not in out
+
+
+def test_monai_loader_on_volsegs_terms_caps_locations_and_reads_the_cache_in_place(tmp_path):
+    bench = load_benchmark("data_throughput")
+    root = bench.write_cases(tmp_path / "mr", 3, [24, 48, 48], [1.0, 1.0, 1.0])
+    written = bench.monai_loader(root, [8, 16, 16], samples=3).dataset
+    in_place = bench.monai_loader(root, [8, 16, 16], samples=3, in_place=True).dataset
+    # as written: every item listed (and cached) once per sample, deep-copied when read
+    assert len(written) == 2 * 3 and written.copy_cache
+    # on volseg's terms: two volumes cached once, each read 3 times, in place
+    cached = in_place.dataset
+    assert len(cached) == 2 and not cached.copy_cache and len(in_place) == 2 * 3
+    full = [len(ix) for ix in written._cache[0]["label_cls_indices"]]
+    capped = [len(ix) for ix in cached._cache[0]["label_cls_indices"]]
+    assert max(full) > 100  # background alone
+    assert capped == [min(n, bench.MAX_LOCATIONS) for n in full]
+    # volseg's own cap (data=folder, the loader it is compared with)
+    cfg = bench.compose_train(["data=folder", f"data.root={root}"])
+    assert cfg.data.max_locations_per_class == bench.MAX_LOCATIONS
+    # reading a sample leaves the cached volume as it was (nothing writes into it)
+    before = cached._cache[0]["image"].clone()
+    for i in range(len(in_place)):
+        assert in_place[i][0]["image"].shape[1:] == (16, 16, 8)
+    assert (cached._cache[0]["image"] == before).all()
+
+
+def test_gpu_steps_the_loader_must_feed_are_read_from_the_recorded_runs():
+    """data_throughput.py's H200 step times are the recorded runs' own, computed here from the
+    results file independently: a step's ``step_s``, or a whole run's ``wall_s / steps``."""
+    bench = load_benchmark("data_throughput")
+    runs = {}
+    for path in (REPO / "benchmarks" / "results" / "cuda").glob("*.json"):
+        runs.update({r["name"]: r["measured"] for r in json.loads(path.read_text())["runs"]})
+    steps = {model: seconds for model, _, _, seconds, *_ in bench.cuda_steps()}
+    assert steps["unet_large"] == runs["levers: none (16-mixed)"]["step_s"] == 0.073
+    small = runs["train.py: model=unet_small trainer.precision=16-mixed"]
+    assert steps["unet_small"] == small["wall_s"] / small["steps"] == 1 / 32
 
 
 def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys):
@@ -101,3 +155,62 @@ def test_validation_memory_table_reads_the_committed_results():
     assert results
     text = bench.table(results[-1])
     assert "| embedded |" in text and "torch " in text
+
+
+def test_docs_tables_are_the_results_files_own():
+    """Every table between ``<!-- table: NAME -->`` markers in docs/ is what
+    ``python benchmarks/tables.py`` builds from the committed results files."""
+    tables = load_benchmark("tables")
+    assert tables.main(["--check"]) == 0
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    for name in ("levers_cuda", "cuda_estimate_errors"):
+        assert f"<!-- table: {name} -->\nbenchmarks/results/" in text, name
+
+
+def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    results = tmp_path / "results"
+    rows = [
+        {"loader": "monai", "label": "MONAI", "first_batch_s": 1.0, "s_per_batch": 0.25},
+        {"loader": "volseg", "label": "volseg", "first_batch_s": 2.0, "s_per_batch": 0.0125},
+    ]
+    doc = results_io.result("loader_compare", rows, argv=["--compare"], settings={"batch": 2})
+    results_io.write(doc, results / "cpu" / "2026-01-01_loader_compare.json")
+    text = (
+        "a\n<!-- table: loader_compare -->\nold\n<!-- /table: loader_compare -->\nb\n"
+        "<!-- table: training_overheads_stub -->\nkept\n<!-- /table: training_overheads_stub -->\n"
+    )
+    tables.TABLES["training_overheads_stub"] = lambda results: None  # no file yet
+    try:
+        new, done = tables.regenerate(text, results)
+    finally:
+        del tables.TABLES["training_overheads_stub"]
+    assert done == ["loader_compare"]
+    assert "| MONAI | 1.00 | 0.250 |" in new and "| volseg | 2.00 | 0.013 |" in new
+    assert "old" not in new and "\nkept\n" in new and new.startswith("a\n")
+    assert "`python benchmarks/loader_compare.py --compare`" in new  # the command, as recorded
+    with pytest.raises(KeyError, match="no such table"):
+        tables.regenerate("<!-- table: nothing -->\n<!-- /table: nothing -->", results)
+
+
+def test_a_default_results_file_never_replaces_an_earlier_run(tmp_path, monkeypatch):
+    results_io = load_benchmark("results_io")
+    monkeypatch.setattr(results_io, "RESULTS", tmp_path)
+    doc = results_io.result("bench", [{"x": 1}], argv=[])
+    first = results_io.write(doc, results_io.DEFAULT)
+    second = results_io.write(doc, results_io.DEFAULT)
+    assert first != second and second.name.endswith("_bench-2.json")
+    assert results_io.latest("bench", "cpu", tmp_path) == second
+    assert results_io.write(doc, "none") is None
+    loaded = results_io.load(second)
+    assert loaded["rows"] == [{"x": 1}] and loaded["torch"] and "cpu_flags" in loaded
+
+
+def test_real_data_refuses_a_precision_for_one_side_only():
+    """Both sides run in one precision (``--precision``): an override of volseg's alone, as the
+    docs once wrote the command, stops before any work."""
+    bench = load_benchmark("real_data")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--parallel", "--", "trainer.precision=auto"])
+    assert stop.value.code == 2

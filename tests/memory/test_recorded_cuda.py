@@ -148,3 +148,20 @@ def test_planner_margin_covers_the_recorded_run(run):
     assert planned >= measured["peak_reserved_mib"], (planned, est.margin_source)
     if measured.get("peak_allocated_mib") is not None:
         assert planned >= measured["peak_allocated_mib"]
+
+
+@pytest.mark.slow  # the estimates of the tests above, made once
+@pytest.mark.parametrize("run", _runs(with_reasons=False))
+def test_committed_estimate_is_the_estimators_own(run, request):
+    """The planner's margins (``volseg.memory.residuals``) are computed from the estimates
+    committed in ``benchmarks/results/cpu/*_cuda_estimate_errors.json``: they must be what the
+    estimator gives today (rerun ``python benchmarks/cuda_estimate_errors.py`` when it changes)."""
+    from volseg.memory.residuals import estimates_file
+
+    newest = estimates_file()
+    file_stem = request.node.callspec.id.split(": ", 1)[0]
+    rows = {(r["file"], r["run"]): r for r in json.loads(newest.read_text())["rows"]}
+    committed = rows[(file_stem, run["name"])]
+    est = _estimate(_loop(run))
+    assert committed["estimated_peak_reserved"] == est.peak_reserved, newest.name
+    assert committed["estimated_peak_allocated"] == est.peak_allocated, newest.name

@@ -1,0 +1,180 @@
+"""A benchmark's raw output as data: one JSON file per run, under ``benchmarks/results/<device>/``.
+
+Every file has the same head, so that a table in docs can be regenerated from it
+(``python benchmarks/tables.py``) and a figure read from it (``volseg.memory.residuals``):
+
+    {"benchmark": "data_throughput", "date": "2026-12-02",
+     "command": "python benchmarks/data_throughput.py --compare",
+     "cpu": "AMD EPYC ...", "cpu_flags": {"avx2": true, ...}, "cpu_description": "...",
+     "cpu_capability": "AVX512", "cores": 2, "torch": "2.13.0+cpu",
+     "gpu": null,                       # or {"name": ..., "cuda": ..., "memory_mib": ...}
+     "rows": [...],                     # the benchmark's own records, one per table row
+     ...}                               # anything else the benchmark keeps (its settings)
+
+``benchmarks/validation_memory.py`` wrote the first such file; a script adopts this module with
+
+    results_io.add_json_out(parser, "<name>")            # --json-out PATH | none
+    ...
+    results_io.write(results_io.result("<name>", rows, script=__file__, argv=argv), args.json_out)
+
+``--json-out`` defaults to ``benchmarks/results/<device>/<date>_<name>.json`` (``none``: write
+nothing); a second run on the same day gets ``<date>_<name>-2.json`` and so on, so that no
+default write replaces a measurement. Byte figures are kept in bytes, times in seconds, as
+measured (no rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent
+REPO = BENCHMARKS.parent
+RESULTS = BENCHMARKS / "results"
+DEFAULT = "default"  # --json-out's default: the dated file under RESULTS/<device>/
+HEAD = ("benchmark", "date", "command", "cpu", "cpu_flags", "torch", "rows")
+
+
+def default_path(benchmark: str, device: str = "cpu", date: str | None = None) -> Path:
+    """``benchmarks/results/<device>/<date>_<benchmark>.json`` (date: today)."""
+    return RESULTS / device / f"{date or datetime.date.today().isoformat()}_{benchmark}.json"
+
+
+def add_json_out(parser: argparse.ArgumentParser, benchmark: str, device: str = "cpu") -> None:
+    """``--json-out PATH``: where the raw results go (default: :func:`default_path`;
+    ``none``: nowhere)."""
+    parser.add_argument(
+        "--json-out",
+        default=DEFAULT,
+        metavar="PATH",
+        help=f"raw results as JSON (default: {default_path(benchmark, device, 'DATE')}; "
+        "'none': write nothing)",
+    )
+
+
+def output_path(json_out: str | Path | None, benchmark: str, device: str = "cpu") -> Path | None:
+    """The file ``--json-out`` names: the default path, ``None`` for ``none``, or the path."""
+    if json_out is None or str(json_out).lower() == "none":
+        return None
+    if str(json_out) == DEFAULT:
+        return default_path(benchmark, device)
+    return Path(json_out)
+
+
+def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
+    """The command line that reproduces the run: ``python benchmarks/<script> <args>``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return f"python benchmarks/{Path(script).name} {shlex.join(args)}".rstrip()
+
+
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """The CPU (model, ISA flags, what torch dispatches to), torch, and the GPU when ``device``
+    is ``cuda``."""
+    import torch
+
+    from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
+
+    gpu = None
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = {
+            "name": props.name,
+            "cuda": torch.version.cuda,
+            "memory_mib": props.total_memory // 2**20,
+        }
+    return {
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_description": cpu_description(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "torch": torch.__version__,
+        "gpu": gpu,
+    }
+
+
+def result(
+    benchmark: str,
+    rows: list[dict[str, Any]],
+    *,
+    script: str | Path | None = None,
+    argv: Sequence[str] | None = None,
+    device: str = "cpu",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A results document: the head (:data:`HEAD`, the machine) then ``extra``."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.date.today().isoformat(),
+        "command": command(script or f"{benchmark}.py", argv),
+        **machine(device),
+        **extra,
+        "rows": rows,
+    }
+
+
+def write(doc: dict[str, Any], json_out: str | Path | None, device: str = "cpu") -> Path | None:
+    """Write ``doc`` where ``--json-out`` says (:func:`output_path`); the path, or ``None``."""
+    path = output_path(json_out, doc["benchmark"], device)
+    if path is None:
+        return None
+    if str(json_out) == DEFAULT:
+        count = 1
+        while path.exists():  # a default write never replaces an earlier run's file
+            count += 1
+            path = default_path(doc["benchmark"], device).with_stem(
+                f"{default_path(doc['benchmark'], device).stem}-{count}"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(f"Wrote {path}", flush=True)
+    return path
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A results file, checked for the head every file has."""
+    doc = json.loads(Path(path).read_text())
+    missing = [key for key in HEAD if key not in doc]
+    if missing:
+        raise ValueError(f"{path}: not a results file (no {', '.join(missing)})")
+    return doc
+
+
+def runs(benchmark: str, device: str = "cpu", root: Path = RESULTS) -> list[Path]:
+    """Every ``<date>_<benchmark>[-N].json`` under ``root/<device>/``, oldest first."""
+    pattern = re.compile(rf"(\d{{4}}-\d{{2}}-\d{{2}})_{re.escape(benchmark)}(?:-(\d+))?\.json")
+    found = []
+    for path in (root / device).glob("*.json"):
+        match = pattern.fullmatch(path.name)
+        if match:
+            found.append((match[1], int(match[2] or 1), path))
+    return [path for *_, path in sorted(found)]
+
+
+def latest(benchmark: str, device: str = "cpu", root: Path = RESULTS) -> Path | None:
+    """The newest of :func:`runs` (None: none yet)."""
+    files = runs(benchmark, device, root)
+    return files[-1] if files else None
+
+
+def machine_line(doc: dict[str, Any]) -> str:
+    """One line naming the machine, torch, date and command of a results file, for a table's
+    caption."""
+    flags = doc.get("cpu_flags") or {}
+    present = ", ".join(f for f, on in flags.items() if on) or "none of avx2/avx512f/bf16"
+    gpu = doc.get("gpu")
+    where = f"{gpu['name']} (CUDA {gpu['cuda']}), host " if gpu else ""
+    cores = f", {doc['cores']} cores" if doc.get("cores") else ""
+    return (
+        f"{where}{doc['cpu']}{cores} ({present}), torch {doc['torch']}, {doc['date']}: "
+        f"`{doc['command']}`"
+    )

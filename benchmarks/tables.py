@@ -1,0 +1,231 @@
+"""The tables of docs/ regenerated from the results files under ``benchmarks/results/``.
+
+A table that comes from data sits between two markers in a Markdown file of ``docs/``:
+
+    <!-- table: levers_cuda -->
+    ...                                  (written by this script: do not edit by hand)
+    <!-- /table: levers_cuda -->
+
+and :data:`TABLES` names the function that builds it from the newest results file(s) (each
+table says which, with the machine and the command that wrote them). A marker whose table has no
+results file yet is left as it is.
+
+    python benchmarks/tables.py            # rewrite every marked table in docs/*.md
+    python benchmarks/tables.py --check    # exit 1 if a marked table differs from its files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results_io  # noqa: E402
+
+DOCS = results_io.REPO / "docs"
+MIB = 2**20
+MARKER = re.compile(
+    r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table: (?P=name) -->)", re.S
+)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(results_io.REPO))
+    except ValueError:
+        return str(path)
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.1%}".replace("-", "−")
+
+
+def _recorded_gpu_runs(results: Path) -> dict[frozenset[str], tuple[dict, dict, Path]]:
+    """Recorded GPU runs by their set of overrides: (run, file head, file)."""
+    runs = {}
+    for path in sorted((results / "cuda").glob("*.json")):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"]:
+            runs.setdefault(frozenset(run["overrides"]), (run, doc, path))
+    return runs
+
+
+def levers_cuda(results: Path) -> str | None:
+    """The levers on the reference config: the CUDA estimate (``levers_estimated.py``) beside
+    each recorded GPU run of the same overrides (``benchmarks/results/cuda``)."""
+    path = results_io.latest("levers_estimated", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    measured = _recorded_gpu_runs(results)
+    gpu_files = sorted({_rel(p) for _, _, p in measured.values()})
+    lines = [
+        f"{_rel(path)} (the estimates: {results_io.machine_line(doc)}) and "
+        f"{', '.join(gpu_files)} (measured):",
+        "",
+        "| lever | estimated peak allocated / reserved (MiB) | measured peak allocated / "
+        "reserved (MiB) | measured cut | measured time ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    base = None
+    for row in doc["rows"]:
+        estimated = (
+            f"{row['estimated_peak_allocated'] / MIB:,.0f} / "
+            f"{row['estimated_peak_reserved'] / MIB:,.0f}"
+        )
+        found = measured.get(frozenset(row["overrides"]))
+        if found is None:
+            lines.append(f"| {row['lever']} | {estimated} | not yet measured | | |")
+            continue
+        m = found[0]["measured"]
+        base = base or m
+        cut = base["peak_allocated_mib"] / m["peak_allocated_mib"]
+        ratio = f"{m['step_s'] / base['step_s']:.2f}" if m["step_s"] and base["step_s"] else ""
+        lines.append(
+            f"| {row['lever']} | {estimated} | {m['peak_allocated_mib']:,.0f} / "
+            f"{m['peak_reserved_mib']:,.0f} | {cut:.2f}x | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def cuda_estimate_errors(results: Path) -> str | None:
+    """The CUDA estimate against every recorded GPU run (``cuda_estimate_errors.py``)."""
+    path = results_io.latest("cuda_estimate_errors", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; estimated for CUDA on this CPU, "
+        f"against the GPU runs in benchmarks/results/cuda; bold: outside "
+        f"{bounds['allocated']:.0%} allocated / {bounds['reserved']:.0%} reserved):",
+        "",
+        "| run | allocated: estimated / measured MiB | error | reserved: estimated / measured "
+        "MiB | error |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    a_errors, r_errors, within = [], [], 0
+    for row in doc["rows"]:
+        m = row["measured"]
+        if row["allocated_compared"] == "peak":
+            pair, digits = (row["estimated_peak_allocated"] / MIB, m["peak_allocated_mib"]), 0
+        else:
+            pair, digits = (row["estimated_step_peak_growth"] / MIB, m["step_peak_growth_mib"]), 1
+        a, r = row["allocated_error"], row["reserved_error"]
+        a_text = f"**{_pct(a)}**" if abs(a) > bounds["allocated"] else _pct(a)
+        r_text = f"**{_pct(r)}**" if abs(r) > bounds["reserved"] else _pct(r)
+        lines.append(
+            f"| {row['run']} | {pair[0]:,.{digits}f} / {pair[1]:,.{digits}f} | {a_text} | "
+            f"{row['estimated_peak_reserved'] / MIB:,.0f} / {m['peak_reserved_mib']:,.0f} | "
+            f"{r_text} |"
+        )
+        a_errors.append(abs(a))
+        r_errors.append(abs(r))
+        within += abs(a) <= bounds["allocated"] and abs(r) <= bounds["reserved"]
+    n = len(a_errors)
+    lines += [
+        "",
+        f"{n - within} of {n} runs outside the bounds; mean |error| {sum(a_errors) / n:.1%} "
+        f"allocated (max {max(a_errors):.1%}), {sum(r_errors) / n:.1%} reserved (max "
+        f"{max(r_errors):.1%}).",
+    ]
+    return "\n".join(lines)
+
+
+def validation_memory(results: Path) -> str | None:
+    """Validation's memory on the CPU, measured against the estimate (``validation_memory.py``)."""
+    path = results_io.latest("validation_memory", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}):",
+        "",
+        "| case | volume | precision | windows | measured rise MiB | estimated MiB | error |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['case']} | {'×'.join(map(str, r['volume_shape']))} | {r['precision']} | "
+            f"{r['windows']} | {r['measured_growth'] / MIB:,.1f} | "
+            f"{r['estimated_growth'] / MIB:,.1f} | {_pct(r['error'])} |"
+        )
+    return "\n".join(lines)
+
+
+def loader_compare(results: Path) -> str | None:
+    """volseg's loader against MONAI's, as written and on volseg's terms
+    (``data_throughput.py --compare``)."""
+    path = results_io.latest("loader_compare", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    s = doc.get("settings", {})
+    shape, patch = "×".join(map(str, s.get("shape", []))), "×".join(map(str, s.get("patch", [])))
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; {s.get('cases')} cases of {shape}, "
+        f"patch {patch}, batch {s.get('batch')}):",
+        "",
+        "| loader (1 thread, 0 workers) | build + first batch (s) | s/batch |",
+        "| --- | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        lines.append(f"| {r['label']} | {r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |")
+    return "\n".join(lines)
+
+
+#: marker name -> the function that builds its table from ``benchmarks/results``
+TABLES: dict[str, Callable[[Path], str | None]] = {
+    "levers_cuda": levers_cuda,
+    "cuda_estimate_errors": cuda_estimate_errors,
+    "validation_memory": validation_memory,
+    "loader_compare": loader_compare,
+}
+
+
+def regenerate(text: str, results: Path = results_io.RESULTS) -> tuple[str, list[str]]:
+    """``text`` with every marked table rebuilt; the names of the tables rebuilt."""
+    done = []
+
+    def replace(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise KeyError(f"<!-- table: {name} -->: no such table (known: {', '.join(TABLES)})")
+        table = TABLES[name](results)
+        if table is None:  # no results file yet: left as it is
+            return match[0]
+        done.append(name)
+        return f"{match[1]}{table}\n{match[4]}"
+
+    return MARKER.sub(replace, text), done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only check, write nothing")
+    parser.add_argument("--docs", type=Path, default=DOCS)
+    parser.add_argument("--results", type=Path, default=results_io.RESULTS)
+    args = parser.parse_args(argv)
+    stale = []
+    for doc in sorted(args.docs.glob("*.md")):
+        text = doc.read_text()
+        new, done = regenerate(text, args.results)
+        if new != text:
+            stale.append(doc.name)
+            if not args.check:
+                doc.write_text(new)
+        if done:
+            print(f"{doc.name}: {', '.join(done)}" + (" (changed)" if new != text else ""))
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)}; run python benchmarks/tables.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
