@@ -21,11 +21,19 @@ tensors (``--malloc-default`` runs them as ``train.py`` runs by default, for com
 caching allocator's (``max_memory_allocated`` rise, ``max_memory_reserved``), compared with the
 CUDA estimate (CUDA context 0: the allocator's figures hold none of it).
 
-Two grids: ``TUNED``, the configs the estimator was tuned on, and ``HELD_OUT``, fixed before any
-result on it was seen and never tuned on.
+Three grids: ``TUNED``, the configs the estimator was tuned on; ``HELD_OUT``, fixed before any
+result on it was seen and never tuned on; ``NETWORKS``, networks volseg did not write (MONAI's
+DynUNet, SegResNet, SwinUNETR, BasicUNet, and the widely copied DoubleConv/Down/Up/OutConv U-Net
+as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``).
+Each network is also planned under a budget below its configured step (75% of the estimated
+total: ``python plan.py ... memory.budget=X``), and the plan trained (``python train.py
+plan=plan.yaml``) to see whether its measured peak stays under the budget.
 
-    python benchmarks/estimator_accuracy.py                        # CPU, both grids
+    python benchmarks/estimator_accuracy.py                        # CPU, every grid
     python benchmarks/estimator_accuracy.py --grid held-out        # one grid
+    python benchmarks/estimator_accuracy.py --grid networks \\
+        --json-out benchmarks/results/cpu/estimator_networks.json
+    python benchmarks/estimator_accuracy.py --write-docs           # docs/networks.md's table
     python benchmarks/estimator_accuracy.py --device cuda          # on a GPU machine
     python benchmarks/estimator_accuracy.py --device cuda --snapshot-dir DIR
 
@@ -261,7 +269,150 @@ HELD_OUT: Grid = [
     ),
 ]
 
-GRIDS: dict[str, Grid] = {"tuned": TUNED, "held-out": HELD_OUT}
+#: networks volseg did not write, each at a patch its divisibility allows (SwinUNETR 32, DynUNet
+#: and BasicUNet 16, SegResNet 8) within the embedded dataset's 32x96x96 volumes, float32, sized
+#: so that a run takes well under a minute on 2 cores; the last is a user's own class from a file
+#: (:data:`MY_UNET`, written into the work dir as ``my_unet.py``)
+NETWORKS: Grid = [
+    (
+        "DynUNet (deep supervision) fp32 b1 32x64x64",
+        ["model/net=dynunet", "data.batch_size=1", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "SegResNet fp32 b2 32x64x64",
+        ["model/net=segresnet", "data.batch_size=2", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "SwinUNETR fp32 b1 32x64x64",
+        ["model/net=swin_unetr", "data.batch_size=1", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "BasicUNet fp32 b2 32x64x64",
+        ["model/net=basic_unet", "data.batch_size=2", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "my_unet.UNet (DoubleConv/Down/Up/OutConv, trilinear) fp32 b2 32x64x64",
+        [
+            "model/net=custom",
+            "model.net._target_=my_unet.UNet",
+            "data.batch_size=2",
+            "data.patch_size=[32,64,64]",
+        ],
+    ),
+]
+NETWORKS = [(name, [*overrides, "trainer.precision=32"]) for name, overrides in NETWORKS]
+
+#: the widely copied 2D U-Net (``unet_model.py`` / ``unet_parts.py``: DoubleConv, Down, Up,
+#: OutConv) in 3D, as a user would bring it: base width 16, 4 downs, trilinear upsampling padded
+#: to the skip's size, BatchNorm3d + ReLU; ``UNet(n_channels, n_classes, bilinear=True)``
+MY_UNET = '''"""The DoubleConv / Down / Up / OutConv U-Net, in 3D."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DoubleConv(nn.Module):
+    """(convolution => BatchNorm => ReLU) * 2"""
+
+    def __init__(self, in_channels, out_channels, mid_channels=None):
+        super().__init__()
+        mid_channels = mid_channels or out_channels
+        self.double_conv = nn.Sequential(
+            nn.Conv3d(in_channels, mid_channels, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm3d(mid_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv3d(mid_channels, out_channels, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm3d(out_channels),
+            nn.ReLU(inplace=True),
+        )
+
+    def forward(self, x):
+        return self.double_conv(x)
+
+
+class Down(nn.Module):
+    """Max-pooling, then a double convolution"""
+
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.maxpool_conv = nn.Sequential(nn.MaxPool3d(2), DoubleConv(in_channels, out_channels))
+
+    def forward(self, x):
+        return self.maxpool_conv(x)
+
+
+class Up(nn.Module):
+    """Upsampling, then a double convolution of the skip and the upsampled map"""
+
+    def __init__(self, in_channels, out_channels, bilinear=True):
+        super().__init__()
+        if bilinear:
+            self.up = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+            self.conv = DoubleConv(in_channels, out_channels, in_channels // 2)
+        else:
+            self.up = nn.ConvTranspose3d(in_channels, in_channels // 2, kernel_size=2, stride=2)
+            self.conv = DoubleConv(in_channels, out_channels)
+
+    def forward(self, x1, x2):
+        x1 = self.up(x1)
+        # (B, C, D, H, W): pad x1 to the skip's size
+        dz, dy, dx = (b - a for a, b in zip(x1.shape[2:], x2.shape[2:]))
+        x1 = F.pad(x1, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2, dz // 2, dz - dz // 2])
+        return self.conv(torch.cat([x2, x1], dim=1))
+
+
+class OutConv(nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class UNet(nn.Module):
+    def __init__(self, n_channels, n_classes, bilinear=True, base=16):
+        super().__init__()
+        self.n_channels = n_channels
+        self.n_classes = n_classes
+        self.bilinear = bilinear
+        factor = 2 if bilinear else 1
+        self.inc = DoubleConv(n_channels, base)
+        self.down1 = Down(base, base * 2)
+        self.down2 = Down(base * 2, base * 4)
+        self.down3 = Down(base * 4, base * 8)
+        self.down4 = Down(base * 8, base * 16 // factor)
+        self.up1 = Up(base * 16, base * 8 // factor, bilinear)
+        self.up2 = Up(base * 8, base * 4 // factor, bilinear)
+        self.up3 = Up(base * 4, base * 2 // factor, bilinear)
+        self.up4 = Up(base * 2, base, bilinear)
+        self.outc = OutConv(base, n_classes)
+
+    def forward(self, x):
+        x1 = self.inc(x)
+        x2 = self.down1(x1)
+        x3 = self.down2(x2)
+        x4 = self.down3(x3)
+        x5 = self.down4(x4)
+        x = self.up1(x5, x4)
+        x = self.up2(x, x3)
+        x = self.up3(x, x2)
+        x = self.up4(x, x1)
+        return self.outc(x)
+'''
+
+GRIDS: dict[str, Grid] = {"tuned": TUNED, "held-out": HELD_OUT, "networks": NETWORKS}
+
+#: the planner check's budget: this fraction of the configured step's estimated total. At a
+#: batch of one the only lever is checkpointing, which leaves DynUNet and SwinUNETR about 79%
+#: of their step here: a budget of 75% has no answer for them
+BUDGET_FRACTION = 0.85
+
+#: docs/networks.md's table lies between these lines
+DOCS = REPO / "docs" / "networks.md"
+TABLE_START = "<!-- networks-table: written by benchmarks/estimator_accuracy.py --grid networks -->"
+TABLE_END = "<!-- /networks-table -->"
 
 SEED = [
     "model=unet_large",
@@ -352,18 +503,66 @@ def prepare_data(overrides: list[str], work_dir: Path) -> Path:
     return target
 
 
+def user_network(work_dir: Path) -> None:
+    """Writes :data:`MY_UNET` into ``work_dir`` as ``my_unet.py`` and puts ``work_dir`` on this
+    process's ``sys.path`` (for the estimate); :func:`child_env` puts it on the children's
+    ``PYTHONPATH``, as a user runs ``PYTHONPATH=. python train.py model/net=custom ...``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "my_unet.py"
+    if not path.exists() or path.read_text() != MY_UNET:
+        path.write_text(MY_UNET)
+    if str(work_dir) not in sys.path:
+        sys.path.insert(0, str(work_dir))
+
+
+def child_env(device: str, work_dir: Path, malloc_default: bool = False) -> dict[str, str]:
+    """The environment of a ``train.py``/``plan.py`` child: this one's, ``work_dir`` first on
+    ``PYTHONPATH`` (``my_unet.py``), ``MALLOC_MMAP_THRESHOLD_=65536`` on the CPU unless
+    ``malloc_default``."""
+    user_network(work_dir)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(work_dir), env.get("PYTHONPATH")) if p)
+    if device == "cpu" and not malloc_default:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    return env
+
+
+def _held_at_step_start(events: list[tuple[str, int, int]]) -> int:
+    """Bytes the estimate holds where its last (steady) step starts: parameters, buffers,
+    gradients and optimizer state."""
+    held, live, at_mark = 0, {}, 0
+    for kind, handle, nbytes in events:
+        if kind == "mark":
+            at_mark = held
+        elif kind == "malloc":
+            live[handle] = nbytes
+            held += nbytes
+        elif kind == "free":
+            held -= live.pop(handle)
+    return at_mark
+
+
 def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, float]:
     """The estimate of the config composed from the same overrides as its run (bytes)."""
     from volseg.memory.estimator import estimate
     from volseg.plan import planned_config
 
+    user_network(work_dir)
     # planned as train.py plans it (pooling=auto, precision for the device)
-    est = estimate(planned_config(compose(overrides, device, data_dir(overrides, work_dir))))
+    cfg = planned_config(compose(overrides, device, data_dir(overrides, work_dir)))
+    est = estimate(cfg)
     return {
+        "network": str(cfg.model.net._target_),
         "growth": est.step_peak_growth,
+        "held_at_start": _held_at_step_start(est.events),
         "peak_allocated": est.peak_allocated,
         "peak_reserved": est.peak_reserved,
+        "process_total": est.process_total,
         "accumulate_grad_batches": est.accumulate_grad_batches,
+        "batch_size": est.batch_size,
+        "patch_size": est.patch_size,
+        "precision": est.precision,
+        "num_parameters": est.num_parameters,
         "seconds": est.seconds,
     }
 
@@ -398,6 +597,27 @@ def step_rises(rows: list[dict[str, float]], accumulate_grad_batches: int) -> li
     return steps
 
 
+def _run(script: str, arguments: list[str], work_dir: Path, env: dict[str, str], what: str) -> None:
+    """``python <script> <arguments>`` in a fresh process in ``work_dir``; a failure raises with
+    the end of its stderr."""
+    command = [sys.executable, str(REPO / script), *arguments]
+    out = subprocess.run(
+        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=900
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{script} {what} failed:\n{out.stderr[-3000:]}")
+
+
+def _steady(run_dir: Path, name: str, accumulate_grad_batches: int) -> dict:
+    """A finished run's steady step from its monitor's CSV: the largest rise of steps 2..STEPS,
+    with that step's start and peaks, and every step's rise (bytes)."""
+    steps = step_rises(monitor_rows(run_dir / "csv" / "metrics.csv"), accumulate_grad_batches)
+    if len(steps) != STEPS:
+        raise RuntimeError(f"{name}: the monitor logged {len(steps)} steps, not {STEPS}")
+    steady = max(steps[1:], key=lambda s: s["growth"])
+    return {**steady, "rises": [s["growth"] for s in steps]}
+
+
 def measure(
     overrides: list[str],
     device: str,
@@ -416,31 +636,92 @@ def measure(
     run_dir = work_dir / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        str(REPO / "train.py"),
+    arguments = [
         *run_overrides(overrides, device, prepare_data(overrides, work_dir)),
         f"hydra.run.dir={run_dir}",
     ]
     if snapshot is not None and device == "cuda":
-        command.append(f"memory.snapshot_steps={STEPS}")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if device == "cpu" and not malloc_default:
-        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        arguments.append(f"memory.snapshot_steps={STEPS}")
     started = time.perf_counter()
-    out = subprocess.run(
-        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=900
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{out.stderr[-3000:]}")
-    steps = step_rises(monitor_rows(run_dir / "csv" / "metrics.csv"), accumulate_grad_batches)
-    if len(steps) != STEPS:
-        raise RuntimeError(f"{name}: the monitor logged {len(steps)} steps, not {STEPS}")
+    env = child_env(device, work_dir, malloc_default)
+    _run("train.py", arguments, work_dir, env, " ".join(overrides))
+    steady = _steady(run_dir, name, accumulate_grad_batches)
     if snapshot is not None and device == "cuda":
         shutil.copy(run_dir / "memory_snapshot.pickle", snapshot)
-    steady = max(steps[1:], key=lambda s: s["growth"])
-    seconds = time.perf_counter() - started
-    return {**steady, "rises": [s["growth"] for s in steps], "seconds": seconds}
+    return {**steady, "seconds": time.perf_counter() - started}
+
+
+#: the keys the planner may set to fit a budget (volseg.plan.make._plan_step)
+PLANNED_KEYS = (
+    "data.batch_size",
+    "model.activation_checkpointing",
+    "trainer.accumulate_grad_batches",
+)
+
+
+def plan_under_budget(
+    overrides: list[str],
+    device: str,
+    work_dir: Path,
+    name: str,
+    configured: dict[str, float],
+    malloc_default: bool = False,
+) -> dict:
+    """The planner's answer for a budget below the configured step, trained.
+
+    The budget is :data:`BUDGET_FRACTION` of the configured step's estimated process total
+    (``configured``: its :func:`predict`), in whole MiB. ``python plan.py <run overrides>
+    memory.budget=<budget>`` writes the plan (a step over the budget gets the planner's batch,
+    checkpointing or micro-batches); ``python train.py plan=<plan.yaml>`` trains it for
+    :data:`STEPS` steps. On the CPU the budget counts tensor bytes (the estimate's process total
+    there is its peak allocated, no interpreter or libraries), so the run's peak is counted the
+    same way: what its steady step holds at its start (parameters, buffers, gradients, optimizer
+    state: their sizes, from the estimate of the planned config) plus the step's measured rise.
+    """
+    import yaml
+
+    budget = int(BUDGET_FRACTION * configured["process_total"]) // MIB * MIB
+    plan_dir = work_dir / "plans" / name
+    run_dir = work_dir / "runs" / f"{name}_planned"
+    for folder in (plan_dir, run_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(overrides, work_dir)
+    env = child_env(device, work_dir, malloc_default)
+    budget_override = f"memory.budget={budget // MIB}MiB"
+    run = [*run_overrides(overrides, device, data), budget_override]
+    try:
+        _run("plan.py", [*run, f"hydra.run.dir={plan_dir}"], work_dir, env, budget_override)
+    except RuntimeError as err:  # nothing fits: the planner's answer, nothing to train
+        if "over" not in str(err):
+            raise
+        return {"budget": budget, "answer": None, "message": str(err).splitlines()[-1]}
+    plan_file = plan_dir / "plan.yaml"
+    saved = yaml.safe_load(plan_file.read_text())
+    decisions = saved["decisions"]
+    answer = [
+        f"{key}={json.dumps(decisions[key]['value'])}"
+        for key in PLANNED_KEYS
+        if key in decisions and decisions[key]["source"] == "planned"
+    ]
+    planned = predict([*overrides, *answer], device, work_dir)
+    started = time.perf_counter()
+    arguments = [f"plan={plan_file}", f"paths.data_dir={data}", f"hydra.run.dir={run_dir}"]
+    _run("train.py", arguments, work_dir, env, f"plan={plan_file}")
+    steady = _steady(run_dir, f"{name}_planned", int(planned["accumulate_grad_batches"]))
+    peak = planned["held_at_start"] + steady["growth"]
+    return {
+        "budget": budget,
+        "answer": answer,
+        "estimated": int(saved["estimate"]["process_total"]),
+        "estimated_growth": planned["growth"],
+        "measured_growth": steady["growth"],
+        "held_at_start": planned["held_at_start"],
+        "measured_peak": peak,
+        "under_budget": peak <= budget,
+        "rises": steady["rises"],
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def run_grid(
@@ -450,8 +731,11 @@ def run_grid(
     work_dir: Path,
     malloc_default: bool = False,
     snapshot_dir: Path | None = None,
-) -> list[float]:
-    """Print one grid's table; returns the errors (fractions)."""
+    planner: bool = False,
+) -> list[dict]:
+    """Print one grid's table; returns a record per config (bytes; ``error`` a fraction).
+    ``planner``: also plan each config under a budget below it and train the plan
+    (:func:`plan_under_budget`)."""
     print(f"## {label}")
     print()
     if device == "cuda":
@@ -461,9 +745,14 @@ def run_grid(
         )
         print("|---|---:|---:|---:|---:|---:|")
     else:
-        print("| config | estimated MiB | measured MiB (peak RSS rise) | error |")
-        print("|---|---:|---:|---:|")
-    errors = []
+        head = "| config | estimated MiB | measured MiB (peak RSS rise) | error |"
+        rule = "|---|---:|---:|---:|"
+        if planner:
+            head += " budget MiB | planned | planned run's peak MiB |"
+            rule += "---:|---|---:|"
+        print(head)
+        print(rule)
+    records = []
     for index, (name, overrides) in enumerate(grid):
         predicted = predict(overrides, device, work_dir)
         snapshot = snapshot_dir / f"{label}_{index}.pickle" if snapshot_dir else None
@@ -477,7 +766,21 @@ def run_grid(
             snapshot,
         )
         error = predicted["growth"] / measured["growth"] - 1
-        errors.append(error)
+        record = {
+            "name": name,
+            "network": predicted["network"],
+            "overrides": overrides,
+            "batch_size": predicted["batch_size"],
+            "patch_size": predicted["patch_size"],
+            "precision": predicted["precision"],
+            "num_parameters": predicted["num_parameters"],
+            "estimated_bytes": int(predicted["growth"]),
+            "measured_bytes": int(measured["growth"]),
+            "error": error,
+            "measured_rises_bytes": [int(r) for r in measured["rises"]],
+            "estimated_process_total_bytes": int(predicted["process_total"]),
+            "run_seconds": round(measured["seconds"], 1),
+        }
         row = (
             f"| {name} | {predicted['growth'] / MIB:,.1f} | {measured['growth'] / MIB:,.1f} "
             f"| {100 * error:+.1f}% |"
@@ -488,13 +791,45 @@ def run_grid(
                 f" {predicted['peak_reserved'] / MIB:,.0f} / "
                 f"{measured['peak_reserved'] / MIB:,.0f} | {100 * reserved_error:+.1f}% |"
             )
+        elif planner:
+            check = plan_under_budget(
+                overrides, device, work_dir, f"{label}_{index}", predicted, malloc_default
+            )
+            if check["answer"] is None:
+                record["planner"] = {
+                    "budget_bytes": check["budget"],
+                    "answer": None,
+                    "message": check["message"],
+                }
+                row += f" {check['budget'] / MIB:,.0f} | nothing fits | |"
+                records.append(record)
+                print(row, flush=True)
+                continue
+            record["planner"] = {
+                "budget_bytes": check["budget"],
+                "answer": check["answer"],
+                "estimated_process_total_bytes": check["estimated"],
+                "estimated_growth_bytes": int(check["estimated_growth"]),
+                "measured_growth_bytes": int(check["measured_growth"]),
+                "held_at_start_bytes": int(check["held_at_start"]),
+                "measured_peak_bytes": int(check["measured_peak"]),
+                "under_budget": check["under_budget"],
+                "measured_rises_bytes": [int(r) for r in check["rises"]],
+                "run_seconds": round(check["seconds"], 1),
+            }
+            row += (
+                f" {check['budget'] / MIB:,.0f} | {' '.join(check['answer']) or 'unchanged'} "
+                f"| {check['measured_peak'] / MIB:,.1f} "
+                f"({'under' if check['under_budget'] else 'OVER'}) |"
+            )
+        records.append(record)
         print(row, flush=True)
         rises = ", ".join(f"{r / MIB:,.1f}" for r in measured["rises"])
         print(f"<!-- rises by step: {rises} MiB; run {measured['seconds']:.0f} s -->", flush=True)
     print()
-    print(summary_line(errors))
+    print(summary_line([r["error"] for r in records]))
     print()
-    return errors
+    return records
 
 
 def summary_line(errors: list[float]) -> str:
@@ -505,7 +840,77 @@ def summary_line(errors: list[float]) -> str:
     )
 
 
-def main() -> None:
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / MIB:,.1f}"
+
+
+def networks_table(results: dict) -> str:
+    """docs/networks.md's table (the lines between its markers) from a ``--json-out`` file of
+    the networks grid: a sentence naming the CPU and the date, then one row per network."""
+    rows = results["grids"]["networks"]
+    lines = [
+        f"Measured on {results['cpu']}, {results['date']} (torch {results['torch']}, MONAI "
+        f"{results['monai']}; `{results['command']}`, then `--write-docs`): each row a real "
+        f"`python train.py` run of {results['steps']} optimizer steps on the embedded dataset, "
+        f"the steady step's peak RSS rise (`{results['malloc']}`) against "
+        "`estimate(cfg).step_peak_growth`; then a budget of "
+        f"{100 * results['budget_fraction']:.0f}% of the configured step's estimated total given "
+        "to `python plan.py <overrides> memory.budget=X`, and the plan trained with `python "
+        "train.py plan=plan.yaml`: its peak counted as the CPU estimate counts a total (tensor "
+        "bytes: parameters, gradients and optimizer state held at the step's start, plus the "
+        "step's measured rise).",
+        "",
+        "| network | override | patch / batch | estimated MiB | measured MiB | error "
+        "| budget MiB: the planner's answer | planned run: measured peak / budget MiB |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for row in rows:
+        override = " ".join(
+            o for o in row["overrides"] if o.startswith(("model/net=", "model.net."))
+        )
+        patch = "×".join(str(p) for p in row["patch_size"])
+        line = (
+            f"| `{row['network']}` | `{override}` | {patch} / {row['batch_size']} "
+            f"| {_mib(row['estimated_bytes'])} | {_mib(row['measured_bytes'])} "
+            f"| {100 * row['error']:+.1f}% |"
+        )
+        check = row.get("planner")
+        if check is None:
+            line += " not run | not run |"
+        elif check["answer"] is None:
+            line += f" {check['budget_bytes'] / MIB:,.0f}: nothing fits | not trained |"
+        else:
+            answer = " ".join(f"`{a}`" for a in check["answer"]) or "unchanged"
+            verdict = "under" if check["under_budget"] else "**over**"
+            line += (
+                f" {check['budget_bytes'] / MIB:,.0f}: {answer} "
+                f"| {_mib(check['measured_peak_bytes'])} / {check['budget_bytes'] / MIB:,.0f} "
+                f"({verdict}) |"
+            )
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(results_path: Path, docs: Path = DOCS) -> bool:
+    """Replace what lies between the markers of ``docs`` with :func:`networks_table` of the
+    results file; returns whether the file changed."""
+    results = json.loads(results_path.read_text())
+    text = docs.read_text()
+    head, found, rest = text.partition(TABLE_START + "\n")
+    _, found_end, tail = rest.partition(TABLE_END)
+    if not found or not found_end:
+        raise SystemExit(f"{docs}: no '{TABLE_START}' ... '{TABLE_END}' markers")
+    updated = head + TABLE_START + "\n" + networks_table(results) + TABLE_END + tail
+    if updated != text:
+        docs.write_text(updated)
+    return updated != text
+
+
+#: the results file of ``--grid networks`` that ``--write-docs`` reads by default
+NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks.json"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--grid", default="all", choices=["all", *GRIDS])
@@ -526,7 +931,28 @@ def main() -> None:
         default=None,
         help="CUDA: write each run's allocator snapshot here (<grid>_<i>.pickle)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--json-out",
+        type=Path,
+        default=None,
+        help="write the raw results (per config: overrides, estimated and measured bytes, error; "
+        "the machine, versions, date and command) to this JSON file",
+    )
+    parser.add_argument(
+        "--write-docs",
+        nargs="?",
+        type=Path,
+        const=NETWORKS_RESULTS,
+        default=None,
+        metavar="RESULTS",
+        help="regenerate docs/networks.md's table from a --grid networks results file "
+        f"(default {NETWORKS_RESULTS.relative_to(REPO)}) and run nothing else",
+    )
+    args = parser.parse_args(argv)
+    if args.write_docs is not None:
+        changed = write_docs(args.write_docs)
+        print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
+        return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
 
@@ -537,21 +963,51 @@ def main() -> None:
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     malloc = "glibc default" if args.malloc_default else "MALLOC_MMAP_THRESHOLD_=65536"
-    malloc = f"; {malloc}" if args.device == "cpu" else ""
-    print(f"child processes: python train.py ... trainer.max_steps={STEPS}{malloc}")
+    print(
+        f"child processes: python train.py ... trainer.max_steps={STEPS}"
+        + (f"; {malloc}" if args.device == "cpu" else "")
+    )
     print()
     grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
     with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
         work_dir = args.work_dir or Path(tmp)
         work_dir.mkdir(parents=True, exist_ok=True)
-        summaries = {
-            label: summary_line(
-                run_grid(grid, label, args.device, work_dir, args.malloc_default, args.snapshot_dir)
+        records = {
+            label: run_grid(
+                grid,
+                label,
+                args.device,
+                work_dir,
+                args.malloc_default,
+                args.snapshot_dir,
+                planner=label == "networks" and args.device == "cpu",
             )
             for label, grid in grids.items()
         }
-    for label, line in summaries.items():
-        print(f"{label}: {line}")
+    for label, rows in records.items():
+        print(f"{label}: {summary_line([r['error'] for r in rows])}")
+    if args.json_out is not None:
+        import monai
+
+        results = {
+            "command": " ".join(
+                ["python", "benchmarks/estimator_accuracy.py", *(argv or sys.argv[1:])]
+            ),
+            "date": today,
+            "device": args.device,
+            "cpu": cpu_description(),
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+            "torch": torch.__version__,
+            "monai": monai.__version__,
+            "python": sys.version.split()[0],
+            "malloc": malloc if args.device == "cpu" else None,
+            "steps": STEPS,
+            "budget_fraction": BUDGET_FRACTION,
+            "grids": records,
+        }
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.json_out}")
     seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,43 @@ def test_a_step_with_accumulation_spans_its_micro_batches():
 @pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
     bench = load_benchmark("estimator_accuracy")
-    for _, overrides in bench.TUNED + bench.HELD_OUT:
+    for _, overrides in [row for grid in bench.GRIDS.values() for row in grid]:
         cfg = bench.compose(overrides, device, tmp_path)
         assert cfg.trainer.accelerator == accelerator
         assert target_device(cfg) == device
         assert cfg.trainer.max_steps == bench.STEPS
+
+
+def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, monkeypatch):
+    """The networks grid's custom row: ``my_unet.py`` written into the work dir, imported from
+    there by the estimate (and by the children, through ``PYTHONPATH``), its constructor's
+    ``n_channels``/``n_classes`` filled in; here at a smaller patch."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the work dir goes onto a copy
+    bench = load_benchmark("estimator_accuracy")
+    name, overrides = next(row for row in bench.NETWORKS if "my_unet.UNet" in row[0])
+    small = [*overrides, "data.patch_size=[16,32,32]", "data.batch_size=1"]
+    predicted = bench.predict(small, "cpu", tmp_path)
+    assert (tmp_path / "my_unet.py").read_text() == bench.MY_UNET
+    assert predicted["network"] == "my_unet.UNet"
+    assert predicted["patch_size"] == [16, 32, 32] and predicted["batch_size"] == 1
+    assert 0 < predicted["held_at_start"] < predicted["growth"]
+    env = bench.child_env("cpu", tmp_path)
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
+def test_docs_networks_table_is_the_committed_results_written_out():
+    """docs/networks.md's table between its markers is what ``--write-docs`` makes of the
+    committed ``benchmarks/results/cpu/estimator_networks.json``."""
+    bench = load_benchmark("estimator_accuracy")
+    results = json.loads(bench.NETWORKS_RESULTS.read_text())
+    rows = results["grids"]["networks"]
+    assert [row["name"] for row in rows] == [name for name, _ in bench.NETWORKS]
+    assert all("planner" in row for row in rows)
+    text = bench.DOCS.read_text()
+    between = text.split(bench.TABLE_START + "\n", 1)[1].split(bench.TABLE_END, 1)[0]
+    assert between == bench.networks_table(results)
+    assert results["cpu"] in between and results["date"] in between
 
 
 @pytest.mark.slow

@@ -278,3 +278,19 @@ def test_bad_loop_settings_name_the_key(tmp_path, override, named):
 
     with pytest.raises(UserInputError, match=named):
         estimate(_cfg(tmp_path, [*SMALL, override]))
+
+
+@pytest.mark.slow
+def test_a_network_volseg_did_not_write_is_estimated_within_10_percent(tmp_path):
+    """MONAI's SegResNet (residual blocks, GroupNorm, 8-channel full-resolution layers, whose
+    oneDNN reorders pad to 16 channels on AVX-512): the estimate of a steady step against a real
+    ``trainer.fit`` step in a fresh process."""
+    overrides = [
+        "model/net=segresnet",
+        "data.batch_size=2",
+        "data.patch_size=[16,64,64]",
+        "trainer.precision=32",
+        "estimate.device=cpu",
+    ]
+    predicted = estimate(_cfg(tmp_path, overrides)).step_peak_growth
+    assert measure_fit(overrides)["growth"] == pytest.approx(predicted, rel=0.10)

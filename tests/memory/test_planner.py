@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import Plan, patch_divisor, plan
+from volseg.memory.planner import Plan, Planner, patch_divisor, plan
 from volseg.utils.units import MIB
 
 SMALL = [
@@ -219,3 +219,17 @@ def plan_without_margin(cfg: DictConfig, budget: int) -> int:
 
     with mock.patch.object(residuals, "OTHER", residuals.Margin(0.0, "none")):
         return plan(cfg, budget, search="batch").batch_size
+
+
+def test_a_batch_of_one_over_the_budget_does_not_end_the_batch_search(tmp_path):
+    """On a CPU a float32 batch of one of thin layers runs torch's native convolutions (a column
+    buffer 27x the input) instead of oneDNN's and can take more than a batch of two: a budget
+    that batch 1 misses and batch 2 fits gets batch 2, not "nothing fits"."""
+    cfg = planned_config("train", tmp_path, SMALL)
+    one, two, three = (estimate(cfg, batch_size=n) for n in (1, 2, 3))
+    assert one.process_total > three.process_total > two.process_total  # the premise
+    budget = (two.process_total + three.process_total) // 2
+    n, est = Planner(cfg, budget).largest_batch("none")
+    assert n == 2 and est.process_total == two.process_total
+    answer = plan(cfg, budget, search="batch", checkpointing_options=["none"])
+    assert answer.batch_size == 2 and answer.fits_as_configured

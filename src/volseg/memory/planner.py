@@ -193,14 +193,21 @@ class Planner:
         return None
 
     def largest_batch(self, checkpointing: Any) -> tuple[int, MemoryEstimate | None]:
-        """Largest batch size at the configured patch (0 when 1 does not fit), its estimate."""
+        """Largest batch size at the configured patch (0 when none fits), its estimate."""
 
         def fits(n: int) -> MemoryEstimate | None:
             est = self.estimate(n, self.base_patch, checkpointing)
             return est if est.fits(self.budget) else None
 
+        # the search needs memory to grow with the batch, which it does from batch 2 on; on a CPU
+        # a float32 batch of one can take more than two: torch runs a thin layer's convolutions
+        # on its native kernels, with a column buffer 27x the input, instead of on oneDNN
+        # (volseg.memory.workspace), so batch 1 not fitting does not rule out batch 2
+        lo = 1
         if fits(1) is None:
-            return 0, None
+            if self.max_batch_size < 2 or fits(2) is None:
+                return 0, None
+            lo = 2
         one = self.estimate(1, self.base_patch, checkpointing).process_total
         two = self.estimate(2, self.base_patch, checkpointing).process_total
         # the step's memory grows about linearly with the batch: start where the line meets the
@@ -215,7 +222,7 @@ class Planner:
                 break
             slope = (self.estimate(n, self.base_patch, checkpointing).process_total - two) / (n - 2)
             guess = min(n - 1, 2 + int((self.budget - two) // max(slope, 1.0)))
-        return _largest(fits, 1, self.max_batch_size, guess)
+        return _largest(fits, lo, self.max_batch_size, guess)
 
     def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
         """``k`` of :meth:`patch_at`: the multiples of its divisor on the axis with the fewest."""
