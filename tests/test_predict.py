@@ -15,7 +15,8 @@ from monai.inferers import SlidingWindowInferer
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
-from volseg.tasks.predict import VolumePredictor, predict
+from volseg.models.volume_predictor import VolumePredictor
+from volseg.tasks.predict import predict
 from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
 

@@ -36,7 +36,8 @@ def _mem_rows(run_dir: Path) -> dict[int, dict[str, float]]:
     with open(run_dir / "csv" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("mem/allocated_mib")]
     return {
-        int(r["step"]): {k: float(v) for k, v in r.items() if k.startswith("mem/")} for r in rows
+        int(r["step"]): {k: float(v) for k, v in r.items() if k.startswith("mem/") and v}
+        for r in rows
     }
 
 

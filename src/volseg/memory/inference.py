@@ -22,9 +22,9 @@ With ``model.inferer.device=cpu`` on a CUDA estimate, the stitching buffers and 
 them live in host memory: they are made on the ``meta`` device in the trace, which the tracker
 leaves out of the device's count (the window batch's copy to the host too).
 
-Prediction (:class:`volseg.tasks.predict.VolumePredictor.predict_step`) is traced the same way
-on a module with no optimizer and no gradients, at ``predict.py``'s precision, with its flips
-(test-time augmentation) and the stitching device ``stitch=device`` or ``host`` picks
+Prediction (:class:`volseg.models.volume_predictor.VolumePredictor.predict_step`) is traced the
+same way on a module with no optimizer and no gradients, at ``predict.py``'s precision, with its
+flips (test-time augmentation) and the stitching device ``stitch=device`` or ``host`` picks
 (``auto`` decides per volume at run time from the free memory: both figures are given).
 
 Two MONAI steps cannot run on fake tensors and are stood in for with what they allocate: the
@@ -55,6 +55,7 @@ from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.estimator import _fake_step, _precision, _trace_steps
 from volseg.memory.events import Event
 from volseg.memory.trackers import RecordingMemTracker
+from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
@@ -413,8 +414,6 @@ def estimate_prediction(
     """Predicted memory of ``predict.py`` on one volume of ``volume_shape`` with the network and
     inferer of ``cfg`` (planned), stitched on the ``device`` or the ``host``, averaged over the
     mirrorings of ``flip_axes``, at ``precision`` (predict.py's ``trainer.precision``)."""
-    from volseg.tasks.predict import VolumePredictor
-
     if stitch not in STITCH:
         raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH)}")
     shape = _shape(volume_shape)

@@ -1,0 +1,89 @@
+"""``VolumePredictor``: the LightningModule ``predict.py`` runs, whole volumes to class
+probabilities by sliding windows, stitched on the device or the host, averaged over mirrorings.
+Here, below ``memory/``, so that the estimator traces the same module that predicts."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from monai.inferers import SlidingWindowInferer
+
+from volseg.utils.errors import UserInputError
+
+STITCH_CHOICES = ("auto", "host", "device")
+# auto stitching: keep the whole volume on the device while its stitching buffers take at most
+# this share of the device's free memory (the windows' activations need the rest)
+DEVICE_STITCH_SHARE = 0.5
+
+
+def flip_combinations(axes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every subset of the spatial ``axes`` (0 = D, 1 = H, 2 = W) as dims of ``(B, C, D, H, W)``.
+
+    ``[]`` gives ``[()]`` (no flip); ``[0, 1, 2]`` gives all 8 mirrorings, identity first.
+    """
+    dims = sorted({int(a) + 2 for a in axes})
+    if any(d not in (2, 3, 4) for d in dims):
+        raise UserInputError(f"flip_axes={list(axes)}: spatial axes are 0 (D), 1 (H) and 2 (W)")
+    return [c for n in range(len(dims) + 1) for c in itertools.combinations(dims, n)]
+
+
+class VolumePredictor(L.LightningModule):
+    """Class probabilities ``(B, K, D, H, W)`` of whole volumes ``(B, C, D, H, W)``.
+
+    Windows of ``inferer`` (e.g. MONAI ``SlidingWindowInferer`` with overlap and Gaussian
+    weighting) run on this module's device. The volume and its stitched probabilities stay on the
+    host when ``stitch="host"``, or with ``"auto"`` when the stitching buffers (``3K + 1`` float32
+    per voxel: logits, window count, softmax and the flip average) would take more than half of
+    the device's free memory; so a large volume bounds GPU memory by the windows alone.
+    The softmax is averaged over the mirrorings of ``flip_axes`` (test-time augmentation).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        inferer: SlidingWindowInferer,
+        num_classes: int,
+        flip_axes: Sequence[int] = (),
+        stitch: str = "auto",
+    ) -> None:
+        super().__init__()
+        if stitch not in STITCH_CHOICES:
+            raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH_CHOICES)}")
+        self.model = model
+        self.inferer = inferer
+        self.num_classes = num_classes
+        self.flips = flip_combinations(flip_axes)
+        self.stitch = stitch
+
+    def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:
+        """Where the whole volume's probabilities are accumulated."""
+        if self.device.type != "cuda" or self.stitch == "device":
+            return self.device
+        if self.stitch == "host":
+            return torch.device("cpu")
+        free, _ = torch.cuda.mem_get_info(self.device)
+        needed = int(np.prod(spatial_shape)) * (3 * self.num_classes + 1) * 4
+        return self.device if needed <= DEVICE_STITCH_SHARE * free else torch.device("cpu")
+
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
+        """Mean softmax over the flips, on the host: ``(B, K, D, H, W)`` float32; ``None`` for
+        a padding batch (:class:`volseg.data.sampling.ShardedEvalSampler`)."""
+        counted = batch.get("counted")
+        if counted is not None and not torch.as_tensor(counted, dtype=torch.bool).all():
+            return None  # batch size 1: a padding volume, predicted by another rank
+        target = self.stitch_device(batch["image"].shape[2:])
+        image = batch["image"].to(target)
+        self.inferer.sw_device = self.device
+        probs: torch.Tensor | None = None
+        for dims in self.flips:
+            logits = self.inferer(image.flip(dims) if dims else image, self.model, device=target)
+            p = torch.softmax(logits.float(), dim=1)
+            p = p.flip(dims) if dims else p
+            probs = p if probs is None else probs.add_(p)
+        return probs.div_(len(self.flips)).cpu()
