@@ -40,23 +40,23 @@ def check_validation_fits(
     est: InferenceEstimate,
     budget_value: str,
     shape_from: str,
-    settings: str = "",
+    tried: str = "",
     hint: str = "",
 ) -> int:
     """The predicted process total of the run's validation ``est`` (of its largest volume, from
     ``shape_from``) within ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one
-    line when it does not fit (``settings``: the levers ``est`` was estimated with; ``hint``:
-    what else may help)."""
+    line when it does not fit (``tried``: the other settings estimated, with what each needs;
+    ``hint``: what else may help)."""
     budget = parse_bytes(budget_value, "memory.budget")
     total = est.total_within(budget)
     shape = "x".join(map(str, est.volume_shape))
     if total is None:
-        even = f" even with {settings}" if settings else ""
+        even = f"; tried {tried}" if tried else ""
         raise BudgetExceeded(
             f"memory.budget={budget_value}: the estimated validation of one {shape} volume "
             f"({shape_from}) needs {est.process_total / MIB:,.0f} MiB on {est.device} (peak "
-            f"allocated {est.peak_allocated / MIB:,.0f} MiB){margin_note(est)}{even}, over "
-            f"{budget / MIB:,.0f} MiB{'. ' + hint if hint else ''}"
+            f"allocated {est.peak_allocated / MIB:,.0f} MiB){margin_note(est)}, over "
+            f"{budget / MIB:,.0f} MiB{even}{'. ' + hint if hint else ''}"
         )
     log.info(
         "memory.budget=%s: the estimated validation of one %s volume needs %s MiB on %s, it fits",

@@ -57,9 +57,6 @@ class InferenceFit:
     overrides: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)
-    #: nothing fits: the setting tried that needs least (config key -> value) and its estimate
-    least: dict[str, Any] = field(default_factory=dict)
-    least_estimate: InferenceEstimate | None = None
 
 
 def _with(cfg: DictConfig, settings: dict[str, Any]) -> DictConfig:
@@ -137,18 +134,10 @@ def fit_validation(
             cache[key] = estimator(_with(cfg, settings(sw, host, roi)), volume_shape)
             total = cache[key].total_within(budget)
             text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
-            fit.tried.append(
-                f"{text}: {_mib(cache[key].process_total)}"
-                + (" (fits)" if total is not None else "")
-            )
+            fits = " (fits)" if total is not None else ""
+            fit.tried.append(f"{text} {_mib(cache[key].process_total)}{fits}")
         est = cache[key]
         return est if est.fits(budget) else None
-
-    def nothing() -> InferenceFit:
-        key = min(cache, key=lambda k: cache[k].process_total, default=None)
-        if key is not None and cache[key].process_total < configured.process_total:
-            fit.least, fit.least_estimate = settings(key[0], key[1], list(key[2])), cache[key]
-        return fit
 
     def found(
         est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
@@ -203,12 +192,12 @@ def fit_validation(
             )
             return found(est, sw, True, roi0, why)
     if not smaller_windows:
-        return nothing()
+        return fit
     # 3. smaller windows, one at a time (stitched on the host on a GPU)
     divisor = patch_divisor(cfg)
     k_now = min(r // d for r, d in zip(roi0, divisor, strict=True))
     if k_now <= 1:
-        return nothing()
+        return fit
 
     def window(k: int) -> list[int]:
         scaled = scaled_patch(roi0, k, divisor)
@@ -218,7 +207,7 @@ def fit_validation(
     # the smallest window first: where the whole-volume steps alone are over the budget, no
     # window fits, and this one estimate says so (the search would try each size)
     if estimate(1, True, window(1)) is None:
-        return nothing()
+        return fit
     ratio = budget / max(configured.process_total, 1)
     guess = max(1, min(k_now - 1, int(k_now * ratio ** (1 / 3))))
     k, est = _largest(lambda n: estimate(1, True, window(n)), 1, k_now - 1, guess)
@@ -230,4 +219,4 @@ def fit_validation(
             "memory: host stitching would save nothing)"
         )
         return found(est, 1, True, window(k), why)
-    return nothing()
+    return fit

@@ -321,8 +321,7 @@ def _plan_validation(
                 if not fit_budget
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
-            tried = " ".join(f"{k}={v}" for k, v in fit.least.items())
-            check_validation_fits(fit.least_estimate or est, budget_value, source, tried, hint)
+            check_validation_fits(est, budget_value, source, ", ".join(fit.tried), hint)
         for key, value in fit.overrides.items():
             _set(cfg, key, value)
         planned, est = fit.reasons, fit.estimate
