@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, compose_config, planned_config
+from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimator import estimate
 from volseg.memory.inference import estimate_validation
@@ -60,12 +60,17 @@ def test_a_budget_over_device_stitching_plans_host_stitching(tmp_path):
     assert "model.inferer.device" in plan.to_dict()["decisions"]
 
 
-def test_a_budget_no_validation_fits_is_one_line(tmp_path):
+def test_a_budget_no_validation_fits_is_one_line(small_dataset, tmp_path):
     """On a CPU the whole volume's steps after the windows are over the budget whatever the
     windows: train.py stops before any work, in one line naming memory.budget."""
     from volseg.tasks.train import train
 
-    overrides = [*SMALL, "estimate.device=cpu", "trainer.accelerator=cpu"]
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "trainer.precision=32",
+        "model.inferer.sw_batch_size=4",
+        "estimate.val_shape=[32,192,192]",
+    ]
     cfg = compose_config("train", tmp_path / "run", [*overrides, "memory.budget=60MiB"])
     assert estimate(planned_config("train", tmp_path / "est", overrides)).fits(60 * MIB)
     with pytest.raises(BudgetExceeded) as err:
@@ -73,7 +78,7 @@ def test_a_budget_no_validation_fits_is_one_line(tmp_path):
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("memory.budget=60MiB: the estimated validation of one 32x192x192")
-    assert "model.inferer.sw_batch_size=" in message  # what was tried
+    assert "tried model.inferer.sw_batch_size=" in message
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
