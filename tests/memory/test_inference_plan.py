@@ -14,7 +14,8 @@ import yaml
 from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimator import estimate
-from volseg.memory.inference import estimate_validation
+from volseg.memory.inference import estimate_prediction, estimate_validation
+from volseg.memory.inference_plan import plan_stitching
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB
@@ -142,3 +143,29 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
     assert configured.resident + rise * MIB <= budget
     # the configured windows would not have: the rise the estimate gives them is over it
     assert configured.resident + configured.peak_growth > budget
+
+
+def test_predict_stitches_on_the_gpu_the_volumes_that_fit_there(tmp_path):
+    """predict.py's plan per volume shape on a GPU (fake tensors): the shapes whose device
+    stitching fits the limit are stitched there, the larger ones on the host."""
+    cfg = planned_config("train", tmp_path / "est", [*SMALL, "estimate.device=cuda"])
+    small, large = (32, 64, 64), (32, 192, 192)
+    made: dict[tuple, object] = {}
+
+    def estimator(cfg, shape, stitch, flip_axes, precision):  # the plan's, remembered
+        key = (tuple(shape), stitch)
+        if key not in made:
+            made[key] = estimate_prediction(cfg, shape, stitch, flip_axes, precision)
+        return made[key]
+
+    on_gpu = {s: estimator(cfg, s, "device", (), "32-true") for s in (small, large)}
+    host = estimator(cfg, large, "host", (), "32-true")
+    limit = (on_gpu[small].process_total + on_gpu[large].process_total) // 2
+    assert on_gpu[small].fits(limit) and not on_gpu[large].fits(limit) and host.fits(limit)
+
+    plan = plan_stitching(cfg, [large, small, small], "cuda", limit, "test", estimator=estimator)
+    assert plan.stitch == {small: "device", large: "host"}
+    assert plan.estimates[large].stitch == "host"
+    assert any("32x192x192: stitched on the host" in line for line in plan.lines())
+    # no limit known on a GPU: nothing planned, stitch=auto decides at run time
+    assert plan_stitching(cfg, [small], "cuda", None, "", estimator=estimator).stitch == {}

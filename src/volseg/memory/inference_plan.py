@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from volseg.memory.inference import InferenceEstimate, estimate_validation
+from volseg.memory.inference import InferenceEstimate, estimate_prediction, estimate_validation
 from volseg.memory.planner import _largest, patch_divisor, scaled_patch
 from volseg.utils.units import MIB
 
@@ -220,3 +221,87 @@ def fit_validation(
         )
         return found(est, 1, True, window(k), why)
     return fit
+
+
+@dataclass
+class StitchPlan:
+    """Where ``predict.py`` stitches each volume shape (``(D, H, W)`` -> ``device``/``host``),
+    planned for ``limit`` bytes of ``device`` memory (``source``: where the limit comes from),
+    and the estimates it rests on (shape -> the chosen stitching's)."""
+
+    device: str
+    limit: int | None
+    source: str
+    stitch: dict[tuple[int, ...], str] = field(default_factory=dict)
+    estimates: dict[tuple[int, ...], InferenceEstimate] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """One log line per volume shape."""
+        within = f"{_mib(self.limit)} ({self.source})" if self.limit else "no limit known"
+        out = []
+        for shape, where in self.stitch.items():
+            est = self.estimates.get(shape)
+            figures = (
+                f"peak allocated {_mib(est.peak_allocated)}, process total "
+                f"{_mib(est.process_total)} on {est.device}"
+                if est is not None
+                else "not estimated (smaller than one that fits)"
+            )
+            out.append(
+                f"  {'x'.join(map(str, shape))}: stitched on the {where} ({figures}; {within})"
+            )
+        return out
+
+
+def plan_stitching(
+    cfg: DictConfig,
+    shapes: Sequence[Sequence[int]],
+    device: str,
+    limit: int | None,
+    source: str,
+    flip_axes: Sequence[int] = (),
+    precision: str = "32-true",
+    stitch: str = "auto",
+    estimator: Callable[..., InferenceEstimate] | None = None,
+) -> StitchPlan:
+    """``predict.py``'s stitching per volume shape, before the first volume: on the device
+    where the estimate fits ``limit`` bytes there, else on the host; ``cfg``: the planned
+    config with the prediction's inferer as ``model.inferer``. A volume stitched on the device
+    needs no more than a larger one (fewer voxels, no more windows), so the shapes are bisected
+    by voxels: a few estimates for any number of volumes. On a CPU (host and device are one
+    memory) the largest is estimated, for the log and ``limit``. Without a limit (a GPU run
+    with neither ``memory.budget`` nor a known device total) nothing is planned: ``stitch=auto``
+    decides per volume at run time. ``stitch=device`` or ``host`` (predict.py's own choice): the
+    largest is estimated with it, nothing is chosen."""
+    estimator = estimator or estimate_prediction
+    plan = StitchPlan(device, limit, source)
+    ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)
+    if not ordered or (device == "cuda" and limit is None):
+        return plan
+
+    def estimate(shape: tuple[int, ...], stitch: str) -> InferenceEstimate:
+        return estimator(cfg, list(shape), stitch=stitch, flip_axes=flip_axes, precision=precision)
+
+    def fits(est: InferenceEstimate) -> bool:
+        return limit is None or est.fits(limit)
+
+    if device != "cuda" or stitch != "auto":
+        where = "device" if device != "cuda" else stitch
+        plan.estimates[ordered[-1]] = estimate(ordered[-1], where)
+        plan.stitch = dict.fromkeys(ordered, where)
+        return plan
+    # the largest shape stitched on the device that fits (bisection over the sorted shapes)
+    good, bad = -1, len(ordered)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        est = estimate(ordered[mid], "device")
+        if fits(est):
+            good = mid
+            plan.estimates[ordered[mid]] = est
+        else:
+            bad = mid
+    for i, shape in enumerate(ordered):
+        plan.stitch[shape] = "device" if i <= good else "host"
+    if good < len(ordered) - 1:
+        plan.estimates[ordered[-1]] = estimate(ordered[-1], "host")
+    return plan
