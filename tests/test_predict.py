@@ -18,7 +18,7 @@ from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.tasks.predict import predict
 from volseg.tasks.train import train
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import BudgetExceeded, UserInputError
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +234,25 @@ def test_a_case_stored_lps_or_permuted_gets_the_ras_prediction_in_its_own_orient
     assert len(np.unique(written["RAS"])) > 1
     for axcodes in ("LPS", "SPL"):
         assert np.array_equal(written[axcodes], written["RAS"]), axcodes
+
+
+def test_memory_budget_estimates_each_volume_before_predicting(
+    checkpoint, small_dataset, tmp_path, caplog
+):
+    """The volumes' prediction is estimated before the first one and logged; a budget that no
+    stitching fits stops predict.py in one line, before anything is written."""
+    images = tmp_path / "in"
+    images.mkdir()
+    shutil.copy(small_dataset / "images" / "case_000.nii.gz", images / "case_000.nii.gz")
+    with pytest.raises(BudgetExceeded) as err:
+        _predict(checkpoint, images, tmp_path / "none", "memory.budget=1MiB")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("memory.budget=1MiB: predicting one 16x48x48 volume needs")
+    assert not (tmp_path / "none").exists()
+
+    with caplog.at_level("INFO", logger="volseg.tasks.predict"):
+        written = _predict(checkpoint, images, tmp_path / "out", "memory.budget=1GiB")["written"]
+    assert written
+    assert "16x48x48: stitched on the device" in caplog.text
+    assert "memory.budget=1GiB" in caplog.text

@@ -1,10 +1,13 @@
-"""``memory.budget``: refuse a run whose estimated training step does not fit, before any work."""
+"""``memory.budget``: refuse a run whose estimated training step or validation does not fit,
+before any work."""
 
 from __future__ import annotations
 
 import logging
 
 from volseg.memory.estimator import MemoryEstimate
+from volseg.memory.inference import InferenceEstimate
+from volseg.memory.inference_plan import margin_note
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
@@ -27,6 +30,38 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
     log.info(
         "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
         budget_value,
+        f"{total / MIB:,.0f}",
+        est.device,
+    )
+    return total
+
+
+def check_validation_fits(
+    est: InferenceEstimate,
+    budget_value: str,
+    shape_from: str,
+    tried: str = "",
+    hint: str = "",
+) -> int:
+    """The predicted process total of the run's validation ``est`` (of its largest volume, from
+    ``shape_from``) within ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one
+    line when it does not fit (``tried``: the other settings estimated, with what each needs;
+    ``hint``: what else may help)."""
+    budget = parse_bytes(budget_value, "memory.budget")
+    total = est.total_within(budget)
+    shape = "x".join(map(str, est.volume_shape))
+    if total is None:
+        even = f"; tried {tried}" if tried else ""
+        raise BudgetExceeded(
+            f"memory.budget={budget_value}: the estimated validation of one {shape} volume "
+            f"({shape_from}) needs {est.process_total / MIB:,.0f} MiB on {est.device} (peak "
+            f"allocated {est.peak_allocated / MIB:,.0f} MiB){margin_note(est)}, over "
+            f"{budget / MIB:,.0f} MiB{even}{'. ' + hint if hint else ''}"
+        )
+    log.info(
+        "memory.budget=%s: the estimated validation of one %s volume needs %s MiB on %s, it fits",
+        budget_value,
+        shape,
         f"{total / MIB:,.0f}",
         est.device,
     )

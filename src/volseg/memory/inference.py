@@ -54,6 +54,7 @@ from volseg.memory.allocator import CachingAllocatorModel, OutOfMemory, replay, 
 from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.estimator import _fake_step, _precision, _trace_steps
 from volseg.memory.events import Event
+from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.errors import UserInputError
@@ -77,7 +78,9 @@ class InferenceEstimate:
     ``peak_allocated``: the most held at once, resident state included; ``peak_growth``: how far
     that is above ``resident``; ``peak_reserved``: the CUDA caching allocator's peak, replayed
     over the training steps before it (= ``peak_allocated`` on the CPU); ``process_total``:
-    reserved plus the CUDA context.
+    reserved plus the CUDA context; ``margin``: on CUDA, the fraction the planner adds to the
+    reserved peak (the training step's, :mod:`volseg.memory.residuals`: no GPU validation has
+    been recorded to take one of its own from).
     """
 
     phase: str
@@ -103,6 +106,8 @@ class InferenceEstimate:
     process_total: int
     seconds: float
     events: list[Event] = field(default_factory=list, repr=False)
+    margin: float = 0.0
+    margin_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -112,14 +117,15 @@ class InferenceEstimate:
     def total_within(self, budget: int) -> int | None:
         """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
         fit (on CUDA the allocator model releases its free cached segments first, as the real
-        one does before an out-of-memory)."""
+        one does before an out-of-memory, and gets what the ``margin`` leaves of the budget)."""
         if self.device != "cuda":
             return self.process_total if self.process_total <= budget else None
+        capacity = int((budget - self.cuda_context) / (1 + self.margin))
         try:
-            allocator = replay(self.events, capacity=budget - self.cuda_context)
+            allocator = replay(self.events, capacity=capacity)
         except OutOfMemory:
             return None
-        return allocator.peak_reserved + self.cuda_context
+        return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
@@ -184,16 +190,46 @@ def _fake_monai_stand_ins() -> Iterator[None]:
         DiceHelper.compute_channel = real_channel
 
 
+#: window batches of one shape whose forward is traced; the later ones replay the last of them
+TRACED_WINDOW_BATCHES = 2
+
+
+def _forward_template(span: list[Event], out: Any) -> tuple | None:
+    """What a traced forward allocated and freed (``span``: its events), to replay for the next
+    window batches of its shape: ``(span, index of the output's malloc, shape, dtype, device)``;
+    ``None`` where the forward keeps more than its output, frees what it did not allocate, or
+    returns other than one dense tensor (then every forward is traced)."""
+    if not isinstance(out, torch.Tensor):
+        return None
+    freed = {h for kind, h, _ in span if kind == "free"}
+    allocated = {h for kind, h, _ in span if kind == "malloc"}
+    kept = [i for i, (kind, h, _) in enumerate(span) if kind == "malloc" and h not in freed]
+    if len(kept) != 1 or not freed <= allocated:
+        return None
+    nbytes = out.numel() * out.element_size()
+    if span[kept[0]][2] != nbytes or out.untyped_storage().nbytes() != nbytes:
+        return None
+    return span, kept[0], tuple(out.shape), out.dtype, out.device
+
+
 class _CountedWindows:
     """Stands in for the module's inferer in the trace: the real one, with each window batch's
     forward bracketed (``spans``: event indices) and MemTracker's per-module statistics reset
-    before it (it follows one forward per module)."""
+    before it (it follows one forward per module).
 
-    _own = ("inferer", "tracker", "spans")
+    Every window batch of one shape runs the same forward, which frees all it allocates but its
+    output. After :data:`TRACED_WINDOW_BATCHES` of them (the first may fill caches the later
+    ones find), a batch's forward is the last traced one's events replayed in order, its output
+    an empty tensor of the traced output's shape: the same bytes at the same moments, in the
+    time of a few forwards instead of every window's (MONAI's loop around them runs in full)."""
+
+    _own = ("inferer", "tracker", "spans", "forwards")
 
     def __init__(self, inferer: Any, tracker: RecordingMemTracker) -> None:
         self.inferer, self.tracker = inferer, tracker
         self.spans: list[tuple[int, int]] = []
+        # window batch (shape, dtype, device) -> (forwards traced, the last one's template)
+        self.forwards: dict[tuple, tuple[int, tuple | None]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inferer, name)
@@ -205,12 +241,40 @@ class _CountedWindows:
         else:
             setattr(self.inferer, name, value)
 
+    def _replay(self, template: tuple) -> torch.Tensor:
+        """A traced forward's events again (fresh handles), its output made where it was."""
+        span, kept, shape, dtype, device = template
+        tracker, handles = self.tracker, {}
+
+        def emit(events: list[Event]) -> None:
+            for kind, handle, nbytes in events:
+                if kind == "malloc":
+                    tracker._workspaces += 1  # negative handles: no tensor has them
+                    handles[handle] = -tracker._workspaces
+                    tracker.events.append(("malloc", handles[handle], nbytes))
+                elif kind == "free":
+                    tracker.events.append(("free", handles.pop(handle), 0))
+                else:
+                    tracker.events.append((kind, handle, nbytes))
+
+        emit(span[:kept])
+        out = torch.empty(shape, dtype=dtype, device=device)
+        emit(span[kept + 1 :])
+        return out
+
     def __call__(self, inputs: torch.Tensor, network: Any, *args: Any, **kwargs: Any) -> Any:
         def predictor(window: torch.Tensor, *a: Any, **k: Any) -> Any:
             self.tracker.reset_mod_stats()
-            start = len(self.tracker.events)
-            out = network(window, *a, **k)
-            self.spans.append((start, len(self.tracker.events)))
+            events = self.tracker.events
+            start = len(events)
+            key = (tuple(window.shape), window.dtype, window.device)
+            traced, template = self.forwards.get(key, (0, None))
+            if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
+                out = self._replay(template)
+            else:
+                out = network(window, *a, **k)
+                self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
+            self.spans.append((start, len(events)))
             return out
 
         return self.inferer(inputs, predictor, *args, **kwargs)
@@ -400,7 +464,15 @@ def estimate_validation(
     settings = settings if settings is not None else (cfg.get("estimate") or {})
     stitch = _configured_stitch(cfg, device)
     precision = _precision(cfg, device)
-    return _traced(step, mode, device, "validation", shape, stitch, run, settings, 2, precision)
+    est = _traced(step, mode, device, "validation", shape, stitch, run, settings, 2, precision)
+    if device == "cuda":
+        # the training step's margin: validation's reserved peak rests on the same replay
+        margin = cuda_margin(
+            bool(getattr(module.levers, "offload_activations", False)),
+            step.loop.accumulate_grad_batches,
+        )
+        est.margin, est.margin_source = margin.fraction, margin.source
+    return est
 
 
 def estimate_prediction(
@@ -440,9 +512,13 @@ def estimate_prediction(
 
     settings = settings if settings is not None else (cfg.get("estimate") or {})
     precision = _precision(cfg, device)
-    return _traced(
+    est = _traced(
         step, mode, device, "prediction", shape, stitch, run, settings, 0, precision, flips
     )
+    if device == "cuda":
+        margin = cuda_margin(False, 1)  # a forward without training: a plain step's margin
+        est.margin, est.margin_source = margin.fraction, margin.source
+    return est
 
 
 def validation_shape(cfg: DictConfig) -> tuple[list[int] | None, str]:
@@ -520,17 +596,3 @@ def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
         extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
         lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
     return "\n".join(lines)
-
-
-def plan_validation(cfg: DictConfig) -> dict[str, Any]:
-    """What ``plan.yaml`` records under ``validation``: the planned run's validation estimate
-    (:meth:`InferenceEstimate.summary`, bytes) for its validation shape, or why not."""
-    shape, source = validation_shape(cfg)
-    if shape is None:
-        return {"not_estimated": source}
-    try:
-        return {**estimate_validation(cfg, shape).summary(), "shape_from": source}
-    except UserInputError:
-        raise
-    except Exception as err:  # a setting the trace does not model: the run goes on
-        return {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}

@@ -95,6 +95,14 @@ def _largest(
     return good, found.get(good)
 
 
+def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[int]:
+    """``base`` ``[D, H, W]`` scaled so that the axis with the fewest multiples of its divisor
+    gets ``k`` of them, every side rounded to a multiple of its ``divisor`` (per axis)."""
+    ref = min(range(3), key=lambda a: base[a] / divisor[a])
+    scale = k * divisor[ref] / base[ref]
+    return [max(d, round(scale * p / d) * d) for p, d in zip(base, divisor, strict=True)]
+
+
 def _key(checkpointing: Any) -> str:
     """How a checkpointing setting is written on the command line."""
     if isinstance(checkpointing, Sequence) and not isinstance(checkpointing, str):
@@ -229,13 +237,8 @@ class Planner:
         return min(p // d for p, d in zip(patch, divisor, strict=True))
 
     def patch_at(self, k: int, divisor: Sequence[int]) -> list[int]:
-        """The configured patch scaled so that the axis with the fewest multiples of its divisor
-        gets ``k`` of them, every side rounded to a multiple of its ``divisor`` (per axis)."""
-        ref = min(range(3), key=lambda a: self.base_patch[a] / divisor[a])
-        scale = k * divisor[ref] / self.base_patch[ref]
-        return [
-            max(d, round(scale * p / d) * d) for p, d in zip(self.base_patch, divisor, strict=True)
-        ]
+        """The configured patch scaled to ``k`` steps (:func:`scaled_patch`)."""
+        return scaled_patch(self.base_patch, k, divisor)
 
     def largest_patch(
         self, divisor: Sequence[int], checkpointing: Any

@@ -5,7 +5,7 @@ Here, below ``memory/``, so that the estimator traces the same module that predi
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -50,6 +50,7 @@ class VolumePredictor(L.LightningModule):
         num_classes: int,
         flip_axes: Sequence[int] = (),
         stitch: str = "auto",
+        planned: Mapping[tuple[int, ...], str] | None = None,
     ) -> None:
         super().__init__()
         if stitch not in STITCH_CHOICES:
@@ -59,6 +60,9 @@ class VolumePredictor(L.LightningModule):
         self.num_classes = num_classes
         self.flips = flip_combinations(flip_axes)
         self.stitch = stitch
+        # stitch=auto: (D, H, W) -> device | host, planned before the first volume
+        # (volseg.memory.inference_plan.plan_stitching); a shape not in it is decided here
+        self.planned = dict(planned or {})
 
     def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:
         """Where the whole volume's probabilities are accumulated."""
@@ -66,6 +70,9 @@ class VolumePredictor(L.LightningModule):
             return self.device
         if self.stitch == "host":
             return torch.device("cpu")
+        planned = self.planned.get(tuple(int(v) for v in spatial_shape))
+        if planned is not None:
+            return self.device if planned == "device" else torch.device("cpu")
         free, _ = torch.cuda.mem_get_info(self.device)
         needed = int(np.prod(spatial_shape)) * (3 * self.num_classes + 1) * 4
         return self.device if needed <= DEVICE_STITCH_SHARE * free else torch.device("cpu")

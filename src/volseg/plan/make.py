@@ -13,7 +13,10 @@ once, in this order (each step may read what the ones before decided):
    ``model.divisible_by``, and the deep-supervision loss where the network has it;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the estimator's peak memory and FLOPs of one optimizer step of the planned run.
+7. the estimator's peak memory and FLOPs of one optimizer step of the planned run;
+8. validation of the largest validation volume, checked against ``memory.budget`` (fewer
+   windows at once, host stitching, smaller windows where it does not fit:
+   :mod:`volseg.memory.inference_plan`).
 
 Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
 """
@@ -274,6 +277,68 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     return planned, estimate(cfg)
 
 
+def _plan_validation(
+    cfg: DictConfig,
+    decisions: dict[str, Decision],
+    notes: list[str],
+    estimate_step: bool,
+    fit_budget: bool,
+) -> dict:
+    """The planned run's validation of its largest volume (``plan.yaml``'s ``validation``),
+    fitted to ``memory.budget``: fewer windows at once and host stitching wherever a budget is
+    set (the same windows, the same result), smaller windows only where ``fit_budget``
+    (plan.py); what fits with none of them stops the run (:class:`BudgetExceeded`)."""
+    from volseg.memory.budget import check_validation_fits
+    from volseg.memory.inference import estimate_validation, validation_shape
+    from volseg.memory.inference_plan import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
+
+    budget_value = OmegaConf.select(cfg, "memory.budget")
+    if not (budget_value or estimate_step):
+        return {}
+    shape, source = validation_shape(cfg)
+    if shape is None:
+        if budget_value:
+            notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
+        return {"not_estimated": source}
+    try:
+        est = estimate_validation(cfg, shape)
+    except UserInputError:
+        raise
+    except Exception as err:  # a setting the trace does not model: the run goes on
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        if budget_value:
+            notes.append(f"memory.budget={budget_value}: validation not checked ({why})")
+        return {"not_estimated": why}
+    if not budget_value:
+        return {**est.summary(), "shape_from": source}
+    budget = parse_bytes(budget_value, "memory.budget")
+    planned: dict[str, str] = {}
+    if not est.fits(budget):
+        fit = fit_validation(cfg, budget, shape, est, smaller_windows=fit_budget)
+        if fit.estimate is None:
+            hint = (
+                f"`python plan.py <the same overrides>` also tries smaller windows ({ROI})"
+                if not fit_budget
+                else "a smaller validation volume (data.spacing) or a larger budget"
+            )
+            check_validation_fits(est, budget_value, source, ", ".join(fit.tried), hint)
+        for key, value in fit.overrides.items():
+            _set(cfg, key, value)
+        planned, est = fit.reasons, fit.estimate
+    total = check_validation_fits(est, budget_value, source)
+    why = (
+        f"validation fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on "
+        f"{est.device}"
+    )
+    for key in (SW_BATCH, STITCH_DEVICE, ROI):
+        value = plain(OmegaConf.select(cfg, key))
+        if key in planned:
+            decisions[key] = Decision(value, "planned", planned[key])
+        elif value is not None:
+            decisions[key] = Decision(value, "configured", why)
+    return {**est.summary(), "shape_from": source, "within_budget": total}
+
+
 def make_plan(
     cfg: DictConfig,
     estimate_step: bool = True,
@@ -338,10 +403,8 @@ def make_plan(
         _plan_loader(cfg, device.value, decisions)
     estimate = _plan_step(cfg, decisions, estimate_step, fit_budget) if "model" in cfg else {}
     validation = {}
-    if estimate_step and "model" in cfg and "data" in cfg:
-        from volseg.memory.inference import plan_validation
-
-        validation = plan_validation(cfg)
+    if "model" in cfg and "data" in cfg:
+        validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget)
     return RunPlan(
         config=cfg,
         decisions=decisions,

@@ -7,7 +7,9 @@ over the volumes and :class:`VolumeWriter` writes each one as it is done.
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,12 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset, list_data_collate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 
 from volseg.callbacks.prediction_writer import label_dtype
 from volseg.data.cases import Case
+from volseg.data.host_memory import volume_bytes
 from volseg.data.io import (
     HDF5_PREDICTION_KEY,
     HDF5_PROBABILITIES_KEY,
@@ -34,11 +37,14 @@ from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
+from volseg.memory.inference_plan import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
-from volseg.utils.errors import UserInputError
+from volseg.utils.config import plain
+from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
+from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +185,80 @@ class VolumeData(L.LightningDataModule):
         return batch
 
 
+def plan_volumes(
+    cfg: DictConfig,
+    device: str,
+    datamodule: Any,
+    cases: Sequence[Case],
+    roi_size: Sequence[int],
+    budget: Any = None,
+) -> StitchPlan | None:
+    """Each input volume's prediction estimated before the first one runs, from its header's
+    shape (after ``data.spacing`` and orientation), and logged; with ``stitch=auto`` on a GPU,
+    whether it is stitched on the device or the host, for ``memory.budget`` or else the GPU's
+    total memory. ``None`` where no estimate could be made (``stitch=auto`` then decides from
+    the free memory at run time). A volume that fits ``memory.budget`` in neither way stops
+    here, in one line."""
+    if budget is not None:
+        limit, source = parse_bytes(budget, "memory.budget"), f"memory.budget={budget}"
+    elif device == "cuda" and torch.cuda.is_available():
+        limit = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        source = "the GPU's total memory"
+    else:
+        limit, source = None, ""
+    settings = {
+        "model.inferer": {**plain(cfg.inferer), "roi_size": list(roi_size)},
+        "estimate": {"device": device, "cuda_context_mib": "auto", "gpu": None},
+    }
+    estimate_cfg = copy.deepcopy(cfg)
+    with open_dict(estimate_cfg):
+        for key, value in settings.items():
+            OmegaConf.update(estimate_cfg, key, value, merge=False, force_add=True)
+    try:
+        shapes = [
+            volume_bytes(
+                case,
+                getattr(datamodule, "spacing", None),
+                orientation=getattr(datamodule, "orientation", None),
+            ).shape_zyx
+            for case in cases
+        ]
+        plan = plan_stitching(
+            estimate_cfg,
+            shapes,
+            device,
+            limit,
+            source,
+            cfg.flip_axes,
+            str(cfg.trainer.precision),
+            cfg.stitch,
+        )
+    except UserInputError:
+        raise
+    except Exception as err:  # a setting the estimate does not model: decided at run time
+        log.warning(
+            "No estimate of the volumes' prediction (%s): stitch=%s decides at run time",
+            f"{type(err).__name__}: {err}".splitlines()[0],
+            cfg.stitch,
+        )
+        return None
+    if plan.stitch:
+        log.info("Planned prediction per volume shape:\n%s", "\n".join(plan.lines()))
+    elif cfg.stitch == "auto":
+        log.info("stitch=auto: no memory limit known; decided per volume from free memory")
+    if budget is not None and plan.stitch:
+        largest = max(plan.stitch, key=math.prod)
+        est = plan.estimates[largest]
+        if not est.fits(limit):
+            raise BudgetExceeded(
+                f"memory.budget={budget}: predicting one {'x'.join(map(str, largest))} volume "
+                f"needs {est.process_total / MIB:,.0f} MiB on {est.device} (stitched on the "
+                f"{plan.stitch[largest]}), over {limit / MIB:,.0f} MiB; a smaller "
+                "inferer.sw_batch_size or inferer.roi_size needs less"
+            )
+    return plan
+
+
 def predict(cfg: DictConfig) -> dict[str, Any]:
     """Predict every volume of ``cfg.input`` with the checkpoint ``cfg.ckpt_path``.
 
@@ -187,6 +267,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     Returns ``{"written": [paths]}``.
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
+    # predict.py's memory.budget is the prediction's (each volume, below), not a training step's
+    budget = OmegaConf.select(cfg, "memory.budget")
+    if budget is not None:
+        cfg = copy.deepcopy(cfg)
+        OmegaConf.update(cfg, "memory.budget", None)
     # the training run's plan, this command's overrides applied as train.py applies them
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
     log.info("%s", run_plan.format())
@@ -205,7 +290,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
 
     roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
     inferer = build(cfg.inferer, "inferer", roi_size=roi_size)
-    predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch)
+    stitching = plan_volumes(cfg, run_plan.value("device"), datamodule, cases, roi_size, budget)
+    planned = stitching.stitch if stitching is not None and cfg.stitch == "auto" else None
+    predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch, planned)
     writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
     data = VolumeData(
         [c.as_dict() for c in cases],
