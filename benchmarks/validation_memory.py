@@ -1,13 +1,16 @@
 """Validation's memory on the CPU: real ``python train.py`` runs against the estimate.
 
-For each case, the embedded dataset is generated at that volume shape into a temporary folder and
+For each case, the embedded dataset is generated at that volume shape into a temporary folder (or,
+for ``mni152``, ``data=mni152`` builds its brain MRI cases there: the volume is the largest
+validation case's, read from its header after the run) and
 ``python train.py`` trains 2 steps and validates once in a fresh process with
 ``MALLOC_MMAP_THRESHOLD_=65536`` (freed tensors leave the resident set at once, as in
 ``benchmarks/estimator_accuracy.py``). The memory monitor logs the validation's peak resident
 memory (``mem/val_peak_allocated_mib``) and what was resident when it began
 (``mem/val_start_allocated_mib``); the measured figure is their difference, the estimate's is
 ``estimate_validation(cfg, shape).peak_growth`` (the peak above the resident training state).
-Both are on this CPU, in the precision the run plans for it.
+Both are on this CPU, in the precision the run plans for it (``auto``: bf16-mixed where the CPU
+has native bf16), or float32 where the case says ``trainer.precision=32``.
 
     python benchmarks/validation_memory.py                 # every case, writes the JSON
     python benchmarks/validation_memory.py --case embedded
@@ -39,11 +42,27 @@ from volseg.utils.units import MIB  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu"
 
-#: name -> (volume shape [D, H, W], volumes (the last one validates), extra overrides)
-CASES: dict[str, tuple[list[int], int, list[str]]] = {
+#: a small U-Net on windows of 32x64x64, one window's batch at a time in training: its float32
+#: validation was estimated 17-19% short at 4-8 windows at once until a float32 convolution's
+#: blocked input and output were counted together (docs/memory.md)
+SMALL_NET = ["data.batch_size=1", "data.patch_size=[32,64,64]", "model.net.widths=[8,16,32]"]
+FLOAT32 = ["trainer.precision=32"]
+
+#: name -> (volume shape [D, H, W] (None: data=mni152's own), volumes (the last one validates),
+#: extra overrides)
+CASES: dict[str, tuple[list[int] | None, int, list[str]]] = {
     "embedded": ([32, 96, 96], 4, []),
     "ct-sized": ([96, 256, 256], 2, []),
-}
+    "embedded-fp32": ([32, 96, 96], 4, FLOAT32),
+    "small-net-fp32-sw8": (
+        [32, 128, 128], 3, [*SMALL_NET, "model.inferer.sw_batch_size=8", *FLOAT32]
+    ),
+    "small-net-fp32-sw4": (
+        [32, 128, 128], 3, [*SMALL_NET, "model.inferer.sw_batch_size=4", *FLOAT32]
+    ),
+    "ct-sized-fp32": ([96, 256, 256], 2, FLOAT32),
+    "mni152-fp32": (None, 0, ["data=mni152", *FLOAT32]),
+}  # fmt: skip
 
 
 def overrides(data: Path) -> list[str]:
@@ -67,10 +86,14 @@ def overrides(data: Path) -> list[str]:
 def measure(name: str, work: Path) -> dict:
     from tests.conftest import planned_config
     from volseg.data.synthetic import generate_synthetic_dataset
-    from volseg.memory.inference import estimate_validation
+    from volseg.memory.inference import estimate_validation, validation_shape
 
     shape, volumes, extra = CASES[name]
-    data = generate_synthetic_dataset(work / name / "data", volumes, 1, shape)
+    if shape is None:  # data=mni152: built by the run, into the work folder
+        data = work / name / "data"
+        extra = [*extra, f"data.mni152.root={data}"]
+    else:
+        data = generate_synthetic_dataset(work / name / "data", volumes, 1, shape)
     run_dir = work / name / "run"
     args = [*overrides(data), *extra]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO / "src"))
@@ -84,7 +107,10 @@ def measure(name: str, work: Path) -> dict:
         row = next(r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib"))
     peak = float(row["mem/val_peak_allocated_mib"]) * MIB
     start = float(row["mem/val_start_allocated_mib"]) * MIB
-    est = estimate_validation(planned_config("train", work / name / "est", args), shape)
+    cfg = planned_config("train", work / name / "est", args)
+    if shape is None:
+        shape, _ = validation_shape(cfg)
+    est = estimate_validation(cfg, shape)
     return {
         "case": name,
         "volume_shape": shape,

@@ -89,8 +89,8 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
     estimated) whose configured 8 windows at a time would need 146 MiB to validate (measured:
     149 MiB): the plan sets fewer, the run validates with them, and the monitor's validation
     rise above its start, on top of the estimated resident state, stays under the budget.
-    bf16-mixed: the precision the CPU validation estimate was measured in (benchmarks/
-    validation_memory.py); its float32 estimate is up to 19% short at 4-8 windows at once."""
+    bf16-mixed: the precision this CPU plans for (benchmarks/validation_memory.py measures
+    float32 too)."""
     shape = [32, 128, 128]
     data = generate_synthetic_dataset(tmp_path / "data", num_volumes=3, num_val=1, shape=shape)
     run_dir = tmp_path / "run"

@@ -34,8 +34,8 @@ import json, sys, torch
 from volseg.memory.readers import HostMemoryReader
 from volseg.memory.workspace import cpu_workspace
 torch.set_num_threads(2)
-shape, out_channels = json.loads(sys.argv[1])
-conv = torch.nn.Conv3d(shape[1], out_channels, 3, padding=1)
+shape, out_channels, kernel = json.loads(sys.argv[1])
+conv = torch.nn.Conv3d(shape[1], out_channels, kernel, padding=kernel // 2)
 x = torch.randn(shape)
 reader = HostMemoryReader()
 with torch.no_grad():
@@ -44,7 +44,8 @@ with torch.no_grad():
         reader.reset_peak()
         y = conv(x)
         measured = reader.read().peak_allocated - start - y.numel() * y.element_size()
-        args = (x, conv.weight, conv.bias, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+        padding = list(conv.padding)
+        args = (x, conv.weight, conv.bias, [1, 1, 1], padding, [1, 1, 1], False, [0, 0, 0], 1)
         predicted = cpu_workspace(torch.ops.aten.convolution.default, args, y)
         del y
 print(json.dumps([measured, predicted]))
@@ -53,17 +54,26 @@ print(json.dumps([measured, predicted]))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(
-    "shape, out_channels",
-    [([1, 16, 16, 32, 32], 16), ([1, 16, 16, 96, 96], 16), ([2, 8, 16, 64, 64], 8)],
-    ids=["native", "onednn", "onednn-8-channels"],
+    "shape, out_channels, kernel",
+    [
+        ([1, 16, 16, 32, 32], 16, 3),
+        ([1, 16, 16, 96, 96], 16, 3),
+        ([2, 8, 16, 64, 64], 8, 3),
+        ([4, 24, 16, 64, 64], 8, 3),
+        ([4, 8, 16, 64, 64], 5, 1),
+    ],
+    ids=["native", "onednn", "onednn-8-channels", "onednn-concat", "onednn-1x1-head"],
 )
-def test_a_convolutions_scratch_memory_is_what_it_holds(shape, out_channels):
-    """Native (im2col, 27x the input) and oneDNN (a reordered copy, its channels padded to
-    oneDNN's block: 8 channels take what 16 take on AVX-512) alike, measured in a fresh process
-    with freed memory returned to the system."""
+def test_a_convolutions_scratch_memory_is_what_it_holds(shape, out_channels, kernel):
+    """Native (im2col, 27x the input) and oneDNN (the blocked output, and the input's blocked
+    copy where the kernel takes one, its channels padded to oneDNN's block: 8 channels take what
+    16 take on AVX-512) alike, measured in a fresh process with freed memory returned to the
+    system. The last two are a U-Net decoder's concatenation (24 channels in: the input's copy
+    and the blocked output held together) and its 1x1x1 head (whose kernel always takes a
+    blocked input)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, json.dumps([shape, out_channels])],
+        [sys.executable, "-c", MEASURE, json.dumps([shape, out_channels, kernel])],
         env=env,
         capture_output=True,
         text=True,

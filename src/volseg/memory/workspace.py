@@ -5,16 +5,30 @@ convolutions reorder their operands into blocked layouts, and these copies domin
 here (torch 2.13 CPU, 3D convolutions of a U-Net, float32 and bfloat16 autocast, by reading the
 process's peak resident memory around each op):
 
-- forward convolution: about the larger of input and output, the input in its dtype, the output
-  in float32 elements (a bfloat16 convolution accumulates in float32: measured 16 MiB of scratch
-  for a bfloat16 (2, 16, 32, 64, 64) output of 8 MiB, with a grad or without, from 1 or 16
-  input channels, and 32 MiB from a 32 MiB input);
+- forward convolution in float32 (oneDNN's ``jit:avx512_core`` / ``jit_1x1`` kernels, their
+  layouts read from ``ONEDNN_VERBOSE=1``): the output computed in the blocked layout, and the
+  input reordered into it where the kernel takes it blocked (always for a 1x1x1 kernel; a 3x3x3
+  kernel reads an input of fewer channels than the block as it is, oneDNN's "first
+  convolution": ``ic < 16`` in ``jit_avx512_common_conv_kernel.cpp``, ``ic < 8`` in
+  ``jit_avx2_conv_kernel_f32.cpp``), the two held together while it runs; then the input's copy
+  is freed and the blocked output reordered into the returned tensor (whose pages are first
+  touched then). Beyond the output: ``max(input copy + blocked output - output, blocked
+  output)``. Measured per op in a no-grad forward of windows of 32x64x64 (batch 2, 4, 8; the
+  same with a grad): a decoder's 24-channel concatenation into 8 channels at batch 8, 160 MiB
+  beyond its 32 MiB output (128 MiB blocked input + 64 MiB blocked output); the 1x1x1 head,
+  8 channels into 5, 108 MiB beyond its 20 MiB output (64 + 64 - 20). The larger of the two
+  alone, as counted before, left a float32 validation 17-19% short;
+- forward convolution in bfloat16 (oneDNN's ``brg_conv_fwd`` on AMX, channels-last operands,
+  unpadded): about the larger of input and output, the input in its dtype, the output in
+  float32 elements (it accumulates in float32: measured 16 MiB of scratch for a bfloat16
+  (2, 16, 32, 64, 64) output of 8 MiB, with a grad or without, from 1 or 16 input channels,
+  and 32 MiB from a 32 MiB input);
 - backward convolution: about grad-output plus input, in float32 elements;
 - each with its channels padded to oneDNN's block (16 on AVX-512, 8 on AVX2: ``nCdhw16c`` /
   ``nCdhw8c``): a reorder of an 8-channel map takes as much as one of 16 channels (measured on
   an AVX-512 Xeon, float32, batch 2 of 32x64x64: 16 MiB beyond an 8-channel convolution's
-  8 MiB output in forward, as for 16 channels; without the padding SegResNet's step, whose
-  full-resolution layers have 8 channels, was estimated 10% short);
+  8 MiB output in forward, its blocked output, as for 16 channels; without the padding
+  SegResNet's step, whose full-resolution layers have 8 channels, was estimated 10% short);
 - none of these for channels-last (``channels_last_3d``) tensors, oneDNN's own layout;
 - backward trilinear upsampling of a non-contiguous gradient (a slice of the concat's gradient):
   a contiguous copy of it.
@@ -145,6 +159,18 @@ def _blocked_numel(value: Any, block: int) -> int:
     return value.numel() // channels * (-(-channels // block) * block)
 
 
+def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
+    """A float32 oneDNN convolution's scratch beyond its output (the rule of the module's
+    docstring): the blocked output and, where the kernel takes the input blocked, its reordered
+    copy, held together while it runs; then the blocked output and the output it is reordered
+    into."""
+    size = inputs.element_size()
+    blocked_out = _blocked_numel(out, block) * size
+    first_layer = math.prod(weight.shape[2:]) > 1 and inputs.shape[1] < block
+    blocked_in = 0 if first_layer else _blocked_numel(inputs, block) * size
+    return max(blocked_in + blocked_out - _bytes(out), blocked_out)
+
+
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     """Scratch bytes of one op on the CPU (0 where none is known)."""
     if func is torch.ops.aten.convolution.default:
@@ -154,6 +180,8 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
         if not inputs.is_contiguous():
             return 0
         block = onednn_channel_block()
+        if inputs.dtype == torch.float32 and not transposed:
+            return _float32_forward(inputs, weight, out, block)
         # the output accumulates in float32 elements (a bfloat16 convolution's too)
         accumulated = _blocked_numel(out, block) * max(_FLOAT32_BYTES, out.element_size())
         return max(_blocked_numel(inputs, block) * inputs.element_size(), accumulated)
