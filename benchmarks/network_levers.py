@@ -11,8 +11,8 @@ is the baseline's rise over the lever's. Beside it, the estimator's figure for t
 on the CPU, and the estimated cut of the step's peak allocated for a GPU in bf16-mixed (fake
 tensors: no GPU needed), where activation offload (a GPU lever) is estimated too.
 
-    python benchmarks/network_levers.py                 # writes benchmarks/results/cpu/<date>_network_levers.json
-    python benchmarks/tables.py                         # docs/networks.md's table from it
+    python benchmarks/network_levers.py   # benchmarks/results/cpu/<date>_network_levers.json
+    python benchmarks/tables.py           # docs/networks.md's table from it
 """
 
 from __future__ import annotations

@@ -179,12 +179,44 @@ def loader_compare(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+def network_levers(results: Path) -> str | None:
+    """Each lever's cut per network: measured on the CPU, estimated for a GPU
+    (``network_levers.py``)."""
+    path = results_io.latest("network_levers", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
+        f"peak rise over {doc['steps']} optimizer steps; the GPU column: the estimator's peak "
+        f"allocated for {doc['gpu_estimate']}, not measured):",
+        "",
+        "| network | lever | CPU measured MiB | cut | CPU estimated MiB | GPU estimated MiB "
+        "| cut |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        measured = r.get("cpu_measured_growth")
+        cpu = (
+            f"{measured / MIB:,.1f} | {r['cpu_measured_cut']:.2f}x | "
+            f"{r['cpu_estimated_growth'] / MIB:,.1f}"
+            if measured is not None
+            else "not on a CPU | | "
+        )
+        lines.append(
+            f"| {r['network'].split(' (')[0].split(' fp32')[0]} | {r['lever']} | {cpu} | "
+            f"{r['gpu_estimated_peak'] / MIB:,.1f} | {r['gpu_estimated_cut']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
     "cuda_estimate_errors": cuda_estimate_errors,
     "validation_memory": validation_memory,
     "loader_compare": loader_compare,
+    "network_levers": network_levers,
 }
 
 
