@@ -15,7 +15,7 @@ the first, ``nvidia_smi_mib`` (the largest figure nvidia-smi gave for the proces
 0.25 s: reserved plus the CUDA context), and the process's wall seconds. A whole run adds
 ``validation`` (the monitor's ``mem/val_peak_allocated_mib`` / ``mem/val_peak_reserved_mib``) and
 ``prediction`` (predict.py's peaks, from the monitor's ``prediction_memory.json``), each beside
-its estimate. ``estimated``: read from the newest
+its estimate. ``estimated``: the run's newest row in
 ``benchmarks/results/cpu/*_cuda_grid_estimates.json``, which ``--estimate`` writes on a CPU
 before the GPU run (``estimate.device=cuda``; for the held-out runs the estimate predates the
 measurement).
@@ -47,6 +47,7 @@ allocated, reserved and nvidia-smi, and its step time against the reference's).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -321,7 +322,7 @@ HELD_OUT_NEW: Grid = [
 WHOLE_RUN: list[Job] = [
     Job(
         "whole run: unet_large 16-mixed b2 26x150x320, validation and prediction of 26x300x640",
-        tuple(REFERENCE),
+        tuple(expandable(REFERENCE, False)),
         "whole run",
         volume=(26, 300, 640),
         generate=True,
@@ -457,7 +458,15 @@ def all_jobs(recorded: Grid | None = None) -> list[Job]:
     by_name = dict(recorded)
     jobs = pair(REFERENCE_NAME, by_name.get(REFERENCE_NAME, REFERENCE))
     jobs += WHOLE_RUN
-    jobs += [Job(n, tuple(o), "levers", steps=TIMED_STEPS) for n, o in LEVERS]
+    # the reference's whole run with expandable segments: validation's reserved both ways
+    first = WHOLE_RUN[0]
+    jobs.append(
+        first._replace(name=first.name + ON, overrides=tuple(expandable(first.overrides, True)))
+    )
+    jobs += [
+        Job(n, tuple(o if n.endswith(ON) else expandable(o, False)), "levers", steps=TIMED_STEPS)
+        for n, o in LEVERS
+    ]
     for name in ALLOCATOR_MAIN:
         if name in by_name:
             jobs += pair(name, by_name[name])
@@ -645,6 +654,19 @@ class Stopped(RuntimeError):
     """A child stopped at its limit or the deadline."""
 
 
+#: the process groups of the children running now (each child leads its own)
+_CHILDREN: set[int] = set()
+
+
+def _stop_children(signum: int, frame: object) -> None:
+    """SIGTERM (``timeout`` in gpu_checks.sh): the children, in process groups of their own,
+    would outlive this process and hold the GPU; they are killed first."""
+    for pid in list(_CHILDREN):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
+
+
 def run_child(
     script: str, arguments: list[str], work: Path, env: dict, clock: Clock, smi: SmiPoller
 ) -> dict:
@@ -665,12 +687,15 @@ def run_child(
             text=True,
             start_new_session=True,
         )
+        _CHILDREN.add(child.pid)
         try:
             child.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             raise Stopped(f"{script}: stopped after {limit:.0f} s") from None
+        finally:
+            _CHILDREN.discard(child.pid)
         if child.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"{script} failed ({child.returncode}):\n{err.read()[-3000:]}")
@@ -905,14 +930,22 @@ def estimate_job(job: Job, device: str, work: Path) -> dict:
 
 
 def newest_estimates() -> tuple[dict[str, dict], str | None]:
-    """The newest ``--estimate`` file's rows by run name (those whose overrides are the grid's
-    today), and the file's name."""
-    files = sorted(ESTIMATES.glob(f"*_{ESTIMATES_NAME}*.json"))
-    if not files:
-        return {}, None
-    doc = json.loads(files[-1].read_text())
-    rows = {r["name"]: {**r["estimate"], "overrides": r["overrides"]} for r in doc["rows"]}
-    return rows, f"benchmarks/results/cpu/{files[-1].name} ({doc['date']}, torch {doc['torch']})"
+    """Each run's newest estimate from the ``--estimate`` files (a later file's row replaces an
+    earlier one's: ``--estimate --groups levers`` renews those alone), with its file, and the
+    files' names."""
+
+    def written(path: Path) -> tuple[str, int]:  # <date>_<name>.json, then -2, -3, ...
+        counter = re.search(r"-(\d+)$", path.stem)
+        return path.name[:10], int(counter.group(1)) if counter else 1
+
+    files = sorted(ESTIMATES.glob(f"*_{ESTIMATES_NAME}*.json"), key=written)
+    rows: dict[str, dict] = {}
+    for path in files:
+        doc = json.loads(path.read_text())
+        made = f"benchmarks/results/cpu/{path.name} ({doc['date']}, torch {doc['torch']})"
+        for row in doc["rows"]:
+            rows[row["name"]] = {**row["estimate"], "overrides": row["overrides"], "from": made}
+    return rows, ", ".join(f"benchmarks/results/cpu/{p.name}" for p in files) or None
 
 
 def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
@@ -979,6 +1012,18 @@ def allocator_comparison(runs: list[dict]) -> list[dict]:
                 "step_time_on_over_off": _ratio(got["step_s"], off["step_s"], 3),
             }
         )
+        if "validation" in on and "validation" in by_name[name.removesuffix(ON)]:
+            both = [
+                by_name[name.removesuffix(ON)]["validation"]["measured"],
+                on["validation"]["measured"],
+            ]
+            rows[-1]["validation"] = {
+                "off": both[0],
+                "on": both[1],
+                "reserved_off_over_on": _ratio(
+                    both[0]["val_peak_reserved_mib"], both[1]["val_peak_reserved_mib"]
+                ),
+            }
     return rows
 
 
@@ -1103,6 +1148,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     doc["estimates_from"] = source
     order = {job.name: i for i, job in enumerate(jobs)}
     clock = Clock(args.deadline_s)
+    signal.signal(signal.SIGTERM, _stop_children)
     smi = SmiPoller().start()
 
     def finish() -> None:
@@ -1119,8 +1165,6 @@ def main(argv: list[str] | None = None) -> Path | None:
             est = estimates.get(job.name)
             if est is not None and est.get("overrides") != list(job.overrides):
                 est = None  # the grid changed since the estimate
-            elif est is not None:
-                est = {**est, "from": source}
             if args.dry_run:
                 with COMPOSE_LOCK:
                     est = {**estimate_job(job, "cpu", work), "from": source}
