@@ -839,28 +839,30 @@ def measure_job(
         }
     if job.volume:
         entry.update(whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate))
-        entry["validation"]["measured"]["nvidia_smi_mib"] = train["nvidia_smi_mib"]
+        entry["validation"].get("measured", {})["nvidia_smi_mib"] = train["nvidia_smi_mib"]
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return entry
 
 
 def whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate) -> dict:
-    """A whole run's ``validation`` (from the run's CSV) and ``prediction`` (predict.py)."""
-    val = validation_row(run_dir / "csv" / "metrics.csv")
+    """A whole run's ``validation`` (from the run's CSV) and ``prediction`` (predict.py); a part
+    that failed keeps why (``not_run``), the training step's figures stay."""
     validation = {
         "volume_shape": list(job.volume),
         "cases": 1 if job.generate else "the embedded dataset's validation cases",
-        "measured": {
+    }
+    try:
+        val = validation_row(run_dir / "csv" / "metrics.csv")
+        validation["measured"] = {
             "val_peak_allocated_mib": round(val["mem/val_peak_allocated_mib"], 1),
             "val_peak_reserved_mib": round(val["mem/val_peak_reserved_mib"], 1),
             "val_start_allocated_mib": round(val["mem/val_start_allocated_mib"], 1),
-        },
-    }
+        }
+    except (RuntimeError, OSError) as err:
+        validation["not_run"] = str(err)[-300:]
     with COMPOSE_LOCK:
         cfg = accuracy.compose(list(job.overrides), "cpu", work / "data")
     args = predict_args(cfg, device, run_dir, volume, work / "gpu.lock")
-    predicted = run_child("predict.py", args, work, env, clock, smi)
-    peaks = json.loads((run_dir / "predict" / "prediction_memory.json").read_text())
     prediction = {
         "volume_shape": list(job.volume),
         "arguments": [
@@ -868,18 +870,24 @@ def whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate) -> 
             for a in args
             if not a.startswith(("ckpt_path=", "input=", "output=", "hydra.", "+callbacks"))
         ],
-        "measured": {
+    }
+    try:
+        predicted = run_child("predict.py", args, work, env, clock, smi)
+        peaks = json.loads((run_dir / "predict" / "prediction_memory.json").read_text())
+        prediction["measured"] = {
             "peak_allocated_mib": _mib(peaks["peak_allocated"]),
             "peak_reserved_mib": _mib(peaks["peak_reserved"]),
             "start_allocated_mib": _mib(peaks["start_allocated"]),
             "nvidia_smi_mib": predicted["nvidia_smi_mib"],
             "run_s": predicted["run_s"],
-        },
-    }
+        }
+    except (RuntimeError, OSError, KeyError, ValueError) as err:
+        print(f"{job.name}: predict.py: {str(err)[-600:]}", flush=True)
+        prediction["not_run"] = str(err)[-300:]
     if estimate is not None:
         for part, kind in ((validation, "validation"), (prediction, "prediction")):
             est = estimate.get(kind)
-            if not est:
+            if not est or "measured" not in part:
                 continue
             part["estimated"] = {
                 "peak_allocated_mib": _mib(est["peak_allocated"]),
@@ -1012,7 +1020,9 @@ def allocator_comparison(runs: list[dict]) -> list[dict]:
                 "step_time_on_over_off": _ratio(got["step_s"], off["step_s"], 3),
             }
         )
-        if "validation" in on and "validation" in by_name[name.removesuffix(ON)]:
+        if "measured" in on.get("validation", {}) and "measured" in by_name[
+            name.removesuffix(ON)
+        ].get("validation", {}):
             both = [
                 by_name[name.removesuffix(ON)]["validation"]["measured"],
                 on["validation"]["measured"],
