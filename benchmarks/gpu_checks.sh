@@ -4,18 +4,26 @@
 # see benchmarks/gpu_wheels.sh):
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]
 #   bash benchmarks/gpu_checks.sh --dry-run [OUT_DIR]   # on a CPU: the same pipeline at tiny sizes
-# Writes benchmarks/results/cuda/<date>_<gpu>.json (commit it: every recorded run, then the
-# held-out grid of benchmarks/cuda_results.py, each a python train.py trainer=gpu run) and, in
-# OUT_DIR: gpu.txt (device, torch, CUDA context), steps.txt (exit code and seconds of each step),
-# cuda_results.txt (the runs as they finish), pytest_cuda.txt (pytest -m cuda) and a copy of the
-# results file. Without CUDA it runs what a CPU can (wheel install, the results pipeline with
-# --dry-run, pytest -m cuda collecting and skipping).
+# Writes benchmarks/results/cuda/<date>_<gpu>.json (commit it: see benchmarks/cuda_results.py for
+# its runs, in the order they start: expandable segments off/on on the reference config, whole
+# runs (validation and prediction peaks), the levers toward a 4x cut, off/on for the other main
+# runs, the held-out grids, the rest of the recorded grid) and, in OUT_DIR: gpu.txt (device,
+# torch, CUDA context), steps.txt (exit code and seconds of each step), cuda_results.txt (the runs
+# as they finish), pytest_cuda.txt (pytest -m cuda) and a copy of the results file. Without CUDA
+# it runs what a CPU can (wheel install, the results pipeline with --dry-run, pytest -m cuda
+# collecting and skipping).
+#
+# Time budget (s, H200 machine with 16 cores; each step's limit is also cut to what is left of
+# the 530 s the whole script may take, and a step with under 10 s left is skipped):
+#   wheels ~10, gpu.txt ~10, cuda_results <= 360 (no run starts after 290 s, runs still going at
+#   340 s are stopped), pytest -m cuda <= 90, train speed <= 60, cpu_bf16_conv <= 20
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry_run=0
 if [ "${1:-}" = "--dry-run" ]; then dry_run=1; shift; fi
 OUT="${1:-${OUT:-gpu_checks}}"
 mkdir -p "$OUT"
+deadline=$((SECONDS + 530))
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/volseg-site .whl/*.whl || exit 1
@@ -27,9 +35,15 @@ if [ "$has_cuda" = 0 ]; then dry_run=1; fi
 
 step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME, exit code and time to steps.txt
   local name=$1 limit=$2; shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  if [ "$limit" -lt 10 ]; then
+    echo "$name: skipped, ${left} s left of the script's 530" | tee -a "$OUT/steps.txt"
+    return
+  fi
   local start=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name" 2>&1
-  echo "$name: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
+  echo "$name: exit $? in $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/steps.txt"
 }
 
 python3 - >"$OUT/gpu.txt" 2>&1 <<'PY'
@@ -51,33 +65,37 @@ else:
     print("no CUDA device: GPU steps run as a dry run on the CPU")
 PY
 
-# 1. the results file: the recorded grid, then the held-out grid (~12 s a run on an H200: the
-#    process start dominates); no new run after 240 s, whatever is left is listed as not_run
+# 1. the results file (benchmarks/cuda_results.py): 3 train.py/predict.py processes in flight,
+#    training one at a time under a lock (~10 s of process start overlaps another's training);
+#    the most wanted runs first; no run starts after 290 s, runs still going at 340 s are stopped,
+#    and whatever did not finish is listed as not_run
 if [ "$dry_run" = 1 ]; then
-  step cuda_results.txt 300 python3 benchmarks/cuda_results.py --dry-run
+  step cuda_results.txt 300 python3 benchmarks/cuda_results.py --dry-run --budget-s 240 \
+    --deadline-s 290 --out "$OUT"
 else
-  step cuda_results.txt 290 python3 benchmarks/cuda_results.py --budget-s 240
+  step cuda_results.txt 360 python3 benchmarks/cuda_results.py --budget-s 290 --deadline-s 340
   cp benchmarks/results/cuda/"$(date +%F)"_*.json "$OUT"/ 2>/dev/null
 fi
 # 2. the CUDA tests (tests/cuda/: monitor keys, snapshot, offload, checkpointing, placement, host
 #    stitching, precisions, the 16 GiB planner check); the estimator-vs-train.py cases are left
 #    to step 1, which measures the same runs into the results file
-step pytest_cuda.txt 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
+step pytest_cuda.txt 90 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
   -k "not estimator_within_ten_percent"
 
 # ---- further GPU checks go below this line, each as one `step` with its own timeout ----
 
-# the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
-# its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
-step cpu_bf16_conv.txt 30 python3 benchmarks/cpu_bf16_conv.py
-
-cat "$OUT/gpu.txt"
-
-# training speed of python train.py at the reference config with its own loader (step time, data wait,
-# MFU); the figures as data under benchmarks/results/cuda/
+# training speed of python train.py at the reference config with its own loader (step time, data
+# wait, MFU); the figures as data under benchmarks/results/cuda/
 if [ "$has_cuda" = 1 ]; then
-  step train_speed_seed.txt 120 python3 benchmarks/gpu_train_speed.py --steps 60 \
+  step train_speed_seed.txt 60 python3 benchmarks/gpu_train_speed.py --steps 60 \
     --out "$OUT/train_speed_seed.json"
 else
   step train_speed_dry_run.txt 240 python3 benchmarks/gpu_train_speed.py --dry-run
 fi
+
+# the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
+# its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
+step cpu_bf16_conv.txt 20 python3 benchmarks/cpu_bf16_conv.py
+
+cat "$OUT/gpu.txt"
+echo "gpu_checks.sh: $SECONDS s in all" | tee -a "$OUT/steps.txt"

@@ -1,9 +1,12 @@
-"""Seconds per optimizer step, with the device synchronized (for benchmarks, not on by default)."""
+"""Benchmark callbacks (not on by default): seconds per optimizer step with the device
+synchronized, and one run at a time on a shared GPU."""
 
 from __future__ import annotations
 
+import fcntl
 import time
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -15,23 +18,77 @@ def _sync(module: LightningModule) -> None:
 
 
 class StepTimer(Callback):
-    """Logs ``time/step_s``: wall seconds of each training batch (forward, backward and, on the
-    batch that ends an accumulation, the update), the device synchronized on both ends so that
-    queued CUDA work is counted in its own step. The synchronization costs a little: add it for
-    measurements only (``+callbacks.step_timer._target_=volseg.callbacks.step_timer.StepTimer``).
+    """Logs ``time/step_s``: wall seconds of each optimizer step, from its first micro-batch's
+    start to its last one's end (forward and backward of every micro-batch of
+    ``trainer.accumulate_grad_batches``, and the update), the device synchronized on both ends
+    so that queued CUDA work is counted in its own step. The synchronization costs a little:
+    add it for measurements only
+    (``+callbacks.step_timer._target_=volseg.callbacks.step_timer.StepTimer``).
     """
 
     def __init__(self) -> None:
-        self._began = 0.0
+        self._began: float | None = None
+        self._step = -1
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        _sync(pl_module)
-        self._began = time.perf_counter()
+        if self._began is None:  # the first micro-batch of an optimizer step
+            _sync(pl_module)
+            self._began = time.perf_counter()
+            self._step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step == self._step:  # accumulating: the step goes on
+            return
         _sync(pl_module)
-        pl_module.log("time/step_s", time.perf_counter() - self._began, on_step=True)
+        seconds = time.perf_counter() - self._began
+        self._began = None
+        # logged where Lightning logs a step's metrics: after the micro-batch that ends it
+        pl_module.log("time/step_s", seconds, on_step=True)
+
+
+class GpuTurn(Callback):
+    """Uses the device only while holding an exclusive lock on ``lock_file`` (``flock``): from
+    the start of training (after set-up) to its end, validation included, and around
+    prediction. Benchmark runs started side by side then train one at a time, their start-up
+    (imports, data, the CUDA context) overlapping another's training
+    (``+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn
+    +callbacks.gpu_turn.lock_file=PATH``). The lock goes with the process if it dies.
+    """
+
+    def __init__(self, lock_file: str | Path) -> None:
+        self.lock_file = Path(lock_file)
+        self._held: IO[str] | None = None
+
+    def _take(self) -> None:
+        if self._held is None:
+            self.lock_file.parent.mkdir(parents=True, exist_ok=True)
+            held = self.lock_file.open("a")
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            self._held = held
+
+    def _give(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+            held.close()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._take()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._give()
+
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._take()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._give()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        self._give()

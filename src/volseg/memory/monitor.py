@@ -56,6 +56,10 @@ class MemoryMonitor(Callback):
     """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end;
     after each validation (not the sanity check) its own peaks, ``mem/val_peak_allocated_mib``
     and ``mem/val_peak_reserved_mib``, and ``mem/val_start_allocated_mib`` (held when it began).
+    Added to ``predict.py``
+    (``+callbacks.memory_monitor._target_=volseg.memory.monitor.MemoryMonitor
+    +callbacks.memory_monitor.output_dir=DIR``), it logs the prediction's peaks (all volumes)
+    and writes them to ``DIR/prediction_memory.json`` (bytes).
 
     On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
     process's resident host memory next to them; on a CPU all come from the process's resident
@@ -92,6 +96,7 @@ class MemoryMonitor(Callback):
         self.history: list[dict[str, float]] = []
         self.val_history: list[dict[str, float]] = []  # one row per validation (not sanity's)
         self._val_start: MemoryReading | None = None
+        self._predict_start: MemoryReading | None = None
         self._active = False
         self._start: MemoryReading | None = None
         self._phase_peaks: dict[str, MemoryReading] = {}
@@ -227,6 +232,40 @@ class MemoryMonitor(Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+
+    # -- prediction (predict.py) ----------------------------------------------------------
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """predict.py's whole-volume inference (every volume): the counters are reset when it
+        begins (the network already on its device) and read when it ends."""
+        self.reader = make_reader(trainer.strategy.root_device)
+        if self.reader is None:
+            return
+        self.reader.reset_peak()
+        self._predict_start = self.reader.read()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        start, self._predict_start = self._predict_start, None
+        if start is None:
+            return
+        end = self.reader.read()
+        figures = {
+            "device": self.reader.kind,
+            "peak_allocated": end.peak_allocated,
+            "peak_reserved": end.peak_reserved,
+            "start_allocated": start.allocated,
+        }
+        log.info(
+            "Prediction memory (%s): peak allocated %.1f MiB, peak reserved %.1f MiB, "
+            "%.1f MiB held when it began",
+            self.reader.kind,
+            end.peak_allocated / MIB,
+            end.peak_reserved / MIB,
+            start.allocated / MIB,
+        )
+        if trainer.is_global_zero:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            path = self.output_dir / "prediction_memory.json"
+            path.write_text(json.dumps(figures, indent=1) + "\n")
 
     # -- per-layer trace ------------------------------------------------------------------
     def _finish_trace(self, trainer: Trainer) -> None:
