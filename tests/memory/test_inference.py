@@ -135,3 +135,17 @@ def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path)
     ]))  # fmt: skip
     assert planned.to_dict()["validation"]["volume_shape"] == [16, 64, 64]
     assert planned.to_dict()["validation"]["peak_allocated"] > 0
+
+
+def test_the_reserved_peak_follows_memory_allocator(tmp_path):
+    shape = [32, 128, 128]
+    cuda = ["estimate.device=cuda"]
+    default = estimate_validation(_cfg(tmp_path, cuda), shape)
+    expandable = estimate_validation(
+        _cfg(tmp_path, [*cuda, "memory.allocator.expandable_segments=true"]), shape
+    )
+    assert expandable.peak_allocated == default.peak_allocated  # the same tensors
+    # expandable segments map 2 MiB (small pool) and 20 MiB (large pool) pages
+    assert expandable.peak_reserved != default.peak_reserved
+    assert expandable.peak_reserved % (2 * 2**20) == 0
+    assert expandable.allocator.expandable_segments and not default.allocator.expandable_segments

@@ -50,13 +50,20 @@ from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from volseg.memory.allocator import CachingAllocatorModel, OutOfMemory, replay, round_size
+from volseg.memory.allocator import (
+    AllocatorSettings,
+    CachingAllocatorModel,
+    OutOfMemory,
+    replay,
+    round_size,
+)
 from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.estimator import _fake_step, _precision, _trace_steps
 from volseg.memory.events import Event
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.models.volume_predictor import VolumePredictor
+from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
@@ -108,10 +115,12 @@ class InferenceEstimate:
     events: list[Event] = field(default_factory=list, repr=False)
     margin: float = 0.0
     margin_source: str = ""
+    allocator: AllocatorSettings = field(default_factory=AllocatorSettings, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("events")
+        out.pop("allocator")
         return out
 
     def total_within(self, budget: int) -> int | None:
@@ -122,7 +131,7 @@ class InferenceEstimate:
             return self.process_total if self.process_total <= budget else None
         capacity = int((budget - self.cuda_context) / (1 + self.margin))
         try:
-            allocator = replay(self.events, capacity=capacity)
+            allocator = replay(self.events, capacity=capacity, settings=self.allocator)
         except OutOfMemory:
             return None
         return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
@@ -309,11 +318,14 @@ def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
     return rise
 
 
-def _peaks(events: list[Event], start: int, device: str, settings: Any) -> dict[str, int]:
+def _peaks(
+    events: list[Event], start: int, device: str, settings: Any, allocator_settings: Any
+) -> dict[str, int]:
     """Held at event ``start`` (the phase's mark), the phase's peak allocated after it, the
-    reserved peak (CUDA: the allocator model replayed over everything before too)."""
+    reserved peak (CUDA: the allocator model, with ``allocator_settings``, replayed over
+    everything before too)."""
     if device == "cuda":
-        allocator = CachingAllocatorModel()
+        allocator = CachingAllocatorModel(settings=allocator_settings)
         resident = 0
         for i, (kind, handle, nbytes) in enumerate(events):
             if i == start:
@@ -336,6 +348,13 @@ def _peaks(events: list[Event], start: int, device: str, settings: Any) -> dict[
     resident = held[start - 1] if start > 0 else 0
     peak = max(held[start:], default=resident)
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
+
+
+def _allocator_settings(cfg: DictConfig) -> AllocatorSettings:
+    """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
+    return AllocatorSettings.from_conf(
+        resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
+    )
 
 
 def _host_device(device: str) -> str:
@@ -368,9 +387,12 @@ def _traced(
     steps: int,
     precision: str,
     flips: int = 1,
+    allocator: AllocatorSettings | None = None,
 ) -> InferenceEstimate:
     """Trace ``steps`` fake training steps, then ``run(image_shape, label_shape)`` with the
-    module's inferer counting its windows; the estimate of what ``run`` held."""
+    module's inferer counting its windows; the estimate of what ``run`` held (``allocator``: the
+    ``memory.allocator`` settings its reserved figures model)."""
+    allocator = allocator or AllocatorSettings()
     started = time.perf_counter()
     module = step.module
     roi, sw_batch, overlap = _inferer_settings(module)
@@ -399,7 +421,7 @@ def _traced(
     # tensor, not a fake one: it holds no memory and may be mixed with fake ones
     mode.allow_non_fake_inputs = True
     events = _trace_steps(step, mode, device, then, steps=steps).tracker.events
-    peaks = _peaks(events, counted["start"], device, settings or {})
+    peaks = _peaks(events, counted["start"], device, settings or {}, allocator)
     rounding = round_size if device == "cuda" else None
     itemsize = torch.empty((), dtype=step.input_dtype).element_size()
     buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
@@ -429,6 +451,7 @@ def _traced(
         process_total=peaks["peak_reserved"] + peaks["cuda_context"],
         seconds=time.perf_counter() - started,
         events=events,
+        allocator=allocator,
     )
 
 
@@ -464,7 +487,19 @@ def estimate_validation(
     settings = settings if settings is not None else (cfg.get("estimate") or {})
     stitch = _configured_stitch(cfg, device)
     precision = _precision(cfg, device)
-    est = _traced(step, mode, device, "validation", shape, stitch, run, settings, 2, precision)
+    est = _traced(
+        step,
+        mode,
+        device,
+        "validation",
+        shape,
+        stitch,
+        run,
+        settings,
+        2,
+        precision,
+        allocator=_allocator_settings(cfg),
+    )
     if device == "cuda":
         # the training step's margin: validation's reserved peak rests on the same replay
         margin = cuda_margin(
@@ -513,7 +548,18 @@ def estimate_prediction(
     settings = settings if settings is not None else (cfg.get("estimate") or {})
     precision = _precision(cfg, device)
     est = _traced(
-        step, mode, device, "prediction", shape, stitch, run, settings, 0, precision, flips
+        step,
+        mode,
+        device,
+        "prediction",
+        shape,
+        stitch,
+        run,
+        settings,
+        0,
+        precision,
+        flips,
+        _allocator_settings(cfg),
     )
     if device == "cuda":
         margin = cuda_margin(False, 1)  # a forward without training: a plain step's margin
