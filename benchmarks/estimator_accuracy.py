@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
+from volseg.memory.events import held_at_last_mark  # noqa: E402
 from volseg.utils.cpu import cpu_description  # noqa: E402
 from volseg.utils.units import MIB  # noqa: E402
 
@@ -527,21 +528,6 @@ def child_env(device: str, work_dir: Path, malloc_default: bool = False) -> dict
     return env
 
 
-def _held_at_step_start(events: list[tuple[str, int, int]]) -> int:
-    """Bytes the estimate holds where its last (steady) step starts: parameters, buffers,
-    gradients and optimizer state."""
-    held, live, at_mark = 0, {}, 0
-    for kind, handle, nbytes in events:
-        if kind == "mark":
-            at_mark = held
-        elif kind == "malloc":
-            live[handle] = nbytes
-            held += nbytes
-        elif kind == "free":
-            held -= live.pop(handle)
-    return at_mark
-
-
 def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, float]:
     """The estimate of the config composed from the same overrides as its run (bytes)."""
     from volseg.memory.estimator import estimate
@@ -554,7 +540,7 @@ def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, floa
     return {
         "network": str(cfg.model.net._target_),
         "growth": est.step_peak_growth,
-        "held_at_start": _held_at_step_start(est.events),
+        "held_at_start": held_at_last_mark(est.events),
         "peak_allocated": est.peak_allocated,
         "peak_reserved": est.peak_reserved,
         "process_total": est.process_total,

@@ -4,6 +4,7 @@ estimated and is planned under a budget with the levers its adapter offers."""
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 from pathlib import Path
 
@@ -70,10 +71,12 @@ def cubes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``my_unet.UNet`` importable from a file in a temporary folder."""
-    (tmp_path / "my_unet.py").write_text(textwrap.dedent(USER_UNET))
+    """``users_unet.UNet`` importable from a file in a temporary folder (a name no other test's
+    module has: a module imported earlier in the process would be taken instead)."""
+    (tmp_path / "users_unet.py").write_text(textwrap.dedent(USER_UNET))
     monkeypatch.syspath_prepend(str(tmp_path))
-    return "my_unet.UNet"
+    monkeypatch.delitem(sys.modules, "users_unet", raising=False)
+    return "users_unet.UNet"
 
 
 def two_steps(root: Path, patch: str = "[32,32,32]") -> list[str]:

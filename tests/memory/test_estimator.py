@@ -15,6 +15,7 @@ from tests.conftest import compose_config, planned_config, tiny_train_overrides
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimator import build_training_step, estimate, target_device
+from volseg.memory.events import held_at_last_mark
 from volseg.models.build import build_model
 from volseg.tasks.train import train
 
@@ -186,20 +187,6 @@ def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path)
     assert real_two - real_one == pytest.approx(predicted, rel=0.25)
 
 
-def _held_at_step_start(events) -> int:
-    """Bytes held where the last traced step starts (its ``mark``)."""
-    held, live, at_mark = 0, {}, 0
-    for kind, handle, nbytes in events:
-        if kind == "mark":
-            at_mark = held
-        elif kind == "malloc":
-            live[handle] = nbytes
-            held += nbytes
-        elif kind == "free":
-            held -= live.pop(handle)
-    return at_mark
-
-
 def test_a_loop_that_zeroes_after_the_update_starts_forward_without_gradients(tmp_path):
     lightning = estimate(_cfg(tmp_path, SMALL))
     by_hand = estimate(_cfg(tmp_path, [*SMALL, "estimate.zero_grad=after_update"]))
@@ -207,7 +194,7 @@ def test_a_loop_that_zeroes_after_the_update_starts_forward_without_gradients(tm
     # gradients are still there when the next step starts; a hand-written loop's
     # optimizer.zero_grad() after optimizer.step() has freed them
     float32_grads = lightning.params  # a float32 gradient per float32 parameter
-    held = _held_at_step_start(lightning.events) - _held_at_step_start(by_hand.events)
+    held = held_at_last_mark(lightning.events) - held_at_last_mark(by_hand.events)
     assert held == pytest.approx(float32_grads, rel=0.01)
     assert by_hand.peak_allocated <= lightning.peak_allocated
 

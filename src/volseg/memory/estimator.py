@@ -125,18 +125,26 @@ class MemoryEstimate:
         """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
         fit. On CUDA the allocator releases its free cached segments before giving up, so a
         step can fit with an unconstrained reserved peak above the budget."""
-        if self.device != "cuda":
-            return self.process_total if self.process_total <= budget else None
-        # with the margin, the modelled allocator gets what is left after it
-        capacity = int((budget - self.cuda_context) / (1 + self.margin))
-        try:
-            allocator = replay(self.events, capacity=capacity, settings=self.allocator)
-        except OutOfMemory:
-            return None
-        return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
+        return replayed_total_within(self, budget)
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
+
+
+def replayed_total_within(est: Any, budget: int) -> int | None:
+    """The process total of an estimate (a step's or an inference's: ``device``,
+    ``process_total``, ``events``, ``cuda_context``, ``margin``, ``allocator``) when ``budget``
+    bytes is all there is; ``None``: it does not fit. On CUDA the allocator model, with the
+    margin taken off the budget first, replays the events within what is left, releasing its
+    free cached segments before an out-of-memory as the real allocator does."""
+    if est.device != "cuda":
+        return est.process_total if est.process_total <= budget else None
+    capacity = int((budget - est.cuda_context) / (1 + est.margin))
+    try:
+        allocator = replay(est.events, capacity=capacity, settings=est.allocator)
+    except OutOfMemory:
+        return None
+    return int(allocator.peak_reserved * (1 + est.margin)) + est.cuda_context
 
 
 def target_device(cfg: DictConfig) -> str:

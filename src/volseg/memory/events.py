@@ -31,3 +31,18 @@ def held_peak(events: list[Event], after_last_mark: bool = False, rounding: Any 
         elif kind == "free":
             held -= live.pop(handle)
     return peak - start
+
+
+def held_at_last_mark(events: list[Event]) -> int:
+    """Bytes held where the last ``mark`` event stands (e.g. where the last traced step starts:
+    parameters, buffers, gradients and optimizer state)."""
+    held, live, at_mark = 0, {}, 0
+    for kind, handle, nbytes in events:
+        if kind == "mark":
+            at_mark = held
+        elif kind == "malloc":
+            live[handle] = nbytes
+            held += nbytes
+        elif kind == "free":
+            held -= live.pop(handle)
+    return at_mark

@@ -53,12 +53,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from volseg.memory.allocator import (
     AllocatorSettings,
     CachingAllocatorModel,
-    OutOfMemory,
-    replay,
     round_size,
 )
 from volseg.memory.cuda_context import resolve_cuda_context
-from volseg.memory.estimator import _fake_step, _precision, _trace_steps
+from volseg.memory.estimator import _fake_step, _precision, _trace_steps, replayed_total_within
 from volseg.memory.events import Event
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
@@ -127,14 +125,7 @@ class InferenceEstimate:
         """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
         fit (on CUDA the allocator model releases its free cached segments first, as the real
         one does before an out-of-memory, and gets what the ``margin`` leaves of the budget)."""
-        if self.device != "cuda":
-            return self.process_total if self.process_total <= budget else None
-        capacity = int((budget - self.cuda_context) / (1 + self.margin))
-        try:
-            allocator = replay(self.events, capacity=capacity, settings=self.allocator)
-        except OutOfMemory:
-            return None
-        return int(allocator.peak_reserved * (1 + self.margin)) + self.cuda_context
+        return replayed_total_within(self, budget)
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
