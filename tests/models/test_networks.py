@@ -222,3 +222,13 @@ def test_the_estimate_counts_the_deep_supervision_outputs(tmp_path):
     # softmax and gradient, at least the outputs themselves
     outputs = 2 * (2 * 5 * 16 * 32 * 32 * 4)
     assert steps["true"] - steps["false"] >= outputs
+
+
+def test_a_swin_unetr_patch_with_one_voxel_at_the_bottleneck_is_one_error(tmp_path):
+    from volseg.utils.errors import UserInputError
+
+    overrides = ["model/net=swin_unetr", "data.patch_size=[32,32,32]"]
+    with pytest.raises(UserInputError, match=r"data.patch_size=\[32, 32, 32\]: SwinUNETR"):
+        make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
+    overrides = ["model/net=swin_unetr", "data.patch_size=[32,64,64]"]
+    make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)  # 1x2x2: fine

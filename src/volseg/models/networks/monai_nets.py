@@ -10,8 +10,9 @@ from typing import Any
 
 from torch import nn
 
-from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter
+from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned
 from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
 
 
 def _per_axis(value: Any) -> list[int]:
@@ -63,6 +64,19 @@ class SwinUNETRAdapter(NetworkAdapter):
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
         return [int(net_cfg.get("patch_size", 2)) * 16] * 3
+
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """Checks that the deepest level keeps more than one voxel: its instance norm cannot
+        normalize a single voxel in training (a 32^3 patch fails, [32, 64, 64] trains)."""
+        divisor = self.divisibility(net_cfg, patch)
+        deepest = [int(p) // d for p, d in zip(patch, divisor, strict=True)]
+        if math.prod(deepest) <= 1:
+            raise UserInputError(
+                f"data.patch_size={list(patch)}: SwinUNETR's deepest level would hold "
+                f"{deepest} voxels (the patch / {divisor[0]}); its instance norm needs more than "
+                f"one in training: use a patch with a side of {2 * divisor[0]} or more"
+            )
+        return []
 
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         if spec is not None and spec not in self.checkpointing_choices:
