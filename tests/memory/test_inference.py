@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +11,12 @@ from monai.data.utils import dense_patch_slices
 from monai.inferers.utils import _get_scan_interval
 
 from tests.conftest import (
-    REPO,
     SMALL_SHAPE,
     compose_config,
     planned_config,
     tiny_train_overrides,
 )
+from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.inference import (
     estimate_prediction,
@@ -96,22 +92,9 @@ def test_estimate_matches_a_real_cpu_validation(tmp_path):
         "callbacks.model_summary=null",
         "estimate.plan_step=false",
     ]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    result = subprocess.run(
-        [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib")]
-    assert len(rows) == 1  # one validation; the sanity check is not logged
-    measured = float(rows[0]["mem/val_peak_allocated_mib"]) - float(
-        rows[0]["mem/val_start_allocated_mib"]
-    )
+    rises = validation_rises(overrides, run_dir)
+    assert len(rises) == 1  # one validation; the sanity check is not logged
+    measured = rises[0]
     est = estimate_validation(planned_config("train", tmp_path / "est", overrides), shape)
     assert measured * 2**20 == pytest.approx(est.peak_growth, rel=0.10)
 

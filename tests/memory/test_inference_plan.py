@@ -3,15 +3,11 @@ that validates with what was planned."""
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
-
 import pytest
 import yaml
 
-from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
+from tests.conftest import compose_config, planned_config, tiny_train_overrides
+from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimator import estimate
 from volseg.memory.inference import estimate_prediction, estimate_validation
@@ -116,16 +112,7 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
     configured = estimate_validation(planned_config("train", tmp_path / "est", overrides), shape)
     assert not configured.fits(budget)
 
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    result = subprocess.run(
-        [sys.executable, "train.py", *overrides, "memory.budget=90MiB", f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    rises = validation_rises([*overrides, "memory.budget=90MiB"], run_dir)
     planned = yaml.safe_load((run_dir / "plan.yaml").read_text())
     decision = planned["decisions"]["model.inferer.sw_batch_size"]
     assert decision["source"] == "planned" and 1 <= decision["value"] < 8
@@ -133,12 +120,8 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
     hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
     assert hparams["model"]["inferer"]["sw_batch_size"] == decision["value"]
 
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib")]
-    assert len(rows) == 1
-    rise = float(rows[0]["mem/val_peak_allocated_mib"]) - float(
-        rows[0]["mem/val_start_allocated_mib"]
-    )
+    assert len(rises) == 1
+    rise = rises[0]
     # counted as the budget counts it: the training state's tensors, and what validation adds
     assert configured.resident + rise * MIB <= budget
     # the configured windows would not have: the rise the estimate gives them is over it
