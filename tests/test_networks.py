@@ -3,6 +3,7 @@ estimated and is planned under a budget with the levers its adapter offers."""
 
 from __future__ import annotations
 
+import csv
 import math
 import sys
 import textwrap
@@ -99,11 +100,13 @@ def two_steps(root: Path, patch: str = "[32,32,32]") -> list[str]:
 
 
 def _trained(run_dir: Path, metrics: dict) -> dict:
-    planned = yaml.safe_load((run_dir / "plan.yaml").read_text())
-    assert math.isfinite(metrics["train/loss"]) and 0 <= metrics["val/dice_mean"] <= 1
-    rows = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
-    assert sum(",val/dice_mean" in r or "val/dice_mean," in r for r in rows[:1]) == 1
-    return planned
+    """The run's plan, once it trained two optimizer steps on finite losses and validated."""
+    assert math.isfinite(metrics["train/loss"])
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["step"]) for r in rows if r.get("train/loss")) == [0, 1]
+    assert any(r.get("val/dice_mean") for r in rows)
+    return yaml.safe_load((run_dir / "plan.yaml").read_text())
 
 
 @pytest.mark.slow
@@ -157,6 +160,7 @@ def test_a_deep_supervision_checkpoint_evaluates_and_predicts_full_resolution(cu
     run_dir = tmp_path / "run"
     # DynUNet trains from its one override too (the shipped networks' test leaves it to this one)
     metrics = train(compose_config("train", run_dir, [*two_steps(cubes), "model/net=dynunet"]))
+    trained_dice = metrics["val/dice_mean"]
     planned = _trained(run_dir, metrics)
     assert planned["config"]["model"]["net"]["_target_"] == "monai.networks.nets.DynUNet"
     ckpt = run_dir / "checkpoints" / "last.ckpt"
@@ -165,7 +169,9 @@ def test_a_deep_supervision_checkpoint_evaluates_and_predicts_full_resolution(cu
             "eval", tmp_path / "eval", [f"ckpt_path={ckpt}", "extras.print_config=false"]
         )
     )
-    assert 0 <= metrics["val/dice_mean"] <= 1
+    # the checkpoint's weights on the same validation volume: the score its run logged last, up
+    # to a few voxels whose argmax flips with the order the windows are summed in (1e-4 here)
+    assert metrics["val/dice_mean"] == pytest.approx(trained_dice, abs=2e-3)
     source = sorted((cubes / "images").glob("*.nii.gz"))[0]
     out = tmp_path / "pred"
     overrides = [f"ckpt_path={ckpt}", f"input={source}", f"output={out}"]
