@@ -160,6 +160,34 @@ def final_validation(metrics_csv: Path, classes: list[str]) -> tuple[float, dict
     return float(last["val/dice_mean"]), {c: float(last[f"val/dice_{c}"]) for c in classes}
 
 
+def volseg_recipe(data: str, run_dir: Path | None = None) -> dict:
+    """What ``python train.py data=<data>`` trains with, from its composed and planned config:
+    patch ``[z, y, x]``, patches per step, draws per volume, widths and pooling of its network,
+    learning rate (resolved), AdamW weight decay, Dice/CE weights, whether background is in the
+    Dice term, intensity augmentation."""
+    from volseg.plan import planned_config
+    from volseg.utils.config import compose_run_config
+
+    run_dir = run_dir or REPO / "logs" / "benchmarks" / "real_data" / "recipe" / data
+    cfg = planned_config(compose_run_config(REPO / "configs", "train", [f"data={data}"], run_dir))
+    augment = cfg.data.augment
+    return {
+        "patch_size": [int(p) for p in cfg.data.patch_size],
+        "batch_size": int(cfg.data.batch_size),
+        "samples_per_volume": int(cfg.data.samples_per_volume),
+        "widths": [int(w) for w in cfg.model.net.widths],
+        "pooling": [[int(k) for k in level] for level in cfg.model.net.pooling],
+        "lr": float(cfg.model.optimizer.lr),
+        "weight_decay": float(cfg.model.optimizer.weight_decay),
+        "lambda_ce": float(cfg.model.loss.lambda_ce),
+        "lambda_dice": float(cfg.model.loss.lambda_dice),
+        "include_background": bool(cfg.model.loss.include_background),
+        "intensity_scale": float(augment.intensity_scale),
+        "intensity_shift": float(augment.intensity_shift),
+        "augment_prob": float(augment.prob),
+    }
+
+
 def run_monai(
     root: Path,
     budget_s: int,
@@ -168,10 +196,16 @@ def run_monai(
     precision: str = "32",
     samples_per_volume: int = 4,
     val_every_s: float | None = None,
+    recipe: dict | None = None,
 ) -> dict:
-    """The plain MONAI loop (see the module docstring) for ``budget_s`` seconds of training, in
-    ``precision`` (``32`` or ``bf16-mixed``: bfloat16 autocast), validated every
-    ``val_every_s`` seconds of training (``None``: a fifth of the budget) and at the end."""
+    """The plain MONAI loop (see the module docstring) for ``budget_s`` seconds, its
+    validations included, in ``precision`` (``32`` or ``bf16-mixed``: bfloat16 autocast),
+    validated every ``val_every_s`` seconds (``None``: a fifth of the budget) and once after the
+    budget. ``recipe`` (:func:`volseg_recipe`): the same loop with volseg's learning rate and
+    cosine schedule over the budget, weight decay, loss weights, patches per step (one patch per
+    volume draw) and intensity augmentation, instead of the tutorial's."""
+    import math
+
     import torch
     from monai.data import CacheDataset, DataLoader, list_data_collate
     from monai.inferers import sliding_window_inference
@@ -186,6 +220,8 @@ def run_monai(
         LoadImaged,
         NormalizeIntensityd,
         RandCropByLabelClassesd,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
         SpatialPadd,
         Transposed,
     )
@@ -210,28 +246,43 @@ def run_monai(
         NormalizeIntensityd("image", channel_wise=True),
         EnsureTyped(keys, track_meta=False),
     ]
-    train_tf = Compose(
-        [
-            *load,
-            SpatialPadd(keys, spatial_size=PATCH_ZYX),
-            RandCropByLabelClassesd(
-                keys,
-                "label",
-                spatial_size=PATCH_ZYX,
-                num_classes=k,
-                num_samples=samples_per_volume,
-                warn=False,
-            ),
-        ]
+    # the tutorial: 2 volumes a step, samples_per_volume patches each; volseg's recipe: its
+    # patches per step, one patch per draw, each training volume drawn samples_per_volume times
+    draws = 1 if recipe else samples_per_volume
+    crop = RandCropByLabelClassesd(
+        keys, "label", spatial_size=PATCH_ZYX, num_classes=k, num_samples=draws, warn=False
     )
-    train_ds = CacheDataset(items(splits["train"]), train_tf, progress=False)
+    intensity = []
+    if recipe:
+        prob = recipe["augment_prob"]
+        intensity = [
+            RandScaleIntensityd("image", factors=recipe["intensity_scale"], prob=prob),
+            RandShiftIntensityd("image", offsets=recipe["intensity_shift"], prob=prob),
+        ]
+    train_tf = Compose([*load, SpatialPadd(keys, spatial_size=PATCH_ZYX), crop, *intensity])
+    train_items = items(splits["train"])
+    if recipe:
+        train_items = train_items * recipe["samples_per_volume"]
+    train_ds = CacheDataset(train_items, train_tf, progress=False)
     val_ds = CacheDataset(items(splits["val"]), Compose(load), progress=False)
-    loader = DataLoader(train_ds, batch_size=2, shuffle=True, collate_fn=list_data_collate)
+    batch = recipe["batch_size"] if recipe else 2
+    loader = DataLoader(train_ds, batch_size=batch, shuffle=True, collate_fn=list_data_collate)
     net = BasicUNet(
         spatial_dims=3, in_channels=1, out_channels=k, features=(16, 16, 32, 64, 128, 16)
     )
-    loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
-    opt = torch.optim.AdamW(net.parameters(), lr=2e-3)
+    if recipe:
+        loss_fn = DiceCELoss(
+            to_onehot_y=True,
+            softmax=True,
+            include_background=recipe["include_background"],
+            lambda_dice=recipe["lambda_dice"],
+            lambda_ce=recipe["lambda_ce"],
+        )
+        lr = recipe["lr"]
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=recipe["weight_decay"])
+    else:
+        loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+        opt = torch.optim.AdamW(net.parameters(), lr=2e-3)
     if precision not in ("32", "bf16-mixed"):
         raise ValueError(f"precision={precision!r}: the loop runs 32 or bf16-mixed")
 
@@ -254,31 +305,41 @@ def run_monai(
 
     every = val_every_s if val_every_s is not None else budget_s / 5
     validations: list[list[float]] = []
-    steps, trained, next_val = 0, 0.0, every
+    steps, next_val = 0, every
     done = False
     net.train()
+    began = time.perf_counter()  # the budget counts training, loading and validations
     while not done:
         for batch in loader:
-            tick = time.perf_counter()
+            elapsed = time.perf_counter() - began
+            if recipe:  # volseg's BudgetCosineLR: cosine over the budget's seconds, to 0
+                for group in opt.param_groups:
+                    group["lr"] = 0.5 * lr * (1 + math.cos(math.pi * min(elapsed / budget_s, 1)))
             opt.zero_grad()
             with autocast():
                 loss = loss_fn(net(batch["image"]), batch["label"])
             loss.backward()
             opt.step()
             steps += 1
-            trained += time.perf_counter() - tick
-            done = trained >= budget_s
-            if trained >= next_val and not done:
+            elapsed = time.perf_counter() - began
+            done = elapsed >= budget_s
+            if elapsed >= next_val and not done:
                 validations.append(validate())
                 next_val += every
             if done:
                 break
+    trained_s = time.perf_counter() - began
     validations.append(validate())
     best = max(validations, key=lambda v: sum(v) / len(v))
     per_class = dict(zip(classes[1:], best, strict=True))
     final = dict(zip(classes[1:], validations[-1], strict=True))
+    method = (
+        "MONAI loop, volseg's recipe"
+        if recipe
+        else f"MONAI loop as its tutorials ({samples_per_volume} patches/volume)"
+    )
     return {
-        "method": f"MONAI loop ({samples_per_volume} patches/volume)",
+        "method": method,
         "precision": precision,
         "steps": steps,
         "dice_mean": sum(best) / len(best),
@@ -287,7 +348,10 @@ def run_monai(
         "zero_classes": zero_classes(per_class),
         "final_zero_classes": zero_classes(final),
         "validations": len(validations),
+        "trained_s": trained_s,
         "wall_s": time.perf_counter() - start,
+        "seed": seed,
+        **({"recipe": recipe} if recipe else {}),
     }
 
 
@@ -311,83 +375,190 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SIDES = ("volseg", "nnunet", "monai_tutorial", "monai_volseg")
+
+
+class Job:
+    """One timed run of one side (a subprocess), and how its row is read back."""
+
+    def __init__(self, side: str, seed: int, args: argparse.Namespace, precision: str) -> None:
+        self.side, self.seed = side, seed
+        threads = 1 if args.parallel else None
+        if side == "volseg":
+            overrides = [f"seed={seed}", *args.overrides]
+            self.name = args.name
+            name = f"{args.name}_seed{seed}"
+            self.volseg = start_volseg(args.data, args.budget, overrides, name, threads, precision)
+            return
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        self.row_file = ROWS / f"{stamp}_{args.data}_{side}_seed{seed}.json"
+        self.row_file.parent.mkdir(parents=True, exist_ok=True)
+        common = ["--data", args.data, "--budget", str(args.budget), "--seed", str(seed)]
+        common += ["--row-out", str(self.row_file)] + (["--threads", "1"] if threads else [])
+        if side == "nnunet":
+            script = REPO / "benchmarks" / "nnunet_recipe.py"
+            self.cmd = [sys.executable, str(script), *common, "--work", str(args.nnunet_work)]
+        else:
+            self.cmd = [sys.executable, __file__, "--sides", side, "--precision", precision]
+            self.cmd += ["--monai-samples", str(args.monai_samples), *common]
+            if args.monai_val_every is not None:
+                self.cmd += ["--monai-val-every", str(args.monai_val_every)]
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if threads else {})}
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def row(self) -> dict:
+        """Wait for the run; its row, with its side and seed."""
+        if self.side == "volseg":
+            row = finish_volseg(*self.volseg)
+        else:
+            _, stderr = self.proc.communicate()
+            if self.proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(self.cmd)} failed:\n{stderr[-3000:]}")
+            row = json.loads(self.row_file.read_text())
+        if self.side == "volseg":
+            row["method"] = f"volseg ({self.name})"
+        return {**row, "side": self.side, "seed": self.seed}
+
+
+#: where the subprocess sides write their rows
+ROWS = REPO / "logs" / "benchmarks" / "real_data" / "rows"
+
+
+def run_one_monai(args: argparse.Namespace, precision: str) -> None:
+    """``--sides monai_tutorial|monai_volseg --row-out F``: one MONAI run in this process."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe = volseg_recipe(args.data) if args.sides == ["monai_volseg"] else None
+    row = run_monai(
+        REPO / "data" / args.data,
+        args.budget,
+        seed=args.seeds[0],
+        threads=args.threads,
+        precision=precision,
+        samples_per_volume=args.monai_samples,
+        val_every_s=args.monai_val_every,
+        recipe=recipe,
+    )
+    args.row_out.write_text(json.dumps(row, indent=2))
+
+
+def summary(rows: list[dict]) -> str:
+    """Markdown: per side, the mean over its runs of the best and final validation Dice."""
+    lines = [
+        "| side | runs | steps (mean) | best val Dice (mean) | final val Dice (mean) | "
+        "final, per run |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for side in dict.fromkeys(r["side"] for r in rows):
+        runs = [r for r in rows if r["side"] == side]
+        mean = {
+            k: sum(r[k] for r in runs) / len(runs)
+            for k in ("steps", "dice_mean", "final_dice_mean")
+        }
+        each = ", ".join(f"{r['final_dice_mean']:.3f}" for r in runs)
+        lines.append(
+            f"| {runs[0]['method']} | {len(runs)} | {mean['steps']:.0f} | "
+            f"{mean['dice_mean']:.3f} | {mean['final_dice_mean']:.3f} | {each} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=DATA_CHOICES, default="mni152")
-    parser.add_argument("--budget", type=int, default=300, help="training seconds per method")
-    parser.add_argument("--only", choices=["volseg", "monai"], default=None)
+    parser.add_argument("--budget", type=int, default=300, help="seconds per run, validations in")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="one run per seed")
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
-        default="auto",
-        help="both sides' precision (auto: what volseg's auto picks on this CPU)",
+        default="32",
+        help="every side's precision (auto: what volseg's auto picks on this CPU; nnU-Net's "
+        "trainer runs 32 on a CPU)",
     )
-    parser.add_argument("--monai-samples", type=int, default=4, help="loop patches per volume")
-    parser.add_argument(
-        "--monai-val-every", type=float, default=None, help="loop validation interval (s)"
-    )
+    parser.add_argument("--monai-samples", type=int, default=4, help="tutorial patches/volume")
+    parser.add_argument("--monai-val-every", type=float, default=None, help="loop validation (s)")
     parser.add_argument("--name", default="default", help="label of the volseg row")
-    parser.add_argument("--json", type=Path, default=None, help="append each row to this file")
+    parser.add_argument(
+        "--nnunet-work",
+        type=Path,
+        default=REPO / "logs" / "benchmarks" / "nnunet",
+        help="nnU-Net's raw, preprocessed and results folders",
+    )
     parser.add_argument(
         "--parallel",
         action="store_true",
-        help="run both at once, 1 CPU thread each, so both see the same load on a shared machine",
+        help="two runs at once, 1 CPU thread each, so both see the same load on a shared machine",
     )
+    # one MONAI run in this process (what --parallel starts for a MONAI side)
+    parser.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
     results_io.add_json_out(parser, "real_data")
     parser.add_argument("overrides", nargs="*", help="train.py overrides for volseg (after --)")
     args = parser.parse_args(argv)
 
     if any(o.startswith("trainer.precision=") for o in args.overrides):
-        parser.error("set both sides' precision with --precision, not trainer.precision=")
-    root = dataset_root(args.data)
+        parser.error("set every side's precision with --precision, not trainer.precision=")
     precision = resolved_precision(args.precision)
+    if "nnunet" in args.sides and precision != "32":
+        parser.error(f"--precision {args.precision} ({precision}): nnU-Net trains in 32 on a CPU")
+    if args.seed is not None:
+        args.seeds = [args.seed]
+    if args.row_out is not None:
+        if len(args.sides) != 1 or not args.sides[0].startswith("monai"):
+            parser.error("--row-out runs one MONAI side: --sides monai_tutorial|monai_volseg")
+        run_one_monai(args, precision)
+        return
+    dataset_root(args.data)
+    if "nnunet" in args.sides:  # nnU-Net's planning and preprocessing, before any timed run
+        script = REPO / "benchmarks" / "nnunet_recipe.py"
+        prepare = [sys.executable, str(script), "--data", args.data, "--prepare-only"]
+        subprocess.run(prepare + ["--work", str(args.nnunet_work)], cwd=REPO, check=True)
+    jobs = [(side, seed) for seed in args.seeds for side in args.sides]
+    at_once = 2 if args.parallel else 1
     rows = []
-    threads = 1 if args.parallel else None
-    started = None
-    if args.only in (None, "volseg"):
-        started = start_volseg(
-            args.data, args.budget, args.overrides, args.name, threads, precision
-        )
-        if not args.parallel:
-            rows.append(finish_volseg(*started))
-    if args.only in (None, "monai"):
-        rows.append(
-            run_monai(
-                root,
-                args.budget,
-                threads=threads,
-                precision=precision,
-                samples_per_volume=args.monai_samples,
-                val_every_s=args.monai_val_every,
+    for i in range(0, len(jobs), at_once):
+        started = [Job(side, seed, args, precision) for side, seed in jobs[i : i + at_once]]
+        for job in started:
+            rows.append(job.row())
+            print(
+                f"{job.side} seed {job.seed}: final {rows[-1]['final_dice_mean']:.3f}", flush=True
             )
-        )
-    if args.parallel and started is not None:
-        rows.insert(0, finish_volseg(*started))
     cpu = cpu_line()
-    mode = "at the same time, 1 thread each" if args.parallel else "one after the other"
-    both = f"precision {precision} on both sides (--precision {args.precision})"
-    print(f"\ndata={args.data}, {args.budget} s of training each ({mode}), {both}; {cpu}\n")
+    mode = "two at a time, 1 thread each" if args.parallel else "one after the other"
+    print(f"\ndata={args.data}, {args.budget} s each ({mode}), precision {precision}; {cpu}\n")
     print(table(rows))
+    print()
+    print(summary(rows))
     settings = {
         "data": args.data,
         "budget_s": args.budget,
         "precision": precision,
         "precision_requested": args.precision,
         "mode": mode,
+        "sides": args.sides,
+        "seeds": args.seeds,
         "monai_samples_per_volume": args.monai_samples,
         "monai_val_every_s": args.monai_val_every,
         "volseg_overrides": args.overrides,
-        "monai_validation_counted": False,
-        "volseg_validation_counted": True,
+        "validation_in_budget": {
+            "volseg": "every validation (trainer.max_time; the last validation fits in it)",
+            "monai": "every validation but the one after the budget",
+            "nnunet": "its pseudo-Dice iterations; the prediction of the validation cases after",
+        },
     }
     doc = results_io.result("real_data", rows, script=__file__, argv=argv, settings=settings)
     results_io.write(doc, args.json_out)
-    if args.json is not None:
-        with open(args.json, "a") as f:
-            for r in rows:
-                meta = {"data": args.data, "budget_s": args.budget, "cpu": cpu, "mode": mode}
-                f.write(json.dumps({**r, **meta}))
-                f.write("\n")
 
 
 if __name__ == "__main__":

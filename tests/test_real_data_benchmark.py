@@ -53,7 +53,7 @@ def test_the_monai_loop_runs_in_the_asked_precision_and_reports_best_and_final(
     assert set(autocast_dtypes) <= {torch.bfloat16}
     assert row["validations"] >= 2  # validated during training, not only at the end
     assert row["dice_mean"] >= row["final_dice_mean"]  # best over the validations
-    assert row["method"] == "MONAI loop (3 patches/volume)"
+    assert row["method"] == "MONAI loop as its tutorials (3 patches/volume)"
     assert row["zero_classes"] == bench.zero_classes(row["per_class"])
     table = bench.table([row])
     assert "at 0 (best)" in table and "final val Dice" in table and precision in table

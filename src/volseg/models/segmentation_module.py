@@ -10,10 +10,9 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from monai.inferers import Inferer, SlidingWindowInferer
-from monai.metrics import compute_dice
-from monai.networks.utils import one_hot
 from torch import nn
 
+from volseg.models.dice import case_dice
 from volseg.models.levers import MemoryLevers
 from volseg.models.schedules import RunBudget
 from volseg.utils.errors import TrainingDiverged
@@ -241,12 +240,7 @@ class SegmentationModule(LightningModule):
         """Add the cases of ``pred``/``label`` (``(B, 1, D, H, W)`` class indices) and their
         mean ``loss`` to this rank's sums; a class absent from a case's label is left out of
         that class's mean Dice."""
-        per_case = compute_dice(
-            one_hot(pred, self.num_classes),
-            one_hot(label.long(), self.num_classes),
-            include_background=True,
-            ignore_empty=True,
-        ).double()  # (B, K), NaN where the class is absent
+        per_case = case_dice(pred, label, self.num_classes)  # (B, K), NaN: class absent
         cases = per_case.shape[0]
         sums = torch.cat(
             [

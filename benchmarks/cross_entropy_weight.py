@@ -1,0 +1,91 @@
+"""What unet_tiny's cross-entropy weight (0.25, chosen on the many-class task) costs few-class
+tasks: ``model.loss.lambda_ce=0.25`` (the default) against ``1.0`` at equal wall-clock.
+
+    python benchmarks/cross_entropy_weight.py                      # mni152 and hemispheres
+    python benchmarks/cross_entropy_weight.py --data mni152 --seeds 1 2 --budget 300
+
+For each dataset and seed, the two weights train at the same time (``python train.py data=<data>
+trainer.max_time=<budget> seed=<seed> model.loss.lambda_ce=<w>``, one CPU thread each, so both
+see the same load), in one precision (``--precision``, default ``auto``: what volseg picks on
+this CPU). Prints the best and final validation Dice (mean over foreground classes) of each run
+and the mean over seeds, and writes the rows with the machine and the command to
+``benchmarks/results/cpu/<date>_cross_entropy_weight.json`` (``--json-out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_data  # noqa: E402
+import results_io  # noqa: E402
+
+WEIGHTS = ("0.25", "1.0")
+
+
+def summary(rows: list[dict]) -> str:
+    """Markdown: per dataset and weight, the mean of best and final validation Dice over seeds."""
+    lines = [
+        "| data | lambda_ce | runs | best val Dice (mean) | final val Dice (mean) | "
+        "per run (best) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    keys = sorted({(r["data"], r["lambda_ce"]) for r in rows})
+    for data, weight in keys:
+        runs = [r for r in rows if (r["data"], r["lambda_ce"]) == (data, weight)]
+        best = sum(r["dice_mean"] for r in runs) / len(runs)
+        final = sum(r["final_dice_mean"] for r in runs) / len(runs)
+        each = ", ".join(f"{r['dice_mean']:.3f}" for r in runs)
+        lines.append(f"| {data} | {weight} | {len(runs)} | {best:.3f} | {final:.3f} | {each} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=["mni152", "mni152_hemispheres"],
+        choices=real_data.DATA_CHOICES,
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--budget", type=int, default=300, help="training seconds per run")
+    parser.add_argument("--precision", choices=real_data.PRECISIONS, default="auto")
+    results_io.add_json_out(parser, "cross_entropy_weight")
+    args = parser.parse_args(argv)
+
+    precision = real_data.resolved_precision(args.precision)
+    rows = []
+    for data in args.data:
+        real_data.dataset_root(data)
+        for seed in args.seeds:
+            started = [
+                real_data.start_volseg(
+                    data,
+                    args.budget,
+                    [f"seed={seed}", f"model.loss.lambda_ce={w}"],
+                    f"ce{w}_seed{seed}",
+                    threads=1,
+                    precision=precision,
+                )
+                for w in WEIGHTS
+            ]
+            for w, run in zip(WEIGHTS, started, strict=True):
+                row = real_data.finish_volseg(*run)
+                rows.append({**row, "data": data, "seed": seed, "lambda_ce": float(w)})
+                print(f"{data} seed {seed} lambda_ce {w}: best {row['dice_mean']:.3f}", flush=True)
+    cpu = real_data.cpu_line()
+    print(f"\n{args.budget} s each, two weights at a time (1 thread each), {precision}; {cpu}\n")
+    print(summary(rows))
+    settings = {"budget_s": args.budget, "precision": precision, "mode": "pairs at the same time"}
+    doc = results_io.result(
+        "cross_entropy_weight", rows, script=__file__, argv=argv, settings=settings
+    )
+    results_io.write(doc, args.json_out)
+
+
+if __name__ == "__main__":
+    main()
