@@ -234,6 +234,7 @@ def run(data: str, work: Path, budget_s: float, seed: int, threads: int | None) 
         "dice_mean": mean,
         "final_dice_mean": mean,
         "per_class": per_class,
+        "final_per_class": per_class,
         "zero_classes": zeros,
         "final_zero_classes": zeros,
         "validations": 1,

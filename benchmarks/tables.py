@@ -17,6 +17,7 @@ results file yet is left as it is.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -210,6 +211,83 @@ def network_levers(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+def _real_data_file(results: Path, data: str) -> Path | None:
+    """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg."""
+    for path in reversed(results_io.runs("real_data", "cpu", results)):
+        settings = results_io.load(path).get("settings", {})
+        if settings.get("data") == data and "nnunet" in settings.get("sides", []):
+            return path
+    return None
+
+
+def learning(results: Path, data: str) -> str | None:
+    """volseg, nnU-Net's recipe at equal compute and the MONAI loop (as its tutorials, and with
+    volseg's recipe) on ``data=<data>``: mean over the runs, then per class (``real_data.py``)."""
+    path = _real_data_file(results, data)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    s = doc["settings"]
+    sides = list(dict.fromkeys(r["side"] for r in doc["rows"]))
+    runs = {side: [r for r in doc["rows"] if r["side"] == side] for side in sides}
+    method = {side: runs[side][0]["method"].split(" (")[0] for side in sides}
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
+        f"{s['mode']}, precision {s['precision']} on every side, seeds "
+        f"{', '.join(map(str, s['seeds']))}):",
+        "",
+        "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
+        "| classes at 0 (final) |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for side in sides:
+        rs = runs[side]
+        mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("steps", "final_dice_mean")}
+        best = sum(r["dice_mean"] for r in rs) / len(rs)
+        each = ", ".join(f"{r['final_dice_mean']:.3f}" for r in rs)
+        zeros = ", ".join(str(r["final_zero_classes"]) for r in rs)
+        lines.append(
+            f"| {method[side]} | {len(rs)} | {mean['steps']:.0f} | {mean['final_dice_mean']:.3f} "
+            f"| {each} | {best:.3f} | {zeros} |"
+        )
+    lines += ["", "Final validation Dice per class, mean over the runs:", ""]
+    lines.append("| class | " + " | ".join(method[side] for side in sides) + " |")
+    lines.append("| --- | " + " | ".join("---:" for _ in sides) + " |")
+    for c in doc["rows"][0]["per_class"]:
+        cells = []
+        for side in sides:
+            values = [r["final_per_class"][c] for r in runs[side]]
+            cells.append(f"{sum(values) / len(values):.3f}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cross_entropy_weight(results: Path) -> str | None:
+    """unet_tiny's cross-entropy weight 0.25 against 1.0 on few-class tasks
+    (``cross_entropy_weight.py``)."""
+    path = results_io.latest("cross_entropy_weight", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    s = doc["settings"]
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
+        f"weights at the same time, 1 thread each, {s['precision']}):",
+        "",
+        "| data | lambda_ce | runs | best val Dice (mean) | final val Dice (mean) "
+        "| best, per run |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for data in dict.fromkeys(r["data"] for r in doc["rows"]):
+        for weight in sorted({r["lambda_ce"] for r in doc["rows"] if r["data"] == data}):
+            rs = [r for r in doc["rows"] if (r["data"], r["lambda_ce"]) == (data, weight)]
+            best = sum(r["dice_mean"] for r in rs) / len(rs)
+            final = sum(r["final_dice_mean"] for r in rs) / len(rs)
+            each = ", ".join(f"{r['dice_mean']:.3f}" for r in rs)
+            lines.append(f"| {data} | {weight:g} | {len(rs)} | {best:.3f} | {final:.3f} | {each} |")
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
@@ -217,6 +295,9 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "validation_memory": validation_memory,
     "loader_compare": loader_compare,
     "network_levers": network_levers,
+    "learning_mni152": functools.partial(learning, data="mni152"),
+    "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),
+    "cross_entropy_weight": cross_entropy_weight,
 }
 
 
