@@ -247,3 +247,50 @@ def test_real_data_refuses_a_precision_for_one_side_only():
     with pytest.raises(SystemExit) as stop:
         bench.main(["--parallel", "--", "trainer.precision=auto"])
     assert stop.value.code == 2
+
+
+def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path):
+    """``<!-- table: learning_mni152 -->``: the newest real_data file of that dataset with an
+    nnU-Net side; per side the mean over seeds, then the final Dice per class."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    results = tmp_path / "results"
+
+    def row(side, method, seed, final, a, b):
+        return {
+            "side": side,
+            "method": method,
+            "seed": seed,
+            "steps": 100 * seed,
+            "dice_mean": final + 0.01,
+            "final_dice_mean": final,
+            "per_class": {"a": 0.0, "b": 0.0},  # the best validation's: not in the table
+            "final_per_class": {"a": a, "b": b},
+            "final_zero_classes": int(a == 0) + int(b == 0),
+        }
+
+    rows = [
+        row("volseg", "volseg (default)", 1, 0.5, 0.4, 0.6),
+        row("nnunet", "nnU-Net recipe at equal compute", 1, 0.3, 0.0, 0.6),
+        row("volseg", "volseg (default)", 2, 0.7, 0.6, 0.8),
+        row("nnunet", "nnU-Net recipe at equal compute", 2, 0.5, 0.2, 0.8),
+    ]
+    settings = {
+        "data": "mni152",
+        "budget_s": 300,
+        "mode": "two at a time, 1 thread each",
+        "precision": "32",
+        "sides": ["volseg", "nnunet"],
+        "seeds": [1, 2],
+    }
+    doc = results_io.result("real_data", rows, argv=["--seeds", "1", "2"], settings=settings)
+    results_io.write(doc, results / "cpu" / "2026-01-01_real_data.json")
+    other = results_io.result("real_data", rows[:1], settings={**settings, "data": "other"})
+    results_io.write(other, results / "cpu" / "2026-01-02_real_data.json")  # newer, other data
+    table = tables.learning(results, "mni152")
+    assert "2026-01-01_real_data.json" in table and "seeds 1, 2" in table
+    assert "| volseg | 2 | 150 | 0.600 | 0.500, 0.700 | 0.610 | 0, 0 |" in table
+    nnunet = "| nnU-Net recipe at equal compute | 2 | 150 | 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
+    assert nnunet in table
+    assert "| a | 0.500 | 0.100 |" in table and "| b | 0.700 | 0.700 |" in table
+    assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept

@@ -57,3 +57,106 @@ def test_the_monai_loop_runs_in_the_asked_precision_and_reports_best_and_final(
     assert row["zero_classes"] == bench.zero_classes(row["per_class"])
     table = bench.table([row])
     assert "at 0 (best)" in table and "final val Dice" in table and precision in table
+
+
+def test_the_monai_loop_with_volsegs_recipe_uses_its_rate_schedule_loss_and_patches(
+    tmp_path, monkeypatch
+):
+    """``--sides monai_volseg``: volseg's learning rate decays over the budget (cosine), its loss
+    weights and patches per step replace the tutorial's, and validations count in the budget."""
+    import monai.losses
+    import torch
+
+    bench = load_benchmark("real_data")
+    monkeypatch.setattr(bench, "PATCH_ZYX", (16, 32, 32))
+    root = generate_synthetic_dataset(
+        tmp_path / "d", num_volumes=3, num_val=1, shape=(16, 32, 32), seed=0
+    )
+    losses, lrs, batches = [], [], []
+    real_loss, real_adamw = monai.losses.DiceCELoss, torch.optim.AdamW
+
+    def loss_spy(**kwargs):
+        losses.append(kwargs)
+        return real_loss(**kwargs)
+
+    class AdamWSpy(real_adamw):
+        def step(self, closure=None):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    import monai.networks.nets as nets  # run_monai imports BasicUNet from here when it runs
+
+    class NetSpy(nets.BasicUNet):
+        def forward(self, x):
+            if self.training:
+                batches.append(x.shape[0])
+            return super().forward(x)
+
+    monkeypatch.setattr(monai.losses, "DiceCELoss", loss_spy)
+    monkeypatch.setattr(torch.optim, "AdamW", AdamWSpy)
+    monkeypatch.setattr(nets, "BasicUNet", NetSpy)
+    recipe = {
+        "batch_size": 3,
+        "samples_per_volume": 2,
+        "lr": 0.02,
+        "weight_decay": 1e-4,
+        "lambda_ce": 0.25,
+        "lambda_dice": 1.0,
+        "include_background": False,
+        "intensity_scale": 0.1,
+        "intensity_shift": 0.1,
+        "augment_prob": 0.5,
+    }
+    row = bench.run_monai(root, budget_s=3, threads=1, val_every_s=1.0, recipe=recipe)
+    assert row["method"] == "MONAI loop, volseg's recipe" and row["recipe"] == recipe
+    assert losses == [
+        {
+            "to_onehot_y": True,
+            "softmax": True,
+            "include_background": False,
+            "lambda_dice": 1.0,
+            "lambda_ce": 0.25,
+        }
+    ]
+    assert lrs[0] == pytest.approx(0.02, rel=0.05) and len(lrs) >= 3
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))  # decays over the budget
+    assert lrs[-1] < 0.02 * 0.5  # past half the budget: below half the rate
+    assert set(batches) <= {1, 2, 3} and batches[0] == 3  # 3 patches a step, one per draw
+    # the budget holds the validations: training stopped at most a step after 3 s of both
+    assert row["validations"] >= 2 and 3 <= row["trained_s"] < 3 + 10
+
+
+def test_real_data_refuses_nnunet_in_another_precision_and_a_row_out_for_volseg():
+    bench = load_benchmark("real_data")
+    for argv in (
+        ["--precision", "bf16-mixed"],  # nnU-Net is a default side and trains in 32 on a CPU
+        ["--sides", "volseg", "--row-out", "row.json"],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(argv)
+        assert stop.value.code == 2
+
+
+def test_nnunet_plans_are_held_to_volsegs_patch_batch_widths_and_pooling():
+    """nnU-Net's 3d_fullres plan (its own plans file for data=mni152) rewritten to volseg's
+    compute; nnU-Net's convolutions per stage kept."""
+    import json
+
+    from tests.conftest import REPO
+
+    bench = load_benchmark("nnunet_recipe")
+    plans = json.loads((REPO / "benchmarks/results/nnunet/mni152/nnUNetPlans.json").read_text())
+    compute = {
+        "patch_size": [32, 64, 64],
+        "batch_size": 2,
+        "widths": [16, 16, 32, 64, 128],
+        "pooling": [[2, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]],
+    }
+    config = bench.equal_compute(plans, compute)["configurations"]["3d_fullres"]
+    kwargs = config["architecture"]["arch_kwargs"]
+    assert config["patch_size"] == [32, 64, 64] and config["batch_size"] == 2
+    assert kwargs["n_stages"] == 5 and kwargs["features_per_stage"] == [16, 16, 32, 64, 128]
+    assert kwargs["strides"] == [[1, 1, 1], [2, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]]
+    assert kwargs["kernel_sizes"] == [[3, 3, 3]] * 5
+    assert kwargs["n_conv_per_stage"] == [2] * 5 and kwargs["n_conv_per_stage_decoder"] == [2] * 4
+    assert config["normalization_schemes"] == ["ZScoreNormalization"]  # nnU-Net's, kept
