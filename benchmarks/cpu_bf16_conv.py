@@ -8,19 +8,27 @@ gradient over ``--trials`` random draws. bf16 rounding alone gives about 0.004; 
 that is a wrong kernel.
 
     python benchmarks/cpu_bf16_conv.py [--channels 32] [--trials 3] [--depths 1,2,3,4] [--size 8]
+
+The rows go to ``benchmarks/results/cpu/<date>_cpu_bf16_conv.json`` (``--json-out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from volseg.models.conv import Conv3d
 from volseg.utils.cpu import cpu_description
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results_io  # noqa: E402
 
 #: relative error above which a row is marked wrong (bf16 rounding gives ~0.004)
 WRONG_ABOVE = 0.05
@@ -64,10 +72,18 @@ def worst(
     ]
 
 
-def print_row(name: str, shape: tuple[int, ...], errors: list[float]) -> None:
+def print_row(name: str, shape: tuple[int, ...], errors: list[float]) -> dict:
+    """Print one table row; the row as data."""
     # not "e > WRONG_ABOVE": a NaN error compares false with everything, and is wrong too
     cells = [f"{e:.3g}{'' if e <= WRONG_ABOVE else ' (wrong)'}" for e in errors]
     print(f"| {name} | {'×'.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
+    keys = ("output", "input_gradient", "weight_gradient")
+    return {
+        "layer": name,
+        "input_shape": list(shape),
+        **dict(zip(keys, errors, strict=True)),
+        "wrong": [not e <= WRONG_ABOVE for e in errors],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--depths", default="1,2,3,4")
     parser.add_argument("--size", type=int, default=8, help="height and width of the input")
+    results_io.add_json_out(parser, "cpu_bf16_conv")
     args = parser.parse_args(argv)
     c, hw = args.channels, args.size
     print(f"CPU: {cpu_description()}\ntorch {torch.__version__}\n")
@@ -85,13 +102,17 @@ def main(argv: list[str] | None = None) -> None:
         "torch.nn.Conv3d k=3": lambda: nn.Conv3d(c, c, 3, padding=1),
         "volseg Conv3d k=3": lambda: Conv3d(c, c, 3, padding=1),
     }
+    rows = []
     for depth in (int(d) for d in args.depths.split(",")):
         shape = (2, c, depth, hw, hw)
         for name, make in layers.items():
-            print_row(name, shape, worst(make, shape, args.trials, seed=depth))
+            rows.append(print_row(name, shape, worst(make, shape, args.trials, seed=depth)))
     shape = (2, c, 2, hw, hw)
     transposed = worst(lambda: nn.ConvTranspose3d(c, c, 2, stride=2), shape, args.trials, 0)
-    print_row("torch.nn.ConvTranspose3d k=2 s=2", shape, transposed)
+    rows.append(print_row("torch.nn.ConvTranspose3d k=2 s=2", shape, transposed))
+    settings = {"channels": c, "trials": args.trials, "size": hw, "wrong_above": WRONG_ABOVE}
+    doc = results_io.result("cpu_bf16_conv", rows, script=__file__, argv=argv, settings=settings)
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,17 @@ AVX2 kernels, and its bf16 answer becomes "emulated"):
 
     python benchmarks/cpu_precision.py
     ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/cpu_precision.py
+
+The rows go to ``benchmarks/results/cpu/<date>_cpu_precision.json`` (``--json-out``) with the
+machine, the command and the ISA settings in the environment (``ONEDNN_MAX_CPU_ISA``,
+``ATEN_CPU_CAPABILITY``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -34,6 +39,12 @@ from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
+
+#: the environment variables that hold oneDNN and torch to a lower ISA
+ISA_SETTINGS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 def best_seconds(fn: Callable[[], None], repeats: int) -> float:
@@ -82,11 +93,12 @@ def training_step(bf16: bool, model: str | None = None) -> Callable[[], None]:
     return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="a model preset (default: the default)")
-    args = parser.parse_args()
+    results_io.add_json_out(parser, "cpu_precision")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"CPU: {cpu_description()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {args.repeats}\n")
@@ -97,10 +109,20 @@ def main() -> None:
         ("Conv3d 32->32, fwd+bwd", conv_step),
         (f"training step ({model})", partial(training_step, model=args.model)),
     )
+    rows = []
     for name, make in steps:
         fp32 = best_seconds(make(False), args.repeats)
         bf16 = best_seconds(make(True), args.repeats)
         print(f"| {name} | {fp32:.3f} | {bf16:.3f} | {bf16 / fp32:.2f} |", flush=True)
+        rows.append({"work": name, "float32_s": fp32, "bf16_s": bf16, "ratio": bf16 / fp32})
+    settings = {
+        "repeats": args.repeats,
+        "model": model,
+        "threads": torch.get_num_threads(),
+        "isa_settings": {k: os.environ.get(k) for k in ISA_SETTINGS},
+    }
+    doc = results_io.result("cpu_precision", rows, script=__file__, argv=argv, settings=settings)
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

@@ -175,11 +175,16 @@ def test_gpu_steps_the_loader_must_feed_are_read_from_the_recorded_runs():
     assert steps["unet_small"] == small["wall_s"] / small["steps"] == 1 / 32
 
 
-def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys):
+def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys, tmp_path):
     bench = load_benchmark("cpu_bf16_conv")
-    bench.main(["--channels", "8", "--trials", "1", "--depths", "2,3", "--size", "4"])
+    out = tmp_path / "bf16_conv.json"
+    argv = ["--channels", "8", "--trials", "1", "--depths", "2,3", "--size", "4"]
+    bench.main([*argv, "--json-out", str(out)])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| volseg")]
     assert len(rows) == 2 and not any("wrong" in row for row in rows), rows
+    kept = [r for r in json.loads(out.read_text())["rows"] if r["layer"].startswith("volseg")]
+    assert [r["input_shape"] for r in kept] == [[2, 8, 2, 4, 4], [2, 8, 3, 4, 4]]
+    assert not any(any(r["wrong"]) for r in kept)
 
 
 def test_validation_memory_table_reads_the_committed_results():
