@@ -8,6 +8,8 @@ machine, so it also times the monitor's own hooks (reads, peak resets, logging) 
 and prints them as a share of the step. Target: <= 1% of step time.
 
     python benchmarks/memory_monitor_overhead.py [--steps 20] [--repeats 5]
+
+The figures go to ``benchmarks/results/cpu/<date>_memory_monitor_overhead.json`` (``--json-out``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 import time
 
 import lightning as L
+import results_io
 import torch
 from train_throughput import RepeatBatch, StepTimer, build_module, make_batch
 
@@ -75,12 +78,13 @@ def seconds_per_step(module, batch, steps: int, warmup: int, monitor: bool) -> t
     return (timer.end - timer.start) / steps, hooks
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    results_io.add_json_out(parser, "memory_monitor_overhead")
+    args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     base, batch = build_module("unet_tiny", channels_last=False), make_batch(False)
@@ -103,6 +107,19 @@ def main() -> None:
         f"  monitor hooks:             {hooks * 1e3:7.3f} ms/step = "
         f"{100 * hooks / best[False]:.2f}% of the step  (target <= 1%)"
     )
+    row = {
+        "model": "unet_tiny",
+        "batch": [2, 1, 32, 64, 64],
+        "s_per_step_without": best[False],
+        "s_per_step_with": best[True],
+        "hooks_s_per_step": hooks,
+        "hooks_share": hooks / best[False],
+    }
+    settings = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
+    doc = results_io.result(
+        "memory_monitor_overhead", [row], script=__file__, argv=argv, settings=settings
+    )
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":

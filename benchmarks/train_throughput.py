@@ -21,7 +21,8 @@ Lightning and plain runs so that both see the same machine state.
 
 (``model:steps`` sets the timed steps per run; unet_small takes ~5 s a step on 2 cores.)
 ``--override`` (repeatable) changes the network for a study, e.g.
-``--override "model.net.widths=[32,32,64,128,256]"``.
+``--override "model.net.widths=[32,32,64,128,256]"``. The rows go to
+``benchmarks/results/cpu/<date>_train_throughput.json`` (``--json-out``), with the matmul peaks.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -46,6 +48,10 @@ from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
+
 BATCH_SHAPE = (2, 1, 32, 64, 64)
 VARIANTS = ("fp32", "fp32+channels_last_3d", "bf16-autocast", "bf16-autocast+channels_last_3d")
 
@@ -173,7 +179,7 @@ def flops_per_step(module: L.LightningModule, batch: dict) -> int:
     return counter.get_total_flops()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
@@ -185,7 +191,8 @@ def main() -> None:
         default=[],
         help="a train.py override for every model, e.g. 'model.net.widths=[32,32,64,128,256]'",
     )
-    args = parser.parse_args()
+    results_io.add_json_out(parser, "train_throughput")
+    args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     print(f"CPU: {cpu_description()}")
@@ -211,6 +218,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    rows = []
     for entry in args.models.split(","):
         model, steps = entry.split(":")[0], int(entry.split(":")[1])
         for variant in args.variants.split(","):
@@ -246,6 +254,25 @@ def main() -> None:
                 f"{flops / plain_best / peak:>6.2f}",
                 flush=True,
             )
+            rows.append(
+                {
+                    "model": model,
+                    "variant": variant,
+                    "lightning_s_per_step": lightning_best,
+                    "plain_s_per_step": plain_best,
+                    "flops_per_step": flops,
+                    "of_dtype_peak": achieved / peak,
+                }
+            )
+    settings = {
+        "batch": list(BATCH_SHAPE),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "overrides": args.override,
+        "matmul_peak_flops_per_s": peaks,
+    }
+    doc = results_io.result("train_throughput", rows, script=__file__, argv=argv, settings=settings)
+    results_io.write(doc, args.json_out)
 
 
 if __name__ == "__main__":
