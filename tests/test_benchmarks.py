@@ -299,3 +299,15 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
     assert nnunet in table
     assert "| a | 0.500 | 0.100 |" in table and "| b | 0.700 | 0.700 |" in table
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
+
+
+def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_path):
+    bench = load_benchmark("default_run")
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        "epoch,step,train/loss,val/dice_mean\n"
+        "0,9,1.0,\n0,9,,0.5\n1,19,0.8,\n1,19,,0.85\n2,29,,0.8\n"
+    )
+    history = bench.validations(path)
+    assert history == [(0, 0.5), (1, 0.85), (2, 0.8)]
+    assert bench.first_reaching(history, 0.8) == 1 and bench.first_reaching(history, 0.9) is None

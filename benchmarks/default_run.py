@@ -1,0 +1,79 @@
+"""The default run as a user starts it: ``python train.py`` on the embedded dataset, timed whole.
+
+    python benchmarks/default_run.py                       # python train.py
+    python benchmarks/default_run.py -- trainer.precision=32
+
+Runs ``python train.py`` (+ overrides after ``--``) in a fresh process, times the whole command
+(start-up, dataset generation on first use, training, validations, checkpoints), and reads the
+run dir's ``summary.json`` and ``csv/metrics.csv``: the precision ``auto`` chose, steps, best and
+final ``val/dice_mean``, and the first epoch whose validation reached ``--reach`` (0.80). Writes
+the row with the machine and the command to ``benchmarks/results/cpu/<date>_default_run.json``
+(``--json-out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
+
+
+def validations(metrics_csv: Path) -> list[tuple[int, float]]:
+    """(epoch, ``val/dice_mean``) of every validation in a run's ``metrics.csv``."""
+    with open(metrics_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
+    return [(int(float(r["epoch"])), float(r["val/dice_mean"])) for r in rows]
+
+
+def first_reaching(history: list[tuple[int, float]], level: float) -> int | None:
+    """The first epoch whose validation Dice is at least ``level`` (None: none)."""
+    return next((epoch for epoch, dice in history if dice >= level), None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reach", type=float, default=0.80, help="Dice level to time")
+    results_io.add_json_out(parser, "default_run")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides (after --)")
+    args = parser.parse_args(argv)
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    run_dir = REPO / "logs" / "benchmarks" / "default_run" / stamp
+    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *args.overrides]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = validations(run_dir / "csv" / "metrics.csv")
+    row = {
+        "command": " ".join(["python", "train.py", *args.overrides]),
+        "precision": summary["precision"],
+        "precision_reason": summary.get("precision_choice", {}).get("reason"),
+        "steps": summary["global_step"],
+        "epochs": summary["epochs"],
+        "best_val_dice_mean": summary["best_val_dice_mean"],
+        "final_val_dice_mean": history[-1][1],
+        "reach": args.reach,
+        "first_epoch_reaching": first_reaching(history, args.reach),
+        "whole_command_s": wall,
+        "run_dir": str(run_dir),
+    }
+    print(json.dumps(row, indent=2))
+    doc = results_io.result("default_run", [row], script=__file__, argv=argv)
+    results_io.write(doc, args.json_out)
+
+
+if __name__ == "__main__":
+    main()
