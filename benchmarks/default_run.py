@@ -8,7 +8,9 @@ Runs ``python train.py`` (+ overrides after ``--``) in a fresh process, times th
 run dir's ``summary.json`` and ``csv/metrics.csv``: the precision ``auto`` chose, steps, best and
 final ``val/dice_mean``, and the first epoch whose validation reached ``--reach`` (0.80). Writes
 the row with the machine and the command to ``benchmarks/results/cpu/<date>_default_run.json``
-(``--json-out``).
+(``--json-out``), with the ISA settings in the environment (``ONEDNN_MAX_CPU_ISA``,
+``ATEN_CPU_CAPABILITY``: ``ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/default_run.py`` is what an
+AVX2-only CPU runs).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import csv
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -71,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
         "run_dir": str(run_dir),
     }
     print(json.dumps(row, indent=2))
-    doc = results_io.result("default_run", [row], script=__file__, argv=argv)
+    isa = {k: os.environ.get(k) for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    doc = results_io.result(
+        "default_run", [row], script=__file__, argv=argv, settings={"isa_settings": isa}
+    )
     results_io.write(doc, args.json_out)
 
 

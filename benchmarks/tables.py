@@ -288,6 +288,53 @@ def cross_entropy_weight(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+def _isa(doc: dict) -> str:
+    """The ISA a results file's run was held to (``ONEDNN_MAX_CPU_ISA=...``), or 'native'."""
+    held = {k: v for k, v in doc.get("settings", {}).get("isa_settings", {}).items() if v}
+    return " ".join(f"`{k}={v}`" for k, v in held.items()) or "native"
+
+
+def default_run(results: Path) -> str | None:
+    """``python train.py`` timed whole, one row per results file (``default_run.py``)."""
+    paths = results_io.runs("default_run", "cpu", results)
+    if not paths:
+        return None
+    lines = [
+        "| file | CPU (cores) | ISA | precision `auto` chose | whole command | steps "
+        "| best `val/dice_mean` | reached 0.80 at epoch |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for path in paths:
+        doc = results_io.load(path)
+        r = doc["rows"][0]
+        minutes, seconds = divmod(round(r["whole_command_s"]), 60)
+        lines.append(
+            f"| {_rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {_isa(doc)} | "
+            f"{r['precision']} | {minutes} min {seconds} s | {r['steps']} | "
+            f"{r['best_val_dice_mean']:.3f} | {r['first_epoch_reaching']} |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_precision(results: Path) -> str | None:
+    """float32 against bf16 autocast per CPU and ISA setting (``cpu_precision.py``)."""
+    paths = results_io.runs("cpu_precision", "cpu", results)
+    if not paths:
+        return None
+    lines = [
+        "| file | CPU | ISA | work | float32 (s) | bf16 autocast (s) | bf16 / float32 |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for path in paths:
+        doc = results_io.load(path)
+        for r in doc["rows"]:
+            lines.append(
+                f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['work']} | "
+                f"{r['float32_s']:.3f} | {r['bf16_s']:.3f} | {r['ratio']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
@@ -298,6 +345,8 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "learning_mni152": functools.partial(learning, data="mni152"),
     "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),
     "cross_entropy_weight": cross_entropy_weight,
+    "default_run": default_run,
+    "cpu_precision": cpu_precision,
 }
 
 
