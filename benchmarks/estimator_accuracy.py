@@ -62,6 +62,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import results_io  # noqa: E402
+
 from volseg.memory.events import held_at_last_mark  # noqa: E402
 from volseg.utils.cpu import cpu_description  # noqa: E402
 from volseg.utils.units import MIB  # noqa: E402
@@ -917,13 +921,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="CUDA: write each run's allocator snapshot here (<grid>_<i>.pickle)",
     )
-    parser.add_argument(
-        "--json-out",
-        type=Path,
-        default=None,
-        help="write the raw results (per config: overrides, estimated and measured bytes, error; "
-        "the machine, versions, date and command) to this JSON file",
-    )
+    results_io.add_json_out(parser, "estimator_accuracy")
     parser.add_argument(
         "--write-docs",
         nargs="?",
@@ -972,28 +970,24 @@ def main(argv: list[str] | None = None) -> None:
         }
     for label, rows in records.items():
         print(f"{label}: {summary_line([r['error'] for r in rows])}")
-    if args.json_out is not None:
-        import monai
+    import monai
 
-        results = {
-            "command": " ".join(
-                ["python", "benchmarks/estimator_accuracy.py", *(argv or sys.argv[1:])]
-            ),
-            "date": today,
-            "device": args.device,
-            "cpu": cpu_description(),
-            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-            "torch": torch.__version__,
-            "monai": monai.__version__,
-            "python": sys.version.split()[0],
-            "malloc": malloc if args.device == "cpu" else None,
-            "steps": STEPS,
-            "budget_fraction": BUDGET_FRACTION,
-            "grids": records,
-        }
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {args.json_out}")
+    rows = [{"grid": label, **r} for label, grid_rows in records.items() for r in grid_rows]
+    doc = results_io.result(
+        "estimator_accuracy",
+        rows,
+        script=__file__,
+        argv=argv,
+        device=args.device,
+        cpu_description=cpu_description(),
+        monai=monai.__version__,
+        python=sys.version.split()[0],
+        malloc=malloc if args.device == "cpu" else None,
+        steps=STEPS,
+        budget_fraction=BUDGET_FRACTION,
+        grids=records,
+    )
+    results_io.write(doc, args.json_out, device=args.device)
     seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "

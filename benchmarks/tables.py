@@ -335,6 +335,35 @@ def cpu_precision(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+def estimator_accuracy(results: Path) -> str | None:
+    """The estimate against real ``python train.py`` steps on a CPU, per config and grid
+    (``estimator_accuracy.py``)."""
+    path = results_io.latest("estimator_accuracy", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
+        f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer steps):",
+        "",
+        "| grid | config | measured MiB | estimated MiB | error |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['grid']} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
+            f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
+        )
+    lines.append("")
+    for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
+        errors = [abs(r["error"]) for r in doc["rows"] if r["grid"] == grid]
+        lines.append(
+            f"- {grid}: mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
+            f"({len(errors)} configs)"
+        )
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
@@ -347,6 +376,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "cross_entropy_weight": cross_entropy_weight,
     "default_run": default_run,
     "cpu_precision": cpu_precision,
+    "estimator_accuracy": estimator_accuracy,
 }
 
 
