@@ -156,6 +156,9 @@ def finish_volseg(
         "zero_classes": zero_classes(per_class),
         "final_per_class": final_per_class,
         "final_zero_classes": zero_classes(final_per_class),
+        # the budget's seconds not in training steps: validations, checkpoints, epoch ends
+        "outside_steps_s": summary["wall_time_s"]
+        - summary["global_step"] * summary["speed"]["step_s"],
         "wall_s": wall,
         "run_dir": str(run_dir),
     }
@@ -316,7 +319,7 @@ def run_monai(
 
     every = val_every_s if val_every_s is not None else budget_s / 5
     validations: list[list[float]] = []
-    steps, next_val = 0, every
+    steps, next_val, validating_s = 0, every, 0.0
     done = False
     net.train()
     began = time.perf_counter()  # the budget counts training, loading and validations
@@ -335,7 +338,9 @@ def run_monai(
             elapsed = time.perf_counter() - began
             done = elapsed >= budget_s
             if elapsed >= next_val and not done:
+                tick = time.perf_counter()
                 validations.append(validate())
+                validating_s += time.perf_counter() - tick
                 next_val += every
             if done:
                 break
@@ -361,6 +366,7 @@ def run_monai(
         "final_zero_classes": zero_classes(final),
         "validations": len(validations),
         "trained_s": trained_s,
+        "validating_s_in_budget": validating_s,
         "wall_s": time.perf_counter() - start,
         "seed": seed,
         **({"recipe": recipe} if recipe else {}),

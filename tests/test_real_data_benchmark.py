@@ -124,6 +124,7 @@ def test_the_monai_loop_with_volsegs_recipe_uses_its_rate_schedule_loss_and_patc
     assert set(batches) <= {1, 2, 3} and batches[0] == 3  # 3 patches a step, one per draw
     # the budget holds the validations: training stopped at most a step after 3 s of both
     assert row["validations"] >= 2 and 3 <= row["trained_s"] < 3 + 10
+    assert 0 < row["validating_s_in_budget"] < row["trained_s"]
 
 
 def test_real_data_refuses_nnunet_in_another_precision_or_uninstalled_and_a_volseg_row_out(
