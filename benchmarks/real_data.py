@@ -157,11 +157,19 @@ def finish_volseg(
         "final_per_class": final_per_class,
         "final_zero_classes": zero_classes(final_per_class),
         # the budget's seconds not in training steps: validations, checkpoints, epoch ends
-        "outside_steps_s": summary["wall_time_s"]
-        - summary["global_step"] * summary["speed"]["step_s"],
+        "outside_steps_s": outside_steps(summary),
         "wall_s": wall,
         "run_dir": str(run_dir),
     }
+
+
+def outside_steps(summary: dict) -> float | None:
+    """Seconds of a run's wall time not in its training steps (``summary.json``: wall time
+    minus steps × the measured step time); None without the training-speed callback."""
+    step_s = (summary.get("speed") or {}).get("step_s")
+    if step_s is None:
+        return None
+    return summary["wall_time_s"] - summary["global_step"] * step_s
 
 
 def final_validation(metrics_csv: Path, classes: list[str]) -> tuple[float, dict[str, float]]:
