@@ -126,13 +126,19 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     return record
 
 
-def budget_trainer(budget_s: float) -> type:
-    """``nnUNetTrainer`` whose poly schedule runs over ``budget_s`` seconds and whose training
-    stops at the first step after them (see the module docstring)."""
+def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
+    """``nnUNetTrainer`` (``mirroring=False``: nnU-Net's own ``nnUNetTrainerNoMirroring``, no
+    mirroring in training or prediction) whose poly schedule runs over ``budget_s`` seconds and
+    whose training stops at the first step after them (see the module docstring)."""
     import torch
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+    from nnunetv2.training.nnUNetTrainer.variants.data_augmentation import (
+        nnUNetTrainerNoMirroring as no_mirroring,
+    )
 
-    class nnUNetTrainerBudget(nnUNetTrainer):
+    base = nnUNetTrainer if mirroring else no_mirroring.nnUNetTrainerNoMirroring
+
+    class nnUNetTrainerBudget(base):
         steps = 0
 
         def run_training(self) -> None:
@@ -196,7 +202,14 @@ def score(pred_dir: Path, root: Path, names: list[str], classes: list[str]) -> d
     return dict(zip(classes, per_class.tolist(), strict=True))
 
 
-def run(data: str, work: Path, budget_s: float, seed: int, threads: int | None) -> dict[str, Any]:
+def run(
+    data: str,
+    work: Path,
+    budget_s: float,
+    seed: int,
+    threads: int | None,
+    mirroring: bool = True,
+) -> dict[str, Any]:
     """Train nnU-Net's recipe for ``budget_s`` seconds and score its final weights on the
     validation cases; the row for ``real_data.py``'s table."""
     import numpy as np
@@ -213,9 +226,11 @@ def run(data: str, work: Path, budget_s: float, seed: int, threads: int | None) 
     plans = json.loads((preprocessed / "nnUNetPlans.json").read_text())
     dataset = json.loads((preprocessed / "dataset.json").read_text())
     plans["continue_training"] = False  # what nnU-Net's run_training puts in for its trainer
-    trainer = budget_trainer(budget_s)(plans, "3d_fullres", 0, dataset, torch.device("cpu"))
-    trainer.output_folder_base = str(work / "results" / name / f"seed{seed}")
-    trainer.output_folder = str(work / "results" / name / f"seed{seed}" / "fold_0")
+    trainer_class = budget_trainer(budget_s, mirroring)
+    trainer = trainer_class(plans, "3d_fullres", 0, dataset, torch.device("cpu"))
+    folder = work / "results" / name / f"{'' if mirroring else 'nomirror_'}seed{seed}"
+    trainer.output_folder_base = str(folder)
+    trainer.output_folder = str(folder / "fold_0")
     trainer.log_file = str(Path(trainer.output_folder) / "training_log.txt")
     trainer.run_training()
     trainer.perform_actual_validation()
@@ -228,7 +243,9 @@ def run(data: str, work: Path, budget_s: float, seed: int, threads: int | None) 
     zeros = sum(1 for v in per_class.values() if v == 0.0)
     params = sum(p.numel() for p in trainer.network.parameters())
     return {
-        "method": "nnU-Net recipe at equal compute",
+        "method": "nnU-Net recipe at equal compute"
+        + ("" if mirroring else ", no mirroring (nnUNetTrainerNoMirroring)"),
+        "mirroring": mirroring,
         "precision": "32",
         "steps": trainer.steps,
         "dice_mean": mean,
@@ -255,6 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=REPO / "logs" / "benchmarks" / "nnunet")
     parser.add_argument("--row-out", type=Path, default=None, help="write the row here (JSON)")
     parser.add_argument("--prepare-only", action="store_true")
+    parser.add_argument(
+        "--no-mirroring",
+        action="store_true",
+        help="nnU-Net's nnUNetTrainerNoMirroring: no mirroring in training or prediction",
+    )
     args = parser.parse_args(argv)
 
     work = args.work.resolve()
@@ -268,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     # augmentation in the training process (read when the trainer builds its loaders; the
     # planner above needs a positive count)
     os.environ["nnUNet_n_proc_DA"] = "0"  # noqa: SIM112
-    row = {**run(args.data, work, args.budget, args.seed, args.threads), "plan": record}
+    row = run(args.data, work, args.budget, args.seed, args.threads, not args.no_mirroring)
+    row = {**row, "plan": record}
     print(json.dumps(row, indent=2))
     if args.row_out is not None:
         args.row_out.write_text(json.dumps(row, indent=2))

@@ -17,6 +17,8 @@ run at a time (``--parallel``: two at a time, one CPU thread each, so both see t
   loss, augmentation and predictor, its plan held to volseg's patch, batch, widths and pooling
   (needs ``pip install -e ".[nnunet]"``; see that script). Its final weights' predictions of the
   validation cases are scored by volseg's Dice rule (``volseg.models.dice``).
+- ``nnunet_nomirror`` (run only when named): the same with nnU-Net's own trainer variant
+  ``nnUNetTrainerNoMirroring``, no mirroring in training or prediction.
 - ``monai_tutorial``: the loop of MONAI's tutorials, written out below: BasicUNet features
   (16, 16, 32, 64, 128, 16), ``DiceCELoss`` (background in the Dice term, cross-entropy 1), AdamW
   at a constant 2e-3, batches of 2 volumes × ``--monai-samples`` class-balanced 32×64×64 patches
@@ -402,6 +404,8 @@ def table(rows: list[dict]) -> str:
 
 
 SIDES = ("volseg", "nnunet", "monai_tutorial", "monai_volseg")
+#: sides run when asked for only: nnU-Net's recipe without mirroring (its own trainer variant)
+EXTRA_SIDES = ("nnunet_nomirror",)
 
 
 class Job:
@@ -421,9 +425,10 @@ class Job:
         self.row_file.parent.mkdir(parents=True, exist_ok=True)
         common = ["--data", args.data, "--budget", str(args.budget), "--seed", str(seed)]
         common += ["--row-out", str(self.row_file)] + (["--threads", "1"] if threads else [])
-        if side == "nnunet":
+        if side.startswith("nnunet"):
             script = REPO / "benchmarks" / "nnunet_recipe.py"
             self.cmd = [sys.executable, str(script), *common, "--work", str(args.nnunet_work)]
+            self.cmd += ["--no-mirroring"] if side == "nnunet_nomirror" else []
         else:
             self.cmd = [sys.executable, __file__, "--sides", side, "--precision", precision]
             self.cmd += ["--monai-samples", str(args.monai_samples), *common]
@@ -502,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=DATA_CHOICES, default="mni152")
     parser.add_argument("--budget", type=int, default=300, help="seconds per run, validations in")
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--sides", nargs="+", choices=SIDES + EXTRA_SIDES, default=list(SIDES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="one run per seed")
     parser.add_argument(
         "--precision",
@@ -536,9 +541,10 @@ def main(argv: list[str] | None = None) -> None:
     if any(o.startswith("trainer.precision=") for o in args.overrides):
         parser.error("set every side's precision with --precision, not trainer.precision=")
     precision = resolved_precision(args.precision)
-    if "nnunet" in args.sides and precision != "32":
+    nnunet = any(side.startswith("nnunet") for side in args.sides)
+    if nnunet and precision != "32":
         parser.error(f"--precision {args.precision} ({precision}): nnU-Net trains in 32 on a CPU")
-    if "nnunet" in args.sides and importlib.util.find_spec("nnunetv2") is None:
+    if nnunet and importlib.util.find_spec("nnunetv2") is None:
         parser.error(
             'the nnunet side needs nnU-Net v2: pip install -e ".[nnunet]" (then pip uninstall '
             "torchvision), or leave it out: --sides volseg monai_tutorial monai_volseg"
@@ -551,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         run_one_monai(args, precision)
         return
     dataset_root(args.data)
-    if "nnunet" in args.sides:  # nnU-Net's planning and preprocessing, before any timed run
+    if nnunet:  # nnU-Net's planning and preprocessing, before any timed run
         script = REPO / "benchmarks" / "nnunet_recipe.py"
         prepare = [sys.executable, str(script), "--data", args.data, "--prepare-only"]
         subprocess.run(prepare + ["--work", str(args.nnunet_work)], cwd=REPO, check=True)

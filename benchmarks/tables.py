@@ -211,28 +211,56 @@ def network_levers(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def _real_data_file(results: Path, data: str) -> Path | None:
-    """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg."""
-    for path in reversed(results_io.runs("real_data", "cpu", results)):
-        settings = results_io.load(path).get("settings", {})
-        if settings.get("data") == data and "nnunet" in settings.get("sides", []):
-            return path
-    return None
+#: sides that a later ``real_data.py --sides ...`` file adds to a learning table
+LATER_SIDES = ("nnunet_nomirror",)
+
+
+def _real_data_files(results: Path, data: str) -> list[Path]:
+    """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg,
+    then the newest file of each of :data:`LATER_SIDES` run on the same terms (data, budget,
+    precision, mode) after it."""
+    paths = results_io.runs("real_data", "cpu", results)
+    settings = {path: results_io.load(path).get("settings", {}) for path in paths}
+    base = next(
+        (
+            p
+            for p in reversed(paths)
+            if settings[p].get("data") == data and "nnunet" in settings[p].get("sides", [])
+        ),
+        None,
+    )
+    if base is None:
+        return []
+    terms = ("data", "budget_s", "precision", "mode")
+    later = []
+    for side in LATER_SIDES:
+        same = [
+            p
+            for p in paths[paths.index(base) + 1 :]
+            if side in settings[p].get("sides", [])
+            and all(settings[p].get(k) == settings[base].get(k) for k in terms)
+        ]
+        later += same[-1:]
+    return [base, *dict.fromkeys(later)]
 
 
 def learning(results: Path, data: str) -> str | None:
     """volseg, nnU-Net's recipe at equal compute and the MONAI loop (as its tutorials, and with
     volseg's recipe) on ``data=<data>``: mean over the runs, then per class (``real_data.py``)."""
-    path = _real_data_file(results, data)
-    if path is None:
+    paths = _real_data_files(results, data)
+    if not paths:
         return None
-    doc = results_io.load(path)
+    doc = results_io.load(paths[0])
     s = doc["settings"]
-    sides = list(dict.fromkeys(r["side"] for r in doc["rows"]))
-    runs = {side: [r for r in doc["rows"] if r["side"] == side] for side in sides}
+    rows = list(doc["rows"])
+    for path in paths[1:]:
+        rows += [r for r in results_io.load(path)["rows"] if r["side"] in LATER_SIDES]
+    sides = list(dict.fromkeys(r["side"] for r in rows))
+    runs = {side: [r for r in rows if r["side"] == side] for side in sides}
     method = {side: runs[side][0]["method"].split(" (")[0] for side in sides}
+    also = "".join(f" and {_rel(p)}" for p in paths[1:])
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
+        f"{_rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
         f"{s['mode']}, precision {s['precision']} on every side, seeds "
         f"{', '.join(map(str, s['seeds']))}):",
         "",
@@ -253,7 +281,7 @@ def learning(results: Path, data: str) -> str | None:
     lines += ["", "Final validation Dice per class, mean over the runs:", ""]
     lines.append("| class | " + " | ".join(method[side] for side in sides) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in sides) + " |")
-    for c in doc["rows"][0]["per_class"]:
+    for c in rows[0]["per_class"]:
         cells = []
         for side in sides:
             values = [r["final_per_class"][c] for r in runs[side]]

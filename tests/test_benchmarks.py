@@ -292,12 +292,27 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
     results_io.write(doc, results / "cpu" / "2026-01-01_real_data.json")
     other = results_io.result("real_data", rows[:1], settings={**settings, "data": "other"})
     results_io.write(other, results / "cpu" / "2026-01-02_real_data.json")  # newer, other data
+    later = results_io.result(
+        "real_data",
+        [row("nnunet_nomirror", "nnU-Net recipe at equal compute, no mirroring", 1, 0.9, 0.8, 1.0)],
+        settings={**settings, "sides": ["nnunet_nomirror"], "seeds": [1]},
+    )
+    results_io.write(later, results / "cpu" / "2026-01-03_real_data.json")
+    other_terms = results_io.result(
+        "real_data",
+        [row("nnunet_nomirror", "other terms", 1, 0.1, 0.1, 0.1)],
+        settings={**settings, "sides": ["nnunet_nomirror"], "budget_s": 600},
+    )
+    results_io.write(other_terms, results / "cpu" / "2026-01-04_real_data.json")
     table = tables.learning(results, "mni152")
-    assert "2026-01-01_real_data.json" in table and "seeds 1, 2" in table
+    assert "2026-01-01_real_data.json and " in table and "seeds 1, 2" in table
+    assert "2026-01-03_real_data.json" in table and "2026-01-04" not in table
+    assert "| nnU-Net recipe at equal compute, no mirroring | 1 | 100 | 0.900 | 0.900 |" in table
+    assert "other terms" not in table
     assert "| volseg | 2 | 150 | 0.600 | 0.500, 0.700 | 0.610 | 0, 0 |" in table
     nnunet = "| nnU-Net recipe at equal compute | 2 | 150 | 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
     assert nnunet in table
-    assert "| a | 0.500 | 0.100 |" in table and "| b | 0.700 | 0.700 |" in table
+    assert "| a | 0.500 | 0.100 | 0.800 |" in table and "| b | 0.700 | 0.700 | 1.000 |" in table
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
 
 
