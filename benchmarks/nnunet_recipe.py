@@ -88,7 +88,7 @@ def equal_compute(plans: dict[str, Any], compute: dict[str, Any]) -> dict[str, A
 def prepare(data: str, work: Path) -> dict[str, Any]:
     """nnU-Net's raw dataset (links to volseg's files), fingerprint, plans held to volseg's
     compute, 3d_fullres preprocessing and volseg's split as fold 0, under ``work``; returns the
-    changed 3d_fullres fields. Done once per ``work`` and ``data``."""
+    changed 3d_fullres fields. Done again only where volseg's compute has changed."""
     import real_data
     from nnunet_side_by_side import nnunet_plan, write_raw_from_folder
 
@@ -96,13 +96,13 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     name = dataset_name(data)
     preprocessed = work / "preprocessed" / name
     done = preprocessed / "volseg_equal_compute.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    recipe = real_data.volseg_recipe(data, work / "volseg_plan" / data)
+    compute = {k: recipe[k] for k in ("patch_size", "batch_size", "widths", "pooling")}
+    if done.is_file() and json.loads(done.read_text())["volseg_compute"] == compute:
+        return json.loads(done.read_text())  # prepared for this compute already
     classes = json.loads((root / "classes.json").read_text())
     write_raw_from_folder(root, work / "raw" / name, classes)
     plans, _ = nnunet_plan(DATASET_IDS[data])
-    recipe = real_data.volseg_recipe(data, work / "volseg_plan" / data)
-    compute = {k: recipe[k] for k in ("patch_size", "batch_size", "widths", "pooling")}
     plans = equal_compute(plans, compute)
     (preprocessed / "nnUNetPlans.json").write_text(json.dumps(plans, indent=4))
     from nnunetv2.experiment_planning.plan_and_preprocess_api import preprocess_dataset
