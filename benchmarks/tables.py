@@ -401,6 +401,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "network_levers": network_levers,
     "learning_mni152": functools.partial(learning, data="mni152"),
     "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),
+    "learning_mni152_hemispheres": functools.partial(learning, data="mni152_hemispheres"),
     "cross_entropy_weight": cross_entropy_weight,
     "default_run": default_run,
     "cpu_precision": cpu_precision,
