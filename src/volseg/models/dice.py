@@ -21,10 +21,14 @@ def case_dice(pred: torch.Tensor, label: torch.Tensor, num_classes: int) -> torc
     ).double()
 
 
+def class_means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per-class Dice ``(K,)`` from the per-class sums of :func:`case_dice` scores and the
+    number of cases that hold each class (both ``(K,)``); 0 for a class in no case."""
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+
+
 def mean_over_cases(per_case: torch.Tensor) -> torch.Tensor:
     """Per-class Dice ``(K,)`` from :func:`case_dice` rows ``(N, K)``: the mean over the cases
     that hold the class, 0 for a class in no case."""
-    present = ~per_case.isnan()
     sums = per_case.nan_to_num(0.0).sum(dim=0)
-    counts = present.sum(dim=0).double()
-    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    return class_means(sums, (~per_case.isnan()).sum(dim=0).double())

@@ -12,7 +12,7 @@ from lightning.pytorch import LightningModule
 from monai.inferers import Inferer, SlidingWindowInferer
 from torch import nn
 
-from volseg.models.dice import case_dice
+from volseg.models.dice import case_dice, class_means
 from volseg.models.levers import MemoryLevers
 from volseg.models.schedules import RunBudget
 from volseg.utils.errors import TrainingDiverged
@@ -267,7 +267,7 @@ class SegmentationModule(LightningModule):
             total = self.trainer.strategy.reduce(total, reduce_op="sum")
         total = total.cpu()
         sums, counts, loss, cases = total[:k], total[k : 2 * k], total[-2], total[-1]
-        per_class = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+        per_class = class_means(sums, counts)
         mean_loss = (loss / cases).item() if cases > 0 else float("nan")
         return per_class.float(), mean_loss, int(cases.item())
 
