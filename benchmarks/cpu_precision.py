@@ -15,8 +15,7 @@ AVX2 kernels, and its bf16 answer becomes "emulated"):
     ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/cpu_precision.py
 
 The rows go to ``benchmarks/results/cpu/<date>_cpu_precision.json`` (``--json-out``) with the
-machine, the command and the ISA settings in the environment (``ONEDNN_MAX_CPU_ISA``,
-``ATEN_CPU_CAPABILITY``).
+machine and the command (the head records ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY``).
 """
 
 from __future__ import annotations
@@ -42,9 +41,6 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import results_io  # noqa: E402
-
-#: the environment variables that hold oneDNN and torch to a lower ISA
-ISA_SETTINGS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 def best_seconds(fn: Callable[[], None], repeats: int) -> float:
@@ -119,7 +115,6 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": args.repeats,
         "model": model,
         "threads": torch.get_num_threads(),
-        "isa_settings": {k: os.environ.get(k) for k in ISA_SETTINGS},
     }
     doc = results_io.result("cpu_precision", rows, script=__file__, argv=argv, settings=settings)
     results_io.write(doc, args.json_out)

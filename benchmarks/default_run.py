@@ -8,9 +8,8 @@ Runs ``python train.py`` (+ overrides after ``--``) in a fresh process, times th
 run dir's ``summary.json`` and ``csv/metrics.csv``: the precision ``auto`` chose, steps, best and
 final ``val/dice_mean``, and the first epoch whose validation reached ``--reach`` (0.80). Writes
 the row with the machine and the command to ``benchmarks/results/cpu/<date>_default_run.json``
-(``--json-out``), with the ISA settings in the environment (``ONEDNN_MAX_CPU_ISA``,
-``ATEN_CPU_CAPABILITY``: ``ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/default_run.py`` is what an
-AVX2-only CPU runs).
+(``--json-out``); its head records ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY``
+(``ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/default_run.py`` is what an AVX2-only CPU runs).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import argparse
 import csv
 import datetime
 import json
-import os
 import subprocess
 import sys
 import time
@@ -74,10 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         "run_dir": str(run_dir),
     }
     print(json.dumps(row, indent=2))
-    isa = {k: os.environ.get(k) for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
-    doc = results_io.result(
-        "default_run", [row], script=__file__, argv=argv, settings={"isa_settings": isa}
-    )
+    doc = results_io.result("default_run", [row], script=__file__, argv=argv)
     results_io.write(doc, args.json_out)
 
 

@@ -96,7 +96,9 @@ def machine(device: str = "cpu") -> dict[str, Any]:
         "cpu_description": cpu_description(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
+        # the ISA a run was held to (None: what the CPU has)
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
         "torch": torch.__version__,
         "gpu": gpu,
     }

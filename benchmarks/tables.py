@@ -318,8 +318,12 @@ def cross_entropy_weight(results: Path) -> str | None:
 
 def _isa(doc: dict) -> str:
     """The ISA a results file's run was held to (``ONEDNN_MAX_CPU_ISA=...``), or 'native'."""
-    held = {k: v for k, v in doc.get("settings", {}).get("isa_settings", {}).items() if v}
-    return " ".join(f"`{k}={v}`" for k, v in held.items()) or "native"
+    keys = {
+        "onednn_max_cpu_isa": "ONEDNN_MAX_CPU_ISA",
+        "aten_cpu_capability": "ATEN_CPU_CAPABILITY",
+    }
+    held = [f"`{name}={doc[key]}`" for key, name in keys.items() if doc.get(key)]
+    return " ".join(held) or "native"
 
 
 def default_run(results: Path) -> str | None:
