@@ -22,25 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_data  # noqa: E402
 import results_io  # noqa: E402
+import tables  # noqa: E402
 
 WEIGHTS = ("0.25", "1.0")
-
-
-def summary(rows: list[dict]) -> str:
-    """Markdown: per dataset and weight, the mean of best and final validation Dice over seeds."""
-    lines = [
-        "| data | lambda_ce | runs | best val Dice (mean) | final val Dice (mean) | "
-        "per run (best) |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    keys = sorted({(r["data"], r["lambda_ce"]) for r in rows})
-    for data, weight in keys:
-        runs = [r for r in rows if (r["data"], r["lambda_ce"]) == (data, weight)]
-        best = sum(r["dice_mean"] for r in runs) / len(runs)
-        final = sum(r["final_dice_mean"] for r in runs) / len(runs)
-        each = ", ".join(f"{r['dice_mean']:.3f}" for r in runs)
-        lines.append(f"| {data} | {weight} | {len(runs)} | {best:.3f} | {final:.3f} | {each} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{data} seed {seed} lambda_ce {w}: best {row['dice_mean']:.3f}", flush=True)
     cpu = real_data.cpu_line()
     print(f"\n{args.budget} s each, two weights at a time (1 thread each), {precision}; {cpu}\n")
-    print(summary(rows))
+    print(tables.cross_entropy_rows(rows))
     settings = {"budget_s": args.budget, "precision": precision, "mode": "pairs at the same time"}
     doc = results_io.result(
         "cross_entropy_weight", rows, script=__file__, argv=argv, settings=settings

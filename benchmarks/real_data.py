@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import results_io  # noqa: E402
+import tables  # noqa: E402
 
 PATCH_ZYX = (32, 64, 64)
 DATA_CHOICES = ("mni152", "mni152_hemispheres", "mni152_regions", "mni152_regions_lr")
@@ -482,27 +483,6 @@ def run_one_monai(args: argparse.Namespace, precision: str) -> None:
     args.row_out.write_text(json.dumps(row, indent=2))
 
 
-def summary(rows: list[dict]) -> str:
-    """Markdown: per side, the mean over its runs of the best and final validation Dice."""
-    lines = [
-        "| side | runs | steps (mean) | best val Dice (mean) | final val Dice (mean) | "
-        "final, per run |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for side in dict.fromkeys(r["side"] for r in rows):
-        runs = [r for r in rows if r["side"] == side]
-        mean = {
-            k: sum(r[k] for r in runs) / len(runs)
-            for k in ("steps", "dice_mean", "final_dice_mean")
-        }
-        each = ", ".join(f"{r['final_dice_mean']:.3f}" for r in runs)
-        lines.append(
-            f"| {runs[0]['method']} | {len(runs)} | {mean['steps']:.0f} | "
-            f"{mean['dice_mean']:.3f} | {mean['final_dice_mean']:.3f} | {each} |"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=DATA_CHOICES, default="mni152")
@@ -576,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ndata={args.data}, {args.budget} s each ({mode}), precision {precision}; {cpu}\n")
     print(table(rows))
     print()
-    print(summary(rows))
+    print(tables.learning_rows(rows))
     settings = {
         "data": args.data,
         "budget_s": args.budget,

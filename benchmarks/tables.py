@@ -255,15 +255,22 @@ def learning(results: Path, data: str) -> str | None:
     rows = list(doc["rows"])
     for path in paths[1:]:
         rows += [r for r in results_io.load(path)["rows"] if r["side"] in LATER_SIDES]
+    also = "".join(f" and {_rel(p)}" for p in paths[1:])
+    head = (
+        f"{_rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
+        f"{s['mode']}, precision {s['precision']} on every side, seeds "
+        f"{', '.join(map(str, s['seeds']))}):"
+    )
+    return f"{head}\n\n{learning_rows(rows)}"
+
+
+def learning_rows(rows: list[dict]) -> str:
+    """The learning table of ``real_data.py`` rows: per side the mean over its runs, then the
+    final Dice per class (what ``real_data.py`` prints, and :func:`learning` from its files)."""
     sides = list(dict.fromkeys(r["side"] for r in rows))
     runs = {side: [r for r in rows if r["side"] == side] for side in sides}
     method = {side: runs[side][0]["method"].split(" (")[0] for side in sides}
-    also = "".join(f" and {_rel(p)}" for p in paths[1:])
     lines = [
-        f"{_rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
-        f"{s['mode']}, precision {s['precision']} on every side, seeds "
-        f"{', '.join(map(str, s['seeds']))}):",
-        "",
         "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
         "| classes at 0 (final) |",
         "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
@@ -298,17 +305,24 @@ def cross_entropy_weight(results: Path) -> str | None:
         return None
     doc = results_io.load(path)
     s = doc["settings"]
-    lines = [
+    head = (
         f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
-        f"weights at the same time, 1 thread each, {s['precision']}):",
-        "",
+        f"weights at the same time, 1 thread each, {s['precision']}):"
+    )
+    return f"{head}\n\n{cross_entropy_rows(doc['rows'])}"
+
+
+def cross_entropy_rows(rows: list[dict]) -> str:
+    """The table of ``cross_entropy_weight.py`` rows: per dataset and weight, the mean over the
+    seeds (what the script prints, and :func:`cross_entropy_weight` from its file)."""
+    lines = [
         "| data | lambda_ce | runs | best val Dice (mean) | final val Dice (mean) "
         "| best, per run |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
-    for data in dict.fromkeys(r["data"] for r in doc["rows"]):
-        for weight in sorted({r["lambda_ce"] for r in doc["rows"] if r["data"] == data}):
-            rs = [r for r in doc["rows"] if (r["data"], r["lambda_ce"]) == (data, weight)]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        for weight in sorted({r["lambda_ce"] for r in rows if r["data"] == data}):
+            rs = [r for r in rows if (r["data"], r["lambda_ce"]) == (data, weight)]
             best = sum(r["dice_mean"] for r in rs) / len(rs)
             final = sum(r["final_dice_mean"] for r in rs) / len(rs)
             each = ", ".join(f"{r['dice_mean']:.3f}" for r in rs)
