@@ -382,31 +382,241 @@ def cpu_precision(results: Path) -> str | None:
 
 
 def estimator_accuracy(results: Path) -> str | None:
-    """The estimate against real ``python train.py`` steps on a CPU, per config and grid
-    (``estimator_accuracy.py``)."""
-    path = results_io.latest("estimator_accuracy", "cpu", results)
-    if path is None:
+    """The estimate against real ``python train.py`` steps on a CPU, per config, from the newest
+    file of each grid (``estimator_accuracy.py --grid NAME``)."""
+    newest: dict[str, tuple[Path, dict]] = {}
+    for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
+        doc = results_io.load(path)
+        for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
+            newest.setdefault(grid, (path, doc))
+    if not newest:
         return None
-    doc = results_io.load(path)
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
-        f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer steps):",
+    lines = []
+    heads = {path: doc for path, doc in newest.values()}
+    for path, doc in heads.items():
+        lines.append(
+            f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
+            f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer steps):"
+        )
+    lines += [
         "",
         "| grid | config | measured MiB | estimated MiB | error |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    for r in doc["rows"]:
+    rows = [r for grid, (_, doc) in newest.items() for r in doc["rows"] if r["grid"] == grid]
+    for r in rows:
         lines.append(
             f"| {r['grid']} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
             f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
         )
     lines.append("")
-    for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-        errors = [abs(r["error"]) for r in doc["rows"] if r["grid"] == grid]
+    for grid in newest:
+        errors = [abs(r["error"]) for r in rows if r["grid"] == grid]
         lines.append(
             f"- {grid}: mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
             f"({len(errors)} configs)"
         )
+    return "\n".join(lines)
+
+
+def _latest(results: Path, benchmark: str, device: str = "cpu") -> tuple[Path, dict] | None:
+    """The newest results file of ``benchmark`` and its document (None: none yet)."""
+    path = results_io.latest(benchmark, device, results)
+    return None if path is None else (path, results_io.load(path))
+
+
+def data_throughput(results: Path) -> str | None:
+    """The training loader's samples/s per dataset and worker count, the CPU step beside it, and
+    the workers a recorded GPU step needs (``data_throughput.py``)."""
+    found = _latest(results, "data_throughput")
+    if found is None:
+        return None
+    path, doc = found
+    rows = doc["rows"]
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; batch 2, cached in memory):",
+        "",
+        "| what | data | setting | first batch (s) | training samples/s |",
+        "| --- | --- | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        if r["what"] == "loader":
+            data = f"{r['data']} {'x'.join(map(str, r['shape']))}, patch " + "x".join(
+                map(str, r["patch"])
+            )
+            auto = f" ({r['resolved_workers']})" if r["num_workers"] == "auto" else ""
+            lines.append(
+                f"| loader | {data} | `data.num_workers={r['num_workers']}`{auto} | "
+                f"{r['first_batch_s']:.2f} | {r['samples_per_s']:.1f} |"
+            )
+        elif r["what"] == "cpu_step":
+            lines.append(
+                f"| CPU training step | {r['shape']} | {r['model']}, {r['precision']} | | "
+                f"{r['samples_per_s']:.2f} |"
+            )
+    feed = [r for r in rows if r["what"] == "gpu_feed"]
+    if feed:
+        lines += [
+            "",
+            "| recorded GPU step | samples/s needed | one worker delivers | workers needed |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for r in feed:
+            lines.append(
+                f"| {r['model']} {r['shape']}, {r['gpu']} ({r['recorded_in']}) | "
+                f"{r['samples_per_s_needed']:.1f} | {r['one_worker_samples_per_s']:.1f} | "
+                f"{r['workers_needed']} |"
+            )
+    return "\n".join(lines)
+
+
+#: training_overheads.py's timer items, in the table's order
+OVERHEADS = {
+    "checkpoint writes during training": "saves during training (loop held)",
+    "checkpoint writes at the end of fit (final save, waiting for writes)": "end of fit",
+    "background writes (beside the loop)": "writer thread (beside the loop)",
+    "logging": "logging",
+    "validation overlays": "validation overlays",
+    "memory monitor (per-step reads, charts written)": "memory monitor",
+}
+
+
+def training_overheads(results: Path) -> str | None:
+    """Wall time and what a run spends beside its steps, per ``async_checkpoint``
+    (``training_overheads.py``)."""
+    found = _latest(results, "training_overheads")
+    if found is None:
+        return None
+    path, doc = found
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}):",
+        "",
+        "| run | `async_checkpoint` | steps | wall (s) | " + " | ".join(OVERHEADS.values()) + " |",
+        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in OVERHEADS) + " |",
+    ]
+    for r in doc["rows"]:
+        cells = []
+        for item in OVERHEADS:
+            got = r["items"].get(item)
+            if got is None:
+                cells.append("–")
+                continue
+            share = got["seconds"] / r["wall_s"]
+            cells.append(f"{got['seconds']:.2f} s, {got['calls']} calls, {share:.1%}")
+        lines.append(
+            f"| {r['run']}, {r['epochs']} epochs, max_time_share {r['max_time_share']} | "
+            f"{r['async_checkpoint']} | {r['steps']} | {r['wall_s']:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def levers_cpu(results: Path) -> str | None:
+    """Each memory lever's step rise, activations kept and step time on a CPU
+    (``levers.py``)."""
+    found = _latest(results, "levers")
+    if found is None:
+        return None
+    path, doc = found
+    s = doc["settings"]
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {s['batch']} of "
+        f"1×{'×'.join(map(str, s['shape']))}, best of {s['steps']} steps):",
+        "",
+        "| lever | step adds (MiB) | ratio | activations kept (MiB) | ratio | s/step | ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = doc["rows"][0]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['lever']} | {r['added_mib']:,.0f} | {r['added_mib'] / base['added_mib']:.2f} | "
+            f"{r['activations_mib']:,.0f} | "
+            f"{r['activations_mib'] / base['activations_mib']:.2f} | {r['seconds']:.2f} | "
+            f"{r['seconds'] / base['seconds']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def train_throughput(results: Path) -> str | None:
+    """Steps per second through Lightning and a plain loop, FLOPs and the fraction of the
+    dtype's matmul peak (``train_throughput.py``)."""
+    found = _latest(results, "train_throughput")
+    if found is None:
+        return None
+    path, doc = found
+    s = doc["settings"]
+    peaks = s["matmul_peak_flops_per_s"]
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {'×'.join(map(str, s['batch']))}, "
+        f"best of {s['repeats']} after {s['warmup']} warm-up steps; matmul peak fp32 "
+        f"{peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f}):",
+        "",
+        "| network | variant | Lightning it/s | plain it/s | Lightning/plain | GFLOP/step "
+        "| GFLOP/s | of dtype peak | plain |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        peak = peaks["bf16" if r["variant"].startswith("bf16") else "fp32"]
+        lightning, plain = r["lightning_s_per_step"], r["plain_s_per_step"]
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {1 / lightning:.2f} | {1 / plain:.2f} | "
+            f"{plain / lightning:.2f} | {r['flops_per_step'] / 1e9:,.1f} | "
+            f"{r['flops_per_step'] / lightning / 1e9:,.0f} | {r['of_dtype_peak']:.2f} | "
+            f"{r['flops_per_step'] / plain / peak:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_monitor_overhead(results: Path) -> str | None:
+    """The memory monitor's hooks and a step with and without it, per results file
+    (``memory_monitor_overhead.py``)."""
+    paths = results_io.runs("memory_monitor_overhead", "cpu", results)
+    if not paths:
+        return None
+    lines = [
+        "| file | CPU | step without (ms) | with the monitor (ms) | difference | hooks (ms) "
+        "| hooks, share of the step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for path in paths:
+        doc = results_io.load(path)
+        for r in doc["rows"]:
+            without, with_ = r["s_per_step_without"], r["s_per_step_with"]
+            lines.append(
+                f"| {_rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
+                f"{_pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
+                f"{r['hooks_share']:.2%} |"
+            )
+    return "\n".join(lines)
+
+
+def cpu_bf16_conv(results: Path) -> str | None:
+    """The largest relative error of bf16 convolutions against float32 per layer and input
+    depth, per CPU and ISA setting (``cpu_bf16_conv.py``)."""
+    paths = results_io.runs("cpu_bf16_conv", "cpu", results)
+    if not paths:
+        return None
+    lines = [
+        "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
+        "| weight gradient |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for path in paths:
+        doc = results_io.load(path)
+        for r in doc["rows"]:
+            cells = [
+                f"**{value:.2g}**" if wrong else f"{value:.4f}"
+                for value, wrong in zip(
+                    (r["output"], r["input_gradient"], r["weight_gradient"]),
+                    r["wrong"],
+                    strict=True,
+                )
+            ]
+            lines.append(
+                f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['layer']} | "
+                f"{tuple(r['input_shape'])} | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
@@ -424,6 +634,13 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "default_run": default_run,
     "cpu_precision": cpu_precision,
     "estimator_accuracy": estimator_accuracy,
+    "learning_mni152_regions_lr": functools.partial(learning, data="mni152_regions_lr"),
+    "data_throughput": data_throughput,
+    "training_overheads": training_overheads,
+    "levers_cpu": levers_cpu,
+    "train_throughput": train_throughput,
+    "memory_monitor_overhead": memory_monitor_overhead,
+    "cpu_bf16_conv": cpu_bf16_conv,
 }
 
 

@@ -326,3 +326,135 @@ def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_pa
     history = bench.validations(path)
     assert history == [(0, 0.5), (1, 0.85), (2, 0.8)]
     assert bench.first_reaching(history, 0.8) == 1 and bench.first_reaching(history, 0.9) is None
+
+
+def _write_result(results_io, results, name, rows, file, **extra):
+    doc = results_io.result(name, rows, argv=[], **extra)
+    results_io.write(doc, results / "cpu" / file)
+
+
+def test_the_overheads_table_gives_each_item_as_a_share_of_the_wall_time(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    items = {
+        "checkpoint writes during training": {"seconds": 2.0, "calls": 3},
+        "logging": {"seconds": 0.5, "calls": 40},
+    }
+    row = {
+        "run": "short_epochs",
+        "max_time_share": "0.02",
+        "async_checkpoint": "true",
+        "epochs": 4,
+        "steps": 8,
+        "wall_s": 40.0,
+        "items": items,
+    }
+    _write_result(results_io, tmp_path, "training_overheads", [row], "2026-01-01_x.json")
+    assert tables.training_overheads(tmp_path) is None  # not a training_overheads file name
+    _write_result(
+        results_io, tmp_path, "training_overheads", [row], "2026-01-01_training_overheads.json"
+    )
+    table = tables.training_overheads(tmp_path)
+    line = next(x for x in table.splitlines() if x.startswith("| short_epochs"))
+    # 2.0 s of 40 s = 5.0%, 0.5 s = 1.2% (1.25 rounds to even); items not timed: a dash
+    assert (
+        "| true | 8 | 40.0 | 2.00 s, 3 calls, 5.0% | – | – | 0.50 s, 40 calls, 1.2% | – | – |"
+        in line
+    )
+
+
+def test_the_cpu_levers_table_gives_each_lever_against_the_first_row(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    rows = [
+        {"lever": "none (fp32)", "added_mib": 2000.0, "activations_mib": 1000.0, "seconds": 4.0},
+        {
+            "lever": "checkpointing: all",
+            "added_mib": 1500.0,
+            "activations_mib": 400.0,
+            "seconds": 5.0,
+        },
+    ]
+    settings = {"shape": [26, 150, 320], "batch": 2, "steps": 2}
+    _write_result(results_io, tmp_path, "levers", rows, "2026-01-01_levers.json", settings=settings)
+    table = tables.levers_cpu(tmp_path)
+    assert "batch 2 of 1×26×150×320, best of 2 steps" in table
+    assert "| none (fp32) | 2,000 | 1.00 | 1,000 | 1.00 | 4.00 | 1.00 |" in table
+    assert "| checkpointing: all | 1,500 | 0.75 | 400 | 0.40 | 5.00 | 1.25 |" in table
+
+
+def test_the_throughput_table_divides_flops_by_the_dtypes_own_peak(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    row = {
+        "model": "unet_tiny",
+        "variant": "bf16 autocast",
+        "lightning_s_per_step": 0.25,  # 4 it/s: 40 GFLOP/s of a 100 GFLOP/s bf16 peak
+        "plain_s_per_step": 0.2,  # 5 it/s: 50 GFLOP/s
+        "flops_per_step": 10e9,
+        "of_dtype_peak": 0.4,
+    }
+    settings = {
+        "batch": [2, 1, 32, 64, 64],
+        "warmup": 3,
+        "repeats": 3,
+        "overrides": [],
+        "matmul_peak_flops_per_s": {"fp32": 50e9, "bf16": 100e9},
+    }
+    _write_result(
+        results_io,
+        tmp_path,
+        "train_throughput",
+        [row],
+        "2026-01-01_train_throughput.json",
+        settings=settings,
+    )
+    table = tables.train_throughput(tmp_path)
+    assert "| unet_tiny | bf16 autocast | 4.00 | 5.00 | 0.80 | 10.0 | 40 | 0.40 | 0.50 |" in table
+    assert "matmul peak fp32 50 GFLOP/s, bf16 100" in table
+
+
+def test_the_estimator_table_takes_the_newest_file_of_each_grid(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+
+    def row(grid, name, measured, estimated):
+        return {
+            "grid": grid,
+            "name": name,
+            "measured_bytes": measured * 2**20,
+            "estimated_bytes": estimated * 2**20,
+            "error": estimated / measured - 1,
+        }
+
+    old = [row("tuned", "old tuned", 100, 150), row("held-out", "old held", 100, 200)]
+    _write_result(
+        results_io, tmp_path, "estimator_accuracy", old, "2026-01-01_estimator_accuracy.json"
+    )
+    held = [row("held-out", "new held", 200, 190), row("held-out", "other", 100, 104)]
+    _write_result(
+        results_io, tmp_path, "estimator_accuracy", held, "2026-01-02_estimator_accuracy.json"
+    )
+    table = tables.estimator_accuracy(tmp_path)
+    assert "| tuned | old tuned | 100.0 | 150.0 | +50.0% |" in table
+    assert "old held" not in table and "| held-out | new held | 200.0 | 190.0 | −5.0% |" in table
+    assert "- held-out: mean |error| 4.5%, max 5.0% (2 configs)" in table
+    assert "- tuned: mean |error| 50.0%, max 50.0% (1 configs)" in table
+
+
+def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    rows = [
+        {
+            "layer": "torch.nn.Conv3d k=3",
+            "input_shape": [2, 32, 2, 8, 8],
+            "output": 0.0034,
+            "input_gradient": 0.0036,
+            "weight_gradient": 1.3e36,
+            "wrong": [False, False, True],
+        }
+    ]
+    _write_result(results_io, tmp_path, "cpu_bf16_conv", rows, "2026-01-01_cpu_bf16_conv.json")
+    table = tables.cpu_bf16_conv(tmp_path)
+    assert "| torch.nn.Conv3d k=3 | (2, 32, 2, 8, 8) | 0.0034 | 0.0036 | **1.3e+36** |" in table
