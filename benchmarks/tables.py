@@ -56,6 +56,50 @@ def _recorded_gpu_runs(results: Path) -> dict[frozenset[str], tuple[dict, dict, 
     return runs
 
 
+#: the recorded GPU run the levers' cut and time ratio are taken against
+LEVERS_BASE = "levers: none (16-mixed)"
+
+
+def cuda_recorded(results: Path) -> str | None:
+    """Every recorded GPU run as measured: peak allocated, reserved, nvidia-smi, step time
+    (``benchmarks/results/cuda/*.json``; levers' cut and time ratio against their baseline)."""
+    recorded = list(_recorded_gpu_runs(results).values())
+    if not recorded:
+        return None
+    files = dict.fromkeys(path for *_, path in recorded)
+    heads = []
+    for path in files:
+        doc = json.loads(path.read_text())
+        heads.append(f"{_rel(path)} ({doc['gpu']}, torch {doc['torch']}, {doc['date']})")
+    lines = [
+        "; ".join(heads) + ":",
+        "",
+        "| run | measured by | peak allocated (MiB) | peak reserved (MiB) | nvidia-smi (MiB) "
+        "| s/step | cut (allocated) | time ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = next((run["measured"] for run, *_ in recorded if run["name"] == LEVERS_BASE), None)
+
+    def cell(value, spec=",.0f"):
+        return "" if value is None else format(value, spec)
+
+    for run, _, _ in recorded:
+        m = run["measured"]
+        allocated = m.get("peak_allocated_mib")
+        rise = m.get("step_peak_growth_mib")
+        allocated_cell = cell(allocated) if allocated is not None else f"rise {rise:,.1f}"
+        cut = ratio = ""
+        if run["name"].startswith("levers:") and base and allocated and m.get("step_s"):
+            cut = f"{base['peak_allocated_mib'] / allocated:.2f}x"
+            ratio = f"{m['step_s'] / base['step_s']:.2f}"
+        lines.append(
+            f"| {run['name']} | `{run['script'].split(' (')[0]}` | {allocated_cell} | "
+            f"{cell(m.get('peak_reserved_mib'))} | {cell(m.get('nvidia_smi_mib'))} | "
+            f"{cell(m.get('step_s'), '.3f')} | {cut} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def levers_cuda(results: Path) -> str | None:
     """The levers on the reference config: the CUDA estimate (``levers_estimated.py``) beside
     each recorded GPU run of the same overrides (``benchmarks/results/cuda``)."""
@@ -624,6 +668,7 @@ def cpu_bf16_conv(results: Path) -> str | None:
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
     "cuda_estimate_errors": cuda_estimate_errors,
+    "cuda_recorded": cuda_recorded,
     "validation_memory": validation_memory,
     "loader_compare": loader_compare,
     "network_levers": network_levers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -458,3 +459,20 @@ def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
     _write_result(results_io, tmp_path, "cpu_bf16_conv", rows, "2026-01-01_cpu_bf16_conv.json")
     table = tables.cpu_bf16_conv(tmp_path)
     assert "| torch.nn.Conv3d k=3 | (2, 32, 2, 8, 8) | 0.0034 | 0.0036 | **1.3e+36** |" in table
+
+
+def test_every_table_of_figures_in_the_benchmarks_page_is_written_from_a_results_file():
+    """docs/benchmarks.md keeps no hand-typed table: outside the ``<!-- table: -->`` markers only
+    the tables that describe (results files, sides, defaults) are left, none with a measurement."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    outside = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
+    headers = [
+        line
+        for line, before in zip(outside.splitlines(), ["", *outside.splitlines()], strict=False)
+        if line.startswith("|") and not before.startswith("|")
+    ]
+    assert headers == [
+        "| table | script that writes its file (`benchmarks/results/cpu/<date>_<name>.json`) |",
+        "| side | what it is | what is held to volseg's |",
+        "| default | config | what it is for |",
+    ]
