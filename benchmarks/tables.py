@@ -46,6 +46,12 @@ def _pct(value: float) -> str:
     return f"{value:+.1%}".replace("-", "−")
 
 
+def _latest(results: Path, benchmark: str, device: str = "cpu") -> tuple[Path, dict] | None:
+    """The newest results file of ``benchmark`` and its document (None: none yet)."""
+    path = results_io.latest(benchmark, device, results)
+    return None if path is None else (path, results_io.load(path))
+
+
 def _recorded_gpu_runs(results: Path) -> dict[frozenset[str], tuple[dict, dict, Path]]:
     """Recorded GPU runs by their set of overrides: (run, file head, file)."""
     runs = {}
@@ -103,10 +109,10 @@ def cuda_recorded(results: Path) -> str | None:
 def levers_cuda(results: Path) -> str | None:
     """The levers on the reference config: the CUDA estimate (``levers_estimated.py``) beside
     each recorded GPU run of the same overrides (``benchmarks/results/cuda``)."""
-    path = results_io.latest("levers_estimated", "cpu", results)
-    if path is None:
+    found = _latest(results, "levers_estimated")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     measured = _recorded_gpu_runs(results)
     gpu_files = sorted({_rel(p) for _, _, p in measured.values()})
     lines = [
@@ -140,10 +146,10 @@ def levers_cuda(results: Path) -> str | None:
 
 def cuda_estimate_errors(results: Path) -> str | None:
     """The CUDA estimate against every recorded GPU run (``cuda_estimate_errors.py``)."""
-    path = results_io.latest("cuda_estimate_errors", "cpu", results)
-    if path is None:
+    found = _latest(results, "cuda_estimate_errors")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; estimated for CUDA on this CPU, "
@@ -184,10 +190,10 @@ def cuda_estimate_errors(results: Path) -> str | None:
 
 def validation_memory(results: Path) -> str | None:
     """Validation's memory on the CPU, measured against the estimate (``validation_memory.py``)."""
-    path = results_io.latest("validation_memory", "cpu", results)
-    if path is None:
+    found = _latest(results, "validation_memory")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}):",
         "",
@@ -206,10 +212,10 @@ def validation_memory(results: Path) -> str | None:
 def loader_compare(results: Path) -> str | None:
     """volseg's loader against MONAI's, as written and on volseg's terms
     (``data_throughput.py --compare``)."""
-    path = results_io.latest("loader_compare", "cpu", results)
-    if path is None:
+    found = _latest(results, "loader_compare")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     s = doc.get("settings", {})
     shape, patch = "×".join(map(str, s.get("shape", []))), "×".join(map(str, s.get("patch", [])))
     lines = [
@@ -227,10 +233,10 @@ def loader_compare(results: Path) -> str | None:
 def network_levers(results: Path) -> str | None:
     """Each lever's cut per network: measured on the CPU, estimated for a GPU
     (``network_levers.py``)."""
-    path = results_io.latest("network_levers", "cpu", results)
-    if path is None:
+    found = _latest(results, "network_levers")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
         f"peak rise over {doc['steps']} optimizer steps; the GPU column: the estimator's peak "
@@ -344,10 +350,10 @@ def learning_rows(rows: list[dict]) -> str:
 def cross_entropy_weight(results: Path) -> str | None:
     """unet_tiny's cross-entropy weight 0.25 against 1.0 on few-class tasks
     (``cross_entropy_weight.py``)."""
-    path = results_io.latest("cross_entropy_weight", "cpu", results)
-    if path is None:
+    found = _latest(results, "cross_entropy_weight")
+    if found is None:
         return None
-    doc = results_io.load(path)
+    path, doc = found
     s = doc["settings"]
     head = (
         f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
@@ -461,12 +467,6 @@ def estimator_accuracy(results: Path) -> str | None:
             f"({len(errors)} configs)"
         )
     return "\n".join(lines)
-
-
-def _latest(results: Path, benchmark: str, device: str = "cpu") -> tuple[Path, dict] | None:
-    """The newest results file of ``benchmark`` and its document (None: none yet)."""
-    path = results_io.latest(benchmark, device, results)
-    return None if path is None else (path, results_io.load(path))
 
 
 def data_throughput(results: Path) -> str | None:
