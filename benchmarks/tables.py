@@ -46,10 +46,40 @@ def _pct(value: float) -> str:
     return f"{value:+.1%}".replace("-", "−")
 
 
-def _latest(results: Path, benchmark: str, device: str = "cpu") -> tuple[Path, dict] | None:
-    """The newest results file of ``benchmark`` and its document (None: none yet)."""
-    path = results_io.latest(benchmark, device, results)
-    return None if path is None else (path, results_io.load(path))
+def newest(benchmark: str, device: str = "cpu") -> Callable:
+    """Make ``build(path, doc) -> str`` a table builder of ``results``: it builds from the newest
+    results file of ``benchmark`` (None, the marker left as it is, while there is none)."""
+
+    def wrap(build: Callable[[Path, dict], str]) -> Callable[[Path], str | None]:
+        @functools.wraps(build)
+        def table(results: Path) -> str | None:
+            path = results_io.latest(benchmark, device, results)
+            return None if path is None else build(path, results_io.load(path))
+
+        return table
+
+    return wrap
+
+
+def every_file(benchmark: str, *header: str) -> Callable:
+    """Make ``rows(path, doc) -> list[str]`` a table builder of ``results``: the ``header``
+    lines, then the rows of every results file of ``benchmark``, oldest first (None while there
+    is none)."""
+
+    def wrap(rows: Callable[[Path, dict], list[str]]) -> Callable[[Path], str | None]:
+        @functools.wraps(rows)
+        def table(results: Path) -> str | None:
+            paths = results_io.runs(benchmark, "cpu", results)
+            if not paths:
+                return None
+            lines = list(header)
+            for path in paths:
+                lines += rows(path, results_io.load(path))
+            return "\n".join(lines)
+
+        return table
+
+    return wrap
 
 
 def _recorded_gpu_runs(results: Path) -> dict[frozenset[str], tuple[dict, dict, Path]]:
@@ -109,10 +139,10 @@ def cuda_recorded(results: Path) -> str | None:
 def levers_cuda(results: Path) -> str | None:
     """The levers on the reference config: the CUDA estimate (``levers_estimated.py``) beside
     each recorded GPU run of the same overrides (``benchmarks/results/cuda``)."""
-    found = _latest(results, "levers_estimated")
-    if found is None:
+    path = results_io.latest("levers_estimated", "cpu", results)
+    if path is None:
         return None
-    path, doc = found
+    doc = results_io.load(path)
     measured = _recorded_gpu_runs(results)
     gpu_files = sorted({_rel(p) for _, _, p in measured.values()})
     lines = [
@@ -144,12 +174,9 @@ def levers_cuda(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def cuda_estimate_errors(results: Path) -> str | None:
+@newest("cuda_estimate_errors")
+def cuda_estimate_errors(path: Path, doc: dict) -> str:
     """The CUDA estimate against every recorded GPU run (``cuda_estimate_errors.py``)."""
-    found = _latest(results, "cuda_estimate_errors")
-    if found is None:
-        return None
-    path, doc = found
     bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; estimated for CUDA on this CPU, "
@@ -188,12 +215,9 @@ def cuda_estimate_errors(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def validation_memory(results: Path) -> str | None:
+@newest("validation_memory")
+def validation_memory(path: Path, doc: dict) -> str:
     """Validation's memory on the CPU, measured against the estimate (``validation_memory.py``)."""
-    found = _latest(results, "validation_memory")
-    if found is None:
-        return None
-    path, doc = found
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}):",
         "",
@@ -209,13 +233,10 @@ def validation_memory(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def loader_compare(results: Path) -> str | None:
+@newest("loader_compare")
+def loader_compare(path: Path, doc: dict) -> str:
     """volseg's loader against MONAI's, as written and on volseg's terms
     (``data_throughput.py --compare``)."""
-    found = _latest(results, "loader_compare")
-    if found is None:
-        return None
-    path, doc = found
     s = doc.get("settings", {})
     shape, patch = "×".join(map(str, s.get("shape", []))), "×".join(map(str, s.get("patch", [])))
     lines = [
@@ -230,13 +251,10 @@ def loader_compare(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def network_levers(results: Path) -> str | None:
+@newest("network_levers")
+def network_levers(path: Path, doc: dict) -> str:
     """Each lever's cut per network: measured on the CPU, estimated for a GPU
     (``network_levers.py``)."""
-    found = _latest(results, "network_levers")
-    if found is None:
-        return None
-    path, doc = found
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
         f"peak rise over {doc['steps']} optimizer steps; the GPU column: the estimator's peak "
@@ -347,13 +365,10 @@ def learning_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cross_entropy_weight(results: Path) -> str | None:
+@newest("cross_entropy_weight")
+def cross_entropy_weight(path: Path, doc: dict) -> str:
     """unet_tiny's cross-entropy weight 0.25 against 1.0 on few-class tasks
     (``cross_entropy_weight.py``)."""
-    found = _latest(results, "cross_entropy_weight")
-    if found is None:
-        return None
-    path, doc = found
     s = doc["settings"]
     head = (
         f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
@@ -388,47 +403,6 @@ def _isa(doc: dict) -> str:
     }
     held = [f"`{name}={doc[key]}`" for key, name in keys.items() if doc.get(key)]
     return " ".join(held) or "native"
-
-
-def default_run(results: Path) -> str | None:
-    """``python train.py`` timed whole, one row per results file (``default_run.py``)."""
-    paths = results_io.runs("default_run", "cpu", results)
-    if not paths:
-        return None
-    lines = [
-        "| file | CPU (cores) | ISA | precision `auto` chose | whole command | steps "
-        "| best `val/dice_mean` | reached 0.80 at epoch |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for path in paths:
-        doc = results_io.load(path)
-        r = doc["rows"][0]
-        minutes, seconds = divmod(round(r["whole_command_s"]), 60)
-        lines.append(
-            f"| {_rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {_isa(doc)} | "
-            f"{r['precision']} | {minutes} min {seconds} s | {r['steps']} | "
-            f"{r['best_val_dice_mean']:.3f} | {r['first_epoch_reaching']} |"
-        )
-    return "\n".join(lines)
-
-
-def cpu_precision(results: Path) -> str | None:
-    """float32 against bf16 autocast per CPU and ISA setting (``cpu_precision.py``)."""
-    paths = results_io.runs("cpu_precision", "cpu", results)
-    if not paths:
-        return None
-    lines = [
-        "| file | CPU | ISA | work | float32 (s) | bf16 autocast (s) | bf16 / float32 |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: |",
-    ]
-    for path in paths:
-        doc = results_io.load(path)
-        for r in doc["rows"]:
-            lines.append(
-                f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['work']} | "
-                f"{r['float32_s']:.3f} | {r['bf16_s']:.3f} | {r['ratio']:.2f} |"
-            )
-    return "\n".join(lines)
 
 
 def estimator_accuracy(results: Path) -> str | None:
@@ -469,13 +443,10 @@ def estimator_accuracy(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def data_throughput(results: Path) -> str | None:
+@newest("data_throughput")
+def data_throughput(path: Path, doc: dict) -> str:
     """The training loader's samples/s per dataset and worker count, the CPU step beside it, and
     the workers a recorded GPU step needs (``data_throughput.py``)."""
-    found = _latest(results, "data_throughput")
-    if found is None:
-        return None
-    path, doc = found
     rows = doc["rows"]
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; batch 2, cached in memory):",
@@ -525,13 +496,10 @@ OVERHEADS = {
 }
 
 
-def training_overheads(results: Path) -> str | None:
+@newest("training_overheads")
+def training_overheads(path: Path, doc: dict) -> str:
     """Wall time and what a run spends beside its steps, per ``async_checkpoint``
     (``training_overheads.py``)."""
-    found = _latest(results, "training_overheads")
-    if found is None:
-        return None
-    path, doc = found
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}):",
         "",
@@ -556,13 +524,10 @@ def training_overheads(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def levers_cpu(results: Path) -> str | None:
+@newest("levers")
+def levers_cpu(path: Path, doc: dict) -> str:
     """Each memory lever's step rise, activations kept and step time on a CPU
     (``levers.py``)."""
-    found = _latest(results, "levers")
-    if found is None:
-        return None
-    path, doc = found
     s = doc["settings"]
     lines = [
         f"{_rel(path)} ({results_io.machine_line(doc)}; batch {s['batch']} of "
@@ -582,13 +547,10 @@ def levers_cpu(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def train_throughput(results: Path) -> str | None:
+@newest("train_throughput")
+def train_throughput(path: Path, doc: dict) -> str:
     """Steps per second through Lightning and a plain loop, FLOPs and the fraction of the
     dtype's matmul peak (``train_throughput.py``)."""
-    found = _latest(results, "train_throughput")
-    if found is None:
-        return None
-    path, doc = found
     s = doc["settings"]
     peaks = s["matmul_peak_flops_per_s"]
     lines = [
@@ -612,56 +574,79 @@ def train_throughput(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-def memory_monitor_overhead(results: Path) -> str | None:
+@every_file(
+    "default_run",
+    "| file | CPU (cores) | ISA | precision `auto` chose | whole command | steps "
+    "| best `val/dice_mean` | reached 0.80 at epoch |",
+    "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+)
+def default_run(path: Path, doc: dict) -> list[str]:
+    """``python train.py`` timed whole, one row per results file (``default_run.py``)."""
+    r = doc["rows"][0]
+    minutes, seconds = divmod(round(r["whole_command_s"]), 60)
+    return [
+        f"| {_rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {_isa(doc)} | "
+        f"{r['precision']} | {minutes} min {seconds} s | {r['steps']} | "
+        f"{r['best_val_dice_mean']:.3f} | {r['first_epoch_reaching']} |"
+    ]
+
+
+@every_file(
+    "cpu_precision",
+    "| file | CPU | ISA | work | float32 (s) | bf16 autocast (s) | bf16 / float32 |",
+    "| --- | --- | --- | --- | ---: | ---: | ---: |",
+)
+def cpu_precision(path: Path, doc: dict) -> list[str]:
+    """float32 against bf16 autocast per CPU and ISA setting (``cpu_precision.py``)."""
+    return [
+        f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['work']} | "
+        f"{r['float32_s']:.3f} | {r['bf16_s']:.3f} | {r['ratio']:.2f} |"
+        for r in doc["rows"]
+    ]
+
+
+@every_file(
+    "memory_monitor_overhead",
+    "| file | CPU | step without (ms) | with the monitor (ms) | difference | hooks (ms) "
+    "| hooks, share of the step |",
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+)
+def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     """The memory monitor's hooks and a step with and without it, per results file
     (``memory_monitor_overhead.py``)."""
-    paths = results_io.runs("memory_monitor_overhead", "cpu", results)
-    if not paths:
-        return None
-    lines = [
-        "| file | CPU | step without (ms) | with the monitor (ms) | difference | hooks (ms) "
-        "| hooks, share of the step |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for path in paths:
-        doc = results_io.load(path)
-        for r in doc["rows"]:
-            without, with_ = r["s_per_step_without"], r["s_per_step_with"]
-            lines.append(
-                f"| {_rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
-                f"{_pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
-                f"{r['hooks_share']:.2%} |"
-            )
-    return "\n".join(lines)
+    lines = []
+    for r in doc["rows"]:
+        without, with_ = r["s_per_step_without"], r["s_per_step_with"]
+        lines.append(
+            f"| {_rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
+            f"{_pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
+            f"{r['hooks_share']:.2%} |"
+        )
+    return lines
 
 
-def cpu_bf16_conv(results: Path) -> str | None:
+@every_file(
+    "cpu_bf16_conv",
+    "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
+    "| weight gradient |",
+    "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
+)
+def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
     """The largest relative error of bf16 convolutions against float32 per layer and input
-    depth, per CPU and ISA setting (``cpu_bf16_conv.py``)."""
-    paths = results_io.runs("cpu_bf16_conv", "cpu", results)
-    if not paths:
-        return None
-    lines = [
-        "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
-        "| weight gradient |",
-        "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
-    ]
-    for path in paths:
-        doc = results_io.load(path)
-        for r in doc["rows"]:
-            cells = [
-                f"**{value:.2g}**" if wrong else f"{value:.4f}"
-                for value, wrong in zip(
-                    (r["output"], r["input_gradient"], r["weight_gradient"]),
-                    r["wrong"],
-                    strict=True,
-                )
-            ]
-            lines.append(
-                f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['layer']} | "
-                f"{tuple(r['input_shape'])} | " + " | ".join(cells) + " |"
+    depth, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong kernel's cell in bold."""
+    lines = []
+    for r in doc["rows"]:
+        cells = [
+            f"**{value:.2g}**" if wrong else f"{value:.4f}"
+            for value, wrong in zip(
+                (r["output"], r["input_gradient"], r["weight_gradient"]), r["wrong"], strict=True
             )
-    return "\n".join(lines)
+        ]
+        lines.append(
+            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['layer']} | "
+            f"{tuple(r['input_shape'])} | " + " | ".join(cells) + " |"
+        )
+    return lines
 
 
 #: marker name -> the function that builds its table from ``benchmarks/results``
