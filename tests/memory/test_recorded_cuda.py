@@ -163,5 +163,12 @@ def test_committed_estimate_is_the_estimators_own(run, request):
     rows = {(r["file"], r["run"]): r for r in json.loads(newest.read_text())["rows"]}
     committed = rows[(file_stem, run["name"])]
     est = _estimate(_loop(run))
-    assert committed["estimated_peak_reserved"] == est.peak_reserved, newest.name
-    assert committed["estimated_peak_allocated"] == est.peak_allocated, newest.name
+    # the CUDA estimate is traced on the host CPU, and its channels-last steps come out up to
+    # 0.25% apart between an Intel Xeon (AMX) and an AMD EPYC (AVX512_BF16); an estimator change
+    # that moves a figure of the docs' tables moves it by more
+    assert est.peak_reserved == pytest.approx(committed["estimated_peak_reserved"], rel=5e-3), (
+        newest.name
+    )
+    assert est.peak_allocated == pytest.approx(committed["estimated_peak_allocated"], rel=5e-3), (
+        newest.name
+    )

@@ -23,6 +23,11 @@ process's peak resident memory around each op):
   float32 elements (it accumulates in float32: measured 16 MiB of scratch for a bfloat16
   (2, 16, 32, 64, 64) output of 8 MiB, with a grad or without, from 1 or 16 input channels,
   and 32 MiB from a 32 MiB input);
+  without AMX (oneDNN's ``jit_bf16:avx512_core_bf16``, blocked operands) the float32 rule above
+  in bfloat16 elements (measured on an AMD EPYC with AVX512_BF16: 8 MiB beyond a bfloat16
+  (2, 16, 32, 64, 64) output of 8 MiB from 1 or 16 input channels, 96 MiB from a 96 MiB input
+  of 48 channels at batch 8, and 54 MiB for a 1x1x1 head of 16 into 5 channels, 32 MiB of
+  input and 32 MiB of padded output beyond the 10 MiB returned);
 - backward convolution: about grad-output plus input, in float32 elements;
 - each with its channels padded to oneDNN's block (16 on AVX-512, 8 on AVX2: ``nCdhw16c`` /
   ``nCdhw8c``): a reorder of an 8-channel map takes as much as one of 16 channels (measured on
@@ -68,6 +73,8 @@ from operator import itemgetter
 from typing import Any
 
 import torch
+
+from volseg.utils.cpu import onednn_uses_amx
 
 #: ``(func, args, out)`` to scratch bytes outside any allocator (an int, the CPU's) or to the
 #: sizes of buffers taken one after the other from the caching allocator (a tuple, CUDA's)
@@ -160,10 +167,10 @@ def _blocked_numel(value: Any, block: int) -> int:
 
 
 def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
-    """A float32 oneDNN convolution's scratch beyond its output (the rule of the module's
-    docstring): the blocked output and, where the kernel takes the input blocked, its reordered
-    copy, held together while it runs; then the blocked output and the output it is reordered
-    into."""
+    """A float32 (or, without AMX, bfloat16) oneDNN convolution's scratch beyond its output (the
+    rule of the module's docstring): the blocked output and, where the kernel takes the input
+    blocked, its reordered copy, held together while it runs; then the blocked output and the
+    output it is reordered into."""
     size = inputs.element_size()
     blocked_out = _blocked_numel(out, block) * size
     first_layer = math.prod(weight.shape[2:]) > 1 and inputs.shape[1] < block
@@ -180,7 +187,7 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
         if not inputs.is_contiguous():
             return 0
         block = onednn_channel_block()
-        if inputs.dtype == torch.float32 and not transposed:
+        if not transposed and (inputs.dtype == torch.float32 or not onednn_uses_amx()):
             return _float32_forward(inputs, weight, out, block)
         # the output accumulates in float32 elements (a bfloat16 convolution's too)
         accumulated = _blocked_numel(out, block) * max(_FLOAT32_BYTES, out.element_size())

@@ -41,6 +41,13 @@ def _onednn_isa_capped_below_bf16() -> bool:
     return not any(word in cap for word in ("ALL", "BF16", "AMX", "AVX10", "FP16"))
 
 
+def onednn_uses_amx() -> bool:
+    """Whether oneDNN runs bfloat16 convolutions on AMX (its ``brg_conv`` kernels, channels-last
+    operands): the CPU has AMX and ``ONEDNN_MAX_CPU_ISA`` does not hold oneDNN below it."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return cpu_flags()["amx_bf16"] and ("ALL" in cap or "AMX" in cap)
+
+
 def cpu_bf16_native() -> bool:
     """Whether this CPU runs bfloat16 convolutions natively: oneDNN has bf16 kernels for it and
     the CPU has the bf16 instructions they need (AVX512_BF16 or AMX on x86; Arm's BF16).
