@@ -81,3 +81,24 @@ def test_a_convolutions_scratch_memory_is_what_it_holds(shape, out_channels, ker
     )
     measured, predicted = json.loads(out.stdout.strip().splitlines()[-1])
     assert predicted == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize(("amx", "expected_mib"), [(True, 16), (False, 8)])
+def test_a_bf16_convolutions_scratch_follows_the_kernel_onednn_picks(
+    monkeypatch, amx, expected_mib
+):
+    """bf16 3x3x3, 16 -> 16 channels, batch 2 of 32x64x64 (8 MiB in, 8 MiB out). On AMX: the
+    larger of the input and the output in float32 elements (16 MiB). Without AMX, blocked
+    operands as in float32: the input's blocked copy + the blocked output - the output (8 MiB),
+    as measured on an AMD EPYC with AVX512_BF16."""
+    from volseg.memory import workspace
+
+    monkeypatch.setattr(workspace, "runs_on_onednn", lambda *args: True)
+    monkeypatch.setattr(workspace, "onednn_channel_block", lambda: 16)
+    monkeypatch.setattr(workspace, "onednn_uses_amx", lambda: amx)
+    x = torch.empty(2, 16, 32, 64, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(16, 16, 3, 3, 3, dtype=torch.bfloat16, device="meta")
+    out = torch.empty(2, 16, 32, 64, 64, dtype=torch.bfloat16, device="meta")
+    args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+    scratch = workspace.cpu_workspace(torch.ops.aten.convolution.default, args, out)
+    assert scratch == expected_mib * 2**20

@@ -133,3 +133,26 @@ def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
     assert cpu.cpu_bf16_native()
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     assert not cpu.cpu_bf16_native()
+
+
+@pytest.mark.parametrize(
+    ("amx", "cap", "expected"),
+    [
+        (True, None, True),
+        (True, "AVX512_CORE_AMX", True),
+        (True, "AVX512_CORE_BF16", False),  # held below AMX: the blocked avx512_core_bf16 kernels
+        (True, "AVX2", False),
+        (False, None, False),
+    ],
+)
+def test_onednn_runs_bf16_convolutions_on_amx_only_with_amx_and_no_lower_cap(
+    monkeypatch, amx, cap, expected
+):
+    """The bf16 convolution scratch rule (``volseg.memory.workspace``) follows this choice."""
+    flags = {flag: False for flag in cpu.ISA_FLAGS} | {"amx_bf16": amx}
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu.onednn_uses_amx() is expected
