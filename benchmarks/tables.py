@@ -102,13 +102,12 @@ def cuda_recorded(results: Path) -> str | None:
     recorded = list(_recorded_gpu_runs(results).values())
     if not recorded:
         return None
-    files = dict.fromkeys(path for *_, path in recorded)
-    heads = []
-    for path in files:
-        doc = json.loads(path.read_text())
-        heads.append(f"{_rel(path)} ({doc['gpu']}, torch {doc['torch']}, {doc['date']})")
+    heads = {
+        _rel(path): f"{_rel(path)} ({doc['gpu']}, torch {doc['torch']}, {doc['date']})"
+        for _, doc, path in recorded
+    }
     lines = [
-        "; ".join(heads) + ":",
+        "; ".join(heads.values()) + ":",
         "",
         "| run | measured by | peak allocated (MiB) | peak reserved (MiB) | nvidia-smi (MiB) "
         "| s/step | cut (allocated) | time ratio |",
@@ -408,15 +407,15 @@ def _isa(doc: dict) -> str:
 def estimator_accuracy(results: Path) -> str | None:
     """The estimate against real ``python train.py`` steps on a CPU, per config, from the newest
     file of each grid (``estimator_accuracy.py --grid NAME``)."""
-    newest: dict[str, tuple[Path, dict]] = {}
+    by_grid: dict[str, tuple[Path, dict]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
         for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-            newest.setdefault(grid, (path, doc))
-    if not newest:
+            by_grid.setdefault(grid, (path, doc))
+    if not by_grid:
         return None
     lines = []
-    heads = {path: doc for path, doc in newest.values()}
+    heads = {path: doc for path, doc in by_grid.values()}
     for path, doc in heads.items():
         lines.append(
             f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
@@ -427,14 +426,14 @@ def estimator_accuracy(results: Path) -> str | None:
         "| grid | config | measured MiB | estimated MiB | error |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    rows = [r for grid, (_, doc) in newest.items() for r in doc["rows"] if r["grid"] == grid]
+    rows = [r for grid, (_, doc) in by_grid.items() for r in doc["rows"] if r["grid"] == grid]
     for r in rows:
         lines.append(
             f"| {r['grid']} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
             f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
         )
     lines.append("")
-    for grid in newest:
+    for grid in by_grid:
         errors = [abs(r["error"]) for r in rows if r["grid"] == grid]
         lines.append(
             f"- {grid}: mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "

@@ -35,16 +35,21 @@ def cpu_flags() -> dict[str, bool]:
     return {flag: flag in flags for flag in ISA_FLAGS}
 
 
+def _onednn_max_isa() -> str:
+    """``ONEDNN_MAX_CPU_ISA`` upper-cased (``ALL``, oneDNN's default, when unset)."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+
+
 def _onednn_isa_capped_below_bf16() -> bool:
     # ONEDNN_MAX_CPU_ISA (e.g. AVX2, AVX512_CORE_VNNI) keeps oneDNN off its bf16 instructions
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    cap = _onednn_max_isa()
     return not any(word in cap for word in ("ALL", "BF16", "AMX", "AVX10", "FP16"))
 
 
 def onednn_uses_amx() -> bool:
     """Whether oneDNN runs bfloat16 convolutions on AMX (its ``brg_conv`` kernels, channels-last
     operands): the CPU has AMX and ``ONEDNN_MAX_CPU_ISA`` does not hold oneDNN below it."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    cap = _onednn_max_isa()
     return cpu_flags()["amx_bf16"] and ("ALL" in cap or "AMX" in cap)
 
 
