@@ -46,7 +46,7 @@ from volseg.data.loader_options import (
     check_loader_options,
     resolve_loader_options,
 )
-from volseg.data.mni152 import build_mni152_dataset
+from volseg.data.mni152 import build_mni152_dataset, check_build_installed
 from volseg.data.orientation import check_axcodes
 from volseg.data.sampling import (
     EpochSeededSampler,
@@ -221,6 +221,7 @@ class VolumeDataModule(LightningDataModule):
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
         self.mni152 = dict(mni152) if mni152 else None
+        check_build_installed(self.root, self.mni152)
         self.augment = dict(augment) if augment else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []

