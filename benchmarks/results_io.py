@@ -1,7 +1,8 @@
 """A benchmark's raw output as data: one JSON file per run, under ``benchmarks/results/<device>/``.
 
 Every file has the same head, so that a table in docs can be regenerated from it
-(``python benchmarks/tables.py``) and a figure read from it (``volseg.memory.residuals``):
+(``python benchmarks/tables.py``) and figures computed from it (the planner's CUDA margins,
+``benchmarks/cuda_estimate_errors.py``):
 
     {"benchmark": "data_throughput", "date": "2026-12-02",
      "command": "python benchmarks/data_throughput.py --compare",

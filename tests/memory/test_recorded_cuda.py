@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, planned_config
+from tests.conftest import REPO, load_benchmark, planned_config
 from volseg.memory.estimator import estimate
 from volseg.utils.units import MIB
 
@@ -153,12 +153,11 @@ def test_planner_margin_covers_the_recorded_run(run):
 @pytest.mark.slow  # the estimates of the tests above, made once
 @pytest.mark.parametrize("run", _runs(with_reasons=False))
 def test_committed_estimate_is_the_estimators_own(run, request):
-    """The planner's margins (``volseg.memory.residuals``) are computed from the estimates
-    committed in ``benchmarks/results/cpu/*_cuda_estimate_errors.json``: they must be what the
-    estimator gives today (rerun ``python benchmarks/cuda_estimate_errors.py`` when it changes)."""
-    from volseg.memory.residuals import estimates_file
-
-    newest = estimates_file()
+    """The planner's margins (``volseg/memory/cuda_margins.json``) are computed from the
+    estimates committed in ``benchmarks/results/cpu/*_cuda_estimate_errors.json``: they must be
+    what the estimator gives today (rerun ``python benchmarks/cuda_estimate_errors.py`` when it
+    changes)."""
+    newest = load_benchmark("results_io").latest("cuda_estimate_errors")
     file_stem = request.node.callspec.id.split(": ", 1)[0]
     rows = {(r["file"], r["run"]): r for r in json.loads(newest.read_text())["rows"]}
     committed = rows[(file_stem, run["name"])]

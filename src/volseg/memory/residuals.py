@@ -1,27 +1,24 @@
 """The planner's margin on CUDA: how far the estimate has fallen short of recorded GPU runs.
 
-``benchmarks/results/cuda/*.json`` keeps real runs (what each measured);
-``benchmarks/results/cpu/<date>_cuda_estimate_errors.json`` (``python
-benchmarks/cuda_estimate_errors.py``) keeps the estimate of each of them. Until the estimate is
-within its bounds everywhere (``tests/memory/test_recorded_cuda.py``), the planner plans with
-``reserved x (1 + margin)``: the largest ratio of measured to estimated peak reserved among the
-recorded runs (not held out) that use the same kind of lever, rounded up to a whole percent,
-named with the run it came from. Both are read from those files when this module is imported;
-re-estimate (and commit the new file) when the estimator or the recorded runs change.
+Until the estimate is within its bounds everywhere (``tests/memory/test_recorded_cuda.py``), the
+planner plans with ``reserved x (1 + margin)``: the largest ratio of measured to estimated peak
+reserved among the recorded GPU runs (not held out) that use the same kind of lever, rounded up
+to a whole percent, named with the run it came from. The margins ship with the package
+(``cuda_margins.json`` beside this file); ``python benchmarks/cuda_estimate_errors.py`` writes
+them from the repository's recorded runs and their estimates (``--margins-only``: from the
+committed estimates, estimating nothing). Rewrite them when the estimator or the recorded runs
+change.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
 
-#: the repository's ``benchmarks/results`` (this file is ``src/volseg/memory/residuals.py``)
-RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
-ESTIMATES = "cuda_estimate_errors"  # the benchmark whose files hold the estimates
+MARGINS_FILE = "cuda_margins.json"  # package data of volseg.memory
 KINDS = ("offload", "accumulation", "other")
 
 
@@ -44,71 +41,33 @@ def step_kind(overrides: Iterable[str]) -> str:
     return "other"
 
 
-def estimates_file(results: Path = RESULTS) -> Path:
-    """The newest ``benchmarks/results/cpu/<date>_cuda_estimate_errors[-N].json`` (a second
-    run on one day writes ``-2``)."""
-    pattern = re.compile(rf"(\d{{4}}-\d{{2}}-\d{{2}})_{ESTIMATES}(?:-(\d+))?\.json")
-    found = sorted(
-        (match[1], int(match[2] or 1), path)
-        for path in (results / "cpu").glob(f"*_{ESTIMATES}*.json")
-        if (match := pattern.fullmatch(path.name))
-    )
-    files = [path for *_, path in found]
-    if not files:
-        raise FileNotFoundError(
-            f"no {results / 'cpu'}/*_{ESTIMATES}.json: the CUDA margin is read from the "
-            "estimates of the recorded GPU runs (python benchmarks/cuda_estimate_errors.py)"
-        )
-    return files[-1]
+def packaged_margins() -> dict[str, Margin]:
+    """Each kind's margin (:data:`KINDS`) as ``cuda_margins.json`` holds it."""
+    doc = json.loads((files("volseg.memory") / MARGINS_FILE).read_text(encoding="utf-8"))
+    return {kind: Margin(m["fraction"], m["source"]) for kind, m in doc["margins"].items()}
 
 
-def load_margins(results: Path = RESULTS) -> dict[str, Margin]:
-    """Each kind's margin (:data:`KINDS`) from the recorded runs and their estimates: the largest
-    measured / estimated peak reserved, less 1, rounded up to 0.01."""
-    estimated = {
-        (row["file"], row["run"]): row["estimated_peak_reserved"]
-        for row in json.loads(estimates_file(results).read_text())["rows"]
-    }
-    worst: dict[str, tuple[float, str]] = {}
-    for path in sorted((results / "cuda").glob("*.json")):
-        for run in json.loads(path.read_text())["runs"]:
-            if run["held_out"] or run["measured"].get("peak_reserved_mib") is None:
-                continue
-            key = (path.stem, run["name"])
-            if key not in estimated:  # recorded after the estimates: tests/memory says so
-                continue
-            measured, est_mib = run["measured"]["peak_reserved_mib"], estimated[key] / 2**20
-            ratio = measured / est_mib
-            kind = step_kind(run["overrides"])
-            if kind not in worst or ratio > worst[kind][0]:
-                source = (
-                    f"{run['name']} (reserved {measured:,.0f} MiB measured, {est_mib:,.0f} "
-                    "estimated)"
-                )
-                worst[kind] = (ratio, source)
-    margins = {}
-    for kind, (ratio, source) in worst.items():
-        # rounded up, so that the margin still covers the run it came from
-        margins[kind] = Margin(math.ceil(round((ratio - 1) * 100, 6)) / 100, source)
-    return margins
-
-
-def _missing() -> Margin:
-    return Margin(0.0, f"none: no estimates of recorded GPU runs in {RESULTS / 'cpu'}")
+def _missing(kind: str) -> Margin:
+    return Margin(0.0, f"none: no recorded GPU run of this kind ({kind}) in {MARGINS_FILE}")
 
 
 try:
-    _MARGINS: dict[str, Margin] = load_margins()
+    _MARGINS = packaged_margins()
 except FileNotFoundError:
-    # volseg used outside its repository (or before the first estimates file): no margin, and
-    # the plan's margin_source says so
+    # an install without its package data; failing here would also stop the benchmark that
+    # writes the file, so plan with no margin and say so (the plan's margin_source too)
+    warnings.warn(
+        f"volseg/memory/{MARGINS_FILE} is missing: the CUDA planner plans with no margin "
+        "(python benchmarks/cuda_estimate_errors.py --margins-only writes it)",
+        stacklevel=1,
+    )
     _MARGINS = {}
 
 #: the margins of the recorded runs with activation offload, with gradient accumulation, and
 #: of every other run (no margin, saying why, where no recorded run of the kind has one)
-OFFLOAD = _MARGINS.get("offload") or _missing()
-ACCUMULATION = _MARGINS.get("accumulation") or _missing()
-OTHER = _MARGINS.get("other") or _missing()
+OFFLOAD = _MARGINS.get("offload") or _missing("offload")
+ACCUMULATION = _MARGINS.get("accumulation") or _missing("accumulation")
+OTHER = _MARGINS.get("other") or _missing("other")
 
 
 def cuda_margin(offload: object, accumulate_grad_batches: int) -> Margin:
