@@ -45,6 +45,7 @@ def test_a_step_with_accumulation_spans_its_micro_batches():
         bench.step_rises(rows[:3], accumulate_grad_batches=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
     bench = load_benchmark("estimator_accuracy")
@@ -55,6 +56,7 @@ def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path
         assert cfg.trainer.max_steps == bench.STEPS
 
 
+@pytest.mark.slow
 def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, monkeypatch):
     """The networks grid's custom row: ``my_unet.py`` written into the work dir, imported from
     there by the estimate (and by the children, through ``PYTHONPATH``), its constructor's
@@ -106,6 +108,7 @@ def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
     assert Path(tmp_path / "data" / "synthetic").is_dir()  # nothing written into the repository
 
 
+@pytest.mark.slow
 def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     """benchmarks/data_throughput.py at 1/8 of the real sizes: both of its tables come out, with
     a positive rate in every loader row (and the comparison with the MONAI loader, as written and

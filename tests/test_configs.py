@@ -89,6 +89,7 @@ def test_other_loggers_record_the_run(small_dataset, tmp_path, monkeypatch, logg
         assert list(run_dir.rglob("run-*.wandb"))
 
 
+@pytest.mark.slow
 def test_deepspeed_without_the_package_is_one_clear_error(tmp_path):
     import importlib.util
     import subprocess

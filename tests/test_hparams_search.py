@@ -40,6 +40,7 @@ def test_optuna_search_space_composes_and_parses(tmp_path):
             assert all(s % 2 ** (levels - 1) == 0 for s in yaml.safe_load(patch)), (patch, choice)
 
 
+@pytest.mark.slow
 def test_optuna_sweep_records_every_trial_and_survives_a_failing_one(small_dataset, tmp_path):
     """2 trials over 2 patch sizes: the first is larger than the volumes and fails, the second
     trains. (Optuna's seeded sampler picks them in this order; the GridSampler is not used: with

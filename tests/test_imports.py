@@ -127,6 +127,7 @@ def test_a_package_imports_only_the_layers_below_it(package):
     assert not wrong, sorted(wrong)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(MAY_USE))
 def test_importing_a_package_loads_only_the_layers_below_it(package, loads):
     loaded = loads[package]

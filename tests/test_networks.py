@@ -127,6 +127,7 @@ def test_each_shipped_network_trains_from_one_override(cubes, tmp_path, net, tar
     assert planned["config"]["model"]["net"]["_target_"] == target
 
 
+@pytest.mark.slow
 def test_a_users_module_from_a_file_trains_is_estimated_and_planned(cubes, tmp_path, user_module):
     overrides = [*two_steps(cubes), "model/net=custom", f"model.net._target_={user_module}"]
     run_dir = tmp_path / "run"

@@ -111,6 +111,7 @@ def test_flips_average_the_softmax_of_mirrored_passes():
     assert predictor.stitch_device(image.shape[2:]).type == "cpu"
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_then_overwrites_with_overwrite_true(
     checkpoint, small_dataset, tmp_path
 ):

@@ -50,6 +50,7 @@ def bench(monkeypatch):
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_the_monai_loop_runs_in_the_asked_precision_and_reports_best_and_final(
     tmp_path, monkeypatch, precision, bench

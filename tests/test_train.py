@@ -109,6 +109,7 @@ class StopAfterEpochs(Callback):
             trainer.should_stop = True
 
 
+@pytest.mark.slow
 def test_resume_ends_where_an_uninterrupted_run_ends(small_dataset, tmp_path):
     """2 epochs + resume to 4 == 4 epochs straight: weights, step, optimizer and scheduler.
     Every validation saves a checkpoint, so a last.ckpt saved at the end of an epoch that
@@ -140,6 +141,7 @@ def test_resume_ends_where_an_uninterrupted_run_ends(small_dataset, tmp_path):
     assert all(torch.allclose(sa[k]["exp_avg"], sb[k]["exp_avg"], atol=1e-6) for k in sa)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32", "16-mixed", "bf16-mixed", "16-true", "bf16-true"])
 def test_every_precision_trains_without_nan(small_dataset, tmp_path, precision):
     overrides = [
@@ -153,6 +155,7 @@ def test_every_precision_trains_without_nan(small_dataset, tmp_path, precision):
     assert torch.isfinite(torch.tensor(metrics["val/loss"]))  # the validation forward too
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line_and_exit_1(small_dataset, tmp_path):
     """AdamW at lr 1e30 blows the weights up within a step: the NaN/Inf loss stops the run with
     one message naming the fix and exit code 1 (not a user-input error: not 2), no traceback."""
@@ -179,6 +182,7 @@ def test_a_diverging_run_stops_with_one_line_and_exit_1(small_dataset, tmp_path)
     assert "model.optimizer.lr" in errors[0]
 
 
+@pytest.mark.slow
 def test_used_by_command_runs_as_written(small_dataset, tmp_path):
     """`python train.py model=unet_small trainer.precision=16-mixed`, with tiny limits."""
     result = _run(
@@ -205,6 +209,7 @@ def test_used_by_command_runs_as_written(small_dataset, tmp_path):
     assert summary["precision"] == {"32": "32-true"}.get(runs, runs)
 
 
+@pytest.mark.slow
 def test_missing_data_root_is_one_clear_error(tmp_path):
     result = _run(
         ["train.py", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -216,6 +221,7 @@ def test_missing_data_root_is_one_clear_error(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_patch_thinner_than_the_poolings_is_one_clear_error(small_dataset, tmp_path):
     thin = ["data.patch_size=[8,32,32]", "model.net.widths=[4,8,16,32,64]"]
     thin += ["model.net.pooling=null"]
@@ -243,6 +249,7 @@ def test_pooling_auto_builds_the_thin_patch_network_from_the_config(small_datase
     assert net(x).shape == (2, 5, 8, 32, 32)
 
 
+@pytest.mark.slow
 def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path):
     import shutil
 

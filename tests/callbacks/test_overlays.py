@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import compose_config, tiny_train_overrides
@@ -43,6 +44,7 @@ def test_overlay_picture_shows_the_class_colours_where_the_masks_are():
     assert width / 3 < hits[:, 1].min() and hits[:, 1].max() < 2 * width / 3
 
 
+@pytest.mark.slow
 def test_overlays_and_memory_charts_reach_png_wandb_and_tensorboard(
     small_dataset, tmp_path, monkeypatch
 ):

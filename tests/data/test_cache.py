@@ -37,6 +37,7 @@ def _files(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*.pt")}
 
 
+@pytest.mark.slow
 def test_disk_cache_trains_and_a_second_run_reuses_it(small_dataset, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     overrides = ["data.cache=disk", f"data.cache_dir={cache}"]

@@ -113,6 +113,7 @@ def test_validation_shards_count_every_case_exactly_once_and_pad_to_equal_length
     assert list(ShardedEvalSampler(3)) == [(0, True), (1, True), (2, True)]  # one process
 
 
+@pytest.mark.slow
 def test_num_classes_null_takes_the_classes_from_classes_json(small_dataset, tmp_path):
     import json
     import shutil

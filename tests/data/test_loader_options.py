@@ -62,6 +62,7 @@ def test_without_a_launcher_lightnings_processes_share_the_mask(launcher):
     assert _workers(1) == 8  # at most MAX_AUTO_WORKERS
 
 
+@pytest.mark.slow
 def test_workers_start_by_forkserver_when_cuda_was_initialised_before_the_data(
     train_cfg, monkeypatch
 ):

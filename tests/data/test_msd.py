@@ -61,6 +61,7 @@ def _datamodule(root: Path) -> MSDDataModule:
     return MSDDataModule(str(root), patch_size=[16, 32, 32])
 
 
+@pytest.mark.slow
 def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root, tmp_path):
     overrides = [*tiny_train_overrides(msd_root), "data=msd", "trainer.max_epochs=1"]
     cfg = compose_config("train", tmp_path / "train", overrides)
@@ -170,6 +171,7 @@ def test_unpaired_files_num_training_and_bad_json(msd_root):
         _datamodule(msd_root).check()
 
 
+@pytest.mark.slow
 def test_explicit_num_classes_must_agree_and_bad_data_exits_cleanly(msd_root, tmp_path):
     with pytest.raises(UserInputError, match=r"data.num_classes=5: .*dataset.json says 3"):
         MSDDataModule(str(msd_root), num_classes=5).check()

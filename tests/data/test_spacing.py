@@ -58,6 +58,7 @@ def test_patch_is_checked_against_the_resampled_volume(tmp_path):
     assert "(resampled to data.spacing=[2.0, 2.0, 2.0])" in problems[0]
 
 
+@pytest.mark.slow
 def test_spacing_trains_on_the_resampled_grid_and_predicts_on_the_input_grid(
     small_dataset, tmp_path
 ):

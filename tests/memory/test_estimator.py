@@ -31,6 +31,7 @@ def _cfg(tmp_path: Path, overrides: list[str]):
     return planned_config("train", tmp_path, overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "levers",
     [
@@ -58,6 +59,7 @@ def test_categories_match_a_real_cpu_step(tmp_path, levers):
     assert est.kernel_workspace > 0  # oneDNN's reorders, modelled on the CPU
 
 
+@pytest.mark.slow
 def test_halving_parameters_barely_moves_the_peak(tmp_path):
     """The seed case: unet_small has 0.36x unet_large's parameters, not 0.36x its memory."""
     large = estimate(_cfg(tmp_path, ["model=unet_large", *SEED]))
@@ -95,6 +97,7 @@ def test_offload_moves_saved_activations_off_the_gpu(tmp_path):
     assert offloaded.peak_allocated < kept.peak_allocated
 
 
+@pytest.mark.slow
 def test_checkpointing_cuts_the_estimate(tmp_path):
     base = ["model=unet_large", *SEED, "trainer.precision=16-mixed"]
     none = estimate(_cfg(tmp_path, base))
@@ -169,6 +172,7 @@ ACCUMULATE = [
 ]
 
 
+@pytest.mark.slow
 def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path):
     one = estimate(_cfg(tmp_path, ACCUMULATE))
     two = estimate(_cfg(tmp_path, [*ACCUMULATE, "trainer.accumulate_grad_batches=2"]))

@@ -42,6 +42,7 @@ def test_window_count_is_monais():
     assert window_count([8, 20, 20], roi, 0.25) == 1
 
 
+@pytest.mark.slow
 def test_host_stitching_takes_the_volume_buffers_off_the_gpu(tmp_path):
     shape = [32, 128, 128]
     on_gpu = estimate_validation(_cfg(tmp_path, ["estimate.device=cuda"]), shape)
@@ -57,6 +58,7 @@ def test_host_stitching_takes_the_volume_buffers_off_the_gpu(tmp_path):
     assert on_gpu.resident == on_host.resident > 0
 
 
+@pytest.mark.slow
 def test_validation_grows_with_the_volume_and_prediction_holds_no_training_state(tmp_path):
     cfg = _cfg(tmp_path, ["estimate.device=cpu"])
     small = estimate_validation(cfg, [32, 64, 64])
@@ -99,6 +101,7 @@ def test_estimate_matches_a_real_cpu_validation(tmp_path):
     assert measured * 2**20 == pytest.approx(est.peak_growth, rel=0.10)
 
 
+@pytest.mark.slow
 def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path):
     out = tmp_path / "estimate.json"
     cfg = compose_config(
@@ -120,6 +123,7 @@ def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path)
     assert planned.to_dict()["validation"]["peak_allocated"] > 0
 
 
+@pytest.mark.slow
 def test_the_reserved_peak_follows_memory_allocator(tmp_path):
     shape = [32, 128, 128]
     cuda = ["estimate.device=cuda"]

@@ -30,6 +30,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.slow
 def test_a_budget_over_device_stitching_plans_host_stitching(tmp_path):
     """A CUDA run whose step fits 640 MiB but whose validation stitched on the GPU does not,
     with any number of windows at once: planned with host stitching, recorded as a Decision."""
@@ -59,6 +60,7 @@ def test_a_budget_over_device_stitching_plans_host_stitching(tmp_path):
     assert "model.inferer.device" in plan.to_dict()["decisions"]
 
 
+@pytest.mark.slow
 def test_a_budget_no_validation_fits_is_one_line(small_dataset, tmp_path):
     """On a CPU the whole volume's steps after the windows are over the budget whatever the
     windows: train.py stops before any work, in one line naming memory.budget."""

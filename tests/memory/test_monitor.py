@@ -70,6 +70,7 @@ def traced_run(small_dataset, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_every_step_logs_every_key_and_the_run_gets_pictures(traced_run):
     rows = _mem_rows(traced_run)
     assert sorted(rows) == [0, 1, 2, 3]

@@ -32,6 +32,7 @@ def small_within_60_mib(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictC
     return cfg, plan(cfg, 60 * MIB, search="batch")
 
 
+@pytest.mark.slow
 def test_planned_batch_fits_and_one_more_does_not(small_within_60_mib):
     cfg, answer = small_within_60_mib
     budget = 60 * MIB
@@ -67,6 +68,7 @@ def batch_8_between_no_and_all_checkpointing(
     )
 
 
+@pytest.mark.slow
 def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(
     batch_8_between_no_and_all_checkpointing,
 ):
@@ -114,6 +116,7 @@ def test_planned_patch_divides_each_axis_by_its_own_poolings(tmp_path):
     assert answer.next_step_estimate["patch_size"][0] == patch[0] + 2
 
 
+@pytest.mark.slow
 def test_estimate_memory_cli_writes_json(tmp_path):
     out = tmp_path / "estimate.json"
     result = subprocess.run(
@@ -152,6 +155,7 @@ def test_estimate_memory_cli_writes_json(tmp_path):
     assert data["plan"]["overrides"][0].startswith("data.batch_size=")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad, named",
     [
@@ -195,6 +199,7 @@ def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_60_mib
     assert answer.micro_batching is None and answer.flops_per_sample is None
 
 
+@pytest.mark.slow
 def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     """On CUDA the planner adds the estimate's shortfall on recorded GPU runs to the reserved
     peak: the planned batch fits budget with it, one more does not, and the output says so."""
@@ -222,6 +227,7 @@ def plan_without_margin(cfg: DictConfig, budget: int) -> int:
         return plan(cfg, budget, search="batch").batch_size
 
 
+@pytest.mark.slow
 def test_a_batch_of_one_over_the_budget_does_not_end_the_batch_search(tmp_path):
     """On a CPU a float32 batch of one of thin layers runs torch's native convolutions (a column
     buffer 27x the input) instead of oneDNN's and can take more than a batch of two: a budget

@@ -38,6 +38,7 @@ def _with(base: UNet3D, spec) -> UNet3D:
     return net
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["encoder", "decoder", "all", [0], [1, 2]])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_gradients_and_batchnorm_statistics_match_no_checkpointing(spec, dropout):
@@ -94,6 +95,7 @@ def _kept_activations_mib(net: torch.nn.Module, x, y) -> float:
     return sum(per_device["Activation"] for per_device in now.values()) / 2**20
 
 
+@pytest.mark.slow
 def test_checkpointing_all_cuts_kept_activations_by_more_than_60_percent():
     torch.manual_seed(0)
     base = UNet3D(1, 5, [16, 32, 64, 128])

@@ -108,6 +108,7 @@ def test_the_estimate_of_the_planned_step_is_in_the_plan(tmp_path):
     assert plan.estimate["flops_per_step"] > 0
 
 
+@pytest.mark.slow
 def test_a_budget_is_checked_or_fitted_by_the_planner(tmp_path):
     small = [*CPU, "model.net.widths=[4,8,16]", "data.patch_size=[16,32,32]"]
     small += ["trainer.precision=32", "data.batch_size=8", "estimate.max_batch_size=8"]
@@ -157,6 +158,7 @@ def _values(decisions: dict) -> dict:
     return {k: d["value"] for k, d in decisions.items()}
 
 
+@pytest.mark.slow
 def test_the_same_command_gives_the_same_plan_in_every_entry_point(small_dataset, tmp_path):
     overrides = [*tiny_train_overrides(small_dataset), "data.patch_size=auto"]
     overrides += ["data.patch_voxels=16384", "trainer.max_epochs=1"]
@@ -194,6 +196,7 @@ def test_estimate_memory_plans_an_auto_patch(small_dataset, tmp_path, capsys):
     assert "activations by module" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_eval_applies_a_group_override_as_train_does(small_dataset, tmp_path):
     train(
         compose_config(
@@ -216,6 +219,7 @@ def test_eval_applies_a_group_override_as_train_does(small_dataset, tmp_path):
         evaluate(compose_config("eval", tmp_path / "eval2", [f"ckpt_path={ckpt}", "num_classes=3"]))
 
 
+@pytest.mark.slow
 def test_plan_py_on_the_embedded_data_and_train_from_the_plan(small_dataset, tmp_path, capsys):
     overrides = [
         *tiny_train_overrides(small_dataset),

@@ -79,6 +79,7 @@ def test_estimator_resolves_auto_for_its_target_device(tmp_path):
     assert _precision(cfg, "cpu") == ("bf16-mixed" if cpu_bf16_native() else "32")
 
 
+@pytest.mark.slow
 def test_summary_records_the_choice(small_dataset, tmp_path):
     overrides = [*tiny_train_overrides(small_dataset), "trainer.max_epochs=1"]
     overrides += ["trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]

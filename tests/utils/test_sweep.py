@@ -54,6 +54,7 @@ def _multirun(
     return result
 
 
+@pytest.mark.slow
 def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = _multirun(
@@ -77,6 +78,7 @@ def test_multirun_records_every_job_and_survives_a_failure(small_dataset, tmp_pa
     assert (sweep_dir / "0" / "summary.json").is_file() and (sweep_dir / "1").is_dir()
 
 
+@pytest.mark.slow
 def test_each_multirun_job_is_its_own_wandb_run_grouped_by_sweep(small_dataset, tmp_path):
     sweep_dir = tmp_path / "sweep"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -151,6 +153,7 @@ def test_parallel_jobs_append_one_row_each_under_one_header(tmp_path):
     assert {r["best_val_dice_mean"] for r in rows} == {f"{n / 10:.4f}" for n in range(8)}
 
 
+@pytest.mark.slow
 def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
     """memory.budget: the job whose estimated step does not fit is pruned, the other trains."""
     sweep_dir = tmp_path / "sweep"
@@ -172,6 +175,7 @@ def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
     assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
 
 
+@pytest.mark.slow
 def test_every_experiment_runs_one_batch_as_lightning_hydra_template_tests_it(
     small_dataset, tmp_path
 ):
