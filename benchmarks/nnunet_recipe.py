@@ -33,6 +33,7 @@ one side of its table. ``--prepare-only`` builds the nnU-Net folders (``--work``
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         help="nnU-Net's nnUNetTrainerNoMirroring: no mirroring in training or prediction",
     )
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("nnunetv2") is None:
+        parser.error('needs nnU-Net v2: pip install -e ".[nnunet]", then pip uninstall torchvision')
 
     work = args.work.resolve()
     # nnU-Net reads its folders and process counts when imported

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -429,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/nnunet")
     parser.add_argument("--datasets", default=",".join(DATASETS))
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("nnunetv2") is None:
+        parser.error('needs nnU-Net v2: pip install -e ".[nnunet]", then pip uninstall torchvision')
     work = args.work or Path(tempfile.mkdtemp(prefix="nnunet_"))
     for key in ("raw", "preprocessed", "results"):
         os.environ[f"nnUNet_{key}"] = str(work / f"nnUNet_{key}")

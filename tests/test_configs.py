@@ -109,7 +109,7 @@ def test_deepspeed_without_the_package_is_one_clear_error(tmp_path):
     )
     assert result.returncode == 2
     assert "needs the deepspeed package" in result.stderr
-    assert 'pip install "volseg[deepspeed]"' in result.stderr
+    assert 'pip install -e ".[deepspeed]"' in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -26,6 +26,8 @@ from monai.data.image_reader import _copy_compatible_dict, _stack_images
 from monai.data.utils import is_supported_format
 from monai.utils import MetaKeys, SpaceKeys
 
+from volseg.utils.extras import require
+
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 TIFF_SUFFIXES = (".tif", ".tiff")
 # one volume per file (the folder and msd layouts)
@@ -51,15 +53,7 @@ def volume_format(path: str | Path) -> str | None:
 
 def require_h5py():
     """h5py, or one clear error saying how to install it."""
-    try:
-        import h5py
-    except ImportError:
-        from volseg.utils.errors import UserInputError
-
-        raise UserInputError(
-            'HDF5 files need the h5py package: pip install "volseg[hdf5]"'
-        ) from None
-    return h5py
+    return require("h5py", "HDF5 files")
 
 
 def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, float, float]:

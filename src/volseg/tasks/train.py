@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -23,6 +22,7 @@ from volseg.utils.checkpoint import check_weights_fit, load_run_config
 from volseg.utils.config import plain
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
+from volseg.utils.extras import require_all
 from volseg.utils.instantiate import (
     build,
     build_trainer,
@@ -34,19 +34,16 @@ from volseg.utils.sweep import is_global_zero
 log = logging.getLogger(__name__)
 
 
-# strategies that need a package torch and Lightning do not bring: (module, install command)
-OPTIONAL_STRATEGIES = {"deepspeed": ("deepspeed", 'pip install "volseg[deepspeed]"')}
+# strategies that need a package torch and Lightning do not bring: the module they import
+OPTIONAL_STRATEGIES = {"deepspeed": "deepspeed"}
 
 
 def check_strategy_installed(strategy: Any) -> None:
     """One clear error, before any work, when ``trainer.strategy`` needs a missing package."""
     name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-    for key, (module, install) in OPTIONAL_STRATEGIES.items():
-        if key in name.lower() and importlib.util.find_spec(module) is None:
-            raise UserInputError(
-                f"trainer.strategy={name}: needs the {module} package, which is not installed. "
-                f"Install it with: {install}"
-            )
+    for key, module in OPTIONAL_STRATEGIES.items():
+        if key in name.lower():
+            require_all([module], f"trainer.strategy={name}")
 
 
 #: strategies that shard the model across CUDA GPUs: Lightning runs them on CUDA only
