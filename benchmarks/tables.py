@@ -232,22 +232,45 @@ def validation_memory(path: Path, doc: dict) -> str:
     return "\n".join(lines)
 
 
-@newest("loader_compare")
-def loader_compare(path: Path, doc: dict) -> str:
-    """volseg's loader against MONAI's, as written and on volseg's terms
+@every_file(
+    "loader_compare",
+    "| file | machine, command | loader (1 thread, 0 workers) | build + first batch (s) "
+    "| s/batch |",
+    "| --- | --- | --- | ---: | ---: |",
+)
+def loader_compare(path: Path, doc: dict) -> list[str]:
+    """volseg's loader against MONAI's, as written and on volseg's terms, per results file
     (``data_throughput.py --compare``)."""
-    s = doc.get("settings", {})
-    shape, patch = "×".join(map(str, s.get("shape", []))), "×".join(map(str, s.get("patch", [])))
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; {s.get('cases')} cases of {shape}, "
-        f"patch {patch}, batch {s.get('batch')}):",
-        "",
-        "| loader (1 thread, 0 workers) | build + first batch (s) | s/batch |",
-        "| --- | ---: | ---: |",
+    return [
+        f"| {_rel(path)} | {results_io.machine_line(doc)} | {r['label']} | "
+        f"{r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |"
+        for r in doc["rows"]
     ]
+
+
+@every_file(
+    "step_profile",
+    "| file | CPU | ISA | network | s/step | GFLOP/step | of fp32 GEMM peak | in convolutions "
+    "| next largest operators |",
+    "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+)
+def step_profile(path: Path, doc: dict) -> list[str]:
+    """A float32 training step's self CPU time by operator, per network and results file
+    (``step_profile.py``): the share spent in convolutions (forward and backward) and the
+    three largest other operators."""
+    lines = []
     for r in doc["rows"]:
-        lines.append(f"| {r['label']} | {r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |")
-    return "\n".join(lines)
+        total = r["profiled_self_s_per_step"]
+        conv = [o for o in r["ops"] if "convolution" in o["op"]]
+        others = [o for o in r["ops"] if "convolution" not in o["op"]][:3]
+        rest = ", ".join(f"{o['op']} {o['self_s_per_step'] / total:.1%}" for o in others)
+        lines.append(
+            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['network']} | "
+            f"{r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e9:.1f} | "
+            f"{r['of_fp32_peak']:.2f} | {sum(o['self_s_per_step'] for o in conv) / total:.0%} | "
+            f"{rest} |"
+        )
+    return lines
 
 
 @newest("network_levers")
@@ -655,6 +678,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "cuda_recorded": cuda_recorded,
     "validation_memory": validation_memory,
     "loader_compare": loader_compare,
+    "step_profile": step_profile,
     "network_levers": network_levers,
     "learning_mni152": functools.partial(learning, data="mni152"),
     "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),

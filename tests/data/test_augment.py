@@ -179,3 +179,16 @@ def test_rotations_and_zooms_are_one_plain_override_away(tmp_path):
         [32, 64, 64], 5, augment=compose_config("train", tmp_path, []).data.augment
     )
     assert "RandCropByLabelClassesd" in [type(t).__name__ for t in plain.transforms]
+
+
+def test_a_patch_is_copied_out_of_its_cached_volume_without_the_volumes_metadata():
+    from monai.data import MetaTensor
+
+    from volseg.data.transforms import OwnPatchd
+
+    volume = MetaTensor(torch.arange(24.0).reshape(1, 2, 3, 4), meta={"filename": "a.nii.gz"})
+    view = volume[:, :1]  # a crop: a view into the cached volume
+    patch = OwnPatchd(["image"])({"image": view})["image"]
+    assert type(patch) is torch.Tensor and torch.equal(patch, view.as_tensor())
+    patch.add_(100)  # a later transform writing into its patch
+    assert volume.max() == 23 and volume.meta["filename"] == "a.nii.gz"

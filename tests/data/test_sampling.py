@@ -136,3 +136,22 @@ def test_a_lightning_checkpoint_saved_mid_epoch_names_ckpt_path_on_another_world
     check_resume_world(states[0], 1, "ckpt_path=last.ckpt")  # the same world: no error
     with pytest.raises(UserInputError, match=r"^ckpt_path=last\.ckpt: saved mid-epoch by 1 "):
         check_resume_world(states[0], 2, "ckpt_path=last.ckpt")
+
+
+def test_seeding_a_samples_transforms_draws_as_a_new_random_state_of_its_seed():
+    import numpy as np
+    from monai.transforms import Compose, RandFlipd, RandScaleIntensityd
+
+    from volseg.data.sampling import seed_random_transforms
+
+    flip, scale = RandFlipd(["image"], prob=0.5), RandScaleIntensityd("image", factors=0.1)
+    transform = Compose([flip, scale])
+    for seed in (0, 7, 2**31 - 1):
+        seed_random_transforms(transform, seed)
+        drawn = [flip.R.randint(1000), scale.R.randint(1000)]
+        expected = np.random.RandomState(seed)
+        first, second = expected.randint(2**31), expected.randint(2**31)
+        assert drawn == [
+            np.random.RandomState(first).randint(1000),
+            np.random.RandomState(second).randint(1000),
+        ]

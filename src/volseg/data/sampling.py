@@ -141,9 +141,15 @@ def saved_loader_states(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in fit_state.get("combined_loader") or [] if isinstance(s, dict)]
 
 
+#: reseeded for every sample: seeding a RandomState in place draws the same numbers as a new
+#: ``RandomState(seed)`` at about 1/80 of its cost
+_SEEDS = np.random.RandomState()
+
+
 def seed_random_transforms(transform: Compose, seed: int) -> None:
     """Give every random transform of ``transform`` its own state drawn from ``seed``."""
-    rng = np.random.RandomState(seed)
+    rng = _SEEDS
+    rng.seed(seed)
     # never bool()/len() a MONAI Compose: its __len__ builds a flattened Compose, whose
     # constructor re-seeds every child transform at random
     for t in transform.transforms:
