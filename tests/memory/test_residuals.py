@@ -176,6 +176,22 @@ def test_leave_one_out_by_hand():
     assert [r["run"] for r in loo["runs"] if r["overcommitted"]] == [offload["run"], depth3["run"]]
 
 
+def test_the_docs_give_each_margin_its_runs_and_the_leave_one_out_figure():
+    """docs/memory.md's margins table and leave-one-out sentence are the packaged figures."""
+    packaged = json.loads((files("volseg.memory") / residuals.MARGINS_FILE).read_text())
+    text = " ".join((REPO / "docs" / "memory.md").read_text().split())
+    loo = packaged["leave_one_out"]
+    assert (
+        f"the planner would have overcommitted {loo['overcommitted']} of the {loo['of']} "
+        "recorded runs"
+    ) in text
+    for kind, margin in packaged["margins"].items():
+        low, high = margin["step_mib_range"]
+        row = f"| +{margin['fraction']:.0%} | "
+        assert row in text, kind
+        assert f" | {margin['runs']} | {low:,}–{high:,} MiB |" in text, kind
+
+
 @pytest.mark.parametrize(
     ("counts", "pools"),
     [
