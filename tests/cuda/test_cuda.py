@@ -352,9 +352,10 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
     From the record (``RECORDED_H200``): batch 2 measured 6,908 MiB reserved, 5,876 allocated,
     and a 610 MiB CUDA context, so the allocator gets 16,384 - 610 = 15,774 MiB. Batch 4 needs at
     most twice batch 2's reserved peak, 13,816 MiB (the weights and optimizer state do not
-    double): it fits, although the planner, with its margin of +29% (fitted on steps of a few
-    hundred MiB), plans batch 3. Batch 8 needs at least four times batch 2's allocated peak less
-    the 16 bytes per parameter of weights, gradients and AdamW's moments, over 21,000 MiB."""
+    double): it fits, although the planner, with its margin of +29% (the worst recorded step
+    without offload or accumulation, one of 268 MiB), plans batch 3. Batch 8 needs at least
+    four times batch 2's allocated peak less the 16 bytes per parameter of weights, gradients
+    and AdamW's moments: over 21,000 MiB."""
     from volseg.memory.planner import plan
 
     seed = [
