@@ -8,7 +8,10 @@ reserved, estimated / measured in MiB with the error, bold outside the test's bo
 allocated, 10% reserved), then the mean |error| of each and the runs within both.
 
 The newest estimates file and the recorded runs also give the planner's CUDA margins
-(:mod:`volseg.memory.residuals`), which ship with the package as
+(:mod:`volseg.memory.residuals`; kinds of step with fewer than :data:`MIN_RUNS` runs share one,
+:func:`pools`) and, for each recorded run, the margin its kind gets with that run left out of the
+fit and whether a plan with it would have been overcommitted (:func:`leave_one_out`: how the
+margins do on a run they were not fitted on). Both ship with the package as
 ``src/volseg/memory/cuda_margins.json``: written after the estimates, or alone with
 ``--margins-only``.
 
@@ -23,7 +26,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +50,15 @@ BENCHMARK = "cuda_estimate_errors"
 MARGINS = REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
 
 
-def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
-    """What ``cuda_margins.json`` holds, from ``results/cuda/*.json`` (measured) and the newest
-    ``results/cpu/<date>_cuda_estimate_errors.json``: per kind of step
-    (:func:`~volseg.memory.residuals.step_kind`), the largest measured / estimated peak reserved
-    less 1, rounded up to 0.01, and the run it came from."""
+#: the fewest recorded runs a margin the planner uses may rest on (see :func:`pools`)
+MIN_RUNS = 3
+
+
+def recorded_steps(results: Path = results_io.RESULTS) -> tuple[list[dict[str, Any]], Path]:
+    """Each recorded run of ``results/cuda/*.json`` (not held out, its peak reserved measured,
+    its estimate in the newest ``results/cpu/<date>_cuda_estimate_errors.json``): ``file``,
+    ``run``, ``kind`` (:func:`~volseg.memory.residuals.step_kind`) and its peak reserved,
+    ``measured`` and ``estimated`` (MiB); and the estimates file."""
     estimates = results_io.latest(BENCHMARK, "cpu", results)
     if estimates is None:
         raise FileNotFoundError(
@@ -61,35 +69,126 @@ def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
         (row["file"], row["run"]): row["estimated_peak_reserved"]
         for row in json.loads(estimates.read_text())["rows"]
     }
-    recorded = sorted((results / "cuda").glob("*.json"))
-    worst: dict[str, tuple[float, str]] = {}
-    for path in recorded:
+    steps = []
+    for path in sorted((results / "cuda").glob("*.json")):
         for run in json.loads(path.read_text())["runs"]:
             if run["held_out"] or run["measured"].get("peak_reserved_mib") is None:
                 continue
             key = (path.stem, run["name"])
             if key not in estimated:  # recorded after the estimates: tests/memory says so
                 continue
-            measured, est_mib = run["measured"]["peak_reserved_mib"], estimated[key] / 2**20
-            ratio = measured / est_mib
-            kind = step_kind(run["overrides"])
-            if kind not in worst or ratio > worst[kind][0]:
-                source = (
-                    f"{run['name']} (reserved {measured:,.0f} MiB measured, {est_mib:,.0f} "
-                    "estimated)"
-                )
-                worst[kind] = (ratio, source)
+            steps.append(
+                {
+                    "file": path.stem,
+                    "run": run["name"],
+                    "kind": step_kind(run["overrides"]),
+                    "measured": run["measured"]["peak_reserved_mib"],
+                    "estimated": estimated[key] / 2**20,
+                }
+            )
+    return steps, estimates
+
+
+def pools(counts: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
+    """The kinds whose runs each kind's margin is fitted on, given each kind's number of runs.
+
+    A kind with at least :data:`MIN_RUNS` runs has its own margin. The kinds with fewer share
+    one margin, fitted on their runs together where those are at least :data:`MIN_RUNS`, and on
+    the runs of every kind where they are not; so every margin rests on :data:`MIN_RUNS` runs
+    or more whenever that many are recorded."""
+    few = tuple(k for k in KINDS if counts.get(k, 0) < MIN_RUNS)
+    shared = few if sum(counts.get(k, 0) for k in few) >= MIN_RUNS else KINDS
+    return {kind: shared if kind in few else (kind,) for kind in KINDS}
+
+
+def _round_up(ratio: float) -> float:
+    """``ratio - 1`` rounded up to 0.01, so that the margin still covers its own run."""
+    return math.ceil(round((ratio - 1) * 100, 6)) / 100
+
+
+def _runs_of(group: Sequence[str]) -> str:
+    if tuple(group) == KINDS:
+        return "of every kind"
+    if tuple(group) == ("other",):
+        return "with neither offload nor accumulation"
+    levers = {"offload": "activation offload", "accumulation": "gradient accumulation"}
+    return "with " + " or ".join(levers.get(k, "neither") for k in group)
+
+
+def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each kind's margin from these recorded steps (kinds pooled as :func:`pools` says): the
+    largest measured / estimated peak reserved of the runs it is fitted on, less 1, rounded up
+    to 0.01; the run it came from, how many runs and which step sizes (estimated peak reserved,
+    MiB) it rests on."""
+    counts = Counter(s["kind"] for s in steps)
     found = {}
-    for kind in (k for k in KINDS if k in worst):
-        ratio, source = worst[kind]
-        # rounded up, so that the margin still covers the run it came from
-        found[kind] = {"fraction": math.ceil(round((ratio - 1) * 100, 6)) / 100, "source": source}
+    for kind, group in pools(counts).items():
+        fitted = [s for s in steps if s["kind"] in group]
+        if not fitted:
+            continue
+        worst = max(fitted, key=lambda s: s["measured"] / s["estimated"])
+        low, high = (f(s["estimated"] for s in fitted) for f in (min, max))
+        found[kind] = {
+            "fraction": _round_up(worst["measured"] / worst["estimated"]),
+            "source": (
+                f"{worst['run']} (reserved {worst['measured']:,.0f} MiB measured, "
+                f"{worst['estimated']:,.0f} estimated), the worst of {len(fitted)} recorded GPU "
+                f"runs {_runs_of(group)} (steps of {low:,.0f} to {high:,.0f} MiB estimated "
+                "reserved)"
+            ),
+            "kinds": list(group),
+            "runs": len(fitted),
+            "step_mib_range": [round(low), round(high)],
+        }
+    return found
+
+
+def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each recorded run against the margin of its kind fitted without it (:func:`fit` on the
+    other runs, pooled by the same rule): ``overcommitted`` where its measured peak reserved is
+    over the estimate times 1 + that margin, as a plan made before the run would have been."""
+    runs, by_kind = [], {}
+    for i, step in enumerate(steps):
+        without = fit([*steps[:i], *steps[i + 1 :]]).get(step["kind"])
+        margin = without["fraction"] if without else 0.0
+        over = step["measured"] > step["estimated"] * (1 + margin)
+        runs.append(
+            {
+                "file": step["file"],
+                "run": step["run"],
+                "kind": step["kind"],
+                "measured_reserved_mib": step["measured"],
+                "estimated_reserved_mib": round(step["estimated"], 3),
+                "margin_without_it": margin,
+                "overcommitted": over,
+            }
+        )
+        tally = by_kind.setdefault(step["kind"], {"overcommitted": 0, "of": 0})
+        tally["overcommitted"] += over
+        tally["of"] += 1
+    return {
+        "overcommitted": sum(r["overcommitted"] for r in runs),
+        "of": len(runs),
+        "by_kind": {k: by_kind[k] for k in KINDS if k in by_kind},
+        "runs": runs,
+    }
+
+
+def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
+    """What ``cuda_margins.json`` holds, from ``results/cuda/*.json`` (measured) and the newest
+    ``results/cpu/<date>_cuda_estimate_errors.json``: each kind's margin (:func:`fit`) and each
+    recorded run against the margin fitted without it (:func:`leave_one_out`)."""
+    steps, estimates = recorded_steps(results)
     root = results.parent.parent  # the paths as the repository names them
     return {
         "command": f"python benchmarks/{Path(__file__).name} --margins-only",
-        "recorded": [path.relative_to(root).as_posix() for path in recorded],
+        "recorded": [
+            p.relative_to(root).as_posix() for p in sorted((results / "cuda").glob("*.json"))
+        ],
         "estimates": estimates.relative_to(root).as_posix(),
-        "margins": found,
+        "min_runs": MIN_RUNS,
+        "margins": fit(steps),
+        "leave_one_out": leave_one_out(steps),
     }
 
 

@@ -9,7 +9,8 @@
 # runs (validation and prediction peaks), the levers toward a 4x cut, off/on for the other main
 # runs, the held-out grids, the rest of the recorded grid) and, in OUT_DIR: gpu.txt (device,
 # torch, CUDA context), steps.txt (exit code and seconds of each step), cuda_results.txt (the runs
-# as they finish), pytest_cuda.txt (pytest -m cuda) and a copy of the results file. Without CUDA
+# as they finish), pytest_cuda.txt (pytest -m cuda; its JUnit XML, <date>_<gpu>_pytest_cuda.xml,
+# is written beside the results file) and a copy of the results file. Without CUDA
 # it runs what a CPU can (wheel install, the results pipeline with --dry-run, pytest -m cuda
 # collecting and skipping).
 #
@@ -78,9 +79,20 @@ else
 fi
 # 2. the CUDA tests (tests/cuda/: monitor keys, snapshot, offload, checkpointing, placement, host
 #    stitching, precisions, the 16 GiB planner check); the estimator-vs-train.py cases are left
-#    to step 1, which measures the same runs into the results file
+#    to step 1, which measures the same runs into the results file. -m cuda replaces
+#    pyproject.toml's -m 'not slow'. The JUnit XML goes beside step 1's results file
+#    (<date>_<gpu>_pytest_cuda.xml; commit it with the file) and into OUT
+results_json=$(ls -t "$OUT"/"$(date +%F)"_*.json 2>/dev/null | head -n 1)
+if [ -z "$results_json" ]; then
+  junit="$OUT/pytest_cuda.xml"  # step 1 wrote no results file
+elif [ "$dry_run" = 1 ]; then
+  junit="${results_json%.json}_pytest_cuda.xml"
+else
+  junit="benchmarks/results/cuda/$(basename "${results_json%.json}")_pytest_cuda.xml"
+fi
 step pytest_cuda.txt 90 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda \
-  -k "not estimator_within_ten_percent"
+  -k "not estimator_within_ten_percent" --junitxml="$junit"
+case "$junit" in "$OUT"/*) ;; *) if [ -f "$junit" ]; then cp "$junit" "$OUT"/; fi ;; esac
 
 # ---- further GPU checks go below this line, each as one `step` with its own timeout ----
 

@@ -2,12 +2,15 @@
 
 Until the estimate is within its bounds everywhere (``tests/memory/test_recorded_cuda.py``), the
 planner plans with ``reserved x (1 + margin)``: the largest ratio of measured to estimated peak
-reserved among the recorded GPU runs (not held out) that use the same kind of lever, rounded up
-to a whole percent, named with the run it came from. The margins ship with the package
-(``cuda_margins.json`` beside this file); ``python benchmarks/cuda_estimate_errors.py`` writes
-them from the repository's recorded runs and their estimates (``--margins-only``: from the
-committed estimates, estimating nothing). Rewrite them when the estimator or the recorded runs
-change.
+reserved among the recorded GPU runs (not held out) of the same kind of step, less 1, rounded up
+to a whole percent. A kind with fewer than 3 recorded runs shares its margin with the other such
+kinds (with every kind where those are still fewer than 3 runs together), so that no margin
+rests on fewer than 3 runs. Each margin's ``source`` names the run it came from, how many runs
+it rests on and their step sizes. The margins ship with the package (``cuda_margins.json``
+beside this file, with each run against the margin fitted without it: ``leave_one_out``);
+``python benchmarks/cuda_estimate_errors.py`` writes them from the repository's recorded runs
+and their estimates (``--margins-only``: from the committed estimates, estimating nothing).
+Rewrite them when the estimator or the recorded runs change.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ KINDS = ("offload", "accumulation", "other")
 
 @dataclass(frozen=True)
 class Margin:
-    """``fraction`` added to the estimated peak reserved; ``source``: the run it came from."""
+    """``fraction`` added to the estimated peak reserved; ``source``: the run it came from, and
+    how many runs of which step sizes it rests on."""
 
     fraction: float
     source: str

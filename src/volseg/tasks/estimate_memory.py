@@ -89,7 +89,7 @@ def format_plan(result: Plan) -> str:
     if result.estimate is not None and result.estimate.get("margin"):
         lines.append(
             f"  planned with a margin of +{result.estimate['margin']:.0%} on the reserved peak: "
-            f"the estimate's largest shortfall on a recorded GPU run of this kind, "
+            f"the estimate's largest shortfall on a recorded GPU run, "
             f"{result.estimate['margin_source']}"
         )
     if result.largest_batch_by_checkpointing:
