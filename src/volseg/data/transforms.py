@@ -164,9 +164,9 @@ class OwnPatchd(MapTransform):
     place (``CacheDataset(copy_cache=False)``, so that no sample copies its whole volume) no
     later transform may write into the cached volume.
 
-    The copy is a plain tensor: cloning a ``MetaTensor`` deep-copies its volume's metadata for
-    every sample (a quarter of a batch's loading time on a 2-core CPU), and the training
-    pipeline drops the metadata at its end anyway (``EnsureTyped(track_meta=False)``)."""
+    The copy is a plain tensor: cloning a ``MetaTensor`` would deep-copy its volume's metadata
+    for every sample, and the training pipeline drops the metadata at its end anyway
+    (``EnsureTyped(track_meta=False)``)."""
 
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
         d = dict(data)

@@ -47,6 +47,11 @@ PLUGIN_CHOICES = {
 }
 
 
+def _distribution(module: str) -> str:
+    """What ``pip install`` takes for ``module``: :data:`DISTRIBUTION_OF`, else its top level."""
+    return DISTRIBUTION_OF.get(module, module.split(".")[0])
+
+
 class MissingPackage(UserInputError):
     """A feature was asked for whose package is not installed; the message says how to add it."""
 
@@ -56,14 +61,14 @@ def install_command(module: str) -> str:
     extra = EXTRA_OF.get(module) or EXTRA_OF.get(module.split(".")[0])
     if extra:
         return f'pip install -e ".[{extra}]"'
-    return f"pip install {DISTRIBUTION_OF.get(module, module.split('.')[0])}"
+    return f"pip install {_distribution(module)}"
 
 
 def missing(module: str, feature: str) -> MissingPackage:
     """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing."""
-    package = DISTRIBUTION_OF.get(module, module.split(".")[0])
     return MissingPackage(
-        f"{feature} needs the {package} package, which is not installed: {install_command(module)}"
+        f"{feature} needs the {_distribution(module)} package, which is not installed: "
+        f"{install_command(module)}"
     )
 
 
