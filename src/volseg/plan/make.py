@@ -45,7 +45,7 @@ from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.config import plain
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
 from volseg.utils.units import MIB, parse_bytes
 
@@ -193,6 +193,11 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
+#: what the step's planning decides, said in the plan whether planned or configured (the
+#: planner's later levers add the patch, loss checkpointing and what follows the patch)
+STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
+
+
 def _plan_step(
     cfg: DictConfig, decisions: dict[str, Decision], estimate_step: bool, fit_budget: bool
 ) -> dict:
@@ -233,9 +238,8 @@ def _plan_step(
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
     for key in (
-        "data.batch_size",
-        "model.activation_checkpointing",
-        "trainer.accumulate_grad_batches",
+        *STEP_KEYS,
+        *sorted(set(planned) - set(STEP_KEYS)),
     ):
         value = OmegaConf.select(cfg, key)
         if key in planned:
@@ -265,11 +269,14 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     if answer.micro_batching is not None:
         overrides = list(answer.micro_batching["overrides"])
         why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
+    elif answer.fallback is not None:
+        overrides = list(answer.overrides)
+        why = f"no batch or checkpointing fits: {answer.fallback}"
     elif answer.overrides:
         overrides = list(answer.overrides)
         why = "the configured step does not fit: the largest batch that does"
     else:
-        return {}, configured
+        raise BudgetExceeded(answer.refusal(budget_value))
     planned = {}
     for text in overrides:
         key, _, value = text.partition("=")

@@ -109,6 +109,12 @@ class NetworkAdapter:
         """Whether the network returns one output per decoder level in training."""
         return False
 
+    def sized_for(self, net_cfg: Any, patch: Sequence[int]) -> dict[str, Any]:
+        """The constructor's arguments that must follow the training patch ``patch`` ([D, H, W]
+        voxels), by name: the plan sets them from the planned patch and the planner moves them
+        with it. A network that takes any input size has none."""
+        return {}
+
     # ---- module side -------------------------------------------------------------------
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         """Raise ``ValueError`` when ``spec`` is not a setting this network takes."""
