@@ -469,8 +469,8 @@ def _search_smaller_patch(
         if est.fits(planner.budget):
             choice.checkpointing, choice.estimate = option, est
             break
-    if n < len(candidates):
-        choice.next_estimate = planner.estimate(batch, at(n + 1), choice.checkpointing)
+    larger = at(n + 1) if n < len(candidates) else planner.base_patch
+    choice.next_estimate = planner.estimate(batch, larger, choice.checkpointing)
     return choice
 
 
