@@ -9,7 +9,7 @@ target: 8 GB) run on the CPU; no preprocessing. From its ``nnUNetPlans.json``: t
 spacing, patch, batch, stages, features, kernels, strides and batch Dice.
 
 Beside it, volseg's plan of the same files (:func:`volseg.plan.make_plan`, what ``python plan.py
-... memory.budget=8GB estimate.device=cuda`` runs) with ``data.patch_size=auto``,
+... memory.budget=8GB memory.plan_device=cuda`` runs) with ``data.patch_size=auto``,
 ``model.net.depth=auto`` and ``trainer.precision=16-mixed``. Then volseg's estimator on
 nnU-Net's planned step (:func:`volseg.memory.estimator.estimate_step`): the network as nnU-Net's
 trainer builds it from the plan (``get_network_from_plans``, deep supervision on), its batch and
@@ -61,7 +61,7 @@ VOLSEG = [
     "data.patch_size=auto",
     "model.net.depth=auto",
     "trainer.precision=16-mixed",
-    "estimate.device=cuda",
+    "memory.plan_device=cuda",
 ]
 #: nnU-Net's trainer (nnUNetTrainer): optimizer, clipping
 NNUNET_SGD = {"lr": 1e-2, "weight_decay": 3e-5, "momentum": 0.99, "nesterov": True}

@@ -362,7 +362,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
         "model=unet_large",
         "data.patch_size=[26,150,320]",
         "trainer.precision=16-mixed",
-        "estimate.device=cuda",
+        "memory.plan_device=cuda",
     ]
     budget = 16 * 2**30
     answer = plan(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)

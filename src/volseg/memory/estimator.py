@@ -148,14 +148,14 @@ def replayed_total_within(est: Any, budget: int) -> int | None:
 
 
 def target_device(cfg: DictConfig) -> str:
-    """``estimate.device``, or from ``trainer.accelerator`` (``auto`` counts as a GPU: the
+    """``memory.plan_device``, or from ``trainer.accelerator`` (``auto`` counts as a GPU: the
     estimator is for the GPU a config is meant for, which this machine may not have)."""
-    device = cfg.get("estimate", {}).get("device")
+    device = cfg.get("memory", {}).get("plan_device")
     if device is None:
         accelerator = str(cfg.trainer.get("accelerator", "auto"))
         device = "cpu" if accelerator == "cpu" else "cuda"
     if device not in DEVICES:
-        raise UserInputError(f"estimate.device={device}: must be one of {', '.join(DEVICES)}")
+        raise UserInputError(f"memory.plan_device={device}: must be one of {', '.join(DEVICES)}")
     return device
 
 
@@ -499,7 +499,8 @@ ZERO_GRAD = ("closure", "after_update", "before_forward")
 
 
 def zero_grad_setting(cfg: DictConfig) -> str:
-    """``estimate.zero_grad``: where the training loop sets the gradients to ``None``.
+    """``estimate.zero_grad``, which only the benchmarks set (``+estimate.zero_grad=...``; not in
+    the configs): where the training loop sets the gradients to ``None``.
 
     ``closure`` (default): Lightning's automatic optimization, inside the first micro-batch's
     closure after its forward, so the previous step's gradients are held through that forward.

@@ -53,13 +53,13 @@ log = logging.getLogger(__name__)
 
 
 def plan_device(cfg: DictConfig) -> Decision:
-    """Where the run trains: ``estimate.device`` when set (a plan for a GPU this machine may
+    """Where the run trains: ``memory.plan_device`` when set (a plan for a GPU this machine may
     lack), else ``trainer.accelerator`` on this machine (``auto``: CUDA when it has it)."""
-    wanted = OmegaConf.select(cfg, "estimate.device")
+    wanted = OmegaConf.select(cfg, "memory.plan_device")
     if wanted is not None:
         if wanted not in ("cuda", "cpu"):
-            raise UserInputError(f"estimate.device={wanted}: must be one of cuda, cpu")
-        return Decision(str(wanted), "configured", f"estimate.device={wanted}")
+            raise UserInputError(f"memory.plan_device={wanted}: must be one of cuda, cpu")
+        return Decision(str(wanted), "configured", f"memory.plan_device={wanted}")
     accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
     if accelerator in ("gpu", "cuda"):
         return Decision("cuda", "configured", f"trainer.accelerator={accelerator}")
@@ -385,8 +385,8 @@ def make_plan(
     if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
         allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
         decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    if OmegaConf.select(cfg, "estimate") is not None:
-        _set(cfg, "estimate.device", device.value)  # the estimator plans for the same device
+    if OmegaConf.select(cfg, "memory") is not None:
+        _set(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "32")
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
