@@ -265,7 +265,8 @@ def volseg_plan(overrides: list[str], budget: str, run_dir: Path) -> dict[str, A
     cfg = compose([*overrides, *VOLSEG, f"memory.budget={budget}"], run_dir)
     run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
     planned = run_plan.to_dict()
-    # what estimate_memory.py estimate.budget=... answers: the largest batch within the budget
+    # the planner's largest batch within the budget (volseg.memory.planner.plan, which plan.py
+    # calls only for a step over the budget)
     largest = search(run_plan.run_config(), parse_bytes(budget, "memory.budget"), "batch", ["none"])
     decisions = planned["decisions"]
     value = {k: v["value"] for k, v in decisions.items()}

@@ -538,7 +538,7 @@ def plan(
     alone are over the budget nothing is searched (``resident``, ``tried`` say so).
     """
     if search not in ("batch", "patch"):
-        raise UserInputError(f"estimate.search={search}: must be batch or patch")
+        raise ValueError(f"search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)
     if as_configured is not None:
         planner.remember(as_configured)

@@ -237,6 +237,11 @@ def _plan_step(
             )
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
+        if est.margin:
+            why += (
+                f", with a margin of +{est.margin:.0%} on the reserved peak: the estimate's "
+                f"largest shortfall on a recorded GPU run, {est.margin_source}"
+            )
     for key in (
         *STEP_KEYS,
         *sorted(set(planned) - set(STEP_KEYS)),
