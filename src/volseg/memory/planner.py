@@ -31,7 +31,7 @@ from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
 from volseg.utils.config import plain
-from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.errors import at_config_key
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
