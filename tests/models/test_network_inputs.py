@@ -127,6 +127,7 @@ def _pop_unet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "trainer.accelerator=cpu",
         "data.batch_size=2",
         "data.patch_size=[16,32,32]",
+        "estimate.val_shape=[16,32,32]",  # validation of one window: the step sets the budget
     ]
 
 
