@@ -16,7 +16,7 @@ from tests.conftest import REPO, compose_config
 from tests.wandb_offline import read_records, run_record
 from volseg.utils.entry import run_task
 from volseg.utils.errors import BudgetExceeded
-from volseg.utils.sweep import COLUMNS, record_job
+from volseg.utils.sweep import COLUMNS, JobStopped, record_job
 
 
 def _multirun(
@@ -113,10 +113,12 @@ def _over_budget(cfg):
     raise BudgetExceeded("memory.budget=1GiB: estimated peak 3.2 GiB does not fit")
 
 
-def test_a_pruned_job_is_recorded_as_pruned_and_returns_no_value(tmp_path):
+def test_a_pruned_job_is_recorded_as_pruned_and_tells_the_sweeper(tmp_path):
     cfg = compose_config("train", tmp_path / "0")
     _as_multirun_job(cfg, tmp_path, 0)
-    assert run_task(_over_budget, cfg) is None
+    assert run_task(_over_budget, cfg) == JobStopped(
+        "pruned", "BudgetExceeded: memory.budget=1GiB: estimated peak 3.2 GiB does not fit"
+    )
     with open(tmp_path / "sweep_summary.csv") as f:
         (row,) = list(csv.DictReader(f))
     assert row["status"] == "pruned" and row["overrides"] == "seed=0"
