@@ -158,7 +158,7 @@ class OptunaSweeper(Sweeper):
                 unknown = [c for c in getattr(dist, "choices", ()) if str(c) not in options]
                 if unknown:
                     raise UserInputError(
-                        f"hydra.sweeper.params.{key}: no option {', '.join(map(str, unknown))} "
+                        f"{space.where[key]}: no option {', '.join(map(str, unknown))} "
                         f"in config group {name} (options: {', '.join(options)})"
                     )
             elif (
@@ -168,8 +168,7 @@ class OptunaSweeper(Sweeper):
                 is _ABSENT
             ):
                 raise UserInputError(
-                    f"hydra.sweeper.params.{key}: the config has no key {name} (to add one, "
-                    f"write +{name})"
+                    f"{space.where[key]}: the config has no key {name} (to add one, write +{name})"
                 )
 
     def _use_sweep_dir(self, sweep_dir: str) -> None:

@@ -3,7 +3,8 @@
 The grammar is Hydra's override grammar: ``choice(a, b, ...)`` is categorical; ``range(a, b)``
 and ``range(a, b, step)`` are integers (floats when any bound or the step is a float) from ``a``
 up to, not including, ``b``, as in a plain Hydra multirun; ``interval(a, b)`` is uniform on
-``[a, b]`` (integers when both bounds are); ``tag(log, interval(a, b))`` is log-uniform; any
+``[a, b]`` (floats: Hydra's grammar makes the bounds floats); ``tag(log, interval(a, b))`` is
+log-uniform; any
 other value is fixed (passed to every trial as written).
 """
 
@@ -48,6 +49,8 @@ class SearchSpace:
     distributions: dict[str, BaseDistribution] = field(default_factory=dict)
     fixed: dict[str, str] = field(default_factory=dict)
     choice_overrides: dict[str, dict[Any, str]] = field(default_factory=dict)
+    #: where each key was given, for errors: ``hydra.sweeper.params.KEY`` or the override line
+    where: dict[str, str] = field(default_factory=dict)
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
         """The override lines of a trial whose drawn values are ``params``."""
@@ -82,6 +85,7 @@ def parse_search_space(params: Mapping[str, Any], arguments: Sequence[str]) -> S
         space.distributions.pop(key, None)
         space.fixed.pop(key, None)
         space.choice_overrides.pop(key, None)
+        space.where[key] = where
         if not override.is_sweep_override():
             space.fixed[key] = line
             continue
@@ -122,8 +126,6 @@ def distribution(override: Override, where: str) -> BaseDistribution:
             raise UserInputError(f"{where}: interval({low}, {high}) needs low < high")
         if log and low <= 0:
             raise UserInputError(f"{where}: tag(log, interval({low}, {high})) needs low > 0")
-        if isinstance(low, int) and isinstance(high, int):
-            return IntDistribution(low, high, log=log)
         return FloatDistribution(float(low), float(high), log=log)
     raise UserInputError(f"{where}: {override.get_value_string()!r} is not one of {GRAMMAR}")
 
