@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -238,8 +239,10 @@ def test_a_direction_that_is_neither_stops_the_sweep(tmp_path, capsys):
 # --- what a job returns, as the study records it -------------------------------------------------
 
 
-def _job(status: JobStatus, value, working_dir: Path) -> JobReturn:
-    return JobReturn(status=status, _return_value=value, working_dir=str(working_dir))
+def _job(status: JobStatus, value, run_dir: Path) -> JobReturn:
+    """A job's return as Hydra's launchers make it (``hydra_cfg``: the job's ``hydra`` node)."""
+    hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(run_dir)}}})
+    return JobReturn(status=status, _return_value=value, working_dir=str(REPO), hydra_cfg=hydra_cfg)
 
 
 def test_what_a_job_returns_becomes_the_trials_state_and_value(tmp_path):

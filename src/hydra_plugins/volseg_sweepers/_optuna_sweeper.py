@@ -232,7 +232,9 @@ class OptunaSweeper(Sweeper):
 
         from hydra_plugins.volseg_sweepers._study import ERROR_ATTR, RUN_DIR_ATTR
 
-        trial.set_user_attr(RUN_DIR_ATTR, str(ret.working_dir))
+        # the job's run dir (its working dir is the sweep's, unless hydra.job.chdir)
+        run_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir", default=None)
+        trial.set_user_attr(RUN_DIR_ATTR, str(run_dir or ret.working_dir))
         try:
             value = ret.return_value  # re-raises what the job raised past volseg's entry point
         except Exception as err:
