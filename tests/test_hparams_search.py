@@ -138,6 +138,23 @@ def test_the_shipped_search_space_composes_and_parses(tmp_path):
             assert all(s % 2 ** (levels - 1) == 0 for s in yaml.safe_load(patch)), (patch, choice)
 
 
+@pytest.mark.parametrize(
+    ("choice", "sampler"),
+    [
+        ("tpe_seeded", optuna.samplers.TPESampler),
+        ("tpe", optuna.samplers.TPESampler),
+        ("random", optuna.samplers.RandomSampler),
+        ("cmaes", optuna.samplers.CmaEsSampler),
+        ("nsgaii", optuna.samplers.NSGAIISampler),
+    ],
+)
+def test_each_sampler_choice_builds_its_optuna_sampler(tmp_path, choice, sampler):
+    overrides = [f"hydra/sweeper/sampler={choice}"]
+    with _hydra(tmp_path, overrides) as (cfg, sweeper):
+        assert isinstance(sweeper.sampler_config, sampler)
+        assert cfg.hydra.runtime.choices["hydra/sweeper/sampler"] == choice
+
+
 # --- the user's mistakes: one line naming the key, exit code 2, before any trial ----------------
 
 
@@ -234,6 +251,23 @@ def test_a_storage_that_cannot_be_opened_stops_the_sweep(tmp_path, capsys, url, 
 def test_a_direction_that_is_neither_stops_the_sweep(tmp_path, capsys):
     err = _sweep_error(tmp_path, ["hydra.sweeper.direction=maximise"], capsys)
     assert err.startswith("error: hydra.sweeper.direction=maximise: expected maximize or minimize")
+
+
+def test_a_stored_study_with_another_direction_stops_the_sweep(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    err = _sweep_error(
+        tmp_path,
+        [
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=s",
+            "hydra.sweeper.direction=minimize",
+        ],
+        capsys,
+    )
+    assert err.startswith(
+        "error: hydra.sweeper.direction: the stored study s has direction maximize; "
+    )
 
 
 # --- what a job returns, as the study records it -------------------------------------------------
@@ -359,6 +393,27 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(small_dataset, tmp_pa
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert results["best_params"]["data.patch_size"] == "[16,32,32]"
     assert results["best_value"] == pytest.approx(float(rows["ok"]["best_val_dice_mean"]), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_more_failures_than_max_failure_rate_stop_the_sweep(small_dataset, tmp_path):
+    """Every trial's patch is larger than the volumes: with max_failure_rate=0.5 the sweep stops
+    after its first trial instead of running the 3 it was given."""
+    sweep_dir = tmp_path / "sweep"
+    result = _train(
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.max_failure_rate=0.5",
+        _params(data__patch_size="choice([999,999,999])"),
+        f"data.root={small_dataset}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *TINY_JOB,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert (
+        "error: 1 of 1 trial(s) failed, more than hydra.sweeper.max_failure_rate=0.5: "
+        "the sweep stops" in result.stderr
+    )
+    assert [(r["job"], r["status"]) for r in _rows(sweep_dir)] == [("0", "failed")]
 
 
 @pytest.mark.slow

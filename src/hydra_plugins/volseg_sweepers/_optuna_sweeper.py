@@ -22,10 +22,10 @@ from hydra.core.utils import JobReturn
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from volseg.utils.errors import UserInputError
-from volseg.utils.sweep import JobStopped
+from volseg.utils.sweep import JobStopped, failed_jobs
 
 if TYPE_CHECKING:
     import optuna
@@ -161,12 +161,7 @@ class OptunaSweeper(Sweeper):
                         f"{space.where[key]}: no option {', '.join(map(str, unknown))} "
                         f"in config group {name} (options: {', '.join(options)})"
                     )
-            elif (
-                OmegaConf.select(
-                    self.config, name, default=_ABSENT, throw_on_resolution_failure=False
-                )
-                is _ABSENT
-            ):
+            elif not _has_key(self.config, name):
                 raise UserInputError(
                     f"{space.where[key]}: the config has no key {name} (to add one, write +{name})"
                 )
@@ -222,6 +217,7 @@ class OptunaSweeper(Sweeper):
                 )
                 log.error("%s", message)
                 print(f"error: {message}", file=sys.stderr, flush=True)
+                failed_jobs.append("max_failure_rate")  # the entry point exits with code 1
                 return
 
     def _tell(
@@ -267,4 +263,17 @@ class OptunaSweeper(Sweeper):
         return floats if all(math.isfinite(v) for v in floats) else None
 
 
-_ABSENT = object()
+def _has_key(config: DictConfig, name: str) -> bool:
+    """Whether the dotted key ``name`` is in ``config`` (a ``???`` value counts; nothing is
+    resolved on the way)."""
+    parent_key, _, leaf = name.rpartition(".")
+    parent = (
+        OmegaConf.select(config, parent_key, default=None, throw_on_resolution_failure=False)
+        if parent_key
+        else config
+    )
+    if isinstance(parent, DictConfig):
+        return leaf in parent.keys()  # noqa: SIM118 (`in parent` is False for a ??? value)
+    if isinstance(parent, ListConfig):
+        return leaf.isdigit() and int(leaf) < len(parent)
+    return False

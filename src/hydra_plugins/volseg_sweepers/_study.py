@@ -66,16 +66,21 @@ def open_study(
     study_directions: list[StudyDirection],
 ) -> optuna.Study:
     """The study named ``study_name`` in ``storage``, created if it is not there yet."""
-    try:
-        return optuna.create_study(
-            storage=storage,
-            study_name=study_name,
-            sampler=sampler,
-            directions=study_directions,
-            load_if_exists=True,
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        sampler=sampler,
+        directions=study_directions,
+        load_if_exists=True,
+    )
+    # a stored study keeps the directions of its first start (Optuna loads it without a word)
+    if list(study.directions) != list(study_directions):
+        stored = ", ".join(d.name.lower() for d in study.directions)
+        raise UserInputError(
+            f"hydra.sweeper.direction: the stored study {study_name} has direction {stored}; "
+            "give it the same, or start a new study (another hydra.sweeper.study_name)"
         )
-    except ValueError as err:  # a stored study with other directions
-        raise UserInputError(f"hydra.sweeper.study_name={study_name}: {err}") from None
+    return study
 
 
 def fail_interrupted(study: optuna.Study) -> int:
