@@ -90,6 +90,28 @@ def test_the_default_run_trains_without_any_extra_and_without_a_warning(small_da
     assert not warnings, warnings
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
+def test_an_optuna_sweep_without_the_sweeps_extra_is_one_line_and_exit_2(tmp_path):
+    """An install without the extra (no Optuna): one line naming it, before Hydra composes, and
+    no warning from Hydra's plugin scan."""
+    site_dir = base_install(tmp_path / "site-packages")
+    assert not (site_dir / "optuna").exists()
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", BARE_PYTHON, site_dir, REPO / "src", "train.py"]
+        + ["hparams_search=optuna", f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        "error: hparams_search=optuna needs the optuna package, which is not installed: "
+        'pip install -e ".[sweeps]"'
+    )
+    assert not (tmp_path / "logs").exists()
+
+
 def test_the_mni152_dataset_without_nilearn_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "nilearn", None)
     cfg = compose_config(
