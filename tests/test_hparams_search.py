@@ -151,7 +151,7 @@ def test_the_shipped_search_space_composes_and_parses(tmp_path):
 def test_each_sampler_choice_builds_its_optuna_sampler(tmp_path, choice, sampler):
     overrides = [f"hydra/sweeper/sampler={choice}"]
     with _hydra(tmp_path, overrides) as (cfg, sweeper):
-        assert isinstance(sweeper.sampler_config, sampler)
+        assert isinstance(sweeper.sampler, sampler)
         assert cfg.hydra.runtime.choices["hydra/sweeper/sampler"] == choice
 
 

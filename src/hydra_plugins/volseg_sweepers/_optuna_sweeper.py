@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class OptunaSweeper(Sweeper):
     """``hydra.sweeper`` of ``configs/hydra/sweeper/optuna.yaml`` (every argument is a key
-    there: ``sampler`` a config to instantiate, ``params`` key -> search-space expression)."""
+    there: ``sampler`` an Optuna sampler, ``params`` key -> search-space expression)."""
 
     def __init__(
         self,
@@ -50,7 +50,8 @@ class OptunaSweeper(Sweeper):
         max_failure_rate: float,
         params: Any = None,
     ) -> None:
-        self.sampler_config = sampler
+        # Hydra builds the sweeper's arguments (recursive instantiation): a built sampler
+        self.sampler = sampler
         self.direction = direction
         self.storage = storage
         self.study_name = study_name
@@ -114,16 +115,14 @@ class OptunaSweeper(Sweeper):
                 raise UserInputError(
                     f"hydra.sweeper.{key}={value}: expected a whole number >= {minimum}"
                 )
-        if not 0 <= float(self.max_failure_rate) <= 1:
+        rate = self.max_failure_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
             raise UserInputError(
                 f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: expected 0 to 1"
             )
         study_directions = directions(self.direction)
         storage = open_storage(self.storage)
-        # Hydra builds the sweeper's arguments (recursive instantiation): the sampler is built
-        sampler = self.sampler_config
-        if OmegaConf.is_config(sampler):
-            sampler = instantiate(sampler)
+        sampler = instantiate(self.sampler) if OmegaConf.is_config(self.sampler) else self.sampler
         study = open_study(storage, self.study_name, sampler, study_directions)
         to_run, job_idx = self.n_trials, 0
         if storage is not None and study.trials:
