@@ -14,7 +14,7 @@ from torch import nn
 from tests.conftest import compose_config, planned_config, tiny_train_overrides
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
-from volseg.memory.estimator import build_training_step, estimate, target_device
+from volseg.memory.estimator import build_training_step, estimate, planned_device
 from volseg.memory.events import held_at_last_mark
 from volseg.models.build import build_model
 from volseg.tasks.train import train
@@ -153,7 +153,7 @@ def test_estimator_and_train_build_the_module_through_one_function(
     fitted = trained.trainer.optimizers[0]
     est = estimate(cfg)
     assert est.num_parameters == sum(p.numel() for p in trained.parameters())
-    estimated = build_training_step(cfg, target_device(cfg)).optimizer
+    estimated = build_training_step(cfg, planned_device(cfg)).optimizer
     assert [m.marker.weight.shape for m in built] == [(1, 3)] * 2  # the estimate's and this step's
     assert type(estimated) is type(fitted)
     assert estimated.defaults == fitted.defaults  # lr, betas, eps, weight decay, foreach, ...
