@@ -46,7 +46,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.utils.flop_counter import FlopCounterMode
 
 from volseg.memory.allocator import AllocatorSettings, OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
@@ -529,8 +528,9 @@ class StepTrace:
     steps' first, then those of ``then`` from ``then_start`` on; ``by_category``: the training
     steps' peak bytes by category (params, grads, optimizer state, activations, temporaries,
     buffers); ``modules``: each block's own activations in the last micro-batch (bytes);
-    ``flops``: one optimizer step's floating-point operations (torch's ``FlopCounterMode``:
-    matrix products and convolutions, forward, backward and checkpointing's recomputation)."""
+    ``flops``: one optimizer step's floating-point operations (by the formulas of torch's
+    ``FlopCounterMode``: matrix products and convolutions, forward, backward and checkpointing's
+    recomputation)."""
 
     events: list[Event]
     by_category: dict[str, int]
@@ -551,8 +551,8 @@ def trace_steps(
     then: Callable[[RecordingMemTracker], None] | None = None,
     steps: int = 2,
 ) -> StepTrace:
-    """Run ``steps`` fake training steps under a recording tracker, the first also under torch's
-    FLOP counter (the first creates the optimizer state, the per-module table is the last's);
+    """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
+    too (the first creates the optimizer state, the per-module table is the last's);
     ``then(tracker)`` runs after them in the same trace (a validation or, after no ``steps``, a
     prediction: :mod:`volseg.memory.inference`). The one trace every estimate reads."""
     # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
@@ -560,7 +560,6 @@ def trace_steps(
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
     as_on_device = traced_for_cuda() if device == "cuda" else contextlib.nullcontext()
-    flops = FlopCounterMode(display=False)
     with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings():
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
         warnings.filterwarnings("ignore", message="Module is None")
@@ -571,15 +570,16 @@ def trace_steps(
         trace.start()
         try:
             for n in range(steps):
-                with flops if n == 0 else contextlib.nullcontext():
-                    step.run(
-                        1,
-                        on_step_start=tracker.mark,
-                        before_update=trace.optimizer_update_begins,
-                        # MemTracker follows one forward per module: the table is the last
-                        # micro-batch's
-                        on_micro_batch_start=tracker.reset_mod_stats,
-                    )
+                tracker.count_flops = n == 0
+                step.run(
+                    1,
+                    on_step_start=tracker.mark,
+                    before_update=trace.optimizer_update_begins,
+                    # MemTracker follows one forward per module: the table is the last
+                    # micro-batch's
+                    on_micro_batch_start=tracker.reset_mod_stats,
+                )
+            tracker.count_flops = False
             # read before ``then``, whose forwards would overwrite the modules' statistics
             # saved tensors offloaded to the host live on the meta device: not on the device
             by_category = trace.peak(skip_device_type="meta")
@@ -589,7 +589,7 @@ def trace_steps(
                 then(tracker)
         finally:
             trace.stop()
-    return StepTrace(tracker.events, by_category, modules, int(flops.get_total_flops()), then_start)
+    return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
 
 
 def _peaks(

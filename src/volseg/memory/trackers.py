@@ -1,13 +1,18 @@
 """torch's ``MemTracker``, adapted: optimizer state under Lightning's closure, and a record of
-every allocation and free for the allocator model (:mod:`volseg.memory.events`)."""
+every allocation and free for the allocator model (:mod:`volseg.memory.events`).
+
+The one module that touches MemTracker's private API (``_MemRefType``, ``_ModState``,
+``_update_snap``, ``_register_global_optimizer_hook``, ``_track_optimizer_states``, ``_in_opt``,
+``memory_tracking``): ``tests/memory/test_trackers.py`` names what breaks where torch moves it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.flop_counter import flop_registry
 
 from volseg.memory.events import Event
 from volseg.memory.workspace import Workspace
@@ -46,6 +51,12 @@ class RecordingMemTracker(ClosureMemTracker):
         self.events: list[Event] = []
         self.workspace = workspace
         self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
+        # floating-point operations of the ops run while ``count_flops``, by the formulas of
+        # torch's FlopCounterMode (matrix products, convolutions, attention): counted on the
+        # same ops as the bytes. FlopCounterMode itself is not entered: it decomposes ops it has
+        # no formula for, which would change what the trace allocates
+        self.count_flops = False
+        self.flops = 0
 
     def mark(self) -> None:
         """Note where a training step starts."""
@@ -66,6 +77,10 @@ class RecordingMemTracker(ClosureMemTracker):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.count_flops:
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
         if self.workspace is not None:
             nbytes = self.workspace(func, args, out)
             if isinstance(nbytes, tuple):
@@ -82,3 +97,17 @@ class RecordingMemTracker(ClosureMemTracker):
             elif nbytes:
                 self.events.append(("workspace", 0, nbytes))
         return out
+
+
+#: a module's snapshot per state: ``{state: {device: {category: bytes}}}``; states as MemTracker
+#: names them (``Pre-Forward``, ``Post-Forward``, ``Peak-Forward``, ``Pre-Backward``, ...)
+Snapshots = dict[str, dict[torch.device, dict[str, int]]]
+
+
+def module_snapshots(tracker: MemTracker, module: torch.nn.Module) -> Snapshots | None:
+    """The first snapshot of each state ``tracker`` took of ``module`` since its statistics were
+    last reset; ``None`` where it did not see the module's forward."""
+    stats = tracker.memory_tracking.get(module)
+    if stats is None or not stats.snapshots.get(_ModState.PRE_FW):
+        return None
+    return {state.value: snaps[0] for state, snaps in stats.snapshots.items() if snaps}
