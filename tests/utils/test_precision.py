@@ -82,6 +82,45 @@ def test_the_estimator_takes_the_plans_precision_and_resolves_none(tmp_path):
     assert planned_precision(planned) == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
 
 
+@pytest.mark.slow
+def test_summary_records_the_choice(small_dataset, tmp_path):
+    overrides = [*tiny_train_overrides(small_dataset), "trainer.max_epochs=1"]
+    overrides += ["trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    cfg = compose_config("train", tmp_path, overrides)
+    train(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    choice = summary["precision_choice"]
+    assert choice["requested"] == "auto" and choice["device"] == "cpu"
+    assert choice["precision"] == summary["precision"].replace("-true", "")
+
+
+@pytest.mark.slow
+def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp_path):
+    """oneDNN capped at AVX2 behaves as on an AVX2-only CPU: 16-mixed must not run as bf16."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONUNBUFFERED": "1"}
+    args = [
+        "train.py",
+        "trainer.precision=16-mixed",
+        f"data.root={small_dataset}",
+        "data.patch_size=[16,32,32]",
+        "model.net.widths=[4,8,16]",
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=1",
+        "callbacks.rich_progress_bar=null",
+        "estimate.plan_step=false",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    result = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / "train.log").read_text()
+    assert "trainer.precision=16-mixed runs as 32 on cpu: fp16 autocast needs CUDA" in log
+    assert json.loads((tmp_path / "summary.json").read_text())["precision"] == "32-true"
+    # one step ends the run before its first validation: said so, not "Best ...: -inf"
+    assert "Best val/dice_mean: none, no validation ran (stopped at step 1" in log
+
+
 def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
     """oneDNN says yes from plain AVX-512 on; only AVX512_BF16/AMX make bf16 fast."""
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
