@@ -51,11 +51,7 @@ from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from volseg.memory.allocator import (
-    AllocatorSettings,
-    CachingAllocatorModel,
-    round_size,
-)
+from volseg.memory.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.cuda_context import resolve_cuda_context
 from volseg.memory.estimator import (
     StepTrace,
@@ -64,7 +60,7 @@ from volseg.memory.estimator import (
     replayed_total_within,
     trace_steps,
 )
-from volseg.memory.events import Event
+from volseg.memory.events import Event, held_series
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.models.volume_predictor import VolumePredictor
@@ -287,26 +283,6 @@ class _CountedWindows:
         return self.inferer(inputs, predictor, *args, **kwargs)
 
 
-def _held(events: list[Event], rounding: Any = None) -> list[int]:
-    """Bytes held after each event (``held[i]``: after ``events[i]``), a workspace counted
-    during its own event only."""
-    held, live, out = 0, {}, []
-    for kind, handle, nbytes in events:
-        size = rounding(nbytes) if rounding is not None and nbytes else nbytes
-        if kind == "malloc":
-            live[handle] = size
-            held += size
-            out.append(held)
-        elif kind == "free":
-            held -= live.pop(handle)
-            out.append(held)
-        elif kind == "workspace":
-            out.append(held + size)
-        else:
-            out.append(held)
-    return out
-
-
 def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
     """The most one window batch's forward rose above what was held when it began."""
     rise = 0
@@ -323,16 +299,8 @@ def _peaks(
     reserved peak (CUDA: the allocator model, with ``allocator_settings``, replayed over
     everything before too)."""
     if device == "cuda":
-        allocator = CachingAllocatorModel(settings=allocator_settings)
-        resident = 0
-        for i, (kind, handle, nbytes) in enumerate(events):
-            if i == start:
-                resident = allocator.allocated
-                allocator.peak_allocated = allocator.allocated
-            if kind == "malloc":
-                allocator.malloc(handle, nbytes)
-            elif kind == "free":
-                allocator.free(handle)
+        allocator = replay(events, settings=allocator_settings, phase_start=start)
+        resident = allocator.phase_resident
         context = resolve_cuda_context(
             settings.get("cuda_context_mib", 0), settings.get("gpu")
         ).nbytes
@@ -342,7 +310,7 @@ def _peaks(
             "peak_reserved": allocator.peak_reserved,
             "cuda_context": context,
         }
-    held = _held(events)
+    held = held_series(events)
     resident = held[start - 1] if start > 0 else 0
     peak = max(held[start:], default=resident)
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
@@ -452,7 +420,7 @@ class Phase:
             volume=volume,
             stitching=buffers if self.stitch == "device" else 0,
             host_stitching=buffers if self.stitch == "host" else 0,
-            window_batch=_window_rise(_held(events, rounding), self.spans),
+            window_batch=_window_rise(held_series(events, rounding), self.spans),
             peak_allocated=peaks["peak_allocated"],
             peak_growth=peaks["peak_allocated"] - peaks["resident"],
             peak_reserved=peaks["peak_reserved"],
