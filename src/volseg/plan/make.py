@@ -13,10 +13,12 @@ once, in this order (each step may read what the ones before decided):
    ``model.divisible_by``, and the deep-supervision loss where the network has it;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the estimator's peak memory and FLOPs of one optimizer step of the planned run;
-8. validation of the largest validation volume, checked against ``memory.budget`` (fewer
-   windows at once, host stitching, smaller windows where it does not fit:
-   :mod:`volseg.memory.inference_plan`).
+7. the engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: one
+   build, one trace): the peak memory and FLOPs of one optimizer step and the validation of
+   the largest validation volume;
+8. that validation checked against ``memory.budget`` (fewer windows at once, host stitching,
+   smaller windows where it does not fit: :mod:`volseg.memory.inference_plan`, one trace for
+   each setting it tries).
 
 Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
 """
