@@ -32,6 +32,23 @@ def test_the_private_names_the_trackers_subclass_are_where_torch_had_them():
     assert {u.name for u in mem_tracker._UpdateType} >= {"ADD", "DEL", "SIZE"}, events
     for name in ("_register_global_optimizer_hook", "_track_optimizer_states", "reset_mod_stats"):
         assert hasattr(mem_tracker.MemTracker, name), f"MemTracker.{name}: the closure's optimizer"
+    # the peak bookkeeping ClosureMemTracker replaces with a lookup by name (the trace's speed)
+    peaks = "ClosureMemTracker._update_peak_stats, the per-category peak and per-module peaks"
+    assert list(inspect.signature(mem_tracker.MemTracker._update_peak_stats).parameters) == [
+        "self",
+        "peak_state",
+    ], peaks
+    assert list(inspect.signature(mem_tracker.MemTracker._pre_fw_hook).parameters) == [
+        "self",
+        "module",
+        "inputs",
+    ], peaks
+    assert mem_tracker._TOTAL_KEY == "Total", peaks
+    tracker = mem_tracker.MemTracker()
+    for name in ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_mod_tracker"):
+        assert hasattr(tracker, name), f"MemTracker().{name}: {peaks}"
+    assert hasattr(tracker._mod_tracker, "parents"), peaks
+    assert {"mod_fqn", "snapshots", "local_peak"} <= set(vars(mem_tracker._ModMemStats("m"))), peaks
 
 
 def test_a_traced_step_gives_events_snapshots_and_flops():
@@ -54,3 +71,23 @@ def test_a_traced_step_gives_events_snapshots_and_flops():
     # first one is not needed: x does not require grad)
     first, second = 2 * voxels * 4 * 27, 2 * voxels * 2 * 4
     assert tracker.flops == first + second + first + 2 * second
+
+
+def test_the_peaks_are_torchs_own():
+    """ClosureMemTracker's faster peak bookkeeping gives what MemTracker's gives: the step's
+    peak by category and each module's snapshots (a nested network, forward and backward)."""
+
+    def traced(tracker_class):
+        torch.manual_seed(0)
+        inner = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU())
+        net = nn.Sequential(nn.Conv3d(1, 2, 3, padding=1), inner, nn.Conv3d(4, 2, 1))
+        tracker = tracker_class()
+        tracker.track_external(net)
+        with tracker:
+            net(torch.randn(1, 1, 4, 8, 8)).sum().backward()
+        modules = [module_snapshots(tracker, m) for m in net.modules()]
+        return tracker.get_tracker_snapshot("peak"), modules
+
+    ours, torchs = traced(RecordingMemTracker), traced(mem_tracker.MemTracker)
+    assert ours == torchs
+    assert any("Peak-Backward" in m for m in ours[1] if m)  # peaks were taken in both passes
