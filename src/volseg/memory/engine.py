@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -81,7 +81,7 @@ class Variant:
     roi_size: tuple[int, ...] | None = None
     stitch_device: str | None = None
 
-    KEYS = {
+    KEYS: ClassVar[dict[str, str]] = {
         "batch_size": "data.batch_size",
         "patch_size": "data.patch_size",
         "activation_checkpointing": "model.activation_checkpointing",
@@ -106,15 +106,6 @@ class Variant:
             _frozen(activation_checkpointing),
             None if accumulate_grad_batches is None else int(accumulate_grad_batches),
         )
-
-    @classmethod
-    def from_overrides(cls, overrides: Mapping[str, Any]) -> Variant:
-        """The variant of ``{config key: value}`` (keys of :attr:`KEYS`' values)."""
-        by_key = {key: field for field, key in cls.KEYS.items()}
-        unknown = set(overrides) - set(by_key)
-        if unknown:
-            raise ValueError(f"not a planner's key: {', '.join(sorted(unknown))}")
-        return cls(**{by_key[k]: _frozen(v) for k, v in overrides.items()})
 
     def overrides(self) -> dict[str, Any]:
         """``{config key: value}`` of the keys this variant sets."""
