@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from volseg.memory.allocator import AllocatorSettings, OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.cuda_context import resolve_cuda_context
-from volseg.memory.events import Event, held_peak
+from volseg.memory.events import Event, category_peak, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
@@ -581,14 +581,15 @@ def trace_steps(
                 )
             tracker.count_flops = False
             # read before ``then``, whose forwards would overwrite the modules' statistics
-            # saved tensors offloaded to the host live on the meta device: not on the device
-            by_category = trace.peak(skip_device_type="meta")
             modules = {k: int(v * MIB) for k, v in block_activations(trace.rows()).items()}
             then_start = len(tracker.events)
             if then is not None:
                 then(tracker)
         finally:
             trace.stop()
+    # the bytes by category: a view of the steps' events (host copies on the meta device, of
+    # offloaded activations, are not among them)
+    by_category = category_peak(tracker.events[:then_start])
     return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
 
 

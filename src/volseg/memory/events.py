@@ -4,7 +4,11 @@
 
 An event is ``(kind, handle, bytes)``: ``malloc`` and ``free`` of a storage (``handle`` names it),
 ``workspace`` for memory a kernel holds only while it runs (allocated and freed inside one op),
-and ``mark`` where a training step starts.
+``mark`` where a training step starts, ``category`` (the third field an index into
+:data:`CATEGORIES`) where a storage is counted in a category from then on, and ``op`` where an op
+ends. Every figure of a step or a window is a view of these events: the peaks and growth
+(:func:`held_series`), the CUDA allocator's (:mod:`volseg.memory.allocator`), the step's bytes by
+category (:func:`category_peak`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 Event = tuple[str, int, int]
+
+#: what a storage is counted as (torch's MemTracker decides, as it meets it)
+CATEGORIES = (
+    "params",
+    "buffers",
+    "grads",
+    "activations",
+    "temporaries",
+    "optimizer_state",
+    "other",
+)
 
 
 def held_series(events: list[Event], rounding: Any = None) -> list[int]:
@@ -54,3 +69,29 @@ def held_at_last_mark(events: list[Event]) -> int:
     parameters, buffers, gradients and optimizer state)."""
     start = _last_mark(events)
     return held_series(events)[start] if start >= 0 else 0
+
+
+def category_peak(events: list[Event]) -> dict[str, int]:
+    """Bytes by category (:data:`CATEGORIES`) at the end of the op where the storages held
+    (workspaces aside) were most: what the step holds at its peak, by what it is."""
+    live: dict[int, list[int]] = {}  # handle -> [bytes, category or -1]
+    totals = [0] * len(CATEGORIES)
+    held, peak, at_peak = 0, 0, list(totals)
+    for kind, handle, value in events:
+        if kind == "malloc":
+            live[handle] = [value, -1]
+            held += value
+        elif kind == "category":
+            entry = live[handle]
+            if entry[1] >= 0:
+                totals[entry[1]] -= entry[0]
+            entry[1] = value
+            totals[value] += entry[0]
+        elif kind == "free":
+            size, category = live.pop(handle)
+            held -= size
+            if category >= 0:
+                totals[category] -= size
+        elif kind == "op" and held > peak:
+            peak, at_peak = held, list(totals)
+    return dict(zip(CATEGORIES, at_peak, strict=True))

@@ -257,6 +257,8 @@ class _CountedWindows:
                     tracker.events.append(("malloc", handles[handle], nbytes))
                 elif kind == "free":
                     tracker.events.append(("free", handles.pop(handle), 0))
+                elif kind == "category":
+                    tracker.events.append((kind, handles.get(handle, handle), nbytes))
                 else:
                     tracker.events.append((kind, handle, nbytes))
 

@@ -16,8 +16,22 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRef
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.flop_counter import flop_registry
 
-from volseg.memory.events import Event
+from volseg.memory.events import CATEGORIES, Event
 from volseg.memory.workspace import Workspace
+
+#: MemTracker's reference types as :data:`volseg.memory.events.CATEGORIES` indices
+_CATEGORY = {
+    reftype.value: CATEGORIES.index(name)
+    for reftype, name in (
+        (_MemRefType.PARAM, "params"),
+        (_MemRefType.BUFFER, "buffers"),
+        (_MemRefType.GRAD, "grads"),
+        (_MemRefType.ACT, "activations"),
+        (_MemRefType.TEMP, "temporaries"),
+        (_MemRefType.OPT, "optimizer_state"),
+        (_MemRefType.OTH, "other"),
+    )
+}
 
 
 class ClosureMemTracker(MemTracker):
@@ -104,17 +118,20 @@ class RecordingMemTracker(ClosureMemTracker):
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
         if winfo.device.type == "meta":
             return
-        name = u_type.name
-        if name == "ADD":
-            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
-        elif name == "DEL":
-            self.events.append(("free", id(winfo), 0))
-        elif name == "SIZE":
-            self.events.append(("free", id(winfo), 0))
-            self.events.append(("malloc", id(winfo), winfo.mem_consumed))
+        name, handle = u_type.name, id(winfo)
+        if name == "DEL":
+            self.events.append(("free", handle, 0))
+            return
+        if name == "SIZE":
+            self.events.append(("free", handle, 0))
+        if name in ("ADD", "SIZE"):
+            self.events.append(("malloc", handle, winfo.mem_consumed))
+        self.events.append(("category", handle, _CATEGORY[winfo.reftype.value]))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        # where MemTracker compares its peak: the category view (events.category_peak) too
+        self.events.append(("op", 0, 0))
         if self.count_flops:
             formula = flop_registry.get(func._overloadpacket)
             if formula is not None:
