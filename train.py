@@ -4,16 +4,18 @@ import hydra
 from omegaconf import DictConfig
 
 from volseg.utils.entry import run_main, run_task, set_project_root
+from volseg.utils.sweep import JobStopped, objective
 
 set_project_root(__file__)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
-def main(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig) -> float | list[float | None] | JobStopped | None:
     from volseg.tasks.train import train
 
-    metrics = run_task(train, cfg)  # None for a failed job of a multirun
-    return (metrics or {}).get(cfg.get("optimized_metric"))
+    # the value(s) of optimized_metric for the Optuna sweeper; a JobStopped for a job of a
+    # multirun that failed or was pruned
+    return objective(run_task(train, cfg), cfg.get("optimized_metric"))
 
 
 if __name__ == "__main__":

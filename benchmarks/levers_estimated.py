@@ -31,6 +31,7 @@ import results_io  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from volseg.memory.estimator import estimate  # noqa: E402
+from volseg.plan import planned_config  # noqa: E402
 from volseg.utils.units import MIB  # noqa: E402
 
 SEED = [
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         run_overrides = lever_overrides(name)
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
             cfg = compose("train", overrides=[*run_overrides, "memory.plan_device=cuda"])
-        est = estimate(cfg)
+        est = estimate(planned_config(cfg))  # the estimator takes a plan
         rows.append(
             {
                 "lever": name,

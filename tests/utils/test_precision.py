@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
-from volseg.memory.estimator import _precision
+from volseg.memory.estimator import planned_precision
 from volseg.plan.make import plan_device
 from volseg.tasks.train import train
 from volseg.utils import cpu
 from volseg.utils.cpu import cpu_bf16_native
+from volseg.utils.errors import UserInputError
 from volseg.utils.precision import log_choice, resolve_precision
 
 # (requested, device, native bf16 / GPU bf16) -> what runs
@@ -73,10 +74,12 @@ def test_the_plan_resolves_the_trainer_precision_with_one_log_line(caplog, tmp_p
     assert lines == [f"trainer.precision=auto runs as {expected} on cpu: {choice.reason}"]
 
 
-def test_estimator_resolves_auto_for_its_target_device(tmp_path):
-    cfg = compose_config("train", tmp_path, [])
-    assert _precision(cfg, "cuda") == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
-    assert _precision(cfg, "cpu") == ("bf16-mixed" if cpu_bf16_native() else "32")
+def test_the_estimator_takes_the_plans_precision_and_resolves_none(tmp_path):
+    cfg = compose_config("train", tmp_path / "raw", [])  # trainer.precision=auto, not planned
+    with pytest.raises(UserInputError, match="planned precision"):
+        planned_precision(cfg)
+    planned = planned_config("train", tmp_path / "planned", ["memory.plan_device=cuda"])
+    assert planned_precision(planned) == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
 
 
 @pytest.mark.slow

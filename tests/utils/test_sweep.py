@@ -16,7 +16,7 @@ from tests.conftest import REPO, compose_config
 from tests.wandb_offline import read_records, run_record
 from volseg.utils.entry import run_task
 from volseg.utils.errors import BudgetExceeded
-from volseg.utils.sweep import COLUMNS, record_job
+from volseg.utils.sweep import COLUMNS, JobStopped, objective, record_job
 
 
 def _multirun(
@@ -113,14 +113,27 @@ def _over_budget(cfg):
     raise BudgetExceeded("memory.budget=1GiB: estimated peak 3.2 GiB does not fit")
 
 
-def test_a_pruned_job_is_recorded_as_pruned_and_returns_no_value(tmp_path):
+def test_a_pruned_job_is_recorded_as_pruned_and_tells_the_sweeper(tmp_path):
     cfg = compose_config("train", tmp_path / "0")
     _as_multirun_job(cfg, tmp_path, 0)
-    assert run_task(_over_budget, cfg) is None
+    assert run_task(_over_budget, cfg) == JobStopped(
+        "pruned", "BudgetExceeded: memory.budget=1GiB: estimated peak 3.2 GiB does not fit"
+    )
     with open(tmp_path / "sweep_summary.csv") as f:
         (row,) = list(csv.DictReader(f))
     assert row["status"] == "pruned" and row["overrides"] == "seed=0"
     assert row["error"] == "BudgetExceeded: memory.budget=1GiB: estimated peak 3.2 GiB does not fit"
+
+
+def test_a_training_job_returns_the_optimized_metric_or_why_it_stopped():
+    metrics = {"val/dice_mean_best": 0.8, "mem/peak_allocated_mib": 512.0}
+    assert objective(metrics, "val/dice_mean_best") == 0.8
+    # several objectives: a value per metric name, in order
+    names = ["val/dice_mean_best", "mem/peak_allocated_mib"]
+    assert objective(metrics, names) == [0.8, 512.0]
+    assert objective(metrics, "val/dice_mean") is None  # not logged: the sweeper fails the trial
+    stopped = JobStopped("pruned", "BudgetExceeded: does not fit")
+    assert objective(stopped, "val/dice_mean_best") is stopped
 
 
 def test_over_budget_in_a_single_run_is_a_user_error(tmp_path, capsys):

@@ -170,6 +170,8 @@ class CachingAllocatorModel:
         self.allocated = 0
         self.peak_reserved = 0
         self.peak_allocated = 0
+        # allocated where a replayed phase began (replay's phase_start)
+        self.phase_resident = 0
 
     def _insert_free(self, block: _Block) -> None:
         block.free = True
@@ -402,11 +404,16 @@ def replay(
     events: list[tuple[str, int, int]],
     capacity: int | None = None,
     settings: AllocatorSettings | None = None,
+    phase_start: int | None = None,
 ) -> CachingAllocatorModel:
     """Run ``("malloc", handle, nbytes)`` / ``("free", handle, 0)`` events through the model
-    with ``settings`` (default: torch's); other events, such as step marks, are skipped."""
+    with ``settings`` (default: torch's); other events, such as step marks, are skipped. With
+    ``phase_start``, the peak allocated is the phase's from that event on, and
+    ``phase_resident`` what was allocated when it began (the reserved peak is over all)."""
     allocator = CachingAllocatorModel(capacity, settings)
-    for op, handle, nbytes in events:
+    for i, (op, handle, nbytes) in enumerate(events):
+        if i == phase_start:
+            allocator.phase_resident = allocator.peak_allocated = allocator.allocated
         if op == "malloc":
             allocator.malloc(handle, nbytes)
         elif op == "free":

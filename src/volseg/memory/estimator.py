@@ -46,12 +46,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.utils.flop_counter import FlopCounterMode
 
 from volseg.memory.allocator import AllocatorSettings, OutOfMemory, replay, round_size
 from volseg.memory.autocast import CudaAutocast
 from volseg.memory.cuda_context import resolve_cuda_context
-from volseg.memory.events import Event, held_peak
+from volseg.memory.events import Event, category_peak, held_peak
 from volseg.memory.layers import LayerTrace, block_activations
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
@@ -59,10 +58,7 @@ from volseg.memory.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
-from volseg.models.learning_rate import resolve_learning_rate
-from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
-from volseg.utils.precision import cuda_bf16_supported, resolve_precision
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -147,28 +143,30 @@ def replayed_total_within(est: Any, budget: int) -> int | None:
     return int(allocator.peak_reserved * (1 + est.margin)) + est.cuda_context
 
 
-def target_device(cfg: DictConfig) -> str:
-    """``memory.plan_device``, or from ``trainer.accelerator`` (``auto`` counts as a GPU: the
-    estimator is for the GPU a config is meant for, which this machine may not have)."""
-    device = cfg.get("memory", {}).get("plan_device")
+def planned_device(cfg: DictConfig) -> str:
+    """The device a planned config trains on: ``memory.plan_device`` as
+    :func:`volseg.plan.make_plan` wrote it (the plan's ``device``), else ``trainer.accelerator``
+    where it names one. Nothing is resolved here: a config whose device is still ``auto`` was not
+    planned."""
+    device = OmegaConf.select(cfg, "memory.plan_device")
     if device is None:
-        accelerator = str(cfg.trainer.get("accelerator", "auto"))
-        device = "cpu" if accelerator == "cpu" else "cuda"
+        accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto").lower()
+        device = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
     if device not in DEVICES:
-        raise UserInputError(f"memory.plan_device={device}: must be one of {', '.join(DEVICES)}")
-    return device
+        raise UserInputError(
+            f"memory.plan_device={device}: must be one of {', '.join(DEVICES)} (the estimator "
+            "takes a planned config: volseg.plan.make_plan decides the device)"
+        )
+    return str(device)
 
 
-def _precision(cfg: DictConfig, device: str) -> str:
-    """``trainer.precision`` as training on ``device`` resolves it (``auto``, 16-mixed on a CPU);
-    a CUDA estimate made on a machine without a GPU assumes one with bfloat16."""
-    requested = str(cfg.trainer.get("precision", "32"))
-    cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
-    precision = resolve_precision(requested, device, cuda_bf16=cuda_bf16).precision
+def planned_precision(cfg: DictConfig) -> str:
+    """``trainer.precision`` of a planned config (the plan resolved it for its device)."""
+    precision = str(OmegaConf.select(cfg, "trainer.precision") or "32")
     if precision not in MIXED and precision not in TRUE and precision not in FULL:
         raise UserInputError(
-            f"trainer.precision={requested}: the estimator knows auto, 32, 16-mixed, bf16-mixed, "
-            "16-true and bf16-true"
+            f"trainer.precision={precision}: the estimator takes a planned precision, one of "
+            "32, 16-mixed, bf16-mixed, 16-true and bf16-true (volseg.plan.make_plan resolves auto)"
         )
     return precision
 
@@ -253,7 +251,6 @@ def _step_config(
             cfg.model.activation_checkpointing = activation_checkpointing
         # compiling is not run on fake tensors here: it changes kernels, not what the step keeps
         cfg.model.compile = False
-    resolve_learning_rate(cfg)  # lr=auto in a config that was not planned
     return cfg
 
 
@@ -430,7 +427,7 @@ def build_training_step(
     (of a micro-batch), ``patch_size``, ``activation_checkpointing`` and
     ``accumulate_grad_batches`` override the config's values.
     """
-    precision = _precision(cfg, device)
+    precision = planned_precision(cfg)
     cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
     loop = LoopSettings.from_config(cfg.trainer)
     if accumulate_grad_batches is not None:
@@ -525,17 +522,41 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
     return CudnnWorkspace(None if limit is None else int(limit * MIB), channels_last)
 
 
-def _trace_steps(
+@dataclass
+class StepTrace:
+    """What one fake-tensor trace of the training steps (and of what ran after them) gives.
+
+    ``events``: every allocation and free, in order (:mod:`volseg.memory.events`), the training
+    steps' first, then those of ``then`` from ``then_start`` on; ``by_category``: the training
+    steps' peak bytes by category (params, grads, optimizer state, activations, temporaries,
+    buffers); ``modules``: each block's own activations in the last micro-batch (bytes);
+    ``flops``: one optimizer step's floating-point operations (by the formulas of torch's
+    ``FlopCounterMode``: matrix products and convolutions, forward, backward and checkpointing's
+    recomputation)."""
+
+    events: list[Event]
+    by_category: dict[str, int]
+    modules: dict[str, int]
+    flops: int
+    then_start: int
+
+    @property
+    def step_events(self) -> list[Event]:
+        """The training steps' events only."""
+        return self.events[: self.then_start]
+
+
+def trace_steps(
     step: TrainingStep,
     mode: FakeTensorMode,
     device: str,
     then: Callable[[RecordingMemTracker], None] | None = None,
     steps: int = 2,
-) -> LayerTrace:
-    """Run two fake training steps under a recording tracker; the trace holds both (the first
-    creates the optimizer state, the per-module table is the second's). ``then(tracker)`` runs
-    after them in the same trace (a validation or, after no ``steps``, a prediction:
-    :mod:`volseg.memory.inference`)."""
+) -> StepTrace:
+    """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
+    too (the first creates the optimizer state, the per-module table is the last's);
+    ``then(tracker)`` runs after them in the same trace (a validation or, after no ``steps``, a
+    prediction: :mod:`volseg.memory.inference`). The one trace every estimate reads."""
     # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
     # volseg.memory.workspace)
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
@@ -550,18 +571,28 @@ def _trace_steps(
         tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
         trace.start()
         try:
-            step.run(
-                steps,
-                on_step_start=tracker.mark,
-                before_update=trace.optimizer_update_begins,
-                # MemTracker follows one forward per module: the table is the last micro-batch's
-                on_micro_batch_start=tracker.reset_mod_stats,
-            )
+            for n in range(steps):
+                tracker.count_flops = n == 0
+                step.run(
+                    1,
+                    on_step_start=tracker.mark,
+                    before_update=trace.optimizer_update_begins,
+                    # MemTracker follows one forward per module: the table is the last
+                    # micro-batch's
+                    on_micro_batch_start=tracker.reset_mod_stats,
+                )
+            tracker.count_flops = False
+            # read before ``then``, whose forwards would overwrite the modules' statistics
+            modules = {k: int(v * MIB) for k, v in block_activations(trace.rows()).items()}
+            then_start = len(tracker.events)
             if then is not None:
                 then(tracker)
         finally:
             trace.stop()
-    return trace
+    # the bytes by category: a view of the steps' events (host copies on the meta device, of
+    # offloaded activations, are not among them)
+    by_category = category_peak(tracker.events[:then_start])
+    return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
 
 
 def _peaks(
@@ -599,16 +630,16 @@ def _peaks(
     }
 
 
-def _fake_step(
+def fake_step(
     cfg: DictConfig,
-    batch_size: int | None,
-    patch_size: Sequence[int] | None,
-    activation_checkpointing: Any,
-    accumulate_grad_batches: int | None,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+    accumulate_grad_batches: int | None = None,
 ) -> tuple[str, FakeTensorMode, TrainingStep]:
-    """The target device, a fake-tensor mode and ``cfg``'s training step with fake parameters in
-    it (the overrides are :func:`estimate`'s)."""
-    device = target_device(cfg)
+    """The planned device, a fake-tensor mode and the planned config ``cfg``'s training step
+    with fake parameters in it (the overrides are :func:`build_training_step`'s)."""
+    device = planned_device(cfg)
     mode = FakeTensorMode()
     step = build_training_step(
         cfg,
@@ -629,47 +660,50 @@ def estimate(
     activation_checkpointing: Any = None,
     accumulate_grad_batches: int | None = None,
 ) -> MemoryEstimate:
-    """Predicted memory of a training step of ``cfg`` (a composed ``train`` config).
+    """Predicted memory of a training step of the planned config ``cfg`` (see
+    :func:`volseg.memory.engine.estimate_run`, whose step this is: asked again for the same
+    config and overrides, the engine answers from the same trace).
 
     ``batch_size``, ``patch_size``, ``activation_checkpointing`` and ``accumulate_grad_batches``
     override the config's ``data.batch_size``, ``data.patch_size``,
     ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
     """
-    started = time.perf_counter()
-    device, mode, step = _fake_step(
-        cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
-    )
-    allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
-    return estimate_step(
-        step,
-        mode,
-        device,
-        _precision(cfg, device),
-        cfg.get("estimate") or {},
-        started,
-        AllocatorSettings.from_conf(allocator),
-    )
+    from volseg.memory.engine import Variant, estimate_config  # the engine builds on this module
+
+    variant = Variant.of(batch_size, patch_size, activation_checkpointing, accumulate_grad_batches)
+    return estimate_config(cfg, variant).step
 
 
-def estimate_step(
+def step_flops(
+    cfg: DictConfig,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+    accumulate_grad_batches: int | None = None,
+) -> int:
+    """Floating-point operations of one optimizer step of ``cfg`` (all its micro-batches:
+    forward, loss, backward with checkpointing's recomputation), counted in the estimate's own
+    trace (:func:`estimate`; the same overrides)."""
+    from volseg.memory.engine import Variant, estimate_config
+
+    variant = Variant.of(batch_size, patch_size, activation_checkpointing, accumulate_grad_batches)
+    return estimate_config(cfg, variant).flops_per_step
+
+
+def step_estimate(
     step: TrainingStep,
-    mode: FakeTensorMode,
+    trace: StepTrace,
     device: str,
     precision: str,
     settings: Any = None,
     started: float | None = None,
     allocator: AllocatorSettings | None = None,
 ) -> MemoryEstimate:
-    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
-    :func:`module_training_step`) on ``device`` at ``precision``; ``settings``: the ``estimate``
-    config's ``cuda_context_mib`` and ``gpu`` (default: ``auto``, this machine's GPU);
-    ``allocator``: the CUDA caching allocator's settings (default: torch's).
-    :func:`estimate` is this for a volseg config's step; any module's step can be estimated so."""
+    """The training step's estimate from its ``trace`` (:func:`trace_steps`) on ``device`` at
+    ``precision``; ``settings``: the ``estimate`` config's ``cuda_context_mib`` and ``gpu``;
+    ``allocator``: the CUDA caching allocator's settings (default: torch's)."""
     started = time.perf_counter() if started is None else started
-    trace = _trace_steps(step, mode, device)
-    events = trace.tracker.events
-    # saved tensors offloaded to the host live on the meta device: not on the estimated one
-    by_category = trace.peak(skip_device_type="meta")
+    events = trace.step_events
     allocator = allocator or AllocatorSettings()
     peaks = _peaks(events, device, settings or {}, allocator)
     levers = getattr(step.module, "levers", None)
@@ -680,11 +714,11 @@ def estimate_step(
         patch_size=list(step.image_shape[2:]),
         activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
-        **{k: v for k, v in by_category.items() if k != "other"},
+        **{k: v for k, v in trace.by_category.items() if k != "other"},
         **peaks,
         process_total=peaks["peak_reserved"] + peaks["cuda_context"],
         seconds=time.perf_counter() - started,
-        modules={k: int(v * MIB) for k, v in block_activations(trace.rows()).items()},
+        modules=dict(trace.modules),
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
     if device == "cuda":
@@ -699,21 +733,18 @@ def estimate_step(
     return result
 
 
-def step_flops(
-    cfg: DictConfig,
-    batch_size: int | None = None,
-    patch_size: Sequence[int] | None = None,
-    activation_checkpointing: Any = None,
-    accumulate_grad_batches: int | None = None,
-) -> int:
-    """Floating-point operations of one optimizer step of ``cfg`` (all its micro-batches:
-    forward, loss, backward with checkpointing's recomputation, the update), counted by torch's
-    ``FlopCounterMode`` on fake tensors (matrix products and convolutions; elementwise ops count
-    nothing). The overrides are :func:`estimate`'s."""
-    _, mode, step = _fake_step(
-        cfg, batch_size, patch_size, activation_checkpointing, accumulate_grad_batches
-    )
-    counter = FlopCounterMode(display=False)
-    with mode, _constant_aranges(), _host_offload_modelled(), counter:
-        step.run(1)
-    return int(counter.get_total_flops())
+def estimate_step(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    precision: str,
+    settings: Any = None,
+    started: float | None = None,
+    allocator: AllocatorSettings | None = None,
+) -> MemoryEstimate:
+    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
+    :func:`module_training_step`) on ``device`` at ``precision``: any module's step, traced
+    once (:func:`trace_steps`) and read by :func:`step_estimate`."""
+    started = time.perf_counter() if started is None else started
+    trace = trace_steps(step, mode, device)
+    return step_estimate(step, trace, device, precision, settings, started, allocator)

@@ -5,7 +5,8 @@ A training run's memory is not only its training step's: validation runs MONAI's
 ``sliding_window_inference`` over each whole validation volume, beside what training keeps
 resident (parameters, gradients, optimizer state; on CUDA the caching allocator's blocks). The
 estimate runs it on fake tensors in the same trace as the training step
-(:func:`volseg.memory.estimator._trace_steps`: two fake training steps, then this), so that what
+(:func:`volseg.memory.estimator.trace_steps`: two fake training steps, then this; the
+engine, :mod:`volseg.memory.engine`, reads the step and validation off that one trace), so that what
 training leaves behind is what validation starts from:
 
 - the batch ``(1, C, D, H, W)`` and its label on the device (Lightning moves the batch there;
@@ -50,14 +51,16 @@ from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from volseg.memory.allocator import (
-    AllocatorSettings,
-    CachingAllocatorModel,
-    round_size,
-)
+from volseg.memory.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.cuda_context import resolve_cuda_context
-from volseg.memory.estimator import _fake_step, _precision, _trace_steps, replayed_total_within
-from volseg.memory.events import Event
+from volseg.memory.estimator import (
+    StepTrace,
+    fake_step,
+    planned_precision,
+    replayed_total_within,
+    trace_steps,
+)
+from volseg.memory.events import Event, held_series
 from volseg.memory.residuals import cuda_margin
 from volseg.memory.trackers import RecordingMemTracker
 from volseg.models.volume_predictor import VolumePredictor
@@ -254,6 +257,8 @@ class _CountedWindows:
                     tracker.events.append(("malloc", handles[handle], nbytes))
                 elif kind == "free":
                     tracker.events.append(("free", handles.pop(handle), 0))
+                elif kind == "category":
+                    tracker.events.append((kind, handles.get(handle, handle), nbytes))
                 else:
                     tracker.events.append((kind, handle, nbytes))
 
@@ -280,26 +285,6 @@ class _CountedWindows:
         return self.inferer(inputs, predictor, *args, **kwargs)
 
 
-def _held(events: list[Event], rounding: Any = None) -> list[int]:
-    """Bytes held after each event (``held[i]``: after ``events[i]``), a workspace counted
-    during its own event only."""
-    held, live, out = 0, {}, []
-    for kind, handle, nbytes in events:
-        size = rounding(nbytes) if rounding is not None and nbytes else nbytes
-        if kind == "malloc":
-            live[handle] = size
-            held += size
-            out.append(held)
-        elif kind == "free":
-            held -= live.pop(handle)
-            out.append(held)
-        elif kind == "workspace":
-            out.append(held + size)
-        else:
-            out.append(held)
-    return out
-
-
 def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
     """The most one window batch's forward rose above what was held when it began."""
     rise = 0
@@ -316,16 +301,8 @@ def _peaks(
     reserved peak (CUDA: the allocator model, with ``allocator_settings``, replayed over
     everything before too)."""
     if device == "cuda":
-        allocator = CachingAllocatorModel(settings=allocator_settings)
-        resident = 0
-        for i, (kind, handle, nbytes) in enumerate(events):
-            if i == start:
-                resident = allocator.allocated
-                allocator.peak_allocated = allocator.allocated
-            if kind == "malloc":
-                allocator.malloc(handle, nbytes)
-            elif kind == "free":
-                allocator.free(handle)
+        allocator = replay(events, settings=allocator_settings, phase_start=start)
+        resident = allocator.phase_resident
         context = resolve_cuda_context(
             settings.get("cuda_context_mib", 0), settings.get("gpu")
         ).nbytes
@@ -335,13 +312,13 @@ def _peaks(
             "peak_reserved": allocator.peak_reserved,
             "cuda_context": context,
         }
-    held = _held(events)
+    held = held_series(events)
     resident = held[start - 1] if start > 0 else 0
     peak = max(held[start:], default=resident)
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
 
 
-def _allocator_settings(cfg: DictConfig) -> AllocatorSettings:
+def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
     """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
     return AllocatorSettings.from_conf(
         resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
@@ -366,84 +343,95 @@ def _inferer_settings(module: Any) -> tuple[list[int], int, Any]:
     return [int(r) for r in inferer.roi_size], int(inferer.sw_batch_size), inferer.overlap
 
 
-def _traced(
-    step: Any,
-    mode: Any,
-    device: str,
-    phase: str,
-    volume_shape: list[int],
-    stitch: str,
-    run: Any,
-    settings: Any,
-    steps: int,
-    precision: str,
-    flips: int = 1,
-    allocator: AllocatorSettings | None = None,
-) -> InferenceEstimate:
-    """Trace ``steps`` fake training steps, then ``run(image_shape, label_shape)`` with the
-    module's inferer counting its windows; the estimate of what ``run`` held (``allocator``: the
-    ``memory.allocator`` settings its reserved figures model)."""
-    allocator = allocator or AllocatorSettings()
-    started = time.perf_counter()
-    module = step.module
-    roi, sw_batch, overlap = _inferer_settings(module)
-    channels, classes = step.image_shape[1], int(module.num_classes)
-    image_shape = (1, channels, *volume_shape)
-    counted: dict[str, Any] = {}
+@dataclass
+class Phase:
+    """A whole-volume inference to run after a trace's training steps: ``then`` (the trace's
+    callback: marks the phase's start, runs it with the module's inferer counting its windows)
+    and, once it ran, ``spans`` (each window batch's forward, event indices)."""
 
-    def then(tracker: RecordingMemTracker) -> None:
+    step: Any
+    device: str
+    phase: str
+    volume_shape: list[int]
+    stitch: str
+    run: Any
+    flips: int = 1
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def then(self, tracker: RecordingMemTracker) -> None:
         tracker.mark()
-        counted["start"] = len(tracker.events)
+        module = self.step.module
         real = module.inferer
         windows = _CountedWindows(real, tracker)
         real_device = real.device
-        if stitch == "host":
-            real.device = _host_device(device)
+        if self.stitch == "host":
+            real.device = _host_device(self.device)
         module.inferer = windows
         module.eval()
         try:
             with _fake_monai_stand_ins(), torch.no_grad():
-                run(image_shape)
+                self.run((1, self.step.image_shape[1], *self.volume_shape))
         finally:
             module.inferer, real.device = real, real_device
-        counted["spans"] = windows.spans
+        self.spans = windows.spans
 
-    # torch.tensor(..., device="meta") (a small tensor on the host, in the trace) is a real meta
-    # tensor, not a fake one: it holds no memory and may be mixed with fake ones
-    mode.allow_non_fake_inputs = True
-    events = _trace_steps(step, mode, device, then, steps=steps).tracker.events
-    peaks = _peaks(events, counted["start"], device, settings or {}, allocator)
-    rounding = round_size if device == "cuda" else None
-    itemsize = torch.empty((), dtype=step.input_dtype).element_size()
-    buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
-    voxels = math.prod(volume_shape)
-    volume = channels * voxels * itemsize + (voxels * itemsize if phase == "validation" else 0)
-    return InferenceEstimate(
-        phase=phase,
-        device=device,
-        precision=precision,
-        volume_shape=list(volume_shape),
-        in_channels=channels,
-        num_classes=classes,
-        roi_size=roi,
-        sw_batch_size=sw_batch,
-        windows=window_count(volume_shape, roi, overlap),
-        stitch=stitch,
-        flips=flips,
-        resident=peaks["resident"],
-        volume=volume,
-        stitching=buffers if stitch == "device" else 0,
-        host_stitching=buffers if stitch == "host" else 0,
-        window_batch=_window_rise(_held(events, rounding), counted["spans"]),
-        peak_allocated=peaks["peak_allocated"],
-        peak_growth=peaks["peak_allocated"] - peaks["resident"],
-        peak_reserved=peaks["peak_reserved"],
-        cuda_context=peaks["cuda_context"],
-        process_total=peaks["peak_reserved"] + peaks["cuda_context"],
-        seconds=time.perf_counter() - started,
-        events=events,
-        allocator=allocator,
-    )
+    def prepare(self, mode: Any) -> None:
+        """Before the trace: torch.tensor(..., device="meta") (a small tensor on the host, in
+        the trace) is a real meta tensor, not a fake one: it holds no memory and may be mixed
+        with fake ones."""
+        mode.allow_non_fake_inputs = True
+
+    def estimate(
+        self,
+        trace: StepTrace,
+        precision: str,
+        settings: Any,
+        allocator: AllocatorSettings | None = None,
+        started: float | None = None,
+    ) -> InferenceEstimate:
+        """The estimate of what the phase held in ``trace`` (``allocator``: the
+        ``memory.allocator`` settings its reserved figures model)."""
+        allocator = allocator or AllocatorSettings()
+        started = time.perf_counter() if started is None else started
+        module, device, volume_shape = self.step.module, self.device, self.volume_shape
+        roi, sw_batch, overlap = _inferer_settings(module)
+        channels, classes = self.step.image_shape[1], int(module.num_classes)
+        events = trace.events
+        # the phase's mark is the first event of ``then``
+        peaks = _peaks(events, trace.then_start + 1, device, settings or {}, allocator)
+        rounding = round_size if device == "cuda" else None
+        itemsize = torch.empty((), dtype=self.step.input_dtype).element_size()
+        buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
+        voxels = math.prod(volume_shape)
+        volume = channels * voxels * itemsize + (
+            voxels * itemsize if self.phase == "validation" else 0
+        )
+        return InferenceEstimate(
+            phase=self.phase,
+            device=device,
+            precision=precision,
+            volume_shape=list(volume_shape),
+            in_channels=channels,
+            num_classes=classes,
+            roi_size=roi,
+            sw_batch_size=sw_batch,
+            windows=window_count(volume_shape, roi, overlap),
+            stitch=self.stitch,
+            flips=self.flips,
+            resident=peaks["resident"],
+            volume=volume,
+            stitching=buffers if self.stitch == "device" else 0,
+            host_stitching=buffers if self.stitch == "host" else 0,
+            window_batch=_window_rise(held_series(events, rounding), self.spans),
+            peak_allocated=peaks["peak_allocated"],
+            peak_growth=peaks["peak_allocated"] - peaks["resident"],
+            peak_reserved=peaks["peak_reserved"],
+            cuda_context=peaks["cuda_context"],
+            process_total=peaks["peak_reserved"] + peaks["cuda_context"],
+            seconds=time.perf_counter() - started,
+            events=events,
+            allocator=allocator,
+        )
 
 
 def _configured_stitch(cfg: DictConfig, device: str) -> str:
@@ -454,14 +442,9 @@ def _configured_stitch(cfg: DictConfig, device: str) -> str:
     return "host" if on_host and device == "cuda" else "device"
 
 
-def estimate_validation(
-    cfg: DictConfig, volume_shape: Sequence[int], settings: Any = None
-) -> InferenceEstimate:
-    """Predicted memory of validating one volume of ``volume_shape`` ``[D, H, W]`` in a
-    ``train.py`` run of ``cfg`` (planned), after two training steps; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.estimate``)."""
-    shape = _shape(volume_shape)
-    device, mode, step = _fake_step(cfg, None, None, None, None)
+def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
+    """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
+    planned config ``cfg``, after its training ``step``'s steps in the same trace."""
     module = step.module
 
     def run(image_shape: tuple[int, ...]) -> None:
@@ -475,30 +458,34 @@ def estimate_validation(
             module._val_sums = None
             del image, label
 
-    settings = settings if settings is not None else (cfg.get("estimate") or {})
     stitch = _configured_stitch(cfg, device)
-    precision = _precision(cfg, device)
-    est = _traced(
-        step,
-        mode,
-        device,
-        "validation",
-        shape,
-        stitch,
-        run,
-        settings,
-        2,
-        precision,
-        allocator=_allocator_settings(cfg),
-    )
-    if device == "cuda":
-        # the training step's margin: validation's reserved peak rests on the same replay
+    return Phase(step, device, "validation", _shape(volume_shape), stitch, run)
+
+
+def validation_margin(est: InferenceEstimate, step: Any) -> InferenceEstimate:
+    """On CUDA, the training step's margin: validation's reserved peak rests on the same
+    replay."""
+    if est.device == "cuda":
         margin = cuda_margin(
-            bool(getattr(module.levers, "offload_activations", False)),
+            bool(getattr(step.module.levers, "offload_activations", False)),
             step.loop.accumulate_grad_batches,
         )
         est.margin, est.margin_source = margin.fraction, margin.source
     return est
+
+
+def estimate_validation(
+    cfg: DictConfig, volume_shape: Sequence[int], settings: Any = None
+) -> InferenceEstimate:
+    """Predicted memory of validating one volume of ``volume_shape`` ``[D, H, W]`` in a
+    ``train.py`` run of ``cfg`` (planned), after two training steps; ``settings``: the
+    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.estimate``). The engine's
+    (:func:`volseg.memory.engine.estimate_config`): the step's estimate is in the same trace."""
+    from volseg.memory.engine import Variant, estimate_config  # the engine builds on this module
+
+    validation = estimate_config(cfg, Variant(), _shape(volume_shape), settings).validation
+    assert validation is not None  # a shape was given
+    return validation
 
 
 def estimate_prediction(
@@ -511,14 +498,17 @@ def estimate_prediction(
 ) -> InferenceEstimate:
     """Predicted memory of ``predict.py`` on one volume of ``volume_shape`` with the network and
     inferer of ``cfg`` (planned), stitched on the ``device`` or the ``host``, averaged over the
-    mirrorings of ``flip_axes``, at ``precision`` (predict.py's ``trainer.precision``)."""
+    mirrorings of ``flip_axes``, at ``precision`` (predict.py's ``trainer.precision``, as its
+    plan resolved it). Its own trace: prediction runs in its own process, at its own precision,
+    with no training state."""
     if stitch not in STITCH:
         raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH)}")
+    started = time.perf_counter()
     shape = _shape(volume_shape)
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.trainer.precision = precision
-    device, mode, step = _fake_step(cfg, None, None, None, None)
+    device, mode, step = fake_step(cfg)
     module = step.module
     classes = int(module.num_classes)
     host = _host_device(device)
@@ -526,7 +516,6 @@ def estimate_prediction(
     predictor = VolumePredictor(module, module.inferer, classes, flip_axes, stitch="device")
     target = torch.device(host if stitch == "host" else "cpu")
     predictor.stitch_device = lambda spatial_shape: target  # type: ignore[method-assign]
-    flips = len(predictor.flips)
 
     def run(image_shape: tuple[int, ...]) -> None:
         predictor.inferer = module.inferer  # the counting stand-in
@@ -537,21 +526,10 @@ def estimate_prediction(
             del image, out
 
     settings = settings if settings is not None else (cfg.get("estimate") or {})
-    precision = _precision(cfg, device)
-    est = _traced(
-        step,
-        mode,
-        device,
-        "prediction",
-        shape,
-        stitch,
-        run,
-        settings,
-        0,
-        precision,
-        flips,
-        _allocator_settings(cfg),
-    )
+    phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
+    phase.prepare(mode)
+    trace = trace_steps(step, mode, device, phase.then, steps=0)
+    est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
     if device == "cuda":
         margin = cuda_margin(False, 1)  # a forward without training: a plain step's margin
         est.margin, est.margin_source = margin.fraction, margin.source

@@ -1,6 +1,7 @@
 """Per-module memory of one training step, by category, from torch's ``MemTracker``.
 
-MemTracker (``torch.distributed._tools.mem_tracker``) attributes every tensor storage created in
+MemTracker (``torch.distributed._tools.mem_tracker``, reached through
+:mod:`volseg.memory.trackers` only) attributes every tensor storage created in
 its context to a category (parameters, buffers, gradients, activations, temporaries, optimizer
 state) and snapshots the totals when each module enters and leaves its forward and backward. A
 module's own activation memory is what its forward left alive: activations after its forward
@@ -17,9 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._tools.mem_tracker import _ModState
 
-from volseg.memory.trackers import ClosureMemTracker
+from volseg.memory.trackers import ClosureMemTracker, module_snapshots
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,7 @@ class LayerTrace:
         called = {
             name
             for name, mod in self.module.named_modules()
-            if name
-            and mod in self.tracker.memory_tracking
-            and self.tracker.memory_tracking[mod].snapshots.get(_ModState.PRE_FW)
+            if name and module_snapshots(self.tracker, mod) is not None
         }
         blocks = set()
         for name in called:
@@ -129,10 +127,9 @@ class LayerTrace:
         blocks = self._blocks()
         rows = []
         for name, mod in self.module.named_modules():
-            stats = self.tracker.memory_tracking.get(mod) if name else None
-            if stats is None or not stats.snapshots.get(_ModState.PRE_FW):
+            snaps = module_snapshots(self.tracker, mod) if name else None
+            if snaps is None:
                 continue
-            snaps = {state.value: snaps[0] for state, snaps in stats.snapshots.items() if snaps}
             own_act = _device_sum(snaps.get("Post-Forward", {}), "Activation") - _device_sum(
                 snaps["Pre-Forward"], "Activation"
             )

@@ -13,10 +13,12 @@ once, in this order (each step may read what the ones before decided):
    ``model.divisible_by``, and the deep-supervision loss where the network has it;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the estimator's peak memory and FLOPs of one optimizer step of the planned run;
-8. validation of the largest validation volume, checked against ``memory.budget`` (fewer
-   windows at once, host stitching, smaller windows where it does not fit:
-   :mod:`volseg.memory.inference_plan`).
+7. the engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: one
+   build, one trace): the peak memory and FLOPs of one optimizer step and the validation of
+   the largest validation volume;
+8. that validation checked against ``memory.budget`` (fewer windows at once, host stitching,
+   smaller windows where it does not fit: :mod:`volseg.memory.inference_plan`, one trace for
+   each setting it tries).
 
 Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
 """
@@ -199,26 +201,34 @@ STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accum
 
 
 def _plan_step(
-    cfg: DictConfig, decisions: dict[str, Decision], estimate_step: bool, fit_budget: bool
-) -> dict:
+    cfg: DictConfig,
+    decisions: dict[str, Decision],
+    estimate_step: bool,
+    fit_budget: bool,
+    validation_shape: list[int] | None,
+) -> tuple[dict, Any]:
     """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
-    estimator's step: ``{device, peak_allocated, process_total, flops_per_step}`` (bytes)."""
+    engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: the step,
+    its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
+    peak_allocated, process_total, flops_per_step}`` (bytes), ``the RunEstimate or None)``."""
     from volseg.memory.budget import check_estimate_fits
-    from volseg.memory.estimator import estimate, step_flops
+    from volseg.memory.engine import estimate_run
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
     result: dict[str, Any] = {}
+    run = None
     if budget_value or estimate_step:
         try:
-            est = estimate(cfg)
-            result = {
-                "device": est.device,
-                "precision": est.precision,
-                "peak_allocated": est.peak_allocated,
-                "process_total": est.process_total,
-                "flops_per_step": step_flops(cfg),
-            }
+            try:
+                run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
+            except UserInputError:
+                raise
+            except Exception:
+                if validation_shape is None:
+                    raise
+                # a validation the trace does not model: the step alone (validation says why)
+                run = estimate_run(RunPlan(cfg, decisions))
         except UserInputError:
             raise
         except Exception as err:  # a setting the estimator does not model: the run goes on
@@ -228,13 +238,11 @@ def _plan_step(
     planned: dict[str, str] = {}
     if budget_value:
         budget = parse_bytes(budget_value, "memory.budget")
+        est = run.step
         if fit_budget and est.total_within(budget) is None:
             planned, est = _fit_budget(cfg, budget, budget_value, est)
-            result.update(
-                peak_allocated=est.peak_allocated,
-                process_total=est.process_total,
-                flops_per_step=step_flops(cfg),
-            )
+            if planned:  # the planner's answer: its variant, validation in the same trace
+                run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
         if est.margin:
@@ -242,6 +250,14 @@ def _plan_step(
                 f", with a margin of +{est.margin:.0%} on the reserved peak: the estimate's "
                 f"largest shortfall on a recorded GPU run, {est.margin_source}"
             )
+    if run is not None:
+        result = {
+            "device": run.step.device,
+            "precision": run.step.precision,
+            "peak_allocated": run.step.peak_allocated,
+            "process_total": run.step.process_total,
+            "flops_per_step": run.flops_per_step,
+        }
     for key in (
         *STEP_KEYS,
         *sorted(set(planned) - set(STEP_KEYS)),
@@ -251,7 +267,7 @@ def _plan_step(
             decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
         elif value is not None:
             decisions[key] = Decision(plain(value), "configured", why)
-    return result
+    return result, run
 
 
 def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
@@ -288,7 +304,19 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
         _set(cfg, key, yaml.safe_load(value))
         planned[key] = why
     log.info("memory.budget=%s: planned %s", budget_value, " ".join(overrides))
-    return planned, estimate(cfg)
+    return planned, estimate(cfg)  # the engine's, from the trace the search made of it
+
+
+def _validation_volume(cfg: DictConfig, estimate_step: bool) -> tuple[list[int] | None, str]:
+    """The validation volume the plan estimates (``estimate.val_shape`` or the dataset's
+    largest validation case), and where it comes from; ``None`` where none is estimated."""
+    from volseg.memory.inference import validation_shape
+
+    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
+        return None, ""
+    if "model" not in cfg or "data" not in cfg:
+        return None, ""
+    return validation_shape(cfg)
 
 
 def _plan_validation(
@@ -297,25 +325,29 @@ def _plan_validation(
     notes: list[str],
     estimate_step: bool,
     fit_budget: bool,
+    volume: tuple[list[int] | None, str],
+    run: Any,
 ) -> dict:
     """The planned run's validation of its largest volume (``plan.yaml``'s ``validation``),
-    fitted to ``memory.budget``: fewer windows at once and host stitching wherever a budget is
-    set (the same windows, the same result), smaller windows only where ``fit_budget``
-    (plan.py); what fits with none of them stops the run (:class:`BudgetExceeded`)."""
+    from the engine's trace of the planned run (``run``), fitted to ``memory.budget``: fewer
+    windows at once and host stitching wherever a budget is set (the same windows, the same
+    result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
+    stops the run (:class:`BudgetExceeded`)."""
     from volseg.memory.budget import check_validation_fits
-    from volseg.memory.inference import estimate_validation, validation_shape
+    from volseg.memory.inference import estimate_validation
     from volseg.memory.inference_plan import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if not (budget_value or estimate_step):
         return {}
-    shape, source = validation_shape(cfg)
+    shape, source = volume
     if shape is None:
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
         return {"not_estimated": source}
     try:
-        est = estimate_validation(cfg, shape)
+        found = run.validation if run is not None else None
+        est = found if found is not None else estimate_validation(cfg, shape)
     except UserInputError:
         raise
     except Exception as err:  # a setting the trace does not model: the run goes on
@@ -415,10 +447,13 @@ def make_plan(
         decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
-    estimate = _plan_step(cfg, decisions, estimate_step, fit_budget) if "model" in cfg else {}
+    volume = _validation_volume(cfg, estimate_step)
+    estimate, run = {}, None
+    if "model" in cfg:
+        estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
     validation = {}
     if "model" in cfg and "data" in cfg:
-        validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget)
+        validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
     return RunPlan(
         config=cfg,
         decisions=decisions,

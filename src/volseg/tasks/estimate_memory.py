@@ -12,7 +12,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
-from volseg.memory.estimator import MemoryEstimate, estimate, target_device
+from volseg.memory.engine import Variant, estimate_config
+from volseg.memory.estimator import MemoryEstimate, planned_device
 from volseg.memory.inference import (
     estimate_prediction,
     estimate_validation,
@@ -129,7 +130,7 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
             return None, f"{cfg.data._target_} has no host estimate"
         if not Path(datamodule.root).exists():
             return None, f"data.root={datamodule.root} does not exist yet"
-        device = target_device(cfg)
+        device = planned_device(cfg)
         return datamodule.host_estimate(device, local_processes(cfg.trainer, device)), ""
     except UserInputError as err:  # train.py reports it; the step estimate stands without it
         return None, str(err).splitlines()[0]
@@ -198,7 +199,8 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     log.info("%s", run_plan.format())
     cfg = run_plan.run_config()
 
-    est = estimate(cfg)
+    shape, _ = validation_shape(cfg)
+    est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
     print(format_estimate(est, top=int(options.top)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
     result.update(inference_estimates(cfg, est))

@@ -19,7 +19,15 @@ from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.extras import MissingPackage, check_plugin_choices
-from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, job_status, record_job
+from volseg.utils.sweep import (
+    JobStopped,
+    error_line,
+    failed_jobs,
+    in_multirun,
+    is_global_zero,
+    job_status,
+    record_job,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +122,8 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
     fails (bad input, an exception, CUDA out of memory) is recorded as failed, or one that raises
     :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
-    such a job returns ``None`` (the Optuna sweeper records a trial without a value as failed).
+    such a job returns a :class:`~volseg.utils.sweep.JobStopped` (the Optuna sweeper records its
+    trial as failed or pruned).
     """
     global _task_started
     _task_started = True
@@ -137,7 +146,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             print(f"error: job {status}: {err}", file=sys.stderr)
             if is_global_zero():
                 record_job(None, err)
-            return None
+            return JobStopped(status, error_line(err))
         if isinstance(err, UserInputError | TrainingDiverged):
             log.error("%s", err)
             print(f"error: {err}", file=sys.stderr)

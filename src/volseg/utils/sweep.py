@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,6 +19,8 @@ from hydra.types import RunMode
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from volseg.utils.errors import TrialPruned
+
+log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "sweep_summary.csv"
 # set by SweepSummary when a job of the sweep failed: the entry point then exits with code 1
@@ -31,6 +35,37 @@ COLUMNS = [
     "error",
     "run_dir",
 ]
+
+
+@dataclass(frozen=True)
+class JobStopped:
+    """What a multirun job that did not finish returns to the sweeper: ``status`` (``failed`` or
+    ``pruned``) and the error's first 500 characters (the Optuna sweeper records the trial as
+    failed or pruned, with that error)."""
+
+    status: str
+    error: str
+
+
+def objective(
+    result: dict[str, float] | JobStopped | None, optimized_metric: str | Sequence[str] | None
+) -> float | list[float | None] | JobStopped | None:
+    """What a training job returns to the sweeper: the value of ``optimized_metric`` among the
+    run's metrics (a list of values for a list of metric names: one per objective), or the
+    :class:`JobStopped` of a job that did not finish."""
+    if isinstance(result, JobStopped) or not optimized_metric:
+        return result
+    metrics = result or {}
+    names = [optimized_metric] if isinstance(optimized_metric, str) else list(optimized_metric)
+    absent = [n for n in names if n not in metrics]
+    if absent and metrics:
+        log.warning(
+            "optimized_metric: %s not among the run's metrics (%s)",
+            ", ".join(absent),
+            ", ".join(sorted(metrics)),
+        )
+    values = [metrics.get(n) for n in names]
+    return values[0] if isinstance(optimized_metric, str) else values
 
 
 def in_multirun() -> bool:
@@ -63,9 +98,7 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
         "status": job_status(error),
         "best_val_dice_mean": "" if best is None else f"{best:.4f}",
         "peak_allocated_mib": summary.get("memory", {}).get("peak_allocated_mib", ""),
-        "error": ""
-        if error is None
-        else " | ".join(f"{type(error).__name__}: {error}".splitlines())[:500],
+        "error": "" if error is None else error_line(error),
         "run_dir": str(run_dir),
     }
     path = Path(hydra_cfg.sweep.dir) / SUMMARY_FILE
@@ -78,6 +111,11 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
             writer.writeheader()
         writer.writerow(row)
     return path
+
+
+def error_line(error: BaseException) -> str:
+    """The error as one line of at most 500 characters (``Type: message | next line``)."""
+    return " | ".join(f"{type(error).__name__}: {error}".splitlines())[:500]
 
 
 @contextmanager
