@@ -1,4 +1,4 @@
-"""Predict a training step's memory: ``python estimate_memory.py [train.py overrides]``."""
+"""The memory report of the run plan.py plans: ``python estimate_memory.py [overrides]``."""
 
 import hydra
 from omegaconf import DictConfig

@@ -1,5 +1,5 @@
 """Plan a run without training: ``python plan.py data.root=DIR [memory.budget=16GiB]
-[estimate.device=cuda]`` prints the dataset's fingerprint and the plan, and writes plan.yaml
+[memory.plan_device=cuda]`` prints the dataset's fingerprint and the plan, and writes plan.yaml
 (train it with ``python train.py plan=PATH``)."""
 
 import hydra

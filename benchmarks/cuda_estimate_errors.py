@@ -1,7 +1,7 @@
 """The CUDA estimate against every GPU run kept in ``benchmarks/results/cuda/*.json``, on any CPU.
 
 Each run not held out is estimated as ``tests/memory/test_recorded_cuda.py`` estimates it: its
-``train.py`` overrides, ``estimate.device=cuda`` and its loop's ``estimate.zero_grad`` (the run's
+``train.py`` overrides, ``memory.plan_device=cuda`` and its loop's ``estimate.zero_grad`` (the run's
 ``zero_grad``; Lightning's closure where it has none). Prints one Markdown row per run: peak
 allocated (or, where only the rise above the step's start was measured, that rise) and peak
 reserved, estimated / measured in MiB with the error, bold outside the test's bounds (5%
@@ -232,8 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 continue
             overrides = [
                 *run["overrides"],
-                f"estimate.zero_grad={run.get('zero_grad', 'closure')}",
-                "estimate.device=cuda",
+                f"+estimate.zero_grad={run.get('zero_grad', 'closure')}",
+                "memory.plan_device=cuda",
             ]
             with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
                 cfg = planned_config(compose("train", overrides=overrides))
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         script=__file__,
         argv=argv,
         bounds={"allocated": ALLOCATED_WITHIN, "reserved": RESERVED_WITHIN},
-        estimated_for="cuda (estimate.device=cuda), on this CPU",
+        estimated_for="cuda (memory.plan_device=cuda), on this CPU",
     )
     written, newest = results_io.write(doc, args.json_out), results_io.latest(BENCHMARK)
     # margins from estimates written elsewhere would not be what the committed files give

@@ -17,7 +17,7 @@ the first, ``nvidia_smi_mib`` (the largest figure nvidia-smi gave for the proces
 ``prediction`` (predict.py's peaks, from the monitor's ``prediction_memory.json``), each beside
 its estimate. ``estimated``: the run's newest row in
 ``benchmarks/results/cpu/*_cuda_grid_estimates.json``, which ``--estimate`` writes on a CPU
-before the GPU run (``estimate.device=cuda``; for the held-out runs the estimate predates the
+before the GPU run (``memory.plan_device=cuda``; for the held-out runs the estimate predates the
 measurement).
 
 The runs, in the order they start (the most wanted figures first; no run starts after
@@ -979,7 +979,7 @@ def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
         rows,
         script=__file__,
         argv=argv,
-        note="estimate.device=cuda, estimate.cuda_context_mib=0 (allocator figures), each "
+        note="memory.plan_device=cuda, estimate.cuda_context_mib=0 (allocator figures), each "
         "config planned as train.py plans it; bytes",
     )
     return results_io.write(doc, results_io.DEFAULT)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in LEVERS:
         run_overrides = lever_overrides(name)
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-            cfg = compose("train", overrides=[*run_overrides, "estimate.device=cuda"])
+            cfg = compose("train", overrides=[*run_overrides, "memory.plan_device=cuda"])
         est = estimate(planned_config(cfg))  # the estimator takes a plan
         rows.append(
             {

@@ -41,7 +41,7 @@ GPU_LEVERS: dict[str, list[str]] = {
     **CPU_LEVERS,
     "activation offload": ["model.offload_activations=true"],
 }
-GPU = ["estimate.device=cuda", "trainer.precision=bf16-mixed"]
+GPU = ["memory.plan_device=cuda", "trainer.precision=bf16-mixed"]
 
 
 def _merged(base: list[str], extra: list[str]) -> list[str]:

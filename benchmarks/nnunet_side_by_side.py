@@ -9,7 +9,7 @@ target: 8 GB) run on the CPU; no preprocessing. From its ``nnUNetPlans.json``: t
 spacing, patch, batch, stages, features, kernels, strides and batch Dice.
 
 Beside it, volseg's plan of the same files (:func:`volseg.plan.make_plan`, what ``python plan.py
-... memory.budget=8GB estimate.device=cuda`` runs) with ``data.patch_size=auto``,
+... memory.budget=8GB memory.plan_device=cuda`` runs) with ``data.patch_size=auto``,
 ``model.net.depth=auto`` and ``trainer.precision=16-mixed``. Then volseg's estimator on
 nnU-Net's planned step (:func:`volseg.memory.estimator.estimate_step`): the network as nnU-Net's
 trainer builds it from the plan (``get_network_from_plans``, deep supervision on), its batch and
@@ -61,7 +61,7 @@ VOLSEG = [
     "data.patch_size=auto",
     "model.net.depth=auto",
     "trainer.precision=16-mixed",
-    "estimate.device=cuda",
+    "memory.plan_device=cuda",
 ]
 #: nnU-Net's trainer (nnUNetTrainer): optimizer, clipping
 NNUNET_SGD = {"lr": 1e-2, "weight_decay": 3e-5, "momentum": 0.99, "nesterov": True}
@@ -265,7 +265,8 @@ def volseg_plan(overrides: list[str], budget: str, run_dir: Path) -> dict[str, A
     cfg = compose([*overrides, *VOLSEG, f"memory.budget={budget}"], run_dir)
     run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
     planned = run_plan.to_dict()
-    # what estimate_memory.py estimate.budget=... answers: the largest batch within the budget
+    # the planner's largest batch within the budget (volseg.memory.planner.plan, which plan.py
+    # calls only for a step over the budget)
     largest = search(run_plan.run_config(), parse_bytes(budget, "memory.budget"), "batch", ["none"])
     decisions = planned["decisions"]
     value = {k: v["value"] for k, v in decisions.items()}

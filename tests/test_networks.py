@@ -139,7 +139,7 @@ def test_a_users_module_from_a_file_trains_is_estimated_and_planned(cubes, tmp_p
 
     # planned for a GPU (estimated on fake tensors: none needed), at a patch whose activations
     # outweigh the caching allocator's segment rounding
-    overrides = [*two_steps(cubes, "[32,64,64]"), *overrides[-2:], "estimate.device=cuda"]
+    overrides = [*two_steps(cubes, "[32,64,64]"), *overrides[-2:], "memory.plan_device=cuda"]
     cfg = make_plan(compose_config("train", tmp_path / "est", overrides), estimate_step=False)
     cfg = cfg.run_config()
     est = estimate(cfg)

@@ -20,6 +20,7 @@ from volseg.tasks.estimate_memory import run_estimate
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.predict import predict
 from volseg.tasks.train import check_patch_fits_network, train
+from volseg.utils.config import RENAMED_KEYS, renamed_key
 from volseg.utils.entry import run_task
 
 
@@ -98,7 +99,7 @@ TABLE = [
     ("predict", [], "no value for ckpt_path, input, output"),
     ("predict", ["ckpt_path={junk}", "input={data}"], "no value for output"),
     ("predict", ["ckpt_path={dir}/missing.ckpt", "input=x", "output=y"], "missing.ckpt"),
-    ("estimate_memory", ["estimate.budget=lots"], "estimate.budget=lots"),
+    ("estimate_memory", ["memory.budget=lots"], "memory.budget=lots"),
     ("estimate_memory", ["estimate.json_out={dir}/no/such/e.json"], "estimate.json_out="),
     ("estimate_memory", ["estimate.json_out={dir}"], "is a folder"),
     ("estimate_memory", ["estimate.json_out={junk}"], "exists"),
@@ -155,3 +156,28 @@ def test_command_line_mistake_exits_2_without_traceback(args, expected, tmp_path
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
     assert expected in result.stderr
+
+
+def test_renamed_keys_are_named_with_their_replacement():
+    assert renamed_key(["data.batch_size=2", "estimate.budget=8GiB"]) == (
+        "estimate.budget=8GiB: estimate.budget is gone; use " + RENAMED_KEYS["estimate.budget"]
+    )
+    assert renamed_key(["memory.budget=8GiB", "+estimate.zero_grad=after_update"]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("entry", "old", "replacement"),
+    [
+        ("plan.py", "estimate.budget=83MiB", "use memory.budget"),
+        ("estimate_memory.py", "estimate.device=cuda", "use memory.plan_device"),
+        ("estimate_memory.py", "estimate.search=patch", "use memory.budget"),
+        ("train.py", "estimate.zero_grad=after_update", "only the benchmarks"),
+    ],
+)
+def test_an_old_key_is_one_line_naming_its_replacement(entry, old, replacement, tmp_path):
+    result = _run([entry, old], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {old}: ")
+    assert replacement in lines[0] and "Traceback" not in result.stderr

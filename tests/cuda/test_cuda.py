@@ -344,7 +344,7 @@ REFERENCE_RUN = "reference table: unet_large 16-mixed"
 
 
 def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says_how_far(tmp_path):
-    """``estimate.budget=16GiB`` on the seed config: the planned batch trains with the process
+    """The planner's largest batch for 16 GiB on the seed config: it trains with the process
     capped at 16 GiB (``set_per_process_memory_fraction``, the CUDA context left out of the
     allocator's share), and so do the larger batches the recorded step says fit; a batch the
     record puts well over the cap does not.
@@ -362,7 +362,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
         "model=unet_large",
         "data.patch_size=[26,150,320]",
         "trainer.precision=16-mixed",
-        "estimate.device=cuda",
+        "memory.plan_device=cuda",
     ]
     budget = 16 * 2**30
     answer = plan(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)

@@ -107,7 +107,7 @@ def test_cuda_context_by_gpu():
 
 def test_offload_of_full_resolution_maps_only(tmp_path):
     small = ["model.net.widths=[8,16,32]", "data.batch_size=2", "data.patch_size=[16,32,32]"]
-    base = [*small, "trainer.precision=32", "estimate.device=cuda"]
+    base = [*small, "trainer.precision=32", "memory.plan_device=cuda"]
     peaks = {
         value: estimate(
             planned_config("train", tmp_path, [*base, f"model.offload_activations={value}"])

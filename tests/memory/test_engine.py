@@ -20,7 +20,7 @@ SMALL = [
     "model.net.widths=[4,8,16]",
     "data.batch_size=2",
     "data.patch_size=[16,32,32]",
-    "estimate.device=cuda",
+    "memory.plan_device=cuda",
     "estimate.val_shape=[24,48,48]",
 ]
 

@@ -28,8 +28,8 @@ SEED = ["data.batch_size=2", "data.patch_size=[26,150,320]", "trainer.precision=
 def _cfg(tmp_path: Path, overrides: list[str]):
     """Planned as train.py plans it (pooling=auto). The estimates here are for a GPU unless a
     test says otherwise: a plan made on this GPU-less machine would be for its CPU."""
-    if not any(o.startswith(("estimate.device=", "trainer.accelerator=cpu")) for o in overrides):
-        overrides = [*overrides, "estimate.device=cuda"]
+    if not any(o.startswith(("memory.plan_device=", "trainer.accelerator=cpu")) for o in overrides):
+        overrides = [*overrides, "memory.plan_device=cuda"]
     return planned_config("train", tmp_path, overrides)
 
 
@@ -49,7 +49,7 @@ def _cfg(tmp_path: Path, overrides: list[str]):
     ids=["fp32", "bf16-mixed", "16-true-instance", "checkpointing"],
 )
 def test_categories_match_a_real_cpu_step(tmp_path, levers):
-    cfg = _cfg(tmp_path, [*SMALL, "estimate.device=cpu", *levers])
+    cfg = _cfg(tmp_path, [*SMALL, "memory.plan_device=cpu", *levers])
     est = estimate(cfg)
     real = real_step_peak(cfg)
     for category in ("params", "grads", "optimizer_state", "activations", "temporaries"):
@@ -78,7 +78,7 @@ def test_halving_parameters_barely_moves_the_peak(tmp_path):
 def test_cuda_estimate_rounds_and_caches(tmp_path):
     cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "estimate.cuda_context_mib=300"])
     est = estimate(cfg)
-    assert est.device == "cuda"  # planned for a GPU (estimate.device=cuda)
+    assert est.device == "cuda"  # planned for a GPU (memory.plan_device=cuda)
     assert est.peak_reserved >= est.peak_allocated > 0
     assert est.peak_reserved % (2 * 2**20) == 0  # whole segments
     assert est.process_total == est.peak_reserved + 300 * 2**20
@@ -113,8 +113,8 @@ def test_checkpointing_cuts_the_estimate(tmp_path):
 def test_bad_device_and_precision_name_the_key(tmp_path):
     from volseg.utils.errors import UserInputError
 
-    with pytest.raises(UserInputError, match="estimate.device=tpu"):
-        estimate(_cfg(tmp_path, [*SMALL, "estimate.device=tpu"]))
+    with pytest.raises(UserInputError, match="memory.plan_device=tpu"):
+        estimate(_cfg(tmp_path, [*SMALL, "memory.plan_device=tpu"]))
     with pytest.raises(UserInputError, match="trainer.precision=8-mixed"):
         estimate(_cfg(tmp_path, [*SMALL, "trainer.precision=8-mixed"]))
 
@@ -172,7 +172,7 @@ ACCUMULATE = [
     "data.batch_size=1",
     "data.patch_size=[16,64,64]",
     "trainer.precision=32",
-    "estimate.device=cpu",
+    "memory.plan_device=cpu",
 ]
 
 
@@ -197,7 +197,7 @@ def test_accumulation_holds_the_gradients_through_the_next_micro_batch(tmp_path)
 
 def test_a_loop_that_zeroes_after_the_update_starts_forward_without_gradients(tmp_path):
     lightning = estimate(_cfg(tmp_path, SMALL))
-    by_hand = estimate(_cfg(tmp_path, [*SMALL, "estimate.zero_grad=after_update"]))
+    by_hand = estimate(_cfg(tmp_path, [*SMALL, "+estimate.zero_grad=after_update"]))
     # Lightning sets the gradients to None inside the closure, after forward: the last step's
     # gradients are still there when the next step starts; a hand-written loop's
     # optimizer.zero_grad() after optimizer.step() has freed them
@@ -225,7 +225,7 @@ def test_clipping_runs_as_lightning_clips(tmp_path, monkeypatch, device, algorit
         return real(parameters, clip, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, name, spy)
-    base = [*SMALL, f"estimate.device={device}", "trainer.precision=32"]
+    base = [*SMALL, f"memory.plan_device={device}", "trainer.precision=32"]
     plain = estimate(_cfg(tmp_path, base))
     assert calls == []
     clip = ["trainer.gradient_clip_val=0.5", f"trainer.gradient_clip_algorithm={algorithm}"]
@@ -251,7 +251,7 @@ def test_16_mixed_on_cuda_runs_the_grad_scaler(tmp_path, monkeypatch):
             return _real(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.amp.GradScaler, method, spy)
-    mixed = [*SMALL, "estimate.device=cuda", "trainer.accumulate_grad_batches=2"]
+    mixed = [*SMALL, "memory.plan_device=cuda", "trainer.accumulate_grad_batches=2"]
     estimate(_cfg(tmp_path, [*mixed, "trainer.precision=16-mixed"]))
     # per step: a scaled loss per micro-batch, one unscale before the update, one update after
     assert calls == ["scale", "scale", "unscale_", "update"] * 2
@@ -265,7 +265,7 @@ def test_16_mixed_on_cuda_runs_the_grad_scaler(tmp_path, monkeypatch):
     [
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
         ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm=max"),
-        ("estimate.zero_grad=never", "estimate.zero_grad=never"),
+        ("+estimate.zero_grad=never", "estimate.zero_grad=never"),
     ],
 )
 def test_bad_loop_settings_name_the_key(tmp_path, override, named):
@@ -285,7 +285,7 @@ def test_a_network_volseg_did_not_write_is_estimated_within_10_percent(tmp_path)
         "data.batch_size=2",
         "data.patch_size=[16,64,64]",
         "trainer.precision=32",
-        "estimate.device=cpu",
+        "memory.plan_device=cpu",
     ]
     predicted = estimate(_cfg(tmp_path, overrides)).step_peak_growth
     assert measure_fit(overrides)["growth"] == pytest.approx(predicted, rel=0.10)

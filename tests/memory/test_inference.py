@@ -45,9 +45,9 @@ def test_window_count_is_monais():
 @pytest.mark.slow
 def test_host_stitching_takes_the_volume_buffers_off_the_gpu(tmp_path):
     shape = [32, 128, 128]
-    on_gpu = estimate_validation(_cfg(tmp_path, ["estimate.device=cuda"]), shape)
+    on_gpu = estimate_validation(_cfg(tmp_path, ["memory.plan_device=cuda"]), shape)
     on_host = estimate_validation(
-        _cfg(tmp_path, ["estimate.device=cuda", "model.inferer.device=cpu"]), shape
+        _cfg(tmp_path, ["memory.plan_device=cuda", "model.inferer.device=cpu"]), shape
     )
     assert (on_gpu.stitch, on_host.stitch) == ("device", "host")
     buffers = stitching_bytes(shape, [16, 32, 32], 5)
@@ -60,7 +60,7 @@ def test_host_stitching_takes_the_volume_buffers_off_the_gpu(tmp_path):
 
 @pytest.mark.slow
 def test_validation_grows_with_the_volume_and_prediction_holds_no_training_state(tmp_path):
-    cfg = _cfg(tmp_path, ["estimate.device=cpu"])
+    cfg = _cfg(tmp_path, ["memory.plan_device=cpu"])
     small = estimate_validation(cfg, [32, 64, 64])
     large = estimate_validation(cfg, [32, 128, 128])
     voxels = math.prod([32, 128, 128]) - math.prod([32, 64, 64])
@@ -126,7 +126,7 @@ def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path)
 @pytest.mark.slow
 def test_the_reserved_peak_follows_memory_allocator(tmp_path):
     shape = [32, 128, 128]
-    cuda = ["estimate.device=cuda"]
+    cuda = ["memory.plan_device=cuda"]
     default = estimate_validation(_cfg(tmp_path, cuda), shape)
     expandable = estimate_validation(
         _cfg(tmp_path, [*cuda, "memory.allocator.expandable_segments=true"]), shape

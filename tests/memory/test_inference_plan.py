@@ -34,7 +34,7 @@ SMALL = [
 def test_a_budget_over_device_stitching_plans_host_stitching(tmp_path):
     """A CUDA run whose step fits 640 MiB but whose validation stitched on the GPU does not,
     with any number of windows at once: planned with host stitching, recorded as a Decision."""
-    overrides = [*SMALL, "estimate.device=cuda"]
+    overrides = [*SMALL, "memory.plan_device=cuda"]
     budget = 640 * MIB
     configured = planned_config("train", tmp_path / "est", overrides)
     assert estimate(configured).fits(budget)
@@ -140,7 +140,7 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
 def test_predict_stitches_on_the_gpu_the_volumes_that_fit_there(tmp_path):
     """predict.py's plan per volume shape on a GPU (fake tensors): the shapes whose device
     stitching fits the limit are stitched there, the larger ones on the host."""
-    cfg = planned_config("train", tmp_path / "est", [*SMALL, "estimate.device=cuda"])
+    cfg = planned_config("train", tmp_path / "est", [*SMALL, "memory.plan_device=cuda"])
     small, large = (32, 64, 64), (32, 192, 192)
     made: dict[tuple, object] = {}
 

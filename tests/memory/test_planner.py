@@ -20,7 +20,7 @@ SMALL = [
     "data.batch_size=2",
     "data.patch_size=[16,32,32]",
     "trainer.precision=32",
-    "estimate.device=cpu",
+    "memory.plan_device=cpu",
 ]
 
 
@@ -124,7 +124,8 @@ def test_estimate_memory_cli_writes_json(tmp_path):
             sys.executable,
             "estimate_memory.py",
             *SMALL,
-            "estimate.budget=60MiB",
+            "memory.budget=60MiB",
+            "estimate.val_shape=[16,32,32]",
             f"estimate.json_out={out}",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
@@ -134,7 +135,9 @@ def test_estimate_memory_cli_writes_json(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "activations by module" in result.stdout and "Fits 60 MiB with" in result.stdout
+    assert "activations by module" in result.stdout
+    # batch 2 fits 60 MiB: plan.py's plan keeps it, and the report says so
+    assert "Planned for memory.budget=60MiB:\n  the configured run fits" in result.stdout
     data = json.loads(out.read_text())
     assert data["schema_version"] == 1
     keys = {
@@ -152,14 +155,16 @@ def test_estimate_memory_cli_writes_json(tmp_path):
     assert keys <= set(data["estimate"])
     assert all(isinstance(data["estimate"][k], int) for k in keys - {"modules"})
     assert data["estimate"]["modules"]["net.inc"] > 0
-    assert data["plan"]["overrides"][0].startswith("data.batch_size=")
+    # the report is of plan.py's plan, checked against the budget
+    assert "fits memory.budget=60MiB" in data["run_plan"]["data.batch_size"]["why"]
+    assert data["estimate"]["batch_size"] == data["run_plan"]["data.batch_size"]["value"] == 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "bad, named",
     [
-        (["estimate.budget=lots"], "estimate.budget=lots"),
+        (["memory.budget=lots"], "memory.budget=lots"),
         (["data.patch_size=[2,32,32]", "model.net.pooling=null"], "[2, 32, 32] is too thin"),
     ],
 )
@@ -205,7 +210,7 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     peak: the planned batch fits budget with it, one more does not, and the output says so."""
     from volseg.tasks.estimate_memory import format_plan
 
-    cuda = [o for o in SMALL if o != "estimate.device=cpu"] + ["estimate.device=cuda"]
+    cuda = [o for o in SMALL if o != "memory.plan_device=cpu"] + ["memory.plan_device=cuda"]
     cfg = planned_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
     budget = 60 * MIB
     answer = plan(cfg, budget, search="batch")

@@ -3,7 +3,7 @@
 Each file is what ``benchmarks/gpu_checks.sh`` wrote on a GPU (or, for the first H200 file, the
 figures of that GPU's earlier runs in the same form): the run's ``train.py`` overrides and what
 it measured. Every run not ``held_out`` holds the estimate of the same overrides
-(``estimate.device=cuda``, and ``estimate.zero_grad`` from the run's ``zero_grad``: the scripts
+(``memory.plan_device=cuda``, and ``estimate.zero_grad`` from the run's ``zero_grad``: the scripts
 that step the optimizer by hand set the gradients to None after the update, train.py inside
 Lightning's closure) to its peak allocated within 5% (or, where only the rise above the
 step's start was measured, ``step_peak_growth_mib``) and its peak reserved within 10%; held-out
@@ -91,14 +91,14 @@ def _runs(with_reasons: bool = True) -> list:
 def _loop(run: dict) -> tuple[str, ...]:
     """The run's overrides with the measured loop's ``estimate.zero_grad`` (``zero_grad``:
     ``after_update`` for the scripts that step the optimizer by hand; Lightning's otherwise)."""
-    return (*run["overrides"], f"estimate.zero_grad={run.get('zero_grad', 'closure')}")
+    return (*run["overrides"], f"+estimate.zero_grad={run.get('zero_grad', 'closure')}")
 
 
 @cache
 def _estimate(overrides: tuple[str, ...]):
     """The CUDA estimate of a run's overrides (made once: two tests read it)."""
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = planned_config("train", Path(run_dir), [*overrides, "estimate.device=cuda"])
+        cfg = planned_config("train", Path(run_dir), [*overrides, "memory.plan_device=cuda"])
         return estimate(cfg)
 
 

@@ -89,7 +89,7 @@ def test_the_plan_records_the_setting_and_the_estimate_models_it(tmp_path, monke
 
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.delenv(ENV_GENERIC, raising=False)
-    overrides = ["memory.allocator.expandable_segments=true", "estimate.device=cuda"]
+    overrides = ["memory.allocator.expandable_segments=true", "memory.plan_device=cuda"]
     cfg = compose_config("train", tmp_path / "run", overrides)
     plan = make_plan(cfg, estimate_step=False)
     decision = plan.decisions["memory.allocator"]

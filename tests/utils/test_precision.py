@@ -78,7 +78,7 @@ def test_the_estimator_takes_the_plans_precision_and_resolves_none(tmp_path):
     cfg = compose_config("train", tmp_path / "raw", [])  # trainer.precision=auto, not planned
     with pytest.raises(UserInputError, match="planned precision"):
         planned_precision(cfg)
-    planned = planned_config("train", tmp_path / "planned", ["estimate.device=cuda"])
+    planned = planned_config("train", tmp_path / "planned", ["memory.plan_device=cuda"])
     assert planned_precision(planned) == "bf16-mixed"  # no GPU here: one with bfloat16 assumed
 
 

@@ -13,5 +13,5 @@ def test_parse_bytes():
     assert parse_bytes("24 GB", "k") == 24 * 10**9
     assert parse_bytes("1.5MiB", "k") == int(1.5 * MIB)
     assert parse_bytes(1024, "k") == 1024
-    with pytest.raises(UserInputError, match="estimate.budget=16 parsecs"):
-        parse_bytes("16 parsecs", "estimate.budget")
+    with pytest.raises(UserInputError, match="memory.budget=16 parsecs"):
+        parse_bytes("16 parsecs", "memory.budget")

@@ -24,8 +24,8 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
             f"memory.budget={budget_value}: the estimated training step needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
             f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
-            "`python estimate_memory.py <the same overrides> "
-            f"estimate.budget={budget_value}` finds a batch size and checkpointing that fit"
+            "`python plan.py <the same overrides>` searches a batch, activation and loss "
+            "checkpointing, micro-batches and a smaller patch that fit"
         )
     log.info(
         "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",

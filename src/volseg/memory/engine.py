@@ -138,7 +138,7 @@ def estimate_run(
     device = plan.decisions.get("device")
     if device is not None:
         with open_dict(cfg):  # the plan's device (a plan may be for a GPU this machine lacks)
-            OmegaConf.update(cfg, "estimate.device", device.value, force_add=True)
+            OmegaConf.update(cfg, "memory.plan_device", device.value, force_add=True)
     return estimate_config(cfg, variant or Variant(), validation_shape)
 
 
@@ -151,7 +151,7 @@ def estimate_config(
     validation_shape: Sequence[int] | None = None,
     settings: Any = None,
 ) -> RunEstimate:
-    """:func:`estimate_run` of a planned config (``estimate.device`` and ``trainer.precision``
+    """:func:`estimate_run` of a planned config (``memory.plan_device`` and ``trainer.precision``
     as the plan decided them); ``settings``: the ``estimate`` config's ``cuda_context_mib`` and
     ``gpu`` (default: ``cfg.estimate``'s). The same run asked again (the same config once the
     variant's keys are set) is answered from the trace already made; a trace with a validation

@@ -144,17 +144,18 @@ def replayed_total_within(est: Any, budget: int) -> int | None:
 
 
 def planned_device(cfg: DictConfig) -> str:
-    """The device a planned config trains on: ``estimate.device`` as :func:`volseg.plan.make_plan`
-    wrote it (the plan's ``device``), else ``trainer.accelerator`` where it names one. Nothing is
-    resolved here: a config whose device is still ``auto`` was not planned."""
-    device = OmegaConf.select(cfg, "estimate.device")
+    """The device a planned config trains on: ``memory.plan_device`` as
+    :func:`volseg.plan.make_plan` wrote it (the plan's ``device``), else ``trainer.accelerator``
+    where it names one. Nothing is resolved here: a config whose device is still ``auto`` was not
+    planned."""
+    device = OmegaConf.select(cfg, "memory.plan_device")
     if device is None:
         accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto").lower()
         device = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
     if device not in DEVICES:
         raise UserInputError(
-            f"estimate.device={device}: must be one of {', '.join(DEVICES)} (the estimator takes "
-            "a planned config: volseg.plan.make_plan decides the device)"
+            f"memory.plan_device={device}: must be one of {', '.join(DEVICES)} (the estimator "
+            "takes a planned config: volseg.plan.make_plan decides the device)"
         )
     return str(device)
 
@@ -495,7 +496,8 @@ ZERO_GRAD = ("closure", "after_update", "before_forward")
 
 
 def zero_grad_setting(cfg: DictConfig) -> str:
-    """``estimate.zero_grad``: where the training loop sets the gradients to ``None``.
+    """``estimate.zero_grad``, which only the benchmarks set (``+estimate.zero_grad=...``; not in
+    the configs): where the training loop sets the gradients to ``None``.
 
     ``closure`` (default): Lightning's automatic optimization, inside the first micro-batch's
     closure after its forward, so the previous step's gradients are held through that forward.

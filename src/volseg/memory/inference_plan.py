@@ -30,6 +30,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.memory.inference import InferenceEstimate, estimate_prediction, estimate_validation
 from volseg.memory.planner import _largest, patch_divisor, scaled_patch
+from volseg.models.networks import adapter_for
+from volseg.models.networks.probe import shape_taker
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -194,7 +196,11 @@ def fit_validation(
             return found(est, sw, True, roi0, why)
     if not smaller_windows:
         return fit
-    # 3. smaller windows, one at a time (stitched on the host on a GPU)
+    # 3. smaller windows, one at a time (stitched on the host on a GPU); not for a network
+    # built for one input size (UNETR's img_size): its windows are its training patch
+    net = cfg.model.net
+    if adapter_for(str(net._target_)).sized_for(net, roi0):
+        return fit
     divisor = patch_divisor(cfg)
     k_now = min(r // d for r, d in zip(roi0, divisor, strict=True))
     if k_now <= 1:
@@ -205,13 +211,19 @@ def fit_validation(
         # never above the configured window (a side not a multiple of its divisor rounds up)
         return [min(s, max(d, r // d * d)) for s, r, d in zip(scaled, roi0, divisor, strict=True)]
 
+    # the smallest window the network takes (a probed divisor says which sides it keeps, not
+    # the least), checked on meta tensors
+    takes = shape_taker(net, int(cfg.get("in_channels", 1)))
+    k_min = next((k for k in range(1, k_now) if takes(window(k))), k_now)
+    if k_min >= k_now:
+        return fit
     # the smallest window first: where the whole-volume steps alone are over the budget, no
     # window fits, and this one estimate says so (the search would try each size)
-    if estimate(1, True, window(1)) is None:
+    if estimate(1, True, window(k_min)) is None:
         return fit
     ratio = budget / max(configured.process_total, 1)
-    guess = max(1, min(k_now - 1, int(k_now * ratio ** (1 / 3))))
-    k, est = _largest(lambda n: estimate(1, True, window(n)), 1, k_now - 1, guess)
+    guess = max(k_min, min(k_now - 1, int(k_now * ratio ** (1 / 3))))
+    k, est = _largest(lambda n: estimate(1, True, window(n)), k_min, k_now - 1, guess)
     if est is not None:
         why = (
             "neither fewer windows at once nor host stitching fits"

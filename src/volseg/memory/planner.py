@@ -1,6 +1,14 @@
 """Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed,
 or the micro-batches that add up to the configured batch.
 
+The levers, in the order the batch search tries them (each only when those before found
+nothing): the batch with each activation checkpointing setting (least recomputation first) and
+micro-batches; then loss checkpointing (``model.checkpoint_loss``); then a smaller patch, shrunk
+one axis at a time as nnU-Net's experiment planner shrinks its patch (the side that is largest
+relative to the configured patch loses one multiple of what it must divide by). Parameters,
+gradients and optimizer state no lever lowers: when they alone are over the budget the planner
+says so and searches nothing.
+
 Every answer is checked by an estimate (:func:`volseg.memory.estimator.estimate`); the search
 starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
 takes a handful of estimates, not one per candidate. What an answer costs in time is estimated
@@ -10,18 +18,21 @@ step.
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
 from volseg.models.networks import adapter_for
-from volseg.models.networks.probe import network_divisibility
+from volseg.models.networks.probe import network_divisibility, shape_taker
 from volseg.utils.config import plain
-from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.errors import at_config_key
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +60,35 @@ class Plan:
     largest_batch_by_checkpointing: dict[str, int] = field(default_factory=dict)
     flops_per_sample: float | None = None
     micro_batching: dict[str, Any] | None = None
+    #: the levers searched, in order, each with the least its candidates needed
+    tried: list[str] = field(default_factory=list)
+    #: parameters, gradients and optimizer state (bytes), which no lever lowers
+    resident: int | None = None
+    #: the lever past batch and checkpointing that found the answer, if one did
+    fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.overrides) or self.micro_batching is not None
+
+    def refusal(self, budget_value: Any) -> str:
+        """Why nothing fits ``memory.budget=budget_value``, in one line: the resident state
+        alone, or each lever tried with the least it needed."""
+        budget = f"{self.budget / MIB:,.0f} MiB"
+        if self.resident is not None and self.resident > self.budget:
+            return (
+                f"memory.budget={budget_value}: the resident training state alone needs "
+                f"{self.resident / MIB:,.1f} MiB ({'; '.join(self.tried)}), over {budget}; "
+                "no batch, patch or checkpointing lowers it: a smaller network, an optimizer "
+                "with less state, or a larger budget"
+            )
+        return (
+            f"memory.budget={budget_value}: nothing fits {budget}; tried "
+            f"{'; '.join(self.tried)}. A larger budget or a smaller network"
+        )
 
 
 def _largest(
@@ -103,6 +140,11 @@ def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[in
     return [max(d, round(scale * p / d) * d) for p, d in zip(base, divisor, strict=True)]
 
 
+def _listed(values: Sequence[int]) -> str:
+    """``[16,48,48]``: a list as an override writes it."""
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
 def _key(checkpointing: Any) -> str:
     """How a checkpointing setting is written on the command line."""
     if isinstance(checkpointing, Sequence) and not isinstance(checkpointing, str):
@@ -143,13 +185,68 @@ class Planner:
     #: how many times a batch guess that does not fit is moved before the search walks from it
     GUESS_REFINEMENTS = 2
 
-    def __init__(self, cfg: DictConfig, budget: int, max_batch_size: int = 256) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        budget: int,
+        max_batch_size: int = 256,
+        checkpoint_loss: bool | None = None,
+    ) -> None:
+        """``checkpoint_loss``: estimate with ``model.checkpoint_loss`` set so (``None``: as
+        configured)."""
+        if checkpoint_loss is not None:
+            cfg = copy.deepcopy(cfg)
+            with open_dict(cfg):
+                cfg.model.checkpoint_loss = checkpoint_loss
         self.cfg = cfg
+        self.checkpoint_loss = bool(cfg.model.get("checkpoint_loss", False))
         self.budget = budget
         self.max_batch_size = max_batch_size
         self.base_patch = [int(p) for p in cfg.data.patch_size]
         self.accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
         self._cache: dict[tuple[int, tuple[int, ...], str, int], MemoryEstimate] = {}
+        self._sized: dict[tuple[int, ...], DictConfig] = {}
+        self._smaller: list[list[int]] | None = None
+
+    def config_at(self, patch: Sequence[int]) -> DictConfig:
+        """The config with the network's settings that follow the patch (its adapter's
+        :meth:`~volseg.models.networks.NetworkAdapter.sized_for`, e.g. UNETR's ``img_size``)
+        set for ``patch``; the estimator sets ``data.patch_size`` itself."""
+        key = tuple(int(p) for p in patch)
+        if list(key) == self.base_patch:
+            return self.cfg
+        if key not in self._sized:
+            net = self.cfg.model.net
+            sized = adapter_for(str(net._target_)).sized_for(net, list(key))
+            cfg = self.cfg
+            if sized:
+                cfg = copy.deepcopy(self.cfg)
+                with open_dict(cfg):
+                    for name, value in sized.items():
+                        cfg.model.net[name] = value
+            self._sized[key] = cfg
+        return self._sized[key]
+
+    def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
+        """:func:`shrunk_patches` of the configured patch that the network takes (probed on
+        meta tensors, built for each patch where its constructor takes the patch's size)."""
+        if self._smaller is None:
+            net = self.cfg.model.net
+            channels = int(self.cfg.get("in_channels", 1))
+            if adapter_for(str(net._target_)).sized_for(net, self.base_patch):
+
+                def takes(patch: Sequence[int]) -> bool:
+                    return shape_taker(self.config_at(patch).model.net, channels)(patch)
+            else:
+                takes = shape_taker(net, channels)
+            self._smaller = shrunk_patches(self.base_patch, divisor, takes)
+        return self._smaller
+
+    def estimates_made(self, base_patch: bool) -> list[MemoryEstimate]:
+        """The estimates made so far at the configured patch (``base_patch``) or at others."""
+        return [
+            e for e in self._cache.values() if (list(e.patch_size) == self.base_patch) == base_patch
+        ]
 
     @property
     def estimates(self) -> int:
@@ -174,7 +271,7 @@ class Planner:
         key = (batch_size, tuple(patch_size), _key(checkpointing), accumulate)
         if key not in self._cache:
             self._cache[key] = estimate(
-                self.cfg,
+                self.config_at(patch_size),
                 batch_size=batch_size,
                 patch_size=patch_size,
                 activation_checkpointing=checkpointing,
@@ -311,6 +408,102 @@ def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> 
     return _Choice(patch=planner.base_patch)
 
 
+def shrunk_patches(
+    base: Sequence[int],
+    divisor: Sequence[int],
+    takes: Callable[[Sequence[int]], bool] = lambda patch: True,
+) -> list[list[int]]:
+    """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
+    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
+    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
+    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
+    side: an instance norm cannot normalise one), and a side stops where the network no longer
+    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least)."""
+    patch, out = [int(p) for p in base], []
+    stopped: set[int] = set()
+    while True:
+        smaller = [((p - 1) // d) * d for p, d in zip(patch, divisor, strict=True)]
+        axes = [a for a in range(3) if smaller[a] >= 2 * divisor[a] and a not in stopped]
+        if not axes:
+            return out
+        axis = max(axes, key=lambda a: (patch[a] / base[a], patch[a]))
+        candidate = [smaller[a] if a == axis else patch[a] for a in range(3)]
+        if takes(candidate):
+            patch = candidate
+            out.append(patch)
+        else:
+            stopped.add(axis)
+
+
+def _search_smaller_patch(
+    planner: Planner, options: Sequence[Any], batch: int, divisor: Sequence[int]
+) -> _Choice:
+    """The largest of :func:`shrunk_patches` that fits at ``batch`` with the most
+    recomputation (the last option), then the least recomputation that fits at it."""
+    candidates = planner.smaller_patches(divisor)
+    if not candidates:
+        return _Choice(patch=planner.base_patch)
+    heaviest = options[-1]
+
+    def at(n: int) -> list[int]:  # n = 1: the smallest candidate, len(candidates): the largest
+        return candidates[len(candidates) - n]
+
+    def fits(n: int) -> MemoryEstimate | None:
+        est = planner.estimate(batch, at(n), heaviest)
+        return est if est.fits(planner.budget) else None
+
+    # activations grow with the voxels: start at the largest patch the line through the
+    # configured patch's estimate says fits
+    now = planner.estimate(batch, planner.base_patch, heaviest)
+    fixed = now.params + now.grads + now.optimizer_state + now.cuda_context
+    ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
+    voxels = math.prod(planner.base_patch) * ratio
+    guess = sum(1 for c in candidates if math.prod(c) <= voxels)
+    n, found = _largest(fits, 1, len(candidates), max(guess, 1))
+    if found is None:
+        return _Choice(patch=planner.base_patch)
+    patch = at(n)
+    choice = _Choice(checkpointing=heaviest, batch_size=batch, patch=patch, estimate=found)
+    for option in options[:-1]:  # less recomputation where it fits too
+        est = planner.estimate(batch, patch, option)
+        if est.fits(planner.budget):
+            choice.checkpointing, choice.estimate = option, est
+            break
+    larger = at(n + 1) if n < len(candidates) else planner.base_patch
+    choice.next_estimate = planner.estimate(batch, larger, choice.checkpointing)
+    return choice
+
+
+def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
+    """What a training step holds whatever its batch, patch or checkpointing: parameters (and
+    buffers), a gradient for each parameter and the optimizer state (bytes), and those parts as
+    text (MiB)."""
+    grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
+    parts = (
+        ("parameters", est.params + est.buffers),
+        ("gradients", grads),
+        ("optimizer state", est.optimizer_state),
+    )
+    text = ", ".join(f"{name} {nbytes / MIB:,.1f} MiB" for name, nbytes in parts)
+    return sum(n for _, n in parts), text
+
+
+def _candidate(est: MemoryEstimate) -> str:
+    """An estimate's setting and what it needs, as the refusal names it."""
+    k = est.accumulate_grad_batches
+    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
+    return (
+        f"{est.process_total / MIB:,.1f} MiB at {batch} of {'x'.join(map(str, est.patch_size))}, "
+        f"activation_checkpointing={_key(est.activation_checkpointing)}"
+    )
+
+
+def _least(estimates: Sequence[MemoryEstimate]) -> str:
+    if not estimates:
+        return "nothing estimated"
+    return "the least: " + _candidate(min(estimates, key=lambda e: e.process_total))
+
+
 def _overrides(choice: _Choice, search: str, configured: Any) -> list[str]:
     """The command-line overrides that set what ``choice`` found."""
     if choice.estimate is None:
@@ -337,12 +530,15 @@ def plan(
     ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
     network adapter's). ``search=batch``: the largest batch with the configured checkpointing;
     when that is smaller than the configured batch, the options are tried cheapest first and the
-    first that fits the configured batch is taken (else the one that fits the largest batch).
-    ``search=patch``: the largest patch at the configured batch, with the configured
-    checkpointing or, if no patch fits with it, the first option with which one does.
+    first that fits the configured batch is taken (else the one that fits the largest batch);
+    when no batch fits with any option, nor micro-batches, loss checkpointing and then a smaller
+    patch at the configured batch (:func:`shrunk_patches`). ``search=patch``: the largest patch
+    at the configured batch, with the configured checkpointing or, if no patch fits with it,
+    the first option with which one does. When the parameters, gradients and optimizer state
+    alone are over the budget nothing is searched (``resident``, ``tried`` say so).
     """
     if search not in ("batch", "patch"):
-        raise UserInputError(f"estimate.search={search}: must be batch or patch")
+        raise ValueError(f"search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)
     if as_configured is not None:
         planner.remember(as_configured)
@@ -350,7 +546,24 @@ def plan(
     tried = checkpointing_choices(cfg, checkpointing_options)
     options = [configured] + [o for o in tried if _key(o) != _key(configured)]
     batch = int(cfg.data.batch_size)
-    fits_now = planner.estimate(batch, planner.base_patch, configured).fits(budget)
+    now = planner.estimate(batch, planner.base_patch, configured)
+    resident, parts = resident_bytes(now)
+    if resident > budget:
+        return Plan(
+            budget=budget,
+            search=search,
+            fits_as_configured=False,
+            batch_size=None,
+            patch_size=None,
+            activation_checkpointing=None,
+            overrides=[],
+            estimate=None,
+            total_within_budget=None,
+            next_step_estimate=None,
+            tried=[parts],
+            resident=resident,
+        )
+    fits_now = now.fits(budget)
     if search == "batch":
         choice = _search_batch(planner, options, batch)
     else:
@@ -358,8 +571,18 @@ def plan(
     micro, flops = None, None
     if search == "batch" and not fits_now:
         micro, flops = _micro_batching(planner, choice, batch, configured)
+    steps: list[str] = []
+    fallback, extra = None, []
+    if search == "batch" and choice.estimate is None and micro is None:
+        choice, fallback, extra = _fallback(planner, options, batch, cfg, steps)
     log.info("Planner: %d estimates", planner.estimates)
     est, next_est = choice.estimate, choice.next_estimate
+    overrides = _overrides(choice, search, configured)
+    if fallback == "a smaller patch" and est is not None:
+        overrides.insert(1, f"data.patch_size={_listed(choice.patch)}")
+        # what the network's constructor takes of the patch moves with it (UNETR's img_size)
+        sized = adapter_for(str(cfg.model.net._target_)).sized_for(cfg.model.net, choice.patch)
+        overrides += [f"model.net.{name}={_listed(value)}" for name, value in sized.items()]
     return Plan(
         budget=budget,
         search=search,
@@ -367,14 +590,58 @@ def plan(
         batch_size=choice.batch_size,
         patch_size=choice.patch if est is not None else None,
         activation_checkpointing=choice.checkpointing,
-        overrides=_overrides(choice, search, configured),
+        overrides=overrides + (extra if est is not None else []),
         estimate=est.to_dict() if est else None,
         total_within_budget=est.total_within(budget) if est else None,
         next_step_estimate=next_est.to_dict() if next_est else None,
         largest_batch_by_checkpointing=choice.largest,
         flops_per_sample=flops,
         micro_batching=micro,
+        tried=steps,
+        resident=resident,
+        fallback=fallback if est is not None else None,
     )
+
+
+def _fallback(
+    planner: Planner, options: Sequence[Any], batch: int, cfg: DictConfig, steps: list[str]
+) -> tuple[_Choice, str | None, list[str]]:
+    """No batch fits with any checkpointing option, nor micro-batches: loss checkpointing, then
+    a smaller patch. Appends what each lever tried to ``steps``; returns the choice, the lever
+    that found it and the overrides it adds beyond batch, patch and checkpointing."""
+    settings = ", ".join(_key(o) for o in options)
+    steps.append(
+        f"batch 1 to {planner.max_batch_size} and micro-batches with activation_checkpointing "
+        f"{settings} ({_least(planner.estimates_made(base_patch=True))})"
+    )
+    patch_planner, extra = planner, []
+    if not planner.checkpoint_loss:
+        loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
+        choice = _search_batch(loss, options, batch)
+        steps.append(
+            "model.checkpoint_loss=true with the same "
+            f"({_least(loss.estimates_made(base_patch=True))})"
+        )
+        if choice.estimate is not None:
+            return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
+        # shrink the patch with the loss checkpointed only where that lowered the step
+        heaviest = options[-1]
+        with_loss = loss.estimate(batch, loss.base_patch, heaviest).process_total
+        if with_loss < planner.estimate(batch, planner.base_patch, heaviest).process_total:
+            patch_planner, extra = loss, ["model.checkpoint_loss=true"]
+    divisor = patch_divisor(cfg)
+    choice = _search_smaller_patch(patch_planner, options, batch, divisor)
+    smallest = planner.smaller_patches(divisor)
+    lowest = "x".join(map(str, smallest[-1])) if smallest else "none smaller"
+    steps.append(
+        f"smaller patches at batch {batch} (one side a multiple of {list(divisor)} smaller at a "
+        f"time, down to {lowest}) with activation_checkpointing={_key(options[-1])}"
+        f"{' and model.checkpoint_loss=true' if extra else ''} "
+        f"({_least(patch_planner.estimates_made(base_patch=False))})"
+    )
+    if choice.estimate is not None:
+        return choice, "a smaller patch", extra
+    return choice, None, []
 
 
 def _micro_batching(

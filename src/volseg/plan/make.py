@@ -47,7 +47,7 @@ from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.config import plain
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
 from volseg.utils.units import MIB, parse_bytes
 
@@ -55,13 +55,13 @@ log = logging.getLogger(__name__)
 
 
 def plan_device(cfg: DictConfig) -> Decision:
-    """Where the run trains: ``estimate.device`` when set (a plan for a GPU this machine may
+    """Where the run trains: ``memory.plan_device`` when set (a plan for a GPU this machine may
     lack), else ``trainer.accelerator`` on this machine (``auto``: CUDA when it has it)."""
-    wanted = OmegaConf.select(cfg, "estimate.device")
+    wanted = OmegaConf.select(cfg, "memory.plan_device")
     if wanted is not None:
         if wanted not in ("cuda", "cpu"):
-            raise UserInputError(f"estimate.device={wanted}: must be one of cuda, cpu")
-        return Decision(str(wanted), "configured", f"estimate.device={wanted}")
+            raise UserInputError(f"memory.plan_device={wanted}: must be one of cuda, cpu")
+        return Decision(str(wanted), "configured", f"memory.plan_device={wanted}")
     accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
     if accelerator in ("gpu", "cuda"):
         return Decision("cuda", "configured", f"trainer.accelerator={accelerator}")
@@ -195,6 +195,11 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
+#: what the step's planning decides, said in the plan whether planned or configured (the
+#: planner's later levers add the patch, loss checkpointing and what follows the patch)
+STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
+
+
 def _plan_step(
     cfg: DictConfig,
     decisions: dict[str, Decision],
@@ -240,6 +245,11 @@ def _plan_step(
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
+        if est.margin:
+            why += (
+                f", with a margin of +{est.margin:.0%} on the reserved peak: the estimate's "
+                f"largest shortfall on a recorded GPU run, {est.margin_source}"
+            )
     if run is not None:
         result = {
             "device": run.step.device,
@@ -249,9 +259,8 @@ def _plan_step(
             "flops_per_step": run.flops_per_step,
         }
     for key in (
-        "data.batch_size",
-        "model.activation_checkpointing",
-        "trainer.accumulate_grad_batches",
+        *STEP_KEYS,
+        *sorted(set(planned) - set(STEP_KEYS)),
     ):
         value = OmegaConf.select(cfg, key)
         if key in planned:
@@ -281,11 +290,14 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     if answer.micro_batching is not None:
         overrides = list(answer.micro_batching["overrides"])
         why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
+    elif answer.fallback is not None:
+        overrides = list(answer.overrides)
+        why = f"no batch or checkpointing fits: {answer.fallback}"
     elif answer.overrides:
         overrides = list(answer.overrides)
         why = "the configured step does not fit: the largest batch that does"
     else:
-        return {}, configured
+        raise BudgetExceeded(answer.refusal(budget_value))
     planned = {}
     for text in overrides:
         key, _, value = text.partition("=")
@@ -410,8 +422,8 @@ def make_plan(
     if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
         allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
         decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    if OmegaConf.select(cfg, "estimate") is not None:
-        _set(cfg, "estimate.device", device.value)  # the estimator plans for the same device
+    if OmegaConf.select(cfg, "memory") is not None:
+        _set(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "32")
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)

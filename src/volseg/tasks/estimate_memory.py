@@ -1,5 +1,6 @@
-"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs (the command; the engine is
-:mod:`volseg.memory.estimator`, the search :mod:`volseg.memory.planner`)."""
+"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs: the memory report of the plan
+``plan.py`` makes (the engine is :mod:`volseg.memory.estimator`; the plan, and its search within
+``memory.budget``, :mod:`volseg.plan`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
 from volseg.memory.engine import Variant, estimate_config
@@ -20,16 +21,28 @@ from volseg.memory.inference import (
     format_run_peak,
     validation_shape,
 )
-from volseg.memory.planner import Plan, plan
+from volseg.memory.planner import Plan
 from volseg.plan import plan_run
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build
-from volseg.utils.units import MIB, parse_bytes
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+#: what the plan fits to memory.budget (volseg.plan.make: the step's keys, then validation's)
+PLANNED_FOR_BUDGET = (
+    "data.batch_size",
+    "data.patch_size",
+    "model.activation_checkpointing",
+    "model.checkpoint_loss",
+    "trainer.accumulate_grad_batches",
+    "model.net.img_size",
+    "model.inferer.sw_batch_size",
+    "model.inferer.device",
+    "model.inferer.roi_size",
+)
 
 
 def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
@@ -161,17 +174,30 @@ def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]
     return {"validation": validation.to_dict(), "prediction": predicted}
 
 
+def format_planned(run_plan: Any) -> str:
+    """What the plan fitted to ``memory.budget`` (its planned step keys), one line each."""
+    budget = OmegaConf.select(run_plan.config, "memory.budget")
+    if not budget:
+        return "memory.budget: not set (nothing planned to fit)"
+    lines = [f"Planned for memory.budget={budget}:"]
+    for key, decision in run_plan.decisions.items():
+        if decision.source == "planned" and key in PLANNED_FOR_BUDGET:
+            lines.append(f"  {key}={plain(decision.value)} ({decision.why})")
+    if len(lines) == 1:
+        lines.append("  the configured run fits as it is")
+    return "\n".join(lines)
+
+
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
-    """Estimate the step ``train.py`` would run (the same plan: :func:`volseg.plan.plan_run`);
-    search with ``estimate.budget``; write JSON."""
-    run_plan = plan_run(cfg, estimate_step=False)
-    log.info("%s", run_plan.format())
-    cfg = run_plan.run_config()
+    """The memory report of the run ``plan.py`` plans with the same overrides (the same plan,
+    fitted to ``memory.budget`` as plan.py fits it: :func:`volseg.plan.plan_run`); JSON out."""
     options = cfg.estimate
-    budget = parse_bytes(options.budget, "estimate.budget") if options.budget else None
     json_out = Path(options.json_out) if options.json_out else None
     if json_out is not None:
         check_json_out(json_out, bool(options.get("overwrite", False)))
+    run_plan = plan_run(cfg, estimate_step=False, fit_budget=True)
+    log.info("%s", run_plan.format())
+    cfg = run_plan.run_config()
 
     shape, _ = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
@@ -181,13 +207,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
     result["host"] = host.to_dict() if host is not None else None
-    if budget is not None:
-        checkpointing = plain(options.checkpointing_options)
-        answer = plan(
-            cfg, budget, str(options.search), checkpointing, int(options.max_batch_size), est
-        )
-        print(format_plan(answer))
-        result["plan"] = answer.to_dict()
+    print(format_planned(run_plan))
     result["run_plan"] = run_plan.to_dict()["decisions"]
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=2))

@@ -46,3 +46,28 @@ def compose_run_config(
         cfg.hydra.job.id = 0
     HydraConfig().set_config(cfg)
     return cfg
+
+
+#: keys that are gone, and what replaces each (one line, exit 2, before anything is composed)
+RENAMED_KEYS = {
+    "estimate.budget": "memory.budget (the one budget: plan.py and estimate_memory.py plan a "
+    "step over it, train.py stops before a run over it)",
+    "estimate.device": "memory.plan_device (cuda plans for a GPU this machine lacks)",
+    "estimate.search": "memory.budget: plan.py and estimate_memory.py plan the batch, then "
+    "checkpointing, micro-batches, loss checkpointing and a smaller patch",
+    "estimate.zero_grad": "nothing: only the benchmarks' hand-written loops need it, and they "
+    "set it themselves (+estimate.zero_grad=...)",
+}
+
+
+def renamed_key(overrides: Sequence[str]) -> str | None:
+    """The first command-line override of a key in :data:`RENAMED_KEYS`, as one line naming its
+    replacement; ``None`` when there is none (``+estimate.zero_grad=...`` adds the key on
+    purpose and is not one)."""
+    for override in overrides:
+        if override.startswith("+"):
+            continue
+        key = override.lstrip("~").split("=", 1)[0].strip()
+        if key in RENAMED_KEYS:
+            return f"{override}: {key} is gone; use {RENAMED_KEYS[key]}"
+    return None

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
+from volseg.utils.config import renamed_key
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.sweep import (
@@ -36,7 +37,7 @@ USAGE = {
     "eval": "python eval.py ckpt_path=PATH [data.root=DIR] [predictions_dir=DIR]",
     "predict": "python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR",
     "estimate": "python estimate_memory.py [train.py overrides] [estimate.json_out=FILE]",
-    "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [estimate.device=cuda]",
+    "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [memory.plan_device=cuda]",
 }
 
 # set when the entry point's task starts: an error before it is Hydra's (composing the config)
@@ -54,6 +55,10 @@ def run_main(main: Callable[[], Any]) -> None:
         check_plugin_choices(sys.argv[1:])
     except MissingPackage as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    renamed = renamed_key(sys.argv[1:])
+    if renamed is not None:
+        print(f"error: {renamed}", file=sys.stderr)
         sys.exit(2)
     try:
         main()

@@ -18,6 +18,7 @@ from volseg.models.networks.monai_nets import (
     DynUNetAdapter,
     SegResNetAdapter,
     SwinUNETRAdapter,
+    UNETRAdapter,
 )
 from volseg.models.networks.unet3d import UNet3DAdapter
 
@@ -37,6 +38,7 @@ ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (
     ("monai.networks.nets.SegResNet", SegResNetAdapter()),
     ("monai.networks.nets.SwinUNETR", SwinUNETRAdapter()),
     ("monai.networks.nets.BasicUNet", BasicUNetAdapter()),
+    ("monai.networks.nets.UNETR", UNETRAdapter()),
 )
 GENERIC = NetworkAdapter()
 

@@ -63,9 +63,24 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
 
 
+#: arguments a block's forward may change (``skips.pop()``): a recomputation in backward would
+#: see them as the forward left them, not as they were passed
+MUTABLE = (list, dict, set)
+
+
+def mutable_arguments(args: tuple, kwargs: Mapping[str, Any]) -> list[str]:
+    """The type names of the arguments among ``args`` and ``kwargs`` that are :data:`MUTABLE`."""
+    return [type(v).__name__ for v in (*args, *kwargs.values()) if isinstance(v, MUTABLE)]
+
+
 def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
-    BatchNorm running statistics as the forward left them."""
+    BatchNorm running statistics as the forward left them. A call that passes a list, dict or
+    set runs as it is, not checkpointed: the forward may consume it (a decoder popping its
+    skips) and the recomputation could not replay that (the plan says which blocks:
+    :func:`volseg.models.networks.probe.blocks_taking_mutable_arguments`)."""
+    if mutable_arguments(args, kwargs):
+        return module(*args, **kwargs)
     return checkpoint_segment(partial(module, **kwargs), [module], *args)
 
 
@@ -108,6 +123,12 @@ class NetworkAdapter:
     def deep_supervision(self, net_cfg: Any) -> bool:
         """Whether the network returns one output per decoder level in training."""
         return False
+
+    def sized_for(self, net_cfg: Any, patch: Sequence[int]) -> dict[str, Any]:
+        """The constructor's arguments that must follow the training patch ``patch`` ([D, H, W]
+        voxels), by name: the plan sets them from the planned patch and the planner moves them
+        with it. A network that takes any input size has none."""
+        return {}
 
     # ---- module side -------------------------------------------------------------------
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:

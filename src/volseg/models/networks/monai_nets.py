@@ -87,3 +87,35 @@ class SwinUNETRAdapter(NetworkAdapter):
             for module in net.modules():
                 if hasattr(module, "use_checkpoint"):
                     module.use_checkpoint = True
+
+
+class UNETRAdapter(NetworkAdapter):
+    """MONAI's UNETR: a ViT over 16^3 patches of the input (sides divisible by 16), built for
+    one input size: ``img_size`` is the training patch (:meth:`sized_for`), planned from it and
+    moved with it."""
+
+    family = "MONAI UNETR"
+    #: MONAI's UNETR embeds 16^3 patches, whatever its settings
+    PATCH = 16
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        return [self.PATCH] * 3
+
+    def sized_for(self, net_cfg: Any, patch: Sequence[int]) -> dict[str, Any]:
+        return {"img_size": [int(p) for p in patch]}
+
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """``img_size``: the training patch where it is ``auto`` (or null); a configured one
+        must be the patch (the network takes no other size)."""
+        configured = plain(net_cfg.get("img_size", "auto"))
+        wanted = [int(p) for p in patch]
+        if configured in (None, "auto"):
+            why = "UNETR is built for one input size: the training patch"
+            return [Planned("model.net.img_size", wanted, "planned", why)]
+        given = [configured] * 3 if isinstance(configured, int) else list(configured)
+        if given != wanted:
+            raise UserInputError(
+                f"model.net.img_size={configured}: UNETR takes only this size, but "
+                f"data.patch_size={wanted}; set model.net.img_size=auto to build it for the patch"
+            )
+        return [Planned("model.net.img_size", wanted, "configured")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hydra
@@ -66,22 +66,42 @@ def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str)
     return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
 
 
-def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
-    """Per axis ``[D, H, W]``, the smallest ``2^k`` such that the network built from
-    ``net_cfg`` (on the meta device) keeps every side ``3 * 2^j`` (``k <= j <=`` :data:`MAX_POWER`)
-    of that axis, the others at ``3 * 2^MAX_POWER``. Raises ``ValueError`` when even the largest
-    side is not kept."""
+def _built_for_probing(net_cfg: DictConfig) -> tuple[torch.nn.Module, Any, str]:
+    """The network of ``net_cfg`` in eval mode (one output, as validation sees it), built on the
+    meta device, and the context and device to run it in: a constructor that reads a value
+    (``.item()``) is built for real and run on fake tensors."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     try:
         with torch.device("meta"):
             net = hydra.utils.instantiate(options)
         fake: Any = contextlib.nullcontext()
         device = "meta"
-    except Exception:  # a constructor that reads a value (.item()): built for real, run on fakes
+    except Exception:
         net = hydra.utils.instantiate(options)
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         device = "cpu"
-    net.eval()  # one output, as validation and prediction see it
+    return net.eval(), fake, device
+
+
+def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
+    """Whether the network of ``net_cfg`` maps a patch ``[D, H, W]`` to logits of the same
+    shape, on meta tensors (the network is built once)."""
+    net, fake, device = _built_for_probing(net_cfg)
+
+    def takes(shape: Sequence[int]) -> bool:
+        with fake:
+            return _fits(net, in_channels, [int(s) for s in shape], device)
+
+    return takes
+
+
+def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
+    """Per axis ``[D, H, W]``, the smallest ``2^k`` such that the network built from
+    ``net_cfg`` (on the meta device) keeps every side ``3 * 2^j`` (``k <= j <=`` :data:`MAX_POWER`)
+    of that axis, the others at ``3 * 2^MAX_POWER``. Raises ``ValueError`` when even the largest
+    side is not kept."""
+    options = OmegaConf.to_container(net_cfg, resolve=True)
+    net, fake, device = _built_for_probing(net_cfg)
     large = 3 * 2**MAX_POWER
     divisors = []
     for axis in range(3):
@@ -131,3 +151,32 @@ def network_divisibility(
         probed,
         f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})",
     )
+
+
+def blocks_taking_mutable_arguments(
+    net_cfg: DictConfig, in_channels: int, patch: Sequence[int]
+) -> dict[str, list[str]]:
+    """The blocks (:func:`~volseg.models.networks.contract.child_blocks`) of the network of
+    ``net_cfg`` whose forward is passed a list, dict or set, found in one forward of a
+    ``patch`` ``[D, H, W]`` on meta tensors: ``{block name: the arguments' type names}``.
+    Activation checkpointing runs such a block as it is."""
+    from volseg.models.networks.contract import child_blocks, mutable_arguments
+
+    net, fake, device = _built_for_probing(net_cfg)
+    found: dict[str, list[str]] = {}
+    handles = []
+    for name, block in child_blocks(net):
+
+        def seen(module: Any, args: tuple, kwargs: dict, name: str = name) -> None:
+            kinds = mutable_arguments(args, kwargs)
+            if kinds:
+                found[name] = sorted(set(kinds))
+
+        handles.append(block.register_forward_pre_hook(seen, with_kwargs=True))
+    try:
+        with fake:
+            _fits(net, in_channels, [int(s) for s in patch], device)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
