@@ -21,8 +21,12 @@ tensors (``--malloc-default`` runs them as ``train.py`` runs by default, for com
 caching allocator's (``max_memory_allocated`` rise, ``max_memory_reserved``), compared with the
 CUDA estimate (CUDA context 0: the allocator's figures hold none of it).
 
-Three grids: ``TUNED``, the configs the estimator was tuned on; ``HELD_OUT``, fixed before any
-result on it was seen and never tuned on; ``NETWORKS``, networks volseg did not write (MONAI's
+The grids, each in sample (the estimator was tuned on it, or a change to it was judged on it) or
+held out (:data:`SAMPLE`; each row of a results file says which): ``TUNED``, the configs the
+estimator was tuned on; ``CHECKED``, fixed on 2026-12-02 as a held-out check and tuned on since;
+the frozen held-out grids of ``benchmarks/grids/<name>.json`` (drawn by
+``benchmarks/draw_grid.py``; the commit that added the file is recorded with each row);
+``NETWORKS``, networks volseg did not write (MONAI's
 DynUNet, SegResNet, SwinUNETR, BasicUNet, and the widely copied DoubleConv/Down/Up/OutConv U-Net
 as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``).
 Each network is also planned under a budget below its configured step (75% of the estimated
@@ -30,7 +34,7 @@ total: ``python plan.py ... memory.budget=X``), and the plan trained (``python t
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
 
     python benchmarks/estimator_accuracy.py                        # CPU, every grid
-    python benchmarks/estimator_accuracy.py --grid held-out        # one grid
+    python benchmarks/estimator_accuracy.py --grid held-out-2026-12-03   # one grid
     python benchmarks/estimator_accuracy.py --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
     python benchmarks/estimator_accuracy.py --write-docs           # docs/networks.md's table
@@ -134,8 +138,9 @@ TUNED: Grid = [
     ),
 ]
 
-#: fixed before any of its results were seen; the estimator is never tuned on it
-HELD_OUT: Grid = [
+#: fixed before any of its results were seen (2026-12-02) as a held-out check; a change to the
+#: estimator has been judged on it since, so it is in sample
+CHECKED: Grid = [
     (
         "[8,16,32,64] group-norm transposed fp32 b2 24x64x64, 2 classes",
         [
@@ -407,7 +412,54 @@ class UNet(nn.Module):
         return self.outc(x)
 '''
 
-GRIDS: dict[str, Grid] = {"tuned": TUNED, "held-out": HELD_OUT, "networks": NETWORKS}
+#: the frozen held-out grids (``benchmarks/draw_grid.py``)
+GRIDS_DIR = REPO / "benchmarks" / "grids"
+
+
+def frozen_grids(folder: Path = GRIDS_DIR) -> dict[str, dict]:
+    """Every grid file of ``folder`` by its name: ``{"sample": ..., "configs": [...], ...}``."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+FROZEN = frozen_grids()
+
+GRIDS: dict[str, Grid] = {
+    "tuned": TUNED,
+    "checked-2026-12-02": CHECKED,
+    **{
+        name: [(c["name"], c["overrides"]) for c in grid["configs"]]
+        for name, grid in FROZEN.items()
+    },
+    "networks": NETWORKS,
+}
+
+#: in sample: the estimator was tuned on the grid, or a change to it was judged on its results;
+#: held out: neither yet (a frozen grid says so in its file until it is judged on)
+SAMPLE: dict[str, str] = {
+    "tuned": "in sample",
+    "checked-2026-12-02": "in sample",
+    "networks": "in sample",
+    **{name: grid["sample"] for name, grid in FROZEN.items()},
+}
+
+
+def frozen_in(name: str) -> str | None:
+    """The commit that added a frozen grid's file (None: not a frozen grid, or no git here)."""
+    path = GRIDS_DIR / f"{name}.json"
+    if name not in FROZEN:
+        return None
+    try:
+        found = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%H", "--", str(path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return found[-1] if found else None
+
 
 #: the planner check's budget: this fraction of the configured step's estimated total. At a
 #: batch of one the only lever is checkpointing, which leaves DynUNet and SwinUNETR about 79%
@@ -758,6 +810,7 @@ def run_grid(
         error = predicted["growth"] / measured["growth"] - 1
         record = {
             "name": name,
+            "sample": SAMPLE[label],
             "network": predicted["network"],
             "overrides": overrides,
             "batch_size": predicted["batch_size"],
@@ -921,6 +974,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="CUDA: write each run's allocator snapshot here (<grid>_<i>.pickle)",
     )
+    parser.add_argument(
+        "--shared-cpu",
+        action="store_true",
+        help="other work ran on the CPU meanwhile: the results file says that its run_seconds "
+        "are no speed figure (the memory figures do not depend on it)",
+    )
     results_io.add_json_out(parser, "estimator_accuracy")
     parser.add_argument(
         "--write-docs",
@@ -985,6 +1044,14 @@ def main(argv: list[str] | None = None) -> None:
         malloc=malloc if args.device == "cpu" else None,
         steps=STEPS,
         budget_fraction=BUDGET_FRACTION,
+        run_seconds=(
+            "wall time on a CPU shared with other work: not a speed figure"
+            if args.shared_cpu
+            else "wall time, nothing else running"
+        ),
+        samples={
+            label: {"sample": SAMPLE[label], "frozen_in": frozen_in(label)} for label in records
+        },
         grids=records,
     )
     results_io.write(doc, args.json_out, device=args.device)
