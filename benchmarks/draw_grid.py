@@ -7,14 +7,15 @@ results file, and a grid whose file has changed since is no longer held out. Onc
 estimator has been judged on a grid's results, the grid is in sample, and the next check draws a
 new one (another seed, another name).
 
-    python benchmarks/draw_grid.py --seed 20261203 --name held-out-2026-12-03
+    python benchmarks/draw_grid.py --seed 20261203 --name held-out-2026-12-03-b
 
 The ranges (:data:`RANGES`): the network, one of ``configs/model/net`` (volseg's ``unet3d`` with
 drawn widths, depth and norm, its presets, or a MONAI network at its config's own size); the
 precision; batch; patch (each side a multiple of the network's divisor, within the embedded
-dataset's 32×96×96 volumes, small enough that an emulated-bf16 step on an AVX2 CPU takes seconds
-to minutes); the number of classes; and, for volseg's U-Net, the memory levers that act on a CPU
-(activation checkpointing, loss checkpointing, ``channels_last``, gradient accumulation).
+dataset's 32×96×96 volumes, square in y and x, small enough that an emulated-bf16 step on an
+AVX2 CPU takes seconds to minutes); the number of classes; and, for volseg's U-Net, the memory
+levers that act on a CPU (activation checkpointing, loss checkpointing, ``channels_last``,
+gradient accumulation).
 Activation offload is left out: it moves nothing on a CPU. MONAI's networks get no lever (their
 checkpointing is their own constructor argument).
 """
@@ -47,7 +48,8 @@ RANGES: dict[str, Any] = {
     "precision": ["32", "bf16-mixed", "bf16-true", "16-mixed"],
     "batch_size": [1, 2, 3],
     "num_classes": [2, 3, 5, 8, 13, 21],
-    # patch sides before rounding to the network's divisor (the embedded volumes: 32x96x96)
+    # patch sides before rounding to the network's divisor (the embedded volumes: 32x96x96); y
+    # and x one side: the embedded dataset turns patches by 90° in the y-x plane
     "patch_z": [16, 24, 32],
     "patch_yx": [32, 48, 64],
     # unet3d only
@@ -65,13 +67,16 @@ RANGES: dict[str, Any] = {
 #: each patch side must divide by this (``configs/model/net/*.yaml``); volseg's U-Net plans its
 #: pooling from the patch (``pooling=auto``), so any even side works there
 DIVISOR = {"basic_unet": 16, "dynunet": 16, "segresnet": 8, "swin_unetr": 32}
+#: SwinUNETR's deepest level (the patch / 32) needs more than one voxel: one side of 64 or more
+MIN_SIDE = {"swin_unetr": 64}
 VOLUME = (32, 96, 96)
 UNET = ("unet3d", "unet_tiny", "unet_small_gn")
 
 
-def _side(rng: random.Random, choices: list[int], divisor: int, limit: int) -> int:
-    """A drawn side rounded up to a multiple of ``divisor``, at most ``limit``."""
-    side = rng.choice(choices)
+def _side(rng: random.Random, choices: list[int], divisor: int, limit: int, least: int = 0) -> int:
+    """A drawn side rounded up to a multiple of ``divisor``, at least ``least``, at most
+    ``limit``."""
+    side = max(rng.choice(choices), least)
     return min(-(-side // divisor) * divisor, limit // divisor * divisor)
 
 
@@ -82,11 +87,8 @@ def draw_config(rng: random.Random) -> tuple[str, list[str]]:
     batch = rng.choice(RANGES["batch_size"])
     classes = rng.choice(RANGES["num_classes"])
     divisor = DIVISOR.get(network, 2)
-    patch = [
-        _side(rng, RANGES["patch_z"], divisor, VOLUME[0]),
-        _side(rng, RANGES["patch_yx"], divisor, VOLUME[1]),
-        _side(rng, RANGES["patch_yx"], divisor, VOLUME[2]),
-    ]
+    side = _side(rng, RANGES["patch_yx"], divisor, min(VOLUME[1:]), MIN_SIDE.get(network, 0))
+    patch = [_side(rng, RANGES["patch_z"], divisor, VOLUME[0]), side, side]
     overrides = [f"model/net={network}"]
     name = [network]
     if network == "unet3d":

@@ -34,7 +34,7 @@ total: ``python plan.py ... memory.budget=X``), and the plan trained (``python t
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
 
     python benchmarks/estimator_accuracy.py                        # CPU, every grid
-    python benchmarks/estimator_accuracy.py --grid held-out-2026-12-03   # one grid
+    python benchmarks/estimator_accuracy.py --grid held-out-2026-12-03-b   # one grid
     python benchmarks/estimator_accuracy.py --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
     python benchmarks/estimator_accuracy.py --write-docs           # docs/networks.md's table
@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -450,7 +451,7 @@ def frozen_in(name: str) -> str | None:
         return None
     try:
         found = subprocess.run(
-            ["git", "log", "--diff-filter=A", "--format=%H", "--", str(path)],
+            ["git", "log", "--no-renames", "--diff-filter=A", "--format=%H", "--", str(path)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -774,10 +775,12 @@ def run_grid(
     malloc_default: bool = False,
     snapshot_dir: Path | None = None,
     planner: bool = False,
+    on_record: Callable[[str, list[dict]], None] | None = None,
 ) -> list[dict]:
-    """Print one grid's table; returns a record per config (bytes; ``error`` a fraction).
-    ``planner``: also plan each config under a budget below it and train the plan
-    (:func:`plan_under_budget`)."""
+    """Print one grid's table; returns a record per config (bytes; ``error`` a fraction; a
+    config whose run or estimate failed: ``failed``, the error's last line). ``planner``: also
+    plan each config under a budget below it and train the plan (:func:`plan_under_budget`).
+    ``on_record(label, records)`` is called after each config (the results file so far)."""
     print(f"## {label}")
     print()
     if device == "cuda":
@@ -796,17 +799,27 @@ def run_grid(
         print(rule)
     records = []
     for index, (name, overrides) in enumerate(grid):
-        predicted = predict(overrides, device, work_dir)
         snapshot = snapshot_dir / f"{label}_{index}.pickle" if snapshot_dir else None
-        measured = measure(
-            overrides,
-            device,
-            work_dir,
-            f"{label}_{index}",
-            int(predicted["accumulate_grad_batches"]),
-            malloc_default,
-            snapshot,
-        )
+        try:
+            predicted = predict(overrides, device, work_dir)
+            measured = measure(
+                overrides,
+                device,
+                work_dir,
+                f"{label}_{index}",
+                int(predicted["accumulate_grad_batches"]),
+                malloc_default,
+                snapshot,
+            )
+        except Exception as err:  # noqa: BLE001  (a held-out grid reports every config)
+            last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            records.append(
+                {"name": name, "sample": SAMPLE[label], "overrides": overrides, "failed": last}
+            )
+            print(f"| {name} | failed: {last} | | |", flush=True)
+            if on_record:
+                on_record(label, records)
+            continue
         error = predicted["growth"] / measured["growth"] - 1
         record = {
             "name": name,
@@ -847,6 +860,8 @@ def run_grid(
                 row += f" {check['budget'] / MIB:,.0f} | nothing fits | |"
                 records.append(record)
                 print(row, flush=True)
+                if on_record:
+                    on_record(label, records)
                 continue
             record["planner"] = {
                 "budget_bytes": check["budget"],
@@ -867,19 +882,26 @@ def run_grid(
             )
         records.append(record)
         print(row, flush=True)
+        if on_record:
+            on_record(label, records)
         rises = ", ".join(f"{r / MIB:,.1f}" for r in measured["rises"])
         print(f"<!-- rises by step: {rises} MiB; run {measured['seconds']:.0f} s -->", flush=True)
     print()
-    print(summary_line([r["error"] for r in records]))
+    print(summary_line(records))
     print()
     return records
 
 
-def summary_line(errors: list[float]) -> str:
-    absolute = [abs(e) for e in errors]
+def summary_line(records: list[dict]) -> str:
+    """Mean and largest |error| over a grid's configs, and how many failed."""
+    absolute = [abs(r["error"]) for r in records if "error" in r]
+    failed = len(records) - len(absolute)
+    tail = f", {failed} failed" if failed else ""
+    if not absolute:
+        return f"no config measured ({len(records)} configs{tail})"
     return (
         f"mean |error| {100 * sum(absolute) / len(absolute):.1f}%, "
-        f"max |error| {100 * max(absolute):.1f}% ({len(errors)} configs)"
+        f"max |error| {100 * max(absolute):.1f}% ({len(absolute)} configs{tail})"
     )
 
 
@@ -1012,11 +1034,50 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
+    import monai
+
+    records: dict[str, list[dict]] = {}
+    written: list[Path | None] = []
+
+    def save(
+        label: str | None = None, rows: list[dict] | None = None, complete: bool = False
+    ) -> None:
+        """The results file of the grids so far (rewritten after each config)."""
+        if label is not None:
+            records[label] = list(rows or [])
+        doc = results_io.result(
+            "estimator_accuracy",
+            [{"grid": g, **r} for g, grid_rows in records.items() for r in grid_rows],
+            script=__file__,
+            argv=argv,
+            device=args.device,
+            cpu_description=cpu_description(),
+            monai=monai.__version__,
+            python=sys.version.split()[0],
+            malloc=malloc if args.device == "cpu" else None,
+            steps=STEPS,
+            budget_fraction=BUDGET_FRACTION,
+            complete=complete,
+            run_seconds=(
+                "wall time on a CPU shared with other work: not a speed figure"
+                if args.shared_cpu
+                else "wall time, nothing else running"
+            ),
+            samples={
+                g: {"sample": SAMPLE[g], "frozen_in": frozen_in(g)} for g in (*records, *grids)
+            },
+            grids=records,
+        )
+        target = written[0] if written else args.json_out
+        path = results_io.write(doc, target, device=args.device)
+        if not written:
+            written.append(path)
+
     with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
         work_dir = args.work_dir or Path(tmp)
         work_dir.mkdir(parents=True, exist_ok=True)
-        records = {
-            label: run_grid(
+        for label, grid in grids.items():
+            rows = run_grid(
                 grid,
                 label,
                 args.device,
@@ -1024,37 +1085,12 @@ def main(argv: list[str] | None = None) -> None:
                 args.malloc_default,
                 args.snapshot_dir,
                 planner=label == "networks" and args.device == "cpu",
+                on_record=save,
             )
-            for label, grid in grids.items()
-        }
+            records[label] = rows
     for label, rows in records.items():
-        print(f"{label}: {summary_line([r['error'] for r in rows])}")
-    import monai
-
-    rows = [{"grid": label, **r} for label, grid_rows in records.items() for r in grid_rows]
-    doc = results_io.result(
-        "estimator_accuracy",
-        rows,
-        script=__file__,
-        argv=argv,
-        device=args.device,
-        cpu_description=cpu_description(),
-        monai=monai.__version__,
-        python=sys.version.split()[0],
-        malloc=malloc if args.device == "cpu" else None,
-        steps=STEPS,
-        budget_fraction=BUDGET_FRACTION,
-        run_seconds=(
-            "wall time on a CPU shared with other work: not a speed figure"
-            if args.shared_cpu
-            else "wall time, nothing else running"
-        ),
-        samples={
-            label: {"sample": SAMPLE[label], "frozen_in": frozen_in(label)} for label in records
-        },
-        grids=records,
-    )
-    results_io.write(doc, args.json_out, device=args.device)
+        print(f"{label}: {summary_line(rows)}")
+    save(complete=True)
     seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "
