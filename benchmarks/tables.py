@@ -671,6 +671,64 @@ def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
     return lines
 
 
+def nnunet_side_by_side(results: Path) -> str | None:
+    """nnU-Net's 3d_fullres plan beside volseg's for the same 8 GB target, and volseg's estimate
+    of nnU-Net's planned step on CUDA (``nnunet_side_by_side.py``,
+    ``benchmarks/results/nnunet/side_by_side.json``)."""
+    path = results / "nnunet" / "side_by_side.json"
+    if not path.exists():
+        return None
+    import nnunet_side_by_side as side_by_side
+
+    doc = json.loads(path.read_text())
+    m = doc["machine"]
+    head = (
+        f"{_rel(path)} ({m['cpu']} ({', '.join(m['isa_flags'])}), torch {m['torch']}, nnU-Net v2 "
+        f"{m['nnunetv2']}, {m['date']}: `{doc['command']}`; the step's memory is estimated by "
+        f"volseg's estimator as of that date, not measured; the CUDA context is the estimator's "
+        f"figure of that date, not a GPU's):"
+    )
+    return f"{head}\n\n{side_by_side.format_table(doc['rows'])}"
+
+
+#: which recorded steps a CUDA margin covers, by the kinds that share it
+MARGIN_STEPS = {
+    ("offload", "accumulation"): "with activation offload or gradient accumulation",
+    ("other",): "with neither",
+    ("offload", "accumulation", "other"): "every step",
+}
+
+
+def cuda_margins(results: Path) -> str | None:
+    """The planner's CUDA margins on the reserved peak, each the largest shortfall of the
+    estimate on the recorded GPU runs of its kind (``src/volseg/memory/cuda_margins.json``,
+    written by ``cuda_estimate_errors.py``): in sample, fitted on the runs it lists."""
+    path = results_io.REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    lines = [
+        f"{_rel(path)} (`{doc['command']}`, from {', '.join(doc['recorded'])} and "
+        f"{doc['estimates']}; in sample: each margin is fitted on the runs it counts):",
+        "",
+        "| steps | margin | from | recorded runs | their steps (estimated reserved) |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    seen = set()
+    for margin in doc["margins"].values():
+        kinds = tuple(margin["kinds"])
+        if kinds in seen:
+            continue
+        seen.add(kinds)
+        run, _, measured = margin["source"].split(", the worst of")[0].partition(" (reserved ")
+        low, high = margin["step_mib_range"]
+        lines.append(
+            f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
+            f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
+        )
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
@@ -694,6 +752,8 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "train_throughput": train_throughput,
     "memory_monitor_overhead": memory_monitor_overhead,
     "cpu_bf16_conv": cpu_bf16_conv,
+    "nnunet_side_by_side": nnunet_side_by_side,
+    "cuda_margins": cuda_margins,
 }
 
 

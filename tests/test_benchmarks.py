@@ -464,18 +464,60 @@ def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
     assert "| torch.nn.Conv3d k=3 | (2, 32, 2, 8, 8) | 0.0034 | 0.0036 | **1.3e+36** |" in table
 
 
-def test_every_table_of_figures_in_the_benchmarks_page_is_written_from_a_results_file():
-    """docs/benchmarks.md keeps no hand-typed table: outside the ``<!-- table: -->`` markers only
-    the tables that describe (results files, sides, defaults) are left, none with a measurement."""
-    text = (REPO / "docs" / "benchmarks.md").read_text()
-    outside = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
-    headers = [
-        line
-        for line, before in zip(outside.splitlines(), ["", *outside.splitlines()], strict=False)
-        if line.startswith("|") and not before.startswith("|")
-    ]
-    assert headers == [
+#: the tables a doc may keep outside the generated markers, by their header: each describes
+#: (files, sides, defaults, config keys, choices), none holds a measurement
+DESCRIPTIVE_TABLES = {
+    "README.md": ["| group | choices |"],
+    "docs/benchmarks.md": [
         "| table | script that writes its file (`benchmarks/results/cpu/<date>_<name>.json`) |",
         "| side | what it is | what is held to volseg's |",
         "| default | config | what it is for |",
+    ],
+    "docs/configs.md": [
+        "| group | choices |",
+        "| device | `auto` runs | an explicit `16-mixed` runs "
+        "| an explicit `bf16-mixed`/`bf16-true` |",
+    ],
+    "docs/data.md": [],
+    "docs/memory.md": [
+        "| lever | config | what it does |",
+        "| key | meaning |",
+        "| lever | setting | what it does | measured on CUDA |",
+    ],
+    "docs/networks.md": [
+        "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
+        "| `model.placement` |",
+    ],
+    "docs/plan.md": ["| key | `auto` / `null` resolves from | source when given |"],
+    "docs/scale-out.md": [],
+}
+#: a cell that reads as a measured figure: an amount of memory, a time or a rate
+MEASURED_FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|GB|ms|it/s|s/step|s/batch|s)\b")
+
+
+def _outside_generated_tables(text: str) -> str:
+    """A doc's text without the tables that scripts write: ``<!-- table: NAME -->`` blocks
+    (``benchmarks/tables.py``) and the networks table (``estimator_accuracy.py --write-docs``)."""
+    text = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
+    return re.sub(r"<!-- networks-table: .*?<!-- /networks-table -->", "", text, flags=re.S)
+
+
+def test_every_doc_is_listed_for_the_hand_table_check():
+    docs = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")} | {"README.md"}
+    assert docs == set(DESCRIPTIVE_TABLES)
+
+
+@pytest.mark.parametrize("doc", sorted(DESCRIPTIVE_TABLES))
+def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
+    """No doc keeps a hand-typed table of figures: outside the generated markers only the tables
+    that describe are left, and none of their cells reads as a measured amount, time or rate."""
+    outside = _outside_generated_tables((REPO / doc).read_text())
+    lines = outside.splitlines()
+    headers = [
+        line
+        for line, before in zip(lines, ["", *lines], strict=False)
+        if line.startswith("|") and not before.startswith("|")
     ]
+    assert headers == DESCRIPTIVE_TABLES[doc]
+    figures = [line for line in lines if line.startswith("|") and MEASURED_FIGURE.search(line)]
+    assert figures == []
