@@ -77,6 +77,9 @@ from volseg.utils.units import MIB  # noqa: E402
 
 #: optimizer steps per run: the first creates the optimizer state, the others are steady
 STEPS = 3
+#: seconds a train.py or plan.py child may run (``--timeout``): emulated bf16 on an AVX2 CPU
+#: takes many times a float32 step
+RUN_TIMEOUT_S = 900
 
 Grid = list[tuple[str, list[str]]]
 
@@ -645,7 +648,7 @@ def _run(script: str, arguments: list[str], work_dir: Path, env: dict[str, str],
     the end of its stderr."""
     command = [sys.executable, str(REPO / script), *arguments]
     out = subprocess.run(
-        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=900
+        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
     if out.returncode != 0:
         raise RuntimeError(f"{script} {what} failed:\n{out.stderr[-3000:]}")
@@ -812,7 +815,7 @@ def run_grid(
                 snapshot,
             )
         except Exception as err:  # noqa: BLE001  (a held-out grid reports every config)
-            last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            last = failure(err)
             records.append(
                 {"name": name, "sample": SAMPLE[label], "overrides": overrides, "failed": last}
             )
@@ -890,6 +893,15 @@ def run_grid(
     print(summary_line(records))
     print()
     return records
+
+
+def failure(err: Exception) -> str:
+    """One line for a config whose run or estimate failed: a timeout's limit, else the error's
+    last line."""
+    if isinstance(err, subprocess.TimeoutExpired):
+        return f"train.py ran past {err.timeout:.0f} s (stopped)"
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def summary_line(records: list[dict]) -> str:
@@ -976,6 +988,7 @@ NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks
 
 
 def main(argv: list[str] | None = None) -> None:
+    global RUN_TIMEOUT_S  # --timeout, for every child of this run
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--grid", default="all", choices=["all", *GRIDS])
@@ -1002,6 +1015,13 @@ def main(argv: list[str] | None = None) -> None:
         help="other work ran on the CPU meanwhile: the results file says that its run_seconds "
         "are no speed figure (the memory figures do not depend on it)",
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=RUN_TIMEOUT_S,
+        help=f"seconds a train.py child may run before its config is recorded as failed "
+        f"(default {RUN_TIMEOUT_S}; raise it for bf16 configs on a CPU without native bf16)",
+    )
     results_io.add_json_out(parser, "estimator_accuracy")
     parser.add_argument(
         "--write-docs",
@@ -1020,6 +1040,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
+    RUN_TIMEOUT_S = args.timeout
 
     today = datetime.date.today().isoformat()
     print(f"# estimator accuracy against python train.py on {args.device}, {today}")
@@ -1057,6 +1078,7 @@ def main(argv: list[str] | None = None) -> None:
             malloc=malloc if args.device == "cpu" else None,
             steps=STEPS,
             budget_fraction=BUDGET_FRACTION,
+            timeout_s=RUN_TIMEOUT_S,
             complete=complete,
             run_seconds=(
                 "wall time on a CPU shared with other work: not a speed figure"

@@ -451,6 +451,12 @@ def _isa(doc: dict) -> str:
     return " ".join(held) or "native"
 
 
+def _failure(text: str) -> str:
+    """A failed config's line, a timeout's long command cut to its limit."""
+    timeout = re.search(r"timed out after (\d+(?:\.\d+)?) seconds", text)
+    return f"train.py ran past {float(timeout[1]):.0f} s (stopped)" if timeout else text
+
+
 def cpu_kind(doc: dict) -> str:
     """The kind of CPU a results file ran on, by the bf16 and vector instructions it had
     (``AMX``, ``AVX512_BF16``, ``AVX-512``, ``AVX2``), and the ISA oneDNN was held to."""
@@ -500,9 +506,8 @@ def estimator_accuracy(results: Path) -> str | None:
         groups[(name, sample, kind)] = rows
         for r in rows:
             if "failed" in r:
-                lines.append(
-                    f"| {name} | {sample} | {kind} | {r['name']} | failed: {r['failed']} | | |"
-                )
+                failed = _failure(r["failed"])
+                lines.append(f"| {name} | {sample} | {kind} | {r['name']} | failed: {failed} | | |")
                 continue
             lines.append(
                 f"| {name} | {sample} | {kind} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "

@@ -457,7 +457,13 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     write(held, "2026-01-02_estimator_accuracy.json", avx2)
     write([row("tuned", "on amx", 100, 110)], "2026-01-03_estimator_accuracy.json", amx)
     failed = {"grid": "tuned", "name": "broken", "failed": "error: no such key"}
-    write([row("tuned", "amx held", 100, 90), failed], "2026-01-03_estimator_accuracy-2.json", amx)
+    slow = {
+        "grid": "tuned",
+        "name": "slow",
+        "failed": "Command '[...]' timed out after 900 seconds",
+    }
+    rows = [row("tuned", "amx held", 100, 90), failed, slow]
+    write(rows, "2026-01-03_estimator_accuracy-2.json", amx)
     table = tables.estimator_accuracy(tmp_path)
     assert "| tuned | in sample | AVX2 | old tuned | 100.0 | 150.0 | +50.0% |" in table
     assert "old held" not in table
@@ -469,7 +475,8 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     # the newest AMX file of the tuned grid, its failed config shown and not counted
     assert "on amx" not in table and "| tuned | in sample | AMX | amx held |" in table
     assert "| tuned | in sample | AMX | broken | failed: error: no such key | | |" in table
-    assert "- tuned (in sample), AMX: mean |error| 10.0%, max 10.0% (1 configs, 1 failed)" in table
+    assert "| tuned | in sample | AMX | slow | failed: train.py ran past 900 s (stopped) |" in table
+    assert "- tuned (in sample), AMX: mean |error| 10.0%, max 10.0% (1 configs, 2 failed)" in table
 
 
 def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
