@@ -243,13 +243,13 @@ def compare(
     samples = max(2, math.ceil((batches + 1) * BATCH / 3))
     builds = {
         "monai": (
-            "MONAI: CacheDataset + ClassesToIndicesd + RandCropByLabelClassesd + flip (every "
-            "location, cache deep-copied per sample)",
+            "a ten-line MONAI loader: CacheDataset + ClassesToIndicesd + RandCropByLabelClassesd "
+            "+ flip (every location, cache deep-copied per sample)",
             lambda: monai_loader(root, patch, samples),
         ),
         "monai_in_place": (
-            f"MONAI on volseg's terms: locations capped at {MAX_LOCATIONS:,} per class, "
-            "copy_cache=False, each volume cached once",
+            f"the ten-line MONAI loader on volseg's terms: locations capped at {MAX_LOCATIONS:,} "
+            "per class, copy_cache=False, each volume cached once",
             lambda: monai_loader(root, patch, samples, in_place=True),
         ),
         "volseg": (
@@ -275,6 +275,8 @@ def compare(
                 "s_per_batch": per_batch,
                 "samples_per_s": rate,
                 "batches": batches,
+                # the threads the loader was timed with (this function holds torch to one)
+                "threads": torch.get_num_threads(),
             }
         )
     torch.set_num_threads(threads)
@@ -343,7 +345,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{'x'.join(map(str, patch))}, {NUM_CLASSES} classes\n"
         )
         rows = compare(root, patch, args.batches, args.loaders.split(","))
-        settings |= {"cases": DATASETS["mr"][0], "shape": shape, "patch": patch}
+        # the comparison runs on one thread, whatever this process had before it
+        settings |= {
+            "cases": DATASETS["mr"][0],
+            "shape": shape,
+            "patch": patch,
+            "threads": rows[0]["threads"],
+        }
         doc = results_io.result(benchmark, rows, script=__file__, argv=argv, settings=settings)
         results_io.write(doc, args.json_out)
         return

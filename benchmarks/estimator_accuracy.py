@@ -21,8 +21,12 @@ tensors (``--malloc-default`` runs them as ``train.py`` runs by default, for com
 caching allocator's (``max_memory_allocated`` rise, ``max_memory_reserved``), compared with the
 CUDA estimate (CUDA context 0: the allocator's figures hold none of it).
 
-Three grids: ``TUNED``, the configs the estimator was tuned on; ``HELD_OUT``, fixed before any
-result on it was seen and never tuned on; ``NETWORKS``, networks volseg did not write (MONAI's
+The grids, each in sample (the estimator was tuned on it, or a change to it was judged on it) or
+held out (:data:`SAMPLE`; each row of a results file says which): ``TUNED``, the configs the
+estimator was tuned on; ``CHECKED``, fixed on 2026-12-02 as a held-out check and tuned on since;
+the frozen held-out grids of ``benchmarks/grids/<name>.json`` (drawn by
+``benchmarks/draw_grid.py``; the commit that added the file is recorded with each row);
+``NETWORKS``, networks volseg did not write (MONAI's
 DynUNet, SegResNet, SwinUNETR, BasicUNet, and the widely copied DoubleConv/Down/Up/OutConv U-Net
 as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``).
 Each network is also planned under a budget below its configured step (75% of the estimated
@@ -30,7 +34,7 @@ total: ``python plan.py ... memory.budget=X``), and the plan trained (``python t
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
 
     python benchmarks/estimator_accuracy.py                        # CPU, every grid
-    python benchmarks/estimator_accuracy.py --grid held-out        # one grid
+    python benchmarks/estimator_accuracy.py --grid held-out-2026-12-03-b   # one grid
     python benchmarks/estimator_accuracy.py --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
     python benchmarks/estimator_accuracy.py --write-docs           # docs/networks.md's table
@@ -53,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +77,9 @@ from volseg.utils.units import MIB  # noqa: E402
 
 #: optimizer steps per run: the first creates the optimizer state, the others are steady
 STEPS = 3
+#: seconds a train.py or plan.py child may run (``--timeout``): emulated bf16 on an AVX2 CPU
+#: takes many times a float32 step
+RUN_TIMEOUT_S = 900
 
 Grid = list[tuple[str, list[str]]]
 
@@ -134,8 +142,9 @@ TUNED: Grid = [
     ),
 ]
 
-#: fixed before any of its results were seen; the estimator is never tuned on it
-HELD_OUT: Grid = [
+#: fixed before any of its results were seen (2026-12-02) as a held-out check; a change to the
+#: estimator has been judged on it since, so it is in sample
+CHECKED: Grid = [
     (
         "[8,16,32,64] group-norm transposed fp32 b2 24x64x64, 2 classes",
         [
@@ -407,7 +416,54 @@ class UNet(nn.Module):
         return self.outc(x)
 '''
 
-GRIDS: dict[str, Grid] = {"tuned": TUNED, "held-out": HELD_OUT, "networks": NETWORKS}
+#: the frozen held-out grids (``benchmarks/draw_grid.py``)
+GRIDS_DIR = REPO / "benchmarks" / "grids"
+
+
+def frozen_grids(folder: Path = GRIDS_DIR) -> dict[str, dict]:
+    """Every grid file of ``folder`` by its name: ``{"sample": ..., "configs": [...], ...}``."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+FROZEN = frozen_grids()
+
+GRIDS: dict[str, Grid] = {
+    "tuned": TUNED,
+    "checked-2026-12-02": CHECKED,
+    **{
+        name: [(c["name"], c["overrides"]) for c in grid["configs"]]
+        for name, grid in FROZEN.items()
+    },
+    "networks": NETWORKS,
+}
+
+#: in sample: the estimator was tuned on the grid, or a change to it was judged on its results;
+#: held out: neither yet (a frozen grid says so in its file until it is judged on)
+SAMPLE: dict[str, str] = {
+    "tuned": "in sample",
+    "checked-2026-12-02": "in sample",
+    "networks": "in sample",
+    **{name: grid["sample"] for name, grid in FROZEN.items()},
+}
+
+
+def frozen_in(name: str) -> str | None:
+    """The commit that added a frozen grid's file (None: not a frozen grid, or no git here)."""
+    path = GRIDS_DIR / f"{name}.json"
+    if name not in FROZEN:
+        return None
+    try:
+        found = subprocess.run(
+            ["git", "log", "--no-renames", "--diff-filter=A", "--format=%H", "--", str(path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return found[-1] if found else None
+
 
 #: the planner check's budget: this fraction of the configured step's estimated total. At a
 #: batch of one the only lever is checkpointing, which leaves DynUNet and SwinUNETR about 79%
@@ -592,7 +648,7 @@ def _run(script: str, arguments: list[str], work_dir: Path, env: dict[str, str],
     the end of its stderr."""
     command = [sys.executable, str(REPO / script), *arguments]
     out = subprocess.run(
-        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=900
+        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
     if out.returncode != 0:
         raise RuntimeError(f"{script} {what} failed:\n{out.stderr[-3000:]}")
@@ -722,10 +778,12 @@ def run_grid(
     malloc_default: bool = False,
     snapshot_dir: Path | None = None,
     planner: bool = False,
+    on_record: Callable[[str, list[dict]], None] | None = None,
 ) -> list[dict]:
-    """Print one grid's table; returns a record per config (bytes; ``error`` a fraction).
-    ``planner``: also plan each config under a budget below it and train the plan
-    (:func:`plan_under_budget`)."""
+    """Print one grid's table; returns a record per config (bytes; ``error`` a fraction; a
+    config whose run or estimate failed: ``failed``, the error's last line). ``planner``: also
+    plan each config under a budget below it and train the plan (:func:`plan_under_budget`).
+    ``on_record(label, records)`` is called after each config (the results file so far)."""
     print(f"## {label}")
     print()
     if device == "cuda":
@@ -744,20 +802,31 @@ def run_grid(
         print(rule)
     records = []
     for index, (name, overrides) in enumerate(grid):
-        predicted = predict(overrides, device, work_dir)
         snapshot = snapshot_dir / f"{label}_{index}.pickle" if snapshot_dir else None
-        measured = measure(
-            overrides,
-            device,
-            work_dir,
-            f"{label}_{index}",
-            int(predicted["accumulate_grad_batches"]),
-            malloc_default,
-            snapshot,
-        )
+        try:
+            predicted = predict(overrides, device, work_dir)
+            measured = measure(
+                overrides,
+                device,
+                work_dir,
+                f"{label}_{index}",
+                int(predicted["accumulate_grad_batches"]),
+                malloc_default,
+                snapshot,
+            )
+        except Exception as err:  # noqa: BLE001  (a held-out grid reports every config)
+            last = failure(err)
+            records.append(
+                {"name": name, "sample": SAMPLE[label], "overrides": overrides, "failed": last}
+            )
+            print(f"| {name} | failed: {last} | | |", flush=True)
+            if on_record:
+                on_record(label, records)
+            continue
         error = predicted["growth"] / measured["growth"] - 1
         record = {
             "name": name,
+            "sample": SAMPLE[label],
             "network": predicted["network"],
             "overrides": overrides,
             "batch_size": predicted["batch_size"],
@@ -794,6 +863,8 @@ def run_grid(
                 row += f" {check['budget'] / MIB:,.0f} | nothing fits | |"
                 records.append(record)
                 print(row, flush=True)
+                if on_record:
+                    on_record(label, records)
                 continue
             record["planner"] = {
                 "budget_bytes": check["budget"],
@@ -814,19 +885,35 @@ def run_grid(
             )
         records.append(record)
         print(row, flush=True)
+        if on_record:
+            on_record(label, records)
         rises = ", ".join(f"{r / MIB:,.1f}" for r in measured["rises"])
         print(f"<!-- rises by step: {rises} MiB; run {measured['seconds']:.0f} s -->", flush=True)
     print()
-    print(summary_line([r["error"] for r in records]))
+    print(summary_line(records))
     print()
     return records
 
 
-def summary_line(errors: list[float]) -> str:
-    absolute = [abs(e) for e in errors]
+def failure(err: Exception) -> str:
+    """One line for a config whose run or estimate failed: a timeout's limit, else the error's
+    last line."""
+    if isinstance(err, subprocess.TimeoutExpired):
+        return f"train.py ran past {err.timeout:.0f} s (stopped)"
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
+
+
+def summary_line(records: list[dict]) -> str:
+    """Mean and largest |error| over a grid's configs, and how many failed."""
+    absolute = [abs(r["error"]) for r in records if "error" in r]
+    failed = len(records) - len(absolute)
+    tail = f", {failed} failed" if failed else ""
+    if not absolute:
+        return f"no config measured ({len(records)} configs{tail})"
     return (
         f"mean |error| {100 * sum(absolute) / len(absolute):.1f}%, "
-        f"max |error| {100 * max(absolute):.1f}% ({len(errors)} configs)"
+        f"max |error| {100 * max(absolute):.1f}% ({len(absolute)} configs{tail})"
     )
 
 
@@ -901,6 +988,7 @@ NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks
 
 
 def main(argv: list[str] | None = None) -> None:
+    global RUN_TIMEOUT_S  # --timeout, for every child of this run
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--grid", default="all", choices=["all", *GRIDS])
@@ -921,6 +1009,19 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="CUDA: write each run's allocator snapshot here (<grid>_<i>.pickle)",
     )
+    parser.add_argument(
+        "--shared-cpu",
+        action="store_true",
+        help="other work ran on the CPU meanwhile: the results file says that its run_seconds "
+        "are no speed figure (the memory figures do not depend on it)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=RUN_TIMEOUT_S,
+        help=f"seconds a train.py child may run before its config is recorded as failed "
+        f"(default {RUN_TIMEOUT_S}; raise it for bf16 configs on a CPU without native bf16)",
+    )
     results_io.add_json_out(parser, "estimator_accuracy")
     parser.add_argument(
         "--write-docs",
@@ -939,6 +1040,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
+    RUN_TIMEOUT_S = args.timeout
 
     today = datetime.date.today().isoformat()
     print(f"# estimator accuracy against python train.py on {args.device}, {today}")
@@ -953,11 +1055,51 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
+    import monai
+
+    records: dict[str, list[dict]] = {}
+    written: list[Path | None] = []
+
+    def save(
+        label: str | None = None, rows: list[dict] | None = None, complete: bool = False
+    ) -> None:
+        """The results file of the grids so far (rewritten after each config)."""
+        if label is not None:
+            records[label] = list(rows or [])
+        doc = results_io.result(
+            "estimator_accuracy",
+            [{"grid": g, **r} for g, grid_rows in records.items() for r in grid_rows],
+            script=__file__,
+            argv=argv,
+            device=args.device,
+            cpu_description=cpu_description(),
+            monai=monai.__version__,
+            python=sys.version.split()[0],
+            malloc=malloc if args.device == "cpu" else None,
+            steps=STEPS,
+            budget_fraction=BUDGET_FRACTION,
+            timeout_s=RUN_TIMEOUT_S,
+            complete=complete,
+            run_seconds=(
+                "wall time on a CPU shared with other work: not a speed figure"
+                if args.shared_cpu
+                else "wall time, nothing else running"
+            ),
+            samples={
+                g: {"sample": SAMPLE[g], "frozen_in": frozen_in(g)} for g in (*records, *grids)
+            },
+            grids=records,
+        )
+        target = written[0] if written else args.json_out
+        path = results_io.write(doc, target, device=args.device)
+        if not written:
+            written.append(path)
+
     with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
         work_dir = args.work_dir or Path(tmp)
         work_dir.mkdir(parents=True, exist_ok=True)
-        records = {
-            label: run_grid(
+        for label, grid in grids.items():
+            rows = run_grid(
                 grid,
                 label,
                 args.device,
@@ -965,29 +1107,12 @@ def main(argv: list[str] | None = None) -> None:
                 args.malloc_default,
                 args.snapshot_dir,
                 planner=label == "networks" and args.device == "cpu",
+                on_record=save,
             )
-            for label, grid in grids.items()
-        }
+            records[label] = rows
     for label, rows in records.items():
-        print(f"{label}: {summary_line([r['error'] for r in rows])}")
-    import monai
-
-    rows = [{"grid": label, **r} for label, grid_rows in records.items() for r in grid_rows]
-    doc = results_io.result(
-        "estimator_accuracy",
-        rows,
-        script=__file__,
-        argv=argv,
-        device=args.device,
-        cpu_description=cpu_description(),
-        monai=monai.__version__,
-        python=sys.version.split()[0],
-        malloc=malloc if args.device == "cpu" else None,
-        steps=STEPS,
-        budget_fraction=BUDGET_FRACTION,
-        grids=records,
-    )
-    results_io.write(doc, args.json_out, device=args.device)
+        print(f"{label}: {summary_line(rows)}")
+    save(complete=True)
     seed = predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "

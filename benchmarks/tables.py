@@ -1,6 +1,8 @@
 """The tables of docs/ regenerated from the results files under ``benchmarks/results/``.
 
-A table that comes from data sits between two markers in a Markdown file of ``docs/``:
+A table that comes from data sits between two markers in a Markdown file of ``docs/``, and ends
+with a line saying whether its rows are in sample or held out (``samples.py``, which also
+writes ``benchmarks/results/samples.json``: every results file's sample):
 
     <!-- table: levers_cuda -->
     ...                                  (written by this script: do not edit by hand)
@@ -27,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import results_io  # noqa: E402
+import samples  # noqa: E402
 
 DOCS = results_io.REPO / "docs"
 MIB = 2**20
@@ -232,6 +235,15 @@ def validation_memory(path: Path, doc: dict) -> str:
     return "\n".join(lines)
 
 
+#: ``data_throughput.py --compare``'s loaders by their key (files of 2026-12-02 and -03 named
+#: them ``MONAI:`` and ``MONAI on volseg's terms:``)
+LOADER_NAMES = {
+    "monai": "a ten-line MONAI loader",
+    "monai_in_place": "the ten-line MONAI loader on volseg's terms",
+    "volseg": "volseg",
+}
+
+
 @every_file(
     "loader_compare",
     "| file | machine, command | loader (1 thread, 0 workers) | build + first batch (s) "
@@ -239,13 +251,25 @@ def validation_memory(path: Path, doc: dict) -> str:
     "| --- | --- | --- | ---: | ---: |",
 )
 def loader_compare(path: Path, doc: dict) -> list[str]:
-    """volseg's loader against MONAI's, as written and on volseg's terms, per results file
-    (``data_throughput.py --compare``)."""
-    return [
-        f"| {_rel(path)} | {results_io.machine_line(doc)} | {r['label']} | "
-        f"{r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |"
-        for r in doc["rows"]
-    ]
+    """volseg's loader against a ten-line MONAI loader, as written and on volseg's terms, per
+    results file (``data_throughput.py --compare``). A file whose rows do not record their
+    threads has the process's count before the comparison in ``settings.threads``: the
+    comparison itself ran on one thread, and the table says so."""
+    threads = doc.get("settings", {}).get("threads")
+    note = (
+        f" (its `settings.threads` of {threads} is wrong: the comparison ran on 1)"
+        if threads not in (None, 1) and all("threads" not in r for r in doc["rows"])
+        else ""
+    )
+    lines = []
+    for r in doc["rows"]:
+        what = r["label"].split(": ", 1)[-1]
+        name = LOADER_NAMES.get(r.get("loader"), r["label"].split(": ", 1)[0])
+        lines.append(
+            f"| {_rel(path)}{note} | {results_io.machine_line(doc)} | {name}: {what} | "
+            f"{r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |"
+        )
+    return lines
 
 
 @every_file(
@@ -427,41 +451,80 @@ def _isa(doc: dict) -> str:
     return " ".join(held) or "native"
 
 
+def _failure(text: str) -> str:
+    """A failed config's line, a timeout's long command cut to its limit."""
+    timeout = re.search(r"timed out after (\d+(?:\.\d+)?) seconds", text)
+    return f"train.py ran past {float(timeout[1]):.0f} s (stopped)" if timeout else text
+
+
+def cpu_kind(doc: dict) -> str:
+    """The kind of CPU a results file ran on, by the bf16 and vector instructions it had
+    (``AMX``, ``AVX512_BF16``, ``AVX-512``, ``AVX2``), and the ISA oneDNN was held to."""
+    flags = doc.get("cpu_flags") or {}
+    kind = next(
+        (name for flag, name in CPU_KINDS if flags.get(flag)),
+        "AVX2" if flags.get("avx2") else "other",
+    )
+    held = doc.get("onednn_max_cpu_isa")
+    return f"{kind}, held to {held}" if held else kind
+
+
+#: cpu_flags -> the CPU kind it makes, first match
+CPU_KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"), ("avx512f", "AVX-512"))
+
+
 def estimator_accuracy(results: Path) -> str | None:
     """The estimate against real ``python train.py`` steps on a CPU, per config, from the newest
-    file of each grid (``estimator_accuracy.py --grid NAME``)."""
-    by_grid: dict[str, tuple[Path, dict]] = {}
+    file of each grid on each kind of CPU (``estimator_accuracy.py --grid NAME``), each row in
+    sample or held out (``samples.py``)."""
+    newest_of: dict[tuple[str, str], tuple[Path, dict]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
         for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-            by_grid.setdefault(grid, (path, doc))
-    if not by_grid:
+            newest_of.setdefault((grid, cpu_kind(doc)), (path, doc))
+    if not newest_of:
         return None
     lines = []
-    heads = {path: doc for path, doc in by_grid.values()}
+    heads = {path: doc for path, doc in newest_of.values()}
     for path, doc in heads.items():
+        partial = "" if doc.get("complete", True) else "; stopped before its last config"
         lines.append(
             f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
-            f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer steps):"
+            f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer "
+            f"steps{partial}):"
         )
     lines += [
         "",
-        "| grid | config | measured MiB | estimated MiB | error |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| grid | sample | CPU | config | measured MiB | estimated MiB | error |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: |",
     ]
-    rows = [r for grid, (_, doc) in by_grid.items() for r in doc["rows"] if r["grid"] == grid]
-    for r in rows:
-        lines.append(
-            f"| {r['grid']} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
-            f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
-        )
+    groups = {}
+    for (grid, kind), (_, doc) in newest_of.items():
+        name = samples.GRID_ALIASES.get(grid, grid)
+        sample = samples.grid(grid)[0]
+        rows = [r for r in doc["rows"] if r["grid"] == grid]
+        groups[(name, sample, kind)] = rows
+        for r in rows:
+            if "failed" in r:
+                failed = _failure(r["failed"])
+                lines.append(f"| {name} | {sample} | {kind} | {r['name']} | failed: {failed} | | |")
+                continue
+            lines.append(
+                f"| {name} | {sample} | {kind} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
+                f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
+            )
     lines.append("")
-    for grid in by_grid:
-        errors = [abs(r["error"]) for r in rows if r["grid"] == grid]
-        lines.append(
-            f"- {grid}: mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
-            f"({len(errors)} configs)"
+    for (name, sample, kind), rows in groups.items():
+        errors = [abs(r["error"]) for r in rows if "failed" not in r]
+        failed = len(rows) - len(errors)
+        tail = f", {failed} failed" if failed else ""
+        summary = (
+            f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
+            f"({len(errors)} configs{tail})"
+            if errors
+            else f"no config measured{tail}"
         )
+        lines.append(f"- {name} ({sample}), {kind}: {summary}")
     return "\n".join(lines)
 
 
@@ -671,6 +734,64 @@ def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
     return lines
 
 
+def nnunet_side_by_side(results: Path) -> str | None:
+    """nnU-Net's 3d_fullres plan beside volseg's for the same 8 GB target, and volseg's estimate
+    of nnU-Net's planned step on CUDA (``nnunet_side_by_side.py``,
+    ``benchmarks/results/nnunet/side_by_side.json``)."""
+    path = results / "nnunet" / "side_by_side.json"
+    if not path.exists():
+        return None
+    import nnunet_side_by_side as side_by_side
+
+    doc = json.loads(path.read_text())
+    m = doc["machine"]
+    head = (
+        f"{_rel(path)} ({m['cpu']} ({', '.join(m['isa_flags'])}), torch {m['torch']}, nnU-Net v2 "
+        f"{m['nnunetv2']}, {m['date']}: `{doc['command']}`; the step's memory is estimated by "
+        f"volseg's estimator as of that date, not measured; the CUDA context is the estimator's "
+        f"figure of that date, not a GPU's):"
+    )
+    return f"{head}\n\n{side_by_side.format_table(doc['rows'])}"
+
+
+#: which recorded steps a CUDA margin covers, by the kinds that share it
+MARGIN_STEPS = {
+    ("offload", "accumulation"): "with activation offload or gradient accumulation",
+    ("other",): "with neither",
+    ("offload", "accumulation", "other"): "every step",
+}
+
+
+def cuda_margins(results: Path) -> str | None:
+    """The planner's CUDA margins on the reserved peak, each the largest shortfall of the
+    estimate on the recorded GPU runs of its kind (``src/volseg/memory/cuda_margins.json``,
+    written by ``cuda_estimate_errors.py``): in sample, fitted on the runs it lists."""
+    path = results_io.REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    lines = [
+        f"{_rel(path)} (`{doc['command']}`, from {', '.join(doc['recorded'])} and "
+        f"{doc['estimates']}; in sample: each margin is fitted on the runs it counts):",
+        "",
+        "| steps | margin | from | recorded runs | their steps (estimated reserved) |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    seen = set()
+    for margin in doc["margins"].values():
+        kinds = tuple(margin["kinds"])
+        if kinds in seen:
+            continue
+        seen.add(kinds)
+        run, _, measured = margin["source"].split(", the worst of")[0].partition(" (reserved ")
+        low, high = margin["step_mib_range"]
+        lines.append(
+            f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
+            f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
+        )
+    return "\n".join(lines)
+
+
 #: marker name -> the function that builds its table from ``benchmarks/results``
 TABLES: dict[str, Callable[[Path], str | None]] = {
     "levers_cuda": levers_cuda,
@@ -694,6 +815,8 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "train_throughput": train_throughput,
     "memory_monitor_overhead": memory_monitor_overhead,
     "cpu_bf16_conv": cpu_bf16_conv,
+    "nnunet_side_by_side": nnunet_side_by_side,
+    "cuda_margins": cuda_margins,
 }
 
 
@@ -709,7 +832,7 @@ def regenerate(text: str, results: Path = results_io.RESULTS) -> tuple[str, list
         if table is None:  # no results file yet: left as it is
             return match[0]
         done.append(name)
-        return f"{match[1]}{table}\n{match[4]}"
+        return f"{match[1]}{table}\n\n{samples.table_line(name)}\n{match[4]}"
 
     return MARKER.sub(replace, text), done
 
@@ -730,6 +853,12 @@ def main(argv: list[str] | None = None) -> int:
                 doc.write_text(new)
         if done:
             print(f"{doc.name}: {', '.join(done)}" + (" (changed)" if new != text else ""))
+    index = json.dumps(samples.index(args.results), indent=2) + "\n"
+    index_path = args.results / samples.INDEX.name
+    if not index_path.exists() or index_path.read_text() != index:
+        stale.append(str(index_path))
+        if not args.check:
+            index_path.write_text(index)
     if args.check and stale:
         print(f"out of date: {', '.join(stale)}; run python benchmarks/tables.py")
         return 1

@@ -131,15 +131,17 @@ def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     compare_json = tmp_path / "compare.json"
     bench.main([*common, "--compare", "--json-out", str(compare_json)])
     out = capsys.readouterr().out
-    assert "| MONAI: CacheDataset" in out and "| volseg: data=folder" in out
-    assert "| MONAI on volseg's terms" in out
-    rows = json.loads(compare_json.read_text())["rows"]
+    assert "| a ten-line MONAI loader: CacheDataset" in out and "| volseg: data=folder" in out
+    assert "| the ten-line MONAI loader on volseg's terms" in out
+    compared = json.loads(compare_json.read_text())
+    rows = compared["rows"]
     assert [r["loader"] for r in rows] == ["monai", "monai_in_place", "volseg"]
+    assert compared["settings"]["threads"] == 1 and all(r["threads"] == 1 for r in rows)
     assert all(r["s_per_batch"] > 0 for r in rows)
     # one row alone, as an idle machine times it
     bench.main([*common, "--compare", "--loaders", "monai_in_place", "--json-out", "none"])
     out = capsys.readouterr().out
-    assert "| MONAI on volseg's terms" in out and "| volseg:" not in out
+    assert "| the ten-line MONAI loader on volseg's terms" in out and "| volseg:" not in out
 
 
 def test_monai_loader_on_volsegs_terms_caps_locations_and_reads_the_cache_in_place(tmp_path):
@@ -229,11 +231,19 @@ def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
     finally:
         del tables.TABLES["training_overheads_stub"]
     assert done == ["loader_compare"]
-    assert "| MONAI | 1.00 | 0.250 |" in new and "| volseg | 2.00 | 0.013 |" in new
+    assert "| a ten-line MONAI loader: MONAI | 1.00 | 0.250 |" in new
+    assert "| volseg: volseg | 2.00 | 0.013 |" in new
+    assert "is wrong" not in new
     assert "old" not in new and "\nkept\n" in new and new.startswith("a\n")
     assert "`python benchmarks/loader_compare.py --compare`" in new  # the command, as recorded
     with pytest.raises(KeyError, match="no such table"):
         tables.regenerate("<!-- table: nothing -->\n<!-- /table: nothing -->", results)
+    # a file whose settings give the process's threads, not the comparison's one: said so
+    doc = results_io.result("loader_compare", rows, argv=["--compare"], settings={"threads": 2})
+    results_io.write(doc, results / "cpu" / "2026-01-02_loader_compare.json")
+    table = tables.loader_compare(results)
+    assert "2026-01-02_loader_compare.json (its `settings.threads` of 2 is wrong" in table
+    assert "2026-01-01_loader_compare.json |" in table
 
 
 def test_a_default_results_file_never_replaces_an_earlier_run(tmp_path, monkeypatch):
@@ -418,7 +428,9 @@ def test_the_throughput_table_divides_flops_by_the_dtypes_own_peak(tmp_path):
     assert "matmul peak fp32 50 GFLOP/s, bf16 100" in table
 
 
-def test_the_estimator_table_takes_the_newest_file_of_each_grid(tmp_path):
+def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp_path):
+    """Per grid and kind of CPU the newest file; each row says whether it is in sample; the
+    2026-12-02 files' ``held-out`` grid is shown as what it is now, in sample."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
 
@@ -431,19 +443,76 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid(tmp_path):
             "error": estimated / measured - 1,
         }
 
+    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+    amx = {**avx2, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
+
+    def write(rows, file, flags):
+        doc = results_io.result("estimator_accuracy", rows, argv=[])
+        doc["cpu_flags"] = flags
+        results_io.write(doc, tmp_path / "cpu" / file)
+
     old = [row("tuned", "old tuned", 100, 150), row("held-out", "old held", 100, 200)]
-    _write_result(
-        results_io, tmp_path, "estimator_accuracy", old, "2026-01-01_estimator_accuracy.json"
-    )
+    write(old, "2026-01-01_estimator_accuracy.json", avx2)
     held = [row("held-out", "new held", 200, 190), row("held-out", "other", 100, 104)]
-    _write_result(
-        results_io, tmp_path, "estimator_accuracy", held, "2026-01-02_estimator_accuracy.json"
-    )
+    write(held, "2026-01-02_estimator_accuracy.json", avx2)
+    write([row("tuned", "on amx", 100, 110)], "2026-01-03_estimator_accuracy.json", amx)
+    failed = {"grid": "tuned", "name": "broken", "failed": "error: no such key"}
+    slow = {
+        "grid": "tuned",
+        "name": "slow",
+        "failed": "Command '[...]' timed out after 900 seconds",
+    }
+    rows = [row("tuned", "amx held", 100, 90), failed, slow]
+    write(rows, "2026-01-03_estimator_accuracy-2.json", amx)
     table = tables.estimator_accuracy(tmp_path)
-    assert "| tuned | old tuned | 100.0 | 150.0 | +50.0% |" in table
-    assert "old held" not in table and "| held-out | new held | 200.0 | 190.0 | −5.0% |" in table
-    assert "- held-out: mean |error| 4.5%, max 5.0% (2 configs)" in table
-    assert "- tuned: mean |error| 50.0%, max 50.0% (1 configs)" in table
+    assert "| tuned | in sample | AVX2 | old tuned | 100.0 | 150.0 | +50.0% |" in table
+    assert "old held" not in table
+    assert "| checked-2026-12-02 | in sample | AVX2 | new held | 200.0 | 190.0 | −5.0% |" in table
+    assert (
+        "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max 5.0% (2 configs)" in table
+    )
+    assert "- tuned (in sample), AVX2: mean |error| 50.0%, max 50.0% (1 configs)" in table
+    # the newest AMX file of the tuned grid, its failed config shown and not counted
+    assert "on amx" not in table and "| tuned | in sample | AMX | amx held |" in table
+    assert "| tuned | in sample | AMX | broken | failed: error: no such key | | |" in table
+    assert "| tuned | in sample | AMX | slow | failed: train.py ran past 900 s (stopped) |" in table
+    assert "- tuned (in sample), AMX: mean |error| 10.0%, max 10.0% (1 configs, 2 failed)" in table
+
+
+def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
+    """Each frozen grid file holds what its seeded generator draws from its stated ranges (no
+    config picked by hand), and the tables call its rows held out."""
+    draw_grid = load_benchmark("draw_grid")
+    samples = load_benchmark("samples")
+    grids = sorted((REPO / "benchmarks" / "grids").glob("*.json"))
+    assert grids
+    for path in grids:
+        doc = json.loads(path.read_text())
+        assert doc["ranges"] == draw_grid.RANGES, path.name
+        drawn = draw_grid.draw(doc["seed"], len(doc["configs"]))
+        assert [(c["name"], c["overrides"]) for c in doc["configs"]] == drawn, path.name
+        assert samples.grid(path.stem)[0] == doc["sample"]
+    assert samples.grid("held-out-2026-12-03-b")[0] == "held out"
+    assert samples.grid("held-out")[0] == "in sample"  # the 2026-12-02 grid: judged on since
+
+
+def test_every_generated_table_says_whether_its_rows_are_in_sample():
+    """Every marker's table ends with its sample line; of the learning tasks only the 83
+    regions are held out; the index covers every results file."""
+    tables = load_benchmark("tables")
+    samples = load_benchmark("samples")
+    lines = {name: samples.table_line(name) for name in tables.TABLES}
+    assert all(line.startswith(("In sample", "Held out")) for line in lines.values()), lines
+    held = sorted(name for name, line in lines.items() if line.startswith("Held out"))
+    assert held == ["learning_mni152_regions_lr"]
+    for doc in (REPO / "docs").glob("*.md"):
+        text = doc.read_text()
+        for name in re.findall(r"<!-- table: ([\w-]+) -->\n", text):
+            body = text.split(f"<!-- table: {name} -->")[1].split(f"<!-- /table: {name} -->")[0]
+            assert body.rstrip().endswith(lines[name]), (doc.name, name)
+    index = json.loads((REPO / "benchmarks" / "results" / "samples.json").read_text())["files"]
+    cpu = {f"cpu/{p.name}" for p in (REPO / "benchmarks" / "results" / "cpu").glob("*.json")}
+    assert cpu <= set(index)
 
 
 def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
@@ -464,18 +533,60 @@ def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
     assert "| torch.nn.Conv3d k=3 | (2, 32, 2, 8, 8) | 0.0034 | 0.0036 | **1.3e+36** |" in table
 
 
-def test_every_table_of_figures_in_the_benchmarks_page_is_written_from_a_results_file():
-    """docs/benchmarks.md keeps no hand-typed table: outside the ``<!-- table: -->`` markers only
-    the tables that describe (results files, sides, defaults) are left, none with a measurement."""
-    text = (REPO / "docs" / "benchmarks.md").read_text()
-    outside = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
-    headers = [
-        line
-        for line, before in zip(outside.splitlines(), ["", *outside.splitlines()], strict=False)
-        if line.startswith("|") and not before.startswith("|")
-    ]
-    assert headers == [
+#: the tables a doc may keep outside the generated markers, by their header: each describes
+#: (files, sides, defaults, config keys, choices), none holds a measurement
+DESCRIPTIVE_TABLES = {
+    "README.md": ["| group | choices |"],
+    "docs/benchmarks.md": [
         "| table | script that writes its file (`benchmarks/results/cpu/<date>_<name>.json`) |",
         "| side | what it is | what is held to volseg's |",
         "| default | config | what it is for |",
+    ],
+    "docs/configs.md": [
+        "| group | choices |",
+        "| device | `auto` runs | an explicit `16-mixed` runs "
+        "| an explicit `bf16-mixed`/`bf16-true` |",
+    ],
+    "docs/data.md": [],
+    "docs/memory.md": [
+        "| lever | config | what it does |",
+        "| key | meaning |",
+        "| lever | setting | what it does | measured on CUDA |",
+    ],
+    "docs/networks.md": [
+        "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
+        "| `model.placement` |",
+    ],
+    "docs/plan.md": ["| key | `auto` / `null` resolves from | source when given |"],
+    "docs/scale-out.md": [],
+}
+#: a cell that reads as a measured figure: an amount of memory, a time or a rate
+MEASURED_FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|GB|ms|it/s|s/step|s/batch|s)\b")
+
+
+def _outside_generated_tables(text: str) -> str:
+    """A doc's text without the tables that scripts write: ``<!-- table: NAME -->`` blocks
+    (``benchmarks/tables.py``) and the networks table (``estimator_accuracy.py --write-docs``)."""
+    text = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
+    return re.sub(r"<!-- networks-table: .*?<!-- /networks-table -->", "", text, flags=re.S)
+
+
+def test_every_doc_is_listed_for_the_hand_table_check():
+    docs = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")} | {"README.md"}
+    assert docs == set(DESCRIPTIVE_TABLES)
+
+
+@pytest.mark.parametrize("doc", sorted(DESCRIPTIVE_TABLES))
+def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
+    """No doc keeps a hand-typed table of figures: outside the generated markers only the tables
+    that describe are left, and none of their cells reads as a measured amount, time or rate."""
+    outside = _outside_generated_tables((REPO / doc).read_text())
+    lines = outside.splitlines()
+    headers = [
+        line
+        for line, before in zip(lines, ["", *lines], strict=False)
+        if line.startswith("|") and not before.startswith("|")
     ]
+    assert headers == DESCRIPTIVE_TABLES[doc]
+    figures = [line for line in lines if line.startswith("|") and MEASURED_FIGURE.search(line)]
+    assert figures == []

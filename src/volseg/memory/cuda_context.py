@@ -20,8 +20,13 @@ import torch
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
-#: context measured per GPU: nvidia-smi's figure for a process holding 2 MiB of tensors, less
-#: those 2 MiB (``benchmarks/gpu_checks.sh``; torch 2.11.0+cu130, driver 580.159.04, lazy loading)
+#: context measured per GPU right after it is created, as ``auto`` measures it on a GPU:
+#: nvidia-smi's figure for a process holding 2 MiB of tensors, less those 2 MiB
+#: (``benchmarks/gpu_checks.sh``; the ``cuda_context_mib`` of
+#: benchmarks/results/cuda/2026-11-30_nvidia-h200.json, torch 2.11.0+cu130, driver 580.159.04,
+#: lazy loading). Kernels load as a run first calls them: in that file's four reference-table
+#: training runs nvidia-smi less peak reserved was 639 to 641 MiB, so a process total with this
+#: figure falls about 30 MiB short of nvidia-smi during training
 MEASURED: dict[str, float] = {"H200": 610.0}
 #: a recent GPU with lazy module loading, where no measurement is known (not measured)
 TYPICAL_MIB = 500.0

@@ -58,11 +58,10 @@ def cpu_bf16_native() -> bool:
     the CPU has the bf16 instructions they need (AVX512_BF16 or AMX on x86; Arm's BF16).
 
     oneDNN reports bf16 support from plain AVX-512 on, but without AVX512_BF16 it converts in
-    software, and how fast that is depends on the layer: on an AVX-512 Xeon without AVX512_BF16
-    one Conv3d 32->32 ran 3x faster in bf16, yet the default network's training step 3x slower;
-    with oneDNN's AVX2 kernels a convolution ran 8-16x and the step 18-64x slower than in float32
-    (``benchmarks/cpu_precision.py``). ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check)
-    behave as on a CPU without AVX-512.
+    software; with oneDNN's AVX2 kernels one Conv3d 32->32 ran 15x to 39x and the default
+    network's training step 60x to 65x slower than in float32 (``benchmarks/cpu_precision.py``;
+    ``benchmarks/results/cpu/2026-12-02_cpu_precision-2.json`` and ``-4.json``).
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check) behave as on a CPU without AVX-512.
     """
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if check is not None and not check():

@@ -1,10 +1,10 @@
 """``trainer.precision``: ``auto`` and the CPU rules, resolved once from the device that will run.
 
 Lightning knows no ``auto`` precision, and on a CPU it runs ``16-mixed`` as bfloat16 autocast,
-which CPUs without bf16 instructions (AVX512_BF16, AMX) run in software: a training step took
-3x (AVX-512) to 64x (AVX2 kernels) as long as in float32. Every entry point resolves the requested
-precision here before it builds a Trainer, so the choice and its reason are made and logged in
-one place.
+which CPUs without bf16 instructions (AVX512_BF16, AMX) run in software: with oneDNN's AVX2
+kernels a training step took 60x to 65x as long as in float32. Every entry point resolves the
+requested precision here before it builds a Trainer, so the choice and its reason are made and
+logged in one place.
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ from volseg.utils.cpu import cpu_bf16_native
 
 log = logging.getLogger(__name__)
 
-#: the default network's training step, bf16 autocast vs float32 (benchmarks/cpu_precision.py): an
-#: AVX-512 Xeon without AVX512_BF16 3x; with oneDNN capped at AVX2, 18x there and 64x on an AMD EPYC
-EMULATED_BF16_SLOWDOWN = "3x (AVX-512) to 64x (AVX2) slower per training step than float32"
+#: the default network's training step, bf16 autocast against float32, with oneDNN held to its AVX2
+#: kernels (``ONEDNN_MAX_CPU_ISA=AVX2``, ``benchmarks/cpu_precision.py``): 59.9x on an Intel Xeon
+#: (benchmarks/results/cpu/2026-12-02_cpu_precision-2.json) and 64.5x on an AMD EPYC (-4.json),
+#: rounded; no file measures an AVX-512 CPU without AVX512_BF16
+EMULATED_BF16_STEP_SLOWDOWN = (60, 65)
+EMULATED_BF16_SLOWDOWN = (
+    f"{EMULATED_BF16_STEP_SLOWDOWN[0]}x to {EMULATED_BF16_STEP_SLOWDOWN[1]}x slower per training "
+    "step than float32 with AVX2 kernels"
+)
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FP16_MIXED = ("16-mixed", "16")
