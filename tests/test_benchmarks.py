@@ -558,7 +558,7 @@ DESCRIPTIVE_TABLES = {
         "| `model.placement` |",
     ],
     "docs/plan.md": ["| key | `auto` / `null` resolves from | source when given |"],
-    "docs/scale-out.md": [],
+    "docs/scale-out.md": ["| expression | Optuna distribution | drawn |"],
 }
 #: a cell that reads as a measured figure: an amount of memory, a time or a rate
 MEASURED_FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|GB|ms|it/s|s/step|s/batch|s)\b")
