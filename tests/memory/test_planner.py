@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import OrderedDict
 
 import pytest
 from omegaconf import DictConfig
@@ -226,9 +227,13 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
 def plan_without_margin(cfg: DictConfig, budget: int) -> int:
     from unittest import mock
 
-    from volseg.memory import residuals
+    from volseg.memory import engine, residuals
 
-    with mock.patch.object(residuals, "OTHER", residuals.Margin(0.0, "none")):
+    # the engine keeps its answers, margin included: without a fresh cache the margin would stay
+    with (
+        mock.patch.object(residuals, "OTHER", residuals.Margin(0.0, "none")),
+        mock.patch.object(engine, "_runs", OrderedDict()),
+    ):
         return plan(cfg, budget, search="batch").batch_size
 
 
