@@ -779,11 +779,14 @@ def run_grid(
     snapshot_dir: Path | None = None,
     planner: bool = False,
     on_record: Callable[[str, list[dict]], None] | None = None,
+    done: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Print one grid's table; returns a record per config (bytes; ``error`` a fraction; a
     config whose run or estimate failed: ``failed``, the error's last line). ``planner``: also
     plan each config under a budget below it and train the plan (:func:`plan_under_budget`).
-    ``on_record(label, records)`` is called after each config (the results file so far)."""
+    ``on_record(label, records)`` is called after each config (the results file so far).
+    ``done``: records by config name from an earlier run of this grid (``--resume``); a config
+    measured there is kept as it is, not run again."""
     print(f"## {label}")
     print()
     if device == "cuda":
@@ -802,6 +805,16 @@ def run_grid(
         print(rule)
     records = []
     for index, (name, overrides) in enumerate(grid):
+        kept = (done or {}).get(name)
+        if kept is not None and "failed" not in kept and kept.get("overrides") == overrides:
+            records.append(kept)
+            print(
+                f"| {name} | {kept['estimated_bytes'] / MIB:,.1f} | "
+                f"{kept['measured_bytes'] / MIB:,.1f} | {100 * kept['error']:+.1f}% | "
+                "(kept from the resumed file)",
+                flush=True,
+            )
+            continue
         snapshot = snapshot_dir / f"{label}_{index}.pickle" if snapshot_dir else None
         try:
             predicted = predict(overrides, device, work_dir)
@@ -1024,6 +1037,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     results_io.add_json_out(parser, "estimator_accuracy")
     parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="an earlier, incomplete results file of the same grid: its measured configs are "
+        "kept, the others run, and the file is rewritten in place",
+    )
+    parser.add_argument(
         "--write-docs",
         nargs="?",
         type=Path,
@@ -1059,6 +1080,14 @@ def main(argv: list[str] | None = None) -> None:
 
     records: dict[str, list[dict]] = {}
     written: list[Path | None] = []
+    done: dict[str, dict[str, dict]] = {}
+    if args.resume is not None:
+        earlier = results_io.load(args.resume)
+        if earlier.get("benchmark") != "estimator_accuracy":
+            parser.error(f"--resume {args.resume}: not an estimator_accuracy results file")
+        for row in earlier["rows"]:
+            done.setdefault(row["grid"], {})[row["name"]] = row
+        written.append(args.resume)
 
     def save(
         label: str | None = None, rows: list[dict] | None = None, complete: bool = False
@@ -1108,6 +1137,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.snapshot_dir,
                 planner=label == "networks" and args.device == "cpu",
                 on_record=save,
+                done=done.get(label),
             )
             records[label] = rows
     for label, rows in records.items():
