@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from benchmarks import results_io
 from volseg.models.conv import Conv3d
 from volseg.utils.cpu import cpu_description
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import results_io  # noqa: E402
 
 #: relative error above which a row is marked wrong (bf16 rounding gives ~0.004)
 WRONG_ABOVE = 0.05

@@ -1,8 +1,8 @@
 """What unet_tiny's cross-entropy weight (0.25, chosen on the many-class task) costs few-class
 tasks: ``model.loss.lambda_ce=0.25`` (the default) against ``1.0`` at equal wall-clock.
 
-    python benchmarks/cross_entropy_weight.py                      # mni152 and hemispheres
-    python benchmarks/cross_entropy_weight.py --data mni152 --seeds 1 2 --budget 300
+    python -m benchmarks cross_entropy_weight                      # mni152 and hemispheres
+    python -m benchmarks cross_entropy_weight --data mni152 --seeds 1 2 --budget 300
 
 For each dataset and seed, the two weights train at the same time (``python train.py data=<data>
 trainer.max_time=<budget> seed=<seed> model.loss.lambda_ce=<w>``, one CPU thread each, so both
@@ -15,14 +15,8 @@ and the mean over seeds, and writes the rows with the machine and the command to
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import real_data  # noqa: E402
-import results_io  # noqa: E402
-import tables  # noqa: E402
+from benchmarks import real_data, results_io, tables
 
 WEIGHTS = ("0.25", "1.0")
 

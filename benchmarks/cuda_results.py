@@ -39,9 +39,9 @@ ends with ``allocator_comparison`` (each config with expandable segments off and
 nvidia-smi, step time) and ``levers_toward_4x`` (each lever run's cut of the reference's peak
 allocated, reserved and nvidia-smi, and its step time against the reference's).
 
-    python benchmarks/cuda_results.py [--budget-s 300] [--deadline-s 350] [--jobs 3] [--out DIR]
-    python benchmarks/cuda_results.py --estimate    # on a CPU: the grid's CUDA estimates
-    python benchmarks/cuda_results.py --dry-run [--groups ...] [--out DIR]   # tiny, on the CPU
+    python -m benchmarks cuda_results [--budget-s 300] [--deadline-s 350] [--jobs 3] [--out DIR]
+    python -m benchmarks cuda_results --estimate    # on a CPU: the grid's CUDA estimates
+    python -m benchmarks cuda_results --dry-run [--groups ...] [--out DIR]   # tiny, on the CPU
 """
 
 from __future__ import annotations
@@ -66,20 +66,18 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import NamedTuple
 
+from benchmarks import estimator_accuracy as accuracy
+from benchmarks import results_io
+from volseg.memory.cuda_context import nvidia_smi
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import estimator_accuracy as accuracy  # noqa: E402
-
-from volseg.memory.cuda_context import nvidia_smi  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
 #: ``--estimate`` writes ``<date>_cuda_grid_estimates.json`` here; a GPU run reads the newest
 ESTIMATES = REPO / "benchmarks" / "results" / "cpu"
 ESTIMATES_NAME = "cuda_grid_estimates"
-MIB = 2**20
 
 #: the reference config: unet_large (channels-last) batch 2 of 1x26x150x320, 16-mixed
 SEED = ["model=unet_large", "data.batch_size=2", "data.patch_size=[26,150,320]"]
@@ -957,8 +955,6 @@ def newest_estimates() -> tuple[dict[str, dict], str | None]:
 
 
 def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
-    import results_io
-
     rows = []
     with tempfile.TemporaryDirectory(prefix="cuda_grid_estimates_") as work:
         for job in jobs:
@@ -1137,8 +1133,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         jobs = dry_run_jobs(jobs, args.groups)
     doc = {
         **info,
-        "source": "python benchmarks/cuda_results.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "source": results_io.command(__file__, argv),
         "held_out_note": "held_out runs (HELD_OUT, HELD_OUT_NEW, WHOLE_RUN_HELD_OUT in "
         "benchmarks/cuda_results.py) were written before any GPU ran them and are never "
         "tuned on",

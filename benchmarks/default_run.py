@@ -1,7 +1,7 @@
 """The default run as a user starts it: ``python train.py`` on the embedded dataset, timed whole.
 
-    python benchmarks/default_run.py                       # python train.py
-    python benchmarks/default_run.py -- trainer.precision=32
+    python -m benchmarks default_run                       # python train.py
+    python -m benchmarks default_run -- trainer.precision=32
 
 Runs ``python train.py`` (+ overrides after ``--``) in a fresh process, times the whole command
 (start-up, dataset generation on first use, training, validations, checkpoints), and reads the
@@ -9,7 +9,7 @@ run dir's ``summary.json`` and ``csv/metrics.csv``: the precision ``auto`` chose
 final ``val/dice_mean``, and the first epoch whose validation reached ``--reach`` (0.80). Writes
 the row with the machine and the command to ``benchmarks/results/cpu/<date>_default_run.json``
 (``--json-out``); its head records ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY``
-(``ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/default_run.py`` is what an AVX2-only CPU runs).
+(``ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks default_run`` is what an AVX2-only CPU runs).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import results_io
 
-import results_io  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def validations(metrics_csv: Path) -> list[tuple[int, float]]:

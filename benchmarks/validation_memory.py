@@ -12,9 +12,9 @@ memory (``mem/val_peak_allocated_mib``) and what was resident when it began
 Both are on this CPU, in the precision the run plans for it (``auto``: bf16-mixed where the CPU
 has native bf16), or float32 where the case says ``trainer.precision=32``.
 
-    python benchmarks/validation_memory.py                 # every case, writes the JSON
-    python benchmarks/validation_memory.py --case embedded
-    python benchmarks/validation_memory.py --table FILE    # the docs' table from a results file
+    python -m benchmarks validation_memory                 # every case, writes the JSON
+    python -m benchmarks validation_memory --case embedded
+    python -m benchmarks validation_memory --table FILE    # the docs' table from a results file
 """
 
 from __future__ import annotations
@@ -30,15 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks import results_io
+from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import torch  # noqa: E402
-
-from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model  # noqa: E402
-from volseg.utils.units import MIB  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu"
 
@@ -150,12 +149,12 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), action="append")
     parser.add_argument("--table", type=Path, help="print the table of a results file")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.table:
         print(table(args.table))
         return
@@ -168,7 +167,7 @@ def main() -> None:
     result = {
         "benchmark": "validation_memory",
         "date": today,
-        "command": "python benchmarks/validation_memory.py " + " ".join(sys.argv[1:]),
+        "command": results_io.command(__file__, argv),
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
         "cpu_description": cpu_description(),

@@ -126,7 +126,7 @@ def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     assert "| unet_large 2x1x26x150x320 | 27.4 |" in out  # the H200 step it must feed
     doc = json.loads(out_json.read_text())
     assert doc["benchmark"] == "data_throughput" and doc["torch"] and doc["cpu_flags"]
-    assert doc["command"].startswith("python benchmarks/data_throughput.py --scale 0.125")
+    assert doc["command"].startswith("python -m benchmarks data_throughput --scale 0.125")
     assert [r["what"] for r in doc["rows"]] == ["loader", "loader", "cpu_step", "gpu_feed"]
     compare_json = tmp_path / "compare.json"
     bench.main([*common, "--compare", "--json-out", str(compare_json)])
@@ -203,7 +203,7 @@ def test_validation_memory_table_reads_the_committed_results():
 
 def test_docs_tables_are_the_results_files_own():
     """Every table between ``<!-- table: NAME -->`` markers in docs/ is what
-    ``python benchmarks/tables.py`` builds from the committed results files."""
+    ``python -m benchmarks tables`` builds from the committed results files."""
     tables = load_benchmark("tables")
     assert tables.main(["--check"]) == 0
     text = (REPO / "docs" / "benchmarks.md").read_text()
@@ -235,7 +235,7 @@ def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
     assert "| volseg: volseg | 2.00 | 0.013 |" in new
     assert "is wrong" not in new
     assert "old" not in new and "\nkept\n" in new and new.startswith("a\n")
-    assert "`python benchmarks/loader_compare.py --compare`" in new  # the command, as recorded
+    assert "`python -m benchmarks loader_compare --compare`" in new  # the command, as recorded
     with pytest.raises(KeyError, match="no such table"):
         tables.regenerate("<!-- table: nothing -->\n<!-- /table: nothing -->", results)
     # a file whose settings give the process's threads, not the comparison's one: said so

@@ -87,7 +87,7 @@ def test_runs_are_named_once_and_held_out_configs_are_not_recorded():
 
 def test_the_committed_estimates_cover_every_run():
     """The GPU run reads each run's estimate from the newest ``--estimate`` file: every run of
-    today's grid is there with its overrides (rerun ``python benchmarks/cuda_results.py
+    today's grid is there with its overrides (rerun ``python -m benchmarks cuda_results
     --estimate`` after changing the grid)."""
     estimates, source = cuda_results.newest_estimates()
     assert source

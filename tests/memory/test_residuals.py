@@ -51,14 +51,14 @@ def _kind(overrides: list[str]) -> str:
 
 def test_every_recorded_gpu_run_has_a_committed_estimate():
     """A run recorded after the estimates would be left out of the margins: rerun
-    ``python benchmarks/cuda_estimate_errors.py`` and commit its file."""
+    ``python -m benchmarks cuda_estimate_errors`` and commit its file."""
     missing = set(_recorded()) - set(_estimates())
     assert not missing, missing
 
 
 def test_the_packaged_margins_are_the_committed_files_own(tmp_path):
     """A recorded run or an estimate committed without rewriting the package's file fails here:
-    ``python benchmarks/cuda_estimate_errors.py --margins-only``."""
+    ``python -m benchmarks cuda_estimate_errors --margins-only``."""
     text = (files("volseg.memory") / residuals.MARGINS_FILE).read_text()
     packaged = json.loads(text)
     assert packaged == BENCH.margins(RESULTS)
