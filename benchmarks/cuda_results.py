@@ -47,8 +47,6 @@ allocated, reserved and nvidia-smi, and its step time against the reference's).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
 import datetime
 import json
 import os
@@ -67,7 +65,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks import estimator_accuracy as accuracy
-from benchmarks import results_io
+from benchmarks import harness, results_io
 from volseg.memory.cuda_context import nvidia_smi
 from volseg.utils.units import MIB
 
@@ -517,11 +515,10 @@ def accumulation(overrides: tuple[str, ...] | list[str]) -> int:
     )
 
 
-def step_seconds(metrics_csv: Path) -> float | None:
-    """Median ``time/step_s`` (seconds per optimizer step) of the steps after the first (a
-    warm-up), or ``None``."""
-    with metrics_csv.open(newline="") as f:
-        times = [float(r["time/step_s"]) for r in csv.DictReader(f) if r.get("time/step_s")]
+def step_seconds(rows: list[dict[str, str]]) -> float | None:
+    """Median ``time/step_s`` (seconds per optimizer step) of a run's metrics rows after the
+    first step (a warm-up), or ``None``."""
+    times = harness.column(rows, "time/step_s")
     return statistics.median(times[1:]) if len(times) > 1 else None
 
 
@@ -648,59 +645,17 @@ class Clock:
         return self.deadline_s - self.elapsed()
 
 
-class Stopped(RuntimeError):
-    """A child stopped at its limit or the deadline."""
-
-
-#: the process groups of the children running now (each child leads its own)
-_CHILDREN: set[int] = set()
-
-
-def _stop_children(signum: int, frame: object) -> None:
-    """SIGTERM (``timeout`` in gpu_checks.sh): the children, in process groups of their own,
-    would outlive this process and hold the GPU; they are killed first."""
-    for pid in list(_CHILDREN):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    raise SystemExit(128 + signum)
-
-
 def run_child(
     script: str, arguments: list[str], work: Path, env: dict, clock: Clock, smi: SmiPoller
 ) -> dict:
-    """``python <script> <arguments>`` in a fresh process (its own process group, stopped whole
-    at :data:`RUN_LIMIT_S` or the deadline): wall seconds and nvidia-smi's largest figure."""
-    command = [sys.executable, str(REPO / script), *arguments]
+    """``python <script> <arguments>`` through the harness, stopped whole at
+    :data:`RUN_LIMIT_S` or the deadline: wall seconds and nvidia-smi's largest figure."""
     limit = min(RUN_LIMIT_S, clock.left())
     if limit <= 0:
-        raise Stopped(f"{script}: not started, the deadline has passed")
-    started = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(
-            command,
-            cwd=work,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
-        _CHILDREN.add(child.pid)
-        try:
-            child.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            raise Stopped(f"{script}: stopped after {limit:.0f} s") from None
-        finally:
-            _CHILDREN.discard(child.pid)
-        if child.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"{script} failed ({child.returncode}):\n{err.read()[-3000:]}")
-    return {
-        "run_s": round(time.perf_counter() - started, 1),
-        "nvidia_smi_mib": smi.peak(child.pid),
-    }
+        raise harness.TimedOut(f"{script}: not started, the deadline has passed", 0)
+    child = harness.start(script, arguments, work, env)
+    seconds = child.wait(limit)
+    return {"run_s": round(seconds, 1), "nvidia_smi_mib": smi.peak(child.pid)}
 
 
 def train_args(job: Job, device: str, data_dir: Path, run_dir: Path, lock: Path) -> list[str]:
@@ -763,22 +718,6 @@ def predict_args(cfg, device: str, run_dir: Path, volume: Path, lock: Path) -> l
     ]
 
 
-def steady_step(metrics_csv: Path, k: int, steps: int) -> dict:
-    """The monitor's steps: the steady one (the 2nd.. with the largest rise above its start)."""
-    found = accuracy.step_rises(accuracy.monitor_rows(metrics_csv), k)
-    if len(found) != steps:
-        raise RuntimeError(f"the monitor logged {len(found)} steps, not {steps}")
-    return max(found[1:], key=lambda s: s["growth"])
-
-
-def validation_row(metrics_csv: Path) -> dict[str, float]:
-    with metrics_csv.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib")]
-    if not rows:
-        raise RuntimeError("no validation was logged (mem/val_peak_allocated_mib)")
-    return {k: float(v) for k, v in rows[-1].items() if k.startswith("mem/val_") and v}
-
-
 def _mib(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value / MIB, digits)
 
@@ -801,13 +740,13 @@ def measure_job(
     env = accuracy.child_env(device, work)
     args = train_args(job, device, data_dir, run_dir, lock)
     train = run_child("train.py", args, work, env, clock, smi)
-    metrics = run_dir / "csv" / "metrics.csv"
-    steady = steady_step(metrics, accumulation(job.overrides), job.steps)
+    run = harness.read(run_dir, train["run_s"])
+    steady = harness.steady_step(run, accumulation(job.overrides), job.steps)
     measured = {
         "peak_allocated_mib": round(steady["peak_allocated"] / MIB, 1),
         "peak_reserved_mib": round(steady["peak_reserved"] / MIB, 1),
         "nvidia_smi_mib": train["nvidia_smi_mib"],
-        "step_s": step_seconds(metrics),
+        "step_s": step_seconds(run.rows),
         "step_peak_growth_mib": round(steady["growth"] / MIB, 1),
         "steps": job.steps,
         "run_s": train["run_s"],
@@ -836,27 +775,28 @@ def measure_job(
             ),
         }
     if job.volume:
-        entry.update(whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate))
+        entry.update(whole_run(job, device, work, run, volume, env, clock, smi, estimate))
         entry["validation"].get("measured", {})["nvidia_smi_mib"] = train["nvidia_smi_mib"]
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return entry
 
 
-def whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate) -> dict:
+def whole_run(job, device, work, run, volume, env, clock, smi, estimate) -> dict:
     """A whole run's ``validation`` (from the run's CSV) and ``prediction`` (predict.py); a part
     that failed keeps why (``not_run``), the training step's figures stay."""
     validation = {
         "volume_shape": list(job.volume),
         "cases": 1 if job.generate else "the embedded dataset's validation cases",
     }
+    run_dir = run.run_dir
     try:
-        val = validation_row(run_dir / "csv" / "metrics.csv")
+        val = harness.last_with(run.rows, "mem/val_peak_allocated_mib")
         validation["measured"] = {
             "val_peak_allocated_mib": round(val["mem/val_peak_allocated_mib"], 1),
             "val_peak_reserved_mib": round(val["mem/val_peak_reserved_mib"], 1),
             "val_start_allocated_mib": round(val["mem/val_start_allocated_mib"], 1),
         }
-    except (RuntimeError, OSError) as err:
+    except (RuntimeError, OSError, KeyError) as err:
         validation["not_run"] = str(err)[-300:]
     with COMPOSE_LOCK:
         cfg = accuracy.compose(list(job.overrides), "cpu", work / "data")
@@ -1153,7 +1093,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     doc["estimates_from"] = source
     order = {job.name: i for i, job in enumerate(jobs)}
     clock = Clock(args.deadline_s)
-    signal.signal(signal.SIGTERM, _stop_children)
+    signal.signal(signal.SIGTERM, harness.stop_children)
     smi = SmiPoller().start()
 
     def finish() -> None:

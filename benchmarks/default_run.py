@@ -15,24 +15,19 @@ the row with the machine and the command to ``benchmarks/results/cpu/<date>_defa
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks import results_io
+from benchmarks import harness, results_io
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def validations(metrics_csv: Path) -> list[tuple[int, float]]:
-    """(epoch, ``val/dice_mean``) of every validation in a run's ``metrics.csv``."""
-    with open(metrics_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
-    return [(int(float(r["epoch"])), float(r["val/dice_mean"])) for r in rows]
+def validations(rows: list[dict[str, str]]) -> list[tuple[int, float]]:
+    """(epoch, ``val/dice_mean``) of every validation in a run's metrics rows."""
+    return [(int(float(r["epoch"])), float(r["val/dice_mean"])) for r in rows if r["val/dice_mean"]]
 
 
 def first_reaching(history: list[tuple[int, float]], level: float) -> int | None:
@@ -49,14 +44,12 @@ def main(argv: list[str] | None = None) -> None:
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     run_dir = REPO / "logs" / "benchmarks" / "default_run" / stamp
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *args.overrides]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    history = validations(run_dir / "csv" / "metrics.csv")
+    try:
+        run = harness.train(args.overrides, run_dir)
+    except harness.RunFailed as err:
+        sys.exit(f"python train.py {' '.join(args.overrides)}: {err}")
+    wall, summary = run.seconds, run.summary
+    history = validations(run.rows)
     row = {
         "command": " ".join(["python", "train.py", *args.overrides]),
         "precision": summary["precision"],

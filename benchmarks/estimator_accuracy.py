@@ -48,7 +48,6 @@ estimate.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import importlib.util
 import json
@@ -57,14 +56,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks import results_io
+from benchmarks import harness, results_io
 from volseg.memory.events import held_at_last_mark
 from volseg.utils.cpu import cpu_description
 from volseg.utils.units import MIB
@@ -582,11 +580,8 @@ def child_env(device: str, work_dir: Path, malloc_default: bool = False) -> dict
     ``PYTHONPATH`` (``my_unet.py``), ``MALLOC_MMAP_THRESHOLD_=65536`` on the CPU unless
     ``malloc_default``."""
     user_network(work_dir)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(work_dir), env.get("PYTHONPATH")) if p)
-    if device == "cpu" and not malloc_default:
-        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    return env
+    mmap = device == "cpu" and not malloc_default
+    return harness.child_env({"MALLOC_MMAP_THRESHOLD_": "65536"} if mmap else {}, [work_dir])
 
 
 def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, float]:
@@ -614,57 +609,6 @@ def predict(overrides: list[str], device: str, work_dir: Path) -> dict[str, floa
     }
 
 
-def monitor_rows(metrics_csv: Path) -> list[dict[str, float]]:
-    """The memory monitor's rows of a run's ``metrics.csv``, in the order they were logged (one
-    per micro-batch; Lightning's own rows, without ``mem/*``, are left out)."""
-    with metrics_csv.open(newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("mem/peak_allocated_mib")]
-    return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in rows]
-
-
-def step_rises(rows: list[dict[str, float]], accumulate_grad_batches: int) -> list[dict]:
-    """Per optimizer step (``accumulate_grad_batches`` consecutive rows): peak allocated and
-    reserved, what was held at its start and its rise above it (bytes)."""
-    k = accumulate_grad_batches
-    if len(rows) % k:
-        raise ValueError(f"{len(rows)} monitor rows are not whole steps of {k} micro-batches")
-    steps = []
-    for first in range(0, len(rows), k):
-        micro = rows[first : first + k]
-        start = micro[0]["mem/step_start_allocated_mib"] * MIB
-        peak = max(r["mem/peak_allocated_mib"] for r in micro) * MIB
-        steps.append(
-            {
-                "start": start,
-                "peak_allocated": peak,
-                "peak_reserved": max(r["mem/peak_reserved_mib"] for r in micro) * MIB,
-                "growth": peak - start,
-            }
-        )
-    return steps
-
-
-def _run(script: str, arguments: list[str], work_dir: Path, env: dict[str, str], what: str) -> None:
-    """``python <script> <arguments>`` in a fresh process in ``work_dir``; a failure raises with
-    the end of its stderr."""
-    command = [sys.executable, str(REPO / script), *arguments]
-    out = subprocess.run(
-        command, cwd=work_dir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{script} {what} failed:\n{out.stderr[-3000:]}")
-
-
-def _steady(run_dir: Path, name: str, accumulate_grad_batches: int) -> dict:
-    """A finished run's steady step from its monitor's CSV: the largest rise of steps 2..STEPS,
-    with that step's start and peaks, and every step's rise (bytes)."""
-    steps = step_rises(monitor_rows(run_dir / "csv" / "metrics.csv"), accumulate_grad_batches)
-    if len(steps) != STEPS:
-        raise RuntimeError(f"{name}: the monitor logged {len(steps)} steps, not {STEPS}")
-    steady = max(steps[1:], key=lambda s: s["growth"])
-    return {**steady, "rises": [s["growth"] for s in steps]}
-
-
 def measure(
     overrides: list[str],
     device: str,
@@ -683,19 +627,15 @@ def measure(
     run_dir = work_dir / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    arguments = [
-        *run_overrides(overrides, device, prepare_data(overrides, work_dir)),
-        f"hydra.run.dir={run_dir}",
-    ]
+    arguments = run_overrides(overrides, device, prepare_data(overrides, work_dir))
     if snapshot is not None and device == "cuda":
         arguments.append(f"memory.snapshot_steps={STEPS}")
-    started = time.perf_counter()
     env = child_env(device, work_dir, malloc_default)
-    _run("train.py", arguments, work_dir, env, " ".join(overrides))
-    steady = _steady(run_dir, name, accumulate_grad_batches)
+    run = harness.train(arguments, run_dir, work_dir, env, RUN_TIMEOUT_S)
+    steady = harness.steady_step(run, accumulate_grad_batches, STEPS)
     if snapshot is not None and device == "cuda":
         shutil.copy(run_dir / "memory_snapshot.pickle", snapshot)
-    return {**steady, "seconds": time.perf_counter() - started}
+    return {**steady, "seconds": run.seconds}
 
 
 #: the keys the planner may set to fit a budget (volseg.plan.make._plan_step)
@@ -738,8 +678,8 @@ def plan_under_budget(
     budget_override = f"memory.budget={budget // MIB}MiB"
     run = [*run_overrides(overrides, device, data), budget_override]
     try:
-        _run("plan.py", [*run, f"hydra.run.dir={plan_dir}"], work_dir, env, budget_override)
-    except RuntimeError as err:  # nothing fits: the planner's answer, nothing to train
+        harness.run("plan.py", [*run, f"hydra.run.dir={plan_dir}"], work_dir, env, RUN_TIMEOUT_S)
+    except harness.RunFailed as err:  # nothing fits: the planner's answer, nothing to train
         if "over" not in str(err):
             raise
         return {"budget": budget, "answer": None, "message": str(err).splitlines()[-1]}
@@ -752,10 +692,9 @@ def plan_under_budget(
         if key in decisions and decisions[key]["source"] == "planned"
     ]
     planned = predict([*overrides, *answer], device, work_dir)
-    started = time.perf_counter()
-    arguments = [f"plan={plan_file}", f"paths.data_dir={data}", f"hydra.run.dir={run_dir}"]
-    _run("train.py", arguments, work_dir, env, f"plan={plan_file}")
-    steady = _steady(run_dir, f"{name}_planned", int(planned["accumulate_grad_batches"]))
+    arguments = [f"plan={plan_file}", f"paths.data_dir={data}"]
+    trained = harness.train(arguments, run_dir, work_dir, env, RUN_TIMEOUT_S)
+    steady = harness.steady_step(trained, int(planned["accumulate_grad_batches"]), STEPS)
     peak = planned["held_at_start"] + steady["growth"]
     return {
         "budget": budget,
@@ -767,7 +706,7 @@ def plan_under_budget(
         "measured_peak": peak,
         "under_budget": peak <= budget,
         "rises": steady["rises"],
-        "seconds": time.perf_counter() - started,
+        "seconds": trained.seconds,
     }
 
 
@@ -912,8 +851,8 @@ def run_grid(
 def failure(err: Exception) -> str:
     """One line for a config whose run or estimate failed: a timeout's limit, else the error's
     last line."""
-    if isinstance(err, subprocess.TimeoutExpired):
-        return f"train.py ran past {err.timeout:.0f} s (stopped)"
+    if isinstance(err, harness.TimedOut):
+        return str(err)
     text = str(err).strip()
     return text.splitlines()[-1] if text else type(err).__name__
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import importlib.util
 import json
@@ -58,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import results_io, tables
+from benchmarks import harness, results_io, tables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,9 +104,8 @@ def cpu_line() -> str:
 
 def dataset_root(data: str) -> Path:
     """Build the dataset (if missing) through train.py's own data config; its root folder."""
-    cmd = [sys.executable, "train.py", f"data={data}", "data.check_only=true", "logger=csv"]
-    cmd += ["hydra.run.dir=logs/benchmarks/real_data/check", "extras.print_config=false"]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
+    check = [f"data={data}", "data.check_only=true", "logger=csv", "extras.print_config=false"]
+    harness.train(check, REPO / "logs" / "benchmarks" / "real_data" / "check")
     return REPO / "data" / data
 
 
@@ -118,35 +116,28 @@ def start_volseg(
     name: str,
     threads: int | None,
     precision: str = "32",
-) -> tuple[subprocess.Popen, list[str], Path, float, str]:
+) -> tuple[harness.Child, list[str], Path, str]:
     """Start ``python train.py data=<data> trainer.max_time=... trainer.precision=<precision>
     [overrides]`` (``threads``: its OMP_NUM_THREADS, i.e. torch's CPU threads)."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     run_dir = REPO / "logs" / "benchmarks" / "real_data" / f"{stamp}_{data}_{name}"
     max_time = str(datetime.timedelta(seconds=budget_s)).zfill(8)
-    cmd = [sys.executable, "train.py", f"data={data}", f"trainer.max_time=00:{max_time}"]
-    cmd += [f"trainer.precision={precision}", f"hydra.run.dir={run_dir}"]
-    cmd += ["extras.print_config=false"]
-    cmd += ["callbacks.rich_progress_bar=null", *overrides]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    return proc, cmd, run_dir, time.perf_counter(), data
+    args = [f"data={data}", f"trainer.max_time=00:{max_time}", f"trainer.precision={precision}"]
+    args += ["extras.print_config=false", "callbacks.rich_progress_bar=null", *overrides]
+    env = harness.child_env({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    return harness.start_train(args, run_dir, env=env), args, run_dir, data
 
 
-def finish_volseg(
-    proc: subprocess.Popen, cmd: list[str], run_dir: Path, start: float, data: str
-) -> dict:
+def finish_volseg(child: harness.Child, args: list[str], run_dir: Path, data: str) -> dict:
     """Wait for a run of :func:`start_volseg`; its row from the run dir's ``summary.json``."""
-    _, stderr = proc.communicate()
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    try:
+        run = harness.read(run_dir, child.wait())
+    except harness.RunFailed as err:
+        raise RuntimeError(f"python train.py {' '.join(args)}: {err}") from None
+    wall, summary = run.seconds, run.summary
     per_class = dict(summary["best_val_dice_per_class"])
     per_class.pop(next(iter(per_class)))  # background first
-    final, final_per_class = final_validation(run_dir / "csv" / "metrics.csv", list(per_class))
+    final, final_per_class = final_validation(run.rows, list(per_class))
     return {
         "method": f"volseg ({run_dir.name.split(f'_{data}_', 1)[-1]})",
         "precision": summary["precision"],
@@ -173,14 +164,12 @@ def outside_steps(summary: dict) -> float | None:
     return summary["wall_time_s"] - summary["global_step"] * step_s
 
 
-def final_validation(metrics_csv: Path, classes: list[str]) -> tuple[float, dict[str, float]]:
-    """The last validation's ``val/dice_mean`` and per-class Dice in a run's ``metrics.csv``."""
-    with open(metrics_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
-    if not rows:
-        raise RuntimeError(f"{metrics_csv} holds no validation")
-    last = rows[-1]
-    return float(last["val/dice_mean"]), {c: float(last[f"val/dice_{c}"]) for c in classes}
+def final_validation(
+    rows: list[dict[str, str]], classes: list[str]
+) -> tuple[float, dict[str, float]]:
+    """The last validation's ``val/dice_mean`` and per-class Dice in a run's metrics rows."""
+    last = harness.last_with(rows, "val/dice_mean")
+    return last["val/dice_mean"], {c: last[f"val/dice_{c}"] for c in classes}
 
 
 def volseg_recipe(data: str, run_dir: Path | None = None) -> dict:

@@ -36,7 +36,7 @@ def _row(start: float, peak: float) -> dict[str, float]:
 
 
 def test_a_step_with_accumulation_spans_its_micro_batches():
-    bench = load_benchmark("estimator_accuracy")
+    bench = load_benchmark("harness")
     rows = [_row(100, 150), _row(120, 180), _row(110, 170), _row(130, 160)]
     steps = bench.step_rises(rows, accumulate_grad_batches=2)
     # from the first micro-batch's start to the highest peak of the step's micro-batches
@@ -332,12 +332,14 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
 
 def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_path):
     bench = load_benchmark("default_run")
-    path = tmp_path / "metrics.csv"
+    harness = load_benchmark("harness")
+    path = tmp_path / "run" / "csv" / "metrics.csv"
+    path.parent.mkdir(parents=True)
     path.write_text(
         "epoch,step,train/loss,val/dice_mean\n"
         "0,9,1.0,\n0,9,,0.5\n1,19,0.8,\n1,19,,0.85\n2,29,,0.8\n"
     )
-    history = bench.validations(path)
+    history = bench.validations(harness.read(tmp_path / "run", 0.0).rows)
     assert history == [(0, 0.5), (1, 0.85), (2, 0.8)]
     assert bench.first_reaching(history, 0.8) == 1 and bench.first_reaching(history, 0.9) is None
 

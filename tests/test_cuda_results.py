@@ -37,9 +37,11 @@ def test_held_out_config_composes_and_builds(name, overrides, tmp_path: Path):
 
 
 def test_step_seconds_skips_the_first_step(tmp_path: Path):
-    metrics = tmp_path / "metrics.csv"
+    metrics = tmp_path / "csv" / "metrics.csv"
+    metrics.parent.mkdir()
     metrics.write_text("step,time/step_s,mem/x\n0,9.0,\n1,,1\n1,2.0,\n2,4.0,\n")
-    assert cuda_results.step_seconds(metrics) == 3.0
+    rows = load_benchmark("harness").read(tmp_path, 0.0).rows
+    assert cuda_results.step_seconds(rows) == 3.0
 
 
 #: the configs written for the whole-run checks (levers, new held-out, whole runs)

@@ -13,7 +13,8 @@ from volseg.data.synthetic import generate_synthetic_dataset
 
 def test_final_validation_is_the_last_validation_row(tmp_path):
     bench = load_benchmark("real_data")
-    path = tmp_path / "metrics.csv"
+    path = tmp_path / "run" / "csv" / "metrics.csv"
+    path.parent.mkdir(parents=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, ["step", "train/loss", "val/dice_mean", "val/dice_a"])
         writer.writeheader()
@@ -21,7 +22,8 @@ def test_final_validation_is_the_last_validation_row(tmp_path):
         writer.writerow({"step": 2, "train/loss": 1.0})  # a training row between validations
         writer.writerow({"step": 3, "val/dice_mean": 0.25, "val/dice_a": 0.0})
         writer.writerow({"step": 4, "train/loss": 0.9})
-    final, per_class = bench.final_validation(path, ["a"])
+    rows = load_benchmark("harness").read(tmp_path / "run", 0.0).rows
+    final, per_class = bench.final_validation(rows, ["a"])
     assert final == 0.25 and per_class == {"a": 0.0}
     assert bench.zero_classes({"a": 0.0, "b": 0.3, "c": 0.0}) == 2
 
