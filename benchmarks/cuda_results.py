@@ -64,8 +64,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks import estimator_accuracy as accuracy
-from benchmarks import harness, results_io
+from benchmarks import grid, harness, results_io
+from benchmarks.grid import COMPOSE_LOCK, Grid, accumulation, merge
 from volseg.memory.cuda_context import nvidia_smi
 from volseg.utils.units import MIB
 
@@ -89,8 +89,6 @@ STEPS, TIMED_STEPS = 3, 10
 #: a child process's limit (s), waiting for its turn on the GPU included
 RUN_LIMIT_S = 150
 
-Grid = list[tuple[str, list[str]]]
-
 
 class Job(NamedTuple):
     """One ``train.py`` run (and, with ``volume``, ``predict.py`` of that volume)."""
@@ -105,17 +103,6 @@ class Job(NamedTuple):
     #: the volume generated (1 training and 1 validation case of that shape), else the
     #: embedded dataset's own (its 4 validation cases)
     generate: bool = False
-
-
-def merge(*lists: list[str] | tuple[str, ...]) -> list[str]:
-    """Override lists joined, a later value of a key replacing an earlier one in place."""
-    merged: dict[str, str] = {}
-    for overrides in lists:
-        for override in overrides:
-            key = override.split("=", 1)[0].lstrip("+~")
-            merged.pop(key, None)
-            merged[key] = override
-    return list(merged.values())
 
 
 def expandable(overrides: list[str] | tuple[str, ...], on: bool) -> list[str]:
@@ -504,17 +491,6 @@ def dry_run_jobs(jobs: list[Job], groups: list[str]) -> list[Job]:
     return chosen
 
 
-def accumulation(overrides: tuple[str, ...] | list[str]) -> int:
-    return next(
-        (
-            int(o.split("=")[1])
-            for o in overrides
-            if o.startswith("trainer.accumulate_grad_batches=")
-        ),
-        1,
-    )
-
-
 def step_seconds(rows: list[dict[str, str]]) -> float | None:
     """Median ``time/step_s`` (seconds per optimizer step) of a run's metrics rows after the
     first step (a warm-up), or ``None``."""
@@ -522,81 +498,21 @@ def step_seconds(rows: list[dict[str, str]]) -> float | None:
     return statistics.median(times[1:]) if len(times) > 1 else None
 
 
-# -- data -----------------------------------------------------------------------------------
-#: held around Hydra's compose (global state) and data generation in the runs' threads
-COMPOSE_LOCK = threading.RLock()
-
-
-def class_names(k: int) -> list[str]:
-    from volseg.data.synthetic import CLASS_NAMES
-
-    return [*CLASS_NAMES[:k], *(f"class_{i}" for i in range(len(CLASS_NAMES), k))]
-
-
-def generated_volume(shape: tuple[int, ...], seed: int = 0):
-    """An embedded-dataset-like ``(image, label)`` of ``shape``; a large one tiles a volume of
-    at most ~1.5M voxels (memory does not depend on the content; generating 300x512x512 whole
-    takes ~30 s of CPU, tiling ~2 s)."""
-    import numpy as np
-
-    from volseg.data.synthetic import make_volume
-
-    tiles = [1, 1, 1]
-    while np.prod([-(-s // t) for s, t in zip(shape, tiles, strict=True)]) > 1_500_000:
-        axis = max(range(3), key=lambda a: shape[a] / tiles[a])
-        tiles[axis] *= 2
-    block = [-(-s // t) for s, t in zip(shape, tiles, strict=True)]
-    image, label = make_volume(block, seed=seed)
-    crop = tuple(slice(0, s) for s in shape)
-    return np.tile(image, tiles)[crop], np.tile(label, tiles)[crop]
-
-
 def prepare(job: Job, work: Path) -> tuple[Path, Path | None]:
-    """The job's ``paths.data_dir`` and, for a whole run, the volume predict.py reads.
-
-    A generated volume: one training and one validation case of ``job.volume`` (the same
-    volume, uncompressed NIfTI) with the config's number of classes; else the embedded dataset
-    (``benchmarks/estimator_accuracy.py``'s copy for another number of classes)."""
-    with COMPOSE_LOCK:
-        if not job.generate:
-            data_dir = accuracy.prepare_data(list(job.overrides), work)
-            root = data_dir / "synthetic"
-            if job.volume and not root.exists():
-                ensure_embedded(work)
-            volume = None
-            if job.volume:
-                splits = json.loads((root / "splits.json").read_text())
-                volume = root / "images" / splits["val"][-1]
-            return data_dir, volume
-        k = int(accuracy.compose(list(job.overrides), "cpu", work / "data").num_classes)
-        slug = "x".join(map(str, job.volume))
-        data_dir = work / f"data_{slug}_{k}_classes"
+    """The job's ``paths.data_dir`` and, for a whole run, the volume predict.py reads: a
+    generated volume (:func:`benchmarks.grid.prepare_volume`), else the embedded dataset
+    (:func:`benchmarks.grid.prepare_data`) and its last validation case."""
+    if job.generate:
+        return grid.prepare_volume(list(job.overrides), job.volume, work)
+    with grid.COMPOSE_LOCK:
+        data_dir = grid.prepare_data(list(job.overrides), work)
         root = data_dir / "synthetic"
-        if not root.exists():
-            from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS
-            from volseg.data.io import write_dataset, write_volume
-            from volseg.data.synthetic import SPACING_ZYX
-
-            image, label = generated_volume(job.volume)
-
-            def write_case(i: int, image_path: Path, label_path: Path) -> None:
-                write_volume(image_path, image, spacing_zyx=SPACING_ZYX)
-                write_volume(label_path, label, spacing_zyx=SPACING_ZYX)
-
-            names = ["case_000.nii", "case_001.nii"]
-            write_dataset(root, names, write_case, 1, class_names(k), EMBEDDED_DEFAULTS)
-        return data_dir, root / "images" / "case_001.nii"
-
-
-def ensure_embedded(work: Path) -> None:
-    """The embedded dataset under ``work/data``, generated once here rather than by each child."""
-    from omegaconf import OmegaConf
-
-    from volseg.data.synthetic import generate_synthetic_dataset
-
-    cfg = accuracy.compose([], "cpu", work / "data")
-    if not Path(cfg.data.synthetic.root).exists():
-        generate_synthetic_dataset(**OmegaConf.to_container(cfg.data.synthetic, resolve=True))
+        if job.volume and not root.exists():
+            grid.ensure_embedded(work)
+    if not job.volume:
+        return data_dir, None
+    splits = json.loads((root / "splits.json").read_text())
+    return data_dir, root / "images" / splits["val"][-1]
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -737,7 +653,7 @@ def measure_job(
     run_dir = work / "runs" / slug
     lock = work / "gpu.lock"
     data_dir, volume = prepare(job, work)
-    env = accuracy.child_env(device, work)
+    env = grid.child_env(device, work)
     args = train_args(job, device, data_dir, run_dir, lock)
     train = run_child("train.py", args, work, env, clock, smi)
     run = harness.read(run_dir, train["run_s"])
@@ -799,7 +715,7 @@ def whole_run(job, device, work, run, volume, env, clock, smi, estimate) -> dict
     except (RuntimeError, OSError, KeyError) as err:
         validation["not_run"] = str(err)[-300:]
     with COMPOSE_LOCK:
-        cfg = accuracy.compose(list(job.overrides), "cpu", work / "data")
+        cfg = grid.compose(list(job.overrides), "cpu", work / "data")
     args = predict_args(cfg, device, run_dir, volume, work / "gpu.lock")
     prediction = {
         "volume_shape": list(job.volume),
@@ -848,31 +764,15 @@ def whole_run(job, device, work, run, volume, env, clock, smi, estimate) -> dict
 # -- estimates ------------------------------------------------------------------------------
 def estimate_job(job: Job, device: str, work: Path) -> dict:
     """The estimate of a job's config as train.py plans it (bytes): the step, and for a whole
-    run its validation and predict.py's prediction (float32, stitched on the device) of the
-    volume."""
-    from volseg.memory.estimator import estimate
-    from volseg.memory.inference import estimate_prediction, estimate_validation
-    from volseg.plan import planned_config
-
-    cfg = planned_config(accuracy.compose(list(job.overrides), device, work / "data"))
-    est = estimate(cfg)
-    out = {
-        "peak_allocated": est.peak_allocated,
-        "peak_reserved": est.peak_reserved,
-        "step_peak_growth": est.step_peak_growth,
+    run its validation and predict.py's prediction of the volume (:func:`grid.predict`)."""
+    made = grid.predict(list(job.overrides), device, work, job.volume)
+    kept = {k: made[k] for k in ("validation", "prediction") if k in made}
+    return {
+        "peak_allocated": made["peak_allocated"],
+        "peak_reserved": made["peak_reserved"],
+        "step_peak_growth": made["growth"],
+        **kept,
     }
-    if job.volume:
-        for kind, made in (
-            ("validation", estimate_validation(cfg, job.volume)),
-            ("prediction", estimate_prediction(cfg, job.volume, stitch="device")),
-        ):
-            out[kind] = {
-                "peak_allocated": made.peak_allocated,
-                "peak_reserved": made.peak_reserved,
-                "peak_growth": made.peak_growth,
-                "windows": made.windows,
-            }
-    return out
 
 
 def newest_estimates() -> tuple[dict[str, dict], str | None]:
@@ -1104,7 +1004,7 @@ def main(argv: list[str] | None = None) -> Path | None:
 
     with tempfile.TemporaryDirectory(prefix="volseg_gpu_runs_") as tmp:
         work = Path(tmp)
-        ensure_embedded(work)
+        grid.ensure_embedded(work)
 
         def one(job: Job) -> dict:
             est = estimates.get(job.name)

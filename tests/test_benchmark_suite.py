@@ -4,6 +4,7 @@ another, and the commands the docs give name benchmarks that exist."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -185,3 +186,47 @@ def test_a_failed_or_overlong_run_raises_with_its_stderr(tmp_path):
     with pytest.raises(harness.TimedOut) as stopped:
         harness.run(str(script), [], tmp_path, timeout=0.5)
     assert stopped.value.timeout == 0.5 and not harness._CHILDREN
+
+
+def _measured_record():
+    from benchmarks import grid
+    from volseg.utils.units import MIB
+
+    predicted = {
+        "network": "volseg.models.unet.UNet3D",
+        "batch_size": 2,
+        "patch_size": [16, 32, 32],
+        "precision": "32",
+        "num_parameters": 1000,
+        "growth": 150 * MIB,
+        "process_total": 400 * MIB,
+    }
+    measured = {"growth": 100 * MIB, "rises": [120 * MIB, 100 * MIB, 90 * MIB], "seconds": 3.14}
+    return grid.record("a", "held out", ["data.batch_size=2"], predicted, measured)
+
+
+def test_a_grid_record_has_the_shape_of_the_committed_results():
+    """estimator_accuracy and network_levers write :func:`grid.record`; tables.py reads the
+    committed files: a record keeps their keys (``grid`` is added per file)."""
+    from volseg.utils.units import MIB
+
+    record = _measured_record()
+    assert record["error"] == pytest.approx(0.5)  # 150 estimated against 100 measured
+    assert record["estimated_bytes"] == 150 * MIB and record["measured_bytes"] == 100 * MIB
+    assert record["measured_rises_bytes"] == [120 * MIB, 100 * MIB, 90 * MIB]
+    assert record["run_seconds"] == 3.1 and record["sample"] == "held out"
+    committed = sorted((BENCHMARKS_DIR / "results" / "cpu").glob("*_estimator_accuracy*.json"))
+    rows = [r for r in json.loads(committed[-1].read_text())["rows"] if "error" in r]
+    assert {*record, "grid"} == set(rows[0])
+
+
+def test_a_resumed_grid_keeps_its_measured_configs_without_running_them(tmp_path, capsys):
+    from benchmarks import grid
+
+    kept = _measured_record()
+    rows = grid.run_grid(
+        [("a", ["data.batch_size=2"])], "g", "cpu", tmp_path, "held out", done={"a": kept}
+    )
+    assert rows == [kept]
+    assert "(kept from the resumed file)" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()  # nothing ran

@@ -49,11 +49,12 @@ def test_a_step_with_accumulation_spans_its_micro_batches():
 @pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
     bench = load_benchmark("estimator_accuracy")
-    for _, overrides in [row for grid in bench.GRIDS.values() for row in grid]:
-        cfg = bench.compose(overrides, device, tmp_path)
+    grid = load_benchmark("grid")
+    for _, overrides in [row for configs in bench.GRIDS.values() for row in configs]:
+        cfg = grid.compose(overrides, device, tmp_path)
         assert cfg.trainer.accelerator == accelerator
         assert planned_device(cfg) == device
-        assert cfg.trainer.max_steps == bench.STEPS
+        assert cfg.trainer.max_steps == grid.STEPS
 
 
 @pytest.mark.slow
@@ -61,8 +62,8 @@ def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, mon
     """The networks grid's custom row: ``my_unet.py`` written into the work dir, imported from
     there by the estimate (and by the children, through ``PYTHONPATH``), its constructor's
     ``n_channels``/``n_classes`` filled in; here at a smaller patch."""
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the work dir goes onto a copy
-    bench = load_benchmark("estimator_accuracy")
+    monkeypatch.delitem(sys.modules, "my_unet", raising=False)  # imported from the work dir
+    bench = load_benchmark("grid")
     name, overrides = next(row for row in bench.NETWORKS if "my_unet.UNet" in row[0])
     small = [*overrides, "data.patch_size=[16,32,32]", "data.batch_size=1"]
     predicted = bench.predict(small, "cpu", tmp_path)
@@ -81,7 +82,7 @@ def test_docs_networks_table_is_the_committed_results_written_out():
     bench = load_benchmark("estimator_accuracy")
     results = json.loads(bench.NETWORKS_RESULTS.read_text())
     rows = results["grids"]["networks"]
-    assert [row["name"] for row in rows] == [name for name, _ in bench.NETWORKS]
+    assert [row["name"] for row in rows] == [name for name, _ in bench.GRIDS["networks"]]
     assert all("planner" in row for row in rows)
     text = bench.DOCS.read_text()
     between = text.split(bench.TABLE_START + "\n", 1)[1].split(bench.TABLE_END, 1)[0]
@@ -91,7 +92,7 @@ def test_docs_networks_table_is_the_committed_results_written_out():
 
 @pytest.mark.slow
 def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
-    bench = load_benchmark("estimator_accuracy")
+    bench = load_benchmark("grid")
     predicted = bench.predict(TINY, "cpu", tmp_path)
     measured = bench.measure(TINY, "cpu", tmp_path, "tiny")
     assert len(measured["rises"]) == bench.STEPS
