@@ -33,7 +33,7 @@ def _maintained(name: str, measures: str) -> tuple[str, Benchmark]:
 
 
 def _study(name: str, measures: str) -> tuple[str, Benchmark]:
-    return name, Benchmark(f"benchmarks.{name}", "study", measures)
+    return name, Benchmark(f"benchmarks.studies.{name}", "study", measures)
 
 
 def _tool(name: str, measures: str) -> tuple[str, Benchmark]:

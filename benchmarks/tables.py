@@ -738,7 +738,7 @@ def nnunet_side_by_side(results: Path) -> str | None:
     path = results / "nnunet" / "side_by_side.json"
     if not path.exists():
         return None
-    from benchmarks import nnunet_side_by_side as side_by_side
+    from benchmarks.studies import nnunet_side_by_side as side_by_side
 
     doc = json.loads(path.read_text())
     m = doc["machine"]

@@ -23,7 +23,7 @@ def test_final_validation_is_the_last_validation_row(tmp_path):
         writer.writerow({"step": 3, "val/dice_mean": 0.25, "val/dice_a": 0.0})
         writer.writerow({"step": 4, "train/loss": 0.9})
     rows = load_benchmark("harness").read(tmp_path / "run", 0.0).rows
-    final, per_class = bench.final_validation(rows, ["a"])
+    final, per_class = load_benchmark("studies.mni152_runs").final_validation(rows, ["a"])
     assert final == 0.25 and per_class == {"a": 0.0}
     assert bench.zero_classes({"a": 0.0, "b": 0.3, "c": 0.0}) == 2
 

@@ -36,7 +36,7 @@ from benchmarks import results_io
 from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 

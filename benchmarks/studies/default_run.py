@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks import harness, results_io
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def validations(rows: list[dict[str, str]]) -> list[tuple[int, float]]:
