@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nets", default=",".join(NETS), help="comma-separated names of NETS")
     results_io.add_json_out(parser, "step_profile")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.nets.split(",") if name not in NETS]
+    if unknown:
+        parser.error(f"--nets: no network {', '.join(unknown)}; known: {', '.join(NETS)}")
 
     torch.manual_seed(0)
     print(f"CPU: {cpu_description()}")
