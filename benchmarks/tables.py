@@ -789,6 +789,16 @@ def cuda_margins(results: Path) -> str | None:
             f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
             f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
         )
+    loo = doc.get("leave_one_out")
+    if loo:
+        kinds = ", ".join(
+            f"{kind} {v['overcommitted']} of {v['of']}" for kind, v in loo["by_kind"].items()
+        )
+        lines += [
+            "",
+            "Leave-one-out (each run out of its own margin's fit): a plan would have "
+            f"overcommitted {loo['overcommitted']} of the {loo['of']} recorded runs ({kinds}).",
+        ]
     return "\n".join(lines)
 
 

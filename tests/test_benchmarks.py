@@ -548,11 +548,7 @@ DESCRIPTIVE_TABLES = {
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
     "docs/data.md": [],
-    "docs/memory.md": [
-        "| lever | config | what it does |",
-        "| key | meaning |",
-        "| lever | setting | what it does | measured on CUDA |",
-    ],
+    "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
         "| `model.placement` |",
