@@ -796,7 +796,7 @@ def cuda_margins(results: Path) -> str | None:
         )
         lines += [
             "",
-            "Leave-one-out (each run out of its own margin's fit): a plan would have "
+            "Leave-one-out (each run left out of its own margin's fit): the planner would have "
             f"overcommitted {loo['overcommitted']} of the {loo['of']} recorded runs ({kinds}).",
         ]
     return "\n".join(lines)
