@@ -358,9 +358,10 @@ def _real_data_files(results: Path, data: str) -> list[Path]:
     return [base, *dict.fromkeys(later)]
 
 
-def learning(results: Path, data: str) -> str | None:
+def learning(results: Path, data: str, per_class: bool = True) -> str | None:
     """volseg, nnU-Net's recipe at equal compute and the MONAI loop (as its tutorials, and with
-    volseg's recipe) on ``data=<data>``: mean over the runs, then per class (``real_data.py``)."""
+    volseg's recipe) on ``data=<data>``: mean over the runs, then (``per_class``) per class
+    (``real_data.py``; the results file keeps every class either way)."""
     paths = _real_data_files(results, data)
     if not paths:
         return None
@@ -375,10 +376,10 @@ def learning(results: Path, data: str) -> str | None:
         f"{s['mode']}, precision {s['precision']} on every side, seeds "
         f"{', '.join(map(str, s['seeds']))}):"
     )
-    return f"{head}\n\n{learning_rows(rows)}"
+    return f"{head}\n\n{learning_rows(rows, per_class)}"
 
 
-def learning_rows(rows: list[dict]) -> str:
+def learning_rows(rows: list[dict], per_class: bool = True) -> str:
     """The learning table of ``real_data.py`` rows: per side the mean over its runs, then the
     final Dice per class (what ``real_data.py`` prints, and :func:`learning` from its files)."""
     sides = list(dict.fromkeys(r["side"] for r in rows))
@@ -399,6 +400,8 @@ def learning_rows(rows: list[dict]) -> str:
             f"| {method[side]} | {len(rs)} | {mean['steps']:.0f} | {mean['final_dice_mean']:.3f} "
             f"| {each} | {best:.3f} | {zeros} |"
         )
+    if not per_class:
+        return "\n".join(lines)
     lines += ["", "Final validation Dice per class, mean over the runs:", ""]
     lines.append("| class | " + " | ".join(method[side] for side in sides) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in sides) + " |")
@@ -710,6 +713,10 @@ def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     return lines
 
 
+#: the input depths docs/benchmarks.md shows of ``cpu_bf16_conv.py``'s files (they hold 1 to 4)
+BF16_CONV_DEPTHS = (2,)
+
+
 @every_file(
     "cpu_bf16_conv",
     "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
@@ -717,10 +724,13 @@ def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
 )
 def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
-    """The largest relative error of bf16 convolutions against float32 per layer and input
-    depth, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong kernel's cell in bold."""
+    """The largest relative error of bf16 convolutions against float32 per layer at the input
+    depths of :data:`BF16_CONV_DEPTHS`, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong
+    kernel's cell in bold."""
     lines = []
     for r in doc["rows"]:
+        if r["input_shape"][2] not in BF16_CONV_DEPTHS:
+            continue
         cells = [
             f"**{value:.2g}**" if wrong else f"{value:.4f}"
             for value, wrong in zip(
@@ -789,6 +799,16 @@ def cuda_margins(results: Path) -> str | None:
             f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
             f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
         )
+    loo = doc.get("leave_one_out")
+    if loo:
+        kinds = ", ".join(
+            f"{kind} {v['overcommitted']} of {v['of']}" for kind, v in loo["by_kind"].items()
+        )
+        lines += [
+            "",
+            "Leave-one-out (each run left out of its own margin's fit): the planner would have "
+            f"overcommitted {loo['overcommitted']} of the {loo['of']} recorded runs ({kinds}).",
+        ]
     return "\n".join(lines)
 
 
@@ -801,14 +821,19 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "loader_compare": loader_compare,
     "step_profile": step_profile,
     "network_levers": network_levers,
-    "learning_mni152": functools.partial(learning, data="mni152"),
-    "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),
-    "learning_mni152_hemispheres": functools.partial(learning, data="mni152_hemispheres"),
+    # docs/benchmarks.md gives each side's mean; the Dice per class stays in the results files
+    "learning_mni152": functools.partial(learning, data="mni152", per_class=False),
+    "learning_mni152_regions": functools.partial(learning, data="mni152_regions", per_class=False),
+    "learning_mni152_hemispheres": functools.partial(
+        learning, data="mni152_hemispheres", per_class=False
+    ),
     "cross_entropy_weight": cross_entropy_weight,
     "default_run": default_run,
     "cpu_precision": cpu_precision,
     "estimator_accuracy": estimator_accuracy,
-    "learning_mni152_regions_lr": functools.partial(learning, data="mni152_regions_lr"),
+    "learning_mni152_regions_lr": functools.partial(
+        learning, data="mni152_regions_lr", per_class=False
+    ),
     "data_throughput": data_throughput,
     "training_overheads": training_overheads,
     "levers_cpu": levers_cpu,

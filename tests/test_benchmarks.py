@@ -537,22 +537,15 @@ def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
 #: (files, sides, defaults, config keys, choices), none holds a measurement
 DESCRIPTIVE_TABLES = {
     "README.md": ["| group | choices |"],
-    "docs/benchmarks.md": [
-        "| table | script that writes its file (`benchmarks/results/cpu/<date>_<name>.json`) |",
-        "| side | what it is | what is held to volseg's |",
-        "| default | config | what it is for |",
-    ],
+    "docs/benchmarks.md": ["| side | what it is | what is held to volseg's |"],
     "docs/configs.md": [
         "| group | choices |",
+        "| default | config | what it is for |",
         "| device | `auto` runs | an explicit `16-mixed` runs "
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
-    "docs/data.md": [],
-    "docs/memory.md": [
-        "| lever | config | what it does |",
-        "| key | meaning |",
-        "| lever | setting | what it does | measured on CUDA |",
-    ],
+    "docs/data.md": ["| `data=` | classes | cases (train / val) |"],
+    "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
         "| `model.placement` |",
