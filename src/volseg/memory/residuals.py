@@ -8,7 +8,7 @@ kinds (with every kind where those are still fewer than 3 runs together), so tha
 rests on fewer than 3 runs. Each margin's ``source`` names the run it came from, how many runs
 it rests on and their step sizes. The margins ship with the package (``cuda_margins.json``
 beside this file, with each run against the margin fitted without it: ``leave_one_out``);
-``python benchmarks/cuda_estimate_errors.py`` writes them from the repository's recorded runs
+``python -m benchmarks cuda_estimate_errors`` writes them from the repository's recorded runs
 and their estimates (``--margins-only``: from the committed estimates, estimating nothing).
 Rewrite them when the estimator or the recorded runs change.
 """
@@ -62,7 +62,7 @@ except FileNotFoundError:
     # writes the file, so plan with no margin and say so (the plan's margin_source too)
     warnings.warn(
         f"volseg/memory/{MARGINS_FILE} is missing: the CUDA planner plans with no margin "
-        "(python benchmarks/cuda_estimate_errors.py --margins-only writes it)",
+        "(python -m benchmarks cuda_estimate_errors --margins-only writes it)",
         stacklevel=1,
     )
     _MARGINS = {}
