@@ -912,6 +912,25 @@ def readme_estimator_held_out(results: Path) -> str | None:
     return f"Estimator on a CPU, held out: {'; '.join(parts)}."
 
 
+def estimator_held_out_kinds(results: Path) -> str | None:
+    """docs/benchmarks.md's sentence naming the CPU kinds each held-out estimator grid has run
+    on (``estimator_accuracy.py``'s files)."""
+    kinds: dict[str, dict[str, Path]] = {}
+    for path in results_io.runs("estimator_accuracy", "cpu", results):
+        doc = results_io.load(path)
+        for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
+            if samples.grid(grid)[0] == samples.OUT:
+                kinds.setdefault(grid, {})[cpu_kind(doc)] = path
+    if not kinds:
+        return None
+    return " ".join(
+        f"The held-out grid `{grid}` has run on {', '.join(found)}"
+        f"{' only' if len(found) == 1 else ''} "
+        f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
+        for grid, found in kinds.items()
+    )
+
+
 def _reference_runs(results: Path) -> tuple[dict, dict, Path] | None:
     """The recorded reference-table runs of unet_small and unet_large in ``16-mixed``."""
     runs = {run["name"]: (run, path) for run, _, path in _recorded_gpu_runs(results).values()}
@@ -981,6 +1000,7 @@ FIGURES: dict[str, Callable[[Path], str | None]] = {
     "readme_fewer_parameters": readme_fewer_parameters,
     "readme_cuda_estimate": readme_cuda_estimate,
     "memory_fewer_parameters": memory_fewer_parameters,
+    "estimator_held_out_kinds": estimator_held_out_kinds,
 }
 
 

@@ -101,3 +101,68 @@ def test_benchmark_commands_are_written_for_the_runner(doc):
     text = re.sub(generated, "", doc.read_text(), flags=re.S)
     text = re.sub(r"<!-- networks-table: .*?<!-- /networks-table -->", "", text, flags=re.S)
     assert re.findall(r"python3? benchmarks/\S+", text) == []
+
+
+#: a figure with a unit: an amount of memory, a time, a step count, a share or a factor
+FIGURE = re.compile(
+    r"(?<![\w.\-–])~?\d(?:[\d,.]*\d)?(?:[-–]\d(?:[\d,.]*\d)?)?"
+    r"(?:\s?(?:MiB|GiB|KiB|GB|MB)\b|\s(?:ms|min|minutes|seconds|hours|s|steps|it/s|s/step"
+    r"|GFLOP|TFLOP)\b|\s?%|×(?![\d(])|x\b)"
+)
+#: figures in prose that are not measurements, by doc: each a design constant, a default, a
+#: setting or arithmetic, and why (anything else with a unit names its results file)
+CONSTANTS = {
+    ("README.md", "~15 s"): "the line between a quick test and a `slow` one, a policy",
+    ("docs/benchmarks.md", "3 steps"): "the estimator benchmark's setting (each file's `steps`)",
+    ("docs/data.md", "4×"): "arithmetic of the example: coarser pooling, fewer voxels",
+    ("docs/data.md", "2×"): "the embedded dataset's z spacing and the example's arithmetic",
+    ("docs/data.md", "20%"): "the augmentation's bias-field amplitude, a design constant",
+    ("docs/memory.md", "500 MiB"): "the CUDA context's fallback, said to be not measured",
+    ("docs/memory.md", "2 MiB"): "torch's caching allocator's segment sizes",
+    ("docs/memory.md", "20 MiB"): "torch's caching allocator's segment sizes",
+    ("docs/plan.md", "8 GB"): "nnU-Net's default GPU memory target, its constant",
+    ("docs/scale-out.md", "2%"): "`callbacks.last_checkpoint.max_time_share`'s default",
+    ("docs/scale-out.md", "5 minutes"): "`callbacks.last_checkpoint.save_every_minutes`'s default",
+}
+
+
+def _prose_blocks(text: str) -> list[str]:
+    """A doc's paragraphs and lists (blank-line separated) outside the generated tables and
+    sentences, the code blocks and the descriptive tables."""
+    text = re.sub(r"<!-- (table|figure): ([\w-]+) -->.*?<!-- /\1: \2 -->", "", text, flags=re.S)
+    text = re.sub(r"<!-- networks-table: .*?<!-- /networks-table -->", "", text, flags=re.S)
+    blocks = re.split(r"\n\s*\n", _prose(text))
+    return [b for b in blocks if b.strip() and not b.lstrip().startswith("|")]
+
+
+def _figures(block: str) -> list[str]:
+    """The figures with a unit in a block's prose (not in code spans or link targets)."""
+    prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", block))
+    return [m[0] for m in FIGURE.finditer(prose)]
+
+
+def test_the_figure_pattern_finds_measurements_and_skips_shapes_and_code():
+    found = _figures(
+        "peaks at 6,832 MiB, 7.6% off, about 4× the time, 1.41x, 2 min 26 s, 480 steps, 1-3 s; "
+        "a 26×150×320 patch, `memory.budget=16GiB`, x2 accumulation, alembic 1.x, 1s and 2s"
+    )
+    assert found == ["6,832 MiB", "7.6%", "4×", "1.41x", "2 min", "26 s", "480 steps", "1-3 s"]
+
+
+def test_every_prose_figure_names_its_results_file_in_its_paragraph():
+    """Outside the generated tables and sentences, a paragraph or list that gives a figure with
+    a unit names the results file under ``benchmarks/results/`` it comes from, unless the figure
+    is one of the design constants, defaults and settings of :data:`CONSTANTS`."""
+    unsourced, seen = [], set()
+    for doc in DOCS:
+        name = str(doc.relative_to(REPO))
+        for block in _prose_blocks(doc.read_text()):
+            if RESULTS_FILE.search(block):
+                continue
+            for figure in _figures(block):
+                if (name, figure) in CONSTANTS:
+                    seen.add((name, figure))
+                else:
+                    unsourced.append(f"{name}: {figure!r} in {block[:80]!r}")
+    assert unsourced == []
+    assert set(CONSTANTS) == seen, "listed constants no doc has any more"
