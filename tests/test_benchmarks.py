@@ -583,3 +583,42 @@ def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
     assert headers == DESCRIPTIVE_TABLES[doc]
     figures = [line for line in lines if line.startswith("|") and MEASURED_FIGURE.search(line)]
     assert figures == []
+
+
+def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
+    """The held-out sentence counts the frozen grid's configs, the ones run so far, their mean
+    |error| and the ones stopped, from the newest file per CPU kind; in-sample grids stay out;
+    its marker is rewritten and an unknown one refused."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    grid = "held-out-2026-12-03-b"
+    frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
+
+    def row(name, error, g=grid):
+        return {"grid": g, "name": name, "error": error}
+
+    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+    slow = {"grid": grid, "name": "slow", "failed": "Command '[...]' timed out after 900 seconds"}
+    for file, rows in (
+        ("2026-01-01_estimator_accuracy.json", [row("a", 0.5)]),
+        ("2026-01-02_estimator_accuracy.json", [row("a", 0.1), row("b", -0.3), slow]),
+        ("2026-01-03_estimator_accuracy.json", [row("t", 0.9, "tuned")]),
+    ):
+        doc = results_io.result("estimator_accuracy", rows, argv=[])
+        doc["cpu_flags"] = avx2
+        results_io.write(doc, tmp_path / "cpu" / file)
+    sentence = tables.readme_estimator_held_out(tmp_path)
+    assert sentence.startswith("Estimator on a CPU, held out: ")
+    assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
+    assert "(AVX2), 3 run so far: mean |error| 20.0% of a step's measured rise over the 2 " in (
+        sentence
+    )
+    assert "1 ran past the time limit" in sentence
+    assert "([file](" in sentence and "2026-01-02_estimator_accuracy.json))." in sentence
+    text = (
+        "- <!-- figure: readme_estimator_held_out -->old<!-- /figure: readme_estimator_held_out -->"
+    )
+    new, done = tables.regenerate(text, tmp_path)
+    assert done == ["readme_estimator_held_out"] and sentence in new and "old" not in new
+    with pytest.raises(KeyError, match="no such figure"):
+        tables.regenerate("<!-- figure: nothing -->x<!-- /figure: nothing -->", tmp_path)
