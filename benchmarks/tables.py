@@ -333,6 +333,26 @@ def network_levers(path: Path, doc: dict) -> str:
 #: sides that a later ``real_data.py --sides ...`` file adds to a learning table
 LATER_SIDES = ("nnunet_nomirror",)
 
+#: nnU-Net v2's full schedule in optimizer steps: ``nnUNetTrainer``'s ``num_epochs`` (1000)
+#: times its ``num_iterations_per_epoch`` (250)
+NNUNET_SCHEDULE_STEPS = 1000 * 250
+
+
+def side_label(side: str, rows: list[dict]) -> str:
+    """What a learning table's side ran, by name: nnU-Net's rows say the share of its schedule
+    they got and whose patch and network they trained; the MONAI loop given volseg's recipe is
+    named as the equal-terms anchor."""
+    if side.startswith("nnunet"):
+        steps = sum(r["steps"] for r in rows) / len(rows)
+        label = (
+            f"nnU-Net v2's trainer, {100 * steps / NNUNET_SCHEDULE_STEPS:.2f}% of its schedule, "
+            "volseg's patch and network"
+        )
+        return label + (", no mirroring" if side == "nnunet_nomirror" else "")
+    if side == "monai_volseg":
+        return "MONAI loop, volseg's recipe (the equal-terms anchor)"
+    return rows[0]["method"].split(" (")[0]
+
 
 def _real_data_files(results: Path, data: str) -> list[Path]:
     """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg,
@@ -389,7 +409,7 @@ def learning_rows(rows: list[dict], per_class: bool = True) -> str:
     final Dice per class (what ``real_data.py`` prints, and :func:`learning` from its files)."""
     sides = list(dict.fromkeys(r["side"] for r in rows))
     runs = {side: [r for r in rows if r["side"] == side] for side in sides}
-    method = {side: runs[side][0]["method"].split(" (")[0] for side in sides}
+    method = {side: side_label(side, runs[side]) for side in sides}
     lines = [
         "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
         "| classes at 0 (final) |",

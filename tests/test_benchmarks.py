@@ -321,10 +321,17 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
     table = tables.learning(results, "mni152")
     assert "2026-01-01_real_data.json and " in table and "seeds 1, 2" in table
     assert "2026-01-03_real_data.json" in table and "2026-01-04" not in table
-    assert "| nnU-Net recipe at equal compute, no mirroring | 1 | 100 | 0.900 | 0.900 |" in table
+    # nnU-Net's rows say what they ran: 100 of 250,000 steps is 0.04% of its schedule
+    nomirror = (
+        "nnU-Net v2's trainer, 0.04% of its schedule, volseg's patch and network, no mirroring"
+    )
+    assert f"| {nomirror} | 1 | 100 | 0.900 | 0.900 |" in table
     assert "other terms" not in table
     assert "| volseg | 2 | 150 | 0.600 | 0.500, 0.700 | 0.610 | 0, 0 |" in table
-    nnunet = "| nnU-Net recipe at equal compute | 2 | 150 | 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
+    nnunet = (
+        "| nnU-Net v2's trainer, 0.06% of its schedule, volseg's patch and network | 2 | 150 "
+        "| 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
+    )
     assert nnunet in table
     assert "| a | 0.500 | 0.100 | 0.800 |" in table and "| b | 0.700 | 0.700 | 1.000 |" in table
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
