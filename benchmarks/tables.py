@@ -12,7 +12,12 @@ and :data:`TABLES` names the function that builds it from the newest results fil
 table says which, with the machine and the command that wrote them). A marker whose table has no
 results file yet is left as it is.
 
-    python -m benchmarks tables            # rewrite every marked table in docs/*.md
+A figure quoted in prose (README's Measurements, a sentence of docs/) sits between inline
+markers, ``<!-- figure: NAME -->...<!-- /figure: NAME -->``, and :data:`FIGURES` names the
+function that writes that sentence (its figure, its results file, in sample or held out), so
+that it changes with its file.
+
+    python -m benchmarks tables            # rewrite every marked table in docs/*.md and README
     python -m benchmarks tables --check    # exit 1 if a marked table differs from its files
 """
 
@@ -325,6 +330,26 @@ def network_levers(path: Path, doc: dict) -> str:
 #: sides that a later ``real_data.py --sides ...`` file adds to a learning table
 LATER_SIDES = ("nnunet_nomirror",)
 
+#: nnU-Net v2's full schedule in optimizer steps: ``nnUNetTrainer``'s ``num_epochs`` (1000)
+#: times its ``num_iterations_per_epoch`` (250)
+NNUNET_SCHEDULE_STEPS = 1000 * 250
+
+
+def side_label(side: str, rows: list[dict]) -> str:
+    """What a learning table's side ran, by name: nnU-Net's rows say the share of its schedule
+    they got and whose patch and network they trained; the MONAI loop given volseg's recipe is
+    named as the equal-terms anchor."""
+    if side.startswith("nnunet"):
+        steps = sum(r["steps"] for r in rows) / len(rows)
+        label = (
+            f"nnU-Net v2's trainer, {100 * steps / NNUNET_SCHEDULE_STEPS:.2f}% of its schedule, "
+            "volseg's patch and network"
+        )
+        return label + (", no mirroring" if side == "nnunet_nomirror" else "")
+    if side == "monai_volseg":
+        return "MONAI loop, volseg's recipe (the equal-terms anchor)"
+    return rows[0]["method"].split(" (")[0]
+
 
 def _real_data_files(results: Path, data: str) -> list[Path]:
     """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg,
@@ -355,9 +380,10 @@ def _real_data_files(results: Path, data: str) -> list[Path]:
     return [base, *dict.fromkeys(later)]
 
 
-def learning(results: Path, data: str) -> str | None:
+def learning(results: Path, data: str, per_class: bool = True) -> str | None:
     """volseg, nnU-Net's recipe at equal compute and the MONAI loop (as its tutorials, and with
-    volseg's recipe) on ``data=<data>``: mean over the runs, then per class (``real_data.py``)."""
+    volseg's recipe) on ``data=<data>``: mean over the runs, then (``per_class``) per class
+    (``real_data.py``; the results file keeps every class either way)."""
     paths = _real_data_files(results, data)
     if not paths:
         return None
@@ -372,15 +398,15 @@ def learning(results: Path, data: str) -> str | None:
         f"{s['mode']}, precision {s['precision']} on every side, seeds "
         f"{', '.join(map(str, s['seeds']))}):"
     )
-    return f"{head}\n\n{learning_rows(rows)}"
+    return f"{head}\n\n{learning_rows(rows, per_class)}"
 
 
-def learning_rows(rows: list[dict]) -> str:
+def learning_rows(rows: list[dict], per_class: bool = True) -> str:
     """The learning table of ``real_data.py`` rows: per side the mean over its runs, then the
     final Dice per class (what ``real_data.py`` prints, and :func:`learning` from its files)."""
     sides = list(dict.fromkeys(r["side"] for r in rows))
     runs = {side: [r for r in rows if r["side"] == side] for side in sides}
-    method = {side: runs[side][0]["method"].split(" (")[0] for side in sides}
+    method = {side: side_label(side, runs[side]) for side in sides}
     lines = [
         "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
         "| classes at 0 (final) |",
@@ -396,6 +422,8 @@ def learning_rows(rows: list[dict]) -> str:
             f"| {method[side]} | {len(rs)} | {mean['steps']:.0f} | {mean['final_dice_mean']:.3f} "
             f"| {each} | {best:.3f} | {zeros} |"
         )
+    if not per_class:
+        return "\n".join(lines)
     lines += ["", "Final validation Dice per class, mean over the runs:", ""]
     lines.append("| class | " + " | ".join(method[side] for side in sides) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in sides) + " |")
@@ -707,6 +735,10 @@ def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     return lines
 
 
+#: the input depths docs/benchmarks.md shows of ``cpu_bf16_conv.py``'s files (they hold 1 to 4)
+BF16_CONV_DEPTHS = (2,)
+
+
 @every_file(
     "cpu_bf16_conv",
     "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
@@ -714,10 +746,13 @@ def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
 )
 def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
-    """The largest relative error of bf16 convolutions against float32 per layer and input
-    depth, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong kernel's cell in bold."""
+    """The largest relative error of bf16 convolutions against float32 per layer at the input
+    depths of :data:`BF16_CONV_DEPTHS`, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong
+    kernel's cell in bold."""
     lines = []
     for r in doc["rows"]:
+        if r["input_shape"][2] not in BF16_CONV_DEPTHS:
+            continue
         cells = [
             f"**{value:.2g}**" if wrong else f"{value:.4f}"
             for value, wrong in zip(
@@ -786,7 +821,204 @@ def cuda_margins(results: Path) -> str | None:
             f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
             f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
         )
+    loo = doc.get("leave_one_out")
+    if loo:
+        kinds = ", ".join(
+            f"{kind} {v['overcommitted']} of {v['of']}" for kind, v in loo["by_kind"].items()
+        )
+        lines += [
+            "",
+            "Leave-one-out (each run left out of its own margin's fit): the planner would have "
+            f"overcommitted {loo['overcommitted']} of the {loo['of']} recorded runs ({kinds}).",
+        ]
     return "\n".join(lines)
+
+
+FIGURE = re.compile(
+    r"(<!-- figure: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /figure: (?P=name) -->)", re.S
+)
+
+
+def _sample(pair: tuple[str, str]) -> str:
+    """``in sample: why`` / ``held out: why`` (``samples.py``'s pair)."""
+    return f"{pair[0]}: {pair[1]}"
+
+
+def _isa_held(doc: dict) -> bool:
+    return bool(doc.get("onednn_max_cpu_isa") or doc.get("aten_cpu_capability"))
+
+
+def readme_default_run(results: Path) -> str | None:
+    """README's default-run line: the newest ``default_run.py`` file run at the CPU's own ISA."""
+    runs = results_io.runs("default_run", "cpu", results)
+    native = [p for p in runs if not _isa_held(results_io.load(p))]
+    if not native:
+        return None
+    doc = results_io.load(native[-1])
+    r = doc["rows"][0]
+    minutes, seconds = divmod(round(r["whole_command_s"]), 60)
+    return (
+        f"Default run (`python train.py`, embedded dataset; "
+        f"{_sample(samples.BENCHMARKS['default_run'])}): best `val/dice_mean` "
+        f"{r['best_val_dice_mean']:.3f} in {minutes} min {seconds} s, {r['precision']}, on a "
+        f"{doc.get('cores')}-core {doc['cpu']} ({cpu_kind(doc)}) ([file]({_rel(native[-1])}))."
+    )
+
+
+#: the held-out learning tasks as README names them
+TASK_NAMES = {"mni152_regions_lr": "83 brain regions, left and right apart"}
+
+
+def readme_held_out_task(results: Path) -> str | None:
+    """README's learning line: volseg's default and the MONAI loop given volseg's recipe on the
+    held-out task (``real_data.py``), final validation Dice, mean over the seeds."""
+    task = next(t for t, pair in samples.TASKS.items() if pair[0] == samples.OUT)
+    paths = _real_data_files(results, task)
+    if not paths:
+        return None
+    doc = results_io.load(paths[0])
+    s = doc["settings"]
+
+    def mean(side: str) -> float:
+        rs = [r for r in doc["rows"] if r["side"] == side]
+        return sum(r["final_dice_mean"] for r in rs) / len(rs)
+
+    precision = "float32" if s["precision"] in ("32", "32-true") else s["precision"]
+    return (
+        f"{TASK_NAMES.get(task, task)} (`data={task}`; {_sample(samples.TASKS[task])}; "
+        f"{s['budget_s']} s a run, {precision}, {len(s['seeds'])} seeds, {doc['cpu']}): "
+        f"volseg's default {mean('volseg'):.3f} mean final Dice, a MONAI loop given volseg's "
+        f"recipe {mean('monai_volseg'):.3f} ([file]({_rel(paths[0])}))."
+    )
+
+
+def readme_estimator_held_out(results: Path) -> str | None:
+    """README's estimator line: per held-out grid and CPU kind, the newest file's mean |error|
+    over the configs measured so far, of the grid's frozen configs (``estimator_accuracy.py``)."""
+    newest_of: dict[tuple[str, str], tuple[Path, dict]] = {}
+    for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
+        doc = results_io.load(path)
+        for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
+            if samples.grid(grid)[0] == samples.OUT:
+                newest_of.setdefault((grid, cpu_kind(doc)), (path, doc))
+    if not newest_of:
+        return None
+    parts = []
+    for (grid, kind), (path, doc) in newest_of.items():
+        frozen = json.loads((samples.GRIDS_DIR / f"{grid}.json").read_text())["configs"]
+        rows = [r for r in doc["rows"] if r["grid"] == grid]
+        errors = [abs(r["error"]) for r in rows if "failed" not in r]
+        failed = [_failure(r["failed"]) for r in rows if "failed" in r]
+        late = sum(f.startswith("train.py ran past") for f in failed)
+        tail = "".join(
+            f", {n} {what}"
+            for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
+            if n
+        )
+        ran = "all" if len(rows) == len(frozen) else f"{len(rows)} run so far"
+        figure = (
+            f"mean |error| {sum(errors) / len(errors):.1%} of a step's measured rise over the "
+            f"{len(errors)} that finished"
+            if errors
+            else "none finished yet"
+        )
+        parts.append(
+            f"grid `{grid}` ({len(frozen)} configs drawn and frozen before they ran) on "
+            f"{doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))"
+        )
+    return f"Estimator on a CPU, held out: {'; '.join(parts)}."
+
+
+def estimator_held_out_kinds(results: Path) -> str | None:
+    """docs/benchmarks.md's sentence naming the CPU kinds each held-out estimator grid has run
+    on (``estimator_accuracy.py``'s files)."""
+    kinds: dict[str, dict[str, Path]] = {}
+    for path in results_io.runs("estimator_accuracy", "cpu", results):
+        doc = results_io.load(path)
+        for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
+            if samples.grid(grid)[0] == samples.OUT:
+                kinds.setdefault(grid, {})[cpu_kind(doc)] = path
+    if not kinds:
+        return None
+    return " ".join(
+        f"The held-out grid `{grid}` has run on {', '.join(found)}"
+        f"{' only' if len(found) == 1 else ''} "
+        f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
+        for grid, found in kinds.items()
+    )
+
+
+def _reference_runs(results: Path) -> tuple[dict, dict, Path] | None:
+    """The recorded reference-table runs of unet_small and unet_large in ``16-mixed``."""
+    runs = {run["name"]: (run, path) for run, _, path in _recorded_gpu_runs(results).values()}
+    small = runs.get("reference table: unet_small 16-mixed")
+    large = runs.get("reference table: unet_large 16-mixed")
+    if small is None or large is None:
+        return None
+    return small[0]["measured"], large[0]["measured"], small[1]
+
+
+def readme_fewer_parameters(results: Path) -> str | None:
+    """README's line on unet_small peaking above unet_large (the recorded GPU runs)."""
+    found = _reference_runs(results)
+    if found is None:
+        return None
+    small, large, path = found
+    gpu = json.loads(path.read_text())["gpu"]
+    return (
+        f"Fewer parameters, more memory ({gpu}, batch 2 of 1×26×150×320, 16-mixed; "
+        f"{_sample(samples.BENCHMARKS['cuda_recorded'])}): unet_small, a third of unet_large's "
+        f"parameters, peaks at {small['peak_allocated_mib']:,} against "
+        f"{large['peak_allocated_mib']:,} MiB allocated ([file]({_rel(path)}))."
+    )
+
+
+def memory_fewer_parameters(results: Path) -> str | None:
+    """docs/memory.md's figures of unet_small against unet_large (the recorded GPU runs)."""
+    found = _reference_runs(results)
+    if found is None:
+        return None
+    small, large, path = found
+    return (
+        f"{small['peak_allocated_mib']:,} against {large['peak_allocated_mib']:,} MiB allocated, "
+        f"{small['nvidia_smi_mib']:,} against {large['nvidia_smi_mib']:,} MiB in nvidia-smi "
+        f"(`{_rel(path)}`, the `reference table` rows; "
+        f"{_sample(samples.BENCHMARKS['cuda_recorded'])})"
+    )
+
+
+def readme_cuda_estimate(results: Path) -> str | None:
+    """README's CUDA-estimate line: how many recorded GPU runs the newest
+    ``cuda_estimate_errors.py`` file has outside its bounds."""
+    path = results_io.latest("cuda_estimate_errors", "cpu", results)
+    if path is None:
+        return None
+    doc = results_io.load(path)
+    bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
+    outside = sum(
+        abs(r["allocated_error"]) > bounds["allocated"]
+        or abs(r["reserved_error"]) > bounds["reserved"]
+        for r in doc["rows"]
+    )
+    gpus = ", ".join(sorted({doc["gpu"] for _, doc, _ in _recorded_gpu_runs(results).values()}))
+    return (
+        f"CUDA estimate against the {len(doc['rows'])} recorded {gpus} runs "
+        f"({_sample(samples.BENCHMARKS['cuda_estimate_errors'])}): {outside} outside "
+        f"{bounds['allocated']:.0%} allocated / {bounds['reserved']:.0%} reserved, so the planner "
+        f"adds a margin fitted on them ([file]({_rel(path)}))."
+    )
+
+
+#: inline marker name -> the function that writes its sentence from ``benchmarks/results``
+FIGURES: dict[str, Callable[[Path], str | None]] = {
+    "readme_default_run": readme_default_run,
+    "readme_held_out_task": readme_held_out_task,
+    "readme_estimator_held_out": readme_estimator_held_out,
+    "readme_fewer_parameters": readme_fewer_parameters,
+    "readme_cuda_estimate": readme_cuda_estimate,
+    "memory_fewer_parameters": memory_fewer_parameters,
+    "estimator_held_out_kinds": estimator_held_out_kinds,
+}
 
 
 #: marker name -> the function that builds its table from ``benchmarks/results``
@@ -798,14 +1030,19 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "loader_compare": loader_compare,
     "step_profile": step_profile,
     "network_levers": network_levers,
-    "learning_mni152": functools.partial(learning, data="mni152"),
-    "learning_mni152_regions": functools.partial(learning, data="mni152_regions"),
-    "learning_mni152_hemispheres": functools.partial(learning, data="mni152_hemispheres"),
+    # docs/benchmarks.md gives each side's mean; the Dice per class stays in the results files
+    "learning_mni152": functools.partial(learning, data="mni152", per_class=False),
+    "learning_mni152_regions": functools.partial(learning, data="mni152_regions", per_class=False),
+    "learning_mni152_hemispheres": functools.partial(
+        learning, data="mni152_hemispheres", per_class=False
+    ),
     "cross_entropy_weight": cross_entropy_weight,
     "default_run": default_run,
     "cpu_precision": cpu_precision,
     "estimator_accuracy": estimator_accuracy,
-    "learning_mni152_regions_lr": functools.partial(learning, data="mni152_regions_lr"),
+    "learning_mni152_regions_lr": functools.partial(
+        learning, data="mni152_regions_lr", per_class=False
+    ),
     "data_throughput": data_throughput,
     "training_overheads": training_overheads,
     "levers_cpu": levers_cpu,
@@ -831,17 +1068,30 @@ def regenerate(text: str, results: Path = results_io.RESULTS) -> tuple[str, list
         done.append(name)
         return f"{match[1]}{table}\n\n{samples.table_line(name)}\n{match[4]}"
 
-    return MARKER.sub(replace, text), done
+    def figure(match: re.Match) -> str:
+        name = match["name"]
+        if name not in FIGURES:
+            raise KeyError(f"<!-- figure: {name} -->: no such figure (known: {', '.join(FIGURES)})")
+        sentence = FIGURES[name](results)
+        if sentence is None:  # no results file yet: left as it is
+            return match[0]
+        done.append(name)
+        return f"{match[1]}{sentence}{match[4]}"
+
+    return FIGURE.sub(figure, MARKER.sub(replace, text)), done
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     parser.add_argument("--docs", type=Path, default=DOCS)
+    parser.add_argument("--readme", type=Path, default=results_io.REPO / "README.md")
     parser.add_argument("--results", type=Path, default=results_io.RESULTS)
     args = parser.parse_args(argv)
     stale = []
-    for doc in sorted(args.docs.glob("*.md")):
+    for doc in [*sorted(args.docs.glob("*.md")), args.readme]:
+        if not doc.exists():
+            continue
         text = doc.read_text()
         new, done = regenerate(text, args.results)
         if new != text:

@@ -322,10 +322,17 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
     table = tables.learning(results, "mni152")
     assert "2026-01-01_real_data.json and " in table and "seeds 1, 2" in table
     assert "2026-01-03_real_data.json" in table and "2026-01-04" not in table
-    assert "| nnU-Net recipe at equal compute, no mirroring | 1 | 100 | 0.900 | 0.900 |" in table
+    # nnU-Net's rows say what they ran: 100 of 250,000 steps is 0.04% of its schedule
+    nomirror = (
+        "nnU-Net v2's trainer, 0.04% of its schedule, volseg's patch and network, no mirroring"
+    )
+    assert f"| {nomirror} | 1 | 100 | 0.900 | 0.900 |" in table
     assert "other terms" not in table
     assert "| volseg | 2 | 150 | 0.600 | 0.500, 0.700 | 0.610 | 0, 0 |" in table
-    nnunet = "| nnU-Net recipe at equal compute | 2 | 150 | 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
+    nnunet = (
+        "| nnU-Net v2's trainer, 0.06% of its schedule, volseg's patch and network | 2 | 150 "
+        "| 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
+    )
     assert nnunet in table
     assert "| a | 0.500 | 0.100 | 0.800 |" in table and "| b | 0.700 | 0.700 | 1.000 |" in table
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
@@ -540,22 +547,15 @@ def test_the_bf16_convolution_table_marks_the_wrong_cells(tmp_path):
 #: (files, sides, defaults, config keys, choices), none holds a measurement
 DESCRIPTIVE_TABLES = {
     "README.md": ["| group | choices |"],
-    "docs/benchmarks.md": [
-        "| table | script that writes its file (`benchmarks/results/cpu/<date>_<name>.json`) |",
-        "| side | what it is | what is held to volseg's |",
-        "| default | config | what it is for |",
-    ],
+    "docs/benchmarks.md": ["| side | what it is | what is held to volseg's |"],
     "docs/configs.md": [
         "| group | choices |",
+        "| default | config | what it is for |",
         "| device | `auto` runs | an explicit `16-mixed` runs "
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
-    "docs/data.md": [],
-    "docs/memory.md": [
-        "| lever | config | what it does |",
-        "| key | meaning |",
-        "| lever | setting | what it does | measured on CUDA |",
-    ],
+    "docs/data.md": ["| `data=` | classes | cases (train / val) |"],
+    "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
         "| `model.placement` |",
@@ -593,3 +593,42 @@ def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
     assert headers == DESCRIPTIVE_TABLES[doc]
     figures = [line for line in lines if line.startswith("|") and MEASURED_FIGURE.search(line)]
     assert figures == []
+
+
+def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
+    """The held-out sentence counts the frozen grid's configs, the ones run so far, their mean
+    |error| and the ones stopped, from the newest file per CPU kind; in-sample grids stay out;
+    its marker is rewritten and an unknown one refused."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    grid = "held-out-2026-12-03-b"
+    frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
+
+    def row(name, error, g=grid):
+        return {"grid": g, "name": name, "error": error}
+
+    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+    slow = {"grid": grid, "name": "slow", "failed": "Command '[...]' timed out after 900 seconds"}
+    for file, rows in (
+        ("2026-01-01_estimator_accuracy.json", [row("a", 0.5)]),
+        ("2026-01-02_estimator_accuracy.json", [row("a", 0.1), row("b", -0.3), slow]),
+        ("2026-01-03_estimator_accuracy.json", [row("t", 0.9, "tuned")]),
+    ):
+        doc = results_io.result("estimator_accuracy", rows, argv=[])
+        doc["cpu_flags"] = avx2
+        results_io.write(doc, tmp_path / "cpu" / file)
+    sentence = tables.readme_estimator_held_out(tmp_path)
+    assert sentence.startswith("Estimator on a CPU, held out: ")
+    assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
+    assert "(AVX2), 3 run so far: mean |error| 20.0% of a step's measured rise over the 2 " in (
+        sentence
+    )
+    assert "1 ran past the time limit" in sentence
+    assert "([file](" in sentence and "2026-01-02_estimator_accuracy.json))." in sentence
+    text = (
+        "- <!-- figure: readme_estimator_held_out -->old<!-- /figure: readme_estimator_held_out -->"
+    )
+    new, done = tables.regenerate(text, tmp_path)
+    assert done == ["readme_estimator_held_out"] and sentence in new and "old" not in new
+    with pytest.raises(KeyError, match="no such figure"):
+        tables.regenerate("<!-- figure: nothing -->x<!-- /figure: nothing -->", tmp_path)

@@ -338,7 +338,7 @@ except torch.OutOfMemoryError:
 """
 
 
-#: the reference config's recorded step at batch 2 (docs/memory.md's H200 table:
+#: the reference config's recorded step at batch 2 (docs/benchmarks.md's recorded GPU runs:
 #: ``benchmarks/results/cuda/2026-11-30_nvidia-h200.json``, "reference table: unet_large 16-mixed")
 RECORDED_H200 = REPO / "benchmarks" / "results" / "cuda" / "2026-11-30_nvidia-h200.json"
 REFERENCE_RUN = "reference table: unet_large 16-mixed"

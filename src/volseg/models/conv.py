@@ -9,8 +9,8 @@ tensors alike, at every channel count and in-plane size tried; the forward pass 
 gradient are right, as are depths 1 and 3 to 8 and transposed convolutions
 (``python -m benchmarks cpu_bf16_conv`` checks each case on the CPU it runs on). A U-Net level
 of depth 2 is common: with ``[2, 2, 2]`` pooling a patch of depth 16-23 has it at the fourth
-level, 32-47 at the fifth, and training can diverge (docs/benchmarks.md, "bf16 convolutions at
-depth 2"). Such a call runs in float32 here; every other one is a plain ``nn.Conv3d`` call.
+level, 32-47 at the fifth, and training can diverge (docs/benchmarks.md, "Precision on a
+CPU"). Such a call runs in float32 here; every other one is a plain ``nn.Conv3d`` call.
 """
 
 from __future__ import annotations

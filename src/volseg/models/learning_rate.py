@@ -2,7 +2,7 @@
 
 Few-class tasks train best at a low rate; many-class tasks learn their regions one after
 another, and within a short budget they need a rate several times higher
-(docs/benchmarks.md, "Many classes"). The rule is ``model.optimizer.lr_by_classes``:
+(docs/benchmarks.md, "Learning"). The rule is ``model.optimizer.lr_by_classes``:
 ``lr_few`` up to ``few_classes`` foreground classes, ``lr_many`` from ``many_classes``, and
 log-linear in the class count between them.
 
