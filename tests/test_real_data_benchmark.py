@@ -1,4 +1,5 @@
-"""benchmarks/real_data.py: both sides in one precision, best and final validation, classes at 0."""
+"""benchmarks/studies/real_data.py: both sides in one precision, best and final validation,
+classes at 0."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class SteppedClock:
 
 @pytest.fixture
 def bench(monkeypatch):
-    """benchmarks/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
+    """benchmarks/studies/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
     module = load_benchmark("real_data")
     monkeypatch.setattr(module, "time", SteppedClock(0.25))
     return module
