@@ -15,8 +15,8 @@ margins do on a run they were not fitted on). Both ship with the package as
 ``src/volseg/memory/cuda_margins.json``: written after the estimates, or alone with
 ``--margins-only``.
 
-    python benchmarks/cuda_estimate_errors.py      # about 4 s a run on a 2-core CPU
-    python benchmarks/cuda_estimate_errors.py --margins-only   # from the committed estimates
+    python -m benchmarks cuda_estimate_errors      # about 4 s a run on a 2-core CPU
+    python -m benchmarks cuda_estimate_errors --margins-only   # from the committed estimates
 """
 
 from __future__ import annotations
@@ -25,24 +25,21 @@ import argparse
 import json
 import math
 import os
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
+
+from benchmarks import results_io
+from volseg.memory.estimator import estimate
+from volseg.memory.residuals import KINDS, step_kind
+from volseg.plan import planned_config
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import results_io  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from volseg.memory.estimator import estimate  # noqa: E402
-from volseg.memory.residuals import KINDS, step_kind  # noqa: E402
-from volseg.plan import planned_config  # noqa: E402
-from volseg.utils.units import MIB  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
 ALLOCATED_WITHIN, RESERVED_WITHIN = 0.05, 0.10
@@ -63,7 +60,7 @@ def recorded_steps(results: Path = results_io.RESULTS) -> tuple[list[dict[str, A
     if estimates is None:
         raise FileNotFoundError(
             f"no {results / 'cpu'}/*_{BENCHMARK}.json: the CUDA margins come from the "
-            "estimates of the recorded GPU runs (python benchmarks/cuda_estimate_errors.py)"
+            "estimates of the recorded GPU runs (python -m benchmarks cuda_estimate_errors)"
         )
     estimated = {
         (row["file"], row["run"]): row["estimated_peak_reserved"]
@@ -181,7 +178,7 @@ def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
     steps, estimates = recorded_steps(results)
     root = results.parent.parent  # the paths as the repository names them
     return {
-        "command": f"python benchmarks/{Path(__file__).name} --margins-only",
+        "command": results_io.command(__file__, ["--margins-only"]),
         "recorded": [
             p.relative_to(root).as_posix() for p in sorted((results / "cuda").glob("*.json"))
         ],

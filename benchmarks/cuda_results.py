@@ -39,16 +39,14 @@ ends with ``allocator_comparison`` (each config with expandable segments off and
 nvidia-smi, step time) and ``levers_toward_4x`` (each lever run's cut of the reference's peak
 allocated, reserved and nvidia-smi, and its step time against the reference's).
 
-    python benchmarks/cuda_results.py [--budget-s 300] [--deadline-s 350] [--jobs 3] [--out DIR]
-    python benchmarks/cuda_results.py --estimate    # on a CPU: the grid's CUDA estimates
-    python benchmarks/cuda_results.py --dry-run [--groups ...] [--out DIR]   # tiny, on the CPU
+    python -m benchmarks cuda_results [--budget-s 300] [--deadline-s 350] [--jobs 3] [--out DIR]
+    python -m benchmarks cuda_results --estimate    # on a CPU: the grid's CUDA estimates
+    python -m benchmarks cuda_results --dry-run [--groups ...] [--out DIR]   # tiny, on the CPU
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
 import datetime
 import json
 import os
@@ -66,20 +64,18 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import NamedTuple
 
+from benchmarks import grid, harness, results_io
+from benchmarks.grid import COMPOSE_LOCK, Grid, accumulation, merge
+from volseg.memory.cuda_context import nvidia_smi
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import estimator_accuracy as accuracy  # noqa: E402
-
-from volseg.memory.cuda_context import nvidia_smi  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
 #: ``--estimate`` writes ``<date>_cuda_grid_estimates.json`` here; a GPU run reads the newest
 ESTIMATES = REPO / "benchmarks" / "results" / "cpu"
 ESTIMATES_NAME = "cuda_grid_estimates"
-MIB = 2**20
 
 #: the reference config: unet_large (channels-last) batch 2 of 1x26x150x320, 16-mixed
 SEED = ["model=unet_large", "data.batch_size=2", "data.patch_size=[26,150,320]"]
@@ -92,8 +88,6 @@ ON = ", expandable_segments on"
 STEPS, TIMED_STEPS = 3, 10
 #: a child process's limit (s), waiting for its turn on the GPU included
 RUN_LIMIT_S = 150
-
-Grid = list[tuple[str, list[str]]]
 
 
 class Job(NamedTuple):
@@ -109,17 +103,6 @@ class Job(NamedTuple):
     #: the volume generated (1 training and 1 validation case of that shape), else the
     #: embedded dataset's own (its 4 validation cases)
     generate: bool = False
-
-
-def merge(*lists: list[str] | tuple[str, ...]) -> list[str]:
-    """Override lists joined, a later value of a key replacing an earlier one in place."""
-    merged: dict[str, str] = {}
-    for overrides in lists:
-        for override in overrides:
-            key = override.split("=", 1)[0].lstrip("+~")
-            merged.pop(key, None)
-            merged[key] = override
-    return list(merged.values())
 
 
 def expandable(overrides: list[str] | tuple[str, ...], on: bool) -> list[str]:
@@ -508,100 +491,28 @@ def dry_run_jobs(jobs: list[Job], groups: list[str]) -> list[Job]:
     return chosen
 
 
-def accumulation(overrides: tuple[str, ...] | list[str]) -> int:
-    return next(
-        (
-            int(o.split("=")[1])
-            for o in overrides
-            if o.startswith("trainer.accumulate_grad_batches=")
-        ),
-        1,
-    )
-
-
-def step_seconds(metrics_csv: Path) -> float | None:
-    """Median ``time/step_s`` (seconds per optimizer step) of the steps after the first (a
-    warm-up), or ``None``."""
-    with metrics_csv.open(newline="") as f:
-        times = [float(r["time/step_s"]) for r in csv.DictReader(f) if r.get("time/step_s")]
+def step_seconds(rows: list[dict[str, str]]) -> float | None:
+    """Median ``time/step_s`` (seconds per optimizer step) of a run's metrics rows after the
+    first step (a warm-up), or ``None``."""
+    times = harness.column(rows, "time/step_s")
     return statistics.median(times[1:]) if len(times) > 1 else None
 
 
-# -- data -----------------------------------------------------------------------------------
-#: held around Hydra's compose (global state) and data generation in the runs' threads
-COMPOSE_LOCK = threading.RLock()
-
-
-def class_names(k: int) -> list[str]:
-    from volseg.data.synthetic import CLASS_NAMES
-
-    return [*CLASS_NAMES[:k], *(f"class_{i}" for i in range(len(CLASS_NAMES), k))]
-
-
-def generated_volume(shape: tuple[int, ...], seed: int = 0):
-    """An embedded-dataset-like ``(image, label)`` of ``shape``; a large one tiles a volume of
-    at most ~1.5M voxels (memory does not depend on the content; generating 300x512x512 whole
-    takes ~30 s of CPU, tiling ~2 s)."""
-    import numpy as np
-
-    from volseg.data.synthetic import make_volume
-
-    tiles = [1, 1, 1]
-    while np.prod([-(-s // t) for s, t in zip(shape, tiles, strict=True)]) > 1_500_000:
-        axis = max(range(3), key=lambda a: shape[a] / tiles[a])
-        tiles[axis] *= 2
-    block = [-(-s // t) for s, t in zip(shape, tiles, strict=True)]
-    image, label = make_volume(block, seed=seed)
-    crop = tuple(slice(0, s) for s in shape)
-    return np.tile(image, tiles)[crop], np.tile(label, tiles)[crop]
-
-
 def prepare(job: Job, work: Path) -> tuple[Path, Path | None]:
-    """The job's ``paths.data_dir`` and, for a whole run, the volume predict.py reads.
-
-    A generated volume: one training and one validation case of ``job.volume`` (the same
-    volume, uncompressed NIfTI) with the config's number of classes; else the embedded dataset
-    (``benchmarks/estimator_accuracy.py``'s copy for another number of classes)."""
-    with COMPOSE_LOCK:
-        if not job.generate:
-            data_dir = accuracy.prepare_data(list(job.overrides), work)
-            root = data_dir / "synthetic"
-            if job.volume and not root.exists():
-                ensure_embedded(work)
-            volume = None
-            if job.volume:
-                splits = json.loads((root / "splits.json").read_text())
-                volume = root / "images" / splits["val"][-1]
-            return data_dir, volume
-        k = int(accuracy.compose(list(job.overrides), "cpu", work / "data").num_classes)
-        slug = "x".join(map(str, job.volume))
-        data_dir = work / f"data_{slug}_{k}_classes"
+    """The job's ``paths.data_dir`` and, for a whole run, the volume predict.py reads: a
+    generated volume (:func:`benchmarks.grid.prepare_volume`), else the embedded dataset
+    (:func:`benchmarks.grid.prepare_data`) and its last validation case."""
+    if job.generate:
+        return grid.prepare_volume(list(job.overrides), job.volume, work)
+    with grid.COMPOSE_LOCK:
+        data_dir = grid.prepare_data(list(job.overrides), work)
         root = data_dir / "synthetic"
-        if not root.exists():
-            from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS
-            from volseg.data.io import write_dataset, write_volume
-            from volseg.data.synthetic import SPACING_ZYX
-
-            image, label = generated_volume(job.volume)
-
-            def write_case(i: int, image_path: Path, label_path: Path) -> None:
-                write_volume(image_path, image, spacing_zyx=SPACING_ZYX)
-                write_volume(label_path, label, spacing_zyx=SPACING_ZYX)
-
-            names = ["case_000.nii", "case_001.nii"]
-            write_dataset(root, names, write_case, 1, class_names(k), EMBEDDED_DEFAULTS)
-        return data_dir, root / "images" / "case_001.nii"
-
-
-def ensure_embedded(work: Path) -> None:
-    """The embedded dataset under ``work/data``, generated once here rather than by each child."""
-    from omegaconf import OmegaConf
-
-    from volseg.data.synthetic import generate_synthetic_dataset
-
-    cfg = accuracy.compose([], "cpu", work / "data")
-    if not Path(cfg.data.synthetic.root).exists():
-        generate_synthetic_dataset(**OmegaConf.to_container(cfg.data.synthetic, resolve=True))
+        if job.volume and not root.exists():
+            grid.ensure_embedded(work)
+    if not job.volume:
+        return data_dir, None
+    splits = json.loads((root / "splits.json").read_text())
+    return data_dir, root / "images" / splits["val"][-1]
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -650,59 +561,17 @@ class Clock:
         return self.deadline_s - self.elapsed()
 
 
-class Stopped(RuntimeError):
-    """A child stopped at its limit or the deadline."""
-
-
-#: the process groups of the children running now (each child leads its own)
-_CHILDREN: set[int] = set()
-
-
-def _stop_children(signum: int, frame: object) -> None:
-    """SIGTERM (``timeout`` in gpu_checks.sh): the children, in process groups of their own,
-    would outlive this process and hold the GPU; they are killed first."""
-    for pid in list(_CHILDREN):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    raise SystemExit(128 + signum)
-
-
 def run_child(
     script: str, arguments: list[str], work: Path, env: dict, clock: Clock, smi: SmiPoller
 ) -> dict:
-    """``python <script> <arguments>`` in a fresh process (its own process group, stopped whole
-    at :data:`RUN_LIMIT_S` or the deadline): wall seconds and nvidia-smi's largest figure."""
-    command = [sys.executable, str(REPO / script), *arguments]
+    """``python <script> <arguments>`` through the harness, stopped whole at
+    :data:`RUN_LIMIT_S` or the deadline: wall seconds and nvidia-smi's largest figure."""
     limit = min(RUN_LIMIT_S, clock.left())
     if limit <= 0:
-        raise Stopped(f"{script}: not started, the deadline has passed")
-    started = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(
-            command,
-            cwd=work,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
-        _CHILDREN.add(child.pid)
-        try:
-            child.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            raise Stopped(f"{script}: stopped after {limit:.0f} s") from None
-        finally:
-            _CHILDREN.discard(child.pid)
-        if child.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"{script} failed ({child.returncode}):\n{err.read()[-3000:]}")
-    return {
-        "run_s": round(time.perf_counter() - started, 1),
-        "nvidia_smi_mib": smi.peak(child.pid),
-    }
+        raise harness.TimedOut(f"{script}: not started, the deadline has passed", 0)
+    child = harness.start(script, arguments, work, env)
+    seconds = child.wait(limit)
+    return {"run_s": round(seconds, 1), "nvidia_smi_mib": smi.peak(child.pid)}
 
 
 def train_args(job: Job, device: str, data_dir: Path, run_dir: Path, lock: Path) -> list[str]:
@@ -765,22 +634,6 @@ def predict_args(cfg, device: str, run_dir: Path, volume: Path, lock: Path) -> l
     ]
 
 
-def steady_step(metrics_csv: Path, k: int, steps: int) -> dict:
-    """The monitor's steps: the steady one (the 2nd.. with the largest rise above its start)."""
-    found = accuracy.step_rises(accuracy.monitor_rows(metrics_csv), k)
-    if len(found) != steps:
-        raise RuntimeError(f"the monitor logged {len(found)} steps, not {steps}")
-    return max(found[1:], key=lambda s: s["growth"])
-
-
-def validation_row(metrics_csv: Path) -> dict[str, float]:
-    with metrics_csv.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib")]
-    if not rows:
-        raise RuntimeError("no validation was logged (mem/val_peak_allocated_mib)")
-    return {k: float(v) for k, v in rows[-1].items() if k.startswith("mem/val_") and v}
-
-
 def _mib(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value / MIB, digits)
 
@@ -800,16 +653,16 @@ def measure_job(
     run_dir = work / "runs" / slug
     lock = work / "gpu.lock"
     data_dir, volume = prepare(job, work)
-    env = accuracy.child_env(device, work)
+    env = grid.child_env(device, work)
     args = train_args(job, device, data_dir, run_dir, lock)
     train = run_child("train.py", args, work, env, clock, smi)
-    metrics = run_dir / "csv" / "metrics.csv"
-    steady = steady_step(metrics, accumulation(job.overrides), job.steps)
+    run = harness.read(run_dir, train["run_s"])
+    steady = harness.steady_step(run, accumulation(job.overrides), job.steps)
     measured = {
         "peak_allocated_mib": round(steady["peak_allocated"] / MIB, 1),
         "peak_reserved_mib": round(steady["peak_reserved"] / MIB, 1),
         "nvidia_smi_mib": train["nvidia_smi_mib"],
-        "step_s": step_seconds(metrics),
+        "step_s": step_seconds(run.rows),
         "step_peak_growth_mib": round(steady["growth"] / MIB, 1),
         "steps": job.steps,
         "run_s": train["run_s"],
@@ -838,30 +691,31 @@ def measure_job(
             ),
         }
     if job.volume:
-        entry.update(whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate))
+        entry.update(whole_run(job, device, work, run, volume, env, clock, smi, estimate))
         entry["validation"].get("measured", {})["nvidia_smi_mib"] = train["nvidia_smi_mib"]
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return entry
 
 
-def whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate) -> dict:
+def whole_run(job, device, work, run, volume, env, clock, smi, estimate) -> dict:
     """A whole run's ``validation`` (from the run's CSV) and ``prediction`` (predict.py); a part
     that failed keeps why (``not_run``), the training step's figures stay."""
     validation = {
         "volume_shape": list(job.volume),
         "cases": 1 if job.generate else "the embedded dataset's validation cases",
     }
+    run_dir = run.run_dir
     try:
-        val = validation_row(run_dir / "csv" / "metrics.csv")
+        val = harness.last_with(run.rows, "mem/val_peak_allocated_mib")
         validation["measured"] = {
             "val_peak_allocated_mib": round(val["mem/val_peak_allocated_mib"], 1),
             "val_peak_reserved_mib": round(val["mem/val_peak_reserved_mib"], 1),
             "val_start_allocated_mib": round(val["mem/val_start_allocated_mib"], 1),
         }
-    except (RuntimeError, OSError) as err:
+    except (RuntimeError, OSError, KeyError) as err:
         validation["not_run"] = str(err)[-300:]
     with COMPOSE_LOCK:
-        cfg = accuracy.compose(list(job.overrides), "cpu", work / "data")
+        cfg = grid.compose(list(job.overrides), "cpu", work / "data")
     args = predict_args(cfg, device, run_dir, volume, work / "gpu.lock")
     prediction = {
         "volume_shape": list(job.volume),
@@ -910,31 +764,15 @@ def whole_run(job, device, work, run_dir, volume, env, clock, smi, estimate) -> 
 # -- estimates ------------------------------------------------------------------------------
 def estimate_job(job: Job, device: str, work: Path) -> dict:
     """The estimate of a job's config as train.py plans it (bytes): the step, and for a whole
-    run its validation and predict.py's prediction (float32, stitched on the device) of the
-    volume."""
-    from volseg.memory.estimator import estimate
-    from volseg.memory.inference import estimate_prediction, estimate_validation
-    from volseg.plan import planned_config
-
-    cfg = planned_config(accuracy.compose(list(job.overrides), device, work / "data"))
-    est = estimate(cfg)
-    out = {
-        "peak_allocated": est.peak_allocated,
-        "peak_reserved": est.peak_reserved,
-        "step_peak_growth": est.step_peak_growth,
+    run its validation and predict.py's prediction of the volume (:func:`grid.predict`)."""
+    made = grid.predict(list(job.overrides), device, work, job.volume)
+    kept = {k: made[k] for k in ("validation", "prediction") if k in made}
+    return {
+        "peak_allocated": made["peak_allocated"],
+        "peak_reserved": made["peak_reserved"],
+        "step_peak_growth": made["growth"],
+        **kept,
     }
-    if job.volume:
-        for kind, made in (
-            ("validation", estimate_validation(cfg, job.volume)),
-            ("prediction", estimate_prediction(cfg, job.volume, stitch="device")),
-        ):
-            out[kind] = {
-                "peak_allocated": made.peak_allocated,
-                "peak_reserved": made.peak_reserved,
-                "peak_growth": made.peak_growth,
-                "windows": made.windows,
-            }
-    return out
 
 
 def newest_estimates() -> tuple[dict[str, dict], str | None]:
@@ -957,8 +795,6 @@ def newest_estimates() -> tuple[dict[str, dict], str | None]:
 
 
 def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
-    import results_io
-
     rows = []
     with tempfile.TemporaryDirectory(prefix="cuda_grid_estimates_") as work:
         for job in jobs:
@@ -1137,8 +973,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         jobs = dry_run_jobs(jobs, args.groups)
     doc = {
         **info,
-        "source": "python benchmarks/cuda_results.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "source": results_io.command(__file__, argv),
         "held_out_note": "held_out runs (HELD_OUT, HELD_OUT_NEW, WHOLE_RUN_HELD_OUT in "
         "benchmarks/cuda_results.py) were written before any GPU ran them and are never "
         "tuned on",
@@ -1158,7 +993,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     doc["estimates_from"] = source
     order = {job.name: i for i, job in enumerate(jobs)}
     clock = Clock(args.deadline_s)
-    signal.signal(signal.SIGTERM, _stop_children)
+    signal.signal(signal.SIGTERM, harness.stop_children)
     smi = SmiPoller().start()
 
     def finish() -> None:
@@ -1169,7 +1004,7 @@ def main(argv: list[str] | None = None) -> Path | None:
 
     with tempfile.TemporaryDirectory(prefix="volseg_gpu_runs_") as tmp:
         work = Path(tmp)
-        ensure_embedded(work)
+        grid.ensure_embedded(work)
 
         def one(job: Job) -> dict:
             est = estimates.get(job.name)

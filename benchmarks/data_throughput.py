@@ -22,7 +22,7 @@ Three parts, each a table:
   CUDA, from the GPU runs recorded in ``benchmarks/results/cuda/*.json`` (:data:`CUDA_FEEDS`).
   A loader that delivers fewer samples/s than a step consumes starves it.
 
-    python benchmarks/data_throughput.py [--compare [--loaders monai,monai_in_place,volseg]]
+    python -m benchmarks data_throughput [--compare [--loaders monai,monai_in_place,volseg]]
         [--datasets mr,stack,ct] [--workers 0,1,2,auto] [--models unet_small,unet_large]
         [--batches 12] [--scale 1.0] [--json-out PATH|none]
 
@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -47,19 +46,16 @@ from pathlib import Path
 
 import hydra
 import lightning as L
-import nibabel as nib
-import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
+from benchmarks import results_io
+from benchmarks.cases import NUM_CLASSES, write_cases
 from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import results_io  # noqa: E402
 
 #: generated datasets: (cases, shape [D, H, W], patch [D, H, W], voxel size [z, y, x])
 DATASETS: dict[str, tuple[int, list[int], list[int], list[float]]] = {
@@ -70,7 +66,6 @@ DATASETS: dict[str, tuple[int, list[int], list[int], list[float]]] = {
     # one CT-sized volume (and a second one to validate on)
     "ct": (2, [256, 512, 512], [64, 128, 128], [2.5, 0.8, 0.8]),
 }
-NUM_CLASSES = 5
 BATCH = 2
 
 #: GPU training steps a loader must feed, each a run recorded in
@@ -111,39 +106,6 @@ def cuda_steps(results: Path = REPO / "benchmarks" / "results" / "cuda") -> list
 
 def scaled(shape: Sequence[int], scale: float) -> list[int]:
     return [max(4, round(s * scale)) for s in shape]
-
-
-def write_cases(
-    root: Path, count: int, shape: Sequence[int], spacing: Sequence[float], seed: int = 0
-) -> Path:
-    """``count`` cases of ``shape`` [D, H, W] in the folder layout (``images/``, ``labels/``,
-    ``splits.json``: the last case validates): ``NUM_CLASSES - 1`` classes of random spheres
-    on background, image = class-dependent mean + noise; kept when ``root`` exists."""
-    if (root / "splits.json").is_file():
-        return root
-    rng = np.random.default_rng(seed)
-    names = [f"case_{i:03d}.nii.gz" for i in range(count)]
-    for sub in ("images", "labels"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    grid = np.ogrid[tuple(slice(0, s) for s in shape)]
-    for name in names:
-        label = np.zeros(shape, dtype=np.uint8)
-        for k in range(1, NUM_CLASSES):
-            for _ in range(3):
-                centre = [rng.uniform(0.2, 0.8) * s for s in shape]
-                radius = rng.uniform(0.05, 0.15) * min(shape)
-                dist = sum((g - c) ** 2 for g, c in zip(grid, centre, strict=True))
-                label[dist < radius**2] = k
-        image = label.astype(np.float32) * 0.7 + rng.standard_normal(shape, dtype=np.float32)
-        affine = np.diag([spacing[2], spacing[1], spacing[0], 1.0])
-        # NIfTI axes are (x, y, z): the network's (D, H, W) reversed
-        nib.save(nib.Nifti1Image(image.transpose(2, 1, 0), affine), root / "images" / name)
-        nib.save(nib.Nifti1Image(label.transpose(2, 1, 0), affine), root / "labels" / name)
-    splits = {"train": names[:-1], "val": names[-1:]} if count > 1 else None
-    if splits is None:
-        raise ValueError("need at least 2 cases (one validates)")
-    (root / "splits.json").write_text(json.dumps(splits))
-    return root
 
 
 def compose_train(overrides: list[str]):

@@ -7,7 +7,7 @@ results file, and a grid whose file has changed since is no longer held out. Onc
 estimator has been judged on a grid's results, the grid is in sample, and the next check draws a
 new one (another seed, another name).
 
-    python benchmarks/draw_grid.py --seed 20261203 --name held-out-2026-12-03-b
+    python -m benchmarks draw_grid --seed 20261203 --name held-out-2026-12-03-b
 
 The ranges (:data:`RANGES`): the network, one of ``configs/model/net`` (volseg's ``unet3d`` with
 drawn widths, depth and norm, its presets, or a MONAI network at its config's own size); the
@@ -148,7 +148,7 @@ def grid_document(name: str, seed: int, count: int) -> dict[str, Any]:
     return {
         "name": name,
         "sample": "held out",
-        "drawn_by": f"python benchmarks/draw_grid.py --seed {seed} --count {count} --name {name}",
+        "drawn_by": f"python -m benchmarks draw_grid --seed {seed} --count {count} --name {name}",
         "seed": seed,
         "ranges": RANGES,
         "divisor": DIVISOR,

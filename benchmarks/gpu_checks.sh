@@ -66,15 +66,15 @@ else:
     print("no CUDA device: GPU steps run as a dry run on the CPU")
 PY
 
-# 1. the results file (benchmarks/cuda_results.py): 3 train.py/predict.py processes in flight,
+# 1. the results file (python -m benchmarks cuda_results): 3 train.py/predict.py processes in flight,
 #    training one at a time under a lock (~10 s of process start overlaps another's training);
 #    the most wanted runs first; no run starts after 290 s, runs still going at 340 s are stopped,
 #    and whatever did not finish is listed as not_run
 if [ "$dry_run" = 1 ]; then
-  step cuda_results.txt 300 python3 benchmarks/cuda_results.py --dry-run --budget-s 240 \
+  step cuda_results.txt 300 python3 -m benchmarks cuda_results --dry-run --budget-s 240 \
     --deadline-s 290 --out "$OUT"
 else
-  step cuda_results.txt 360 python3 benchmarks/cuda_results.py --budget-s 290 --deadline-s 340
+  step cuda_results.txt 360 python3 -m benchmarks cuda_results --budget-s 290 --deadline-s 340
   cp benchmarks/results/cuda/"$(date +%F)"_*.json "$OUT"/ 2>/dev/null
 fi
 # 2. the CUDA tests (tests/cuda/: monitor keys, snapshot, offload, checkpointing, placement, host
@@ -99,15 +99,15 @@ case "$junit" in "$OUT"/*) ;; *) if [ -f "$junit" ]; then cp "$junit" "$OUT"/; f
 # training speed of python train.py at the reference config with its own loader (step time, data
 # wait, MFU); the figures as data under benchmarks/results/cuda/
 if [ "$has_cuda" = 1 ]; then
-  step train_speed_seed.txt 60 python3 benchmarks/gpu_train_speed.py --steps 60 \
+  step train_speed_seed.txt 60 python3 -m benchmarks gpu_train_speed --steps 60 \
     --out "$OUT/train_speed_seed.json"
 else
-  step train_speed_dry_run.txt 240 python3 benchmarks/gpu_train_speed.py --dry-run
+  step train_speed_dry_run.txt 240 python3 -m benchmarks gpu_train_speed --dry-run
 fi
 
 # the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
 # its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
-step cpu_bf16_conv.txt 20 python3 benchmarks/cpu_bf16_conv.py
+step cpu_bf16_conv.txt 20 python3 -m benchmarks cpu_bf16_conv
 
 cat "$OUT/gpu.txt"
 echo "gpu_checks.sh: $SECONDS s in all" | tee -a "$OUT/steps.txt"

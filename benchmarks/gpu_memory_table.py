@@ -11,7 +11,7 @@ LayerTrace), as a Markdown table for docs/benchmarks.md. Needs CUDA; ``--device 
 small ``--shape`` runs the same code path on a CPU for a check (16-mixed as bfloat16 autocast
 there).
 
-    python benchmarks/gpu_memory_table.py [--shape 26 150 320] [--batch 2] [--device cuda]
+    python -m benchmarks gpu_memory_table [--shape 26 150 320] [--batch 2] [--device cuda]
         [--precision 16-mixed 16-true]
 """
 
@@ -122,7 +122,7 @@ def measure(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", type=int, nargs=3, default=[26, 150, 320])
     parser.add_argument("--batch", type=int, default=2)
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument(
         "--precision", nargs="+", choices=["16-mixed", "16-true"], default=["16-mixed", "16-true"]
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(

@@ -17,15 +17,14 @@ steps:
 Anchors: the seed step alone on an H200 (benchmarks/levers.py) 0.073 s for 10.5 TFLOP, 0.15
 of 989 TFLOP/s; NVIDIA's tuned nnU-Net (DynUNet, AMP, channels-last) 0.25 of an A100's 312.
 
-    python benchmarks/gpu_train_speed.py [--steps 60] [--override KEY=VALUE ...]
-    python benchmarks/gpu_train_speed.py --dry-run   # CPU, tiny sizes: checks the script
+    python -m benchmarks gpu_train_speed [--steps 60] [--override KEY=VALUE ...]
+    python -m benchmarks gpu_train_speed --dry-run   # CPU, tiny sizes: checks the script
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import tempfile
@@ -37,14 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 
-def _data_throughput():
-    spec = importlib.util.spec_from_file_location("dt", REPO / "benchmarks" / "data_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str] | None = None) -> None:
+    from benchmarks.cases import write_cases
     from volseg.tasks import train as train_task
     from volseg.utils.config import compose_run_config
 
@@ -63,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         shape, patch, steps, warmup = [8, 24, 24], [8, 16, 16], 6, 2
         model = ["model=unet_tiny"]
     tmp = Path(tempfile.mkdtemp(prefix="volseg-gpu-speed-"))
-    root = _data_throughput().write_cases(tmp / "data", 4, shape, [2.0, 0.5, 0.5])
+    root = write_cases(tmp / "data", 4, shape, [2.0, 0.5, 0.5])
     trainer = (
         ["trainer=gpu", "trainer.precision=16-mixed"]
         if device == "cuda"

@@ -13,13 +13,13 @@ glibc's mmap threshold fixed, so freed tensors leave it):
 
 each also as a ratio to the no-lever baseline measured in the same run.
 
-    python benchmarks/levers.py [--shape 26 150 320] [--batch 2] [--steps 2]
+    python -m benchmarks levers [--shape 26 150 320] [--batch 2] [--steps 2]
 
 ``--device cuda`` measures the levers that matter on a GPU on the reference config: full-width
 unet_large (40.2M parameters) under float16 autocast (``16-mixed``), with the caching allocator's
 peak allocated and peak reserved instead of host memory, and step times synchronized.
 
-    python benchmarks/levers.py --device cuda
+    python -m benchmarks levers --device cuda
 
 Every row also goes to ``benchmarks/results/<cpu|cuda>/<date>_levers.json`` (``--json-out``)
 with the machine and the command.
@@ -28,22 +28,18 @@ with the machine and the command.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 from monai.losses import DiceCELoss
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from benchmarks import results_io
 from volseg.memory.readers import CudaMemoryReader, HostMemoryReader, set_mmap_threshold
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 from volseg.utils.units import MIB
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import results_io  # noqa: E402
 
 LEVERS: dict[str, dict] = {
     "none (fp32)": {},

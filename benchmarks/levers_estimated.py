@@ -8,7 +8,7 @@ caching-allocator model). Beside each estimate: the measured run with the same o
 allocated, step time against the measured baseline's), or "not yet measured". No cut is given
 for a row without a measurement.
 
-    python benchmarks/levers_estimated.py [--json-out PATH|none]
+    python -m benchmarks levers_estimated [--json-out PATH|none]
 
 The estimates (bytes) go to ``benchmarks/results/cpu/<date>_levers_estimated.json``; ``python
 benchmarks/tables.py`` builds docs/benchmarks.md's table from it and the recorded GPU runs.
@@ -19,20 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+
+from benchmarks import results_io
+from volseg.memory.estimator import estimate
+from volseg.plan import planned_config
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import results_io  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from volseg.memory.estimator import estimate  # noqa: E402
-from volseg.plan import planned_config  # noqa: E402
-from volseg.utils.units import MIB  # noqa: E402
 
 SEED = [
     "model=unet_large",

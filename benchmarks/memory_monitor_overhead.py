@@ -7,7 +7,7 @@ seconds per step of each. Differences of ~1% are within run-to-run noise on a sh
 machine, so it also times the monitor's own hooks (reads, peak resets, logging) inside the run
 and prints them as a share of the step. Target: <= 1% of step time.
 
-    python benchmarks/memory_monitor_overhead.py [--steps 20] [--repeats 5]
+    python -m benchmarks memory_monitor_overhead [--steps 20] [--repeats 5]
 
 The figures go to ``benchmarks/results/cpu/<date>_memory_monitor_overhead.json`` (``--json-out``).
 """
@@ -20,10 +20,10 @@ import tempfile
 import time
 
 import lightning as L
-import results_io
 import torch
-from train_throughput import RepeatBatch, StepTimer, build_module, make_batch
 
+from benchmarks import results_io
+from benchmarks.steps import RepeatBatch, StepTimer, build_module, make_batch
 from volseg.memory.monitor import MemoryMonitor
 
 

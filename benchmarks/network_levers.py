@@ -1,31 +1,27 @@
 """What each memory lever cuts on each network volseg did not write: measured on the CPU, and
 estimated for a GPU.
 
-For every network of ``estimator_accuracy.py``'s ``networks`` grid (MONAI's DynUNet, SegResNet,
+For every network of ``estimator_grid.py``'s ``networks`` grid (MONAI's DynUNet, SegResNet,
 SwinUNETR, BasicUNet and a user's ``my_unet.UNet`` from a file), each lever its adapter offers
 and that acts on a CPU (activation checkpointing ``all``, that plus loss checkpointing, and
 micro-batches for a batch of 2) runs as ``python train.py`` for 3 optimizer steps in a fresh
 process, and its steady step's peak rise is read from the memory monitor's CSV exactly as
-``estimator_accuracy.py`` reads it (resident memory, ``MALLOC_MMAP_THRESHOLD_=65536``); the cut
+``estimator_grid.py`` reads it (resident memory, ``MALLOC_MMAP_THRESHOLD_=65536``); the cut
 is the baseline's rise over the lever's. Beside it, the estimator's figure for the same config
 on the CPU, and the estimated cut of the step's peak allocated for a GPU in bf16-mixed (fake
 tensors: no GPU needed), where activation offload (a GPU lever) is estimated too.
 
-    python benchmarks/network_levers.py   # benchmarks/results/cpu/<date>_network_levers.json
-    python benchmarks/tables.py           # docs/networks.md's table from it
+    python -m benchmarks network_levers   # benchmarks/results/cpu/<date>_network_levers.json
+    python -m benchmarks tables           # docs/networks.md's table from it
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import estimator_accuracy as accuracy  # noqa: E402
-import results_io  # noqa: E402
+from benchmarks import grid, results_io
 
 #: lever name -> overrides, applied on top of a network's grid config
 CPU_LEVERS: dict[str, list[str]] = {
@@ -44,12 +40,6 @@ GPU_LEVERS: dict[str, list[str]] = {
 GPU = ["memory.plan_device=cuda", "trainer.precision=bf16-mixed"]
 
 
-def _merged(base: list[str], extra: list[str]) -> list[str]:
-    """``base`` with the keys of ``extra`` replaced (a later override of the same key wins)."""
-    keys = {o.split("=")[0]: o for o in [*base, *extra]}
-    return list(keys.values())
-
-
 def _applies(base: list[str], lever: list[str]) -> bool:
     """Micro-batches of 1 only where the grid config's batch is 2."""
     return "data.batch_size=1" not in lever or "data.batch_size=2" in base
@@ -60,10 +50,10 @@ def _gpu_estimate(overrides: list[str], work_dir: Path) -> int:
     from volseg.memory.estimator import estimate
     from volseg.plan import planned_config
 
-    accuracy.user_network(work_dir)
-    data = accuracy.data_dir(overrides, work_dir)
+    grid.user_network(work_dir)
+    data = grid.data_dir(overrides, work_dir)
     return int(
-        estimate(planned_config(accuracy.compose([*overrides, *GPU], "cuda", data))).peak_allocated
+        estimate(planned_config(grid.compose([*overrides, *GPU], "cuda", data))).peak_allocated
     )
 
 
@@ -73,14 +63,14 @@ def network_rows(name: str, base: list[str], work_dir: Path) -> list[dict]:
     for lever, extra in [("none", []), *GPU_LEVERS.items()]:
         if not _applies(base, extra):
             continue
-        overrides = _merged(base, extra)
+        overrides = grid.merge(base, extra)
         row = {"network": name, "lever": lever, "overrides": overrides}
         row["gpu_estimated_peak"] = _gpu_estimate(overrides, work_dir)
         if lever == "none" or lever in CPU_LEVERS:  # offload keeps host memory: not on a CPU
-            predicted = accuracy.predict(overrides, "cpu", work_dir)
+            predicted = grid.predict(overrides, "cpu", work_dir)
             run_name = f"{name.split()[0]}_{len(rows)}"
             accumulate = int(predicted["accumulate_grad_batches"])
-            measured = accuracy.measure(overrides, "cpu", work_dir, run_name, accumulate)
+            measured = grid.measure(overrides, "cpu", work_dir, run_name, accumulate)
             row["cpu_estimated_growth"] = int(predicted["growth"])
             row["cpu_measured_growth"] = int(measured["growth"])
         rows.append(row)
@@ -102,19 +92,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     results_io.add_json_out(parser, "network_levers")
     args = parser.parse_args(argv)
-    grid = accuracy.NETWORKS
+    configs = grid.NETWORKS
     if args.networks:
         wanted = args.networks.split(",")
-        grid = [(n, o) for n, o in grid if any(n.startswith(w) for w in wanted)]
+        configs = [(n, o) for n, o in configs if any(n.startswith(w) for w in wanted)]
     with tempfile.TemporaryDirectory(prefix="volseg-levers-") as tmp:
         work_dir = args.work_dir or Path(tmp)
-        rows = [row for name, base in grid for row in network_rows(name, base, work_dir)]
+        rows = [row for name, base in configs for row in network_rows(name, base, work_dir)]
     doc = results_io.result(
         "network_levers",
         rows,
         script=__file__,
         argv=argv,
-        steps=accuracy.STEPS,
+        steps=grid.STEPS,
         malloc="MALLOC_MMAP_THRESHOLD_=65536",
         gpu_estimate=" ".join(GPU),
     )

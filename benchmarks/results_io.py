@@ -1,11 +1,11 @@
 """A benchmark's raw output as data: one JSON file per run, under ``benchmarks/results/<device>/``.
 
 Every file has the same head, so that a table in docs can be regenerated from it
-(``python benchmarks/tables.py``) and figures computed from it (the planner's CUDA margins,
+(``python -m benchmarks tables``) and figures computed from it (the planner's CUDA margins,
 ``benchmarks/cuda_estimate_errors.py``):
 
     {"benchmark": "data_throughput", "date": "2026-12-02",
-     "command": "python benchmarks/data_throughput.py --compare",
+     "command": "python -m benchmarks data_throughput --compare",
      "cpu": "AMD EPYC ...", "cpu_flags": {"avx2": true, ...}, "cpu_description": "...",
      "cpu_capability": "AVX512", "cores": 2, "torch": "2.13.0+cpu",
      "gpu": null,                       # or {"name": ..., "cuda": ..., "memory_mib": ...}
@@ -71,9 +71,10 @@ def output_path(json_out: str | Path | None, benchmark: str, device: str = "cpu"
 
 
 def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
-    """The command line that reproduces the run: ``python benchmarks/<script> <args>``."""
+    """The command line that reproduces the run: ``python -m benchmarks <name> <args>``, the
+    name being the script's (``__file__``'s) stem."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return f"python benchmarks/{Path(script).name} {shlex.join(args)}".rstrip()
+    return f"python -m benchmarks {Path(script).stem} {shlex.join(args)}".rstrip()
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

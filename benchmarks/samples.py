@@ -6,7 +6,7 @@ A row is held out only where it was written down as held out before anything was
 judged on it, it is in sample, and the next check needs a new held-out set. Every other row is in
 sample: nothing in it was set aside before it was seen.
 
-``python benchmarks/tables.py`` writes :data:`INDEX` (``benchmarks/results/samples.json``: each
+``python -m benchmarks tables`` writes :data:`INDEX` (``benchmarks/results/samples.json``: each
 results file, and for a file of several grids or tasks each of them, with its sample and why) and
 ends every generated table with its line (:func:`table_line`).
 """
@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import results_io
+from benchmarks import results_io
 
 IN, OUT = "in sample", "held out"
 INDEX = results_io.RESULTS / "samples.json"

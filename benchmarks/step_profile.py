@@ -8,10 +8,10 @@ operator's self CPU time (what it spends outside the operators it calls) is summ
 profiled steps, and the table keeps the largest, each as a share of the step. Beside it: the
 step's seconds, its FLOPs (``torch.utils.flop_counter``: convolutions and matmuls) and the
 share of the best float32 GEMM rate it reaches, measured in the same run
-(``train_throughput.matmul_flops_per_s``).
+(``train_matmul_flops_per_s``).
 
-    python benchmarks/step_profile.py [--steps 3] [--top 12]
-    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/step_profile.py
+    python -m benchmarks step_profile [--steps 3] [--top 12]
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python -m benchmarks step_profile
 
 The rows go to ``benchmarks/results/cpu/<date>_step_profile.json`` with the CPU's model and
 ISA flags (and the ISA it was held to).
@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import results_io  # noqa: E402
-import train_throughput as throughput  # noqa: E402
-
-from volseg.utils.cpu import cpu_description  # noqa: E402
+from benchmarks import results_io
+from benchmarks.steps import (
+    BATCH_SHAPE,
+    build_module,
+    flops_per_step,
+    make_batch,
+    matmul_flops_per_s,
+)
+from volseg.utils.cpu import cpu_description
 
 #: name -> train.py overrides of the model (every other setting as train_throughput.py's)
 NETS = {
@@ -54,9 +55,9 @@ def plain_step(module, batch: dict, optimizer) -> None:
 def profile_step(overrides: list[str], steps: int, warmup: int, top: int) -> dict:
     """The step of the network ``overrides`` build: seconds, FLOPs and the ``top`` operators by
     self CPU time (seconds per step)."""
-    base = throughput.build_module(overrides[0].split("=", 1)[1], False, overrides[1:])
-    batch = throughput.make_batch(False)
-    flops = throughput.flops_per_step(base, batch)
+    base = build_module(overrides[0].split("=", 1)[1], False, overrides[1:])
+    batch = make_batch(False)
+    flops = flops_per_step(base, batch)
     module = copy.deepcopy(base)
     module.net.train()
     optimizer = module.optimizer_factory(params=module.net.parameters())
@@ -95,10 +96,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nets", default=",".join(NETS), help="comma-separated names of NETS")
     results_io.add_json_out(parser, "step_profile")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.nets.split(",") if name not in NETS]
+    if unknown:
+        parser.error(f"--nets: no network {', '.join(unknown)}; known: {', '.join(NETS)}")
 
     torch.manual_seed(0)
     print(f"CPU: {cpu_description()}")
-    peak = max(throughput.matmul_flops_per_s(torch.float32).values())
+    peak = max(matmul_flops_per_s(torch.float32).values())
     print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s")
     rows = []
     for name in args.nets.split(","):
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             share = op["self_s_per_step"] / row["profiled_self_s_per_step"]
             print(f"  {share:6.1%}  {op['self_s_per_step']:.4f} s  {op['op']}")
     settings = {
-        "batch": list(throughput.BATCH_SHAPE),
+        "batch": list(BATCH_SHAPE),
         "steps": args.steps,
         "warmup": args.warmup,
         "matmul_peak_flops_per_s": {"fp32": peak},

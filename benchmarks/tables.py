@@ -17,8 +17,8 @@ markers, ``<!-- figure: NAME -->...<!-- /figure: NAME -->``, and :data:`FIGURES`
 function that writes that sentence (its figure, its results file, in sample or held out), so
 that it changes with its file.
 
-    python benchmarks/tables.py            # rewrite every marked table in docs/*.md and README
-    python benchmarks/tables.py --check    # exit 1 if a marked table differs from its files
+    python -m benchmarks tables            # rewrite every marked table in docs/*.md and README
+    python -m benchmarks tables --check    # exit 1 if a marked table differs from its files
 """
 
 from __future__ import annotations
@@ -31,13 +31,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import results_io  # noqa: E402
-import samples  # noqa: E402
+from benchmarks import results_io, samples
+from volseg.utils.units import MIB
 
 DOCS = results_io.REPO / "docs"
-MIB = 2**20
 MARKER = re.compile(
     r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table: (?P=name) -->)", re.S
 )
@@ -776,7 +773,7 @@ def nnunet_side_by_side(results: Path) -> str | None:
     path = results / "nnunet" / "side_by_side.json"
     if not path.exists():
         return None
-    import nnunet_side_by_side as side_by_side
+    from benchmarks.studies import nnunet_side_by_side as side_by_side
 
     doc = json.loads(path.read_text())
     m = doc["machine"]
@@ -1110,7 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             index_path.write_text(index)
     if args.check and stale:
-        print(f"out of date: {', '.join(stale)}; run python benchmarks/tables.py")
+        print(f"out of date: {', '.join(stale)}; run python -m benchmarks tables")
         return 1
     return 0
 

@@ -17,7 +17,7 @@ The batch lives in memory, so the numbers measure the training step, not data lo
 Each timing is the best of ``--repeats`` runs of a model's timed steps after warm-up, alternating
 Lightning and plain runs so that both see the same machine state.
 
-    python benchmarks/train_throughput.py [--models unet_tiny:10,unet_small:3] [--repeats 3]
+    python -m benchmarks train_throughput [--models unet_tiny:10,unet_small:3] [--repeats 3]
 
 (``model:steps`` sets the timed steps per run; unet_small takes ~5 s a step on 2 cores.)
 ``--override`` (repeatable) changes the network for a study, e.g.
@@ -30,104 +30,26 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
-from pathlib import Path
 
-import hydra
 import lightning as L
 import torch
-from hydra import compose, initialize_config_dir
-from torch.utils.data import IterableDataset
-from torch.utils.flop_counter import FlopCounterMode
 
-from volseg.plan import planned_config
+from benchmarks import results_io
+from benchmarks.steps import (
+    BATCH_SHAPE,
+    RepeatBatch,
+    StepTimer,
+    build_module,
+    flops_per_step,
+    make_batch,
+    matmul_flops_per_s,
+)
 from volseg.utils.cpu import cpu_description
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PROJECT_ROOT", str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import results_io  # noqa: E402
-
-BATCH_SHAPE = (2, 1, 32, 64, 64)
+os.environ.setdefault("PROJECT_ROOT", str(results_io.REPO))
 VARIANTS = ("fp32", "fp32+channels_last_3d", "bf16-autocast", "bf16-autocast+channels_last_3d")
-
-
-def _best_rate(fn, flops: float, repeats: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return flops / best
-
-
-def matmul_flops_per_s(dtype: torch.dtype, n: int = 2048) -> dict[str, float]:
-    """Matmul FLOP/s of this machine in ``dtype`` (2 n^3 FLOPs per n x n product), per library.
-
-    torch.mm calls MKL's sgemm for float32 (on AMD CPUs it does not reach the chip's peak) and
-    oneDNN for bfloat16; oneDNN is also the library behind PyTorch's CPU convolutions. The peak
-    of a dtype is the fastest of them.
-    """
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    rates = {"torch.mm": _best_rate(lambda: a @ b, 2 * n**3)}
-    if torch.backends.mkldnn.is_available():
-        am, bm = a.to_mkldnn(), b.t().contiguous().to_mkldnn()
-        rates["onednn"] = _best_rate(lambda: torch._C._nn.mkldnn_linear(am, bm, None), 2 * n**3)
-    return rates
-
-
-def build_module(
-    model: str, channels_last: bool, extra: list[str] | None = None
-) -> L.LightningModule:
-    overrides = [
-        f"model={model}",
-        "model.scheduler=null",
-        f"model.channels_last={channels_last}",
-        *(extra or []),
-    ]
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        cfg = compose("train", overrides=overrides)
-    return hydra.utils.instantiate(planned_config(cfg).model)  # pooling=auto planned
-
-
-class RepeatBatch(IterableDataset):
-    """The same in-memory batch, ``steps`` times."""
-
-    def __init__(self, batch: dict[str, torch.Tensor], steps: int) -> None:
-        self.batch, self.steps = batch, steps
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for _ in range(self.steps):
-            yield self.batch
-
-
-class StepTimer(L.Callback):
-    """Wall time from the start of step ``warmup`` to the end of the last step."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.start, self.end = warmup, 0.0, 0.0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if batch_idx == self.warmup:
-            self.start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.end = time.perf_counter()
-
-
-def make_batch(channels_last: bool) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    image = torch.randn(BATCH_SHAPE, generator=generator)
-    label = torch.randint(0, 5, (BATCH_SHAPE[0], 1, *BATCH_SHAPE[2:]), generator=generator)
-    if channels_last:
-        image = image.contiguous(memory_format=torch.channels_last_3d)
-    return {"image": image, "label": label.float()}
 
 
 def lightning_seconds_per_step(
@@ -169,14 +91,6 @@ def plain_seconds_per_step(
         loss.backward()
         optimizer.step()
     return (time.perf_counter() - start) / steps
-
-
-def flops_per_step(module: L.LightningModule, batch: dict) -> int:
-    """Forward + backward FLOPs of one training step (convolutions and matmuls)."""
-    net = copy.deepcopy(module.net)
-    with FlopCounterMode(display=False) as counter:
-        module.loss(net(batch["image"]).float(), batch["label"]).backward()
-    return counter.get_total_flops()
 
 
 def main(argv: list[str] | None = None) -> None:

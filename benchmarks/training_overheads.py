@@ -20,7 +20,7 @@ AdamW's state against short steps), each with ``callbacks.last_checkpoint.max_ti
 its default and at ``null`` (a save at every epoch end), and with ``async_checkpoint`` true and
 false.
 
-    python benchmarks/training_overheads.py [--epochs 3] [--runs default,short_epochs]
+    python -m benchmarks training_overheads [--epochs 3] [--runs default,short_epochs]
         [--shares 0.02,null] [--async-checkpoint true,false] [--override KEY=VALUE ...]
         [--json-out PATH|none]
 
@@ -33,18 +33,16 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import results_io
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import results_io  # noqa: E402
 
 #: named runs: overrides of ``python train.py``
 RUNS: dict[str, list[str]] = {

@@ -12,33 +12,28 @@ memory (``mem/val_peak_allocated_mib``) and what was resident when it began
 Both are on this CPU, in the precision the run plans for it (``auto``: bf16-mixed where the CPU
 has native bf16), or float32 where the case says ``trainer.precision=32``.
 
-    python benchmarks/validation_memory.py                 # every case, writes the JSON
-    python benchmarks/validation_memory.py --case embedded
-    python benchmarks/validation_memory.py --table FILE    # the docs' table from a results file
+    python -m benchmarks validation_memory                 # every case, writes the JSON
+    python -m benchmarks validation_memory --case embedded
+    python -m benchmarks validation_memory --table FILE    # the docs' table from a results file
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+import torch
+
+from benchmarks import harness, results_io
+from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
+from volseg.utils.units import MIB
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-
-import torch  # noqa: E402
-
-from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model  # noqa: E402
-from volseg.utils.units import MIB  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu"
 
@@ -84,9 +79,10 @@ def overrides(data: Path) -> list[str]:
 
 
 def measure(name: str, work: Path) -> dict:
-    from tests.conftest import planned_config
     from volseg.data.synthetic import generate_synthetic_dataset
     from volseg.memory.inference import estimate_validation, validation_shape
+    from volseg.plan import planned_config
+    from volseg.utils.config import compose_run_config
 
     shape, volumes, extra = CASES[name]
     if shape is None:  # data=mni152: built by the run, into the work folder
@@ -96,18 +92,14 @@ def measure(name: str, work: Path) -> dict:
         data = generate_synthetic_dataset(work / name / "data", volumes, 1, shape)
     run_dir = work / name / "run"
     args = [*overrides(data), *extra]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=str(REPO / "src"))
-    command = [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"]
-    started = time.perf_counter()
-    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    seconds = time.perf_counter() - started
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        row = next(r for r in csv.DictReader(f) if r.get("mem/val_peak_allocated_mib"))
-    peak = float(row["mem/val_peak_allocated_mib"]) * MIB
-    start = float(row["mem/val_start_allocated_mib"]) * MIB
-    cfg = planned_config("train", work / name / "est", args)
+    env = harness.child_env({"MALLOC_MMAP_THRESHOLD_": "65536"})
+    run = harness.train(args, run_dir, env=env)
+    seconds = run.seconds
+    row = harness.last_with(run.rows, "mem/val_peak_allocated_mib")
+    peak = row["mem/val_peak_allocated_mib"] * MIB
+    start = row["mem/val_start_allocated_mib"] * MIB
+    composed = compose_run_config(REPO / "configs", "train", args, work / name / "est")
+    cfg = planned_config(composed)
     if shape is None:
         shape, _ = validation_shape(cfg)
     est = estimate_validation(cfg, shape)
@@ -150,12 +142,12 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), action="append")
     parser.add_argument("--table", type=Path, help="print the table of a results file")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.table:
         print(table(args.table))
         return
@@ -168,7 +160,7 @@ def main() -> None:
     result = {
         "benchmark": "validation_memory",
         "date": today,
-        "command": "python benchmarks/validation_memory.py " + " ".join(sys.argv[1:]),
+        "command": results_io.command(__file__, argv),
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
         "cpu_description": cpu_description(),

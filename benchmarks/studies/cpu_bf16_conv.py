@@ -7,7 +7,7 @@ error (max |bf16 - fp32| / max |fp32|) of the output, the input's gradient and t
 gradient over ``--trials`` random draws. bf16 rounding alone gives about 0.004; a row far above
 that is a wrong kernel.
 
-    python benchmarks/cpu_bf16_conv.py [--channels 32] [--trials 3] [--depths 1,2,3,4] [--size 8]
+    python -m benchmarks cpu_bf16_conv [--channels 32] [--trials 3] [--depths 1,2,3,4] [--size 8]
 
 The rows go to ``benchmarks/results/cpu/<date>_cpu_bf16_conv.json`` (``--json-out``).
 """
@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from benchmarks import results_io
 from volseg.models.conv import Conv3d
 from volseg.utils.cpu import cpu_description
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import results_io  # noqa: E402
 
 #: relative error above which a row is marked wrong (bf16 rounding gives ~0.004)
 WRONG_ABOVE = 0.05

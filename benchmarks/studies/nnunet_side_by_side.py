@@ -20,7 +20,7 @@ forward and clipped to norm 12, the deep-supervision targets as int16 tensors on
 default, which the estimate does not model).
 
     pip install torch==2.13.0 && pip install -e ".[nnunet]"   # nnU-Net's planning runs on a CPU
-    python benchmarks/nnunet_side_by_side.py [--work DIR] [--out benchmarks/results/nnunet]
+    python -m benchmarks nnunet_side_by_side [--work DIR] [--out benchmarks/results/nnunet]
 
 Writes ``<out>/<dataset>/nnUNetPlans.json``, ``dataset_fingerprint.json``, ``dataset.json``
 (nnU-Net's own files) and ``<out>/side_by_side.json``, and prints the table.
@@ -36,14 +36,14 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from benchmarks.studies.nnunet_raw import nnunet_plan, write_raw_from_folder
+
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: nnU-Net's dataset ids, names and volseg's data overrides for the same files
@@ -174,30 +174,6 @@ def write_msd(root: Path) -> Path:
     return root
 
 
-def write_raw_from_folder(folder: Path, raw: Path, class_names: Sequence[str]) -> Path:
-    """A volseg folder dataset (``images/``, ``labels/``) in nnU-Net's raw layout (links)."""
-    raw.mkdir(parents=True, exist_ok=True)
-    (raw / "imagesTr").mkdir(exist_ok=True)
-    (raw / "labelsTr").mkdir(exist_ok=True)
-    names = sorted(p.name for p in (folder / "images").glob("*.nii.gz"))
-    for name in names:
-        case = name.removesuffix(".nii.gz")
-        for source, target in (
-            (folder / "images" / name, raw / "imagesTr" / f"{case}_0000.nii.gz"),
-            (folder / "labels" / name, raw / "labelsTr" / name),
-        ):
-            if not target.exists():
-                target.symlink_to(source.resolve())
-    dataset = {
-        "channel_names": {"0": "image"},
-        "labels": {name: i for i, name in enumerate(class_names)},
-        "numTraining": len(names),
-        "file_ending": ".nii.gz",
-    }
-    (raw / "dataset.json").write_text(json.dumps(dataset, indent=2))
-    return raw
-
-
 # ---------------------------------------------------------------- the three sides
 
 
@@ -216,28 +192,6 @@ def prepare_volseg_data(overrides: list[str], run_dir: Path) -> Any:
     module = hydra.utils.instantiate(OmegaConf.to_container(cfg.data, resolve=True))
     module.prepare_data()
     return module
-
-
-def nnunet_plan(dataset_id: int) -> tuple[dict[str, Any], float]:
-    """nnU-Net's fingerprint and default ExperimentPlanner on the raw dataset ``dataset_id``;
-    returns the plans and the planner's GPU memory target (GB)."""
-    from nnunetv2.experiment_planning.dataset_fingerprint.fingerprint_extractor import (
-        DatasetFingerprintExtractor,
-    )
-    from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import (
-        ExperimentPlanner,
-    )
-
-    DatasetFingerprintExtractor(dataset_id, num_processes=2).run(overwrite_existing=True)
-    planner = ExperimentPlanner(dataset_id)
-    plans = planner.plan_experiment()
-    reference = {
-        "target_gb": float(planner.UNet_vram_target_GB),
-        "reference_value_3d": planner.UNet_reference_val_3d,
-        "reference_batch_3d": planner.UNet_reference_val_corresp_bs_3d,
-        "reference_gb": planner.UNet_reference_val_corresp_GB,
-    }
-    return json.loads(json.dumps(plans)), reference
 
 
 def proxy_gb(network: Any, step: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
@@ -472,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: done", flush=True)
     result = {
         "machine": machine(),
-        "command": "python benchmarks/nnunet_side_by_side.py",
+        "command": "python -m benchmarks nnunet_side_by_side",
         "rows": rows,
     }
     (args.out / "side_by_side.json").write_text(json.dumps(result, indent=2, default=list) + "\n")

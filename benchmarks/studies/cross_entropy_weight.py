@@ -1,8 +1,8 @@
 """What unet_tiny's cross-entropy weight (0.25, chosen on the many-class task) costs few-class
 tasks: ``model.loss.lambda_ce=0.25`` (the default) against ``1.0`` at equal wall-clock.
 
-    python benchmarks/cross_entropy_weight.py                      # mni152 and hemispheres
-    python benchmarks/cross_entropy_weight.py --data mni152 --seeds 1 2 --budget 300
+    python -m benchmarks cross_entropy_weight                      # mni152 and hemispheres
+    python -m benchmarks cross_entropy_weight --data mni152 --seeds 1 2 --budget 300
 
 For each dataset and seed, the two weights train at the same time (``python train.py data=<data>
 trainer.max_time=<budget> seed=<seed> model.loss.lambda_ce=<w>``, one CPU thread each, so both
@@ -15,14 +15,9 @@ and the mean over seeds, and writes the rows with the machine and the command to
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import real_data  # noqa: E402
-import results_io  # noqa: E402
-import tables  # noqa: E402
+from benchmarks import results_io, tables
+from benchmarks.studies import mni152_runs
 
 WEIGHTS = ("0.25", "1.0")
 
@@ -33,21 +28,21 @@ def main(argv: list[str] | None = None) -> None:
         "--data",
         nargs="+",
         default=["mni152", "mni152_hemispheres"],
-        choices=real_data.DATA_CHOICES,
+        choices=mni152_runs.DATA_CHOICES,
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--budget", type=int, default=300, help="training seconds per run")
-    parser.add_argument("--precision", choices=real_data.PRECISIONS, default="auto")
+    parser.add_argument("--precision", choices=mni152_runs.PRECISIONS, default="auto")
     results_io.add_json_out(parser, "cross_entropy_weight")
     args = parser.parse_args(argv)
 
-    precision = real_data.resolved_precision(args.precision)
+    precision = mni152_runs.resolved_precision(args.precision)
     rows = []
     for data in args.data:
-        real_data.dataset_root(data)
+        mni152_runs.dataset_root(data)
         for seed in args.seeds:
             started = [
-                real_data.start_volseg(
+                mni152_runs.start_volseg(
                     data,
                     args.budget,
                     [f"seed={seed}", f"model.loss.lambda_ce={w}"],
@@ -58,10 +53,10 @@ def main(argv: list[str] | None = None) -> None:
                 for w in WEIGHTS
             ]
             for w, run in zip(WEIGHTS, started, strict=True):
-                row = real_data.finish_volseg(*run)
+                row = mni152_runs.finish_volseg(*run)
                 rows.append({**row, "data": data, "seed": seed, "lambda_ce": float(w)})
                 print(f"{data} seed {seed} lambda_ce {w}: best {row['dice_mean']:.3f}", flush=True)
-    cpu = real_data.cpu_line()
+    cpu = mni152_runs.cpu_line()
     print(f"\n{args.budget} s each, two weights at a time (1 thread each), {precision}; {cpu}\n")
     print(tables.cross_entropy_rows(rows))
     settings = {"budget_s": args.budget, "precision": precision, "mode": "pairs at the same time"}

@@ -2,8 +2,8 @@
 the validation cases scored by volseg's Dice rule.
 
     pip install torch==2.13.0 && pip install -e ".[nnunet,mni152]" && pip uninstall torchvision
-    python benchmarks/nnunet_recipe.py --data mni152 --budget 300 --seed 1
-    python benchmarks/real_data.py --data mni152 --sides volseg nnunet   # beside volseg
+    python -m benchmarks nnunet_recipe --data mni152 --budget 300 --seed 1
+    python -m benchmarks real_data --data mni152 --sides volseg nnunet   # beside volseg
 
 What is nnU-Net's and what is held to volseg's:
 
@@ -36,14 +36,11 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: nnU-Net's dataset ids of the volseg datasets (any free id 1-999 would do)
@@ -68,7 +65,7 @@ def dataset_name(data: str) -> str:
 
 def equal_compute(plans: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
     """``plans`` with its 3d_fullres patch, batch, stages, features, strides and kernels set from
-    ``compute`` (``real_data.volseg_recipe``: volseg's patch, batch, widths, pooling); nnU-Net's
+    ``compute`` (``mni152_runs.volseg_recipe``: volseg's patch, batch, widths, pooling); nnU-Net's
     own convolutions per stage, norm and nonlinearity kept (the planned lists cut or extended to
     the new number of stages)."""
     config = plans["configurations"]["3d_fullres"]
@@ -90,19 +87,19 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     """nnU-Net's raw dataset (links to volseg's files), fingerprint, plans held to volseg's
     compute, 3d_fullres preprocessing and volseg's split as fold 0, under ``work``; returns the
     changed 3d_fullres fields. Done again only where volseg's compute has changed."""
-    import real_data
-    from nnunet_side_by_side import nnunet_plan, write_raw_from_folder
+    from benchmarks.studies.mni152_runs import dataset_root, volseg_recipe
+    from benchmarks.studies.nnunet_raw import nnunet_plan, write_raw_from_folder
 
     name = dataset_name(data)
     preprocessed = work / "preprocessed" / name
     done = preprocessed / "volseg_equal_compute.json"
-    recipe = real_data.volseg_recipe(data, work / "volseg_plan" / data)
+    recipe = volseg_recipe(data, work / "volseg_plan" / data)
     compute = {k: recipe[k] for k in ("patch_size", "batch_size", "widths", "pooling")}
     record = json.loads(done.read_text()) if done.is_file() else {}
     if record.get("volseg_compute") == compute:
         # prepared for this compute already: a timed run starts without train.py's data check
         return record
-    root = real_data.dataset_root(data)
+    root = dataset_root(data)
     classes = json.loads((root / "classes.json").read_text())
     write_raw_from_folder(root, work / "raw" / name, classes)
     plans, _ = nnunet_plan(DATASET_IDS[data])

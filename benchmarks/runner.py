@@ -1,0 +1,122 @@
+"""Run a benchmark by name: ``python -m benchmarks <name> [args]``, ``python -m benchmarks --list``.
+
+Every benchmark is a module with ``main(argv)``; :data:`BENCHMARKS` names them, each with its
+module, its kind and one line on what it measures. A module is imported only when it runs, so
+``--list`` and the GPU machine's checks need none of the benchmarks' own dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NamedTuple
+
+#: the kinds, in the order ``--list`` prints them
+KINDS = {
+    "maintained": "maintained benchmarks (each guards a figure the docs state)",
+    "study": "finished studies (benchmarks/studies/: kept with their results files)",
+    "tool": "tools (results files to docs tables, held-out grids)",
+}
+
+
+class Benchmark(NamedTuple):
+    """One runnable name: its module (``benchmarks.<...>``), kind and what it measures."""
+
+    module: str
+    kind: str
+    measures: str
+
+
+def _maintained(name: str, measures: str) -> tuple[str, Benchmark]:
+    return name, Benchmark(f"benchmarks.{name}", "maintained", measures)
+
+
+def _study(name: str, measures: str) -> tuple[str, Benchmark]:
+    return name, Benchmark(f"benchmarks.studies.{name}", "study", measures)
+
+
+def _tool(name: str, measures: str) -> tuple[str, Benchmark]:
+    return name, Benchmark(f"benchmarks.{name}", "tool", measures)
+
+
+BENCHMARKS: dict[str, Benchmark] = dict(
+    [
+        _maintained(
+            "cuda_estimate_errors",
+            "the CUDA estimate against every recorded GPU run; the planner's CUDA margins",
+        ),
+        _maintained(
+            "cuda_results",
+            "GPU runs of train.py/predict.py (steps, validation, prediction, allocator, levers)",
+        ),
+        _maintained("data_throughput", "the loader's samples/s beside the training step's"),
+        _maintained(
+            "estimator_accuracy", "the memory estimate against real train.py runs, per grid"
+        ),
+        _maintained("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
+        _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
+        _maintained("levers", "each memory lever's peak memory and step time on the CPU"),
+        _maintained(
+            "levers_estimated", "the memory levers estimated for a GPU beside what it measured"
+        ),
+        _maintained(
+            "memory_monitor_overhead", "seconds per training step with and without the monitor"
+        ),
+        _maintained(
+            "network_levers", "what each memory lever cuts on networks volseg did not write"
+        ),
+        _maintained("step_profile", "where a training step's time goes, by operator"),
+        _maintained(
+            "train_throughput", "Lightning's step beside a plain loop's, and FLOP/s vs the CPU"
+        ),
+        _maintained(
+            "training_overheads", "a run's time beside its steps: checkpoints, logging, overlays"
+        ),
+        _maintained("validation_memory", "validation's memory in real train.py runs vs estimate"),
+        _study("cpu_bf16_conv", "whether this CPU's bf16 3D convolutions get gradients right"),
+        _study("cpu_precision", "float32 against bf16 autocast on this CPU: a conv and a step"),
+        _study("cross_entropy_weight", "unet_tiny's cross-entropy weight on the few-class tasks"),
+        _study("default_run", "the default python train.py, timed whole"),
+        _study("nnunet_recipe", "nnU-Net v2's recipe at equal compute on a volseg dataset"),
+        _study("nnunet_side_by_side", "nnU-Net's 3d_fullres plan beside volseg's plan"),
+        _study("real_data", "volseg's default against nnU-Net and a MONAI loop on MNI152 data"),
+        _tool("draw_grid", "draws a held-out grid of configs for estimator_accuracy"),
+        _tool("tables", "docs' tables regenerated from benchmarks/results/ (--check: unchanged)"),
+    ]
+)
+
+
+def listing() -> str:
+    """Every name with what it measures, grouped by kind."""
+    width = max(map(len, BENCHMARKS))
+    lines = []
+    for kind, title in KINDS.items():
+        lines += ["", f"{title}:"] if lines else [f"{title}:"]
+        lines += [f"  {n:<{width}}  {b.measures}" for n, b in BENCHMARKS.items() if b.kind == kind]
+    return "\n".join(lines)
+
+
+USAGE = "usage: python -m benchmarks <name> [args] | --list   (<name> --help: its arguments)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``argv[0]``'s ``main(argv[1:])``; its exit code (a ``main`` that returns no int: 0).
+    An unknown name is one line on stderr and exit code 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--list"]:
+        print(listing())
+        return 0
+    if not args or args[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{listing()}")
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in BENCHMARKS:
+        known = ", ".join(BENCHMARKS)
+        print(f"python -m benchmarks: unknown benchmark {name!r}; known: {known}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name].module)
+    # argparse names the command after argv[0]
+    sys.argv = [f"python -m benchmarks {name}", *rest]
+    code = module.main(rest)
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,232 @@
+"""benchmarks/ as a suite: one runner by name, one harness for train.py, no script importing
+another, and the commands the docs give name benchmarks that exist."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import harness
+from benchmarks.runner import BENCHMARKS
+from tests.conftest import REPO
+
+BENCHMARKS_DIR = REPO / "benchmarks"
+
+# a 2-level U-Net on a small embedded dataset: a run of 3 steps takes seconds
+TINY = [
+    "trainer=cpu",
+    "model.net.widths=[16,32]",
+    "model.net.pooling=null",
+    "data.batch_size=1",
+    "data.patch_size=[16,32,32]",
+    "data.synthetic.num_volumes=3",
+    "data.synthetic.num_val=1",
+    "data.synthetic.shape=[16,48,48]",
+    "trainer.precision=32",
+    "trainer.max_steps=3",
+    "trainer.limit_val_batches=0",
+    "trainer.num_sanity_val_steps=0",
+    "memory.every_n_steps=1",
+    "logger=csv",
+    "extras.print_config=false",
+]
+
+
+def _benchmarks(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=REPO, capture_output=True, text=True
+    )
+
+
+def test_list_names_every_benchmark_once_by_kind():
+    out = _benchmarks("--list")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for name, entry in BENCHMARKS.items():
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        assert entry.measures in line
+    # the kinds apart, in order: maintained, then the studies, then the tools
+    headings = [i for i, line in enumerate(lines) if line.endswith(":")]
+    assert len(headings) == 3
+    kinds = list(zip(headings, ("maintained", "study", "tool"), strict=True))
+    kind_at = {
+        i: max((h, k) for h, k in kinds if h < i)[1]
+        for i, line in enumerate(lines)
+        if line.startswith("  ")
+    }
+    for i, kind in kind_at.items():
+        assert BENCHMARKS[lines[i].split()[0]].kind == kind
+
+
+def test_each_name_is_a_module_with_main_in_its_kinds_folder():
+    for name, entry in BENCHMARKS.items():
+        folder = BENCHMARKS_DIR / "studies" if entry.kind == "study" else BENCHMARKS_DIR
+        path = folder / f"{name}.py"
+        assert entry.module == ".".join(path.relative_to(REPO).with_suffix("").parts), name
+        tree = ast.parse(path.read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), name
+
+
+def test_an_unknown_name_is_one_line_naming_it_and_the_known_ones_exit_2():
+    out = _benchmarks("no_such_benchmark", "--x")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert "'no_such_benchmark'" in line
+    assert all(name in line for name in BENCHMARKS)
+
+
+def test_a_name_runs_its_main_with_the_arguments_after_it():
+    out = _benchmarks("draw_grid", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m benchmarks draw_grid")
+    out = _benchmarks("tables", "--check")  # the committed docs tables are their files'
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _imports(path) -> list[str]:
+    """Every module a file imports (``from benchmarks import x``: ``benchmarks.x``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else "benchmarks." + node.module
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
+def _sources():
+    return sorted(BENCHMARKS_DIR.rglob("*.py"))
+
+
+def test_no_module_of_benchmarks_edits_sys_path():
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "path":
+                assert not (isinstance(node.value, ast.Name) and node.value.id == "sys"), path
+
+
+def test_no_benchmark_imports_another():
+    """A benchmark or study imports shared modules (harness, grid, results_io, ...), never
+    another benchmark or study: what two of them share lives in a shared module."""
+    modules = {entry.module: name for name, entry in BENCHMARKS.items() if entry.kind != "tool"}
+    for name, entry in BENCHMARKS.items():
+        if entry.kind == "tool":
+            continue
+        path = REPO.joinpath(*entry.module.split(".")).with_suffix(".py")
+        found = {modules[m] for m in _imports(path) if m in modules} - {name}
+        assert not found, f"{name} imports {found}"
+
+
+def test_byte_units_come_from_volseg():
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+                assert not names & {"KIB", "MIB", "GIB"}, path
+
+
+def test_what_the_gpu_machine_runs_imports_without_hydra_monai_or_nibabel():
+    """The GPU machine has torch, not hydra-core, omegaconf, monai, nibabel or wandb (until
+    gpu_checks.sh installs the wheels): the runner and gpu_train_speed import without them."""
+    hide = "hydra", "omegaconf", "monai", "nibabel", "wandb"
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({hide!r})); "
+        "import benchmarks.runner, benchmarks.gpu_train_speed; "
+        "sys.exit(benchmarks.runner.main(['--list']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    script = (BENCHMARKS_DIR / "gpu_checks.sh").read_text()
+    named = re.findall(r"python3? -m benchmarks (\w+)", script)
+    assert {"cuda_results", "gpu_train_speed", "cpu_bf16_conv"} <= set(named)
+    assert "benchmarks/" not in " ".join(re.findall(r"python3? \S+\.py", script))
+
+
+COMMAND = re.compile(r"python3? -m benchmarks (?!--)([\w.]+)|python3? benchmarks/([\w/]+)\.py")
+
+
+def test_every_benchmark_command_in_the_docs_names_one_that_exists():
+    """``python -m benchmarks <name>`` (and an older ``python benchmarks/<name>.py``) in
+    README.md and docs/*.md: each names a benchmark of the runner. A results file records the
+    command that wrote it; a docs table quoting one is regenerated from the file."""
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for match in COMMAND.finditer(doc.read_text()):
+            name = (match.group(1) or match.group(2)).removeprefix("studies/")
+            if name not in BENCHMARKS:
+                missing.append(f"{doc.name}: {match.group(0)}")
+    assert not missing, sorted(set(missing))
+
+
+@pytest.mark.slow
+def test_the_harness_reads_a_real_train_py_run(tmp_path):
+    run = harness.train([*TINY, f"paths.data_dir={tmp_path / 'data'}"], tmp_path / "run", tmp_path)
+    assert run.run_dir == tmp_path / "run" and run.pid > 0
+    assert run.seconds > 0
+    assert run.summary is not None and run.summary["global_step"] == 3
+    steps = harness.step_rises(harness.monitor_rows(run.rows), 1)
+    assert len(steps) == 3 and all(s["growth"] > 0 for s in steps)
+    steady = harness.steady_step(run, 1, 3)
+    assert steady["rises"] == [s["growth"] for s in steps]
+    assert steady["growth"] == max(s["growth"] for s in steps[1:])
+
+
+def test_a_failed_or_overlong_run_raises_with_its_stderr(tmp_path):
+    with pytest.raises(harness.RunFailed, match="no_such_key"):
+        harness.train(["no_such_key=1"], tmp_path / "run", tmp_path)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    with pytest.raises(harness.TimedOut) as stopped:
+        harness.run(str(script), [], tmp_path, timeout=0.5)
+    assert stopped.value.timeout == 0.5 and not harness._CHILDREN
+
+
+def _measured_record():
+    from benchmarks import grid
+    from volseg.utils.units import MIB
+
+    predicted = {
+        "network": "volseg.models.unet.UNet3D",
+        "batch_size": 2,
+        "patch_size": [16, 32, 32],
+        "precision": "32",
+        "num_parameters": 1000,
+        "growth": 150 * MIB,
+        "process_total": 400 * MIB,
+    }
+    measured = {"growth": 100 * MIB, "rises": [120 * MIB, 100 * MIB, 90 * MIB], "seconds": 3.14}
+    return grid.record("a", "held out", ["data.batch_size=2"], predicted, measured)
+
+
+def test_a_grid_record_has_the_shape_of_the_committed_results():
+    """estimator_accuracy and network_levers write :func:`grid.record`; tables.py reads the
+    committed files: a record keeps their keys (``grid`` is added per file)."""
+    from volseg.utils.units import MIB
+
+    record = _measured_record()
+    assert record["error"] == pytest.approx(0.5)  # 150 estimated against 100 measured
+    assert record["estimated_bytes"] == 150 * MIB and record["measured_bytes"] == 100 * MIB
+    assert record["measured_rises_bytes"] == [120 * MIB, 100 * MIB, 90 * MIB]
+    assert record["run_seconds"] == 3.1 and record["sample"] == "held out"
+    committed = sorted((BENCHMARKS_DIR / "results" / "cpu").glob("*_estimator_accuracy*.json"))
+    rows = [r for r in json.loads(committed[-1].read_text())["rows"] if "error" in r]
+    assert {*record, "grid"} == set(rows[0])
+
+
+def test_a_resumed_grid_keeps_its_measured_configs_without_running_them(tmp_path, capsys):
+    from benchmarks import grid
+
+    kept = _measured_record()
+    rows = grid.run_grid(
+        [("a", ["data.batch_size=2"])], "g", "cpu", tmp_path, "held out", done={"a": kept}
+    )
+    assert rows == [kept]
+    assert "(kept from the resumed file)" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()  # nothing ran
