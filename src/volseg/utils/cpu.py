@@ -59,7 +59,8 @@ def cpu_bf16_native() -> bool:
 
     oneDNN reports bf16 support from plain AVX-512 on, but without AVX512_BF16 it converts in
     software; with oneDNN's AVX2 kernels one Conv3d 32->32 ran 15x to 39x and the default
-    network's training step 60x to 65x slower than in float32 (``benchmarks/cpu_precision.py``;
+    network's training step 60x to 65x slower than in float32
+    (``python -m benchmarks cpu_precision``;
     ``benchmarks/results/cpu/2026-12-02_cpu_precision-2.json`` and ``-4.json``).
     ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check) behave as on a CPU without AVX-512.
     """
