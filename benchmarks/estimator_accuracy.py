@@ -277,7 +277,11 @@ GRIDS: dict[str, Grid] = {
         for name, frozen in FROZEN.items()
     },
     "networks": NETWORKS,
+    "monai-unets": grid.MONAI_UNETS,
 }
+
+#: grids whose configs are also planned under a budget below them and the plan trained
+PLANNED = ("networks", "monai-unets")
 
 #: in sample: the estimator was tuned on the grid, or a change to it was judged on its results;
 #: held out: neither yet (a frozen grid says so in its file until it is judged on)
@@ -285,6 +289,7 @@ SAMPLE: dict[str, str] = {
     "tuned": "in sample",
     "checked-2026-12-02": "in sample",
     "networks": "in sample",
+    "monai-unets": "in sample",
     **{name: frozen["sample"] for name, frozen in FROZEN.items()},
 }
 
@@ -405,6 +410,21 @@ def main(argv: list[str] | None = None) -> None:
         "are no speed figure (the memory figures do not depend on it)",
     )
     parser.add_argument(
+        "--only",
+        default=None,
+        metavar="TEXT",
+        help="run only the configs whose name contains TEXT",
+    )
+    parser.add_argument(
+        "--budget-of-growth",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="planned grids (networks, monai-unets): plan each config under the resident state "
+        "its step holds at the start plus FRACTION of the step's growth (default: "
+        f"{100 * BUDGET_FRACTION:.0f}%% of the step's estimated total)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=grid.RUN_TIMEOUT_S,
@@ -438,6 +458,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
 
+    grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
+    if args.only is not None:
+        grids = {g: [c for c in configs if args.only in c[0]] for g, configs in grids.items()}
+        grids = {g: configs for g, configs in grids.items() if configs}
+        if not grids:
+            parser.error(f"--only {args.only}: no config of --grid {args.grid} has it in its name")
+
     today = datetime.date.today().isoformat()
     print(f"# estimator accuracy against python train.py on {args.device}, {today}")
     print()
@@ -450,7 +477,6 @@ def main(argv: list[str] | None = None) -> None:
         + (f"; {malloc}" if args.device == "cpu" else "")
     )
     print()
-    grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
     import monai
 
     records: dict[str, list[dict]] = {}
@@ -482,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
             malloc=malloc if args.device == "cpu" else None,
             steps=grid.STEPS,
             budget_fraction=BUDGET_FRACTION,
+            budget_of_growth=args.budget_of_growth,
             timeout_s=args.timeout,
             complete=complete,
             run_seconds=(
@@ -511,11 +538,12 @@ def main(argv: list[str] | None = None) -> None:
                 SAMPLE[label],
                 args.malloc_default,
                 args.snapshot_dir,
-                planner=label == "networks" and args.device == "cpu",
+                planner=label in PLANNED and args.device == "cpu",
                 on_record=save,
                 done=done.get(label),
                 timeout=args.timeout,
                 budget_fraction=BUDGET_FRACTION,
+                growth_fraction=args.budget_of_growth,
             )
             records[label] = rows
     for label, rows in records.items():

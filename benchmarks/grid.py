@@ -85,6 +85,38 @@ NETWORKS: Grid = [
 
 NETWORKS = [(name, [*overrides, "trainer.precision=32"]) for name, overrides in NETWORKS]
 
+#: MONAI's residual UNet and AttentionUnet, each as a user would bring it (``model/net=custom``
+#: with the tutorials' channels): the planner's check under a tight budget
+#: (``--budget-of-growth``), where it once found nothing at batch 2
+MONAI_UNETS: Grid = [
+    (
+        "MONAI UNet (16-256 channels, 2 residual units) fp32 b2 32x64x64",
+        [
+            "model/net=custom",
+            "model.net._target_=monai.networks.nets.UNet",
+            "+model.net.spatial_dims=3",
+            "+model.net.channels=[16,32,64,128,256]",
+            "+model.net.strides=[2,2,2,2]",
+            "+model.net.num_res_units=2",
+            "data.batch_size=2",
+            "data.patch_size=[32,64,64]",
+        ],
+    ),
+    (
+        "MONAI AttentionUnet (16-256 channels) fp32 b2 32x64x64",
+        [
+            "model/net=custom",
+            "model.net._target_=monai.networks.nets.AttentionUnet",
+            "+model.net.spatial_dims=3",
+            "+model.net.channels=[16,32,64,128,256]",
+            "+model.net.strides=[2,2,2,2]",
+            "data.batch_size=2",
+            "data.patch_size=[32,64,64]",
+        ],
+    ),
+]
+MONAI_UNETS = [(name, [*overrides, "trainer.precision=32"]) for name, overrides in MONAI_UNETS]
+
 
 #: the frozen held-out grids (``benchmarks/draw_grid.py``)
 GRIDS_DIR = REPO / "benchmarks" / "grids"
@@ -305,6 +337,18 @@ PLANNED_KEYS = (
 )
 
 
+def check_budget(
+    configured: dict[str, float], budget_fraction: float, growth_fraction: float | None = None
+) -> int:
+    """The planner check's budget in bytes, whole MiB: ``budget_fraction`` of the configured
+    step's estimated process total, or (``growth_fraction``) the resident state its step holds at
+    the start plus that fraction of its growth."""
+    if growth_fraction is None:
+        return int(budget_fraction * configured["process_total"]) // MIB * MIB
+    tight = configured["held_at_start"] + growth_fraction * configured["growth"]
+    return int(tight) // MIB * MIB
+
+
 def plan_under_budget(
     overrides: list[str],
     device: str,
@@ -314,21 +358,24 @@ def plan_under_budget(
     malloc_default: bool = False,
     budget_fraction: float = 0.85,
     timeout: float = RUN_TIMEOUT_S,
+    growth_fraction: float | None = None,
 ) -> dict:
     """The planner's answer for a budget below the configured step, trained.
 
     The budget is ``budget_fraction`` of the configured step's estimated process total
-    (``configured``: its :func:`predict`), in whole MiB. ``python plan.py <run overrides>
-    memory.budget=<budget>`` writes the plan (a step over the budget gets the planner's batch,
-    checkpointing or micro-batches); ``python train.py plan=<plan.yaml>`` trains it for
-    :data:`STEPS` steps. On the CPU the budget counts tensor bytes (the estimate's process total
-    there is its peak allocated, no interpreter or libraries), so the run's peak is counted the
-    same way: what its steady step holds at its start (parameters, buffers, gradients, optimizer
-    state: their sizes, from the estimate of the planned config) plus the step's measured rise.
+    (``configured``: its :func:`predict`), in whole MiB; with ``growth_fraction``, the resident
+    state the step holds at its start plus that fraction of the step's growth instead. ``python
+    plan.py <run overrides> memory.budget=<budget>`` writes the plan (a step over the budget
+    gets the planner's batch, checkpointing or micro-batches); ``python train.py
+    plan=<plan.yaml>`` trains it for :data:`STEPS` steps. On the CPU the budget counts tensor
+    bytes (the estimate's process total there is its peak allocated, no interpreter or
+    libraries), so the run's peak is counted the same way: what its steady step holds at its
+    start (parameters, buffers, gradients, optimizer state: their sizes, from the estimate of
+    the planned config) plus the step's measured rise.
     """
     import yaml
 
-    budget = int(budget_fraction * configured["process_total"]) // MIB * MIB
+    budget = check_budget(configured, budget_fraction, growth_fraction)
     plan_dir = work_dir / "plans" / name
     run_dir = work_dir / "runs" / f"{name}_planned"
     for folder in (plan_dir, run_dir):
@@ -424,11 +471,13 @@ def run_grid(
     done: dict[str, dict] | None = None,
     timeout: float = RUN_TIMEOUT_S,
     budget_fraction: float = 0.85,
+    growth_fraction: float | None = None,
 ) -> list[dict]:
     """Print one grid's table; returns a :func:`record` per config (a config whose run or
     estimate failed: ``failed``, the error's last line). ``sample``: in sample or held out, for
     every record. ``planner``: also plan each config under ``budget_fraction`` of it and train
-    the plan (:func:`plan_under_budget`); ``timeout``: seconds a child may run.
+    the plan (:func:`plan_under_budget`; ``growth_fraction``: its other budget rule);
+    ``timeout``: seconds a child may run.
     ``on_record(label, records)`` is called after each config (the results file so far).
     ``done``: records by config name from an earlier run of this grid (``--resume``); a config
     measured there is kept as it is, not run again."""
@@ -502,6 +551,7 @@ def run_grid(
                 malloc_default,
                 budget_fraction,
                 timeout,
+                growth_fraction,
             )
             entry["planner"] = planner_record(check)
             if check["answer"] is None:

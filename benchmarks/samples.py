@@ -72,6 +72,7 @@ GRIDS: dict[str, tuple[str, str]] = {
         "fixed as a held-out check on 2026-12-02; changes to the estimator were judged on it since",
     ),
     "networks": (IN, "the estimator's network adapters were written against it"),
+    "monai-unets": (IN, "the planner's levers were added after these networks found no plan"),
 }
 #: the name the 2026-12-02 files gave the grid that is now ``checked-2026-12-02``
 GRID_ALIASES = {"held-out": "checked-2026-12-02"}

@@ -14,6 +14,7 @@ import pytest
 from benchmarks import harness
 from benchmarks.runner import BENCHMARKS
 from tests.conftest import REPO
+from volseg.utils.units import MIB
 
 BENCHMARKS_DIR = REPO / "benchmarks"
 
@@ -230,3 +231,24 @@ def test_a_resumed_grid_keeps_its_measured_configs_without_running_them(tmp_path
     assert rows == [kept]
     assert "(kept from the resumed file)" in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_the_planner_checks_budget_is_a_share_of_the_total_or_of_the_growth():
+    from benchmarks import grid
+
+    configured = {"process_total": 200 * MIB, "held_at_start": 50 * MIB, "growth": 150 * MIB}
+    assert grid.check_budget(configured, 0.85) == 170 * MIB
+    assert grid.check_budget(configured, 0.85, growth_fraction=0.6) == 140 * MIB  # 50 + 90
+    configured["growth"] = 151 * MIB  # 50 + 90.6: whole MiB, rounded down
+    assert grid.check_budget(configured, 0.85, growth_fraction=0.6) == 140 * MIB
+
+
+def test_only_naming_no_config_is_one_line_and_exit_2_before_any_run(capsys):
+    from benchmarks import estimator_accuracy
+
+    with pytest.raises(SystemExit) as stopped:
+        estimator_accuracy.main(["--grid", "monai-unets", "--only", "no such config"])
+    assert stopped.value.code == 2
+    out = capsys.readouterr()
+    assert "--only no such config: no config of --grid monai-unets" in out.err
+    assert "estimator accuracy" not in out.out  # nothing started
