@@ -10,7 +10,8 @@ from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan, shrunk_patches
+from volseg.memory.planner import plan
+from volseg.memory.search import shrunk_patches
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.instantiate import build

@@ -21,13 +21,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
 from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
+from volseg.memory.search import largest_fitting, shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
 from volseg.utils.config import plain
@@ -89,47 +90,6 @@ class Plan:
             f"memory.budget={budget_value}: nothing fits {budget}; tried "
             f"{'; '.join(self.tried)}. A larger budget or a smaller network"
         )
-
-
-def _largest(
-    fits: Callable[[int], MemoryEstimate | None], lo: int, hi: int, guess: int
-) -> tuple[int, MemoryEstimate | None]:
-    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
-    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
-
-    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
-    costs two estimates.
-    """
-    found: dict[int, MemoryEstimate] = {}
-
-    def ok(n: int) -> bool:
-        est = fits(n)
-        if est is not None:
-            found[n] = est
-        return est is not None
-
-    n = min(max(guess, lo), hi)
-    step = 1
-    if ok(n):
-        good, bad = n, hi + 1
-        while good < hi:
-            n = min(good + step, hi)
-            if not ok(n):
-                bad = n
-                break
-            good, step = n, step * 2
-    else:
-        good, bad = lo - 1, n
-        while bad > lo:
-            n = max(bad - step, lo)
-            if ok(n):
-                good = n
-                break
-            bad, step = n, step * 2
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
-    return good, found.get(good)
 
 
 def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[int]:
@@ -327,7 +287,7 @@ class Planner:
                 break
             slope = (self.estimate(n, self.base_patch, checkpointing).process_total - two) / (n - 2)
             guess = min(n - 1, 2 + int((self.budget - two) // max(slope, 1.0)))
-        return _largest(fits, lo, self.max_batch_size, guess)
+        return largest_fitting(fits, lo, self.max_batch_size, guess)
 
     def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
         """``k`` of :meth:`patch_at`: the multiples of its divisor on the axis with the fewest."""
@@ -353,7 +313,7 @@ class Planner:
         # activations grow with the voxels, i.e. with k ** 3
         ratio = max(self.budget - fixed, 0) / max(now.process_total - fixed, 1)
         guess = max(1, int(k_now * ratio ** (1 / 3)))
-        k, est = _largest(fits, 1, max(8 * k_now, guess + 1), guess)
+        k, est = largest_fitting(fits, 1, max(8 * k_now, guess + 1), guess)
         return (self.patch_at(k, divisor) if k >= 1 else None), est
 
 
@@ -408,33 +368,6 @@ def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> 
     return _Choice(patch=planner.base_patch)
 
 
-def shrunk_patches(
-    base: Sequence[int],
-    divisor: Sequence[int],
-    takes: Callable[[Sequence[int]], bool] = lambda patch: True,
-) -> list[list[int]]:
-    """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
-    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
-    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
-    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
-    side: an instance norm cannot normalise one), and a side stops where the network no longer
-    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least)."""
-    patch, out = [int(p) for p in base], []
-    stopped: set[int] = set()
-    while True:
-        smaller = [((p - 1) // d) * d for p, d in zip(patch, divisor, strict=True)]
-        axes = [a for a in range(3) if smaller[a] >= 2 * divisor[a] and a not in stopped]
-        if not axes:
-            return out
-        axis = max(axes, key=lambda a: (patch[a] / base[a], patch[a]))
-        candidate = [smaller[a] if a == axis else patch[a] for a in range(3)]
-        if takes(candidate):
-            patch = candidate
-            out.append(patch)
-        else:
-            stopped.add(axis)
-
-
 def _search_smaller_patch(
     planner: Planner, options: Sequence[Any], batch: int, divisor: Sequence[int]
 ) -> _Choice:
@@ -459,7 +392,7 @@ def _search_smaller_patch(
     ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
     voxels = math.prod(planner.base_patch) * ratio
     guess = sum(1 for c in candidates if math.prod(c) <= voxels)
-    n, found = _largest(fits, 1, len(candidates), max(guess, 1))
+    n, found = largest_fitting(fits, 1, len(candidates), max(guess, 1))
     if found is None:
         return _Choice(patch=planner.base_patch)
     patch = at(n)

@@ -334,7 +334,7 @@ def _plan_validation(
     result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
     stops the run (:class:`BudgetExceeded`)."""
     from volseg.memory.budget import check_validation_fits
-    from volseg.memory.inference import estimate_validation
+    from volseg.memory.engine import Variant, estimate_run
     from volseg.memory.inference_plan import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
@@ -345,9 +345,14 @@ def _plan_validation(
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
         return {"not_estimated": source}
+
+    def validation(variant: Variant | None = None) -> Any:
+        """The planned run's validation of ``shape`` with ``variant``'s keys changed."""
+        return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
+
     try:
         found = run.validation if run is not None else None
-        est = found if found is not None else estimate_validation(cfg, shape)
+        est = found if found is not None else validation()
     except UserInputError:
         raise
     except Exception as err:  # a setting the trace does not model: the run goes on
@@ -360,14 +365,14 @@ def _plan_validation(
     budget = parse_bytes(budget_value, "memory.budget")
     planned: dict[str, str] = {}
     if not est.fits(budget):
-        fit = fit_validation(cfg, budget, shape, est, smaller_windows=fit_budget)
+        fit = fit_validation(cfg, budget, shape, est, validation, smaller_windows=fit_budget)
         if fit.estimate is None:
             hint = (
                 f"`python plan.py <the same overrides>` also tries smaller windows ({ROI})"
                 if not fit_budget
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
-            check_validation_fits(est, budget_value, source, ", ".join(fit.tried), hint)
+            check_validation_fits(est, budget_value, source, "; ".join(fit.tried), hint)
         for key, value in fit.overrides.items():
             _set(cfg, key, value)
         planned, est = fit.reasons, fit.estimate
