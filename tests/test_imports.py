@@ -135,3 +135,46 @@ def test_importing_a_package_loads_only_the_layers_below_it(package, loads):
     assert set(loaded) - MAY_USE[package] - {package} == set(), (
         f"importing volseg.{package} loads {loaded}; it may use {sorted(MAY_USE[package])}"
     )
+
+
+def _private_uses(path: Path) -> set[str]:
+    """Another volseg module's private names that ``path`` imports (``from volseg.x import
+    _name``) or reads off an imported module (``import volseg.x as x`` then ``x._name``)."""
+    tree = ast.parse(path.read_text())
+    modules: dict[str, str] = {}  # a local name -> the volseg module it is bound to
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("volseg"):
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.add(f"{node.module}.{alias.name}")
+                else:  # a submodule imported by name may be read from below
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("volseg") and alias.asname:
+                    modules[alias.asname] = alias.name
+                parts = alias.name.split(".")
+                if parts[0] == "volseg" and any(p.startswith("_") for p in parts[1:]):
+                    found.add(alias.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.add(f"{modules[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name with a leading underscore is its module's own: another module that needs it
+    needs a public, named helper (memory/ and plan/ above all, where one engine serves all)."""
+    wrong = {
+        f"{path.relative_to(SRC)} uses {name}"
+        for path in SRC.rglob("*.py")
+        for name in _private_uses(path)
+    }
+    assert not wrong, sorted(wrong)
