@@ -3,11 +3,12 @@ or the micro-batches that add up to the configured batch.
 
 The levers, in the order the batch search tries them (each only when those before found
 nothing): the batch with each activation checkpointing setting (least recomputation first) and
-micro-batches; then loss checkpointing (``model.checkpoint_loss``); then a smaller patch, shrunk
-one axis at a time as nnU-Net's experiment planner shrinks its patch (the side that is largest
-relative to the configured patch loses one multiple of what it must divide by). Parameters,
-gradients and optimizer state no lever lowers: when they alone are over the budget the planner
-says so and searches nothing.
+micro-batches; then loss checkpointing (``model.checkpoint_loss``, searched only where one
+estimate shows it lowering the step: the loss is the forward's last call and the backward's
+first, so it rarely does); then a smaller patch, shrunk one axis at a time as nnU-Net's
+experiment planner shrinks its patch (the side that is largest relative to the configured patch
+loses one multiple of what it must divide by). Parameters, gradients and optimizer state no
+lever lowers: when they alone are over the budget the planner says so and searches nothing.
 
 Every answer is checked by an estimate (:func:`volseg.memory.estimator.estimate`); the search
 starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
@@ -550,18 +551,28 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        choice = _search_batch(loss, options, batch)
-        steps.append(
-            "model.checkpoint_loss=true with the same "
-            f"({_least(loss.estimates_made(base_patch=True))})"
-        )
-        if choice.estimate is not None:
-            return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
-        # shrink the patch with the loss checkpointed only where that lowered the step
+        # searched only where it lowers the step: the loss is the forward's last call and the
+        # backward's first, so its recomputation re-creates what it saves at once, with every
+        # activation still held, and the checkpoint keeps its input (the logits) besides. One
+        # estimate says whether it lowers this step at all
         heaviest = options[-1]
-        with_loss = loss.estimate(batch, loss.base_patch, heaviest).process_total
-        if with_loss < planner.estimate(batch, planner.base_patch, heaviest).process_total:
+        with_loss = loss.estimate(batch, loss.base_patch, heaviest)
+        without = planner.estimate(batch, planner.base_patch, heaviest)
+        if with_loss.process_total < without.process_total:
+            choice = _search_batch(loss, options, batch)
+            steps.append(
+                "model.checkpoint_loss=true with the same "
+                f"({_least(loss.estimates_made(base_patch=True))})"
+            )
+            if choice.estimate is not None:
+                return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
+            # shrink the patch with the loss checkpointed, where that lowered the step
             patch_planner, extra = loss, ["model.checkpoint_loss=true"]
+        else:
+            steps.append(
+                "model.checkpoint_loss=true, not searched: it does not lower the step "
+                f"({_least([with_loss])}; {without.process_total / MIB:,.1f} MiB without it)"
+            )
     divisor = patch_divisor(cfg)
     choice = _search_smaller_patch(patch_planner, options, batch, divisor)
     smallest = planner.smaller_patches(divisor)
