@@ -536,10 +536,11 @@ def estimate_prediction(
     return est
 
 
-def validation_shape(cfg: DictConfig) -> tuple[list[int] | None, str]:
+def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int] | None, str]:
     """The validation volume to estimate: ``estimate.val_shape``, else the dataset's largest
     validation case by voxels (from its headers); ``None`` and why where neither is known
-    (nothing is generated or loaded here)."""
+    (nothing is generated or loaded here). ``datamodule``: the one built from ``cfg.data``
+    (default: built here)."""
     configured = OmegaConf.select(cfg, "estimate.val_shape")
     if configured is not None:
         return _shape(list(configured)), "estimate.val_shape"
@@ -548,7 +549,7 @@ def validation_shape(cfg: DictConfig) -> tuple[list[int] | None, str]:
     from volseg.utils.instantiate import build
 
     try:
-        datamodule = build(cfg.data, "data")
+        datamodule = datamodule if datamodule is not None else build(cfg.data, "data")
         if not hasattr(datamodule, "validation_shapes"):
             return None, f"{cfg.data._target_} lists no validation shapes; set estimate.val_shape"
         if not Path(datamodule.root).exists():
