@@ -161,7 +161,7 @@ def test_estimator_and_train_build_the_module_through_one_function(
         return module
 
     monkeypatch.setattr("volseg.tasks.train.build_model", marked)
-    monkeypatch.setattr("volseg.memory.estimator.build_model", marked)
+    monkeypatch.setattr("volseg.memory.step_trace.build_model", marked)
     cfg = compose_config("train", tmp_path / "run", tiny_train_overrides(small_dataset))
     with open_dict(cfg):
         cfg.trainer.max_epochs, cfg.trainer.limit_val_batches = 1, 0
