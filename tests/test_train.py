@@ -334,3 +334,51 @@ def test_ddp_sim_trains_in_two_processes_with_one_run_dir(small_dataset, tmp_pat
     log = (run_dir / "train.log").read_text()
     assert log.count("Validation Dice over 3 case(s)") >= 2, log[-2000:]
     assert "Validation Dice over 4 case(s)" not in log
+
+
+@pytest.fixture
+def built(monkeypatch) -> list:
+    """Every datamodule built from here on."""
+    from volseg.data.datamodule import VolumeDataModule
+
+    made: list[VolumeDataModule] = []
+    init = VolumeDataModule.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(VolumeDataModule, "__init__", counted)
+    return made
+
+
+def _reads_shapes(small_dataset: Path) -> list[str]:
+    return [
+        *tiny_train_overrides(small_dataset),
+        "estimate.plan_step=true",  # the plan reads the validation shapes
+        "data.check_only=true",
+    ]
+
+
+def test_train_builds_the_datamodule_once(small_dataset, tmp_path, built):
+    """The plan builds the datamodule to read the validation shapes; train.py uses that one
+    (the planner changed none of the ``data`` keys it was built from)."""
+    overrides = _reads_shapes(small_dataset)
+    assert train(compose_config("train", tmp_path / "a", overrides)) == {}
+    assert len(built) == 1
+    built.clear()
+    plan = make_plan(compose_config("train", tmp_path / "b", overrides))
+    assert built == [plan.datamodule]
+
+
+@pytest.mark.slow
+def test_a_planned_batch_builds_the_datamodule_anew(small_dataset, tmp_path, built):
+    """The planner changes data.batch_size after the plan read the validation shapes: the
+    datamodule it read them with was built with the old batch, and the run builds its own."""
+    overrides = _reads_shapes(small_dataset)
+    step = make_plan(compose_config("train", tmp_path / "b", overrides)).estimate
+    budgeted = [*overrides, "data.batch_size=4", f"memory.budget={step['process_total'] * 3 // 2}"]
+    built.clear()
+    planned = make_plan(compose_config("train", tmp_path / "c", budgeted), fit_budget=True)
+    assert planned.decisions["data.batch_size"].source == "planned"
+    assert planned.datamodule is None and len(built) == 1

@@ -130,6 +130,23 @@ def test_checkpointed_loss_keeps_no_float32_logits(tmp_path):
     assert recomputed.peak_allocated - kept.peak_allocated <= float16_logits
 
 
+def test_a_checkpointed_loss_adds_its_input_and_saves_nothing_in_float32(tmp_path):
+    """Why loss checkpointing lowers no step: the loss is the forward's last call and the
+    backward's first, so its recomputation re-creates what it saves at once, while every
+    activation is still held; and the checkpoint keeps its input, the float32 logits, which the
+    loss itself does not save (softmax keeps its output). Measured in the estimate: the peak
+    rises by exactly one logits tensor, on the CPU (with and without activation checkpointing)
+    and on a GPU."""
+    base = ["model.net.widths=[4,8,16]", "num_classes=32", "data.batch_size=2"]
+    base += ["data.patch_size=[16,32,32]", "trainer.precision=32"]
+    logits = 2 * 32 * 16 * 32 * 32 * 4  # (B, classes, D, H, W) float32
+    for device, setting in (("cpu", "none"), ("cpu", "all"), ("cuda", "none")):
+        at = [*base, f"memory.plan_device={device}", f"model.activation_checkpointing={setting}"]
+        kept = estimate(_cfg(tmp_path, at))
+        recomputed = estimate(_cfg(tmp_path, [*at, "model.checkpoint_loss=true"]))
+        assert recomputed.peak_allocated - kept.peak_allocated == logits, (device, setting)
+
+
 def test_estimator_and_train_build_the_module_through_one_function(
     small_dataset, tmp_path, monkeypatch
 ):
@@ -144,7 +161,7 @@ def test_estimator_and_train_build_the_module_through_one_function(
         return module
 
     monkeypatch.setattr("volseg.tasks.train.build_model", marked)
-    monkeypatch.setattr("volseg.memory.estimator.build_model", marked)
+    monkeypatch.setattr("volseg.memory.step_trace.build_model", marked)
     cfg = compose_config("train", tmp_path / "run", tiny_train_overrides(small_dataset))
     with open_dict(cfg):
         cfg.trainer.max_epochs, cfg.trainer.limit_val_batches = 1, 0

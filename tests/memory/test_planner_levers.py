@@ -10,7 +10,8 @@ from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan, shrunk_patches
+from volseg.memory.planner import plan
+from volseg.memory.search import shrunk_patches
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.instantiate import build
@@ -69,7 +70,9 @@ def test_refusal_names_every_lever_tried_with_the_least_it_needed(small):
     text = answer.refusal("B")
     assert text.startswith("memory.budget=B: nothing fits")
     assert "activation_checkpointing none, all" in text
-    assert "model.checkpoint_loss=true" in text
+    # one estimate shows the loss checkpoint lowering nothing (it adds the logits it keeps):
+    # no batch search with it
+    assert "model.checkpoint_loss=true, not searched: it does not lower the step" in text
     assert "smaller patches at batch 2" in text and "down to 8x8x8" in text
     assert text.count("the least: ") == 3
     # each least is a real candidate's need, over the budget

@@ -5,14 +5,14 @@ The input is the plan (:class:`volseg.plan.RunPlan`): its device, precision, lea
 divisibility and loader are decided there, so nothing here resolves an ``auto``. A
 :class:`Variant` is what a planner searches (batch, patch, checkpointing, accumulation, windows
 at once, window size, stitching device): the plan's config with those keys changed. For each
-variant the module is built once (:func:`volseg.memory.estimator.fake_step`) and traced once
-(:func:`volseg.memory.estimator.trace_steps`): two training steps (the first under torch's FLOP
+variant the module is built once (:func:`volseg.memory.step_trace.fake_step`) and traced once
+(:func:`volseg.memory.step_trace.trace_steps`): two training steps (the first under torch's FLOP
 counter), then, where a validation volume is given, the validation of that volume, so that what
 training leaves behind is what validation starts from. The step's figures are read off the
 events before validation's mark, validation's off those after it.
 
 Prediction is not in this trace: ``predict.py`` runs in its own process at its own precision,
-with no training state (:func:`volseg.memory.inference.estimate_prediction`).
+with no training state (:func:`volseg.memory.inference_trace.estimate_prediction`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from typing import Any, ClassVar, Protocol
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.memory.allocator import AllocatorSettings
-from volseg.memory.estimator import (
+from volseg.memory.inference_trace import (
+    InferenceEstimate,
+    allocator_settings,
+    validation_margin,
+    validation_phase,
+)
+from volseg.memory.step_trace import (
     MemoryEstimate,
     fake_step,
     planned_precision,
     step_estimate,
     trace_steps,
-)
-from volseg.memory.inference import (
-    InferenceEstimate,
-    allocator_settings,
-    validation_margin,
-    validation_phase,
 )
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)

@@ -1,8 +1,9 @@
 """Fit whole-volume inference to a memory budget: validation inside a planned run, and where
 ``predict.py`` stitches each volume.
 
-Validation's levers, cheapest in time first (each answer is checked by an estimate of
-:mod:`volseg.memory.inference`, after the planned run's training steps):
+Validation's levers, cheapest in time first, each only where those before found nothing (every
+setting is asked of the engine, :func:`volseg.memory.engine.estimate_run`, as a
+:class:`~volseg.memory.engine.Variant` of the planned run: validation after its training steps):
 
 1. fewer windows at once (``model.inferer.sw_batch_size``): the same windows and the same
    result, only less parallel work per forward; the largest that fits;
@@ -12,24 +13,33 @@ Validation's levers, cheapest in time first (each answer is checked by an estima
    again with the largest ``sw_batch_size`` that fits. On a CPU the host is the device: it
    would save nothing and is not tried;
 3. smaller windows (``model.inferer.roi_size``): more windows, more overlap, less context per
-   window (the Dice a run selects its checkpoint by may change): the largest window of the
-   training patch's aspect, every side a multiple of ``model.divisible_by``, one window at a
-   time (on CUDA stitched on the host).
+   window (the Dice a run selects its checkpoint by may change). The windows below the
+   configured one, one multiple of ``model.divisible_by`` off one side at a time, never below
+   what the network takes (:func:`volseg.memory.search.shrunk_patches`, as the step's smaller
+   patch), each with the most windows at once that fit, up to as many voxels at once as the
+   configured window batch (on CUDA stitched on the host), tried from the largest down: the
+   first that fits.
+
+The number of windows at once is searched from the most down, halving to 2 before 1: a window
+batch of one is not always the least (on a CPU, a float32 batch of one runs torch's own 3D
+convolution, whose column buffer is 27 times its input's). A refusal names each lever tried,
+with the least it needed.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from volseg.memory.inference import InferenceEstimate, estimate_prediction, estimate_validation
-from volseg.memory.planner import _largest, patch_divisor, scaled_patch
+from volseg.memory.engine import Variant
+from volseg.memory.inference import InferenceEstimate, estimate_prediction
+from volseg.memory.planner import patch_divisor
+from volseg.memory.search import shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import shape_taker
 from volseg.utils.units import MIB
@@ -62,31 +72,32 @@ class InferenceFit:
     tried: list[str] = field(default_factory=list)
 
 
-def _with(cfg: DictConfig, settings: dict[str, Any]) -> DictConfig:
-    out = copy.deepcopy(cfg)
-    with open_dict(out):
-        for key, value in settings.items():
-            OmegaConf.update(out, key, value, merge=False, force_add=True)
-    return out
+def windows_at_once(start: int) -> list[int]:
+    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
+    batch of one can need more than two; see the module docstring)."""
+    order, n = [], start
+    while n > 2:
+        order.append(n)
+        n = max(2, n // 2)
+    return order + [n for n in (2, 1) if n <= start]
 
 
 def _most_windows(
-    fits: Callable[[int], InferenceEstimate | None], start: int, above: int
+    fits: Callable[[int], InferenceEstimate | None], start: int, above: int, bisect: bool = True
 ) -> tuple[int, InferenceEstimate | None]:
-    """The largest ``sw_batch_size`` below ``above`` that ``fits``: ``start``, then halving it
-    to the first that fits, then bisecting up to the last that did not. Halving first: a
-    window batch of one is not always the least (on a CPU, a float32 batch of one runs torch's
-    own 3D convolution, whose column buffer is 27 times its input's)."""
-    bad, n = above, start
-    while n >= 1:
+    """The largest ``sw_batch_size`` below ``above`` that ``fits``: :func:`windows_at_once` from
+    ``start`` to the first that fits, then (``bisect``) bisecting up to the last that did
+    not."""
+    bad = above
+    for n in windows_at_once(start):
         est = fits(n)
         if est is not None:
             break
-        bad, n = n, n // 2
+        bad = n
     else:
         return 0, None
     good = n
-    while bad - good > 1:
+    while bisect and bad - good > 1:
         mid = (good + bad) // 2
         found = fits(mid)
         if found is not None:
@@ -96,29 +107,48 @@ def _most_windows(
     return good, est
 
 
+def _least(estimates: Sequence[tuple[str, InferenceEstimate]]) -> str:
+    """The least of a lever's estimates, as the refusal names it."""
+    if not estimates:
+        return "nothing estimated"
+    text, est = min(estimates, key=lambda pair: pair[1].process_total)
+    return f"the least: {_mib(est.process_total)} at {text or 'the configured settings'}"
+
+
+def _shape(values: Sequence[int]) -> str:
+    return "x".join(map(str, values))
+
+
 def fit_validation(
     cfg: DictConfig,
     budget: int,
     volume_shape: Sequence[int],
     configured: InferenceEstimate,
+    estimator: Callable[[Variant], InferenceEstimate],
     smaller_windows: bool = True,
-    estimator: Callable[[DictConfig, Sequence[int]], InferenceEstimate] = estimate_validation,
 ) -> InferenceFit:
     """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
     for a volume of ``volume_shape``, whose ``configured`` estimate does not fit (see the module
-    docstring for the order); ``smaller_windows=False`` stops before trying smaller windows
-    (``train.py``: it changes nothing that changes what it computes)."""
+    docstring for the order); ``estimator``: the validation of the planned run with a
+    :class:`Variant`'s keys changed (the engine's); ``smaller_windows=False`` stops before
+    trying smaller windows (``train.py``: it changes nothing that changes what it computes)."""
     device = configured.device
     sw0 = configured.sw_batch_size
-    roi0 = list(configured.roi_size)
+    roi0 = [int(r) for r in configured.roi_size]
     host_possible = device == "cuda" and configured.stitch == "device"
     fit = InferenceFit(estimate=None)
     cache: dict[tuple, InferenceEstimate] = {}
+    lever: list[tuple[str, InferenceEstimate]] = []  # the current lever's estimates
     over = (
-        f"validation of one {'x'.join(map(str, volume_shape))} volume with {SW_BATCH}={sw0}"
+        f"validation of one {_shape(volume_shape)} volume with {SW_BATCH}={sw0}"
         f"{', stitched on the host' if configured.stitch == 'host' else ''} needs "
         f"{_mib(configured.process_total)} on {device}{margin_note(configured)}, over "
         f"{_mib(budget)}"
+    )
+    same_memory = (
+        f" (on {device} host and device are the same memory: host stitching would save nothing)"
+        if device != "cuda"
+        else ""
     )
 
     def settings(sw: int, host: bool, roi: list[int]) -> dict[str, Any]:
@@ -133,14 +163,23 @@ def fit_validation(
 
     def estimate(sw: int, host: bool, roi: list[int]) -> InferenceEstimate | None:
         key = (sw, host, tuple(roi))
+        text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
         if key not in cache:
-            cache[key] = estimator(_with(cfg, settings(sw, host, roi)), volume_shape)
-            total = cache[key].total_within(budget)
-            text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
-            fits = " (fits)" if total is not None else ""
-            fit.tried.append(f"{text} {_mib(cache[key].process_total)}{fits}")
+            variant = Variant(
+                sw_batch_size=sw,
+                roi_size=tuple(roi),
+                stitch_device="cpu" if host and host_possible else None,
+            )
+            cache[key] = estimator(variant)
+            fits = " (fits)" if cache[key].fits(budget) else ""
+            log.info("validation: %s %s%s", text, _mib(cache[key].process_total), fits)
         est = cache[key]
+        lever.append((text, est))
         return est if est.fits(budget) else None
+
+    def tried(name: str) -> None:
+        fit.tried.append(f"{name} ({_least(lever)})")
+        lever.clear()
 
     def found(
         est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
@@ -149,17 +188,12 @@ def fit_validation(
         fit.overrides = settings(sw, host, roi)
         figures = f"{_mib(est.total_within(budget))} within the budget"
         if SW_BATCH in fit.overrides:
-            same_memory = (
-                f" (on {device} host and device are the same memory: host stitching would save "
-                "nothing)"
-                if device != "cuda"
-                else ""
-            )
             fit.reasons[SW_BATCH] = (
                 f"{over}; {sw} window(s) at a time fit ({figures}): the same windows, fewer at "
                 f"once{same_memory}"
                 if ROI not in fit.overrides
-                else f"{over}; one window at a time with the smaller window{same_memory}"
+                else f"{over}; {sw} of the smaller windows at a time: the most that fit, up to "
+                f"the configured window batch's voxels{same_memory}"
             )
         if STITCH_DEVICE in fit.overrides:
             fit.reasons[STITCH_DEVICE] = (
@@ -169,8 +203,8 @@ def fit_validation(
             )
         if ROI in fit.overrides:
             fit.reasons[ROI] = (
-                f"{over}; {why}: the largest window of the training patch's aspect that fits, "
-                f"each side a multiple of model.divisible_by ({figures})"
+                f"{over}; {why}: the largest window below {_shape(roi0)} that fits, one "
+                f"multiple of model.divisible_by off one side at a time ({figures})"
             )
         log.info(
             "validation: planned %s (%s)",
@@ -184,6 +218,7 @@ def fit_validation(
         sw, est = _most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
         if est is not None:
             return found(est, sw, False, roi0, "")
+        tried(f"fewer windows at once: {SW_BATCH} 1 to {sw0 - 1} at {_shape(roi0)}")
     # 2. host stitching (a GPU run only), with the most windows at once that fit
     if host_possible:
         sw, est = _most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
@@ -194,45 +229,50 @@ def fit_validation(
                 else "the whole volume's buffers do not fit on the GPU"
             )
             return found(est, sw, True, roi0, why)
+        tried(f"host stitching: {STITCH_DEVICE}=cpu with {SW_BATCH} 1 to {sw0}")
     if not smaller_windows:
         return fit
-    # 3. smaller windows, one at a time (stitched on the host on a GPU); not for a network
-    # built for one input size (UNETR's img_size): its windows are its training patch
+    # 3. smaller windows; not for a network built for one input size (UNETR's img_size): its
+    # windows are its training patch
     net = cfg.model.net
     if adapter_for(str(net._target_)).sized_for(net, roi0):
+        fit.tried.append(f"smaller windows: not for {net._target_}, built for one input size")
         return fit
     divisor = patch_divisor(cfg)
-    k_now = min(r // d for r, d in zip(roi0, divisor, strict=True))
-    if k_now <= 1:
+    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.get("in_channels", 1))))
+    if not windows:
+        fit.tried.append(f"smaller windows: none below {_shape(roi0)} that the network takes")
         return fit
+    voxels0 = sw0 * math.prod(roi0)
 
-    def window(k: int) -> list[int]:
-        scaled = scaled_patch(roi0, k, divisor)
-        # never above the configured window (a side not a multiple of its divisor rounds up)
-        return [min(s, max(d, r // d * d)) for s, r, d in zip(scaled, roi0, divisor, strict=True)]
+    def most_windows(roi: list[int], bisect: bool = True) -> tuple[int, InferenceEstimate | None]:
+        """The most windows of ``roi`` at once that fit, up to the configured window batch's
+        voxels (``bisect=False``: the first of :func:`windows_at_once` that fits)."""
+        cap = max(1, voxels0 // math.prod(roi))
+        return _most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisect)
 
-    # the smallest window the network takes (a probed divisor says which sides it keeps, not
-    # the least), checked on meta tensors
-    takes = shape_taker(net, int(cfg.get("in_channels", 1)))
-    k_min = next((k for k in range(1, k_now) if takes(window(k))), k_now)
-    if k_min >= k_now:
-        return fit
+    name = (
+        f"smaller windows: {ROI} {_shape(windows[0])} down to {_shape(windows[-1])}, each with "
+        f"up to {voxels0:,} voxels at once{', stitched on the host' if host_possible else ''}"
+    )
     # the smallest window first: where the whole-volume steps alone are over the budget, no
-    # window fits, and this one estimate says so (the search would try each size)
-    if estimate(1, True, window(k_min)) is None:
+    # window fits, and this one search says so
+    if most_windows(windows[-1], bisect=False)[1] is None:
+        tried(name)
         return fit
-    ratio = budget / max(configured.process_total, 1)
-    guess = max(k_min, min(k_now - 1, int(k_now * ratio ** (1 / 3))))
-    k, est = _largest(lambda n: estimate(1, True, window(n)), k_min, k_now - 1, guess)
-    if est is not None:
-        why = (
-            "neither fewer windows at once nor host stitching fits"
-            if host_possible
-            else f"fewer windows at once does not fit (on {device} host and device are the same "
-            "memory: host stitching would save nothing)"
-        )
-        return found(est, 1, True, window(k), why)
-    return fit
+    # then from the largest down, as nnU-Net shrinks its patch: what a window needs does not
+    # fall steadily with its size and count on every device (on a CPU the convolution's
+    # algorithm changes with both), so no window is skipped by bisection
+    for roi in windows:
+        k, est = most_windows(roi)
+        if est is not None:
+            break
+    why = (
+        "neither fewer windows at once nor host stitching fits"
+        if host_possible
+        else f"fewer windows at once does not fit{same_memory}"
+    )
+    return found(est, k, True, roi, why)
 
 
 @dataclass

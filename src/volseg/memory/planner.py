@@ -3,11 +3,12 @@ or the micro-batches that add up to the configured batch.
 
 The levers, in the order the batch search tries them (each only when those before found
 nothing): the batch with each activation checkpointing setting (least recomputation first) and
-micro-batches; then loss checkpointing (``model.checkpoint_loss``); then a smaller patch, shrunk
-one axis at a time as nnU-Net's experiment planner shrinks its patch (the side that is largest
-relative to the configured patch loses one multiple of what it must divide by). Parameters,
-gradients and optimizer state no lever lowers: when they alone are over the budget the planner
-says so and searches nothing.
+micro-batches; then loss checkpointing (``model.checkpoint_loss``, searched only where one
+estimate shows it lowering the step: the loss is the forward's last call and the backward's
+first, so it rarely does); then a smaller patch, shrunk one axis at a time as nnU-Net's
+experiment planner shrinks its patch (the side that is largest relative to the configured patch
+loses one multiple of what it must divide by). Parameters, gradients and optimizer state no
+lever lowers: when they alone are over the budget the planner says so and searches nothing.
 
 Every answer is checked by an estimate (:func:`volseg.memory.estimator.estimate`); the search
 starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
@@ -21,13 +22,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
 from volseg.memory.estimator import LoopSettings, MemoryEstimate, estimate, step_flops
+from volseg.memory.search import largest_fitting, shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
 from volseg.utils.config import plain
@@ -89,47 +91,6 @@ class Plan:
             f"memory.budget={budget_value}: nothing fits {budget}; tried "
             f"{'; '.join(self.tried)}. A larger budget or a smaller network"
         )
-
-
-def _largest(
-    fits: Callable[[int], MemoryEstimate | None], lo: int, hi: int, guess: int
-) -> tuple[int, MemoryEstimate | None]:
-    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
-    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
-
-    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
-    costs two estimates.
-    """
-    found: dict[int, MemoryEstimate] = {}
-
-    def ok(n: int) -> bool:
-        est = fits(n)
-        if est is not None:
-            found[n] = est
-        return est is not None
-
-    n = min(max(guess, lo), hi)
-    step = 1
-    if ok(n):
-        good, bad = n, hi + 1
-        while good < hi:
-            n = min(good + step, hi)
-            if not ok(n):
-                bad = n
-                break
-            good, step = n, step * 2
-    else:
-        good, bad = lo - 1, n
-        while bad > lo:
-            n = max(bad - step, lo)
-            if ok(n):
-                good = n
-                break
-            bad, step = n, step * 2
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
-    return good, found.get(good)
 
 
 def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[int]:
@@ -327,7 +288,7 @@ class Planner:
                 break
             slope = (self.estimate(n, self.base_patch, checkpointing).process_total - two) / (n - 2)
             guess = min(n - 1, 2 + int((self.budget - two) // max(slope, 1.0)))
-        return _largest(fits, lo, self.max_batch_size, guess)
+        return largest_fitting(fits, lo, self.max_batch_size, guess)
 
     def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
         """``k`` of :meth:`patch_at`: the multiples of its divisor on the axis with the fewest."""
@@ -353,7 +314,7 @@ class Planner:
         # activations grow with the voxels, i.e. with k ** 3
         ratio = max(self.budget - fixed, 0) / max(now.process_total - fixed, 1)
         guess = max(1, int(k_now * ratio ** (1 / 3)))
-        k, est = _largest(fits, 1, max(8 * k_now, guess + 1), guess)
+        k, est = largest_fitting(fits, 1, max(8 * k_now, guess + 1), guess)
         return (self.patch_at(k, divisor) if k >= 1 else None), est
 
 
@@ -408,33 +369,6 @@ def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> 
     return _Choice(patch=planner.base_patch)
 
 
-def shrunk_patches(
-    base: Sequence[int],
-    divisor: Sequence[int],
-    takes: Callable[[Sequence[int]], bool] = lambda patch: True,
-) -> list[list[int]]:
-    """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
-    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
-    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
-    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
-    side: an instance norm cannot normalise one), and a side stops where the network no longer
-    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least)."""
-    patch, out = [int(p) for p in base], []
-    stopped: set[int] = set()
-    while True:
-        smaller = [((p - 1) // d) * d for p, d in zip(patch, divisor, strict=True)]
-        axes = [a for a in range(3) if smaller[a] >= 2 * divisor[a] and a not in stopped]
-        if not axes:
-            return out
-        axis = max(axes, key=lambda a: (patch[a] / base[a], patch[a]))
-        candidate = [smaller[a] if a == axis else patch[a] for a in range(3)]
-        if takes(candidate):
-            patch = candidate
-            out.append(patch)
-        else:
-            stopped.add(axis)
-
-
 def _search_smaller_patch(
     planner: Planner, options: Sequence[Any], batch: int, divisor: Sequence[int]
 ) -> _Choice:
@@ -459,7 +393,7 @@ def _search_smaller_patch(
     ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
     voxels = math.prod(planner.base_patch) * ratio
     guess = sum(1 for c in candidates if math.prod(c) <= voxels)
-    n, found = _largest(fits, 1, len(candidates), max(guess, 1))
+    n, found = largest_fitting(fits, 1, len(candidates), max(guess, 1))
     if found is None:
         return _Choice(patch=planner.base_patch)
     patch = at(n)
@@ -617,18 +551,28 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        choice = _search_batch(loss, options, batch)
-        steps.append(
-            "model.checkpoint_loss=true with the same "
-            f"({_least(loss.estimates_made(base_patch=True))})"
-        )
-        if choice.estimate is not None:
-            return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
-        # shrink the patch with the loss checkpointed only where that lowered the step
+        # searched only where it lowers the step: the loss is the forward's last call and the
+        # backward's first, so its recomputation re-creates what it saves at once, with every
+        # activation still held, and the checkpoint keeps its input (the logits) besides. One
+        # estimate says whether it lowers this step at all
         heaviest = options[-1]
-        with_loss = loss.estimate(batch, loss.base_patch, heaviest).process_total
-        if with_loss < planner.estimate(batch, planner.base_patch, heaviest).process_total:
+        with_loss = loss.estimate(batch, loss.base_patch, heaviest)
+        without = planner.estimate(batch, planner.base_patch, heaviest)
+        if with_loss.process_total < without.process_total:
+            choice = _search_batch(loss, options, batch)
+            steps.append(
+                "model.checkpoint_loss=true with the same "
+                f"({_least(loss.estimates_made(base_patch=True))})"
+            )
+            if choice.estimate is not None:
+                return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
+            # shrink the patch with the loss checkpointed, where that lowered the step
             patch_planner, extra = loss, ["model.checkpoint_loss=true"]
+        else:
+            steps.append(
+                "model.checkpoint_loss=true, not searched: it does not lower the step "
+                f"({_least([with_loss])}; {without.process_total / MIB:,.1f} MiB without it)"
+            )
     divisor = patch_divisor(cfg)
     choice = _search_smaller_patch(patch_planner, options, batch, divisor)
     smallest = planner.smaller_patches(divisor)

@@ -93,6 +93,7 @@ def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunP
         fingerprint=plan.fingerprint or saved.get("fingerprint"),
         notes=plan.notes,
         precision=plan.precision,
+        datamodule=plan.datamodule,
     )
 
 

@@ -48,6 +48,7 @@ from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded, UserInputError
+from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
 from volseg.utils.units import MIB, parse_bytes
 
@@ -307,16 +308,46 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     return planned, estimate(cfg)  # the engine's, from the trace the search made of it
 
 
-def _validation_volume(cfg: DictConfig, estimate_step: bool) -> tuple[list[int] | None, str]:
+class _Built:
+    """The datamodule the plan built to read the data, and the resolved ``data`` config it was
+    built from: the run uses it where the plan's final ``data`` is still that config."""
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        self.data: Any = None
+
+    def build(self, cfg: DictConfig) -> Any:
+        self.module = build(cfg.data, "data")
+        self.data = OmegaConf.to_container(cfg.data, resolve=True)
+        return self.module
+
+    def for_run(self, cfg: DictConfig) -> Any:
+        """The built datamodule where ``cfg.data`` (the plan's final) is what it was built
+        from; ``None`` where the planner changed a key of it since (a batch, a patch)."""
+        if self.module is None or OmegaConf.to_container(cfg.data, resolve=True) != self.data:
+            return None
+        return self.module
+
+
+def _validation_volume(
+    cfg: DictConfig, estimate_step: bool, built: _Built
+) -> tuple[list[int] | None, str]:
     """The validation volume the plan estimates (``estimate.val_shape`` or the dataset's
-    largest validation case), and where it comes from; ``None`` where none is estimated."""
+    largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
+    ``None`` where none is estimated."""
     from volseg.memory.inference import validation_shape
 
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
         return None, ""
     if "model" not in cfg or "data" not in cfg:
         return None, ""
-    return validation_shape(cfg)
+    if OmegaConf.select(cfg, "estimate.val_shape") is not None:
+        return validation_shape(cfg)
+    try:
+        datamodule = built.build(cfg)
+    except UserInputError as err:
+        return None, str(err).splitlines()[0]
+    return validation_shape(cfg, datamodule)
 
 
 def _plan_validation(
@@ -334,7 +365,7 @@ def _plan_validation(
     result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
     stops the run (:class:`BudgetExceeded`)."""
     from volseg.memory.budget import check_validation_fits
-    from volseg.memory.inference import estimate_validation
+    from volseg.memory.engine import Variant, estimate_run
     from volseg.memory.inference_plan import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
@@ -345,9 +376,14 @@ def _plan_validation(
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
         return {"not_estimated": source}
+
+    def validation(variant: Variant | None = None) -> Any:
+        """The planned run's validation of ``shape`` with ``variant``'s keys changed."""
+        return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
+
     try:
         found = run.validation if run is not None else None
-        est = found if found is not None else estimate_validation(cfg, shape)
+        est = found if found is not None else validation()
     except UserInputError:
         raise
     except Exception as err:  # a setting the trace does not model: the run goes on
@@ -360,14 +396,14 @@ def _plan_validation(
     budget = parse_bytes(budget_value, "memory.budget")
     planned: dict[str, str] = {}
     if not est.fits(budget):
-        fit = fit_validation(cfg, budget, shape, est, smaller_windows=fit_budget)
+        fit = fit_validation(cfg, budget, shape, est, validation, smaller_windows=fit_budget)
         if fit.estimate is None:
             hint = (
                 f"`python plan.py <the same overrides>` also tries smaller windows ({ROI})"
                 if not fit_budget
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
-            check_validation_fits(est, budget_value, source, ", ".join(fit.tried), hint)
+            check_validation_fits(est, budget_value, source, "; ".join(fit.tried), hint)
         for key, value in fit.overrides.items():
             _set(cfg, key, value)
         planned, est = fit.reasons, fit.estimate
@@ -447,7 +483,8 @@ def make_plan(
         decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
-    volume = _validation_volume(cfg, estimate_step)
+    built = _Built()
+    volume = _validation_volume(cfg, estimate_step, built)
     estimate, run = {}, None
     if "model" in cfg:
         estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
@@ -462,4 +499,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),
+        datamodule=built.for_run(cfg) if "data" in cfg else None,
     )

@@ -56,6 +56,9 @@ class RunPlan:
     notes: tuple[str, ...] = ()
     #: trainer.precision: what was asked, what runs, on which device, why
     precision: Mapping[str, str] = field(default_factory=dict)
+    #: the datamodule the plan built from its final ``data`` config to read the data (``None``
+    #: where it built none, or the planner changed a key of it since): the run's, not rebuilt
+    datamodule: Any = field(default=None, compare=False, repr=False)
 
     def run_config(self) -> DictConfig:
         """The planned config, as the builders read it (a copy: it cannot change the plan)."""

@@ -107,8 +107,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("Wrote %s", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
 
-    log.info("Instantiating datamodule <%s>", cfg.data._target_)
-    datamodule: L.LightningDataModule = build(cfg.data, "data")
+    # the plan's, where it built one from this data config to read the data
+    datamodule: L.LightningDataModule | None = run_plan.datamodule
+    if datamodule is None:
+        log.info("Instantiating datamodule <%s>", cfg.data._target_)
+        datamodule = build(cfg.data, "data")
     datamodule.prepare_data()
     check_only = getattr(datamodule, "check_only", False)
     host = None
