@@ -256,7 +256,7 @@ def test_a_users_unet_at_83_mib_plans_its_step_and_its_validation(tmp_path):
     planned (on an AVX2-only CPU a smaller patch with checkpointing), and the validation of the
     embedded dataset's 32x96x96 volumes, over the budget with the configured windows, gets the
     windows that fit; both within the budget, the plan's figures the engine's."""
-    load_benchmark("estimator_accuracy").user_network(tmp_path)
+    load_benchmark("grid").user_network(tmp_path)
     shape = [32, 96, 96]
     overrides = [
         "model/net=custom",
