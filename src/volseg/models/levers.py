@@ -73,7 +73,10 @@ LEVERS = (
     Lever(
         "loss checkpointing",
         "model.checkpoint_loss=true",
-        "keep only logits and labels for the loss, recompute its full-resolution intermediates",
+        "recompute the loss's intermediates in backward; the loss is the forward's last call and "
+        "backward's first, so they are rebuilt while every activation is held, and its input is "
+        "kept besides: fewer activations kept, the same peak (`checkpointing: all + loss` beside "
+        "`all`, [levers](benchmarks.md#memory-levers))",
     ),
     Lever(
         "activation offload",
@@ -172,8 +175,9 @@ class MemoryLevers:
         cudnn_workspace_mib: cap (MiB) on the workspace of the convolution algorithms cuDNN may
             pick (``CUDNN_CONV_WSCAP_DBG``, set at fit's set-up, before the first convolution;
             ``None``: no cap). Smaller workspaces can mean slower algorithms.
-        checkpoint_loss: recompute the loss in backward: only the logits and labels are kept,
-            not the loss's full-resolution intermediates (softmax, one-hot, products).
+        checkpoint_loss: recompute the loss in backward. It lowers the activations kept, not the
+            step's peak: the recomputation runs first in backward, while every activation is
+            still held, and the checkpoint keeps the logits besides.
         channels_last: weights and inputs in ``channels_last_3d`` (NDHWC) memory format:
             oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
         placement: ``{name: device}``: split the network over devices (UNet3D:
