@@ -32,6 +32,18 @@ def load_benchmark(name: str) -> ModuleType:
 
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
+# the benchmarks' tests: a 2-level U-Net of 16-32 channels on a small embedded dataset
+TINY = [
+    "model.net.widths=[16,32]",
+    "model.net.pooling=null",
+    "data.batch_size=1",
+    "data.patch_size=[16,32,32]",
+    "data.synthetic.num_volumes=3",
+    "data.synthetic.num_val=1",
+    "data.synthetic.shape=[16,48,48]",
+    "trainer.precision=32",
+]
+
 # a small copy of the embedded dataset: 6 volumes of 16x48x48, generated once per session
 SMALL_SHAPE = [16, 48, 48]
 SMALL_PATCH = [16, 32, 32]

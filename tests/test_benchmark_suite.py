@@ -13,22 +13,15 @@ import pytest
 
 from benchmarks import harness
 from benchmarks.runner import BENCHMARKS
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY
 from volseg.utils.units import MIB
 
 BENCHMARKS_DIR = REPO / "benchmarks"
 
-# a 2-level U-Net on a small embedded dataset: a run of 3 steps takes seconds
-TINY = [
+# the benchmarks' tiny config as a whole train.py run of 3 steps: it takes seconds
+TINY_RUN = [
     "trainer=cpu",
-    "model.net.widths=[16,32]",
-    "model.net.pooling=null",
-    "data.batch_size=1",
-    "data.patch_size=[16,32,32]",
-    "data.synthetic.num_volumes=3",
-    "data.synthetic.num_val=1",
-    "data.synthetic.shape=[16,48,48]",
-    "trainer.precision=32",
+    *TINY,
     "trainer.max_steps=3",
     "trainer.limit_val_batches=0",
     "trainer.num_sanity_val_steps=0",
@@ -168,7 +161,8 @@ def test_every_benchmark_command_in_the_docs_names_one_that_exists():
 
 @pytest.mark.slow
 def test_the_harness_reads_a_real_train_py_run(tmp_path):
-    run = harness.train([*TINY, f"paths.data_dir={tmp_path / 'data'}"], tmp_path / "run", tmp_path)
+    overrides = [*TINY_RUN, f"paths.data_dir={tmp_path / 'data'}"]
+    run = harness.train(overrides, tmp_path / "run", tmp_path)
     assert run.run_dir == tmp_path / "run" and run.pid > 0
     assert run.seconds > 0
     assert run.summary is not None and run.summary["global_step"] == 3

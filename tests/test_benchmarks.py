@@ -10,21 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, load_benchmark
+from tests.conftest import REPO, TINY, load_benchmark
 from volseg.memory.estimator import planned_device
 from volseg.utils.units import MIB
-
-# a 2-level U-Net of 16-32 channels on a small embedded dataset: a run takes seconds
-TINY = [
-    "model.net.widths=[16,32]",
-    "model.net.pooling=null",
-    "data.batch_size=1",
-    "data.patch_size=[16,32,32]",
-    "data.synthetic.num_volumes=3",
-    "data.synthetic.num_val=1",
-    "data.synthetic.shape=[16,48,48]",
-    "trainer.precision=32",
-]
 
 
 def _row(start: float, peak: float) -> dict[str, float]:
