@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
 from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan
+from volseg.memory.planner import Planner, plan
 from volseg.memory.search import shrunk_patches
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
@@ -45,6 +45,30 @@ def test_shrunk_patches_take_the_side_largest_relative_to_the_patch_first():
     # a side the network does not take stops shrinking; the others go on
     takes = lambda patch: patch[0] >= 12  # noqa: E731
     assert all(p[0] >= 12 for p in shrunk_patches([16, 32, 32], [4, 4, 4], takes))
+
+
+def test_a_turned_plane_shrinks_as_one_square_side():
+    # the embedded dataset turns the patch in its y-x plane: y and x go down together
+    assert shrunk_patches([32, 64, 64], [16, 16, 16], tied=[[1, 2]]) == [
+        [32, 48, 48],
+        [32, 32, 32],
+    ]
+    # a tied side goes down by a multiple of both its axes' divisors
+    assert shrunk_patches([16, 48, 48], [4, 8, 16], tied=[[1, 2]])[:2] == [
+        [16, 32, 32],
+        [12, 32, 32],
+    ]
+    every = shrunk_patches([16, 40, 40], [4, 8, 8], tied=[[1, 2]])
+    assert every and all(p[1] == p[2] for p in every)
+
+
+def test_the_planners_smaller_patches_keep_the_turned_plane_square(small):
+    """The embedded dataset turns its patches in the y-x plane; a planned patch with y != x
+    would stop train.py at start-up (``data.augment.rotate90_planes``)."""
+    assert small.data.augment.rotate90_planes == [[1, 2]]  # the embedded dataset's default
+    patches = Planner(small, 1).smaller_patches([4, 4, 4])
+    assert patches and all(p[1] == p[2] for p in patches)
+    assert [16, 28, 28] in patches and [16, 28, 32] not in patches
 
 
 def test_resident_state_over_the_budget_is_refused_with_its_bytes(small):

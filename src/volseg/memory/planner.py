@@ -190,7 +190,8 @@ class Planner:
 
     def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
         """:func:`shrunk_patches` of the configured patch that the network takes (probed on
-        meta tensors, built for each patch where its constructor takes the patch's size)."""
+        meta tensors, built for each patch where its constructor takes the patch's size), each
+        turned plane kept square (:attr:`turned_planes`)."""
         if self._smaller is None:
             net = self.cfg.model.net
             channels = int(self.cfg.get("in_channels", 1))
@@ -200,8 +201,15 @@ class Planner:
                     return shape_taker(self.config_at(patch).model.net, channels)(patch)
             else:
                 takes = shape_taker(net, channels)
-            self._smaller = shrunk_patches(self.base_patch, divisor, takes)
+            self._smaller = shrunk_patches(self.base_patch, divisor, takes, self.turned_planes)
         return self._smaller
+
+    @property
+    def turned_planes(self) -> list[list[int]]:
+        """The planes of the training patch's 90° turns (``data.augment.rotate90_planes``): a
+        smaller patch keeps each one square, or the augmentation could not turn it."""
+        augment = self.cfg.data.get("augment") or {}
+        return [[int(a) for a in plane] for plane in (augment.get("rotate90_planes") or [])]
 
     def estimates_made(self, base_patch: bool) -> list[MemoryEstimate]:
         """The estimates made so far at the configured patch (``base_patch``) or at others."""

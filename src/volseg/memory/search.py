@@ -3,6 +3,7 @@ window size) and the patches, or windows, below a configured one, largest first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -55,24 +56,39 @@ def shrunk_patches(
     base: Sequence[int],
     divisor: Sequence[int],
     takes: Callable[[Sequence[int]], bool] = lambda patch: True,
+    tied: Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
     """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
     multiple of its divisor off the side that is largest relative to ``base`` (the larger side
     on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
     median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
     side: an instance norm cannot normalise one), and a side stops where the network no longer
-    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least)."""
+    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least).
+
+    ``tied``: groups of axes that stay equal (the plane of a 90° turn augmentation, e.g.
+    ``[[1, 2]]``): such a group shrinks as one side, by a multiple of each of its divisors.
+    """
     patch, out = [int(p) for p in base], []
-    stopped: set[int] = set()
+    grouped = {a for group in tied for a in group}
+    units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
+    units += [(a,) for a in range(3) if a not in grouped]
+    stopped: set[tuple[int, ...]] = set()
+
+    def step(unit: tuple[int, ...]) -> int | None:
+        """The unit's next side: one multiple of its divisors below its present side."""
+        multiple = math.lcm(*(int(divisor[a]) for a in unit))
+        side = ((min(patch[a] for a in unit) - 1) // multiple) * multiple
+        return side if all(side >= 2 * divisor[a] for a in unit) else None
+
     while True:
-        smaller = [((p - 1) // d) * d for p, d in zip(patch, divisor, strict=True)]
-        axes = [a for a in range(3) if smaller[a] >= 2 * divisor[a] and a not in stopped]
-        if not axes:
+        open_units = [u for u in units if u not in stopped and step(u) is not None]
+        if not open_units:
             return out
-        axis = max(axes, key=lambda a: (patch[a] / base[a], patch[a]))
-        candidate = [smaller[a] if a == axis else patch[a] for a in range(3)]
+        unit = max(open_units, key=lambda u: max((patch[a] / base[a], patch[a]) for a in u))
+        side = step(unit)
+        candidate = [side if a in unit else patch[a] for a in range(3)]
         if takes(candidate):
             patch = candidate
             out.append(patch)
         else:
-            stopped.add(axis)
+            stopped.add(unit)
