@@ -349,6 +349,8 @@ def networks_table(results: dict) -> str:
         check = row.get("planner")
         if check is None:
             line += " not run | not run |"
+        elif "failed" in check:
+            line += f" failed: {check['failed']} | not trained |"
         elif check["answer"] is None:
             line += f" {check['budget_bytes'] / MIB:,.0f}: nothing fits | not trained |"
         else:

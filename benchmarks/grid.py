@@ -542,17 +542,26 @@ def run_grid(
                 f"{measured['peak_reserved'] / MIB:,.0f} | {100 * reserved_error:+.1f}% |"
             )
         elif planner:
-            check = plan_under_budget(
-                overrides,
-                device,
-                work_dir,
-                f"{label}_{index}",
-                predicted,
-                malloc_default,
-                budget_fraction,
-                timeout,
-                growth_fraction,
-            )
+            try:
+                check = plan_under_budget(
+                    overrides,
+                    device,
+                    work_dir,
+                    f"{label}_{index}",
+                    predicted,
+                    malloc_default,
+                    budget_fraction,
+                    timeout,
+                    growth_fraction,
+                )
+            except Exception as err:  # noqa: BLE001  (a plan train.py refuses is a finding)
+                entry["planner"] = {"failed": failure(err)}
+                row += f" | planner check failed: {entry['planner']['failed']} | |"
+                records.append(entry)
+                print(row, flush=True)
+                if on_record:
+                    on_record(label, records)
+                continue
             entry["planner"] = planner_record(check)
             if check["answer"] is None:
                 row += f" {check['budget'] / MIB:,.0f} | nothing fits | |"

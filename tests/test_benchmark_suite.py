@@ -246,3 +246,36 @@ def test_only_naming_no_config_is_one_line_and_exit_2_before_any_run(capsys):
     out = capsys.readouterr()
     assert "--only no such config: no config of --grid monai-unets" in out.err
     assert "estimator accuracy" not in out.out  # nothing started
+
+
+def test_a_plan_train_py_refuses_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, capsys):
+    """The planner check trains the plan it got; where train.py refuses that plan, the row
+    records the refusal (a finding about the planner) and the next config still runs."""
+    from benchmarks import grid, harness
+
+    predicted = {
+        "network": "n",
+        "batch_size": 2,
+        "patch_size": [16, 32, 32],
+        "precision": "32",
+        "num_parameters": 1,
+        "growth": 10 * MIB,
+        "process_total": 20 * MIB,
+        "accumulate_grad_batches": 1,
+    }
+    measured = {"growth": 10 * MIB, "rises": [10 * MIB], "seconds": 1.0}
+    monkeypatch.setattr(grid, "predict", lambda *args, **kwargs: predicted)
+    monkeypatch.setattr(grid, "measure", lambda *args, **kwargs: measured)
+    checked = []
+
+    def refused(overrides, *args, **kwargs):
+        checked.append(overrides)
+        raise harness.RunFailed("train.py failed (2):\nerror: data.augment.rotate90_planes: ...")
+
+    monkeypatch.setattr(grid, "plan_under_budget", refused)
+    configs = [("a", ["data.batch_size=2"]), ("b", ["data.batch_size=1"])]
+    rows = grid.run_grid(configs, "g", "cpu", tmp_path, "in sample", planner=True)
+    assert [r["name"] for r in rows] == ["a", "b"] and len(checked) == 2
+    assert rows[0]["planner"] == {"failed": "error: data.augment.rotate90_planes: ..."}
+    assert rows[0]["error"] == 0.0  # the estimate's own row is kept
+    assert "planner check failed: error: data.augment" in capsys.readouterr().out
