@@ -8,9 +8,14 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks import harness
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +37,21 @@ def resolved_precision(requested: str) -> str:
 def zero_classes(per_class: dict[str, float]) -> int:
     """How many foreground classes scored a Dice of 0."""
     return sum(1 for v in per_class.values() if v == 0.0)
+
+
+def label_histogram(preds: Iterable[torch.Tensor], classes: Sequence[str]) -> dict[str, int]:
+    """Voxels predicted as each class (background first, as ``classes``) summed over the label
+    maps ``preds`` (class indices, any shape): where a run's Dice is 0 on every class, whether
+    it predicts background only."""
+    import torch
+
+    counts = torch.zeros(len(classes), dtype=torch.int64)
+    for pred in preds:
+        flat = pred.reshape(-1).long()
+        if flat.numel() and (flat.min() < 0 or flat.max() >= len(classes)):
+            raise ValueError(f"predicted labels {flat.min()}..{flat.max()}: {len(classes)} classes")
+        counts += torch.bincount(flat, minlength=len(classes))
+    return dict(zip(classes, counts.tolist(), strict=True))
 
 
 def cpu_line() -> str:
