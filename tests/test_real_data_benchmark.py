@@ -298,3 +298,26 @@ def test_the_own_plan_side_is_accepted_and_runs_nnunets_own_plan(tmp_path, monke
     used = recipe.plan_used(record, own_plan=False)
     assert used["plan_source"] == "volseg_compute" and used["plan"]["patch_size"] == [32, 64, 64]
     assert used["plan"]["volseg_compute"] == compute and "nnunet_own" not in used["plan"]
+
+
+@pytest.mark.slow  # a tiny training run, then python eval.py in a process of its own
+def test_volsegs_predicted_voxels_come_from_eval_of_its_final_weights(small_dataset, tmp_path):
+    import json
+
+    import nibabel as nib
+    import numpy as np
+
+    from tests.conftest import compose_config, tiny_train_overrides
+    from volseg.tasks.train import train
+
+    runs = load_benchmark("studies.mni152_runs")
+    run_dir = tmp_path / "run"
+    train(compose_config("train", run_dir, tiny_train_overrides(small_dataset)))
+    voxels = runs.volseg_predicted_voxels(run_dir, small_dataset)
+    classes = json.loads((small_dataset / "classes.json").read_text())
+    names = json.loads((small_dataset / "splits.json").read_text())["val"]
+    assert list(voxels) == classes
+    # every voxel of the validation cases is predicted as one class
+    sizes = [np.asarray(nib.load(small_dataset / "images" / n).dataobj).size for n in names]
+    assert sum(voxels.values()) == sum(sizes)
+    assert sorted(p.name for p in (run_dir / "eval" / "predictions").iterdir()) == sorted(names)

@@ -54,6 +54,40 @@ def label_histogram(preds: Iterable[torch.Tensor], classes: Sequence[str]) -> di
     return dict(zip(classes, counts.tolist(), strict=True))
 
 
+def predicted_voxels(pred_dir: Path, names: Sequence[str], classes: Sequence[str]) -> dict:
+    """:func:`label_histogram` of the label files ``pred_dir/<name>`` (NIfTI)."""
+    import nibabel as nib
+    import numpy as np
+    import torch
+
+    preds = (
+        torch.from_numpy(np.asarray(nib.load(pred_dir / n).dataobj).astype(np.int64)) for n in names
+    )
+    return label_histogram(preds, classes)
+
+
+def volseg_predicted_voxels(
+    run_dir: Path, root: Path, threads: int | None = None
+) -> dict[str, int]:
+    """The predicted voxels per class of a volseg run's final weights (``run_dir``'s
+    ``checkpoints/last.ckpt``) over the validation cases of the dataset at ``root``:
+    ``python eval.py`` writes the predictions into ``run_dir/eval``, :func:`predicted_voxels`
+    counts them."""
+    import json
+
+    out = run_dir / "eval"
+    args = [f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={out}"]
+    args += ["extras.print_config=false", "overwrite=true"]
+    env = harness.child_env({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    try:
+        harness.run("eval.py", args, env=env)
+    except harness.RunFailed as err:
+        raise RuntimeError(f"python eval.py {' '.join(args)}: {err}") from None
+    classes = json.loads((root / "classes.json").read_text())
+    names = json.loads((root / "splits.json").read_text())["val"]
+    return predicted_voxels(out / "predictions", names, classes)
+
+
 def cpu_line() -> str:
     """CPU model and the flags that decide bf16/fp32 speed, e.g. for the table's caption."""
     model, flags = "unknown CPU", set()

@@ -214,27 +214,31 @@ def score(
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Per-class Dice of the predicted label files in ``pred_dir`` against ``root/labels``, by
     volseg's validation rule (:mod:`volseg.models.dice`), and the predicted voxels per class
-    over those files (:func:`~benchmarks.studies.mni152_runs.label_histogram`); background
+    over those files (:func:`~benchmarks.studies.mni152_runs.predicted_voxels`); background
     included (first) in both."""
     import nibabel as nib
     import numpy as np
     import torch
 
-    from benchmarks.studies.mni152_runs import label_histogram
+    from benchmarks.studies.mni152_runs import predicted_voxels
     from volseg.models.dice import case_dice, mean_over_cases
 
-    rows, preds = [], []
+    rows = []
     for name in names:
         pred = np.asarray(nib.load(pred_dir / name).dataobj).astype(np.int64)
         label = np.asarray(nib.load(root / "labels" / name).dataobj).astype(np.int64)
         if pred.shape != label.shape:
             raise RuntimeError(f"{pred_dir / name}: shape {pred.shape}, label {label.shape}")
-        preds.append(torch.from_numpy(pred))
         rows.append(
-            case_dice(preds[-1][None, None], torch.from_numpy(label)[None, None], len(classes))
+            case_dice(
+                torch.from_numpy(pred)[None, None],
+                torch.from_numpy(label)[None, None],
+                len(classes),
+            )
         )
     per_class = mean_over_cases(torch.cat(rows))
-    return dict(zip(classes, per_class.tolist(), strict=True)), label_histogram(preds, classes)
+    voxels = predicted_voxels(pred_dir, names, classes)
+    return dict(zip(classes, per_class.tolist(), strict=True)), voxels
 
 
 def run(

@@ -24,7 +24,8 @@ run at a time (``--parallel``: two at a time, one CPU thread each, so both see t
   which plan it trained (``plan_source``, ``plan``); its training log is copied beside the
   results file (``benchmarks/results/nnunet/logs/<results file>_<side>_seed<N>.txt``, named in
   the row's ``training_log``), and its predicted voxels per class over the scored validation
-  cases are in ``predicted_voxels_per_class``, as the MONAI loop's final validation's are.
+  cases are in ``predicted_voxels_per_class``, as are the MONAI loop's (its final validation) and
+  volseg's (``python eval.py`` of its final weights, after every timed run).
 - ``monai_tutorial``: the loop of MONAI's tutorials, written out below: BasicUNet features
   (16, 16, 32, 64, 128, 16), ``DiceCELoss`` (background in the Dice term, cross-entropy 1), AdamW
   at a constant 2e-3, batches of 2 volumes × ``--monai-samples`` class-balanced 32×64×64 patches
@@ -73,6 +74,7 @@ from benchmarks.studies.mni152_runs import (
     label_histogram,
     resolved_precision,
     start_volseg,
+    volseg_predicted_voxels,
     volseg_recipe,
     zero_classes,
 )
@@ -430,6 +432,13 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{job.side} seed {job.seed}: final {rows[-1]['final_dice_mean']:.3f}", flush=True
             )
+    # after every timed run, so that no budget shares the CPU with it
+    for row in rows:
+        if row["side"] == "volseg":
+            threads = 1 if args.parallel else None
+            root = REPO / "data" / args.data
+            voxels = volseg_predicted_voxels(Path(row["run_dir"]), root, threads)
+            row["predicted_voxels_per_class"] = voxels
     cpu = cpu_line()
     mode = "two at a time, 1 thread each" if args.parallel else "one after the other"
     print(f"\ndata={args.data}, {args.budget} s each ({mode}), precision {precision}; {cpu}\n")
