@@ -328,7 +328,7 @@ def network_levers(path: Path, doc: dict) -> str:
 
 
 #: sides that a later ``real_data.py --sides ...`` file adds to a learning table
-LATER_SIDES = ("nnunet_nomirror",)
+LATER_SIDES = ("nnunet_nomirror", "nnunet_own_plan")
 
 #: nnU-Net v2's full schedule in optimizer steps: ``nnUNetTrainer``'s ``num_epochs`` (1000)
 #: times its ``num_iterations_per_epoch`` (250)
@@ -341,9 +341,10 @@ def side_label(side: str, rows: list[dict]) -> str:
     named as the equal-terms anchor."""
     if side.startswith("nnunet"):
         steps = sum(r["steps"] for r in rows) / len(rows)
+        plan = "its own plan" if side == "nnunet_own_plan" else "volseg's patch and network"
         label = (
             f"nnU-Net v2's trainer, {100 * steps / NNUNET_SCHEDULE_STEPS:.2f}% of its schedule, "
-            "volseg's patch and network"
+            f"{plan}"
         )
         return label + (", no mirroring" if side == "nnunet_nomirror" else "")
     if side == "monai_volseg":
@@ -407,10 +408,12 @@ def learning_rows(rows: list[dict], per_class: bool = True) -> str:
     sides = list(dict.fromkeys(r["side"] for r in rows))
     runs = {side: [r for r in rows if r["side"] == side] for side in sides}
     method = {side: side_label(side, runs[side]) for side in sides}
+    # files from before the predicted labels were counted: the table as it was
+    voxels = any("predicted_voxels_per_class" in r for r in rows)
     lines = [
         "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
-        "| classes at 0 (final) |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| classes at 0 (final) |" + (" background, of the predicted voxels |" if voxels else ""),
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: |" + (" ---: |" if voxels else ""),
     ]
     for side in sides:
         rs = runs[side]
@@ -418,9 +421,10 @@ def learning_rows(rows: list[dict], per_class: bool = True) -> str:
         best = sum(r["dice_mean"] for r in rs) / len(rs)
         each = ", ".join(f"{r['final_dice_mean']:.3f}" for r in rs)
         zeros = ", ".join(str(r["final_zero_classes"]) for r in rs)
+        shares = ", ".join(background_share(r) for r in rs)
         lines.append(
             f"| {method[side]} | {len(rs)} | {mean['steps']:.0f} | {mean['final_dice_mean']:.3f} "
-            f"| {each} | {best:.3f} | {zeros} |"
+            f"| {each} | {best:.3f} | {zeros} |" + (f" {shares} |" if voxels else "")
         )
     if not per_class:
         return "\n".join(lines)
@@ -434,6 +438,21 @@ def learning_rows(rows: list[dict], per_class: bool = True) -> str:
             cells.append(f"{sum(values) / len(values):.3f}")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def background_share(row: dict) -> str:
+    """The share of a run's predicted voxels (its ``predicted_voxels_per_class`` over the
+    scored validation cases, background first) that are background, e.g. ``97.31%`` (``100%``
+    only where every voxel is); ``-``
+    where the row has no count. 100.0% with a Dice of 0 on every class: a collapse to
+    background."""
+    counts = row.get("predicted_voxels_per_class")
+    if not counts:
+        return "-"
+    background, total = next(iter(counts.values())), sum(counts.values())
+    if background == total:  # all background: no rounding can say so by mistake
+        return "100%"
+    return f"{min(100 * background / total, 99.99):.2f}%"
 
 
 @newest("cross_entropy_weight")

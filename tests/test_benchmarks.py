@@ -326,6 +326,43 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
 
 
+def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
+    """nnU-Net's own-plan side is named for its plan; where rows count their predicted labels,
+    a column gives each run's share of background (100% only where every voxel is); rows
+    without counts (older files) leave the table as it was."""
+    tables = load_benchmark("tables")
+
+    def row(side, seed, voxels=None):
+        r = {
+            "side": side,
+            "method": "m",
+            "seed": seed,
+            "steps": 500,
+            "dice_mean": 0.0,
+            "final_dice_mean": 0.0,
+            "per_class": {"a": 0.0},
+            "final_per_class": {"a": 0.0},
+            "final_zero_classes": 1,
+        }
+        return {**r, "predicted_voxels_per_class": voxels} if voxels else r
+
+    label = tables.side_label("nnunet_own_plan", [row("nnunet_own_plan", 1)])
+    assert label == "nnU-Net v2's trainer, 0.20% of its schedule, its own plan"
+    assert tables.side_label("nnunet", [row("nnunet", 1)]).endswith("volseg's patch and network")
+    rows = [
+        row("nnunet_own_plan", 1, {"bg": 1000, "a": 0}),
+        row("nnunet_own_plan", 2, {"bg": 999_999, "a": 1}),
+        row("volseg", 1, {"bg": 750, "a": 250}),
+        row("monai_tutorial", 1),
+    ]
+    table = tables.learning_rows(rows, per_class=False).splitlines()
+    assert table[0].endswith("| classes at 0 (final) | background, of the predicted voxels |")
+    assert table[2] == f"| {label} | 2 | 500 | 0.000 | 0.000, 0.000 | 0.000 | 1, 1 | 100%, 99.99% |"
+    assert table[3].endswith("| 1 | 75.00% |") and table[4].endswith("| 1 | - |")
+    old = tables.learning_rows([row("nnunet", 1)], per_class=False).splitlines()
+    assert old[0].endswith("| classes at 0 (final) |") and old[2].endswith("| 0.000 | 1 |")
+
+
 def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_path):
     bench = load_benchmark("default_run")
     harness = load_benchmark("harness")

