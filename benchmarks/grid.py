@@ -332,7 +332,9 @@ def measure(
 #: the keys the planner may set to fit a budget (volseg.plan.make._plan_step)
 PLANNED_KEYS = (
     "data.batch_size",
+    "data.patch_size",
     "model.activation_checkpointing",
+    "model.checkpoint_loss",
     "trainer.accumulate_grad_batches",
 )
 
@@ -395,7 +397,7 @@ def plan_under_budget(
     saved = yaml.safe_load(plan_file.read_text())
     decisions = saved["decisions"]
     answer = [
-        f"{key}={json.dumps(decisions[key]['value'])}"
+        f"{key}={json.dumps(decisions[key]['value'], separators=(',', ':'))}"
         for key in PLANNED_KEYS
         if key in decisions and decisions[key]["source"] == "planned"
     ]
