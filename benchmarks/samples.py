@@ -38,6 +38,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cuda_grid_estimates": (IN, "the estimates of the recorded GPU runs, used to tune it"),
     "default_run": (IN, "the defaults were chosen on the embedded dataset this run trains on"),
     "estimator_networks": (IN, "the estimator's network adapters were written against these runs"),
+    "estimator_monai_unets": (
+        IN,
+        "the planner's levers were added after these networks found no plan",
+    ),
     "levers_estimated": (IN, "the CUDA estimates of the recorded lever runs, used to tune it"),
     "validation_memory": (IN, "the validation estimate was tuned on these cases"),
     "data_throughput": (IN, UNMARKED),

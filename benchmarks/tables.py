@@ -1029,6 +1029,41 @@ def readme_cuda_estimate(results: Path) -> str | None:
 
 
 #: inline marker name -> the function that writes its sentence from ``benchmarks/results``
+def networks_tight_budget(results: Path) -> str | None:
+    """docs/networks.md's sentence on MONAI's UNet and AttentionUnet planned under the resident
+    state plus a share of the step's growth, and the plans trained
+    (``estimator_accuracy --grid monai-unets --budget-of-growth F``)."""
+    path = results / "cpu" / "estimator_monai_unets.json"
+    if not path.is_file():
+        return None
+    doc = results_io.load(path)
+    rows = [r for r in doc["rows"] if r["grid"] == "monai-unets" and "planner" in r]
+    if not rows:
+        return None
+    answers = []
+    for row in rows:
+        check = row["planner"]
+        name = row["name"].split(" (")[0]
+        if "failed" in check:
+            answers.append(f"{name}: the plan failed to train ({check['failed']})")
+        elif check["answer"] is None:
+            answers.append(f"{name}: nothing fits {check['budget_bytes'] / MIB:,.0f} MiB")
+        else:
+            answer = " ".join(f"`{a}`" for a in check["answer"]) or "unchanged"
+            verdict = "under" if check["under_budget"] else "over"
+            answers.append(
+                f"{name} at {check['budget_bytes'] / MIB:,.0f} MiB: {answer}, trained at "
+                f"{check['measured_peak_bytes'] / MIB:,.1f} MiB ({verdict})"
+            )
+    share = doc.get("budget_of_growth")
+    return (
+        f"Under a budget of the resident state plus {share:.0%} of the step's growth (float32, "
+        f"batch 2 of 32×64×64; {doc['cpu']}; {_sample(samples.grid('monai-unets'))}): "
+        + "; ".join(answers)
+        + f" ([file]({_rel(path)}))."
+    )
+
+
 FIGURES: dict[str, Callable[[Path], str | None]] = {
     "readme_default_run": readme_default_run,
     "readme_held_out_task": readme_held_out_task,
@@ -1037,6 +1072,7 @@ FIGURES: dict[str, Callable[[Path], str | None]] = {
     "readme_cuda_estimate": readme_cuda_estimate,
     "memory_fewer_parameters": memory_fewer_parameters,
     "estimator_held_out_kinds": estimator_held_out_kinds,
+    "networks_tight_budget": networks_tight_budget,
 }
 
 

@@ -657,3 +657,32 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     assert done == ["readme_estimator_held_out"] and sentence in new and "old" not in new
     with pytest.raises(KeyError, match="no such figure"):
         tables.regenerate("<!-- figure: nothing -->x<!-- /figure: nothing -->", tmp_path)
+
+
+def test_the_tight_budget_sentence_names_each_networks_plan_and_its_trained_peak(tmp_path):
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    assert tables.networks_tight_budget(tmp_path) is None  # no file yet: the marker kept
+    planned = {
+        "budget_bytes": 117 * MIB,
+        "answer": ["data.batch_size=2", "data.patch_size=[32,48,48]"],
+        "measured_peak_bytes": int(113.8 * MIB),
+        "under_budget": True,
+    }
+    rows = [
+        {"grid": "monai-unets", "name": "MONAI UNet (16-256 channels)", "planner": planned},
+        {
+            "grid": "monai-unets",
+            "name": "MONAI AttentionUnet (16-256 channels)",
+            "planner": {"budget_bytes": 90 * MIB, "answer": None, "message": "nothing fits"},
+        },
+    ]
+    file = "estimator_monai_unets.json"
+    _write_result(results_io, tmp_path, "estimator_accuracy", rows, file, budget_of_growth=0.6)
+    text = tables.networks_tight_budget(tmp_path)
+    assert text.startswith("Under a budget of the resident state plus 60% of the step's growth")
+    assert (
+        "MONAI UNet at 117 MiB: `data.batch_size=2` `data.patch_size=[32,48,48]`, trained at "
+        "113.8 MiB (under)" in text
+    )
+    assert "MONAI AttentionUnet: nothing fits 90 MiB" in text and "in sample" in text
