@@ -1058,9 +1058,8 @@ def networks_tight_budget(results: Path) -> str | None:
     share = doc.get("budget_of_growth")
     return (
         f"Under a budget of the resident state plus {share:.0%} of the step's growth (float32, "
-        f"batch 2 of 32×64×64; {doc['cpu']}; {_sample(samples.grid('monai-unets'))}): "
-        + "; ".join(answers)
-        + f" ([file]({_rel(path)}))."
+        f"batch 2 of 32×64×64; {doc.get('cpu_description') or doc['cpu']}; "
+        f"{_sample(samples.grid('monai-unets'))}): " + "; ".join(answers) + f" (`{_rel(path)}`)."
     )
 
 
