@@ -559,24 +559,15 @@ def run_grid(
             except Exception as err:  # noqa: BLE001  (a plan train.py refuses is a finding)
                 entry["planner"] = {"failed": failure(err)}
                 row += f" | planner check failed: {entry['planner']['failed']} | |"
-                records.append(entry)
-                print(row, flush=True)
-                if on_record:
-                    on_record(label, records)
-                continue
-            entry["planner"] = planner_record(check)
-            if check["answer"] is None:
-                row += f" {check['budget'] / MIB:,.0f} | nothing fits | |"
-                records.append(entry)
-                print(row, flush=True)
-                if on_record:
-                    on_record(label, records)
-                continue
-            row += (
-                f" {check['budget'] / MIB:,.0f} | {' '.join(check['answer']) or 'unchanged'} "
-                f"| {check['measured_peak'] / MIB:,.1f} "
-                f"({'under' if check['under_budget'] else 'OVER'}) |"
-            )
+            else:
+                entry["planner"] = planner_record(check)
+                row += f" {check['budget'] / MIB:,.0f} | " + (
+                    "nothing fits | |"
+                    if check["answer"] is None
+                    else f"{' '.join(check['answer']) or 'unchanged'} "
+                    f"| {check['measured_peak'] / MIB:,.1f} "
+                    f"({'under' if check['under_budget'] else 'OVER'}) |"
+                )
         records.append(entry)
         print(row, flush=True)
         if on_record:
