@@ -69,9 +69,8 @@ def shrunk_patches(
     ``[[1, 2]]``): such a group shrinks as one side, by a multiple of each of its divisors.
     """
     patch, out = [int(p) for p in base], []
-    grouped = {a for group in tied for a in group}
     units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
-    units += [(a,) for a in range(3) if a not in grouped]
+    units += [(a,) for a in range(3) if not any(a in unit for unit in units)]
     stopped: set[tuple[int, ...]] = set()
 
     def step(unit: tuple[int, ...]) -> int | None:
