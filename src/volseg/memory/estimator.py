@@ -17,35 +17,23 @@ from volseg.memory.engine import Variant, estimate_config
 from volseg.memory.step_trace import (
     LoopSettings,
     MemoryEstimate,
-    StepTrace,
-    TrainingStep,
     build_training_step,
     estimate_step,
-    fake_step,
     module_training_step,
     planned_device,
     planned_precision,
-    replayed_total_within,
-    step_estimate,
-    trace_steps,
 )
 
 __all__ = [
     "LoopSettings",
     "MemoryEstimate",
-    "StepTrace",
-    "TrainingStep",
     "build_training_step",
     "estimate",
     "estimate_step",
-    "fake_step",
     "module_training_step",
     "planned_device",
     "planned_precision",
-    "replayed_total_within",
-    "step_estimate",
     "step_flops",
-    "trace_steps",
 ]
 
 

@@ -13,35 +13,23 @@ from omegaconf import DictConfig
 
 from volseg.memory.engine import Variant, estimate_config
 from volseg.memory.inference_trace import (
-    PREDICT_PRECISION,
-    STITCH,
     InferenceEstimate,
-    Phase,
-    allocator_settings,
     estimate_prediction,
     format_inference,
     format_run_peak,
     stitching_bytes,
-    validation_margin,
-    validation_phase,
     validation_shape,
     whole_volume,
     window_count,
 )
 
 __all__ = [
-    "PREDICT_PRECISION",
-    "STITCH",
     "InferenceEstimate",
-    "Phase",
-    "allocator_settings",
     "estimate_prediction",
     "estimate_validation",
     "format_inference",
     "format_run_peak",
     "stitching_bytes",
-    "validation_margin",
-    "validation_phase",
     "validation_shape",
     "whole_volume",
     "window_count",
