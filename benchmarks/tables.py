@@ -354,10 +354,15 @@ def side_label(side: str, rows: list[dict]) -> str:
 
 def _real_data_files(results: Path, data: str) -> list[Path]:
     """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg,
-    then the newest file of each of :data:`LATER_SIDES` run on the same terms (data, budget,
-    precision, mode) after it."""
+    then the newest file of each of :data:`LATER_SIDES` run on the same terms after it: the same
+    data, budget, precision and mode on the same CPU and kernels (a wall-clock budget buys
+    different work on another CPU)."""
     paths = results_io.runs("real_data", "cpu", results)
-    settings = {path: results_io.load(path).get("settings", {}) for path in paths}
+    settings = {}
+    for path in paths:
+        doc = results_io.load(path)
+        machine = {"cpu": doc.get("cpu"), "cpu_capability": doc.get("cpu_capability")}
+        settings[path] = {**doc.get("settings", {}), **machine}
     base = next(
         (
             p
@@ -368,7 +373,7 @@ def _real_data_files(results: Path, data: str) -> list[Path]:
     )
     if base is None:
         return []
-    terms = ("data", "budget_s", "precision", "mode")
+    terms = ("data", "budget_s", "precision", "mode", "cpu", "cpu_capability")
     later = []
     for side in LATER_SIDES:
         same = [

@@ -307,9 +307,17 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
         settings={**settings, "sides": ["nnunet_nomirror"], "budget_s": 600},
     )
     results_io.write(other_terms, results / "cpu" / "2026-01-04_real_data.json")
+    other_cpu = results_io.result(
+        "real_data",
+        [row("nnunet_own_plan", "another CPU", 1, 0.1, 0.1, 0.1)],
+        settings={**settings, "sides": ["nnunet_own_plan"], "seeds": [1]},
+    )
+    other_cpu["cpu"] = "another CPU model"  # a wall-clock budget buys other work there
+    results_io.write(other_cpu, results / "cpu" / "2026-01-05_real_data.json")
     table = tables.learning(results, "mni152")
     assert "2026-01-01_real_data.json and " in table and "seeds 1, 2" in table
     assert "2026-01-03_real_data.json" in table and "2026-01-04" not in table
+    assert "2026-01-05" not in table and "its own plan" not in table
     # nnU-Net's rows say what they ran: 100 of 250,000 steps is 0.04% of its schedule
     nomirror = (
         "nnU-Net v2's trainer, 0.04% of its schedule, volseg's patch and network, no mirroring"
