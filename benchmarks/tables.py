@@ -341,11 +341,11 @@ def side_label(side: str, rows: list[dict]) -> str:
     named as the equal-terms anchor."""
     if side.startswith("nnunet"):
         steps = sum(r["steps"] for r in rows) / len(rows)
+        share = 100 * steps / NNUNET_SCHEDULE_STEPS
+        # a handful of steps is still a share of the schedule, not 0.00%
+        shown = f"{share:.2f}" if share >= 0.01 else f"{share:.1g}"
         plan = "its own plan" if side == "nnunet_own_plan" else "volseg's patch and network"
-        label = (
-            f"nnU-Net v2's trainer, {100 * steps / NNUNET_SCHEDULE_STEPS:.2f}% of its schedule, "
-            f"{plan}"
-        )
+        label = f"nnU-Net v2's trainer, {shown}% of its schedule, {plan}"
         return label + (", no mirroring" if side == "nnunet_nomirror" else "")
     if side == "monai_volseg":
         return "MONAI loop, volseg's recipe (the equal-terms anchor)"

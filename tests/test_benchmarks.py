@@ -357,6 +357,9 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     label = tables.side_label("nnunet_own_plan", [row("nnunet_own_plan", 1)])
     assert label == "nnU-Net v2's trainer, 0.20% of its schedule, its own plan"
     assert tables.side_label("nnunet", [row("nnunet", 1)]).endswith("volseg's patch and network")
+    # ten steps of 250,000: a share to one figure, not 0.00%
+    few = tables.side_label("nnunet_own_plan", [{**row("nnunet_own_plan", 1), "steps": 10}])
+    assert few == "nnU-Net v2's trainer, 0.004% of its schedule, its own plan"
     rows = [
         row("nnunet_own_plan", 1, {"bg": 1000, "a": 0}),
         row("nnunet_own_plan", 2, {"bg": 999_999, "a": 1}),
