@@ -903,16 +903,18 @@ def readme_held_out_task(results: Path) -> str | None:
     doc = results_io.load(paths[0])
     s = doc["settings"]
 
-    def mean(side: str) -> float:
+    def mean(side: str, key: str = "final_dice_mean") -> float:
         rs = [r for r in doc["rows"] if r["side"] == side]
-        return sum(r["final_dice_mean"] for r in rs) / len(rs)
+        return sum(r[key] for r in rs) / len(rs)
 
     precision = "float32" if s["precision"] in ("32", "32-true") else s["precision"]
+    # a wall-clock budget buys different work per CPU: the line says which, and how many steps
     return (
         f"{TASK_NAMES.get(task, task)} (`data={task}`; {_sample(samples.TASKS[task])}; "
-        f"{s['budget_s']} s a run, {precision}, {len(s['seeds'])} seeds, {doc['cpu']}): "
-        f"volseg's default {mean('volseg'):.3f} mean final Dice, a MONAI loop given volseg's "
-        f"recipe {mean('monai_volseg'):.3f} ([file]({_rel(paths[0])}))."
+        f"{s['budget_s']} s a run, {precision}, {len(s['seeds'])} seeds, {doc['cpu']} "
+        f"({cpu_kind(doc)}), about {mean('volseg', 'steps'):.0f} steps): volseg's default "
+        f"{mean('volseg'):.3f} mean final Dice, a MONAI loop given volseg's recipe "
+        f"{mean('monai_volseg'):.3f} ([file]({_rel(paths[0])}))."
     )
 
 

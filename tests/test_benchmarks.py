@@ -697,3 +697,31 @@ def test_the_tight_budget_sentence_names_each_networks_plan_and_its_trained_peak
         "113.8 MiB (under)" in text
     )
     assert "MONAI AttentionUnet: nothing fits 90 MiB" in text and "in sample" in text
+
+
+def test_readmes_held_out_task_line_names_the_cpu_kind_and_the_steps(tmp_path):
+    """README's learning line: volseg's default and the anchor on the held-out task, with the
+    CPU kind and volseg's steps (a wall-clock budget buys different work per CPU)."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+
+    def row(side, steps, final):
+        return {"side": side, "steps": steps, "final_dice_mean": final}
+
+    rows = [row("volseg", 100, 0.2), row("volseg", 200, 0.4), row("nnunet", 150, 0.0)]
+    rows += [row("monai_volseg", 180, 0.1), row("monai_volseg", 180, 0.3)]
+    settings = {
+        "data": "mni152_regions_lr",
+        "budget_s": 600,
+        "precision": "32",
+        "mode": "two at a time, 1 thread each",
+        "sides": ["volseg", "nnunet", "monai_volseg"],
+        "seeds": [1, 2],
+    }
+    doc = results_io.result("real_data", rows, settings=settings)
+    doc.update(cpu="Some CPU", cpu_flags={"avx2": True, "avx512f": True})
+    results_io.write(doc, tmp_path / "cpu" / "2026-01-01_real_data.json")
+    line = tables.readme_held_out_task(tmp_path)
+    assert "2 seeds, Some CPU (AVX-512), about 150 steps):" in line
+    assert "volseg's default 0.300 mean final Dice" in line
+    assert "volseg's recipe 0.200 ([file](" in line
