@@ -523,9 +523,9 @@ CPU_KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"), ("avx512f", "A
 
 
 def estimator_accuracy(results: Path) -> str | None:
-    """The estimate against real ``python train.py`` steps on a CPU, per config, from the newest
-    file of each grid on each kind of CPU (``estimator_accuracy.py --grid NAME``), each row in
-    sample or held out (``samples.py``)."""
+    """The estimate against real ``python train.py`` steps on a CPU, one row per config and one
+    column per kind of CPU, from the newest file of each grid on each kind
+    (``estimator_accuracy.py --grid NAME``), each row in sample or held out (``samples.py``)."""
     newest_of: dict[tuple[str, str], tuple[Path, dict]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
@@ -542,39 +542,59 @@ def estimator_accuracy(results: Path) -> str | None:
             f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer "
             f"steps{partial}):"
         )
+    kinds = sorted({kind for _, kind in newest_of}, key=_kind_order)
     lines += [
+        "Each cell: measured / estimated MiB (error).",
         "",
-        "| grid | sample | CPU | config | measured MiB | estimated MiB | error |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+        f"| grid | sample | config | {' | '.join(kinds)} |",
+        f"| --- | --- | --- |{' --- |' * len(kinds)}",
     ]
-    groups = {}
-    for (grid, kind), (_, doc) in newest_of.items():
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    summaries = []
+    for grid in dict.fromkeys(grid for grid, _ in newest_of):
         name = samples.GRID_ALIASES.get(grid, grid)
         sample = samples.grid(grid)[0]
-        rows = [r for r in doc["rows"] if r["grid"] == grid]
-        groups[(name, sample, kind)] = rows
-        for r in rows:
-            if "failed" in r:
-                failed = _failure(r["failed"])
-                lines.append(f"| {name} | {sample} | {kind} | {r['name']} | failed: {failed} | | |")
+        for kind in kinds:
+            if (grid, kind) not in newest_of:
                 continue
-            lines.append(
-                f"| {name} | {sample} | {kind} | {r['name']} | {r['measured_bytes'] / MIB:,.1f} | "
-                f"{r['estimated_bytes'] / MIB:,.1f} | {_pct(r['error'])} |"
-            )
-    lines.append("")
-    for (name, sample, kind), rows in groups.items():
-        errors = [abs(r["error"]) for r in rows if "failed" not in r]
-        failed = len(rows) - len(errors)
-        tail = f", {failed} failed" if failed else ""
-        summary = (
-            f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
-            f"({len(errors)} configs{tail})"
-            if errors
-            else f"no config measured{tail}"
-        )
-        lines.append(f"- {name} ({sample}), {kind}: {summary}")
-    return "\n".join(lines)
+            rows = [r for r in newest_of[(grid, kind)][1]["rows"] if r["grid"] == grid]
+            for r in rows:
+                cells.setdefault((name, r["name"]), {"sample": sample})[kind] = _cell(r)
+            summaries.append(f"- {name} ({sample}), {kind}: {_errors_summary(rows)}")
+    for (name, config), by_kind in cells.items():
+        row = " | ".join(by_kind.get(kind, "not run") for kind in kinds)
+        lines.append(f"| {name} | {by_kind['sample']} | {config} | {row} |")
+    return "\n".join([*lines, "", *summaries])
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    """CPU kinds from the fewest bf16 and vector instructions to the most."""
+    names = ["AVX2", *reversed([name for _, name in CPU_KINDS])]
+    base = kind.split(",")[0]
+    return (names.index(base) if base in names else len(names), kind)
+
+
+def _cell(row: dict) -> str:
+    """One config on one kind of CPU: measured / estimated MiB (error), or why it failed."""
+    if "failed" in row:
+        return f"failed: {_failure(row['failed'])}"
+    return (
+        f"{row['measured_bytes'] / MIB:,.1f} / {row['estimated_bytes'] / MIB:,.1f} "
+        f"({_pct(row['error'])})"
+    )
+
+
+def _errors_summary(rows: list[dict]) -> str:
+    """Mean and largest |error| over a grid's measured configs, and how many failed."""
+    errors = [abs(r["error"]) for r in rows if "failed" not in r]
+    failed = len(rows) - len(errors)
+    tail = f", {failed} failed" if failed else ""
+    if not errors:
+        return f"no config measured{tail}"
+    return (
+        f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
+        f"({len(errors)} configs{tail})"
+    )
 
 
 @newest("data_throughput")
@@ -919,38 +939,43 @@ def readme_held_out_task(results: Path) -> str | None:
 
 
 def readme_estimator_held_out(results: Path) -> str | None:
-    """README's estimator line: per held-out grid and CPU kind, the newest file's mean |error|
-    over the configs measured so far, of the grid's frozen configs (``estimator_accuracy.py``)."""
-    newest_of: dict[tuple[str, str], tuple[Path, dict]] = {}
+    """README's estimator line: per held-out grid and CPU kind, the newest file's mean and
+    largest |error| over the configs measured so far, of the grid's frozen configs
+    (``estimator_accuracy.py``)."""
+    newest_of: dict[str, dict[str, tuple[Path, dict]]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
         for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
             if samples.grid(grid)[0] == samples.OUT:
-                newest_of.setdefault((grid, cpu_kind(doc)), (path, doc))
+                newest_of.setdefault(grid, {}).setdefault(cpu_kind(doc), (path, doc))
     if not newest_of:
         return None
     parts = []
-    for (grid, kind), (path, doc) in newest_of.items():
+    for grid, by_kind in newest_of.items():
         frozen = json.loads((samples.GRIDS_DIR / f"{grid}.json").read_text())["configs"]
-        rows = [r for r in doc["rows"] if r["grid"] == grid]
-        errors = [abs(r["error"]) for r in rows if "failed" not in r]
-        failed = [_failure(r["failed"]) for r in rows if "failed" in r]
-        late = sum(f.startswith("train.py ran past") for f in failed)
-        tail = "".join(
-            f", {n} {what}"
-            for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
-            if n
-        )
-        ran = "all" if len(rows) == len(frozen) else f"{len(rows)} run so far"
-        figure = (
-            f"mean |error| {sum(errors) / len(errors):.1%} of a step's measured rise over the "
-            f"{len(errors)} that finished"
-            if errors
-            else "none finished yet"
-        )
+        runs = []
+        for kind in sorted(by_kind, key=_kind_order, reverse=True):
+            path, doc = by_kind[kind]
+            rows = [r for r in doc["rows"] if r["grid"] == grid]
+            errors = [abs(r["error"]) for r in rows if "failed" not in r]
+            failed = [_failure(r["failed"]) for r in rows if "failed" in r]
+            late = sum(f.startswith("train.py ran past") for f in failed)
+            tail = "".join(
+                f", {n} {what}"
+                for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
+                if n
+            )
+            ran = "all" if len(rows) == len(frozen) else f"{len(rows)} run so far"
+            figure = (
+                f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} of a "
+                f"step's measured rise over the {len(errors)} that finished"
+                if errors
+                else "none finished yet"
+            )
+            runs.append(f"on {doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))")
         parts.append(
-            f"grid `{grid}` ({len(frozen)} configs drawn and frozen before they ran) on "
-            f"{doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))"
+            f"grid `{grid}` ({len(frozen)} configs drawn and frozen before they ran) "
+            + "; ".join(runs)
         )
     return f"Estimator on a CPU, held out: {'; '.join(parts)}."
 

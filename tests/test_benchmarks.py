@@ -511,17 +511,24 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     rows = [row("tuned", "amx held", 100, 90), failed, slow]
     write(rows, "2026-01-03_estimator_accuracy-2.json", amx)
     table = tables.estimator_accuracy(tmp_path)
-    assert "| tuned | in sample | AVX2 | old tuned | 100.0 | 150.0 | +50.0% |" in table
+    # one row per config, one column per CPU kind, from the fewest instructions to the most
+    assert "| grid | sample | config | AVX2 | AMX |" in table
+    assert "| tuned | in sample | old tuned | 100.0 / 150.0 (+50.0%) | not run |" in table
     assert "old held" not in table
-    assert "| checked-2026-12-02 | in sample | AVX2 | new held | 200.0 | 190.0 | −5.0% |" in table
+    assert "| checked-2026-12-02 | in sample | new held | 200.0 / 190.0 (−5.0%) | not run |" in (
+        table
+    )
     assert (
         "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max 5.0% (2 configs)" in table
     )
     assert "- tuned (in sample), AVX2: mean |error| 50.0%, max 50.0% (1 configs)" in table
     # the newest AMX file of the tuned grid, its failed config shown and not counted
-    assert "on amx" not in table and "| tuned | in sample | AMX | amx held |" in table
-    assert "| tuned | in sample | AMX | broken | failed: error: no such key | | |" in table
-    assert "| tuned | in sample | AMX | slow | failed: train.py ran past 900 s (stopped) |" in table
+    assert "on amx" not in table
+    assert "| tuned | in sample | amx held | not run | 100.0 / 90.0 (−10.0%) |" in table
+    assert "| tuned | in sample | broken | not run | failed: error: no such key |" in table
+    assert "| tuned | in sample | slow | not run | failed: train.py ran past 900 s (stopped) |" in (
+        table
+    )
     assert "- tuned (in sample), AMX: mean |error| 10.0%, max 10.0% (1 configs, 2 failed)" in table
 
 
@@ -656,8 +663,9 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     sentence = tables.readme_estimator_held_out(tmp_path)
     assert sentence.startswith("Estimator on a CPU, held out: ")
     assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
-    assert "(AVX2), 3 run so far: mean |error| 20.0% of a step's measured rise over the 2 " in (
-        sentence
+    assert (
+        "(AVX2), 3 run so far: mean |error| 20.0%, max 30.0% of a step's measured rise over the 2 "
+        in sentence
     )
     assert "1 ran past the time limit" in sentence
     assert "([file](" in sentence and "2026-01-02_estimator_accuracy.json))." in sentence

@@ -113,7 +113,6 @@ FIGURE = re.compile(
 #: setting or arithmetic, and why (anything else with a unit names its results file)
 CONSTANTS = {
     ("README.md", "~15 s"): "the line between a quick test and a `slow` one, a policy",
-    ("docs/benchmarks.md", "3 steps"): "the estimator benchmark's setting (each file's `steps`)",
     ("docs/data.md", "4×"): "arithmetic of the example: coarser pooling, fewer voxels",
     ("docs/data.md", "2×"): "the embedded dataset's z spacing and the example's arithmetic",
     ("docs/data.md", "20%"): "the augmentation's bias-field amplitude, a design constant",

@@ -160,6 +160,7 @@ def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
     """``nnUNetTrainer`` (``mirroring=False``: nnU-Net's own ``nnUNetTrainerNoMirroring``, no
     mirroring in training or prediction) whose poly schedule runs over ``budget_s`` seconds and
     whose training stops at the first step after them (see the module docstring)."""
+    import numpy as np
     import torch
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
     from nnunetv2.training.nnUNetTrainer.variants.data_augmentation import (
@@ -192,6 +193,12 @@ def budget_trainer(budget_s: float, mirroring: bool = True) -> type:
                 if len(outputs) < self.num_iterations_per_epoch:
                     if outputs:
                         self.on_train_epoch_end(outputs)
+                        # on_epoch_end prints an epoch's loss, but it also checkpoints and
+                        # counts a full epoch, so the partial last epoch prints its own
+                        loss = float(np.mean([out["loss"] for out in outputs]))
+                        self.print_to_log_file(
+                            f"train_loss (partial epoch, {len(outputs)} steps)", round(loss, 4)
+                        )
                     break
                 self.on_train_epoch_end(outputs)
                 with torch.no_grad():
