@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 from monai.inferers import SlidingWindowInferer
@@ -174,3 +177,31 @@ def test_a_class_at_zero_dice_is_named_in_a_warning(caplog):
     caplog.clear()
     assert _module(_Oracle(label, 3)).warn_zero_dice(torch.tensor([1.0, 1.0, 1.0])) == []
     assert "Dice 0" not in caplog.text
+
+
+def test_the_model_summary_of_a_bf16_mixed_run_warns_nothing():
+    """A run whose ``auto`` precision is bf16-mixed (a CPU with native bf16) prints Lightning's
+    model summary without its warning: its 32 bits a parameter are right under autocast. In a
+    fresh process: pytest resets the warning filters a module sets at import."""
+    code = """
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.model_summary import ModelSummary
+
+import volseg.models.segmentation_module
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(1, 2, 3)
+
+net = Net()
+net.trainer = pl.Trainer(
+    accelerator="cpu", precision="bf16-mixed", logger=False, enable_checkpointing=False
+)
+print(ModelSummary(net).total_parameters)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["56"]  # 2 x 1 x 3 x 3 x 3 weights and 2 biases
+    assert "not supported by the model summary" not in done.stderr

@@ -31,6 +31,14 @@ warnings.filterwarnings(
     "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
 )
 
+# Lightning's model summary knows no mixed precision and counts 32 bits a parameter instead,
+# which is right: under autocast the parameters stay float32
+warnings.filterwarnings(
+    "ignore",
+    message=r"Precision (bf16|16)-mixed is not supported by the model summary",
+    category=UserWarning,
+)
+
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 
 
