@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import results_io, samples
+from benchmarks.grid import summary_line
 from volseg.utils.units import MIB
 
 DOCS = results_io.REPO / "docs"
@@ -560,7 +561,7 @@ def estimator_accuracy(results: Path) -> str | None:
             rows = [r for r in newest_of[(grid, kind)][1]["rows"] if r["grid"] == grid]
             for r in rows:
                 cells.setdefault((name, r["name"]), {"sample": sample})[kind] = _cell(r)
-            summaries.append(f"- {name} ({sample}), {kind}: {_errors_summary(rows)}")
+            summaries.append(f"- {name} ({sample}), {kind}: {summary_line(rows)}")
     for (name, config), by_kind in cells.items():
         row = " | ".join(by_kind.get(kind, "not run") for kind in kinds)
         lines.append(f"| {name} | {by_kind['sample']} | {config} | {row} |")
@@ -581,19 +582,6 @@ def _cell(row: dict) -> str:
     return (
         f"{row['measured_bytes'] / MIB:,.1f} / {row['estimated_bytes'] / MIB:,.1f} "
         f"({_pct(row['error'])})"
-    )
-
-
-def _errors_summary(rows: list[dict]) -> str:
-    """Mean and largest |error| over a grid's measured configs, and how many failed."""
-    errors = [abs(r["error"]) for r in rows if "failed" not in r]
-    failed = len(rows) - len(errors)
-    tail = f", {failed} failed" if failed else ""
-    if not errors:
-        return f"no config measured{tail}"
-    return (
-        f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
-        f"({len(errors)} configs{tail})"
     )
 
 

@@ -519,9 +519,10 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
         table
     )
     assert (
-        "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max 5.0% (2 configs)" in table
+        "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max |error| 5.0% (2 configs)"
+        in table
     )
-    assert "- tuned (in sample), AVX2: mean |error| 50.0%, max 50.0% (1 configs)" in table
+    assert "- tuned (in sample), AVX2: mean |error| 50.0%, max |error| 50.0% (1 configs)" in table
     # the newest AMX file of the tuned grid, its failed config shown and not counted
     assert "on amx" not in table
     assert "| tuned | in sample | amx held | not run | 100.0 / 90.0 (−10.0%) |" in table
@@ -529,7 +530,10 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     assert "| tuned | in sample | slow | not run | failed: train.py ran past 900 s (stopped) |" in (
         table
     )
-    assert "- tuned (in sample), AMX: mean |error| 10.0%, max 10.0% (1 configs, 2 failed)" in table
+    assert (
+        "- tuned (in sample), AMX: mean |error| 10.0%, max |error| 10.0% (1 configs, 2 failed)"
+        in table
+    )
 
 
 def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
