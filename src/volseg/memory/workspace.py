@@ -45,6 +45,31 @@ input into a column buffer of ``C_in x k^3`` rows by the output's voxels (27 tim
 convolution's input), in forward and again in backward: the deep levels of a batch of one, and
 every level's first convolution of a single-channel image.
 
+Where oneDNN has no kernels for a 16-bit dtype (bfloat16 on a CPU without AVX512_BF16 or AMX:
+``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is false, and on AVX2-only CPUs), torch runs its
+16-bit matrix products on its own GEMM (``cpublas::gemm``, ``BlasKernel.cpp``). With the second
+of its column-major operands transposed (``gemm_transb_``) that GEMM accumulates into a float32
+buffer of the whole product, ``m x n x 4`` bytes, taken with ``malloc`` (outside torch's
+allocator: the profiler does not see it; the process's resident memory does) and held while it
+runs. Measured on an AVX2-only AMD EPYC (torch 2.13.0+cpu, ``MALLOC_MMAP_THRESHOLD_=65536``, peak
+resident memory beyond the allocator's peak, ``python -m benchmarks cpu_bf16_memory``):
+
+- ``torch.mm(a, b)`` whose first operand is transposed (column-major) and second is not: the
+  product in float32 (15.8-15.9 MiB for a 16 MiB float32 product of 1024x4096 at every inner
+  size tried, 107.7 MiB for 108); none for the other three orientations. ``torch.bmm``: one
+  matrix of the product at a time. A linear layer's weight gradient is such a product;
+- a native 3D convolution's backward (``slow_conv3d``) computes the input's gradient columns
+  (``C_in x k^3`` rows by the output's voxels, one sample at a time) as such a product: 52.8 MiB
+  beyond the allocator for 54 MiB of float32 columns (batch 2, 32 channels of 16x32x32), 105.7
+  for 108 (batch 1, 64 channels), on top of the batch's 16-bit columns;
+- a native transposed convolution's forward (``slow_conv_transpose3d``) computes its columns
+  (``C_out x k^3`` rows by the input's voxels, one sample at a time) the same way: 52.9 MiB
+  beyond the allocator for 54 MiB; its backward takes none.
+
+Both are counted as the whole float32 buffer; where the kernel's own allocations are lower
+while the buffer is held (a 2x2x2 stride-2 kernel's smaller columns), the measured rise was up
+to half the buffer below that count: the estimate's safe side.
+
 On CUDA, cuDNN's convolutions take workspaces from PyTorch's caching allocator, allocated and
 freed around each call (:class:`CudnnWorkspace`). The rule is read from allocator snapshots of
 real steps on an NVIDIA H200 (torch 2.11.0+cu130, cuDNN's heuristic choice, ``cudnn.benchmark``
@@ -146,10 +171,51 @@ def _native_columns(inputs: Any, weight: Any, outputs: Any, transposed: bool) ->
     return inputs.shape[0] * inputs.shape[1] * kernel * math.prod(outputs.shape[2:]) * size
 
 
+#: aten::convolution_backward's output_mask: which of grad_input, grad_weight, grad_bias it makes
+_OUTPUT_MASK = 10
 #: aten::convolution's input, weight, stride, dilation, transposed, groups
 _CONVOLUTION_ARGS = itemgetter(0, 1, 3, 5, 6, 8)
 #: aten::convolution_backward's grad_output, input, weight, stride, dilation, transposed, groups
 _BACKWARD_ARGS = itemgetter(0, 1, 2, 4, 6, 7, 9)
+
+
+def _gemm_in_float32(dtype: torch.dtype) -> bool:
+    """Whether torch's own GEMM runs this dtype's products, accumulating in float32 (a 16-bit
+    dtype that oneDNN has no kernels for on this CPU)."""
+    return dtype in (torch.bfloat16, torch.float16) and not _half_on_onednn(dtype)
+
+
+def _column_major(matrix: Any) -> bool:
+    """Whether a matrix (the last two dims) is stored transposed: column-major, not row-major."""
+    return matrix.dim() >= 2 and matrix.stride(-2) == 1 and matrix.stride(-1) != 1
+
+
+def _product_buffer(a: Any, b: Any, out: Any) -> int:
+    """The float32 buffer of one matrix of ``a @ b`` where torch's own 16-bit GEMM takes one: the
+    first operand column-major and the second not (the module's docstring)."""
+    if not _gemm_in_float32(a.dtype) or not _column_major(a) or _column_major(b):
+        return 0
+    return out.shape[-2] * out.shape[-1] * _FLOAT32_BYTES
+
+
+def _columns_in_float32(inputs: Any, weight: Any, outputs: Any, transposed: bool) -> int:
+    """The float32 buffer of one sample's columns that a native 16-bit convolution computes as a
+    GEMM product (forward of a transposed one, backward of a plain one; the module's
+    docstring)."""
+    if not _gemm_in_float32(inputs.dtype):
+        return 0
+    kernel = math.prod(weight.shape[2:])
+    if transposed:
+        return weight.shape[1] * kernel * math.prod(inputs.shape[2:]) * _FLOAT32_BYTES
+    return inputs.shape[1] * kernel * math.prod(outputs.shape[2:]) * _FLOAT32_BYTES
+
+
+_MATRIX_PRODUCTS = {
+    torch.ops.aten.mm.default: itemgetter(0, 1),
+    torch.ops.aten.bmm.default: itemgetter(0, 1),
+    torch.ops.aten.addmm.default: itemgetter(1, 2),
+    torch.ops.aten.baddbmm.default: itemgetter(1, 2),
+}
 
 
 def onednn_channel_block() -> int:
@@ -183,7 +249,10 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.convolution.default:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            return _native_columns(inputs, weight, out, transposed)
+            columns = _native_columns(inputs, weight, out, transposed)
+            if transposed:
+                columns += _columns_in_float32(inputs, weight, out, transposed)
+            return columns
         if not inputs.is_contiguous():
             return 0
         block = onednn_channel_block()
@@ -195,7 +264,10 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.convolution_backward.default:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            return _native_columns(inputs, weight, grad, transposed)
+            columns = _native_columns(inputs, weight, grad, transposed)
+            if not transposed and args[_OUTPUT_MASK][0]:
+                columns += _columns_in_float32(inputs, weight, grad, transposed)
+            return columns
         if not grad.is_contiguous():
             return 0
         block = onednn_channel_block()
@@ -203,11 +275,10 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.upsample_trilinear3d_backward.default:
         grad = args[0]
         return 0 if grad.is_contiguous() else _bytes(grad)
+    operands = _MATRIX_PRODUCTS.get(func)
+    if operands is not None:
+        return _product_buffer(*operands(args), out)
     return 0
-
-
-#: aten::convolution_backward's output_mask: which of grad_input, grad_weight, grad_bias it makes
-_OUTPUT_MASK = 10
 
 
 def _channels_last(tensor: Any) -> bool:
