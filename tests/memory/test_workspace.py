@@ -102,3 +102,131 @@ def test_a_bf16_convolutions_scratch_follows_the_kernel_onednn_picks(
     args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
     scratch = workspace.cpu_workspace(torch.ops.aten.convolution.default, args, out)
     assert scratch == expected_mib * 2**20
+
+
+MIB = 2**20
+
+
+def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.fixture
+def torchs_own_gemm(monkeypatch):
+    """bf16 products on torch's own GEMM, as on a CPU where oneDNN has no bf16 kernels."""
+    from volseg.memory import workspace
+
+    monkeypatch.setattr(workspace, "_half_on_onednn", lambda dtype: False)
+    return workspace
+
+
+def test_torchs_own_bf16_gemm_holds_a_float32_product_for_a_column_major_first_operand(
+    torchs_own_gemm,
+):
+    """1024x64 @ 64x4096: 16 MiB of float32 product, only with the first operand column-major
+    and the second row-major; one matrix of a batched product; none in float32."""
+    mm, addmm, bmm = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                      torch.ops.aten.bmm.default)  # fmt: skip
+    buffer = torchs_own_gemm.gemm_float32_buffer
+    row_a, col_a = _meta(1024, 64), _meta(64, 1024).t()
+    row_b, col_b = _meta(64, 4096), _meta(4096, 64).t()
+    out = _meta(1024, 4096)
+    assert buffer(mm, (col_a, row_b), out) == 16 * MIB
+    assert buffer(mm, (row_a, row_b), out) == 0
+    assert buffer(mm, (row_a, col_b), out) == 0
+    assert buffer(mm, (col_a, col_b), out) == 0
+    assert buffer(addmm, (_meta(4096), col_a, row_b), out) == 16 * MIB
+    f32 = _meta(64, 1024, dtype=torch.float32).t(), _meta(64, 4096, dtype=torch.float32)
+    assert buffer(mm, f32, _meta(1024, 4096, dtype=torch.float32)) == 0
+    batched = _meta(16, 512, 1024).transpose(1, 2), _meta(16, 512, 1024)
+    assert buffer(bmm, batched, _meta(16, 1024, 1024)) == 4 * MIB
+
+
+def test_no_float32_product_where_onednn_runs_bf16(monkeypatch):
+    from volseg.memory import workspace
+
+    monkeypatch.setattr(workspace, "_half_on_onednn", lambda dtype: True)
+    args = (_meta(64, 1024).t(), _meta(64, 4096))
+    assert workspace.gemm_float32_buffer(torch.ops.aten.mm.default, args, _meta(1024, 4096)) == 0
+
+
+def test_a_native_bf16_convolution_holds_one_samples_columns_in_float32(torchs_own_gemm):
+    """Batch 2, 32 -> 32 channels of 16x32x32, 3x3x3: the backward's input-gradient columns of
+    one sample, 32 x 27 x 16,384 x 4 bytes = 54 MiB, on top of the batch's bf16 columns (54 MiB);
+    none without the input's gradient. A transposed convolution: its forward's columns of one
+    sample in float32, 54 MiB; its backward none."""
+    x, w, grad = _meta(2, 32, 16, 32, 32), _meta(32, 32, 3, 3, 3), _meta(2, 32, 16, 32, 32)
+    backward = torch.ops.aten.convolution_backward.default
+
+    def backward_args(mask: list[bool], transposed: bool = False) -> tuple:
+        same = [1, 1, 1]
+        return (grad, x, w, [32], same, same, same, transposed, [0, 0, 0], 1, mask)
+
+    full = backward_args([True, True, True])
+    assert torchs_own_gemm.gemm_float32_buffer(backward, full, None) == 54 * MIB
+    assert torchs_own_gemm.cpu_workspace(backward, full, None) == 108 * MIB
+    weight_only = backward_args([False, True, True])
+    assert torchs_own_gemm.gemm_float32_buffer(backward, weight_only, None) == 0
+    forward = torch.ops.aten.convolution.default
+    same = [1, 1, 1]
+    up = (x, w, None, same, same, same, True, [0, 0, 0], 1)
+    assert torchs_own_gemm.gemm_float32_buffer(forward, up, _meta(2, 32, 16, 32, 32)) == 54 * MIB
+    plain = (x, w, None, same, same, same, False, [0, 0, 0], 1)
+    assert torchs_own_gemm.gemm_float32_buffer(forward, plain, _meta(2, 32, 16, 32, 32)) == 0
+    up_backward = backward_args([True, True, True], transposed=True)
+    assert torchs_own_gemm.gemm_float32_buffer(backward, up_backward, None) == 0
+
+
+MEASURE_GEMM = """
+import gc, json, sys, torch
+from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
+from volseg.memory.workspace import cpu_workspace
+set_mmap_threshold(65536)
+torch.set_num_threads(2)
+case = sys.argv[1]
+if case == "mm":
+    a = torch.randn(64, 1024, dtype=torch.bfloat16).t()
+    b = torch.randn(64, 4096, dtype=torch.bfloat16)
+    run = lambda: a @ b
+    predict = lambda out: out.numel() * 2 + cpu_workspace(torch.ops.aten.mm.default, (a, b), out)
+else:
+    x = torch.randn(1, 16, 8, 32, 32, dtype=torch.bfloat16, requires_grad=True)
+    conv = torch.nn.Conv3d(16, 16, 3, padding=1).to(torch.bfloat16)
+    y = conv(x)
+    g = torch.ones_like(y)
+    run = lambda: torch.autograd.grad(y, [x, conv.weight], g, retain_graph=True)
+    args = (g, x, conv.weight, [16], [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1,
+            [True, True, False])
+    grads = x.numel() * 2 + conv.weight.numel() * 2
+    predict = lambda out: grads + cpu_workspace(torch.ops.aten.convolution_backward.default,
+                                                args, None)
+reader = HostMemoryReader()
+for _ in range(2):  # the first call also warms up
+    gc.collect()
+    start = reader.read().allocated
+    reader.reset_peak()
+    out = run()
+    measured = reader.read().peak_allocated - start
+    predicted = predict(out)
+    del out
+print(json.dumps([measured, predicted]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("case", ["mm", "conv-backward"])
+def test_torchs_own_bf16_gemm_buffer_is_what_the_process_holds(case):
+    """Held to oneDNN's AVX2 kernels (no bf16 ones on any x86 CPU), a bf16 product with a
+    column-major first operand, and a native bf16 convolution's backward (batch 1, 16 -> 16
+    channels of 8x32x32): the process's peak resident rise against the output plus the
+    estimated scratch (without the float32 buffer they are 16 of 24 MiB and about 7 of 14)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", ONEDNN_MAX_CPU_ISA="AVX2")
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE_GEMM, case],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    measured, predicted = json.loads(out.stdout.strip().splitlines()[-1])
+    assert predicted == pytest.approx(measured, rel=0.1)

@@ -46,29 +46,30 @@ convolution's input), in forward and again in backward: the deep levels of a bat
 every level's first convolution of a single-channel image.
 
 Where oneDNN has no kernels for a 16-bit dtype (bfloat16 on a CPU without AVX512_BF16 or AMX:
-``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is false, and on AVX2-only CPUs), torch runs its
+``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is false, as on AVX2-only CPUs), torch runs its
 16-bit matrix products on its own GEMM (``cpublas::gemm``, ``BlasKernel.cpp``). With the second
 of its column-major operands transposed (``gemm_transb_``) that GEMM accumulates into a float32
-buffer of the whole product, ``m x n x 4`` bytes, taken with ``malloc`` (outside torch's
-allocator: the profiler does not see it; the process's resident memory does) and held while it
-runs. Measured on an AVX2-only AMD EPYC (torch 2.13.0+cpu, ``MALLOC_MMAP_THRESHOLD_=65536``, peak
-resident memory beyond the allocator's peak, ``python -m benchmarks cpu_bf16_memory``):
+buffer of the whole product, ``m x n x 4`` bytes, taken with ``malloc`` outside torch's allocator
+(the profiler does not see it; the process's resident memory does) and held while it runs.
+Measured on an AVX2-only AMD EPYC (torch 2.13.0+cpu, peak resident memory beyond the allocator's
+peak, ``python -m benchmarks cpu_bf16_memory``,
+``benchmarks/results/cpu/2026-12-04_cpu_bf16_memory.json``):
 
-- ``torch.mm(a, b)`` whose first operand is transposed (column-major) and second is not: the
-  product in float32 (15.8-15.9 MiB for a 16 MiB float32 product of 1024x4096 at every inner
-  size tried, 107.7 MiB for 108); none for the other three orientations. ``torch.bmm``: one
-  matrix of the product at a time. A linear layer's weight gradient is such a product;
+- ``torch.mm(a, b)`` whose first operand is column-major and second is not: the product in
+  float32 (15.83 and 15.88 MiB for the 16 MiB of a 1024x4096 product, inner sizes 64 and 512);
+  none in the other three orientations. ``torch.bmm``: one matrix of the product at a time
+  (3.89 MiB for 4). A linear layer's weight gradient is such a product (1.89 MiB for 2);
 - a native 3D convolution's backward (``slow_conv3d``) computes the input's gradient columns
-  (``C_in x k^3`` rows by the output's voxels, one sample at a time) as such a product: 52.8 MiB
-  beyond the allocator for 54 MiB of float32 columns (batch 2, 32 channels of 16x32x32), 105.7
-  for 108 (batch 1, 64 channels), on top of the batch's 16-bit columns;
+  (``C_in x k^3`` rows by the output's voxels, one sample at a time) as such a product, on top of
+  the batch's 16-bit columns: 52.85 MiB for 54 MiB of float32 columns (batch 2, 32 channels of
+  16x32x32, 3x3x3), 105.79 for 108 (batch 1, 64 channels);
 - a native transposed convolution's forward (``slow_conv_transpose3d``) computes its columns
-  (``C_out x k^3`` rows by the input's voxels, one sample at a time) the same way: 52.9 MiB
-  beyond the allocator for 54 MiB; its backward takes none.
+  (``C_out x k^3`` rows by the input's voxels, one sample at a time) the same way: 52.87 and
+  51.86 MiB for 54; its backward takes none.
 
-Both are counted as the whole float32 buffer; where the kernel's own allocations are lower
-while the buffer is held (a 2x2x2 stride-2 kernel's smaller columns), the measured rise was up
-to half the buffer below that count: the estimate's safe side.
+Each is counted as the whole float32 buffer. For a 1x1x1 kernel and 2x2x2 and 3x3x3 kernels of
+stride 2 (and a transposed 2x2x2 one's forward), the measured memory beyond the allocator was
+44-78% of that count: the estimate's safe side.
 
 On CUDA, cuDNN's convolutions take workspaces from PyTorch's caching allocator, allocated and
 freed around each call (:class:`CudnnWorkspace`). The rule is read from allocator snapshots of
@@ -210,12 +211,34 @@ def _columns_in_float32(inputs: Any, weight: Any, outputs: Any, transposed: bool
     return inputs.shape[1] * kernel * math.prod(outputs.shape[2:]) * _FLOAT32_BYTES
 
 
+#: each matrix product's two operands among its arguments
 _MATRIX_PRODUCTS = {
     torch.ops.aten.mm.default: itemgetter(0, 1),
     torch.ops.aten.bmm.default: itemgetter(0, 1),
     torch.ops.aten.addmm.default: itemgetter(1, 2),
     torch.ops.aten.baddbmm.default: itemgetter(1, 2),
 }
+
+
+def gemm_float32_buffer(func: Any, args: tuple, out: Any) -> int:
+    """Bytes of the float32 product buffer that torch's own 16-bit GEMM takes with ``malloc``
+    for this op, outside torch's allocator (0 where it takes none; the module's docstring)."""
+    operands = _MATRIX_PRODUCTS.get(func)
+    if operands is not None:
+        return _product_buffer(*operands(args), out)
+    if func is torch.ops.aten.convolution.default:
+        inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
+        plain_or_onednn = not transposed or inputs.dim() != 5
+        if plain_or_onednn or runs_on_onednn(inputs, weight, stride, dilation, groups):
+            return 0
+        return _columns_in_float32(inputs, weight, out, transposed)
+    if func is torch.ops.aten.convolution_backward.default:
+        grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
+        no_input_grad = transposed or inputs.dim() != 5 or not args[_OUTPUT_MASK][0]
+        if no_input_grad or runs_on_onednn(inputs, weight, stride, dilation, groups):
+            return 0
+        return _columns_in_float32(inputs, weight, grad, transposed)
+    return 0
 
 
 def onednn_channel_block() -> int:
@@ -245,14 +268,18 @@ def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
 
 
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
-    """Scratch bytes of one op on the CPU (0 where none is known)."""
+    """Scratch bytes of one op on the CPU (0 where none is known): the kernel's own buffers and
+    a 16-bit GEMM's float32 product (:func:`gemm_float32_buffer`), held together."""
+    return _kernel_scratch(func, args, out) + gemm_float32_buffer(func, args, out)
+
+
+def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
+    """The buffers a CPU kernel holds while it runs (the im2col columns of torch's native
+    convolutions, oneDNN's reorders, a contiguous copy of a gradient)."""
     if func is torch.ops.aten.convolution.default:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            columns = _native_columns(inputs, weight, out, transposed)
-            if transposed:
-                columns += _columns_in_float32(inputs, weight, out, transposed)
-            return columns
+            return _native_columns(inputs, weight, out, transposed)
         if not inputs.is_contiguous():
             return 0
         block = onednn_channel_block()
@@ -264,10 +291,7 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.convolution_backward.default:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            columns = _native_columns(inputs, weight, grad, transposed)
-            if not transposed and args[_OUTPUT_MASK][0]:
-                columns += _columns_in_float32(inputs, weight, grad, transposed)
-            return columns
+            return _native_columns(inputs, weight, grad, transposed)
         if not grad.is_contiguous():
             return 0
         block = onednn_channel_block()
@@ -275,9 +299,6 @@ def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.upsample_trilinear3d_backward.default:
         grad = args[0]
         return 0 if grad.is_contiguous() else _bytes(grad)
-    operands = _MATRIX_PRODUCTS.get(func)
-    if operands is not None:
-        return _product_buffer(*operands(args), out)
     return 0
 
 
