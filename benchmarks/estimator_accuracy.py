@@ -414,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         default=None,
+        nargs="+",
         metavar="TEXT",
-        help="run only the configs whose name contains TEXT",
+        help="run only the configs whose name contains one of these TEXTs",
     )
     parser.add_argument(
         "--budget-of-growth",
@@ -462,10 +463,14 @@ def main(argv: list[str] | None = None) -> None:
 
     grids = GRIDS if args.grid == "all" else {args.grid: GRIDS[args.grid]}
     if args.only is not None:
-        grids = {g: [c for c in configs if args.only in c[0]] for g, configs in grids.items()}
+        grids = {
+            g: [c for c in configs if any(text in c[0] for text in args.only)]
+            for g, configs in grids.items()
+        }
         grids = {g: configs for g, configs in grids.items() if configs}
         if not grids:
-            parser.error(f"--only {args.only}: no config of --grid {args.grid} has it in its name")
+            only = " ".join(args.only)
+            parser.error(f"--only {only}: no config of --grid {args.grid} has it in its name")
 
     today = datetime.date.today().isoformat()
     print(f"# estimator accuracy against python train.py on {args.device}, {today}")
@@ -492,12 +497,20 @@ def main(argv: list[str] | None = None) -> None:
             done.setdefault(row["grid"], {})[row["name"]] = row
         written.append(args.resume)
 
+    def with_earlier(label: str, rows: list[dict]) -> list[dict]:
+        """``rows`` with the resumed file's records of the configs this run left out
+        (``--only``), in the grid's order."""
+        new = {r["name"]: r for r in rows}
+        earlier = done.get(label, {})
+        names = [name for name, _ in GRIDS[label]]
+        return [new.get(n) or earlier[n] for n in names if n in new or n in earlier]
+
     def save(
         label: str | None = None, rows: list[dict] | None = None, complete: bool = False
     ) -> None:
         """The results file of the grids so far (rewritten after each config)."""
         if label is not None:
-            records[label] = list(rows or [])
+            records[label] = with_earlier(label, list(rows or []))
         doc = results_io.result(
             "estimator_accuracy",
             [{"grid": g, **r} for g, grid_rows in records.items() for r in grid_rows],
@@ -547,10 +560,10 @@ def main(argv: list[str] | None = None) -> None:
                 budget_fraction=BUDGET_FRACTION,
                 growth_fraction=args.budget_of_growth,
             )
-            records[label] = rows
+            records[label] = with_earlier(label, rows)
     for label, rows in records.items():
         print(f"{label}: {grid.summary_line(rows)}")
-    save(complete=True)
+    save(complete=args.only is None)
     seed = grid.predict(SEED, "cuda", Path(tempfile.gettempdir()))
     print(
         f"reference config (unet_large, batch 2, 1x26x150x320, 16-true) estimated for CUDA in "

@@ -112,3 +112,60 @@ def test_nnunet_plans_of_an_anisotropic_two_channel_msd_dataset():
         (2, 1, 5, 10, 10),
     ]
     assert step["loss_weights"] == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15, 0])
+
+
+class MaskedConv(nn.Module):
+    """A conv plus a mask it makes without a dtype (as SwinUNETR makes its attention mask);
+    records the default dtype each forward sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(1, 2, 3, padding=1)
+        self.default_dtypes: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.default_dtypes.append(torch.get_default_dtype())
+        y = self.conv(x)
+        return y + torch.zeros(y.shape)
+
+
+class _Lit(__import__("lightning").LightningModule):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001
+        return self.net(batch).float().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_bf16_true_step_creates_tensors_in_bf16_as_lightnings_forward_does(tmp_path):
+    """Lightning's bf16-true runs the training step with bf16 as the default dtype, so a tensor
+    made without a dtype is bf16 (a float32 one would promote the conv's output to float32 and
+    double it). The estimator's step sees the same dtype, and restores the default after."""
+    import lightning as L
+
+    net = MaskedConv()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision="bf16-true",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(_Lit(net), torch.utils.data.DataLoader(torch.randn(2, 1, 8, 8, 8), batch_size=2))
+    assert net.default_dtypes == [torch.bfloat16]
+
+    module, mode = MaskedConv(), FakeTensorMode()
+    step = module_training_step(
+        module, lambda m: torch.optim.SGD(m.parameters(), lr=0.01), (2, 1, 8, 8, 8),
+        "bf16-true", "cpu", None, mode, loss=lambda logits, label: logits.float().mean(),
+    )  # fmt: skip
+    estimate_step(step, mode, "cpu", "bf16-true")
+    assert module.default_dtypes == [torch.bfloat16, torch.bfloat16]  # two steps
+    assert torch.get_default_dtype() == torch.float32  # restored

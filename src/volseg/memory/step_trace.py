@@ -480,6 +480,11 @@ def module_training_step(
         clip_foreach=True if device == "cuda" else None,
         **step_options,
     )
+    if precision in TRUE:
+        # HalfPrecision.forward_context: tensors the forward and the loss create without a dtype
+        # are in the lower precision too (SwinUNETR's attention mask),
+        # not float32 copies that promote what they meet
+        step.autocast = partial(default_dtype, TRUE[precision])
     if precision in MIXED and device == "cpu":
         # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
         # MixedPrecision.autocast_context_manager turns the cast cache off
@@ -492,6 +497,18 @@ def module_training_step(
             # (fake or real): the same calls and the same few scalars as CUDA's
             step.scaler = torch.amp.GradScaler("cpu")
     return step
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` while the block runs (Lightning's
+    ``_DtypeContextManager``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 ZERO_GRAD = ("closure", "after_update", "before_forward")
