@@ -281,3 +281,49 @@ def test_a_plan_train_py_refuses_is_recorded_and_the_grid_goes_on(tmp_path, monk
     assert rows[0]["planner"] == {"failed": "error: data.augment.rotate90_planes: ..."}
     assert rows[0]["error"] == 0.0  # the estimate's own row is kept
     assert "planner check failed: error: data.augment" in capsys.readouterr().out
+
+
+def _estimator_file(tmp_path, **machine) -> str:
+    from benchmarks import results_io
+
+    rows = [
+        {"grid": "held-out-2026-12-03-b", "name": "a", "sample": "held out", "overrides": ["x=1"],
+         "estimated_bytes": 60 * MIB, "measured_bytes": 100 * MIB, "error": -0.4},
+        {"grid": "held-out-2026-12-03-b", "name": "b", "overrides": ["x=2"], "failed": "ran past"},
+    ]  # fmt: skip
+    doc = {**results_io.result("estimator_accuracy", rows), **machine}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_re_estimate_keeps_the_measured_bytes_and_takes_the_estimate_again(tmp_path, monkeypatch):
+    """The measured row gets this estimator's figure (150 MiB against the 100 measured: +50%),
+    the failed one stays as it was."""
+    from benchmarks import estimator_accuracy, grid
+
+    predicted = {"growth": 150 * MIB, "process_total": 200 * MIB}
+    monkeypatch.setattr(grid, "predict", lambda overrides, device, work: predicted)
+    out = tmp_path / "again.json"
+    estimator_accuracy.main(["--re-estimate", _estimator_file(tmp_path), "--json-out", str(out)])
+    doc = json.loads(out.read_text())
+    measured, failed = doc["rows"]
+    assert measured["measured_bytes"] == 100 * MIB and measured["estimated_bytes"] == 150 * MIB
+    assert measured["error"] == pytest.approx(0.5)
+    assert measured["estimated_process_total_bytes"] == 200 * MIB
+    assert failed["failed"] == "ran past" and "estimated_bytes" not in failed
+    assert doc["measured_in"].endswith("earlier.json")
+
+
+def test_re_estimate_refuses_a_file_of_another_kind_of_cpu_in_one_line(tmp_path, capsys):
+    from benchmarks import estimator_accuracy
+
+    flags = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
+    path = _estimator_file(tmp_path, cpu_flags=flags, cpu_capability="AVX512")
+    here = estimator_accuracy.results_io.machine()
+    if here["cpu_flags"] == flags and here["cpu_capability"] == "AVX512":
+        path = _estimator_file(tmp_path, cpu_capability="AVX2")
+    with pytest.raises(SystemExit) as stopped:
+        estimator_accuracy.main(["--re-estimate", path, "--json-out", "none"])
+    assert stopped.value.code == 2
+    assert "measured on another kind of CPU" in capsys.readouterr().err
