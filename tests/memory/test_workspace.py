@@ -52,6 +52,19 @@ print(json.dumps([measured, predicted]))
 """
 
 
+def _measure(script: str, argument: str, **env: str) -> tuple[int, int]:
+    """``[measured, predicted]`` as ``script`` prints them, run in a fresh process whose freed
+    memory goes back to the system."""
+    out = subprocess.run(
+        [sys.executable, "-c", script, argument],
+        env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", **env),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(
     "shape, out_channels, kernel",
@@ -71,15 +84,7 @@ def test_a_convolutions_scratch_memory_is_what_it_holds(shape, out_channels, ker
     system. The last two are a U-Net decoder's concatenation (24 channels in: the input's copy
     and the blocked output held together) and its 1x1x1 head (whose kernel always takes a
     blocked input)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, json.dumps([shape, out_channels, kernel])],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    measured, predicted = json.loads(out.stdout.strip().splitlines()[-1])
+    measured, predicted = _measure(MEASURE, json.dumps([shape, out_channels, kernel]))
     assert predicted == pytest.approx(measured, rel=0.15)
 
 
@@ -219,14 +224,6 @@ def test_torchs_own_bf16_gemm_buffer_is_what_the_process_holds(case):
     """Held to oneDNN's AVX2 kernels (no bf16 ones on any x86 CPU), a bf16 product with a
     column-major first operand, and a native bf16 convolution's backward (batch 1, 16 -> 16
     channels of 8x32x32): the process's peak resident rise against the output plus the
-    estimated scratch (without the float32 buffer they are 16 of 24 MiB and about 7 of 14)."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", ONEDNN_MAX_CPU_ISA="AVX2")
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE_GEMM, case],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    measured, predicted = json.loads(out.stdout.strip().splitlines()[-1])
+    estimated scratch (without the float32 buffer they are 8 of 24 MiB and about 7 of 21)."""
+    measured, predicted = _measure(MEASURE_GEMM, case, ONEDNN_MAX_CPU_ISA="AVX2")
     assert predicted == pytest.approx(measured, rel=0.1)
