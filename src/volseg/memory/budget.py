@@ -14,6 +14,23 @@ from volseg.utils.units import MIB, parse_bytes
 log = logging.getLogger(__name__)
 
 
+def step_margin_note(est: MemoryEstimate) -> str:
+    """How a training step's budget is counted: the planner's margin on CUDA's reserved peak or
+    on a CPU step's growth, and where it comes from (``""``: no margin)."""
+    if not est.margin:
+        return ""
+    if est.device == "cpu":
+        return (
+            f" plus a margin of +{est.margin:.0%} of its growth "
+            f"({est.step_peak_growth / MIB:,.0f} MiB), the estimate's largest shortfall on a "
+            f"recorded run of this kind of CPU: {est.margin_source}"
+        )
+    return (
+        f" with a margin of +{est.margin:.0%} on the reserved peak: the estimate's largest "
+        f"shortfall on a recorded GPU run, {est.margin_source}"
+    )
+
+
 def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
     """The predicted process total of ``est`` within ``memory.budget=budget_value``; raises
     :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
@@ -23,7 +40,8 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
         raise BudgetExceeded(
             f"memory.budget={budget_value}: the estimated training step needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
+            f"{est.peak_allocated / MIB:,.0f} MiB){step_margin_note(est)}, over "
+            f"{budget / MIB:,.0f} MiB. "
             "`python plan.py <the same overrides>` searches a batch, activation and loss "
             "checkpointing, micro-batches and a smaller patch that fit"
         )

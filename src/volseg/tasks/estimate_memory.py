@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,12 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
 
 
 def _planned_total(est: dict) -> float:
-    """An estimate's process total as the planner counts it: reserved with its margin."""
-    return est["peak_reserved"] * (1 + est.get("margin", 0.0)) + est["cuda_context"]
+    """An estimate's process total as the planner counts it: on CUDA reserved with its margin,
+    on a CPU the step's growth with its margin added."""
+    margin = est.get("margin", 0.0)
+    if est["device"] == "cpu":
+        return est["process_total"] + math.ceil(margin * est["step_peak_growth"])
+    return est["peak_reserved"] * (1 + margin) + est["cuda_context"]
 
 
 def format_plan(result: Plan) -> str:
@@ -101,10 +106,15 @@ def format_plan(result: Plan) -> str:
             )
         )
     if result.estimate is not None and result.estimate.get("margin"):
+        est = result.estimate
+        counted = (
+            "of the step's growth: the estimate's largest shortfall on a recorded run of this "
+            "kind of CPU,"
+            if est["device"] == "cpu"
+            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
+        )
         lines.append(
-            f"  planned with a margin of +{result.estimate['margin']:.0%} on the reserved peak: "
-            f"the estimate's largest shortfall on a recorded GPU run, "
-            f"{result.estimate['margin_source']}"
+            f"  planned with a margin of +{est['margin']:.0%} {counted} {est['margin_source']}"
         )
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())

@@ -1,0 +1,214 @@
+"""The CPU planner's margins, one per kind of CPU, from the committed estimator results files.
+
+The rows are those of ``benchmarks/results/cpu/*estimator*.json`` (``estimator_accuracy.py``'s
+files: a config's measured steady-step rise in a real ``python train.py`` beside its estimate,
+``estimate(cfg).step_peak_growth``), the newest file of each grid on each CPU kind
+(:func:`benchmarks.tables.cpu_kind`, the kind :func:`volseg.utils.cpu.cpu_kind` names a run's
+CPU by), in sample only (:func:`benchmarks.samples.grid`: a held-out grid's rows are never
+fitted on), failed configs left out.
+
+A kind's margin is the least fraction that makes every one of its rows safe: the largest
+measured / estimated step rise less 1, rounded up to a whole percent, 0 where the estimate is
+at or above every row. The planner adds ``margin x step_peak_growth`` to a CPU step's estimate
+(:mod:`volseg.memory.residuals`). A kind with no rows (AVX-512 without BF16, a CPU held by
+``ONEDNN_MAX_CPU_ISA``) plans with the largest margin of any kind (``unrecorded``). Each row is
+also checked against the margin fitted without it (:func:`leave_one_out`): is it still safe?
+
+    python -m benchmarks cpu_margins        # writes src/volseg/memory/cpu_margins.json
+
+Rerun it after an estimator results file is added (a grid rerun after the estimator changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import results_io, samples
+from benchmarks.tables import _kind_order, cpu_kind
+from volseg.utils.units import MIB
+
+MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+COMMAND = "python -m benchmarks cpu_margins"
+
+
+def _rows(doc: dict) -> list[dict]:
+    """A results file's rows, each with its ``grid`` (a file of 2026-12-02 keeps them by grid)."""
+    if "rows" in doc:
+        return list(doc["rows"])
+    return [{**r, "grid": g} for g, rows in doc.get("grids", {}).items() for r in rows]
+
+
+def _order(path: Path, doc: dict) -> tuple[str, int, str]:
+    """Oldest first: the file's date, then its ``-N``."""
+    number = re.search(r"-(\d+)$", path.stem)
+    return (str(doc.get("date", "")), int(number[1]) if number else 1, path.name)
+
+
+def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
+    """Each in-sample measured row the margins are fitted on: ``file``, ``grid``, ``config``,
+    ``kind``, ``measured`` and ``estimated`` (a steady step's rise, bytes); the newest file of
+    each grid and CPU kind."""
+    docs = sorted(
+        ((p, json.loads(p.read_text())) for p in (results / "cpu").glob("*estimator*.json")),
+        key=lambda found: _order(*found),
+    )
+    newest: dict[tuple[str, str], tuple[Path, list[dict]]] = {}
+    for path, doc in docs:
+        kind = cpu_kind(doc)
+        for grid in dict.fromkeys(r["grid"] for r in _rows(doc)):
+            newest[(grid, kind)] = (path, [r for r in _rows(doc) if r["grid"] == grid])
+    root = results.parent.parent
+    steps = []
+    for (grid, kind), (path, rows) in newest.items():
+        if samples.grid(grid)[0] != samples.IN:
+            continue
+        for r in rows:
+            if "failed" in r or not r.get("measured_bytes") or not r.get("estimated_bytes"):
+                continue
+            steps.append(
+                {
+                    "file": path.relative_to(root).as_posix(),
+                    "grid": samples.GRID_ALIASES.get(grid, grid),
+                    "config": r["name"],
+                    "kind": kind,
+                    "measured": int(r["measured_bytes"]),
+                    "estimated": int(r["estimated_bytes"]),
+                }
+            )
+    return steps
+
+
+def round_up(ratio: float) -> float:
+    """``ratio - 1`` rounded up to a whole percent (0 where it is not above 1), so that the margin
+    still covers the row it came from."""
+    return max(0.0, math.ceil(round((ratio - 1) * 100, 6)) / 100)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MIB:,.1f}"
+
+
+def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each kind's margin from its rows: :func:`round_up` of the largest measured / estimated
+    rise, the row it came from and how many rows it rests on."""
+    found = {}
+    for kind in sorted({s["kind"] for s in steps}, key=_kind_order):
+        rows = [s for s in steps if s["kind"] == kind]
+        worst = max(rows, key=lambda s: s["measured"] / s["estimated"])
+        fraction = round_up(worst["measured"] / worst["estimated"])
+        safe = sum(s["estimated"] >= s["measured"] for s in rows)
+        if fraction == 0:
+            source = (
+                f"none needed: the estimate is at or above all {len(rows)} in-sample runs on {kind}"
+            )
+        else:
+            source = (
+                f"{worst['config']} ({worst['grid']}, {worst['file']}: {_mib(worst['measured'])} "
+                f"MiB measured, {_mib(worst['estimated'])} estimated), the worst of "
+                f"{len(rows)} in-sample runs on {kind} ({safe} safe without a margin)"
+            )
+        found[kind] = {
+            "fraction": fraction,
+            "source": source,
+            "runs": len(rows),
+            "safe_without_margin": safe,
+            "from": {k: worst[k] for k in ("file", "grid", "config", "measured", "estimated")},
+        }
+    return found
+
+
+def unrecorded(margins: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The margin of a kind with no rows: the largest of any kind, saying whose."""
+    if not margins:
+        return {"fraction": 0.0, "source": "none: no in-sample estimator run on any CPU"}
+    kind, margin = max(margins.items(), key=lambda item: item[1]["fraction"])
+    return {
+        "fraction": margin["fraction"],
+        "source": (
+            f"no in-sample estimator run on this kind of CPU: the largest margin of any kind, "
+            f"{kind}'s +{margin['fraction']:.0%} ({margin['source']})"
+        ),
+        "kind": kind,
+    }
+
+
+def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each row against the margin its kind gets fitted without it (:func:`fit` of the other
+    rows; with no other row of its kind, :func:`unrecorded` of them): ``safe`` where the
+    estimate times 1 + that margin is at or above the measured rise."""
+    runs, by_kind = [], {}
+    for i, step in enumerate(steps):
+        others = fit([*steps[:i], *steps[i + 1 :]])
+        margin = (others.get(step["kind"]) or unrecorded(others))["fraction"]
+        safe = step["estimated"] * (1 + margin) >= step["measured"]
+        runs.append(
+            {
+                "file": step["file"],
+                "config": step["config"],
+                "kind": step["kind"],
+                "measured": step["measured"],
+                "estimated": step["estimated"],
+                "margin_without_it": margin,
+                "safe": bool(safe),
+            }
+        )
+        tally = by_kind.setdefault(step["kind"], {"safe": 0, "of": 0})
+        tally["safe"] += bool(safe)
+        tally["of"] += 1
+    return {
+        "safe": sum(r["safe"] for r in runs),
+        "of": len(runs),
+        "by_kind": {k: by_kind[k] for k in sorted(by_kind, key=_kind_order)},
+        "runs": runs,
+    }
+
+
+def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
+    """What ``cpu_margins.json`` holds: each kind's margin (:func:`fit`), a kind's with no rows
+    (:func:`unrecorded`), and each row against the margin fitted without it."""
+    steps = fitted_rows(results)
+    fitted = fit(steps)
+    return {
+        "command": COMMAND,
+        "rule": (
+            "per CPU kind, the least whole percent of a step's estimated rise that puts the "
+            "estimate at or above every in-sample run's measured rise (newest file of each grid "
+            "and kind; held-out grids are not fitted on)"
+        ),
+        "files": sorted({s["file"] for s in steps}),
+        "margins": fitted,
+        "unrecorded": unrecorded(fitted),
+        "leave_one_out": leave_one_out(steps),
+    }
+
+
+def write_margins(results: Path = results_io.RESULTS, out: Path = MARGINS) -> Path:
+    """Write :func:`margins` to ``out`` (the package's ``cpu_margins.json``)."""
+    out.write_text(json.dumps(margins(results), indent=2, ensure_ascii=False) + "\n")
+    print(f"Wrote {out}", flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=results_io.RESULTS)
+    parser.add_argument("--out", type=Path, default=MARGINS)
+    args = parser.parse_args(argv)
+    doc = json.loads(write_margins(args.results, args.out).read_text())
+    for kind, margin in doc["margins"].items():
+        loo = doc["leave_one_out"]["by_kind"][kind]
+        print(
+            f"{kind}: +{margin['fraction']:.0%} over {margin['runs']} runs; left out of its own "
+            f"fit, {loo['safe']} of {loo['of']} still safe"
+        )
+    print(f"any other kind: +{doc['unrecorded']['fraction']:.0%}")
+
+
+if __name__ == "__main__":
+    main()
