@@ -612,8 +612,8 @@ def summary_line(records: list[dict]) -> str:
         return f"no config measured ({len(records)} configs{tail})"
     return (
         f"mean |error| {100 * sum(absolute) / len(absolute):.1f}%, "
-        f"max |error| {100 * max(absolute):.1f}%, {safe_text(records)} "
-        f"({len(absolute)} configs{tail})"
+        f"max |error| {100 * max(absolute):.1f}% ({len(absolute)} configs{tail}); "
+        f"{safe_text(records)}"
     )
 
 

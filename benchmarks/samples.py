@@ -58,6 +58,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "every recorded GPU run was used to tune the CUDA estimate and to fit its margins",
     ),
     "cuda_margins": (IN, "each margin is fitted on the recorded runs it counts"),
+    "cpu_margins": (IN, "each margin is fitted on the in-sample estimator runs it counts"),
 }
 
 #: ``real_data.py``'s learning tasks (``settings.data``)

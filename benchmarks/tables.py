@@ -862,6 +862,68 @@ def cuda_margins(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+
+
+def _cpu_loo(loo: dict) -> str:
+    kinds = ", ".join(f"{kind} {v['safe']} of {v['of']}" for kind, v in loo["by_kind"].items())
+    return f"{loo['safe']} of the {loo['of']} runs still safe ({kinds})"
+
+
+def cpu_margins(results: Path) -> str | None:
+    """The CPU planner's margin per CPU kind on a step's growth, each the least that puts the
+    estimate at or above every in-sample estimator run of that kind, and each run against the
+    margin fitted without it (``src/volseg/memory/cpu_margins.json``, written by
+    ``cpu_margins.py`` from the estimator's results files)."""
+    if not CPU_MARGINS.exists():
+        return None
+    doc = json.loads(CPU_MARGINS.read_text())
+    lines = [
+        f"{_rel(CPU_MARGINS)} (`{doc['command']}`, from {', '.join(doc['files'])}):",
+        "",
+        "| CPU kind | margin | from | in-sample runs | safe without a margin | left out of its "
+        "own fit: safe |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    loo = doc["leave_one_out"]
+    for kind, margin in doc["margins"].items():
+        worst = margin["from"]
+        source = (
+            f"{worst['config']} ({worst['grid']}): {worst['measured'] / MIB:,.1f} MiB measured, "
+            f"{worst['estimated'] / MIB:,.1f} estimated"
+            if margin["fraction"]
+            else "none needed"
+        )
+        tally = loo["by_kind"][kind]
+        lines.append(
+            f"| {kind} | +{margin['fraction']:.0%} | {source} | {margin['runs']} | "
+            f"{margin['safe_without_margin']} | {tally['safe']} of {tally['of']} |"
+        )
+    other = doc["unrecorded"]
+    lines += [
+        f"| any other (no recorded run) | +{other['fraction']:.0%} | the largest of any kind "
+        f"({other.get('kind', 'none')}) | 0 | | |",
+    ]
+    return "\n".join(lines)
+
+
+def benchmarks_cpu_margins(results: Path) -> str | None:
+    """docs/benchmarks.md's sentence on the CPU margins: each kind's margin and its
+    leave-one-out figure (``src/volseg/memory/cpu_margins.json``)."""
+    if not CPU_MARGINS.exists():
+        return None
+    doc = json.loads(CPU_MARGINS.read_text())
+    kinds = ", ".join(
+        f"{kind} +{m['fraction']:.0%} ({m['runs']} runs)" for kind, m in doc["margins"].items()
+    )
+    return (
+        f"The CPU planner's margins on a step's growth, fitted on these rows in sample "
+        f"(`{doc['command']}`, `{_rel(CPU_MARGINS)}`): {kinds}, any other kind "
+        f"+{doc['unrecorded']['fraction']:.0%}; left out of its own fit, "
+        f"{_cpu_loo(doc['leave_one_out'])}."
+    )
+
+
 FIGURE = re.compile(
     r"(<!-- figure: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /figure: (?P=name) -->)", re.S
 )
@@ -985,7 +1047,7 @@ def readme_estimator_held_out(results: Path) -> str | None:
             )
         elif grid in newest_of:
             figures = _grid_figures(grid, newest_of[grid], configs)
-            judged.append(f"grid `{grid}` ({sample}: {why}) {figures}")
+            judged.append(f"grid `{grid}` ({why}) {figures}")
     if not held:
         return None
     line = f"Estimator on a CPU, held out: {'; '.join(held)}."
@@ -1126,6 +1188,7 @@ FIGURES: dict[str, Callable[[Path], str | None]] = {
     "memory_fewer_parameters": memory_fewer_parameters,
     "estimator_held_out_kinds": estimator_held_out_kinds,
     "networks_tight_budget": networks_tight_budget,
+    "benchmarks_cpu_margins": benchmarks_cpu_margins,
 }
 
 
@@ -1159,6 +1222,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "cpu_bf16_conv": cpu_bf16_conv,
     "nnunet_side_by_side": nnunet_side_by_side,
     "cuda_margins": cuda_margins,
+    "cpu_margins": cpu_margins,
 }
 
 
