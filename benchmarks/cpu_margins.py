@@ -63,7 +63,8 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
         kind = cpu_kind(doc)
         for grid in dict.fromkeys(r["grid"] for r in _rows(doc)):
             newest[(grid, kind)] = (path, [r for r in _rows(doc) if r["grid"] == grid])
-    root = results.parent.parent
+    # the paths as the repository names them (a folder elsewhere: from its parent)
+    root = results_io.REPO if results.resolve().is_relative_to(results_io.REPO) else results.parent
     steps = []
     for (grid, kind), (path, rows) in newest.items():
         if samples.grid(grid)[0] != samples.IN:
@@ -73,7 +74,7 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
                 continue
             steps.append(
                 {
-                    "file": path.relative_to(root).as_posix(),
+                    "file": path.resolve().relative_to(root.resolve()).as_posix(),
                     "grid": samples.GRID_ALIASES.get(grid, grid),
                     "config": r["name"],
                     "kind": kind,
