@@ -59,6 +59,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "cuda_margins": (IN, "each margin is fitted on the recorded runs it counts"),
     "cpu_margins": (IN, "each margin is fitted on the in-sample estimator runs it counts"),
+    "cpu_margin_estimates": (IN, "the estimates of the in-sample runs the CPU margins count"),
 }
 
 #: ``real_data.py``'s learning tasks (``settings.data``)

@@ -4,6 +4,9 @@ before any work."""
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
+from typing import Any
 
 from volseg.memory.estimator import MemoryEstimate
 from volseg.memory.inference import InferenceEstimate
@@ -12,6 +15,18 @@ from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
+
+
+def planned_total(est: MemoryEstimate | Mapping[str, Any]) -> int:
+    """A training step's estimate (or its ``to_dict()``) as the planner counts it against a
+    budget, with its margin: on a CPU the process total plus ``margin x step_peak_growth``; on
+    CUDA the reserved peak times 1 + margin plus the CUDA context (the peak without a budget:
+    within one, the allocator's replay decides, :meth:`MemoryEstimate.total_within`)."""
+    get = est.get if isinstance(est, Mapping) else lambda key, default=None: getattr(est, key)
+    margin = get("margin", 0.0) or 0.0
+    if get("device") == "cpu":
+        return int(get("process_total") + math.ceil(margin * get("step_peak_growth")))
+    return int(math.ceil(get("peak_reserved") * (1 + margin)) + get("cuda_context"))
 
 
 def step_margin_note(est: MemoryEstimate) -> str:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
+from volseg.memory.budget import planned_total
 from volseg.memory.engine import Variant, estimate_config
 from volseg.memory.estimator import MemoryEstimate, planned_device
 from volseg.memory.inference import (
@@ -80,15 +80,6 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _planned_total(est: dict) -> float:
-    """An estimate's process total as the planner counts it: on CUDA reserved with its margin,
-    on a CPU the step's growth with its margin added."""
-    margin = est.get("margin", 0.0)
-    if est["device"] == "cpu":
-        return est["process_total"] + math.ceil(margin * est["step_peak_growth"])
-    return est["peak_reserved"] * (1 + margin) + est["cuda_context"]
-
-
 def format_plan(result: Plan) -> str:
     """The planner's answer: what to paste, and what the estimate says of it."""
     budget = f"{result.budget / MIB:,.0f} MiB"
@@ -100,7 +91,7 @@ def format_plan(result: Plan) -> str:
             f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
             + (
                 f"; one step more ({result.search}) would need "
-                f"{_planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
+                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
                 if result.next_step_estimate
                 else ""
             )
