@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, TINY, compose_config, load_benchmark
 from volseg.memory import engine, residuals
+from volseg.memory.budget import planned_total
 from volseg.utils import cpu
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB
@@ -226,6 +227,16 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     assert not two.fits(budget) and two.process_total <= budget
     answer = plan(tiny_cpu, budget, search="batch", checkpointing_options=["none"])
     assert answer.batch_size == 1 and answer.estimate["margin"] == 0.5
+    # what plan.py prints: the margin, what it is of, and where it comes from
+    from volseg.tasks.estimate_memory import format_plan
+
+    text = format_plan(answer)
+    assert "planned with a margin of +50% of the step's growth" in text
+    assert "a run of this kind (test)" in text
+    # one step more, as the planner counts it (with the margin), is over the budget
+    more = answer.next_step_estimate
+    assert planned_total(more) > budget >= planned_total(answer.estimate)
+    assert more["process_total"] <= budget  # bare, batch 2 would have fit
     with mock.patch.object(engine, "cpu_margin", lambda kind: residuals.Margin(0.0, "none")):
         engine._runs.clear()
         bare = plan(tiny_cpu, budget, search="batch", checkpointing_options=["none"])

@@ -37,8 +37,8 @@ def step_margin_note(est: MemoryEstimate) -> str:
     if est.device == "cpu":
         return (
             f" plus a margin of +{est.margin:.0%} of its growth "
-            f"({est.step_peak_growth / MIB:,.0f} MiB), the estimate's largest shortfall on a "
-            f"recorded run of this kind of CPU: {est.margin_source}"
+            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
+            f"{est.margin_source}"
         )
     return (
         f" with a margin of +{est.margin:.0%} on the reserved peak: the estimate's largest "

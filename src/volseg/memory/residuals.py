@@ -1,4 +1,5 @@
-"""The planner's margin on CUDA: how far the estimate has fallen short of recorded GPU runs.
+"""The planner's margins: how far the estimate has fallen short of recorded runs, on CUDA per
+kind of step (here) and on a CPU per kind of CPU (:func:`cpu_margin`, at the end).
 
 Until the estimate is within its bounds everywhere (``tests/memory/test_recorded_cuda.py``), the
 planner plans with ``reserved x (1 + margin)``: the largest ratio of measured to estimated peak

@@ -99,8 +99,7 @@ def format_plan(result: Plan) -> str:
     if result.estimate is not None and result.estimate.get("margin"):
         est = result.estimate
         counted = (
-            "of the step's growth: the estimate's largest shortfall on a recorded run of this "
-            "kind of CPU,"
+            "of the step's growth, the CPU margin of its kind:"
             if est["device"] == "cpu"
             else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
         )
