@@ -11,6 +11,7 @@ from typing import Any
 from volseg.memory.estimator import MemoryEstimate
 from volseg.memory.inference import InferenceEstimate
 from volseg.memory.inference_plan import margin_note
+from volseg.memory.residuals import cpu_margin_bytes
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
@@ -25,7 +26,7 @@ def planned_total(est: MemoryEstimate | Mapping[str, Any]) -> int:
     get = est.get if isinstance(est, Mapping) else lambda key, default=None: getattr(est, key)
     margin = get("margin", 0.0) or 0.0
     if get("device") == "cpu":
-        return int(get("process_total") + math.ceil(margin * get("step_peak_growth")))
+        return int(get("process_total") + cpu_margin_bytes(margin, get("step_peak_growth")))
     return int(math.ceil(get("peak_reserved") * (1 + margin)) + get("cuda_context"))
 
 

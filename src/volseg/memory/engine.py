@@ -18,7 +18,6 @@ with no training state (:func:`volseg.memory.inference_trace.estimate_prediction
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ from volseg.memory.inference_trace import (
     validation_margin,
     validation_phase,
 )
-from volseg.memory.residuals import cpu_margin
+from volseg.memory.residuals import cpu_margin, cpu_margin_bytes
 from volseg.memory.step_trace import (
     MemoryEstimate,
     fake_step,
@@ -139,7 +138,7 @@ class CpuStepEstimate(MemoryEstimate):
     @property
     def margin_bytes(self) -> int:
         """What the margin adds: ``margin x step_peak_growth``, rounded up."""
-        return math.ceil(self.margin * self.step_peak_growth)
+        return cpu_margin_bytes(self.margin, self.step_peak_growth)
 
     def total_within(self, budget: int) -> int | None:
         """The process total with the margin added, where it fits ``budget``; else ``None``."""

@@ -17,6 +17,7 @@ Rewrite them when the estimator or the recorded runs change.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -113,6 +114,12 @@ except FileNotFoundError:
     )
     _CPU_MARGINS = {}
     _CPU_UNRECORDED = Margin(0.0, f"none: {CPU_MARGINS_FILE} is missing")
+
+
+def cpu_margin_bytes(fraction: float, step_peak_growth: int) -> int:
+    """What a CPU margin adds to a step's estimate: ``fraction x step_peak_growth``, rounded
+    up."""
+    return math.ceil(fraction * step_peak_growth)
 
 
 def cpu_margin(kind: str) -> Margin:
