@@ -214,6 +214,12 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     enough = est.process_total + added
     assert est.total_within(enough) == enough
     assert check_estimate_fits(est, f"{enough}B") == enough
+    # estimate_memory.py's report: the figure a budget is checked against, and the margin's source
+    from volseg.tasks.estimate_memory import format_estimate
+
+    report = format_estimate(est)
+    assert f"planned (+50% of growth)    {enough / MIB:>12,.1f} MiB" in report
+    assert "the CPU margin of its kind: a run of this kind (test)" in report
 
 
 def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):

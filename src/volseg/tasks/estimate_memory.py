@@ -72,7 +72,14 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
             ("CUDA context", est.cuda_context),
             ("process total (nvidia-smi)", est.process_total),
         ]
+    if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
+        rows += [
+            ("step's growth", est.step_peak_growth),
+            (f"planned (+{est.margin:.0%} of growth)", planned_total(est)),
+        ]
     lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    if est.device == "cpu" and est.margin:
+        lines.append(f"  the CPU margin of its kind: {est.margin_source}")
     total = sum(est.modules.values()) or 1
     lines.append("  activations by module (what its forward keeps for backward):")
     for name, nbytes in list(est.modules.items())[:top]:
