@@ -211,7 +211,8 @@ def _plan_step(
     """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
     engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: the step,
     its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
-    peak_allocated, process_total, flops_per_step}`` (bytes), ``the RunEstimate or None)``."""
+    peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
+    (bytes), ``the RunEstimate or None)``."""
     from volseg.memory.budget import check_estimate_fits, step_margin_note
     from volseg.memory.engine import estimate_run
 
@@ -254,6 +255,7 @@ def _plan_step(
             "precision": run.step.precision,
             "peak_allocated": run.step.peak_allocated,
             "process_total": run.step.process_total,
+            "step_peak_growth": run.step.step_peak_growth,
             "flops_per_step": run.flops_per_step,
             # what the planner adds when it checks a budget (CUDA: on the reserved peak; a CPU:
             # on the step's growth), and where it comes from
