@@ -82,6 +82,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("nnunet_recipe", "nnU-Net v2's recipe at equal compute on a volseg dataset"),
         _study("nnunet_side_by_side", "nnU-Net's 3d_fullres plan beside volseg's plan"),
         _study("real_data", "volseg's default against nnU-Net and a MONAI loop on MNI152 data"),
+        _tool("cpu_margins", "the CPU planner's margin per CPU kind, from the estimator's results"),
         _tool("draw_grid", "draws a held-out grid of configs for estimator_accuracy"),
         _tool("tables", "docs' tables regenerated from benchmarks/results/ (--check: unchanged)"),
     ]

@@ -59,6 +59,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "every recorded GPU run was used to tune the CUDA estimate and to fit its margins",
     ),
     "cuda_margins": (IN, "each margin is fitted on the recorded runs it counts"),
+    "cpu_margins": (IN, "each margin is fitted on the in-sample estimator runs it counts"),
+    "cpu_margin_estimates": (IN, "the estimates of the in-sample runs the CPU margins count"),
 }
 
 #: ``real_data.py``'s learning tasks (``settings.data``)
@@ -83,10 +85,22 @@ GRIDS: dict[str, tuple[str, str]] = {
 GRID_ALIASES = {"held-out": "checked-2026-12-02"}
 GRIDS_DIR = results_io.BENCHMARKS / "grids"
 
+#: frozen grids that changes to the estimator (or margins fitted on its rows) were judged on
+#: after they ran: in sample, whatever their frozen file says, each with why
+JUDGED: dict[str, str] = {
+    "held-out-2026-12-03-b": (
+        "drawn and frozen in held-out-2026-12-03-b.json before it ran; changes to the estimator "
+        "were judged on it since, and the CPU margins are fitted on it"
+    ),
+}
+
 
 def grid(name: str) -> tuple[str, str]:
-    """A grid's sample and why: a frozen grid's file, else :data:`GRIDS`."""
+    """A grid's sample and why: :data:`JUDGED` first (a frozen grid judged on since), then a
+    frozen grid's file, else :data:`GRIDS`."""
     name = GRID_ALIASES.get(name, name)
+    if name in JUDGED:
+        return IN, JUDGED[name]
     path = GRIDS_DIR / f"{name}.json"
     if path.exists():
         doc = json.loads(path.read_text())

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import results_io, samples
-from benchmarks.grid import summary_line
+from benchmarks.grid import safe_text, summary_line
+from volseg.utils.cpu import CPU_KINDS, ISA_FLAGS, kind_of
 from volseg.utils.units import MIB
 
 DOCS = results_io.REPO / "docs"
@@ -508,19 +509,14 @@ def _failure(text: str) -> str:
 
 
 def cpu_kind(doc: dict) -> str:
-    """The kind of CPU a results file ran on, by the bf16 and vector instructions it had
-    (``AMX``, ``AVX512_BF16``, ``AVX-512``, ``AVX2``), and the ISA oneDNN was held to."""
-    flags = doc.get("cpu_flags") or {}
-    kind = next(
-        (name for flag, name in CPU_KINDS if flags.get(flag)),
-        "AVX2" if flags.get("avx2") else "other",
-    )
-    held = doc.get("onednn_max_cpu_isa")
-    return f"{kind}, held to {held}" if held else kind
-
-
-#: cpu_flags -> the CPU kind it makes, first match
-CPU_KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"), ("avx512f", "AVX-512"))
+    """The kind of CPU a results file ran on (:func:`volseg.utils.cpu.kind_of`: ``AMX``,
+    ``AVX512_BF16``, ``AVX-512``, ``AVX2``, and the ISA its kernels were held to). A file from
+    before ``cpu_flags`` were recorded has them in its CPU's description (``avx2=yes ...``)."""
+    flags = doc.get("cpu_flags")
+    if not flags:
+        text = f"{doc.get('cpu_description') or ''} {doc.get('cpu') or ''}"
+        flags = {flag: f"{flag}=yes" in text for flag in ISA_FLAGS}
+    return kind_of(flags, doc.get("onednn_max_cpu_isa"), doc.get("aten_cpu_capability"))
 
 
 def estimator_accuracy(results: Path) -> str | None:
@@ -866,6 +862,68 @@ def cuda_margins(results: Path) -> str | None:
     return "\n".join(lines)
 
 
+CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+
+
+def _cpu_loo(loo: dict) -> str:
+    kinds = ", ".join(f"{kind} {v['safe']} of {v['of']}" for kind, v in loo["by_kind"].items())
+    return f"{loo['safe']} of the {loo['of']} runs still safe ({kinds})"
+
+
+def cpu_margins(results: Path) -> str | None:
+    """The CPU planner's margin per CPU kind on a step's growth, each the least that puts the
+    estimate at or above every in-sample estimator run of that kind, and each run against the
+    margin fitted without it (``src/volseg/memory/cpu_margins.json``, written by
+    ``cpu_margins.py`` from the estimator's results files)."""
+    if not CPU_MARGINS.exists():
+        return None
+    doc = json.loads(CPU_MARGINS.read_text())
+    lines = [
+        f"{_rel(CPU_MARGINS)} (`{doc['command']}`, from {', '.join(doc['files'])}):",
+        "",
+        "| CPU kind | margin | from | in-sample runs | safe without a margin | left out of its "
+        "own fit: safe |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    loo = doc["leave_one_out"]
+    for kind, margin in doc["margins"].items():
+        worst = margin["from"]
+        source = (
+            f"{worst['config']} ({worst['grid']}): {worst['measured'] / MIB:,.1f} MiB measured, "
+            f"{worst['estimated'] / MIB:,.1f} estimated"
+            if margin["fraction"]
+            else "none needed"
+        )
+        tally = loo["by_kind"][kind]
+        lines.append(
+            f"| {kind} | +{margin['fraction']:.0%} | {source} | {margin['runs']} | "
+            f"{margin['safe_without_margin']} | {tally['safe']} of {tally['of']} |"
+        )
+    other = doc["unrecorded"]
+    lines += [
+        f"| any other (no recorded run) | +{other['fraction']:.0%} | the largest of any kind "
+        f"({other.get('kind', 'none')}) | 0 | | |",
+    ]
+    return "\n".join(lines)
+
+
+def benchmarks_cpu_margins(results: Path) -> str | None:
+    """docs/benchmarks.md's sentence on the CPU margins: each kind's margin and its
+    leave-one-out figure (``src/volseg/memory/cpu_margins.json``)."""
+    if not CPU_MARGINS.exists():
+        return None
+    doc = json.loads(CPU_MARGINS.read_text())
+    kinds = ", ".join(
+        f"{kind} +{m['fraction']:.0%} ({m['runs']} runs)" for kind, m in doc["margins"].items()
+    )
+    return (
+        f"The CPU planner's margins on a step's growth, fitted on these rows in sample "
+        f"(`{doc['command']}`, `{_rel(CPU_MARGINS)}`): {kinds}, any other kind "
+        f"+{doc['unrecorded']['fraction']:.0%}; left out of its own fit, "
+        f"{_cpu_loo(doc['leave_one_out'])}."
+    )
+
+
 FIGURE = re.compile(
     r"(<!-- figure: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /figure: (?P=name) -->)", re.S
 )
@@ -926,65 +984,103 @@ def readme_held_out_task(results: Path) -> str | None:
     )
 
 
-def readme_estimator_held_out(results: Path) -> str | None:
-    """README's estimator line: per held-out grid and CPU kind, the newest file's mean and
-    largest |error| over the configs measured so far, of the grid's frozen configs
-    (``estimator_accuracy.py``)."""
+def _newest_by_grid_and_kind(results: Path) -> dict[str, dict[str, tuple[Path, dict]]]:
+    """Per grid and CPU kind the newest ``estimator_accuracy.py`` file holding its rows."""
     newest_of: dict[str, dict[str, tuple[Path, dict]]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
         for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-            if samples.grid(grid)[0] == samples.OUT:
-                newest_of.setdefault(grid, {}).setdefault(cpu_kind(doc), (path, doc))
-    if not newest_of:
-        return None
-    parts = []
-    for grid, by_kind in newest_of.items():
-        frozen = json.loads((samples.GRIDS_DIR / f"{grid}.json").read_text())["configs"]
-        runs = []
-        for kind in sorted(by_kind, key=_kind_order, reverse=True):
-            path, doc = by_kind[kind]
-            rows = [r for r in doc["rows"] if r["grid"] == grid]
-            errors = [abs(r["error"]) for r in rows if "failed" not in r]
-            failed = [_failure(r["failed"]) for r in rows if "failed" in r]
-            late = sum(f.startswith("train.py ran past") for f in failed)
-            tail = "".join(
-                f", {n} {what}"
-                for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
-                if n
-            )
-            ran = "all" if len(rows) == len(frozen) else f"{len(rows)} run so far"
-            figure = (
-                f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} of a "
-                f"step's measured rise over the {len(errors)} that finished"
-                if errors
-                else "none finished yet"
-            )
-            runs.append(f"on {doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))")
-        parts.append(
-            f"grid `{grid}` ({len(frozen)} configs drawn and frozen before they ran) "
-            + "; ".join(runs)
+            newest_of.setdefault(grid, {}).setdefault(cpu_kind(doc), (path, doc))
+    return newest_of
+
+
+def _grid_figures(grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int) -> str:
+    """Per CPU kind (most instructions first): the newest file's mean and largest |error| over
+    the configs measured so far of a grid's ``configs``, how often the estimate was at or above
+    the measured rise, and how many were stopped or failed."""
+    runs = []
+    for kind in sorted(by_kind, key=_kind_order, reverse=True):
+        path, doc = by_kind[kind]
+        rows = [r for r in doc["rows"] if r["grid"] == grid]
+        errors = [abs(r["error"]) for r in rows if "failed" not in r]
+        failed = [_failure(r["failed"]) for r in rows if "failed" in r]
+        late = sum(f.startswith("train.py ran past") for f in failed)
+        tail = "".join(
+            f", {n} {what}"
+            for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
+            if n
         )
-    return f"Estimator on a CPU, held out: {'; '.join(parts)}."
+        ran = "all" if len(rows) == configs else f"{len(rows)} run so far"
+        figure = (
+            f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} of a "
+            f"step's measured rise over the {len(errors)} that finished, the estimate at or "
+            f"above it (safe) in {safe_text(rows).removeprefix('safe in ')}"
+            if errors
+            else "none finished yet"
+        )
+        runs.append(f"on {doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))")
+    return "; ".join(runs)
+
+
+def readme_estimator_held_out(results: Path) -> str | None:
+    """README's estimator line: per frozen held-out grid and CPU kind, the newest file's mean
+    and largest |error| and its safety rate over the configs measured so far
+    (``estimator_accuracy.py``), or that it has not run yet; then the same of each frozen grid
+    that is in sample since (``samples.JUDGED``), saying why."""
+    frozen = {
+        path.stem: len(json.loads(path.read_text())["configs"])
+        for path in sorted(samples.GRIDS_DIR.glob("*.json"))
+    }
+    if not frozen:
+        return None
+    newest_of = _newest_by_grid_and_kind(results)
+    held, judged = [], []
+    for grid, configs in frozen.items():
+        sample, why = samples.grid(grid)
+        drawn = f"grid `{grid}` ({configs} configs drawn and frozen before they ran)"
+        if sample == samples.OUT:
+            found = newest_of.get(grid)
+            held.append(
+                f"{drawn} " + _grid_figures(grid, found, configs)
+                if found
+                else f"{drawn}: not run yet"
+            )
+        elif grid in newest_of:
+            figures = _grid_figures(grid, newest_of[grid], configs)
+            judged.append(f"grid `{grid}` ({why}) {figures}")
+    if not held:
+        return None
+    line = f"Estimator on a CPU, held out: {'; '.join(held)}."
+    return line + (f" In sample: {'; '.join(judged)}." if judged else "")
 
 
 def estimator_held_out_kinds(results: Path) -> str | None:
-    """docs/benchmarks.md's sentence naming the CPU kinds each held-out estimator grid has run
-    on (``estimator_accuracy.py``'s files)."""
+    """docs/benchmarks.md's sentence naming the CPU kinds each frozen held-out estimator grid
+    has run on (``estimator_accuracy.py``'s files), or that it has not run yet."""
     kinds: dict[str, dict[str, Path]] = {}
     for path in results_io.runs("estimator_accuracy", "cpu", results):
         doc = results_io.load(path)
         for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-            if samples.grid(grid)[0] == samples.OUT:
-                kinds.setdefault(grid, {})[cpu_kind(doc)] = path
-    if not kinds:
+            kinds.setdefault(grid, {})[cpu_kind(doc)] = path
+    held = [
+        p.stem
+        for p in sorted(samples.GRIDS_DIR.glob("*.json"))
+        if samples.grid(p.stem)[0] == samples.OUT
+    ]
+    if not held:
         return None
-    return " ".join(
-        f"The held-out grid `{grid}` has run on {', '.join(found)}"
-        f"{' only' if len(found) == 1 else ''} "
-        f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
-        for grid, found in kinds.items()
-    )
+    out = []
+    for grid in held:
+        found = kinds.get(grid)
+        if not found:
+            out.append(f"The held-out grid `{grid}` has not run yet.")
+            continue
+        out.append(
+            f"The held-out grid `{grid}` has run on {', '.join(found)}"
+            f"{' only' if len(found) == 1 else ''} "
+            f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
+        )
+    return " ".join(out)
 
 
 def _reference_runs(results: Path) -> tuple[dict, dict, Path] | None:
@@ -1092,6 +1188,7 @@ FIGURES: dict[str, Callable[[Path], str | None]] = {
     "memory_fewer_parameters": memory_fewer_parameters,
     "estimator_held_out_kinds": estimator_held_out_kinds,
     "networks_tight_budget": networks_tight_budget,
+    "benchmarks_cpu_margins": benchmarks_cpu_margins,
 }
 
 
@@ -1125,6 +1222,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "cpu_bf16_conv": cpu_bf16_conv,
     "nnunet_side_by_side": nnunet_side_by_side,
     "cuda_margins": cuda_margins,
+    "cpu_margins": cpu_margins,
 }
 
 

@@ -522,11 +522,15 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     assert "| checked-2026-12-02 | in sample | new held | 200.0 / 190.0 (−5.0%) | not run |" in (
         table
     )
+    # new held: 190 of 200 (-5%) short, 104 of 100 (+4%) safe
     assert (
-        "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max |error| 5.0% (2 configs)"
-        in table
+        "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max |error| 5.0% (2 configs); "
+        "safe in 1 of 2 (50%)" in table
     )
-    assert "- tuned (in sample), AVX2: mean |error| 50.0%, max |error| 50.0% (1 configs)" in table
+    assert (
+        "- tuned (in sample), AVX2: mean |error| 50.0%, max |error| 50.0% (1 configs); "
+        "safe in 1 of 1 (100%)" in table
+    )
     # the newest AMX file of the tuned grid, its failed config shown and not counted
     assert "on amx" not in table
     assert "| tuned | in sample | amx held | not run | 100.0 / 90.0 (−10.0%) |" in table
@@ -534,9 +538,10 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     assert "| tuned | in sample | slow | not run | failed: train.py ran past 900 s (stopped) |" in (
         table
     )
+    # 90 of 100 (-10%): short; the failed configs count neither way
     assert (
-        "- tuned (in sample), AMX: mean |error| 10.0%, max |error| 10.0% (1 configs, 2 failed)"
-        in table
+        "- tuned (in sample), AMX: mean |error| 10.0%, max |error| 10.0% (1 configs, 2 failed); "
+        "safe in 0 of 1 (0%)" in table
     )
 
 
@@ -552,9 +557,27 @@ def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
         assert doc["ranges"] == draw_grid.RANGES, path.name
         drawn = draw_grid.draw(doc["seed"], len(doc["configs"]))
         assert [(c["name"], c["overrides"]) for c in doc["configs"]] == drawn, path.name
-        assert samples.grid(path.stem)[0] == doc["sample"]
-    assert samples.grid("held-out-2026-12-03-b")[0] == "held out"
+        expected = "in sample" if path.stem in samples.JUDGED else doc["sample"]
+        assert samples.grid(path.stem)[0] == expected
+    assert samples.grid("held-out-2026-12-04")[0] == "held out"
     assert samples.grid("held-out")[0] == "in sample"  # the 2026-12-02 grid: judged on since
+
+
+def test_a_frozen_grid_judged_on_since_is_in_sample_whatever_its_file_says():
+    """``held-out-2026-12-03-b``'s file says held out, but the estimator was judged on it: its
+    rows read in sample, with the reason, in the tables and in ``samples.json``."""
+    samples = load_benchmark("samples")
+    frozen = json.loads((REPO / "benchmarks" / "grids" / "held-out-2026-12-03-b.json").read_text())
+    assert frozen["sample"] == "held out"
+    sample, why = samples.grid("held-out-2026-12-03-b")
+    assert sample == "in sample" and "judged on it since" in why
+    index = json.loads((REPO / "benchmarks" / "results" / "samples.json").read_text())["files"]
+    for date in ("2026-12-03", "2026-12-04"):
+        name = f"cpu/{date}_estimator_accuracy.json"
+        assert index[name]["grids"]["held-out-2026-12-03-b"]["sample"] == "in sample"
+    docs = (REPO / "docs" / "benchmarks.md").read_text()
+    assert "| held-out-2026-12-03-b | held out |" not in docs
+    assert "| held-out-2026-12-03-b | in sample |" in docs
 
 
 def test_every_generated_table_says_whether_its_rows_are_in_sample():
@@ -652,7 +675,7 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     its marker is rewritten and an unknown one refused."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
-    grid = "held-out-2026-12-03-b"
+    grid = "held-out-2026-12-04"
     frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
 
     def row(name, error, g=grid):
@@ -673,9 +696,11 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
     assert (
         "(AVX2), 3 run so far: mean |error| 20.0%, max 30.0% of a step's measured rise over the 2 "
-        in sentence
+        "that finished, the estimate at or above it (safe) in 1 of 2 (50%), 1 ran past the time "
+        "limit" in sentence
     )
-    assert "1 ran past the time limit" in sentence
+    # the grid judged on since has no rows here: nothing in sample is said
+    assert "In sample" not in sentence
     assert "([file](" in sentence and "2026-01-02_estimator_accuracy.json))." in sentence
     text = (
         "- <!-- figure: readme_estimator_held_out -->old<!-- /figure: readme_estimator_held_out -->"
@@ -741,3 +766,72 @@ def test_readmes_held_out_task_line_names_the_cpu_kind_and_the_steps(tmp_path):
     assert "2 seeds, Some CPU (AVX-512), about 150 steps):" in line
     assert "volseg's default 0.300 mean final Dice" in line
     assert "volseg's recipe 0.200 ([file](" in line
+
+
+def test_the_summary_line_counts_the_estimates_at_or_above_the_measured_rise():
+    """Safe: ``error >= 0`` (an estimate equal to the measured rise is safe); a failed config
+    counts neither way. Four measured, three at or above: 75%."""
+    grid = load_benchmark("grid")
+    rows = [
+        {"error": 0.10},
+        {"error": 0.0},
+        {"error": -0.20},
+        {"error": 0.05},
+        {"failed": "error: no such key"},
+    ]
+    assert grid.safe_count(rows) == (3, 4)
+    assert grid.summary_line(rows) == (
+        "mean |error| 8.8%, max |error| 20.0% (4 configs, 1 failed); safe in 3 of 4 (75%)"
+    )
+    assert grid.safe_text([{"error": -0.01}, {"error": -0.3}]) == "safe in 0 of 2 (0%)"
+    assert grid.safe_text([{"failed": "x"}]) == "none measured"
+
+
+def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_the_judged_grids(
+    tmp_path,
+):
+    """With no rows of the frozen held-out grid yet, the sentence says so; the frozen grid
+    judged on since (``samples.JUDGED``) follows as in sample, with its reason and, per CPU kind,
+    its safety rate: AVX512_BF16 2 of 3 (67%), AVX2 0 of 1 (0%)."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    samples = load_benchmark("samples")
+    judged = "held-out-2026-12-03-b"
+    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+    bf16 = {**avx2, "avx512f": True, "avx512_bf16": True}
+    for file, flags, errors in (
+        ("2026-01-01_estimator_accuracy.json", avx2, [-0.4]),
+        ("2026-01-02_estimator_accuracy.json", bf16, [0.02, -0.03, 0.0]),
+    ):
+        rows = [{"grid": judged, "name": f"c{i}", "error": e} for i, e in enumerate(errors)]
+        doc = results_io.result("estimator_accuracy", rows, argv=[])
+        doc.update(cpu_flags=flags, **NOT_HELD)
+        results_io.write(doc, tmp_path / "cpu" / file)
+    sentence = tables.readme_estimator_held_out(tmp_path)
+    assert sentence.startswith(
+        "Estimator on a CPU, held out: grid `held-out-2026-12-04` (12 configs drawn and frozen "
+        "before they ran): not run yet. In sample: grid `held-out-2026-12-03-b` ("
+        + samples.JUDGED[judged]
+        + ")"
+    )
+    # the kinds with the most instructions first
+    assert sentence.index("(AVX512_BF16)") < sentence.index("(AVX2)")
+    assert "the 3 that finished, the estimate at or above it (safe) in 2 of 3 (67%)" in sentence
+    assert "the 1 that finished, the estimate at or above it (safe) in 0 of 1 (0%)" in sentence
+    kinds = tables.estimator_held_out_kinds(tmp_path)
+    assert kinds == "The held-out grid `held-out-2026-12-04` has not run yet."
+
+
+def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function():
+    """One naming of CPU kinds: the tables' (a results file's) and the planner's (this CPU's)."""
+    tables = load_benchmark("tables")
+    from volseg.utils import cpu
+
+    assert tables.kind_of is cpu.kind_of
+    amx = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
+    assert tables.cpu_kind({"cpu_flags": amx, **NOT_HELD}) == "AMX"
+    held = {"cpu_flags": amx, "onednn_max_cpu_isa": "AVX2", "aten_cpu_capability": None}
+    assert tables.cpu_kind(held) == "AMX, held to AVX2"
+    # a file from before cpu_flags were recorded: its CPU's description has them
+    old = {"cpu": "Xeon (2 cores; avx2=yes avx512f=yes avx512_bf16=yes amx_bf16=no; bf16 native)"}
+    assert tables.cpu_kind(old) == "AVX512_BF16"

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
+from volseg.memory.budget import planned_total
 from volseg.memory.estimator import estimate
 from volseg.memory.planner import Plan, Planner, patch_divisor, plan
 from volseg.utils.units import MIB
@@ -25,22 +26,27 @@ SMALL = [
 ]
 
 
+#: a budget SMALL's batch 2 fits, with room for a larger batch whatever the kind of CPU's margin
+#: (AVX2's +172% of the step's growth: batch 2 51 MiB, batch 3 77, batch 4 102)
+BUDGET = 96 * MIB
+
+
 @pytest.fixture(scope="module")
-def small_within_60_mib(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictConfig, Plan]:
-    """SMALL (batch 2, which fits) and the planner's batch search for 60 MiB, read by the tests
-    below."""
+def small_within_budget(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictConfig, Plan]:
+    """SMALL (batch 2, which fits) and the planner's batch search for :data:`BUDGET`, read by
+    the tests below."""
     cfg = planned_config("train", tmp_path_factory.mktemp("small"), SMALL)
-    return cfg, plan(cfg, 60 * MIB, search="batch")
+    return cfg, plan(cfg, BUDGET, search="batch")
 
 
 @pytest.mark.slow
-def test_planned_batch_fits_and_one_more_does_not(small_within_60_mib):
-    cfg, answer = small_within_60_mib
-    budget = 60 * MIB
+def test_planned_batch_fits_and_one_more_does_not(small_within_budget):
+    cfg, answer = small_within_budget
+    budget = BUDGET
     n = answer.batch_size
     assert n is not None and n > 2 and answer.overrides == [f"data.batch_size={n}"]
-    assert answer.estimate["process_total"] <= budget
-    assert answer.next_step_estimate["process_total"] > budget
+    assert planned_total(answer.estimate) <= budget
+    assert planned_total(answer.next_step_estimate) > budget
     # a real step at the planned batch stays under the budget
     assert sum(real_step_peak(cfg, n).values()) <= budget
 
@@ -55,7 +61,7 @@ def batch_8_between_no_and_all_checkpointing(
     cfg = planned_config("train", tmp_path_factory.mktemp("batch8"), [*SMALL, "data.batch_size=8"])
     without = estimate(cfg)
     with_all = estimate(cfg, activation_checkpointing="all")
-    budget = (without.process_total + with_all.process_total) // 2
+    budget = (planned_total(without) + planned_total(with_all)) // 2
     return (
         cfg,
         budget,
@@ -88,8 +94,9 @@ def test_planned_patch_keeps_the_aspect_and_divides_by_the_poolings(tmp_path):
     assert [p % d for p, d in zip(patch, [2, 4, 4], strict=True)] == [0, 0, 0]
     assert patch[1] == 2 * patch[0] and patch[2] == 4 * patch[0]
     assert patch[0] > 8
-    assert answer.estimate["process_total"] <= 40 * MIB
-    assert answer.next_step_estimate["process_total"] > 40 * MIB
+    # as the planner counts them: with the margin of this kind of CPU on the step's growth
+    assert planned_total(answer.estimate) <= 40 * MIB
+    assert planned_total(answer.next_step_estimate) > 40 * MIB
 
 
 def test_patch_divisor_is_per_axis(tmp_path):
@@ -111,8 +118,9 @@ def test_planned_patch_divides_each_axis_by_its_own_poolings(tmp_path):
     patch = answer.patch_size
     assert patch[0] % 2 == 0 and patch[1] % 4 == 0 and patch[2] % 4 == 0
     assert patch[1] == 2 * patch[0] and patch[2] == 4 * patch[0]
-    assert answer.estimate["process_total"] <= 40 * MIB
-    assert answer.next_step_estimate["process_total"] > 40 * MIB
+    # as the planner counts them: with the margin of this kind of CPU on the step's growth
+    assert planned_total(answer.estimate) <= 40 * MIB
+    assert planned_total(answer.next_step_estimate) > 40 * MIB
     # z steps by 2, not by the 4 a z-pooled network needs: the next patch is 2 slices deeper
     assert answer.next_step_estimate["patch_size"][0] == patch[0] + 2
 
@@ -199,8 +207,8 @@ def test_planner_offers_micro_batches_that_add_up_to_the_batch(
     assert answer.flops_per_sample > 1.05  # checkpointed levels run their forward twice
 
 
-def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_60_mib):
-    answer = small_within_60_mib[1]
+def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_budget):
+    answer = small_within_budget[1]
     assert answer.fits_as_configured
     assert answer.micro_batching is None and answer.flops_per_sample is None
 
@@ -245,7 +253,8 @@ def test_a_batch_of_one_over_the_budget_does_not_end_the_batch_search(tmp_path):
     cfg = planned_config("train", tmp_path, SMALL)
     one, two, three = (estimate(cfg, batch_size=n) for n in (1, 2, 3))
     assert one.process_total > three.process_total > two.process_total  # the premise
-    budget = (two.process_total + three.process_total) // 2
+    assert planned_total(one) > planned_total(three) > planned_total(two)
+    budget = (planned_total(two) + planned_total(three)) // 2
     n, est = Planner(cfg, budget).largest_batch("none")
     assert n == 2 and est.process_total == two.process_total
     answer = plan(cfg, budget, search="batch", checkpointing_options=["none"])

@@ -278,6 +278,7 @@ def _installed_margins(site: Path, cwd: Path) -> tuple[dict, str]:
 def test_the_wheel_ships_the_margins_and_an_install_plans_with_them(wheel, tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         assert "volseg/memory/cuda_margins.json" in archive.namelist()
+        assert "volseg/memory/cpu_margins.json" in archive.namelist()
     site = tmp_path / "site"
     _pip("install", "--no-deps", "--no-index", "--target", site, wheel)
     margins, _ = _installed_margins(site, tmp_path)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
+from volseg.memory.budget import planned_total
 from volseg.memory.estimator import estimate
 from volseg.memory.planner import plan
 from volseg.models.networks import adapter_for
@@ -106,7 +107,7 @@ def test_unetr_input_size_moves_with_the_planners_smaller_patch(tmp_path):
         for b in (1, 2)
         for o in ("none", "all")
     ]
-    budget = min(e.process_total for e in at_patch) - 1  # nothing fits at 32x64x64
+    budget = min(planned_total(e) for e in at_patch) - 1  # nothing fits at 32x64x64
     answer = plan(cfg, budget, checkpointing_options=["none", "all"])
     assert answer.fallback == "a smaller patch"
     patch = answer.patch_size
@@ -157,7 +158,7 @@ def test_a_decoder_popping_its_skips_plans_under_a_budget(tmp_path, monkeypatch)
     cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False).run_config()
     none, every = estimate(cfg), estimate(cfg, activation_checkpointing="all")  # no IndexError
     assert every.process_total < none.process_total  # the encoder and bottom are checkpointed
-    budget = (none.process_total + every.process_total) // 2
+    budget = (planned_total(none) + planned_total(every)) // 2  # as the planner counts them
     planned = make_plan(
         compose_config("train", tmp_path, [*overrides, f"memory.budget={budget}"]), fit_budget=True
     )

@@ -12,6 +12,7 @@ import yaml
 
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
+from volseg.memory.budget import planned_total
 from volseg.memory.estimator import estimate
 from volseg.plan import make_plan
 from volseg.tasks.estimate_memory import run_estimate
@@ -114,7 +115,7 @@ def test_a_budget_is_checked_or_fitted_by_the_planner(tmp_path):
     small += ["trainer.precision=32", "data.batch_size=8", "estimate.max_batch_size=8"]
     small += ["estimate.val_shape=[16,32,32]"]
     configured = _plan(tmp_path, small, estimate_step=True)
-    needed = configured.estimate["process_total"]
+    needed = planned_total(configured.estimate)  # as the planner counts it: the CPU margin in
     # 60% of the step, or what validating one window needs where that is more (on CPUs whose
     # batch-1 convolutions take the larger scratch: AVX2 only)
     budget_bytes = max(0.6 * needed, configured.validation["process_total"])

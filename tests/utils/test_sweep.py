@@ -168,7 +168,9 @@ def test_parallel_jobs_append_one_row_each_under_one_header(tmp_path):
 
 @pytest.mark.slow
 def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
-    """memory.budget: the job whose estimated step does not fit is pruned, the other trains."""
+    """memory.budget: the job whose estimated step does not fit is pruned, the other trains. The
+    budget lies between the two steps as the planner counts them, with the margin of any kind of
+    CPU (batch 1: 24 MiB bare, 64 with AVX2's +172% of its growth; batch 16: 77 MiB bare)."""
     sweep_dir = tmp_path / "sweep"
     _multirun(
         small_dataset,
@@ -177,14 +179,14 @@ def test_memory_budget_prunes_a_job_before_it_trains(small_dataset, tmp_path):
         "data.patch_size=[16,32,32]",
         "trainer.accelerator=cpu",
         "trainer.precision=32",
-        "memory.budget=48MiB",
+        "memory.budget=72MiB",
     )
     with open(sweep_dir / "sweep_summary.csv") as f:
         rows = {r["overrides"]: r for r in csv.DictReader(f)}
     fits = next(r for k, r in rows.items() if "data.batch_size=1" in k)
     over = next(r for k, r in rows.items() if "data.batch_size=16" in k)
     assert fits["status"] == "ok"  # and the sweep exits 0: a pruned job is no failure
-    assert over["status"] == "pruned" and "memory.budget=48MiB" in over["error"]
+    assert over["status"] == "pruned" and "memory.budget=72MiB" in over["error"]
     assert not list((sweep_dir / over["job"]).rglob("*.ckpt"))  # it never trained
 
 

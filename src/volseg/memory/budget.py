@@ -4,14 +4,47 @@ before any work."""
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
+from typing import Any
 
 from volseg.memory.estimator import MemoryEstimate
 from volseg.memory.inference import InferenceEstimate
 from volseg.memory.inference_plan import margin_note
+from volseg.memory.residuals import cpu_margin_bytes
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
+
+
+def planned_total(est: MemoryEstimate | Mapping[str, Any]) -> int:
+    """A training step's estimate (or its ``to_dict()``) as the planner counts it against a
+    budget, with its margin: on a CPU the process total plus ``margin x step_peak_growth``; on
+    CUDA the reserved peak times 1 + margin plus the CUDA context (the peak without a budget:
+    within one, the allocator's replay decides, :meth:`MemoryEstimate.total_within`)."""
+    get = est.get if isinstance(est, Mapping) else lambda key, default=None: getattr(est, key)
+    margin = get("margin", 0.0) or 0.0
+    if get("device") == "cpu":
+        return int(get("process_total") + cpu_margin_bytes(margin, get("step_peak_growth")))
+    return int(math.ceil(get("peak_reserved") * (1 + margin)) + get("cuda_context"))
+
+
+def step_margin_note(est: MemoryEstimate) -> str:
+    """How a training step's budget is counted: the planner's margin on CUDA's reserved peak or
+    on a CPU step's growth, and where it comes from (``""``: no margin)."""
+    if not est.margin:
+        return ""
+    if est.device == "cpu":
+        return (
+            f" plus a margin of +{est.margin:.0%} of its growth "
+            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
+            f"{est.margin_source}"
+        )
+    return (
+        f" with a margin of +{est.margin:.0%} on the reserved peak: the estimate's largest "
+        f"shortfall on a recorded GPU run, {est.margin_source}"
+    )
 
 
 def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
@@ -23,7 +56,8 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
         raise BudgetExceeded(
             f"memory.budget={budget_value}: the estimated training step needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB), over {budget / MIB:,.0f} MiB. "
+            f"{est.peak_allocated / MIB:,.0f} MiB){step_margin_note(est)}, over "
+            f"{budget / MIB:,.0f} MiB. "
             "`python plan.py <the same overrides>` searches a batch, activation and loss "
             "checkpointing, micro-batches and a smaller patch that fit"
         )

@@ -21,7 +21,7 @@ import copy
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -33,6 +33,7 @@ from volseg.memory.inference_trace import (
     validation_margin,
     validation_phase,
 )
+from volseg.memory.residuals import cpu_margin, cpu_margin_bytes
 from volseg.memory.step_trace import (
     MemoryEstimate,
     fake_step,
@@ -40,6 +41,7 @@ from volseg.memory.step_trace import (
     step_estimate,
     trace_steps,
 )
+from volseg.utils.cpu import cpu_kind
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)
 CACHED_RUNS = 32
@@ -117,6 +119,34 @@ class Variant:
 
 
 @dataclass
+class CpuStepEstimate(MemoryEstimate):
+    """A CPU step's estimate planned with its CPU kind's margin
+    (:func:`volseg.memory.residuals.cpu_margin`): ``margin`` is a fraction of the step's growth
+    (``step_peak_growth``, the figure the margin was fitted on), added to the process total
+    when it is checked against a budget. The figures themselves stay the bare estimate."""
+
+    @classmethod
+    def of(cls, est: MemoryEstimate, kind: str) -> CpuStepEstimate:
+        """``est`` with the margin of a CPU of ``kind``."""
+        margined = cls(**{f.name: getattr(est, f.name) for f in fields(MemoryEstimate)})
+        margined.events, margined.allocator = est.events, est.allocator
+        found = cpu_margin(kind)
+        margined.margin = found.fraction
+        margined.margin_source = found.source
+        return margined
+
+    @property
+    def margin_bytes(self) -> int:
+        """What the margin adds: ``margin x step_peak_growth``, rounded up."""
+        return cpu_margin_bytes(self.margin, self.step_peak_growth)
+
+    def total_within(self, budget: int) -> int | None:
+        """The process total with the margin added, where it fits ``budget``; else ``None``."""
+        total = self.process_total + self.margin_bytes
+        return total if total <= budget else None
+
+
+@dataclass
 class RunEstimate:
     """One variant of a planned run, from one trace: ``step`` (the training step's memory, by
     category and module), ``flops_per_step`` (one optimizer step's), ``validation`` (of the
@@ -189,6 +219,8 @@ def _trace(
         phase.prepare(mode)
     trace = trace_steps(step, mode, device, None if phase is None else phase.then)
     est = step_estimate(step, trace, device, precision, settings, started, allocator)
+    if device == "cpu":  # the planner's margin for this kind of CPU (volseg.memory.residuals)
+        est = CpuStepEstimate.of(est, cpu_kind())
     validation = None
     if phase is not None:
         validation = validation_margin(

@@ -1,4 +1,5 @@
-"""The planner's margin on CUDA: how far the estimate has fallen short of recorded GPU runs.
+"""The planner's margins: how far the estimate has fallen short of recorded runs, on CUDA per
+kind of step (here) and on a CPU per kind of CPU (:func:`cpu_margin`, at the end).
 
 Until the estimate is within its bounds everywhere (``tests/memory/test_recorded_cuda.py``), the
 planner plans with ``reserved x (1 + margin)``: the largest ratio of measured to estimated peak
@@ -16,6 +17,7 @@ Rewrite them when the estimator or the recorded runs change.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -81,3 +83,49 @@ def cuda_margin(offload: object, accumulate_grad_batches: int) -> Margin:
     if accumulate_grad_batches > 1:
         return ACCUMULATION
     return OTHER
+
+
+# The CPU margins. On a CPU the planner plans with ``process_total + margin x step_peak_growth``:
+# per kind of CPU (:func:`volseg.utils.cpu.cpu_kind`), the largest ratio of measured to
+# estimated step rise among the in-sample estimator runs on that kind, less 1, rounded up to a
+# whole percent (0 where the estimate covers them all). A kind with no recorded run plans with
+# the largest margin of any kind, and its source says so. ``cpu_margins.json`` beside this file
+# holds them, each run against the margin fitted without it (``leave_one_out``); ``python -m
+# benchmarks cpu_margins`` writes it from the committed estimator results files.
+
+CPU_MARGINS_FILE = "cpu_margins.json"  # package data of volseg.memory
+
+
+def packaged_cpu_margins() -> tuple[dict[str, Margin], Margin]:
+    """Each CPU kind's margin as ``cpu_margins.json`` holds it, and the margin of a kind it
+    has none for."""
+    doc = json.loads((files("volseg.memory") / CPU_MARGINS_FILE).read_text(encoding="utf-8"))
+    kinds = {kind: Margin(m["fraction"], m["source"]) for kind, m in doc["margins"].items()}
+    return kinds, Margin(doc["unrecorded"]["fraction"], doc["unrecorded"]["source"])
+
+
+try:
+    _CPU_MARGINS, _CPU_UNRECORDED = packaged_cpu_margins()
+except FileNotFoundError:
+    warnings.warn(
+        f"volseg/memory/{CPU_MARGINS_FILE} is missing: the CPU planner plans with no margin "
+        "(python -m benchmarks cpu_margins writes it)",
+        stacklevel=1,
+    )
+    _CPU_MARGINS = {}
+    _CPU_UNRECORDED = Margin(0.0, f"none: {CPU_MARGINS_FILE} is missing")
+
+
+def cpu_margin_bytes(fraction: float, step_peak_growth: int) -> int:
+    """What a CPU margin adds to a step's estimate: ``fraction x step_peak_growth``, rounded
+    up."""
+    return math.ceil(fraction * step_peak_growth)
+
+
+def cpu_margin(kind: str) -> Margin:
+    """The margin on a CPU step's growth for a CPU of ``kind`` (``cpu_kind()``'s name): its
+    own, else the stated margin of a kind with no recorded run."""
+    if kind in _CPU_MARGINS:
+        return _CPU_MARGINS[kind]
+    named = _CPU_UNRECORDED.source.replace("this kind of CPU", kind, 1)
+    return Margin(_CPU_UNRECORDED.fraction, named)

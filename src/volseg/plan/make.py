@@ -211,8 +211,9 @@ def _plan_step(
     """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
     engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: the step,
     its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
-    peak_allocated, process_total, flops_per_step}`` (bytes), ``the RunEstimate or None)``."""
-    from volseg.memory.budget import check_estimate_fits
+    peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
+    (bytes), ``the RunEstimate or None)``."""
+    from volseg.memory.budget import check_estimate_fits, step_margin_note
     from volseg.memory.engine import estimate_run
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
@@ -247,17 +248,19 @@ def _plan_step(
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
         if est.margin:
-            why += (
-                f", with a margin of +{est.margin:.0%} on the reserved peak: the estimate's "
-                f"largest shortfall on a recorded GPU run, {est.margin_source}"
-            )
+            why += "," + step_margin_note(est)
     if run is not None:
         result = {
             "device": run.step.device,
             "precision": run.step.precision,
             "peak_allocated": run.step.peak_allocated,
             "process_total": run.step.process_total,
+            "step_peak_growth": run.step.step_peak_growth,
             "flops_per_step": run.flops_per_step,
+            # what the planner adds when it checks a budget (CUDA: on the reserved peak; a CPU:
+            # on the step's growth), and where it comes from
+            "margin": run.step.margin,
+            "margin_source": run.step.margin_source,
         }
     for key in (
         *STEP_KEYS,

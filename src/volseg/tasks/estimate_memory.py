@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
+from volseg.memory.budget import planned_total
 from volseg.memory.engine import Variant, estimate_config
 from volseg.memory.estimator import MemoryEstimate, planned_device
 from volseg.memory.inference import (
@@ -71,17 +72,19 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
             ("CUDA context", est.cuda_context),
             ("process total (nvidia-smi)", est.process_total),
         ]
+    if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
+        rows += [
+            ("step's growth", est.step_peak_growth),
+            (f"planned (+{est.margin:.0%} of growth)", planned_total(est)),
+        ]
     lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    if est.device == "cpu" and est.margin:
+        lines.append(f"  the CPU margin of its kind: {est.margin_source}")
     total = sum(est.modules.values()) or 1
     lines.append("  activations by module (what its forward keeps for backward):")
     for name, nbytes in list(est.modules.items())[:top]:
         lines.append(f"    {name:<28}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / total:6.1f}%")
     return "\n".join(lines)
-
-
-def _planned_total(est: dict) -> float:
-    """An estimate's process total as the planner counts it: reserved with its margin."""
-    return est["peak_reserved"] * (1 + est.get("margin", 0.0)) + est["cuda_context"]
 
 
 def format_plan(result: Plan) -> str:
@@ -95,16 +98,20 @@ def format_plan(result: Plan) -> str:
             f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
             + (
                 f"; one step more ({result.search}) would need "
-                f"{_planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
+                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
                 if result.next_step_estimate
                 else ""
             )
         )
     if result.estimate is not None and result.estimate.get("margin"):
+        est = result.estimate
+        counted = (
+            "of the step's growth, the CPU margin of its kind:"
+            if est["device"] == "cpu"
+            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
+        )
         lines.append(
-            f"  planned with a margin of +{result.estimate['margin']:.0%} on the reserved peak: "
-            f"the estimate's largest shortfall on a recorded GPU run, "
-            f"{result.estimate['margin_source']}"
+            f"  planned with a margin of +{est['margin']:.0%} {counted} {est['margin_source']}"
         )
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())

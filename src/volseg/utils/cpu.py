@@ -81,3 +81,41 @@ def cpu_description() -> str:
     cap = f", oneDNN capped at {capped}" if capped else ""
     native = "native" if cpu_bf16_native() else "emulated"
     return f"{cpu_model()} ({os.cpu_count()} cores; {flags}; bf16 {native}{cap})"
+
+
+#: ISA flag -> the kind of CPU it makes, first match (a CPU with none of them and AVX2: ``AVX2``)
+CPU_KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"), ("avx512f", "AVX-512"))
+
+
+def kind_of(
+    flags: dict[str, bool] | None,
+    onednn_max_cpu_isa: str | None = None,
+    aten_cpu_capability: str | None = None,
+) -> str:
+    """The kind of a CPU by its bf16 and vector instructions (``AMX``, ``AVX512_BF16``,
+    ``AVX-512``, ``AVX2``, else ``other``), and the ISA its kernels were held to:
+    ``AVX512_BF16, held to AVX2`` under ``ONEDNN_MAX_CPU_ISA=AVX2``, ``..., ATen held to
+    avx2`` under ``ATEN_CPU_CAPABILITY=avx2``. A held CPU is a kind of its own: its kernels,
+    and so its memory, are not the unheld CPU's."""
+    flags = flags or {}
+    kind = next(
+        (name for flag, name in CPU_KINDS if flags.get(flag)),
+        "AVX2" if flags.get("avx2") else "other",
+    )
+    if onednn_max_cpu_isa:
+        kind += f", held to {onednn_max_cpu_isa}"
+    if aten_cpu_capability:
+        kind += f", ATen held to {aten_cpu_capability}"
+    return kind
+
+
+def cpu_kind() -> str:
+    """:func:`kind_of` this CPU, with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` as this
+    process has them: the kind the CPU planner's margin is looked up by
+    (:func:`volseg.memory.residuals.cpu_margin`), named as ``benchmarks/tables.py`` names the
+    CPU of a results file."""
+    return kind_of(
+        cpu_flags(),
+        os.environ.get("ONEDNN_MAX_CPU_ISA") or None,
+        os.environ.get("ATEN_CPU_CAPABILITY") or None,
+    )
