@@ -14,13 +14,12 @@ at or above every row. The planner adds ``margin x step_peak_growth`` to a CPU s
 ``ONEDNN_MAX_CPU_ISA``) plans with the largest margin of any kind (``unrecorded``). Each row is
 also checked against the margin fitted without it (:func:`leave_one_out`): is it still safe?
 
-A row's estimate is the one its estimator file recorded, unless a newer
-``<date>_cpu_margin_estimates.json`` made on a CPU of the same kind has it (``--reestimate``:
-each fitted row of this CPU's kind estimated again with this checkout's estimator, its measured
-rise kept; minutes, where rerunning the grids takes hours).
+A row's estimate is the one its estimator file recorded. After an estimator change, a file's
+configs are estimated again on a CPU of its kind, their measured rises kept, by
+``python -m benchmarks estimator_accuracy --re-estimate FILE`` (minutes, where rerunning the
+grids takes hours): the new file is the newest of its grid and kind, and the fit reads it.
 
     python -m benchmarks cpu_margins                # writes src/volseg/memory/cpu_margins.json
-    python -m benchmarks cpu_margins --reestimate   # after an estimator change, on that CPU kind
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ from volseg.utils.units import MIB
 
 MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
 COMMAND = "python -m benchmarks cpu_margins"
-#: the results file of ``--reestimate`` (``<date>_cpu_margin_estimates.json``)
-REESTIMATES = "cpu_margin_estimates"
 
 
 def _rows(doc: dict) -> list[dict]:
@@ -59,8 +56,7 @@ def _order(path: Path, doc: dict) -> tuple[str, int, str]:
 def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
     """Each in-sample measured row the margins are fitted on: ``file``, ``grid``, ``config``,
     ``overrides``, ``kind``, ``measured`` and ``estimated`` (a steady step's rise, bytes), from
-    the newest file of each grid and CPU kind; the estimate from the newest
-    ``--reestimate`` file of the same kind that has the row (``estimated_in``), if any."""
+    the newest file of each grid and CPU kind."""
     docs = sorted(
         ((p, json.loads(p.read_text())) for p in (results / "cpu").glob("*estimator*.json")),
         key=lambda found: _order(*found),
@@ -90,14 +86,6 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
                     "estimated": int(r["estimated_bytes"]),
                 }
             )
-    for path in results_io.runs(REESTIMATES, "cpu", results):  # oldest first: the newest wins
-        doc = json.loads(path.read_text())
-        again = {(r["file"], r["config"]): r["estimated_bytes"] for r in doc["rows"]}
-        for step in steps:
-            found = again.get((step["file"], step["config"]))
-            if found is not None and cpu_kind(doc) == step["kind"]:
-                step["estimated"] = int(found)
-                step["estimated_in"] = path.resolve().relative_to(root.resolve()).as_posix()
     return steps
 
 
@@ -198,53 +186,11 @@ def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
             "estimate at or above every in-sample run's measured rise (newest file of each grid "
             "and kind; held-out grids are not fitted on)"
         ),
-        "files": sorted(
-            {s["file"] for s in steps} | {s.get("estimated_in") for s in steps} - {None}
-        ),
+        "files": sorted({s["file"] for s in steps}),
         "margins": fitted,
         "unrecorded": unrecorded(fitted),
         "leave_one_out": leave_one_out(steps),
     }
-
-
-def reestimate(
-    results: Path,
-    work_dir: Path,
-    argv: Sequence[str] | None = None,
-    json_out: Any = results_io.DEFAULT,
-) -> Path | None:
-    """Estimate again, with this checkout's estimator, every fitted row of this CPU's kind
-    (:func:`volseg.utils.cpu.cpu_kind`), and write them as ``<date>_cpu_margin_estimates.json``
-    (``results_io.write``'s ``json_out``); the measured rises stay those of the estimator
-    files."""
-    from benchmarks import grid
-    from volseg.utils.cpu import cpu_kind as this_kind
-
-    kind = this_kind()
-    rows = []
-    for step in fitted_rows(results):
-        if step["kind"] != kind:
-            continue
-        grid.prepare_data(step["overrides"], work_dir)
-        predicted = grid.predict(step["overrides"], "cpu", work_dir)
-        rows.append(
-            {
-                **{k: step[k] for k in ("file", "grid", "config", "overrides")},
-                "estimated_bytes": predicted["growth"],
-                "recorded_estimate_bytes": step["estimated"],
-                "measured_bytes": step["measured"],
-            }
-        )
-        print(
-            f"{step['config']}: {predicted['growth'] / MIB:,.1f} MiB estimated "
-            f"({step['estimated'] / MIB:,.1f} recorded, {step['measured'] / MIB:,.1f} measured)",
-            flush=True,
-        )
-    if not rows:
-        print(f"no fitted row of this CPU's kind ({kind}): nothing to estimate again")
-        return None
-    doc = results_io.result(REESTIMATES, rows, script=__file__, argv=argv, kind=kind)
-    return results_io.write(doc, json_out)
 
 
 def write_margins(results: Path = results_io.RESULTS, out: Path = MARGINS) -> Path:
@@ -258,19 +204,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=results_io.RESULTS)
     parser.add_argument("--out", type=Path, default=MARGINS)
-    parser.add_argument(
-        "--reestimate",
-        action="store_true",
-        help="first estimate again every fitted row of this CPU's kind (a results file)",
-    )
-    parser.add_argument("--work-dir", type=Path, default=None, help="data for --reestimate")
-    results_io.add_json_out(parser, REESTIMATES)
     args = parser.parse_args(argv)
-    if args.reestimate:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            reestimate(args.results, args.work_dir or Path(tmp), argv, args.json_out)
     doc = json.loads(write_margins(args.results, args.out).read_text())
     for kind, margin in doc["margins"].items():
         loo = doc["leave_one_out"]["by_kind"][kind]

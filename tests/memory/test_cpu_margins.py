@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import OrderedDict
 from importlib.resources import files
 from unittest import mock
@@ -283,33 +282,3 @@ def test_an_unrecorded_kind_plans_with_the_stated_margin(tmp_path):
     _, other = residuals.packaged_cpu_margins()
     assert est.margin == other.fraction > 0
     assert est.margin_source.startswith("no in-sample estimator run on AVX-512")
-
-
-def test_reestimate_replaces_a_rows_recorded_estimate_on_the_same_kind_of_cpu(tmp_path):
-    """``--reestimate``: this CPU's rows estimated again by this checkout's estimator (a tiny
-    config), written as a results file that the fit then takes in place of the recorded
-    estimate (the measured rise kept); a row of another kind keeps its recorded estimate."""
-    results = tmp_path / "results"
-    here = cpu.cpu_kind()
-    other = AMX if here == "AVX2" else AVX2
-    tiny = {**_row("tuned", "tiny", 100, 1), "overrides": list(TINY)}
-    _write(results, "2026-01-01_estimator_accuracy.json", "2026-01-01", other, [tiny])
-    doc = {
-        "benchmark": "estimator_accuracy",
-        "date": "2026-01-01",
-        "cpu_flags": cpu.cpu_flags(),
-        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or None,
-        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or None,
-        "rows": [tiny],
-    }
-    (results / "cpu" / "2026-01-01_estimator_accuracy-2.json").write_text(json.dumps(doc))
-    out = results / "cpu" / "2026-01-02_cpu_margin_estimates.json"
-    assert BENCH.reestimate(results, tmp_path / "work", [], out) == out
-    (again,) = json.loads(out.read_text())["rows"]
-    assert again["config"] == "tiny" and again["recorded_estimate_bytes"] == MIB
-    assert again["estimated_bytes"] > MIB  # the tiny step's own estimate, not the recorded 1 MiB
-    rows = {s["kind"]: s for s in BENCH.fitted_rows(results)}
-    assert rows[here]["estimated"] == again["estimated_bytes"]
-    assert rows[here]["estimated_in"] == "results/cpu/2026-01-02_cpu_margin_estimates.json"
-    assert rows[cpu.kind_of(other)]["estimated"] == MIB
-    assert "estimated_in" not in rows[cpu.kind_of(other)]
