@@ -22,6 +22,7 @@ from volseg.models.networks.probe import (
 from volseg.plan.run_plan import Decision
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.extras import import_failure
 
 #: MONAI's loss for networks with one output per decoder level
 DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
@@ -45,9 +46,7 @@ def network_class(net: DictConfig) -> type:
     try:
         return get_class(str(target))
     except Exception as err:
-        raise UserInputError(
-            f"model.net._target_={target}: does not import ({str(err).splitlines()[0]})"
-        ) from None
+        raise import_failure(err, str(target), f"model.net._target_={target}") from None
 
 
 def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.errors import UserInputError, at_config_key
-from volseg.utils.extras import missing_package_error
+from volseg.utils.extras import import_failure, missing_package_error
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,16 @@ def config_error(
         err = err.__cause__
     if any(isinstance(e, MissingMandatoryValue) for e in chain):
         return None  # a ??? value: the entry point names it and shows the command
+    loading = [e for e in chain if str(e).startswith("Error loading '")]
+    if loading:  # a class named inside the node (hydra.utils.get_class's path) does not import
+        path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
+        where = next(
+            (m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key
+        )
+        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+        if isinstance(node, DictConfig) and node.get("path") == path:
+            where = f"{where}.path"
+        return import_failure(loading[0], path, f"{where}={path}")
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
@@ -116,6 +126,9 @@ def config_error(
             break
     if where != key:
         node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
+        if unexpected and isinstance(node, DictConfig) and unexpected.group(1) in node:
+            return UserInputError(f"{where}.{unexpected.group(1)}: {message}")  # a misspelt one
         first = re.match(r"\w+", message)
         if isinstance(node, DictConfig) and first and first.group(0) in node:
             return at_config_key(message, where)  # the component named its own parameter

@@ -171,13 +171,23 @@ class NetworkAdapter:
         """Checkpoint what ``spec`` chooses, in place (state_dict keys unchanged: torch's
         checkpoint wrapper strips its prefix)."""
         chosen = {id(m) for m in self.checkpointed_modules(net, spec)}
+        wrapped: set[int] = set()
+
+        def once(module: nn.Module) -> bool:
+            # a module reached a second time (nnU-Net's decoder holds the encoder) is wrapped
+            # already: wrapping it again would recompute it twice in backward
+            if id(module) not in chosen or id(module) in wrapped:
+                return False
+            wrapped.add(id(module))
+            return True
+
         if chosen:
             apply_activation_checkpointing(
                 net,
                 checkpoint_wrapper_fn=partial(
                     checkpoint_wrapper, checkpoint_fn=_recompute_keeping_norm_statistics
                 ),
-                check_fn=lambda module: id(module) in chosen,
+                check_fn=once,
             )
 
     def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:

@@ -40,6 +40,15 @@ class DynamicUNetAdapter(NetworkAdapter):
     family = "nnU-Net's dynamic-network-architectures U-Net"
     checkpointing_list = "submodule names (encoder.stages.0, decoder.stages.1, ...)"
 
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """``_convert_: all``: their constructors take lists (``[1, 2, 2]`` strides, kernel
+        sizes) where Hydra would pass its own ``ListConfig``, which torch's tensor shapes do
+        not take."""
+        if net_cfg.get("_convert_") in (None, "none"):
+            why = "its constructor takes plain lists (strides, kernel sizes), not ListConfig"
+            return [Planned("model.net._convert_", "all", "planned", why)]
+        return []
+
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
         strides = _per_axis(net_cfg.strides, int(net_cfg.n_stages))
         return [math.prod(s[axis] for s in strides) for axis in range(3)]
