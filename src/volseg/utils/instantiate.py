@@ -86,8 +86,11 @@ def config_error(
         err = err.__cause__
     if any(isinstance(e, MissingMandatoryValue) for e in chain):
         return None  # a ??? value: the entry point names it and shows the command
+    located = any(str(e).startswith("Error locating target") for e in chain)
     loading = [e for e in chain if str(e).startswith("Error loading '")]
-    if loading:  # a class named inside the node (hydra.utils.get_class's path) does not import
+    if loading and not located:  # a class named inside the node (get_class's path) is missing
+        if not isinstance(chain[-1], ImportError | AttributeError | ValueError):
+            return None  # its module raised while importing: a bug, with its traceback
         path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
         where = next(
             (m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key
