@@ -174,6 +174,14 @@ def _one_line(cfg, capsys) -> str:
             "does not import (dynamic_network_architectures.architectures.unet has no 'PlainUNet')",
         ),
         (["model/net=pytorch3dunet_unet3d", "+model.net.fmaps=8"], "model.net.fmaps: UNet3D "),
+        (  # its constructor's own assertion: 4 + 8 concatenated channels in 8 groups
+            ["model/net=pytorch3dunet_unet3d", "model.net.f_maps=4"],
+            "model.net.num_groups=8: Expected number of channels in input to be divisible by",
+        ),
+        (
+            ["model/net=plain_conv_unet", "model.net.n_conv_per_stage=[2,2]"],
+            "model.net.n_conv_per_stage=[2, 2]: n_conv_per_stage must have as many entries",
+        ),
         (
             ["model/net=pytorch3dunet_residual_unet3d", "model.net.is_segmentation=true"],
             "set model.net.is_segmentation=false",

@@ -110,7 +110,7 @@ def config_error(
         if not isinstance(root, ModuleNotFoundError | AttributeError):
             return None  # the target's module raised while importing: a bug, with its traceback
         cause = not_found[0]  # a _target_ that names nothing
-    elif isinstance(chain[-1], CONFIG_VALUE_ERRORS):
+    elif isinstance(chain[-1], CONFIG_VALUE_ERRORS) or _argument_assertion(chain[-1]):
         cause = chain[-1]
     else:
         return None
@@ -132,6 +132,11 @@ def config_error(
         unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
         if unexpected and isinstance(node, DictConfig) and unexpected.group(1) in node:
             return UserInputError(f"{where}.{unexpected.group(1)}: {message}")  # a misspelt one
+        if isinstance(cause, AssertionError) and isinstance(node, DictConfig):
+            # an assertion names the argument it checks ("... divisible by num_groups")
+            named = [k for k in node if re.search(rf"\b{re.escape(str(k))}\b", message)]
+            if named:
+                return UserInputError(f"{where}.{named[0]}={node[named[0]]}: {message}")
         first = re.match(r"\w+", message)
         if isinstance(node, DictConfig) and first and first.group(0) in node:
             return at_config_key(message, where)  # the component named its own parameter
@@ -146,6 +151,18 @@ def config_error(
         if named:
             where = f"{key}.{named[0]}={cfg[named[0]]}"
     return UserInputError(f"{where}: {message}")
+
+
+def _argument_assertion(err: BaseException) -> bool:
+    """An ``AssertionError`` raised outside volseg while a component was built: another
+    project's constructor checking its arguments (pytorch-3dunet's and nnU-Net's networks
+    assert on them); one raised in volseg's own code is a bug, and keeps its traceback."""
+    if not isinstance(err, AssertionError) or err.__traceback__ is None:
+        return False
+    last = err.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    return "/volseg/" not in last.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 def _names_target(module: str | None, target: str) -> bool:
