@@ -28,7 +28,11 @@ the frozen held-out grids of ``benchmarks/grids/<name>.json`` (drawn by
 ``benchmarks/draw_grid.py``; the commit that added the file is recorded with each row);
 ``NETWORKS``, networks volseg did not write (MONAI's
 DynUNet, SegResNet, SwinUNETR, BasicUNet, and the widely copied DoubleConv/Down/Up/OutConv U-Net
-as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``).
+as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``);
+``FOREIGN_NETWORKS`` (``foreign-networks``), other projects' U-Nets from their shipped configs
+(nnU-Net's PlainConvUNet and ResidualEncoderUNet, pytorch-3dunet's UNet3D and ResidualUNet3D:
+the networks extra). A run of the planned network grids alone writes
+``<date>_estimator_networks[-N].json`` by default.
 Each network is also planned under a budget below its configured step (75% of the estimated
 total: ``python plan.py ... memory.budget=X``), and the plan trained (``python train.py
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
@@ -37,7 +41,8 @@ plan=plan.yaml``) to see whether its measured peak stays under the budget.
     python -m benchmarks estimator_accuracy --grid held-out-2026-12-03-b   # one grid
     python -m benchmarks estimator_accuracy --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
-    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's table
+    python -m benchmarks estimator_accuracy --grid foreign-networks --budget-of-growth 0.6
+    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's tables
     python -m benchmarks estimator_accuracy --device cuda          # on a GPU machine
     python -m benchmarks estimator_accuracy --device cuda --snapshot-dir DIR
 
