@@ -28,7 +28,11 @@ the frozen held-out grids of ``benchmarks/grids/<name>.json`` (drawn by
 ``benchmarks/draw_grid.py``; the commit that added the file is recorded with each row);
 ``NETWORKS``, networks volseg did not write (MONAI's
 DynUNet, SegResNet, SwinUNETR, BasicUNet, and the widely copied DoubleConv/Down/Up/OutConv U-Net
-as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``).
+as a user's ``my_unet.py``, written into the work dir and put on the children's ``PYTHONPATH``);
+``FOREIGN_NETWORKS`` (``foreign-networks``), other projects' U-Nets from their shipped configs
+(nnU-Net's PlainConvUNet and ResidualEncoderUNet, pytorch-3dunet's UNet3D and ResidualUNet3D:
+the networks extra). A run of the planned network grids alone writes
+``<date>_estimator_networks[-N].json`` by default.
 Each network is also planned under a budget below its configured step (75% of the estimated
 total: ``python plan.py ... memory.budget=X``), and the plan trained (``python train.py
 plan=plan.yaml``) to see whether its measured peak stays under the budget.
@@ -37,7 +41,8 @@ plan=plan.yaml``) to see whether its measured peak stays under the budget.
     python -m benchmarks estimator_accuracy --grid held-out-2026-12-03-b   # one grid
     python -m benchmarks estimator_accuracy --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
-    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's table
+    python -m benchmarks estimator_accuracy --grid foreign-networks --budget-of-growth 0.6
+    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's tables
     python -m benchmarks estimator_accuracy --device cuda          # on a GPU machine
     python -m benchmarks estimator_accuracy --device cuda --snapshot-dir DIR
 
@@ -278,10 +283,11 @@ GRIDS: dict[str, Grid] = {
     },
     "networks": NETWORKS,
     "monai-unets": grid.MONAI_UNETS,
+    "foreign-networks": grid.FOREIGN_NETWORKS,
 }
 
 #: grids whose configs are also planned under a budget below them and the plan trained
-PLANNED = ("networks", "monai-unets")
+PLANNED = ("networks", "monai-unets", "foreign-networks")
 
 #: in sample: the estimator was tuned on the grid, or a change to it was judged on its results;
 #: held out: neither yet (a frozen grid says so in its file until it is judged on)
@@ -290,6 +296,7 @@ SAMPLE: dict[str, str] = {
     "checked-2026-12-02": "in sample",
     "networks": "in sample",
     "monai-unets": "in sample",
+    "foreign-networks": "in sample",
     # a frozen grid's file, unless the estimator was judged on it since (benchmarks/samples.py)
     **{name: samples.grid(name)[0] for name in FROZEN},
 }
@@ -300,10 +307,21 @@ SAMPLE: dict[str, str] = {
 #: of their step here: a budget of 75% has no answer for them
 BUDGET_FRACTION = 0.85
 
-#: docs/networks.md's table lies between these lines
+#: docs/networks.md's tables lie between these lines: MONAI's networks and a user's file, and
+#: other projects' U-Nets (the networks extra)
 DOCS = REPO / "docs" / "networks.md"
 TABLE_START = "<!-- networks-table: written by benchmarks/estimator_accuracy.py --grid networks -->"
 TABLE_END = "<!-- /networks-table -->"
+FOREIGN_START = (
+    "<!-- foreign-networks-table: written by benchmarks/estimator_accuracy.py "
+    "--grid foreign-networks -->"
+)
+FOREIGN_END = "<!-- /foreign-networks-table -->"
+#: each docs table's grid and markers
+DOCS_TABLES = {
+    "networks": (TABLE_START, TABLE_END),
+    "foreign-networks": (FOREIGN_START, FOREIGN_END),
+}
 
 SEED = [
     "model=unet_large",
@@ -317,17 +335,30 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / MIB:,.1f}"
 
 
-def networks_table(results: dict) -> str:
-    """docs/networks.md's table (the lines between its markers) from a ``--json-out`` file of
-    the networks grid: a sentence naming the CPU and the date, then one row per network."""
-    rows = results["grids"]["networks"]
+def _budget_rule(results: dict) -> str:
+    share = results.get("budget_of_growth")
+    if share is not None:
+        return (
+            f"the resident state its step holds at the start plus {100 * share:.0f}% of the "
+            "step's estimated growth"
+        )
+    return f"{100 * results['budget_fraction']:.0f}% of the configured step's estimated total"
+
+
+def networks_table(results: dict, grid_name: str = "networks") -> str:
+    """A docs/networks.md table (the lines between its markers) from a ``--json-out`` file of
+    the grid ``grid_name``: a sentence naming the CPU and the date, then one row per network."""
+    rows = results["grids"][grid_name]
+    versions = ", ".join(
+        f"{name} {version}" for name, version in results.get("packages", {}).items()
+    )
     lines = [
-        f"Measured on {results['cpu']}, {results['date']} (torch {results['torch']}, MONAI "
-        f"{results['monai']}; `{results['command']}`, then `--write-docs`): each row a real "
-        f"`python train.py` run of {results['steps']} optimizer steps on the embedded dataset, "
-        f"the steady step's peak RSS rise (`{results['malloc']}`) against "
-        "`estimate(cfg).step_peak_growth`; then a budget of "
-        f"{100 * results['budget_fraction']:.0f}% of the configured step's estimated total given "
+        f"Measured on {results.get('cpu_description') or results['cpu']}, {results['date']} "
+        f"(torch {results['torch']}, MONAI {results['monai']}"
+        f"{', ' + versions if versions else ''}; `{results['command']}`, then `--write-docs`): "
+        f"each row a real `python train.py` run of {results['steps']} optimizer steps on the "
+        f"embedded dataset, the steady step's peak RSS rise (`{results['malloc']}`) against "
+        f"`estimate(cfg).step_peak_growth`; then a budget of {_budget_rule(results)} given "
         "to `python plan.py <overrides> memory.budget=X`, and the plan trained with `python "
         "train.py plan=plan.yaml`: its peak counted as the CPU estimate counts a total (tensor "
         "bytes: parameters, gradients and optimizer state held at the step's start, plus the "
@@ -339,8 +370,11 @@ def networks_table(results: dict) -> str:
     ]
     for row in rows:
         override = " ".join(
-            o for o in row["overrides"] if o.startswith(("model/net=", "model.net."))
+            o for o in row["overrides"] if o.startswith(("model/net=", "model.net.", "+model.net."))
         )
+        if "failed" in row:
+            lines.append(f"| `{row['name']}` | `{override}` | failed: {row['failed']} | | | | | |")
+            continue
         patch = "×".join(str(p) for p in row["patch_size"])
         line = (
             f"| `{row['network']}` | `{override}` | {patch} / {row['batch_size']} "
@@ -366,23 +400,53 @@ def networks_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(results_path: Path, docs: Path = DOCS) -> bool:
-    """Replace what lies between the markers of ``docs`` with :func:`networks_table` of the
-    results file; returns whether the file changed."""
-    results = json.loads(results_path.read_text())
-    text = docs.read_text()
-    head, found, rest = text.partition(TABLE_START + "\n")
-    _, found_end, tail = rest.partition(TABLE_END)
-    if not found or not found_end:
-        raise SystemExit(f"{docs}: no '{TABLE_START}' ... '{TABLE_END}' markers")
-    updated = head + TABLE_START + "\n" + networks_table(results) + TABLE_END + tail
-    if updated != text:
-        docs.write_text(updated)
-    return updated != text
+def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
+    """Replace what lies between each table's markers in ``docs`` (:data:`DOCS_TABLES`) with
+    :func:`networks_table` of the results file that holds its grid; returns whether the file
+    changed."""
+    text = original = docs.read_text()
+    for path in results_paths:
+        results = json.loads(path.read_text())
+        for grid_name, (start, end) in DOCS_TABLES.items():
+            if grid_name not in results.get("grids", {}):
+                continue
+            head, found, rest = text.partition(start + "\n")
+            _, found_end, tail = rest.partition(end)
+            if not found or not found_end:
+                raise SystemExit(f"{docs}: no '{start}' ... '{end}' markers")
+            text = head + start + "\n" + networks_table(results, grid_name) + end + tail
+    if text != original:
+        docs.write_text(text)
+    return text != original
 
 
 #: the results file of ``--grid networks`` that ``--write-docs`` reads by default
 NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks.json"
+#: the dated results files of the planned network grids (``<date>_estimator_networks[-N].json``)
+NETWORKS_BENCHMARK = "estimator_networks"
+
+
+def foreign_results(root: Path = results_io.RESULTS) -> Path | None:
+    """The newest ``<date>_estimator_networks[-N].json`` that holds the foreign-networks grid,
+    complete."""
+    for path in reversed(results_io.runs(NETWORKS_BENCHMARK, "cpu", root)):
+        doc = json.loads(path.read_text())
+        if "foreign-networks" in doc.get("grids", {}) and doc.get("complete"):
+            return path
+    return None
+
+
+def network_packages() -> dict[str, str]:
+    """The versions of the networks extra's packages installed here (by distribution name)."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("dynamic-network-architectures", "pytorch3dunet"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 #: what must match between the CPU that measured a results file and the one re-estimating it
@@ -506,13 +570,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--write-docs",
-        nargs="?",
+        nargs="*",
         type=Path,
-        const=NETWORKS_RESULTS,
         default=None,
         metavar="RESULTS",
-        help="regenerate docs/networks.md's table from a --grid networks results file "
-        f"(default {NETWORKS_RESULTS.relative_to(REPO)}) and run nothing else",
+        help="regenerate docs/networks.md's tables from results files of the networks and "
+        f"foreign-networks grids (default {NETWORKS_RESULTS.relative_to(REPO)} and the newest "
+        f"<date>_{NETWORKS_BENCHMARK}.json holding foreign-networks) and run nothing else",
     )
     parser.add_argument(
         "--re-estimate",
@@ -525,7 +589,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.write_docs is not None:
-        changed = write_docs(args.write_docs)
+        paths = args.write_docs or [p for p in (NETWORKS_RESULTS, foreign_results()) if p]
+        changed = write_docs(paths)
         print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
         return
     if args.re_estimate is not None:
@@ -592,6 +657,7 @@ def main(argv: list[str] | None = None) -> None:
             device=args.device,
             cpu_description=cpu_description(),
             monai=monai.__version__,
+            packages=network_packages(),
             python=sys.version.split()[0],
             malloc=malloc if args.device == "cpu" else None,
             steps=grid.STEPS,
@@ -610,7 +676,9 @@ def main(argv: list[str] | None = None) -> None:
             grids=records,
         )
         target = written[0] if written else args.json_out
-        path = results_io.write(doc, target, device=args.device)
+        # the planned network grids alone: <date>_estimator_networks[-N].json by default
+        name = NETWORKS_BENCHMARK if set(grids) <= {"networks", "foreign-networks"} else None
+        path = results_io.write(doc, target, device=args.device, name=name)
         if not written:
             written.append(path)
 

@@ -117,6 +117,36 @@ MONAI_UNETS: Grid = [
 ]
 MONAI_UNETS = [(name, [*overrides, "trainer.precision=32"]) for name, overrides in MONAI_UNETS]
 
+#: other projects' U-Nets (the networks extra), each from its shipped config, float32, batch 2 of
+#: 32x64x64 within the embedded dataset's 32x96x96 volumes: nnU-Net's PlainConvUNet and
+#: ResidualEncoderUNet (dynamic-network-architectures, deep supervision) and pytorch-3dunet's
+#: UNet3D and ResidualUNet3D
+FOREIGN_NETWORKS: Grid = [
+    (
+        "nnU-Net PlainConvUNet (16-256, deep supervision) fp32 b2 32x64x64",
+        ["model/net=plain_conv_unet", "data.batch_size=2", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "nnU-Net ResidualEncoderUNet (16-256, deep supervision) fp32 b2 32x64x64",
+        ["model/net=residual_encoder_unet", "data.batch_size=2", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "pytorch-3dunet UNet3D (f_maps 16, 4 levels, gcr) fp32 b2 32x64x64",
+        ["model/net=pytorch3dunet_unet3d", "data.batch_size=2", "data.patch_size=[32,64,64]"],
+    ),
+    (
+        "pytorch-3dunet ResidualUNet3D (f_maps 16, 5 levels, gcr) fp32 b2 32x64x64",
+        [
+            "model/net=pytorch3dunet_residual_unet3d",
+            "data.batch_size=2",
+            "data.patch_size=[32,64,64]",
+        ],
+    ),
+]
+FOREIGN_NETWORKS = [
+    (name, [*overrides, "trainer.precision=32"]) for name, overrides in FOREIGN_NETWORKS
+]
+
 
 #: the frozen held-out grids (``benchmarks/draw_grid.py``)
 GRIDS_DIR = REPO / "benchmarks" / "grids"

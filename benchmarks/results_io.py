@@ -126,17 +126,21 @@ def result(
     }
 
 
-def write(doc: dict[str, Any], json_out: str | Path | None, device: str = "cpu") -> Path | None:
-    """Write ``doc`` where ``--json-out`` says (:func:`output_path`); the path, or ``None``."""
-    path = output_path(json_out, doc["benchmark"], device)
+def write(
+    doc: dict[str, Any], json_out: str | Path | None, device: str = "cpu", name: str | None = None
+) -> Path | None:
+    """Write ``doc`` where ``--json-out`` says (:func:`output_path`; ``name``: the default
+    file's name where it is not the benchmark's); the path, or ``None``."""
+    name = name or doc["benchmark"]
+    path = output_path(json_out, name, device)
     if path is None:
         return None
     if str(json_out) == DEFAULT:
         count = 1
         while path.exists():  # a default write never replaces an earlier run's file
             count += 1
-            path = default_path(doc["benchmark"], device).with_stem(
-                f"{default_path(doc['benchmark'], device).stem}-{count}"
+            path = default_path(name, device).with_stem(
+                f"{default_path(name, device).stem}-{count}"
             )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

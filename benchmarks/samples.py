@@ -80,6 +80,7 @@ GRIDS: dict[str, tuple[str, str]] = {
     ),
     "networks": (IN, "the estimator's network adapters were written against it"),
     "monai-unets": (IN, "the planner's levers were added after these networks found no plan"),
+    "foreign-networks": (IN, "the adapters of these networks were written against it"),
 }
 #: the name the 2026-12-02 files gave the grid that is now ``checked-2026-12-02``
 GRID_ALIASES = {"held-out": "checked-2026-12-02"}

@@ -82,6 +82,25 @@ def test_docs_networks_table_is_the_committed_results_written_out():
     assert results["cpu"] in between and results["date"] in between
 
 
+def test_docs_foreign_networks_table_is_the_dated_results_file_written_out():
+    """docs/networks.md's table of other projects' U-Nets is what ``--write-docs`` makes of the
+    newest complete ``<date>_estimator_networks.json`` holding the foreign-networks grid, every
+    network of the grid estimated, measured and planned in it."""
+    bench = load_benchmark("estimator_accuracy")
+    path = bench.foreign_results()
+    assert path is not None and path.name.split("_", 1)[1].startswith("estimator_networks")
+    results = json.loads(path.read_text())
+    rows = results["grids"]["foreign-networks"]
+    assert [row["name"] for row in rows] == [name for name, _ in bench.GRIDS["foreign-networks"]]
+    assert all("error" in row and "answer" in row["planner"] for row in rows)
+    assert results["budget_of_growth"] is not None
+    assert set(results["packages"]) == {"dynamic-network-architectures", "pytorch3dunet"}
+    text = bench.DOCS.read_text()
+    between = text.split(bench.FOREIGN_START + "\n", 1)[1].split(bench.FOREIGN_END, 1)[0]
+    assert between == bench.networks_table(results, "foreign-networks")
+    assert results["cpu_description"] in between and results["date"] in between
+
+
 @pytest.mark.slow
 def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
     bench = load_benchmark("grid")

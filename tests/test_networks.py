@@ -179,3 +179,51 @@ def test_a_deep_supervision_checkpoint_evaluates_and_predicts_full_resolution(cu
     predict(compose_config("predict", tmp_path / "pred_run", overrides))
     (written,) = [p for p in out.iterdir() if "prob" not in p.name]
     assert read_array(written).shape == read_array(source).shape  # one label volume, full size
+
+
+#: other projects' U-Nets (the networks extra), by their shipped configs
+FOREIGN = {
+    "plain_conv_unet": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+    "residual_encoder_unet": "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet",
+    "pytorch3dunet_unet3d": "pytorch3dunet.unet3d.model.UNet3D",
+    "pytorch3dunet_residual_unet3d": "pytorch3dunet.unet3d.model.ResidualUNet3D",
+}
+
+
+#: narrower than the shipped configs, for the tests' time
+NARROW = {
+    "plain_conv_unet": "model.net.features_per_stage=[4,8,16,32,64]",
+    "residual_encoder_unet": "model.net.features_per_stage=[4,8,16,32,64]",
+    "pytorch3dunet_unet3d": "model.net.f_maps=8",
+    "pytorch3dunet_residual_unet3d": "model.net.f_maps=8",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("net", FOREIGN)
+def test_each_foreign_network_trains_from_one_override_checkpointed(cubes, tmp_path, net):
+    """Two steps with every block checkpointed, validation on its full-resolution output."""
+    pytest.importorskip(FOREIGN[net].split(".")[0])
+    run_dir = tmp_path / "run"
+    overrides = [*two_steps(cubes), f"model/net={net}", NARROW[net]]
+    overrides.append("model.activation_checkpointing=all")
+    planned = _trained(run_dir, train(compose_config("train", run_dir, overrides)))
+    assert planned["config"]["model"]["net"]["_target_"] == FOREIGN[net]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("net", ["plain_conv_unet", "pytorch3dunet_residual_unet3d"])
+def test_a_foreign_network_is_planned_under_a_budget_below_its_step(cubes, tmp_path, net):
+    """The checkpointing lever finds its blocks (nnU-Net's one level down), and the planner
+    fits a budget between the step with and without it."""
+    pytest.importorskip(FOREIGN[net].split(".")[0])
+    overrides = [*two_steps(cubes, "[16,32,32]"), f"model/net={net}"]
+    cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
+    cfg = cfg.run_config()
+    est = estimate(cfg)
+    with_all = estimate(cfg, activation_checkpointing="all")
+    assert with_all.step_peak_growth < 0.8 * est.step_peak_growth
+    budget = (with_all.process_total + est.process_total) // 2
+    answer = plan(cfg, budget)
+    assert not answer.fits_as_configured
+    assert answer.estimate["process_total"] <= budget

@@ -169,8 +169,12 @@ class SegmentationModule(LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``; in training, a network
         with deep supervision returns its outputs stacked, ``(B, S, num_classes, D, H, W)``
-        (DynUNet), or as a list."""
-        return self.levers.forward(self.net, x, self.training)
+        (DynUNet), or as a list; out of training, a list's first (full-resolution) output alone
+        (nnU-Net's U-Nets return the list in eval too)."""
+        out = self.levers.forward(self.net, x, self.training)
+        if not self.training and isinstance(out, list | tuple):
+            return out[0]
+        return out
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["image"])

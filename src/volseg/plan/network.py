@@ -22,6 +22,8 @@ from volseg.models.networks.probe import (
 from volseg.plan.run_plan import Decision
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.extras import import_failure
+from volseg.utils.instantiate import config_error
 
 #: MONAI's loss for networks with one output per decoder level
 DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
@@ -45,9 +47,7 @@ def network_class(net: DictConfig) -> type:
     try:
         return get_class(str(target))
     except Exception as err:
-        raise UserInputError(
-            f"model.net._target_={target}: does not import ({str(err).splitlines()[0]})"
-        ) from None
+        raise import_failure(err, str(target), f"model.net._target_={target}") from None
 
 
 def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:
@@ -85,6 +85,11 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
         found, why = network_divisibility(cfg.model.net, patch, int(cfg.get("in_channels", 1)))
     except ValueError as err:
         raise at_config_key(str(err), "model") from None
+    except Exception as err:  # building it to probe: its constructor refused an argument
+        translated = config_error(err, "model.net", cfg.model.net)
+        if translated is None:
+            raise
+        raise translated from None
     return Decision(found, "planned", why)
 
 

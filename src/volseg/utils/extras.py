@@ -27,12 +27,22 @@ EXTRA_OF = {
     "hydra_plugins.hydra_submitit_launcher": "sweeps",
     "deepspeed": "deepspeed",
     "nnunetv2": "nnunet",
+    # other projects' U-Nets (model/net=plain_conv_unet, pytorch3dunet_unet3d, ...)
+    "dynamic_network_architectures": "networks",
+    "pytorch3dunet": "networks",
+    "skimage": "networks",
 }
+
+#: extras whose packages require torchvision or timm, which pull a torch of their own unless the
+#: torch that is installed is pinned on the same command line
+PIN_TORCH = ("networks",)
 
 #: the distribution (what ``pip install`` takes) where it differs from the import name
 DISTRIBUTION_OF = {
     "hydra_plugins.hydra_joblib_launcher": "hydra-joblib-launcher",
     "hydra_plugins.hydra_submitit_launcher": "hydra-submitit-launcher",
+    "dynamic_network_architectures": "dynamic-network-architectures",
+    "skimage": "scikit-image",
 }
 
 #: command-line choices that need a Hydra plugin or a package of one: Hydra itself would only say
@@ -60,6 +70,10 @@ class MissingPackage(UserInputError):
 def install_command(module: str) -> str:
     """The command that installs ``module``: its extra of volseg, else the package itself."""
     extra = EXTRA_OF.get(module) or EXTRA_OF.get(module.split(".")[0])
+    if extra in PIN_TORCH:
+        import torch
+
+        return f'pip install torch=={torch.__version__.split("+")[0]} -e ".[{extra}]"'
     if extra:
         return f'pip install -e ".[{extra}]"'
     return f"pip install {_distribution(module)}"
@@ -96,6 +110,37 @@ def require_all(modules: Sequence[str], feature: str) -> None:
     for module in modules:
         if not is_installed(module):
             raise missing(module, feature)
+
+
+def import_failure(err: BaseException, path: str, feature: str) -> UserInputError:
+    """Why the class ``path`` (a config's ``_target_`` or a ``get_class`` path) did not import,
+    from the error ``err`` that Hydra raised, as one :class:`UserInputError` for ``feature``
+    (the key, e.g. ``model.net._target_=...``): a package that is not installed names its extra,
+    else the longest importable part of ``path`` and the name it lacks."""
+    chain: list[BaseException] = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__
+    for cause in chain:
+        named = isinstance(cause, ModuleNotFoundError) and cause.name
+        if named and not is_installed(cause.name.split(".")[0]):
+            return missing(cause.name.split(".")[0], feature)
+    if isinstance(chain[-1], ValueError):  # Hydra: "Located non-class of type 'function' ..."
+        return UserInputError(f"{feature}: {str(chain[-1]).splitlines()[0]}")
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:end]))
+        except Exception:  # noqa: BLE001  (not a module: a shorter prefix is tried)
+            continue
+        for part in parts[end:]:
+            if not hasattr(found, part):
+                return UserInputError(
+                    f"{feature}: does not import ({'.'.join(parts[:end])} has no {part!r})"
+                )
+            found = getattr(found, part)
+        break
+    return UserInputError(f"{feature}: does not import ({str(chain[-1]).splitlines()[0]})")
 
 
 def check_plugin_choices(overrides: Sequence[str]) -> None:

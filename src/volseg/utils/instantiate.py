@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.errors import UserInputError, at_config_key
-from volseg.utils.extras import missing_package_error
+from volseg.utils.extras import import_failure, missing_package_error
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,19 @@ def config_error(
         err = err.__cause__
     if any(isinstance(e, MissingMandatoryValue) for e in chain):
         return None  # a ??? value: the entry point names it and shows the command
+    located = any(str(e).startswith("Error locating target") for e in chain)
+    loading = [e for e in chain if str(e).startswith("Error loading '")]
+    if loading and not located:  # a class named inside the node (get_class's path) is missing
+        if not isinstance(chain[-1], ImportError | AttributeError | ValueError):
+            return None  # its module raised while importing: a bug, with its traceback
+        path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
+        where = next(
+            (m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key
+        )
+        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+        if isinstance(node, DictConfig) and node.get("path") == path:
+            where = f"{where}.path"
+        return import_failure(loading[0], path, f"{where}={path}")
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
@@ -97,7 +110,7 @@ def config_error(
         if not isinstance(root, ModuleNotFoundError | AttributeError):
             return None  # the target's module raised while importing: a bug, with its traceback
         cause = not_found[0]  # a _target_ that names nothing
-    elif isinstance(chain[-1], CONFIG_VALUE_ERRORS):
+    elif isinstance(chain[-1], CONFIG_VALUE_ERRORS) or _argument_assertion(chain[-1]):
         cause = chain[-1]
     else:
         return None
@@ -116,6 +129,14 @@ def config_error(
             break
     if where != key:
         node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
+        if unexpected and isinstance(node, DictConfig) and unexpected.group(1) in node:
+            return UserInputError(f"{where}.{unexpected.group(1)}: {message}")  # a misspelt one
+        if isinstance(cause, AssertionError) and isinstance(node, DictConfig):
+            # an assertion names the argument it checks ("... divisible by num_groups")
+            named = [k for k in node if re.search(rf"\b{re.escape(str(k))}\b", message)]
+            if named:
+                return UserInputError(f"{where}.{named[0]}={node[named[0]]}: {message}")
         first = re.match(r"\w+", message)
         if isinstance(node, DictConfig) and first and first.group(0) in node:
             return at_config_key(message, where)  # the component named its own parameter
@@ -130,6 +151,18 @@ def config_error(
         if named:
             where = f"{key}.{named[0]}={cfg[named[0]]}"
     return UserInputError(f"{where}: {message}")
+
+
+def _argument_assertion(err: BaseException) -> bool:
+    """An ``AssertionError`` raised outside volseg while a component was built: another
+    project's constructor checking its arguments (pytorch-3dunet's and nnU-Net's networks
+    assert on them); one raised in volseg's own code is a bug, and keeps its traceback."""
+    if not isinstance(err, AssertionError) or err.__traceback__ is None:
+        return False
+    last = err.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    return "/volseg/" not in last.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 def _names_target(module: str | None, target: str) -> bool:

@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from torch import nn
 
 from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned, child_blocks
+from volseg.models.networks.foreign import DynamicUNetAdapter, Pytorch3DUNetAdapter
 from volseg.models.networks.monai_nets import (
     BasicUNetAdapter,
     DynUNetAdapter,
@@ -39,6 +40,16 @@ ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (
     ("monai.networks.nets.SwinUNETR", SwinUNETRAdapter()),
     ("monai.networks.nets.BasicUNet", BasicUNetAdapter()),
     ("monai.networks.nets.UNETR", UNETRAdapter()),
+    # optional packages (the networks extra): an adapter whose class does not import is skipped
+    (
+        "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+        DynamicUNetAdapter(),
+    ),
+    (
+        "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet",
+        DynamicUNetAdapter(),
+    ),
+    ("pytorch3dunet.unet3d.model.AbstractUNet", Pytorch3DUNetAdapter()),
 )
 GENERIC = NetworkAdapter()
 
@@ -53,6 +64,19 @@ def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
     else:
         cls = network
     for path, adapter in ADAPTERS:
-        if isinstance(cls, type) and issubclass(cls, get_class(path)):
+        if not isinstance(cls, type) or not _same_package(cls, path):
+            continue
+        try:
+            family = get_class(path)
+        except ImportError:  # an optional package (the networks extra) not installed
+            continue
+        if issubclass(cls, family):
             return adapter
     return GENERIC
+
+
+def _same_package(cls: type, path: str) -> bool:
+    """Whether a class of ``cls``'s MRO comes from ``path``'s top-level package (a class of
+    another package cannot subclass it: it is not imported to find out)."""
+    top = path.split(".")[0]
+    return any(klass.__module__.split(".")[0] == top for klass in cls.__mro__)

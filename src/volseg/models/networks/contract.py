@@ -131,6 +131,10 @@ class NetworkAdapter:
         return {}
 
     # ---- module side -------------------------------------------------------------------
+    def blocks(self, net: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The blocks ``all`` checkpoints, by qualified name: :func:`child_blocks`."""
+        return child_blocks(net)
+
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         """Raise ``ValueError`` when ``spec`` is not a setting this network takes."""
         if spec is None or spec in self.checkpointing_choices:
@@ -145,7 +149,7 @@ class NetworkAdapter:
             except AttributeError:
                 raise ValueError(
                     f"activation_checkpointing: {type(net).__name__} has no submodule {name!r}; "
-                    f"its blocks: {', '.join(n for n, _ in child_blocks(net))}"
+                    f"its blocks: {', '.join(n for n, _ in self.blocks(net))}"
                 ) from None
 
     def _bad_checkpointing(self, net: nn.Module, spec: Any) -> ValueError:
@@ -160,20 +164,30 @@ class NetworkAdapter:
         if spec is None or spec == "none":
             return []
         if spec == "all":
-            return [m for _, m in child_blocks(net)]
+            return [m for _, m in self.blocks(net)]
         return [net.get_submodule(name) for name in spec]
 
     def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         """Checkpoint what ``spec`` chooses, in place (state_dict keys unchanged: torch's
         checkpoint wrapper strips its prefix)."""
         chosen = {id(m) for m in self.checkpointed_modules(net, spec)}
+        wrapped: set[int] = set()
+
+        def once(module: nn.Module) -> bool:
+            # a module reached a second time (nnU-Net's decoder holds the encoder) is wrapped
+            # already: wrapping it again would recompute it twice in backward
+            if id(module) not in chosen or id(module) in wrapped:
+                return False
+            wrapped.add(id(module))
+            return True
+
         if chosen:
             apply_activation_checkpointing(
                 net,
                 checkpoint_wrapper_fn=partial(
                     checkpoint_wrapper, checkpoint_fn=_recompute_keeping_norm_statistics
                 ),
-                check_fn=lambda module: id(module) in chosen,
+                check_fn=once,
             )
 
     def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:
@@ -184,7 +198,7 @@ class NetworkAdapter:
             except AttributeError:
                 raise ValueError(
                     f"placement: {type(net).__name__} has no submodule {name!r}; "
-                    f"its blocks: {', '.join(n for n, _ in child_blocks(net))}"
+                    f"its blocks: {', '.join(n for n, _ in self.blocks(net))}"
                 ) from None
 
     def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:

@@ -42,14 +42,14 @@ MAX_POWER = 6
 
 def channel_names(cls: type) -> dict[str, str]:
     """``{"in_channels": name, "num_classes": name}``: the names ``cls``'s constructor takes
-    the channel counts by (the first of :data:`IN_CHANNEL_NAMES` / :data:`CLASS_NAMES` it has);
-    a count it takes by none of them, and it has no ``**kwargs``, is left out."""
+    the channel counts by (the first of :data:`IN_CHANNEL_NAMES` / :data:`CLASS_NAMES` it names,
+    even where it also takes ``**kwargs``: pytorch-3dunet's ``out_channels``); a count it names
+    by none of them goes by volseg's name where it takes ``**kwargs``, else is left out."""
     params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return {"in_channels": "in_channels", "num_classes": "num_classes"}
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     out = {}
     for key, names in (("in_channels", IN_CHANNEL_NAMES), ("num_classes", CLASS_NAMES)):
-        found = next((n for n in names if n in params), None)
+        found = next((n for n in names if n in params), key if var_keyword else None)
         if found is not None:
             out[key] = found
     return out
@@ -156,16 +156,17 @@ def network_divisibility(
 def blocks_taking_mutable_arguments(
     net_cfg: DictConfig, in_channels: int, patch: Sequence[int]
 ) -> dict[str, list[str]]:
-    """The blocks (:func:`~volseg.models.networks.contract.child_blocks`) of the network of
-    ``net_cfg`` whose forward is passed a list, dict or set, found in one forward of a
+    """The blocks (its adapter's :meth:`~volseg.models.networks.NetworkAdapter.blocks`) of the
+    network of ``net_cfg`` whose forward is passed a list, dict or set, found in one forward of a
     ``patch`` ``[D, H, W]`` on meta tensors: ``{block name: the arguments' type names}``.
     Activation checkpointing runs such a block as it is."""
-    from volseg.models.networks.contract import child_blocks, mutable_arguments
+    from volseg.models.networks import adapter_for
+    from volseg.models.networks.contract import mutable_arguments
 
     net, fake, device = _built_for_probing(net_cfg)
     found: dict[str, list[str]] = {}
     handles = []
-    for name, block in child_blocks(net):
+    for name, block in adapter_for(net).blocks(net):
 
         def seen(module: Any, args: tuple, kwargs: dict, name: str = name) -> None:
             kinds = mutable_arguments(args, kwargs)

@@ -1,0 +1,114 @@
+"""Adapters for other projects' 3D U-Nets: nnU-Net's ``PlainConvUNet`` and
+``ResidualEncoderUNet`` (``dynamic-network-architectures``) and pytorch-3dunet's ``UNet3D`` and
+``ResidualUNet3D`` (``pytorch3dunet``). Neither package is imported here: the adapters read the
+config, and the built module's own attributes. Checkpointing and placement otherwise as for any
+network (:class:`~volseg.models.networks.contract.NetworkAdapter`)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.utils import get_class
+from torch import nn
+
+from volseg.models.networks.contract import NetworkAdapter, Planned
+from volseg.utils.config import plain
+from volseg.utils.errors import UserInputError
+
+
+def _per_axis(value: Any, stages: int) -> list[list[int]]:
+    """dynamic-network-architectures' ``strides``: an int (every stage), or one entry per stage,
+    each an int or ``[z, y, x]``; as ``[[z, y, x], ...]``, one per stage."""
+    value = plain(value)
+    entries = value if isinstance(value, list | tuple) else [value] * stages
+    return [
+        [int(v) for v in entry] if isinstance(entry, list | tuple) else [int(entry)] * 3
+        for entry in entries
+    ]
+
+
+class DynamicUNetAdapter(NetworkAdapter):
+    """nnU-Net's ``PlainConvUNet`` and ``ResidualEncoderUNet``: divisible by the per-axis product
+    of their ``strides``; ``deep_supervision: true`` returns one output per decoder level (full
+    resolution first), in training and in eval (validation takes the first). Their decoder holds
+    the encoder as a submodule, so the blocks are named one level down: the encoder's stem and
+    stages, the decoder's transposed convolutions, stages and segmentation heads."""
+
+    family = "nnU-Net's dynamic-network-architectures U-Net"
+    checkpointing_list = "submodule names (encoder.stages.0, decoder.stages.1, ...)"
+
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        """``_convert_: all``: their constructors take lists (``[1, 2, 2]`` strides, kernel
+        sizes) where Hydra would pass its own ``ListConfig``, which torch's tensor shapes do
+        not take."""
+        if net_cfg.get("_convert_") in (None, "none"):
+            why = "its constructor takes plain lists (strides, kernel sizes), not ListConfig"
+            return [Planned("model.net._convert_", "all", "planned", why)]
+        return []
+
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        strides = _per_axis(net_cfg.strides, int(net_cfg.n_stages))
+        return [math.prod(s[axis] for s in strides) for axis in range(3)]
+
+    def deep_supervision(self, net_cfg: Any) -> bool:
+        return bool(net_cfg.get("deep_supervision", False))
+
+    def blocks(self, net: nn.Module) -> list[tuple[str, nn.Module]]:
+        found: list[tuple[str, nn.Module]] = []
+        for owner, lists in (("encoder", ("stem", "stages")), ("decoder", DECODER_LISTS)):
+            parent = getattr(net, owner, None)
+            for name in lists:
+                child = getattr(parent, name, None)
+                if isinstance(child, nn.Sequential | nn.ModuleList):
+                    found += [(f"{owner}.{name}.{n}", c) for n, c in child.named_children()]
+                elif isinstance(child, nn.Module):
+                    found.append((f"{owner}.{name}", child))
+        return [(n, m) for n, m in found if any(True for _ in m.parameters())]
+
+
+#: the decoder's lists of blocks, in the order its forward runs them
+DECODER_LISTS = ("transpconvs", "stages", "seg_layers")
+
+
+class Pytorch3DUNetAdapter(NetworkAdapter):
+    """pytorch-3dunet's ``UNet3D``, ``ResidualUNet3D`` (any ``AbstractUNet``). Their forward
+    applies the final sigmoid or softmax in training too unless ``is_segmentation`` is false,
+    and volseg's loss takes logits: the plan sets it false, and refuses true. Their constructors
+    take ``**kwargs`` and drop them: an argument none of them names is refused here (a
+    misspelt one would otherwise be ignored). Divisibility: probed (their upsampling follows
+    the skip's size)."""
+
+    family = "pytorch-3dunet U-Net"
+
+    def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
+        cls = get_class(str(net_cfg._target_))
+        named = {
+            name
+            for klass in cls.__mro__
+            if klass.__module__.startswith("pytorch3dunet")
+            for name, p in inspect.signature(klass.__init__).parameters.items()
+            if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        } - {"self", "basic_module", "is3d"}
+        unknown = sorted(str(k) for k in net_cfg if not str(k).startswith("_") and k not in named)
+        if unknown:
+            raise UserInputError(
+                f"model.net.{unknown[0]}: {cls.__name__} takes no argument {unknown[0]!r} (its "
+                f"constructor would drop it); it takes {', '.join(sorted(named))}"
+            )
+        configured = plain(net_cfg.get("is_segmentation", None))
+        if configured is None:
+            why = (
+                f"{cls.__name__} applies its final sigmoid or softmax in training too unless "
+                "is_segmentation is false; volseg's loss takes logits"
+            )
+            return [Planned("model.net.is_segmentation", False, "planned", why)]
+        if configured is not False:
+            raise UserInputError(
+                f"model.net.is_segmentation={configured}: {cls.__name__} would then apply a "
+                "sigmoid or softmax in training too, and volseg's loss takes logits (it applies "
+                "the softmax itself): set model.net.is_segmentation=false"
+            )
+        return [Planned("model.net.is_segmentation", False, "configured")]
