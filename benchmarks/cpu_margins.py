@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 from benchmarks import results_io, samples
 from benchmarks.tables import _kind_order, cpu_kind
+from volseg.memory.residuals import whole_percent_above
 from volseg.utils.units import MIB
 
 MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
@@ -92,7 +92,7 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
 def round_up(ratio: float) -> float:
     """``ratio - 1`` rounded up to a whole percent (0 where it is not above 1), so that the margin
     still covers the row it came from."""
-    return max(0.0, math.ceil(round((ratio - 1) * 100, 6)) / 100)
+    return max(0.0, whole_percent_above(ratio))
 
 
 def _mib(nbytes: int) -> str:

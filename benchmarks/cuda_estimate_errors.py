@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ from hydra import compose, initialize_config_dir
 
 from benchmarks import results_io
 from volseg.memory.estimator import estimate
-from volseg.memory.residuals import KINDS, step_kind
+from volseg.memory.residuals import KINDS, step_kind, whole_percent_above
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
 
@@ -98,11 +97,6 @@ def pools(counts: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
     return {kind: shared if kind in few else (kind,) for kind in KINDS}
 
 
-def _round_up(ratio: float) -> float:
-    """``ratio - 1`` rounded up to 0.01, so that the margin still covers its own run."""
-    return math.ceil(round((ratio - 1) * 100, 6)) / 100
-
-
 def _runs_of(group: Sequence[str]) -> str:
     if tuple(group) == KINDS:
         return "of every kind"
@@ -126,7 +120,7 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         worst = max(fitted, key=lambda s: s["measured"] / s["estimated"])
         low, high = (f(s["estimated"] for s in fitted) for f in (min, max))
         found[kind] = {
-            "fraction": _round_up(worst["measured"] / worst["estimated"]),
+            "fraction": whole_percent_above(worst["measured"] / worst["estimated"]),
             "source": (
                 f"{worst['run']} (reserved {worst['measured']:,.0f} MiB measured, "
                 f"{worst['estimated']:,.0f} estimated), the worst of {len(fitted)} recorded GPU "

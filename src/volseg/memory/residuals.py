@@ -116,6 +116,13 @@ except FileNotFoundError:
     _CPU_UNRECORDED = Margin(0.0, f"none: {CPU_MARGINS_FILE} is missing")
 
 
+def whole_percent_above(ratio: float) -> float:
+    """``ratio - 1`` (measured / estimated, the worst run's) rounded up to a whole percent, so
+    that a margin fitted on that run still covers it; the CUDA and CPU margins are both fitted
+    by it (``benchmarks/cuda_estimate_errors.py``, ``benchmarks/cpu_margins.py``)."""
+    return math.ceil(round((ratio - 1) * 100, 6)) / 100
+
+
 def cpu_margin_bytes(fraction: float, step_peak_growth: int) -> int:
     """What a CPU margin adds to a step's estimate: ``fraction x step_peak_growth``, rounded
     up."""
