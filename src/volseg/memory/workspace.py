@@ -203,8 +203,6 @@ def _columns_in_float32(inputs: Any, weight: Any, outputs: Any, transposed: bool
     """The float32 buffer of one sample's columns that a native 16-bit convolution computes as a
     GEMM product (forward of a transposed one, backward of a plain one; the module's
     docstring)."""
-    if not _gemm_in_float32(inputs.dtype):
-        return 0
     kernel = math.prod(weight.shape[2:])
     if transposed:
         return weight.shape[1] * kernel * math.prod(inputs.shape[2:]) * _FLOAT32_BYTES
@@ -228,14 +226,16 @@ def gemm_float32_buffer(func: Any, args: tuple, out: Any) -> int:
         return _product_buffer(*operands(args), out)
     if func is torch.ops.aten.convolution.default:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
-        plain_or_onednn = not transposed or inputs.dim() != 5
-        if plain_or_onednn or runs_on_onednn(inputs, weight, stride, dilation, groups):
+        takes_none = not transposed or inputs.dim() != 5 or not _gemm_in_float32(inputs.dtype)
+        if takes_none or runs_on_onednn(inputs, weight, stride, dilation, groups):
             return 0
         return _columns_in_float32(inputs, weight, out, transposed)
     if func is torch.ops.aten.convolution_backward.default:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
-        no_input_grad = transposed or inputs.dim() != 5 or not args[_OUTPUT_MASK][0]
-        if no_input_grad or runs_on_onednn(inputs, weight, stride, dilation, groups):
+        takes_none = transposed or inputs.dim() != 5 or not _gemm_in_float32(inputs.dtype)
+        if takes_none or not args[_OUTPUT_MASK][0]:
+            return 0
+        if runs_on_onednn(inputs, weight, stride, dilation, groups):
             return 0
         return _columns_in_float32(inputs, weight, grad, transposed)
     return 0
