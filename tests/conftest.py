@@ -45,6 +45,25 @@ TINY = [
 ]
 
 # a small copy of the embedded dataset: 6 volumes of 16x48x48, generated once per session
+#: docs/networks.md's ``model/net=custom`` override of nnU-Net's PlainConvUNet (deep
+#: supervision on), at small widths
+PLAIN_CONV_UNET_CUSTOM = [
+    "model/net=custom",
+    "model.net._target_=dynamic_network_architectures.architectures.unet.PlainConvUNet",
+    "+model.net.n_stages=3",
+    "+model.net.features_per_stage=[4,8,16]",
+    "+model.net.conv_op._target_=hydra.utils.get_class",
+    "+model.net.conv_op.path=torch.nn.Conv3d",
+    "+model.net.kernel_sizes=3",
+    "+model.net.strides=[1,2,2]",
+    "+model.net.n_conv_per_stage=2",
+    "+model.net.n_conv_per_stage_decoder=2",
+    "+model.net.norm_op._target_=hydra.utils.get_class",
+    "+model.net.norm_op.path=torch.nn.InstanceNorm3d",
+    "+model.net.nonlin._target_=hydra.utils.get_class",
+    "+model.net.nonlin.path=torch.nn.LeakyReLU",
+    "+model.net.deep_supervision=true",
+]
 SMALL_SHAPE = [16, 48, 48]
 SMALL_PATCH = [16, 32, 32]
 

@@ -12,29 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from volseg.data.synthetic import generate_synthetic_dataset
+from tests.conftest import PLAIN_CONV_UNET_CUSTOM, REPO
 
 #: the overrides docs/networks.md gives (at smaller widths)
 CUSTOM = {
-    "PlainConvUNet": [
-        "model/net=custom",
-        "model.net._target_=dynamic_network_architectures.architectures.unet.PlainConvUNet",
-        "+model.net.n_stages=3",
-        "+model.net.features_per_stage=[4,8,16]",
-        "+model.net.conv_op._target_=hydra.utils.get_class",
-        "+model.net.conv_op.path=torch.nn.Conv3d",
-        "+model.net.kernel_sizes=3",
-        "+model.net.strides=[1,2,2]",
-        "+model.net.n_conv_per_stage=2",
-        "+model.net.n_conv_per_stage_decoder=2",
-        "+model.net.norm_op._target_=hydra.utils.get_class",
-        "+model.net.norm_op.path=torch.nn.InstanceNorm3d",
-        "+model.net.nonlin._target_=hydra.utils.get_class",
-        "+model.net.nonlin.path=torch.nn.LeakyReLU",
-        "+model.net.deep_supervision=true",
-        "model/loss=deep_supervision",
-    ],
+    "PlainConvUNet": [*PLAIN_CONV_UNET_CUSTOM, "model/loss=deep_supervision"],
     "ResidualUNet3D": [
         "model/net=custom",
         "model.net._target_=pytorch3dunet.unet3d.model.ResidualUNet3D",
@@ -47,15 +29,12 @@ PACKAGE = {"PlainConvUNet": "dynamic_network_architectures", "ResidualUNet3D": "
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CUSTOM)
-def test_the_documented_custom_override_trains_with_python_train_py(tmp_path, name):
+def test_the_documented_custom_override_trains_with_python_train_py(small_dataset, tmp_path, name):
     pytest.importorskip(PACKAGE[name])
-    root = generate_synthetic_dataset(
-        tmp_path / "data" / "synthetic", num_volumes=2, num_val=1, shape=[16, 32, 32], seed=0
-    )
     run = tmp_path / "run"
     args = [
         *CUSTOM[name],
-        f"data.root={root}",
+        f"data.root={small_dataset}",
         "data.patch_size=[16,32,32]",
         "data.batch_size=1",
         "data.samples_per_volume=1",

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import compose_config, tiny_train_overrides
+from tests.conftest import PLAIN_CONV_UNET_CUSTOM, compose_config, tiny_train_overrides
 from volseg.models.build import build_model
 from volseg.models.levers import MemoryLevers
 from volseg.models.networks import NetworkAdapter, adapter_for
@@ -32,23 +32,10 @@ SHIPPED = {
     "pytorch3dunet_residual_unet3d": p3d.ResidualUNet3D,
 }
 
-#: a small PlainConvUNet as ``model/net=custom`` takes it (docs/networks.md's override)
+#: the documented PlainConvUNet override with per-axis strides (z pooled once, y and x twice)
 PLAIN_CUSTOM = [
-    "model/net=custom",
-    "model.net._target_=dynamic_network_architectures.architectures.unet.PlainConvUNet",
-    "+model.net.n_stages=3",
-    "+model.net.features_per_stage=[4,8,16]",
-    "+model.net.conv_op._target_=hydra.utils.get_class",
-    "+model.net.conv_op.path=torch.nn.Conv3d",
-    "+model.net.kernel_sizes=3",
-    "+model.net.strides=[1,[1,2,2],2]",
-    "+model.net.n_conv_per_stage=2",
-    "+model.net.n_conv_per_stage_decoder=2",
-    "+model.net.norm_op._target_=hydra.utils.get_class",
-    "+model.net.norm_op.path=torch.nn.InstanceNorm3d",
-    "+model.net.nonlin._target_=hydra.utils.get_class",
-    "+model.net.nonlin.path=torch.nn.LeakyReLU",
-    "+model.net.deep_supervision=true",
+    "+model.net.strides=[1,[1,2,2],2]" if o.startswith("+model.net.strides=") else o
+    for o in PLAIN_CONV_UNET_CUSTOM
 ]
 
 
