@@ -10,14 +10,15 @@ new one (another seed, another name).
     python -m benchmarks draw_grid --seed 20261203 --name held-out-2026-12-03-b
 
 The ranges (:data:`RANGES`): the network, one of ``configs/model/net`` (volseg's ``unet3d`` with
-drawn widths, depth and norm, its presets, or a MONAI network at its config's own size); the
+drawn widths, depth and norm, its presets, a MONAI network at its config's own size, or another
+project's U-Net at its shipped config: nnU-Net's and pytorch-3dunet's, the networks extra); the
 precision; batch; patch (each side a multiple of the network's divisor, within the embedded
 dataset's 32×96×96 volumes, square in y and x, small enough that an emulated-bf16 step on an
 AVX2 CPU takes seconds to minutes); the number of classes; and, for volseg's U-Net, the memory
 levers that act on a CPU (activation checkpointing, loss checkpointing, ``channels_last``,
 gradient accumulation).
-Activation offload is left out: it moves nothing on a CPU. MONAI's networks get no lever (their
-checkpointing is their own constructor argument).
+Activation offload is left out: it moves nothing on a CPU. MONAI's and other projects' networks
+get no lever (their checkpointing is their own constructor argument).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ RANGES: dict[str, Any] = {
         "dynunet",
         "segresnet",
         "swin_unetr",
+        # other projects' U-Nets at their shipped configs (the networks extra)
+        "plain_conv_unet",
+        "residual_encoder_unet",
+        "pytorch3dunet_unet3d",
+        "pytorch3dunet_residual_unet3d",
     ],
     "precision": ["32", "bf16-mixed", "bf16-true", "16-mixed"],
     "batch_size": [1, 2, 3],
@@ -66,7 +72,16 @@ RANGES: dict[str, Any] = {
 
 #: each patch side must divide by this (``configs/model/net/*.yaml``); volseg's U-Net plans its
 #: pooling from the patch (``pooling=auto``), so any even side works there
-DIVISOR = {"basic_unet": 16, "dynunet": 16, "segresnet": 8, "swin_unetr": 32}
+DIVISOR = {
+    "basic_unet": 16,
+    "dynunet": 16,
+    "segresnet": 8,
+    "swin_unetr": 32,
+    "plain_conv_unet": 16,
+    "residual_encoder_unet": 16,
+    "pytorch3dunet_unet3d": 8,
+    "pytorch3dunet_residual_unet3d": 16,
+}
 #: SwinUNETR's deepest level (the patch / 32) needs more than one voxel: one side of 64 or more
 MIN_SIDE = {"swin_unetr": 64}
 VOLUME = (32, 96, 96)
@@ -80,23 +95,25 @@ def _side(rng: random.Random, choices: list[int], divisor: int, limit: int, leas
     return min(-(-side // divisor) * divisor, limit // divisor * divisor)
 
 
-def draw_config(rng: random.Random) -> tuple[str, list[str]]:
-    """One config: its name and its ``train.py`` overrides."""
-    network = rng.choice(RANGES["network"])
-    precision = rng.choice(RANGES["precision"])
-    batch = rng.choice(RANGES["batch_size"])
-    classes = rng.choice(RANGES["num_classes"])
-    divisor = DIVISOR.get(network, 2)
-    side = _side(rng, RANGES["patch_yx"], divisor, min(VOLUME[1:]), MIN_SIDE.get(network, 0))
-    patch = [_side(rng, RANGES["patch_z"], divisor, VOLUME[0]), side, side]
+def draw_config(
+    rng: random.Random, ranges: dict[str, Any] = RANGES, divisors: dict[str, int] = DIVISOR
+) -> tuple[str, list[str]]:
+    """One config from ``ranges``: its name and its ``train.py`` overrides."""
+    network = rng.choice(ranges["network"])
+    precision = rng.choice(ranges["precision"])
+    batch = rng.choice(ranges["batch_size"])
+    classes = rng.choice(ranges["num_classes"])
+    divisor = divisors.get(network, 2)
+    side = _side(rng, ranges["patch_yx"], divisor, min(VOLUME[1:]), MIN_SIDE.get(network, 0))
+    patch = [_side(rng, ranges["patch_z"], divisor, VOLUME[0]), side, side]
     overrides = [f"model/net={network}"]
     name = [network]
     if network == "unet3d":
-        first = rng.choice(RANGES["first_width"])
-        depth = rng.choice(RANGES["depth"])
+        first = rng.choice(ranges["first_width"])
+        depth = rng.choice(ranges["depth"])
         widths = [min(first * 2**i, 256) for i in range(depth)]
-        norm = rng.choice(RANGES["norm"])
-        upsampling = rng.choice(RANGES["upsampling"])
+        norm = rng.choice(ranges["norm"])
+        upsampling = rng.choice(ranges["upsampling"])
         overrides += [
             f"model.net.widths=[{','.join(map(str, widths))}]",
             f"model.net.norm={norm}",
@@ -106,10 +123,10 @@ def draw_config(rng: random.Random) -> tuple[str, list[str]]:
         name = [f"[{','.join(map(str, widths))}] {norm}-norm {upsampling}"]
     levers = []
     if network in UNET:
-        checkpointing = rng.choice(RANGES["activation_checkpointing"])
-        loss = rng.choice(RANGES["checkpoint_loss"])
-        channels_last = rng.choice(RANGES["channels_last"])
-        accumulate = rng.choice(RANGES["accumulate_grad_batches"])
+        checkpointing = rng.choice(ranges["activation_checkpointing"])
+        loss = rng.choice(ranges["checkpoint_loss"])
+        channels_last = rng.choice(ranges["channels_last"])
+        accumulate = rng.choice(ranges["accumulate_grad_batches"])
         if checkpointing != "none":
             overrides.append(f"model.activation_checkpointing={checkpointing}")
             levers.append(f"checkpointing={checkpointing}")
@@ -132,12 +149,15 @@ def draw_config(rng: random.Random) -> tuple[str, list[str]]:
     return " ".join(name[:-1]) + f", {name[-1]}", overrides
 
 
-def draw(seed: int, count: int) -> list[tuple[str, list[str]]]:
-    """``count`` configs from ``random.Random(seed)``, no two alike."""
+def draw(
+    seed: int, count: int, ranges: dict[str, Any] = RANGES, divisors: dict[str, int] = DIVISOR
+) -> list[tuple[str, list[str]]]:
+    """``count`` configs from ``random.Random(seed)`` and ``ranges``, no two alike (a frozen
+    grid's file states the ranges and divisors it was drawn from)."""
     rng = random.Random(seed)
     grid: list[tuple[str, list[str]]] = []
     while len(grid) < count:
-        config = draw_config(rng)
+        config = draw_config(rng, ranges, divisors)
         if all(config[1] != other for _, other in grid):
             grid.append(config)
     return grid

@@ -573,12 +573,15 @@ def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
     assert grids
     for path in grids:
         doc = json.loads(path.read_text())
-        assert doc["ranges"] == draw_grid.RANGES, path.name
-        drawn = draw_grid.draw(doc["seed"], len(doc["configs"]))
+        drawn = draw_grid.draw(doc["seed"], len(doc["configs"]), doc["ranges"], doc["divisor"])
         assert [(c["name"], c["overrides"]) for c in doc["configs"]] == drawn, path.name
         expected = "in sample" if path.stem in samples.JUDGED else doc["sample"]
         assert samples.grid(path.stem)[0] == expected
-    assert samples.grid("held-out-2026-12-04")[0] == "held out"
+    assert samples.grid("held-out-2026-12-05")[0] == "held out"
+    # the newest grid draws from every network the template ships a config for
+    newest = json.loads((REPO / "benchmarks" / "grids" / "held-out-2026-12-05.json").read_text())
+    assert newest["ranges"] == draw_grid.RANGES
+    assert {"plain_conv_unet", "pytorch3dunet_unet3d"} <= set(newest["ranges"]["network"])
     assert samples.grid("held-out")[0] == "in sample"  # the 2026-12-02 grid: judged on since
 
 
