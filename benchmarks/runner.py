@@ -76,6 +76,10 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _maintained("validation_memory", "validation's memory in real train.py runs vs estimate"),
         _study("cpu_bf16_conv", "whether this CPU's bf16 3D convolutions get gradients right"),
         _study("cpu_bf16_memory", "bf16 ops' memory beyond torch's allocator, vs the estimate"),
+        _study(
+            "cpu_channels_last_memory",
+            "channels-last convolutions' memory beyond their outputs, vs the estimate",
+        ),
         _study("cpu_precision", "float32 against bf16 autocast on this CPU: a conv and a step"),
         _study("cross_entropy_weight", "unet_tiny's cross-entropy weight on the few-class tasks"),
         _study("default_run", "the default python train.py, timed whole"),

@@ -30,6 +30,10 @@ UNMARKED = "nothing in it was set aside as held out before it was seen"
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "cpu_bf16_conv": (IN, "chose the U-Net's float32 fallback for bf16 convolutions at depth 2"),
     "cpu_bf16_memory": (IN, "the estimator's rule for torch's own 16-bit GEMM was read from it"),
+    "cpu_channels_last_memory": (
+        IN,
+        "the estimator's rule for channels-last convolutions was read from it",
+    ),
     "cpu_precision": (IN, "chose `trainer.precision=auto`'s CPU rule"),
     "cross_entropy_weight": (IN, "judged the many-class cross-entropy weight on few-class tasks"),
     "cuda_estimate_errors": (

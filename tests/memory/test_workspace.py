@@ -227,3 +227,144 @@ def test_torchs_own_bf16_gemm_buffer_is_what_the_process_holds(case):
     estimated scratch (without the float32 buffer they are 8 of 24 MiB and about 7 of 21)."""
     measured, predicted = _measure(MEASURE_GEMM, case, ONEDNN_MAX_CPU_ISA="AVX2")
     assert predicted == pytest.approx(measured, rel=0.1)
+
+
+CHANNELS_LAST = torch.channels_last_3d
+
+
+def _channels_last_backward_args(
+    batch: int, channels: int, size: tuple[int, int, int], input_last: bool
+) -> tuple:
+    """aten::convolution_backward's arguments for a 3x3x3, ``channels`` -> ``channels``
+    convolution (padding 1) whose weight is channels-last, float32, on meta tensors; the input
+    and the gradient both NCDHW or both channels-last."""
+    x = torch.empty(batch, channels, *size, device="meta")
+    g = torch.empty(batch, channels, *size, device="meta")
+    if input_last:
+        x = x.contiguous(memory_format=CHANNELS_LAST)
+        g = g.contiguous(memory_format=CHANNELS_LAST)
+    w = torch.empty(channels, channels, 3, 3, 3, device="meta").to(memory_format=CHANNELS_LAST)
+    return (g, x, w, [channels], [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1,
+            [True, True, True])  # fmt: skip
+
+
+def test_torchs_channels_last_rule_reads_strides_even_where_contiguity_cannot_tell():
+    """torch runs a convolution in channels-last when its input's or its weight's strides are
+    (``suggest_memory_format``): a single-channel 3x3x3 weight moved to channels-last is
+    contiguous both ways, and so is a 1x1x1 head's weight; their strides still tell."""
+    from volseg.memory.workspace import _runs_channels_last
+
+    image = torch.empty(3, 1, 16, 48, 48, device="meta")  # NCDHW, one channel
+    first = torch.empty(16, 1, 3, 3, 3, device="meta")
+    assert not _runs_channels_last(image, first)
+    assert _runs_channels_last(image, first.to(memory_format=CHANNELS_LAST))
+    maps = torch.empty(3, 16, 16, 48, 48, device="meta")
+    head = torch.empty(5, 16, 1, 1, 1, device="meta")
+    assert not _runs_channels_last(maps, head)
+    assert _runs_channels_last(maps, head.to(memory_format=CHANNELS_LAST))
+    assert _runs_channels_last(maps.contiguous(memory_format=CHANNELS_LAST), head)
+
+
+def test_a_channels_last_convolution_copies_an_ncdhw_input_and_takes_no_blocked_layout(
+    monkeypatch,
+):
+    """A float32 3x3x3 16 -> 16 convolution of a batch of 3 of 16x48x48 (6.75 MiB maps) with a
+    channels-last weight: forward copies an NCDHW input to channels-last (6.75 MiB; the blocked
+    rule would count the blocked output beside it), a channels-last input not at all. Backward
+    on AVX-512 kernels: the gradient's and the input's copies where they are NCDHW, and a
+    float32 weight gradient for each of 2 threads (2 x 16 x 16 x 27 x 4 bytes)."""
+    from volseg.memory import workspace
+
+    monkeypatch.setattr(workspace, "runs_on_onednn", lambda *args: True)
+    monkeypatch.setattr(workspace, "onednn_channel_block", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    w = torch.empty(16, 16, 3, 3, 3, device="meta").to(memory_format=CHANNELS_LAST)
+    out = torch.empty(3, 16, 16, 48, 48, device="meta").contiguous(memory_format=CHANNELS_LAST)
+    maps = 3 * 16 * 16 * 48 * 48 * 4
+    for input_last, copied in ((False, maps), (True, 0)):
+        x = torch.empty(3, 16, 16, 48, 48, device="meta")
+        if input_last:
+            x = x.contiguous(memory_format=CHANNELS_LAST)
+        args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+        assert workspace.cpu_workspace(torch.ops.aten.convolution.default, args, out) == copied
+    partial_sums = 2 * 16 * 16 * 27 * 4
+    backward = torch.ops.aten.convolution_backward.default
+    args = _channels_last_backward_args(3, 16, (16, 48, 48), input_last=False)
+    assert workspace.cpu_workspace(backward, args, None) == 2 * maps + partial_sums
+    args = _channels_last_backward_args(3, 16, (16, 48, 48), input_last=True)
+    assert workspace.cpu_workspace(backward, args, None) == partial_sums
+
+
+@pytest.mark.parametrize(
+    ("batch", "size", "threads_used"),
+    [(3, (16, 48, 48), 1), (3, (4, 6, 6), 2), (1, (4, 6, 6), 1)],
+    ids=["large-slices", "small-slices", "one-sample"],
+)
+def test_avx2s_channels_last_weight_gradient_holds_gemm_columns_and_a_sample(
+    monkeypatch, batch, size, threads_used
+):
+    """On AVX2 kernels oneDNN's GEMM convolution computes a padded channels-last weight
+    gradient: per thread it uses, one output depth slice's im2col columns (16 x 27 x H x W) and
+    one sample's input in NCDHW (16 x D x H x W), float32. It uses both threads where a slice
+    has fewer than 256 voxels a thread and the batch more than one sample (48 x 48 = 2,304
+    voxels: one thread; 6 x 6: both; a batch of one: one)."""
+    from volseg.memory import workspace
+
+    monkeypatch.setattr(workspace, "runs_on_onednn", lambda *args: True)
+    monkeypatch.setattr(workspace, "onednn_channel_block", lambda: 8)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    d, h, w = size
+    args = _channels_last_backward_args(batch, 16, size, input_last=True)
+    columns = 16 * 27 * h * w * 4
+    sample = 16 * d * h * w * 4
+    partial_sums = 2 * 16 * 16 * 27 * 4
+    expected = partial_sums + threads_used * (columns + sample)
+    scratch = workspace.cpu_workspace(torch.ops.aten.convolution_backward.default, args, None)
+    assert scratch == expected
+    # the same gradient on AVX-512 kernels takes no GEMM scratch
+    monkeypatch.setattr(workspace, "onednn_channel_block", lambda: 16)
+    scratch = workspace.cpu_workspace(torch.ops.aten.convolution_backward.default, args, None)
+    assert scratch == partial_sums
+
+
+MEASURE_CHANNELS_LAST = """
+import gc, json, sys, torch
+from volseg.memory.readers import HostMemoryReader
+from volseg.memory.workspace import cpu_workspace
+torch.set_num_threads(2)
+input_last = sys.argv[1] == "channels-last"
+cl = torch.channels_last_3d
+conv = torch.nn.Conv3d(16, 16, 3, padding=1).to(memory_format=cl)
+x = torch.randn(3, 16, 16, 48, 48)
+x = (x.contiguous(memory_format=cl) if input_last else x).requires_grad_()
+y = conv(x)
+g = torch.randn_like(y)
+args = (g, x, conv.weight, [16], [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1,
+        [True, True, False])
+reader = HostMemoryReader()
+for _ in range(2):  # the first call also creates oneDNN's primitives
+    gc.collect()
+    start = reader.read().allocated
+    reader.reset_peak()
+    grads = torch.autograd.grad(y, [x, conv.weight], g, retain_graph=True)
+    returned = sum(t.numel() * t.element_size() for t in grads)
+    measured = reader.read().peak_allocated - start - returned
+    predicted = cpu_workspace(torch.ops.aten.convolution_backward.default, args, grads)
+    del grads
+print(json.dumps([measured, predicted]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("layout", ["ncdhw", "channels-last"])
+def test_a_channels_last_backward_on_avx2_holds_what_is_counted(layout):
+    """Held to oneDNN's and ATen's AVX2 kernels, the backward of a channels-last 3x3x3
+    16 -> 16 convolution of a batch of 3 of 16x48x48: from an NCDHW input and gradient, their
+    copies and the GEMM's scratch (about 19.4 MiB beyond the returned gradients), from
+    channels-last ones, the GEMM's scratch alone (about 5.8 MiB; without it the count is
+    0.05)."""
+    measured, predicted = _measure(
+        MEASURE_CHANNELS_LAST, layout, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2"
+    )
+    assert predicted == pytest.approx(measured, rel=0.1)

@@ -34,7 +34,34 @@ process's peak resident memory around each op):
   an AVX-512 Xeon, float32, batch 2 of 32x64x64: 16 MiB beyond an 8-channel convolution's
   8 MiB output in forward, its blocked output, as for 16 channels; without the padding
   SegResNet's step, whose full-resolution layers have 8 channels, was estimated 10% short);
-- none of these for channels-last (``channels_last_3d``) tensors, oneDNN's own layout;
+- a float32 convolution that torch runs in channels-last (``channels_last_3d``, NDHWC: where its
+  input's or its weight's strides are channels-last, torch's ``mkldnn_conv_use_channels_last``)
+  takes no blocked copies: torch makes a channels-last copy of each operand that is not
+  channels-last already (``contiguous(channels_last_3d)``: in forward the input, in backward the
+  gradient and the input), held through the kernel. A channels-last network whose norm layer
+  returns NCDHW maps (instance norm) pays these copies at every convolution. On AVX2 kernels,
+  oneDNN computes a padded, non-transposed convolution's weight gradient in channels-last with
+  its GEMM convolution (``x64:gemm:jit``; AVX-512's ``jit:avx512_core`` takes none), whose
+  scratchpad holds, per thread it uses, the im2col columns of one output depth slice
+  (``C_in x k^3 x H_out x W_out``) and the input of one sample in NCDHW (``C_in x D x H x W``),
+  float32; it uses every thread where a slice has fewer than 256 voxels a thread and the batch
+  more than one sample, else one (``gemm_convolution_utils.cpp``). Every kind sums the weight
+  gradient from a float32 one a thread. Measured per op (torch 2.13.0+cpu, float32, the process's
+  peak resident memory beyond the op's inputs and outputs) on an AMD EPYC with AVX-512 and on
+  the same CPU held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``),
+  ``python -m benchmarks cpu_channels_last_memory``
+  (``benchmarks/results/cpu/2026-12-05_cpu_channels_last_memory.json``, ``-2.json`` held to
+  AVX2): a 16-channel 3x3x3 convolution of a batch of 3 of 16x48x48 (6.75 MiB maps) from an
+  NCDHW input takes 6.6 MiB in forward (the input's copy, counted 6.75) and 13.4 in backward
+  on AVX-512 (the gradient's and the input's, counted 13.55), 19.4 on AVX2 (counted 19.6);
+  from a channels-last input, none in forward and 5.8 in backward on AVX2 (the GEMM's, counted
+  6.1). Of 26 float32 ops on each, one is short: a deep level's forward (64 channels of 4x6x6),
+  0.3 MiB beyond its outputs against 0.1 counted;
+  a bfloat16 one without AMX (``jit_bf16:avx512_core_bf16``) takes the same copies and, for its
+  weight gradient, reorders the gradient and the input once more into the blocked layout (their
+  channels padded to the block; measured on the AVX512_BF16 EPYC, ``--dtype bfloat16``,
+  ``-3.json``: 11.3 MiB for that backward, counted 13.5; two of 26 ops short, by 0.2 and
+  0.1 MiB); AMX's keep the blocked rule above;
 - backward trilinear upsampling of a non-contiguous gradient (a slice of the concat's gradient):
   a contiguous copy of it.
 
@@ -174,6 +201,8 @@ def _native_columns(inputs: Any, weight: Any, outputs: Any, transposed: bool) ->
 
 #: aten::convolution_backward's output_mask: which of grad_input, grad_weight, grad_bias it makes
 _OUTPUT_MASK = 10
+#: aten::convolution_backward's padding
+_PADDING = 5
 #: aten::convolution's input, weight, stride, dilation, transposed, groups
 _CONVOLUTION_ARGS = itemgetter(0, 1, 3, 5, 6, 8)
 #: aten::convolution_backward's grad_output, input, weight, stride, dilation, transposed, groups
@@ -280,7 +309,9 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, out, transposed)
-        if not inputs.is_contiguous():
+        if _runs_channels_last(inputs, weight) and _copies_to_channels_last(inputs.dtype):
+            return _channels_last_copy(inputs)
+        if not inputs.is_contiguous() and not _runs_channels_last(inputs, weight):
             return 0
         block = onednn_channel_block()
         if not transposed and (inputs.dtype == torch.float32 or not onednn_uses_amx()):
@@ -292,7 +323,13 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, grad, transposed)
-        if not grad.is_contiguous():
+        if _runs_channels_last(inputs, weight) and _copies_to_channels_last(inputs.dtype):
+            weight_gradient = bool(args[_OUTPUT_MASK][1])
+            padded = any(p != 0 for p in args[_PADDING])
+            return _channels_last_backward(
+                grad, inputs, weight, weight_gradient, padded, transposed
+            )
+        if not grad.is_contiguous() and not _runs_channels_last(inputs, weight):
             return 0
         block = onednn_channel_block()
         return (_blocked_numel(grad, block) + _blocked_numel(inputs, block)) * _FLOAT32_BYTES
@@ -300,6 +337,82 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         grad = args[0]
         return 0 if grad.is_contiguous() else _bytes(grad)
     return 0
+
+
+def _strides_channels_last(tensor: Any) -> bool:
+    """Whether torch suggests ``channels_last_3d`` for a 5-D tensor: its strides rise from C
+    through W, H and D to N (c10's ``is_channels_last_strides_3d``, which also calls a
+    single-channel weight moved to channels-last one, where contiguity cannot tell)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 5 or tensor.stride(1) == 0:
+        return False
+    least = 0
+    for dim in (1, 4, 3, 2, 0):
+        if least > tensor.stride(dim) or (dim == 0 and least == tensor.stride(1)):
+            return False
+        least = tensor.stride(dim) * (tensor.shape[dim] if tensor.shape[dim] > 1 else 1)
+    return True
+
+
+def _runs_channels_last(inputs: Any, weight: Any) -> bool:
+    """Whether torch runs a oneDNN convolution in channels-last: its input's or its weight's
+    strides are (``mkldnn_conv_use_channels_last``)."""
+    return _strides_channels_last(inputs) or _strides_channels_last(weight)
+
+
+def _channels_last_copy(tensor: Any) -> int:
+    """Bytes of the channels-last copy torch makes of an operand that is not channels-last."""
+    if tensor.is_contiguous(memory_format=torch.channels_last_3d):
+        return 0
+    return _bytes(tensor)
+
+
+def _copies_to_channels_last(dtype: torch.dtype) -> bool:
+    """Whether the channels-last rule (the module's docstring) holds for a oneDNN convolution of
+    this dtype on this CPU: float32, and bfloat16 without AMX (measured on AVX512_BF16); AMX's
+    16-bit kernels keep the blocked rule."""
+    return dtype == torch.float32 or not onednn_uses_amx()
+
+
+def _channels_last_backward(
+    grad: Any, inputs: Any, weight: Any, weight_gradient: bool, padded: bool, transposed: bool
+) -> int:
+    """A channels-last convolution's backward beyond its outputs: the channels-last copies of
+    the gradient and the input and, for the weight's gradient, a float32 one a thread summed
+    after and, on AVX2 kernels, the GEMM convolution's scratchpad (float32); a 16-bit one's
+    weight gradient reorders the gradient and the input once more, their channels padded to
+    oneDNN's block (its ``jit_bf16`` kernel takes them blocked)."""
+    copies = _channels_last_copy(grad) + _channels_last_copy(inputs)
+    if not weight_gradient:
+        return copies
+    if inputs.dtype != torch.float32:
+        block = onednn_channel_block()
+        blocked = _blocked_numel(grad, block) + _blocked_numel(inputs, block)
+        return copies + blocked * inputs.element_size()
+    partial_sums = torch.get_num_threads() * weight.numel() * _FLOAT32_BYTES
+    if padded and not transposed:
+        return copies + partial_sums + _gemm_weight_gradient(inputs, weight, grad)
+    return copies + partial_sums
+
+
+#: below this many output voxels of a depth slice a thread, oneDNN's GEMM convolution splits a
+#: weight gradient over the batch, one buffer a thread (``gemm_convolution_utils.cpp``)
+_GEMM_OUTER_THREADING_VOXELS = 256
+
+
+def _gemm_weight_gradient(inputs: Any, weight: Any, grad: Any) -> int:
+    """The scratchpad of oneDNN's GEMM convolution for a channels-last float32 weight gradient
+    on AVX2 kernels (0 elsewhere; the module's docstring): per thread it uses, one output depth
+    slice's im2col columns and one sample's input in NCDHW."""
+    if onednn_channel_block() != 8:
+        return 0
+    batch, channels = inputs.shape[:2]
+    slice_voxels = grad.shape[3] * grad.shape[4]
+    threads = torch.get_num_threads()
+    split = batch > 1 and slice_voxels // threads < _GEMM_OUTER_THREADING_VOXELS
+    buffers = threads if split else 1
+    columns = channels * math.prod(weight.shape[2:]) * slice_voxels
+    sample = channels * math.prod(inputs.shape[2:])
+    return buffers * (columns + sample) * _FLOAT32_BYTES
 
 
 def _channels_last(tensor: Any) -> bool:
