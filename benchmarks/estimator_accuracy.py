@@ -64,7 +64,7 @@ import torch
 
 from benchmarks import grid, results_io, samples
 from benchmarks.grid import NETWORKS, Grid
-from volseg.utils.cpu import cpu_description
+from volseg.utils.cpu import cpu_description, kind_of
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,19 +402,20 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
 
 def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
     """Replace what lies between each table's markers in ``docs`` (:data:`DOCS_TABLES`) with
-    :func:`networks_table` of the results file that holds its grid; returns whether the file
-    changed."""
+    :func:`networks_table` of each results file that holds its grid, one after the other in the
+    order given; returns whether the file changed."""
     text = original = docs.read_text()
-    for path in results_paths:
-        results = json.loads(path.read_text())
-        for grid_name, (start, end) in DOCS_TABLES.items():
-            if grid_name not in results.get("grids", {}):
-                continue
-            head, found, rest = text.partition(start + "\n")
-            _, found_end, tail = rest.partition(end)
-            if not found or not found_end:
-                raise SystemExit(f"{docs}: no '{start}' ... '{end}' markers")
-            text = head + start + "\n" + networks_table(results, grid_name) + end + tail
+    documents = [json.loads(path.read_text()) for path in results_paths]
+    for grid_name, (start, end) in DOCS_TABLES.items():
+        holding = [doc for doc in documents if grid_name in doc.get("grids", {})]
+        if not holding:
+            continue
+        head, found, rest = text.partition(start + "\n")
+        _, found_end, tail = rest.partition(end)
+        if not found or not found_end:
+            raise SystemExit(f"{docs}: no '{start}' ... '{end}' markers")
+        tables = "\n".join(networks_table(doc, grid_name) for doc in holding)
+        text = head + start + "\n" + tables + end + tail
     if text != original:
         docs.write_text(text)
     return text != original
@@ -426,14 +427,18 @@ NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks
 NETWORKS_BENCHMARK = "estimator_networks"
 
 
-def foreign_results(root: Path = results_io.RESULTS) -> Path | None:
-    """The newest ``<date>_estimator_networks[-N].json`` that holds the foreign-networks grid,
-    complete."""
-    for path in reversed(results_io.runs(NETWORKS_BENCHMARK, "cpu", root)):
+def foreign_results(root: Path = results_io.RESULTS) -> list[Path]:
+    """For each kind of CPU, the newest ``<date>_estimator_networks[-N].json`` run on it that
+    holds the foreign-networks grid, complete; oldest first."""
+    newest: dict[str, Path] = {}
+    for path in results_io.runs(NETWORKS_BENCHMARK, "cpu", root):
         doc = json.loads(path.read_text())
         if "foreign-networks" in doc.get("grids", {}) and doc.get("complete"):
-            return path
-    return None
+            kind = kind_of(
+                doc.get("cpu_flags"), doc.get("onednn_max_cpu_isa"), doc.get("aten_cpu_capability")
+            )
+            newest[kind] = path
+    return sorted(newest.values(), key=results_io.runs(NETWORKS_BENCHMARK, "cpu", root).index)
 
 
 def network_packages() -> dict[str, str]:
@@ -575,8 +580,9 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         metavar="RESULTS",
         help="regenerate docs/networks.md's tables from results files of the networks and "
-        f"foreign-networks grids (default {NETWORKS_RESULTS.relative_to(REPO)} and the newest "
-        f"<date>_{NETWORKS_BENCHMARK}.json holding foreign-networks) and run nothing else",
+        f"foreign-networks grids (default {NETWORKS_RESULTS.relative_to(REPO)} and, for each "
+        f"kind of CPU, the newest <date>_{NETWORKS_BENCHMARK}.json holding foreign-networks; "
+        "several files of one grid: a table each) and run nothing else",
     )
     parser.add_argument(
         "--re-estimate",
@@ -589,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.write_docs is not None:
-        paths = args.write_docs or [p for p in (NETWORKS_RESULTS, foreign_results()) if p]
+        paths = args.write_docs or [NETWORKS_RESULTS, *foreign_results()]
         changed = write_docs(paths)
         print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gc
 import json
 import os
 import signal
@@ -24,11 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from volseg.memory.readers import HostMemoryReader
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,3 +242,17 @@ def steady_step(run: TrainRun, accumulate_grad_batches: int, steps: int) -> dict
         raise RunFailed(f"{run.run_dir.name}: the monitor logged {len(found)} steps, not {steps}")
     steady = max(found[1:], key=lambda s: s["growth"])
     return {**steady, "rises": [s["growth"] for s in found]}
+
+
+#: ``MALLOC_MMAP_THRESHOLD_`` (bytes) of the op-by-op memory studies: every allocation of 64 KiB
+#: or more is mmap-ed and goes back to the system when freed
+MMAP_THRESHOLD = 65536
+
+
+def resident_peak(fn: Callable[[], object], reader: HostMemoryReader) -> int:
+    """Peak rise of the process's resident memory while ``fn`` runs (bytes)."""
+    gc.collect()
+    start = reader.read().allocated
+    reader.reset_peak()
+    fn()
+    return reader.read().peak_allocated - start

@@ -97,6 +97,11 @@ JUDGED: dict[str, str] = {
         "drawn and frozen in held-out-2026-12-03-b.json before it ran; changes to the estimator "
         "were judged on it since, and the CPU margins are fitted on it"
     ),
+    "held-out-2026-12-04": (
+        "drawn and frozen in held-out-2026-12-04.json before it ran; the estimator's rule for "
+        "channels-last convolutions was read from its AVX2 rows since, and the CPU margins are "
+        "fitted on it"
+    ),
 }
 
 

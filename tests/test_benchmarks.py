@@ -82,23 +82,30 @@ def test_docs_networks_table_is_the_committed_results_written_out():
     assert results["cpu"] in between and results["date"] in between
 
 
-def test_docs_foreign_networks_table_is_the_dated_results_file_written_out():
+def test_docs_foreign_networks_table_is_the_dated_results_files_written_out():
     """docs/networks.md's table of other projects' U-Nets is what ``--write-docs`` makes of the
-    newest complete ``<date>_estimator_networks.json`` holding the foreign-networks grid, every
-    network of the grid estimated, measured and planned in it."""
+    newest complete ``<date>_estimator_networks.json`` holding the foreign-networks grid of each
+    kind of CPU (a table each, oldest first), every network of the grid estimated, measured and
+    planned in each."""
     bench = load_benchmark("estimator_accuracy")
-    path = bench.foreign_results()
-    assert path is not None and path.name.split("_", 1)[1].startswith("estimator_networks")
-    results = json.loads(path.read_text())
-    rows = results["grids"]["foreign-networks"]
-    assert [row["name"] for row in rows] == [name for name, _ in bench.GRIDS["foreign-networks"]]
-    assert all("error" in row and "answer" in row["planner"] for row in rows)
-    assert results["budget_of_growth"] is not None
-    assert set(results["packages"]) == {"dynamic-network-architectures", "pytorch3dunet"}
+    paths = bench.foreign_results()
+    assert len(paths) >= 2  # the AVX2 and the AVX512_BF16 EPYC
+    documents = [json.loads(path.read_text()) for path in paths]
+    assert len({doc["cpu_description"] for doc in documents}) == len(documents)
+    for path, results in zip(paths, documents, strict=True):
+        assert path.name.split("_", 1)[1].startswith("estimator_networks")
+        rows = results["grids"]["foreign-networks"]
+        names = [name for name, _ in bench.GRIDS["foreign-networks"]]
+        assert [row["name"] for row in rows] == names
+        assert all("error" in row and "answer" in row["planner"] for row in rows)
+        assert results["budget_of_growth"] is not None
+        assert set(results["packages"]) == {"dynamic-network-architectures", "pytorch3dunet"}
     text = bench.DOCS.read_text()
     between = text.split(bench.FOREIGN_START + "\n", 1)[1].split(bench.FOREIGN_END, 1)[0]
-    assert between == bench.networks_table(results, "foreign-networks")
-    assert results["cpu_description"] in between and results["date"] in between
+    tables = [bench.networks_table(doc, "foreign-networks") for doc in documents]
+    assert between == "\n".join(tables)
+    for results in documents:
+        assert results["cpu_description"] in between and results["date"] in between
 
 
 @pytest.mark.slow
@@ -697,7 +704,7 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     its marker is rewritten and an unknown one refused."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
-    grid = "held-out-2026-12-04"
+    grid = "held-out-2026-12-05"
     frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
 
     def row(name, error, g=grid):
@@ -831,7 +838,7 @@ def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_t
         results_io.write(doc, tmp_path / "cpu" / file)
     sentence = tables.readme_estimator_held_out(tmp_path)
     assert sentence.startswith(
-        "Estimator on a CPU, held out: grid `held-out-2026-12-04` (12 configs drawn and frozen "
+        "Estimator on a CPU, held out: grid `held-out-2026-12-05` (12 configs drawn and frozen "
         "before they ran): not run yet. In sample: grid `held-out-2026-12-03-b` ("
         + samples.JUDGED[judged]
         + ")"
@@ -841,7 +848,7 @@ def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_t
     assert "the 3 that finished, the estimate at or above it (safe) in 2 of 3 (67%)" in sentence
     assert "the 1 that finished, the estimate at or above it (safe) in 0 of 1 (0%)" in sentence
     kinds = tables.estimator_held_out_kinds(tmp_path)
-    assert kinds == "The held-out grid `held-out-2026-12-04` has not run yet."
+    assert kinds == "The held-out grid `held-out-2026-12-05` has not run yet."
 
 
 def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function():

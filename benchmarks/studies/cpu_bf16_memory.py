@@ -24,7 +24,6 @@ The rows go to ``benchmarks/results/cpu/<date>_cpu_bf16_memory.json`` (``--json-
 from __future__ import annotations
 
 import argparse
-import gc
 from collections.abc import Callable
 
 import torch
@@ -33,11 +32,11 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import results_io
+from benchmarks.harness import MMAP_THRESHOLD, resident_peak
 from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
 from volseg.memory.workspace import gemm_float32_buffer
 from volseg.utils.cpu import cpu_description
 
-MMAP_THRESHOLD = 65536
 BF16 = torch.bfloat16
 
 
@@ -70,15 +69,6 @@ def allocator_peak(fn: Callable[[], object]) -> int:
         live += event.nbytes()
         peak = max(peak, live)
     return peak
-
-
-def resident_peak(fn: Callable[[], object], reader: HostMemoryReader) -> int:
-    """Peak rise of the process's resident memory while ``fn`` runs (bytes)."""
-    gc.collect()
-    start = reader.read().allocated
-    reader.reset_peak()
-    fn()
-    return reader.read().peak_allocated - start
 
 
 def predicted_buffer(fn: Callable[[], object]) -> int:

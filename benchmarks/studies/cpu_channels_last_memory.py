@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import results_io
-from benchmarks.studies.cpu_bf16_memory import MMAP_THRESHOLD, resident_peak
+from benchmarks.harness import MMAP_THRESHOLD, resident_peak
 from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
 from volseg.memory.workspace import cpu_workspace
 from volseg.utils.cpu import cpu_description
