@@ -102,6 +102,11 @@ JUDGED: dict[str, str] = {
         "channels-last convolutions was read from its AVX2 rows since, and the CPU margins are "
         "fitted on it"
     ),
+    "held-out-2026-12-05": (
+        "drawn and frozen in held-out-2026-12-05.json before it ran; the estimator's rules for "
+        "a channels-last network's softmax and pooling gradient were read from its rows since, "
+        "and the CPU margins are fitted on it"
+    ),
 }
 
 

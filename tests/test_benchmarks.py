@@ -584,9 +584,9 @@ def test_the_frozen_held_out_grid_is_the_generators_draw_and_is_held_out():
         assert [(c["name"], c["overrides"]) for c in doc["configs"]] == drawn, path.name
         expected = "in sample" if path.stem in samples.JUDGED else doc["sample"]
         assert samples.grid(path.stem)[0] == expected
-    assert samples.grid("held-out-2026-12-05")[0] == "held out"
+    assert samples.grid("held-out-2026-12-06")[0] == "held out"
     # the newest grid draws from every network the template ships a config for
-    newest = json.loads((REPO / "benchmarks" / "grids" / "held-out-2026-12-05.json").read_text())
+    newest = json.loads((REPO / "benchmarks" / "grids" / "held-out-2026-12-06.json").read_text())
     assert newest["ranges"] == draw_grid.RANGES
     assert {"plain_conv_unet", "pytorch3dunet_unet3d"} <= set(newest["ranges"]["network"])
     assert samples.grid("held-out")[0] == "in sample"  # the 2026-12-02 grid: judged on since
@@ -704,7 +704,7 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     its marker is rewritten and an unknown one refused."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
-    grid = "held-out-2026-12-05"
+    grid = "held-out-2026-12-06"
     frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
 
     def row(name, error, g=grid):
@@ -838,7 +838,7 @@ def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_t
         results_io.write(doc, tmp_path / "cpu" / file)
     sentence = tables.readme_estimator_held_out(tmp_path)
     assert sentence.startswith(
-        "Estimator on a CPU, held out: grid `held-out-2026-12-05` (12 configs drawn and frozen "
+        "Estimator on a CPU, held out: grid `held-out-2026-12-06` (12 configs drawn and frozen "
         "before they ran): not run yet. In sample: grid `held-out-2026-12-03-b` ("
         + samples.JUDGED[judged]
         + ")"
@@ -848,7 +848,7 @@ def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_t
     assert "the 3 that finished, the estimate at or above it (safe) in 2 of 3 (67%)" in sentence
     assert "the 1 that finished, the estimate at or above it (safe) in 0 of 1 (0%)" in sentence
     kinds = tables.estimator_held_out_kinds(tmp_path)
-    assert kinds == "The held-out grid `held-out-2026-12-05` has not run yet."
+    assert kinds == "The held-out grid `held-out-2026-12-06` has not run yet."
 
 
 def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function():

@@ -61,7 +61,7 @@ def fixture_results(tmp_path):
         {"grid": "tuned", "name": "broken", "failed": "error: no such key"},
     ])  # fmt: skip
     _write(results, "2026-01-03_estimator_accuracy.json", "2026-01-03", AVX2, [
-        _row("held-out-2026-12-05", "held", 100, 20),
+        _row("held-out-2026-12-06", "held", 100, 20),
     ])  # fmt: skip
     _write(results, "2026-01-04_estimator_accuracy.json", "2026-01-04", AMX, [
         _row("held-out-2026-12-03-b", "d", 100, 100),
@@ -150,9 +150,9 @@ def test_the_packaged_margins_are_the_committed_files_own(tmp_path):
 def test_the_held_out_grid_is_never_fitted_on():
     packaged = json.loads((files("volseg.memory") / residuals.CPU_MARGINS_FILE).read_text())
     grids = {r["grid"] for r in BENCH.fitted_rows(RESULTS)}
-    assert "held-out-2026-12-05" not in grids
-    assert {"held-out-2026-12-03-b", "held-out-2026-12-04"} <= grids
-    assert all("held-out-2026-12-05" not in m["source"] for m in packaged["margins"].values())
+    assert "held-out-2026-12-06" not in grids
+    assert {"held-out-2026-12-03-b", "held-out-2026-12-04", "held-out-2026-12-05"} <= grids
+    assert all("held-out-2026-12-06" not in m["source"] for m in packaged["margins"].values())
 
 
 def test_a_kind_with_no_recorded_run_gets_a_stated_margin_never_zero():

@@ -368,3 +368,71 @@ def test_a_channels_last_backward_on_avx2_holds_what_is_counted(layout):
         MEASURE_CHANNELS_LAST, layout, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2"
     )
     assert predicted == pytest.approx(measured, rel=0.1)
+
+
+def test_softmax_of_channels_last_logits_and_a_pooling_gradient_of_another_layout_copy():
+    """Float32 logits of a batch of 3, 13 classes of 24x48x48 (8.1 MiB): (log-)softmax over the
+    classes copies channels-last logits to NCDHW first, none of NCDHW ones. A 2x2x2 max
+    pooling's backward to 16 maps of 24x48x48 (10.1 MiB of input gradient; its indices 2.5 MiB
+    of int64): where its gradient and its input differ in layout, both once more."""
+    from volseg.memory.workspace import cpu_workspace
+
+    logits = torch.empty(3, 13, 24, 48, 48, device="meta")
+    logits_bytes = 3 * 13 * 24 * 48 * 48 * 4
+    for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
+        assert cpu_workspace(op, (logits, 1, False), logits) == 0
+        last = logits.contiguous(memory_format=CHANNELS_LAST)
+        assert cpu_workspace(op, (last, 1, False), logits) == logits_bytes
+    maps = torch.empty(3, 16, 24, 48, 48, device="meta")
+    pooled = torch.empty(3, 16, 12, 24, 24, device="meta")
+    indices = torch.empty(3, 16, 12, 24, 24, dtype=torch.int64, device="meta")
+    backward = torch.ops.aten.max_pool3d_with_indices_backward.default
+
+    def scratch(grad: torch.Tensor, inputs: torch.Tensor) -> int:
+        args = (grad, inputs, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False, indices)
+        return cpu_workspace(backward, args, maps)
+
+    grad_last = pooled.contiguous(memory_format=CHANNELS_LAST)
+    maps_last = maps.contiguous(memory_format=CHANNELS_LAST)
+    assert scratch(pooled, maps) == 0
+    assert scratch(grad_last, maps_last) == 0
+    expected = 3 * 16 * 24 * 48 * 48 * 4 + 3 * 16 * 12 * 24 * 24 * 8
+    assert scratch(grad_last, maps) == expected
+    assert scratch(pooled, maps_last) == expected
+
+
+MEASURE_LAYOUT_COPIES = """
+import gc, json, sys, torch
+from volseg.memory.readers import HostMemoryReader
+from volseg.memory.workspace import cpu_workspace
+torch.set_num_threads(2)
+cl = torch.channels_last_3d
+if sys.argv[1] == "log-softmax":
+    x = torch.randn(3, 13, 24, 48, 48).contiguous(memory_format=cl)
+    op, args = torch.ops.aten._log_softmax.default, (x, 1, False)
+else:
+    x = torch.randn(3, 16, 24, 48, 48)
+    y, idx = torch.ops.aten.max_pool3d_with_indices(x, [2, 2, 2], [2, 2, 2])
+    g = torch.randn_like(y).contiguous(memory_format=cl)
+    op = torch.ops.aten.max_pool3d_with_indices_backward.default
+    args = (g, x, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False, idx)
+reader = HostMemoryReader()
+for _ in range(2):
+    gc.collect()
+    start = reader.read().allocated
+    reader.reset_peak()
+    out = op(*args)
+    measured = reader.read().peak_allocated - start - out.numel() * out.element_size()
+    predicted = cpu_workspace(op, args, out)
+    del out
+print(json.dumps([measured, predicted]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("case", ["log-softmax", "pool-backward"])
+def test_layout_copies_are_what_the_process_holds(case):
+    """The two copies above, measured beyond the op's output in a fresh process (8.1 MiB of
+    logits; 12.5 MiB for the pooling's backward); without the rule the count is 0."""
+    measured, predicted = _measure(MEASURE_LAYOUT_COPIES, case)
+    assert predicted == pytest.approx(measured, rel=0.1)
