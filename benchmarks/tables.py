@@ -522,7 +522,9 @@ def cpu_kind(doc: dict) -> str:
 def estimator_accuracy(results: Path) -> str | None:
     """The estimate against real ``python train.py`` steps on a CPU, one row per config and one
     column per kind of CPU, from the newest file of each grid on each kind
-    (``estimator_accuracy.py --grid NAME``), each row in sample or held out (``samples.py``)."""
+    (``estimator_accuracy.py --grid NAME``), each row in sample or held out (``samples.py``):
+    the configs of the held-out grids and of the grid judged on last (``samples.JUDGED``), a
+    summary line per grid and kind for every grid."""
     newest_of: dict[tuple[str, str], tuple[Path, dict]] = {}
     for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
         doc = results_io.load(path)
@@ -548,20 +550,23 @@ def estimator_accuracy(results: Path) -> str | None:
     ]
     cells: dict[tuple[str, str], dict[str, str]] = {}
     summaries = []
+    judged_last = list(samples.JUDGED)[-1:]
     for grid in dict.fromkeys(grid for grid, _ in newest_of):
         name = samples.GRID_ALIASES.get(grid, grid)
         sample = samples.grid(grid)[0]
+        detailed = sample == samples.OUT or grid in judged_last
         for kind in kinds:
             if (grid, kind) not in newest_of:
                 continue
             rows = [r for r in newest_of[(grid, kind)][1]["rows"] if r["grid"] == grid]
-            for r in rows:
+            for r in rows if detailed else ():
                 cells.setdefault((name, r["name"]), {"sample": sample})[kind] = _cell(r)
             summaries.append(f"- {name} ({sample}), {kind}: {summary_line(rows)}")
     for (name, config), by_kind in cells.items():
         row = " | ".join(by_kind.get(kind, "not run") for kind in kinds)
         lines.append(f"| {name} | {by_kind['sample']} | {config} | {row} |")
-    return "\n".join([*lines, "", *summaries])
+    note = "The configs of the other grids are in their files; every grid's summary:"
+    return "\n".join([*lines, "", note, "", *summaries])
 
 
 def _kind_order(kind: str) -> tuple[int, str]:
@@ -994,10 +999,25 @@ def _newest_by_grid_and_kind(results: Path) -> dict[str, dict[str, tuple[Path, d
     return newest_of
 
 
-def _grid_figures(grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int) -> str:
+def planned_safe_text(rows: list[dict], kind: str) -> str:
+    """``with the planner's margin for the kind (+4%), 11 of 11``: how often the estimate with
+    the packaged CPU margin of ``kind`` (:func:`volseg.memory.residuals.cpu_margin`, fitted on
+    in-sample rows only) is at or above the measured rise, what a plan counts on."""
+    from volseg.memory.residuals import cpu_margin
+
+    margin = cpu_margin(kind).fraction
+    measured = [r for r in rows if r.get("error") is not None]
+    safe = sum(r["estimated_bytes"] * (1 + margin) >= r["measured_bytes"] for r in measured)
+    return f"with the planner's margin for the kind ({margin:+.0%}), {safe} of {len(measured)}"
+
+
+def _grid_figures(
+    grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int, planned: bool = False
+) -> str:
     """Per CPU kind (most instructions first): the newest file's mean and largest |error| over
     the configs measured so far of a grid's ``configs``, how often the estimate was at or above
-    the measured rise, and how many were stopped or failed."""
+    the measured rise (``planned``: also with the planner's margin, :func:`planned_safe_text`),
+    and how many were stopped or failed."""
     runs = []
     for kind in sorted(by_kind, key=_kind_order, reverse=True):
         path, doc = by_kind[kind]
@@ -1015,6 +1035,7 @@ def _grid_figures(grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int
             f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} of a "
             f"step's measured rise over the {len(errors)} that finished, the estimate at or "
             f"above it (safe) in {safe_text(rows).removeprefix('safe in ')}"
+            + (f", {planned_safe_text(rows, kind)}" if planned else "")
             if errors
             else "none finished yet"
         )
@@ -1025,8 +1046,9 @@ def _grid_figures(grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int
 def readme_estimator_held_out(results: Path) -> str | None:
     """README's estimator line: per frozen held-out grid and CPU kind, the newest file's mean
     and largest |error| and its safety rate over the configs measured so far
-    (``estimator_accuracy.py``), or that it has not run yet; then the same of each frozen grid
-    that is in sample since (``samples.JUDGED``), saying why."""
+    (``estimator_accuracy.py``), with and without the planner's margin for the kind, or that it
+    has not run yet; then the same of each frozen grid that is in sample since
+    (``samples.JUDGED``), saying why, without the margin (fitted on them)."""
     frozen = {
         path.stem: len(json.loads(path.read_text())["configs"])
         for path in sorted(samples.GRIDS_DIR.glob("*.json"))
@@ -1041,7 +1063,7 @@ def readme_estimator_held_out(results: Path) -> str | None:
         if sample == samples.OUT:
             found = newest_of.get(grid)
             held.append(
-                f"{drawn} " + _grid_figures(grid, found, configs)
+                f"{drawn} " + _grid_figures(grid, found, configs, planned=True)
                 if found
                 else f"{drawn}: not run yet"
             )

@@ -506,9 +506,13 @@ def test_the_throughput_table_divides_flops_by_the_dtypes_own_peak(tmp_path):
 
 def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp_path):
     """Per grid and kind of CPU the newest file; each row says whether it is in sample; the
-    2026-12-02 files' ``held-out`` grid is shown as what it is now, in sample."""
+    configs of the held-out grid and of the grid judged on last have rows, every grid a summary
+    line; the 2026-12-02 files' ``held-out`` grid is shown as what it is now, in sample."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
+    samples = load_benchmark("samples")
+    held_out, judged_last = "held-out-2026-12-06", list(samples.JUDGED)[-1]
+    assert samples.grid(held_out)[0] == "held out" and judged_last == "held-out-2026-12-05"
 
     def row(grid, name, measured, estimated):
         return {
@@ -527,47 +531,48 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
         doc.update(cpu_flags=flags, **NOT_HELD)
         results_io.write(doc, tmp_path / "cpu" / file)
 
-    old = [row("tuned", "old tuned", 100, 150), row("held-out", "old held", 100, 200)]
+    old = [row(held_out, "old drawn", 100, 150), row("held-out", "old held", 100, 200)]
     write(old, "2026-01-01_estimator_accuracy.json", avx2)
     held = [row("held-out", "new held", 200, 190), row("held-out", "other", 100, 104)]
-    write(held, "2026-01-02_estimator_accuracy.json", avx2)
-    write([row("tuned", "on amx", 100, 110)], "2026-01-03_estimator_accuracy.json", amx)
-    failed = {"grid": "tuned", "name": "broken", "failed": "error: no such key"}
+    write([*held, row(judged_last, "judged", 100, 101)], "2026-01-02_estimator_accuracy.json", avx2)
+    write([row(held_out, "on amx", 100, 110)], "2026-01-03_estimator_accuracy.json", amx)
+    failed = {"grid": held_out, "name": "broken", "failed": "error: no such key"}
     slow = {
-        "grid": "tuned",
+        "grid": held_out,
         "name": "slow",
         "failed": "Command '[...]' timed out after 900 seconds",
     }
-    rows = [row("tuned", "amx held", 100, 90), failed, slow]
+    rows = [row(held_out, "amx held", 100, 90), failed, slow]
     write(rows, "2026-01-03_estimator_accuracy-2.json", amx)
     table = tables.estimator_accuracy(tmp_path)
     # one row per config, one column per CPU kind, from the fewest instructions to the most
     assert "| grid | sample | config | AVX2 | AMX |" in table
-    assert "| tuned | in sample | old tuned | 100.0 / 150.0 (+50.0%) | not run |" in table
-    assert "old held" not in table
-    assert "| checked-2026-12-02 | in sample | new held | 200.0 / 190.0 (−5.0%) | not run |" in (
-        table
-    )
+    assert f"| {held_out} | held out | old drawn | 100.0 / 150.0 (+50.0%) | not run |" in table
+    assert f"| {judged_last} | in sample | judged | 100.0 / 101.0 (+1.0%) | not run |" in table
+    # an older grid in sample: its summary alone, the newest file's
+    assert "old held" not in table and "new held" not in table
+    assert "| checked-2026-12-02 |" not in table
     # new held: 190 of 200 (-5%) short, 104 of 100 (+4%) safe
     assert (
         "- checked-2026-12-02 (in sample), AVX2: mean |error| 4.5%, max |error| 5.0% (2 configs); "
         "safe in 1 of 2 (50%)" in table
     )
     assert (
-        "- tuned (in sample), AVX2: mean |error| 50.0%, max |error| 50.0% (1 configs); "
+        f"- {held_out} (held out), AVX2: mean |error| 50.0%, max |error| 50.0% (1 configs); "
         "safe in 1 of 1 (100%)" in table
     )
-    # the newest AMX file of the tuned grid, its failed config shown and not counted
+    # the newest AMX file of the held-out grid, its failed config shown and not counted
     assert "on amx" not in table
-    assert "| tuned | in sample | amx held | not run | 100.0 / 90.0 (−10.0%) |" in table
-    assert "| tuned | in sample | broken | not run | failed: error: no such key |" in table
-    assert "| tuned | in sample | slow | not run | failed: train.py ran past 900 s (stopped) |" in (
-        table
+    assert f"| {held_out} | held out | amx held | not run | 100.0 / 90.0 (−10.0%) |" in table
+    assert f"| {held_out} | held out | broken | not run | failed: error: no such key |" in table
+    assert (
+        f"| {held_out} | held out | slow | not run | failed: train.py ran past 900 s (stopped) |"
+        in table
     )
     # 90 of 100 (-10%): short; the failed configs count neither way
     assert (
-        "- tuned (in sample), AMX: mean |error| 10.0%, max |error| 10.0% (1 configs, 2 failed); "
-        "safe in 0 of 1 (0%)" in table
+        f"- {held_out} (held out), AMX: mean |error| 10.0%, max |error| 10.0% (1 configs, "
+        "2 failed); safe in 0 of 1 (0%)" in table
     )
 
 
@@ -605,8 +610,8 @@ def test_a_frozen_grid_judged_on_since_is_in_sample_whatever_its_file_says():
         name = f"cpu/{date}_estimator_accuracy.json"
         assert index[name]["grids"]["held-out-2026-12-03-b"]["sample"] == "in sample"
     docs = (REPO / "docs" / "benchmarks.md").read_text()
-    assert "| held-out-2026-12-03-b | held out |" not in docs
-    assert "| held-out-2026-12-03-b | in sample |" in docs
+    assert "held-out-2026-12-03-b (held out)" not in docs
+    assert "- held-out-2026-12-03-b (in sample), AVX512_BF16: " in docs
 
 
 def test_every_generated_table_says_whether_its_rows_are_in_sample():
@@ -698,17 +703,29 @@ def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
     assert figures == []
 
 
-def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
+def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path, monkeypatch):
     """The held-out sentence counts the frozen grid's configs, the ones run so far, their mean
-    |error| and the ones stopped, from the newest file per CPU kind; in-sample grids stay out;
-    its marker is rewritten and an unknown one refused."""
+    |error| and the ones stopped, from the newest file per CPU kind, and how many a plan covers
+    with the kind's margin (+50% here: 100 MiB measured, 70 estimated, 105 planned); in-sample
+    grids stay out; its marker is rewritten and an unknown one refused."""
+    from volseg.memory import residuals
+
+    monkeypatch.setattr(residuals, "cpu_margin", lambda kind: residuals.Margin(0.5, kind))
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
     grid = "held-out-2026-12-06"
     frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
 
     def row(name, error, g=grid):
-        return {"grid": g, "name": name, "error": error}
+        measured = 100 * 2**20
+        estimated = round(measured * (1 + error))
+        return {
+            "grid": g,
+            "name": name,
+            "error": error,
+            "estimated_bytes": estimated,
+            "measured_bytes": measured,
+        }
 
     avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
     slow = {"grid": grid, "name": "slow", "failed": "Command '[...]' timed out after 900 seconds"}
@@ -725,8 +742,8 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path):
     assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
     assert (
         "(AVX2), 3 run so far: mean |error| 20.0%, max 30.0% of a step's measured rise over the 2 "
-        "that finished, the estimate at or above it (safe) in 1 of 2 (50%), 1 ran past the time "
-        "limit" in sentence
+        "that finished, the estimate at or above it (safe) in 1 of 2 (50%), with the planner's "
+        "margin for the kind (+50%), 2 of 2, 1 ran past the time limit" in sentence
     )
     # the grid judged on since has no rows here: nothing in sample is said
     assert "In sample" not in sentence
