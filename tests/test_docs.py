@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 
 #: the most lines each may have (benchmarks.md: with the held-out grid held-out-2026-12-06's rows)
-LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 480}
+LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 465}
 #: README's Measurements: at most this many non-empty lines, each one figure and its file
 MEASUREMENT_LINES = 5
 
