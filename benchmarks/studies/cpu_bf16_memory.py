@@ -29,28 +29,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import results_io
-from benchmarks.harness import MMAP_THRESHOLD, resident_peak
-from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
+from benchmarks.harness import MMAP_THRESHOLD, largest_per_call, op_memory_reader, resident_peak
+from volseg.memory.readers import HostMemoryReader
 from volseg.memory.workspace import gemm_float32_buffer
 from volseg.utils.cpu import cpu_description
 
 BF16 = torch.bfloat16
-
-
-class _LargestGemmBuffer(TorchDispatchMode):
-    """The estimator's float32 GEMM buffer of each aten call, the largest of them (bytes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        out = func(*args, **(kwargs or {}))
-        self.largest = max(self.largest, gemm_float32_buffer(func, args, out))
-        return out
 
 
 def allocator_peak(fn: Callable[[], object]) -> int:
@@ -72,10 +58,8 @@ def allocator_peak(fn: Callable[[], object]) -> int:
 
 
 def predicted_buffer(fn: Callable[[], object]) -> int:
-    mode = _LargestGemmBuffer()
-    with mode:
-        fn()
-    return mode.largest
+    """The estimator's float32 GEMM buffer of each aten call ``fn`` makes, the largest (bytes)."""
+    return largest_per_call(gemm_float32_buffer, fn)
 
 
 def _matrix(rows: int, cols: int, column_major: bool) -> torch.Tensor:
@@ -161,11 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     results_io.add_json_out(parser, "cpu_bf16_memory")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if not set_mmap_threshold(MMAP_THRESHOLD) or not HostMemoryReader.available():
-        print("error: needs glibc's mallopt and /proc (Linux)")
+    reader = op_memory_reader(args.threads)
+    if reader is None:
         return 2
-    reader = HostMemoryReader()
     on_onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     print(cpu_description(), f"bf16 GEMM on oneDNN: {on_onednn}")
     rows = [measure(name, fn, reader) for name, fn in cases().items()]

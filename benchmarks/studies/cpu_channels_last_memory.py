@@ -30,11 +30,10 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import results_io
-from benchmarks.harness import MMAP_THRESHOLD, resident_peak
-from volseg.memory.readers import HostMemoryReader, set_mmap_threshold
+from benchmarks.harness import MMAP_THRESHOLD, largest_per_call, op_memory_reader, resident_peak
+from volseg.memory.readers import HostMemoryReader
 from volseg.memory.workspace import cpu_workspace
 from volseg.utils.cpu import cpu_description
 
@@ -57,19 +56,6 @@ CASES: list[tuple[str, int, int, int, tuple[int, int, int], int, int, bool, bool
     ("2x2x2 stride 2, 16->32", 2, 16, 32, (16, 48, 48), 2, 2, False, False),
     ("transposed 2x2x2 stride 2, 32->16", 3, 32, 16, (8, 24, 24), 2, 2, True, False),
 ]
-
-
-class _LargestWorkspace(TorchDispatchMode):
-    """The estimator's CPU workspace of each aten call, the largest of them (bytes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        out = func(*args, **(kwargs or {}))
-        self.largest = max(self.largest, cpu_workspace(func, args, out))
-        return out
 
 
 def _returned_bytes(value: object) -> int:
@@ -111,19 +97,17 @@ def measure(name: str, fn: Callable[[], object], reader: HostMemoryReader) -> di
     fn()  # warm-up: first-call caches and lazily created state
     returned = _returned_bytes(fn())
     resident = resident_peak(fn, reader)
-    mode = _LargestWorkspace()
-    with mode:
-        fn()
+    predicted = largest_per_call(cpu_workspace, fn)
     row = {
         "case": name,
         "resident_peak_bytes": resident,
         "returned_bytes": returned,
         "beyond_outputs_bytes": resident - returned,
-        "predicted_workspace_bytes": mode.largest,
+        "predicted_workspace_bytes": predicted,
     }
     print(
         f"{name:60s} beyond outputs {(resident - returned) / 2**20:7.2f} MiB"
-        f"  predicted {mode.largest / 2**20:7.2f}"
+        f"  predicted {predicted / 2**20:7.2f}"
     )
     return row
 
@@ -134,11 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     results_io.add_json_out(parser, "cpu_channels_last_memory")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if not set_mmap_threshold(MMAP_THRESHOLD) or not HostMemoryReader.available():
-        print("error: needs glibc's mallopt and /proc (Linux)")
+    reader = op_memory_reader(args.threads)
+    if reader is None:
         return 2
-    reader = HostMemoryReader()
     print(cpu_description(), f"ATen kernels: {torch.backends.cpu.get_cpu_capability()}")
     rows = []
     for case in CASES:
