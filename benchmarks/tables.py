@@ -1098,7 +1098,8 @@ def estimator_held_out_kinds(results: Path) -> str | None:
             out.append(f"The held-out grid `{grid}` has not run yet.")
             continue
         out.append(
-            f"The held-out grid `{grid}` has run on {', '.join(found)}"
+            # a held kind's name has commas of its own
+            f"The held-out grid `{grid}` has run on {' and on '.join(found)}"
             f"{' only' if len(found) == 1 else ''} "
             f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
         )
