@@ -56,7 +56,7 @@ process's peak resident memory around each op):
   on AVX-512 (the gradient's and the input's, counted 13.55), 19.4 on AVX2 (counted 19.6);
   from a channels-last input, none in forward and 5.8 in backward on AVX2 (the GEMM's, counted
   6.1). Of 26 float32 ops on each, one is short: a deep level's forward (64 channels of 4x6x6),
-  0.3 MiB beyond its outputs against 0.1 counted;
+  0.3-0.4 MiB beyond its outputs against 0.1 counted;
   a bfloat16 one without AMX (``jit_bf16:avx512_core_bf16``) takes the same copies and, for its
   weight gradient, reorders the gradient and the input once more into the blocked layout (their
   channels padded to the block; measured on the AVX512_BF16 EPYC, ``--dtype bfloat16``,
