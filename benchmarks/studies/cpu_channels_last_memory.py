@@ -4,7 +4,8 @@ A network moved to ``channels_last_3d`` (``model.channels_last=true``) runs ever
 channels-last (torch's ``mkldnn_conv_use_channels_last``: the weight's strides are), whatever
 layout its input arrives in. For each case (a U-Net's convolutions: 3x3x3 at full and at deep
 resolution, the first one of a single-channel image, a 1x1x1 head, a strided 2x2x2 and a
-transposed 2x2x2 one; an NCDHW input, as an instance norm returns it, or a channels-last one),
+transposed 2x2x2 one; an NCDHW input, as an instance norm returns it, or a channels-last one;
+and the loss's log-softmax and a max pooling's backward, :func:`layout_copies`),
 the op runs once to warm up, then once with the process's peak resident memory reset
 (``MALLOC_MMAP_THRESHOLD_=65536``, set here with ``mallopt``, so that freed buffers go back to
 the system). ``beyond_outputs`` is that peak's rise minus the bytes the op returns: the operands'
@@ -93,6 +94,25 @@ def calls(case: tuple, dtype: torch.dtype) -> dict[str, Callable[[], object]]:
     return {"forward": forward, "backward": backward}
 
 
+def layout_copies(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
+    """The other ops of a channels-last network that copy an operand: (log-)softmax of its
+    channels-last logits (a batch of 3, 13 classes of 24x48x48) and a 2x2x2 max pooling's
+    backward of a channels-last gradient into NCDHW maps (16 of 24x48x48, as after an
+    instance norm)."""
+    logits = torch.randn(3, 13, 24, 48, 48, dtype=dtype).contiguous(memory_format=CHANNELS_LAST)
+    maps = torch.randn(3, 16, 24, 48, 48, dtype=dtype)
+    pooled, indices = torch.ops.aten.max_pool3d_with_indices(maps, [2, 2, 2], [2, 2, 2])
+    grad = torch.randn_like(pooled).contiguous(memory_format=CHANNELS_LAST)
+    return {
+        "log-softmax of channels-last logits": lambda: torch.log_softmax(logits, 1),
+        "max pooling's backward, channels-last gradient into NCDHW maps": lambda: (
+            torch.ops.aten.max_pool3d_with_indices_backward(
+                grad, maps, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False, indices
+            )
+        ),
+    }
+
+
 def measure(name: str, fn: Callable[[], object], reader: HostMemoryReader) -> dict:
     fn()  # warm-up: first-call caches and lazily created state
     returned = _returned_bytes(fn())
@@ -122,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     if reader is None:
         return 2
     print(cpu_description(), f"ATen kernels: {torch.backends.cpu.get_cpu_capability()}")
+    dtype = getattr(torch, args.dtype)
     rows = []
     for case in CASES:
-        for direction, fn in calls(case, getattr(torch, args.dtype)).items():
+        for direction, fn in calls(case, dtype).items():
             rows.append(measure(f"{case[0]}, {direction}", fn, reader))
+    rows += [measure(name, fn, reader) for name, fn in layout_copies(dtype).items()]
     doc = results_io.result(
         "cpu_channels_last_memory",
         rows,

@@ -50,26 +50,27 @@ process's peak resident memory around each op):
   peak resident memory beyond the op's inputs and outputs) on an AMD EPYC with AVX-512 and on
   the same CPU held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``),
   ``python -m benchmarks cpu_channels_last_memory``
-  (``benchmarks/results/cpu/2026-12-05_cpu_channels_last_memory.json``, ``-2.json`` held to
+  (``benchmarks/results/cpu/2026-12-06_cpu_channels_last_memory.json``, ``-2.json`` held to
   AVX2): a 16-channel 3x3x3 convolution of a batch of 3 of 16x48x48 (6.75 MiB maps) from an
   NCDHW input takes 6.6 MiB in forward (the input's copy, counted 6.75) and 13.4 in backward
   on AVX-512 (the gradient's and the input's, counted 13.55), 19.4 on AVX2 (counted 19.6);
-  from a channels-last input, none in forward and 5.8 in backward on AVX2 (the GEMM's, counted
-  6.1). Of 26 float32 ops on each, one is short: a deep level's forward (64 channels of 4x6x6),
-  0.3-0.4 MiB beyond its outputs against 0.1 counted;
+  from a channels-last input, none in forward and 6.0 in backward on AVX2 (the GEMM's, counted
+  6.1). Of 26 float32 convolution ops on each, one is short: a deep level's forward (64
+  channels of 4x6x6), 0.3-0.4 MiB beyond its outputs against 0.1 counted;
   a bfloat16 one without AMX (``jit_bf16:avx512_core_bf16``) takes the same copies and, for its
   weight gradient, reorders the gradient and the input once more into the blocked layout (their
   channels padded to the block; measured on the AVX512_BF16 EPYC, ``--dtype bfloat16``,
-  ``-3.json``: 11.3 MiB for that backward, counted 13.5; two of 26 ops short, by 0.2 and
-  0.1 MiB); AMX's keep the blocked rule above;
+  ``-3.json``: 11.3 MiB for that backward, counted 13.5; one of 26 ops short, by 0.3 MiB);
+  AMX's keep the blocked rule above;
 - backward trilinear upsampling of a non-contiguous gradient (a slice of the concat's gradient):
   a contiguous copy of it;
 - softmax and log-softmax (the loss's) of a non-contiguous input (a channels-last network's
-  logits): a contiguous copy of it (8.1 MiB for 8.2 MiB of float32 logits); the backward of a
-  3D max pooling whose gradient and input differ in layout (a channels-last convolution's
-  gradient into a pooling of NCDHW maps, as after an instance norm): the gradient of its input
-  and its indices once more (12.5 MiB beside 10.1 MiB of input gradient and 2.5 MiB of
-  indices; none where the layouts agree). Measured on the AVX512_BF16 EPYC, float32.
+  logits): a contiguous copy of it (8.1 MiB for 8.2 MiB of float32 logits; 4.2 for 4.1 of
+  bfloat16 ones); the backward of a 3D max pooling whose gradient and input differ in layout (a
+  channels-last convolution's gradient into a pooling of NCDHW maps, as after an instance
+  norm): the gradient of its input and its indices once more (12.6 MiB beside 10.1 MiB of
+  input gradient and 2.5 MiB of indices; none where the layouts agree). The same study's
+  last two rows, on each kind and dtype.
 
 Not every CPU convolution runs on oneDNN: torch takes its native 3D convolution (``slow_conv3d``,
 im2col) for a float32 batch of one whose ``N x C x D x H`` is at most 20,480 (its rule in
