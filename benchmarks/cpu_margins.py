@@ -3,7 +3,7 @@
 The rows are those of ``benchmarks/results/cpu/*estimator*.json`` (``estimator_accuracy.py``'s
 files: a config's measured steady-step rise in a real ``python train.py`` beside its estimate,
 ``estimate(cfg).step_peak_growth``), the newest file of each grid on each CPU kind
-(:func:`benchmarks.tables.cpu_kind`, the kind :func:`volseg.utils.cpu.cpu_kind` names a run's
+(:func:`benchmarks.results_io.cpu_kind`, the kind :func:`volseg.utils.cpu.cpu_kind` names a run's
 CPU by), in sample only (:func:`benchmarks.samples.grid`: a held-out grid's rows are never
 fitted on), failed configs left out.
 
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import results_io, samples
-from benchmarks.tables import _kind_order, cpu_kind
+from benchmarks.results_io import cpu_kind
+from benchmarks.tables import _kind_order
 from volseg.memory.residuals import whole_percent_above
 from volseg.utils.units import MIB
 

@@ -64,7 +64,7 @@ import torch
 
 from benchmarks import grid, results_io, samples
 from benchmarks.grid import NETWORKS, Grid
-from volseg.utils.cpu import cpu_description, kind_of
+from volseg.utils.cpu import cpu_description
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -430,15 +430,13 @@ NETWORKS_BENCHMARK = "estimator_networks"
 def foreign_results(root: Path = results_io.RESULTS) -> list[Path]:
     """For each kind of CPU, the newest ``<date>_estimator_networks[-N].json`` run on it that
     holds the foreign-networks grid, complete; oldest first."""
+    runs = results_io.runs(NETWORKS_BENCHMARK, "cpu", root)
     newest: dict[str, Path] = {}
-    for path in results_io.runs(NETWORKS_BENCHMARK, "cpu", root):
+    for path in runs:
         doc = json.loads(path.read_text())
         if "foreign-networks" in doc.get("grids", {}) and doc.get("complete"):
-            kind = kind_of(
-                doc.get("cpu_flags"), doc.get("onednn_max_cpu_isa"), doc.get("aten_cpu_capability")
-            )
-            newest[kind] = path
-    return sorted(newest.values(), key=results_io.runs(NETWORKS_BENCHMARK, "cpu", root).index)
+            newest[results_io.cpu_kind(doc)] = path
+    return sorted(newest.values(), key=runs.index)
 
 
 def network_packages() -> dict[str, str]:

@@ -106,6 +106,19 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     }
 
 
+def cpu_kind(doc: dict[str, Any]) -> str:
+    """The kind of CPU a results file ran on (:func:`volseg.utils.cpu.kind_of`: ``AMX``,
+    ``AVX512_BF16``, ``AVX-512``, ``AVX2``, and the ISA its kernels were held to). A file from
+    before ``cpu_flags`` were recorded has them in its CPU's description (``avx2=yes ...``)."""
+    from volseg.utils.cpu import ISA_FLAGS, kind_of
+
+    flags = doc.get("cpu_flags")
+    if not flags:
+        text = f"{doc.get('cpu_description') or ''} {doc.get('cpu') or ''}"
+        flags = {flag: f"{flag}=yes" in text for flag in ISA_FLAGS}
+    return kind_of(flags, doc.get("onednn_max_cpu_isa"), doc.get("aten_cpu_capability"))
+
+
 def result(
     benchmark: str,
     rows: list[dict[str, Any]],

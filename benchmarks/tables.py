@@ -33,7 +33,8 @@ from pathlib import Path
 
 from benchmarks import results_io, samples
 from benchmarks.grid import safe_text, summary_line
-from volseg.utils.cpu import CPU_KINDS, ISA_FLAGS, kind_of
+from benchmarks.results_io import cpu_kind
+from volseg.utils.cpu import CPU_KINDS
 from volseg.utils.units import MIB
 
 DOCS = results_io.REPO / "docs"
@@ -506,17 +507,6 @@ def _failure(text: str) -> str:
     """A failed config's line, a timeout's long command cut to its limit."""
     timeout = re.search(r"timed out after (\d+(?:\.\d+)?) seconds", text)
     return f"train.py ran past {float(timeout[1]):.0f} s (stopped)" if timeout else text
-
-
-def cpu_kind(doc: dict) -> str:
-    """The kind of CPU a results file ran on (:func:`volseg.utils.cpu.kind_of`: ``AMX``,
-    ``AVX512_BF16``, ``AVX-512``, ``AVX2``, and the ISA its kernels were held to). A file from
-    before ``cpu_flags`` were recorded has them in its CPU's description (``avx2=yes ...``)."""
-    flags = doc.get("cpu_flags")
-    if not flags:
-        text = f"{doc.get('cpu_description') or ''} {doc.get('cpu') or ''}"
-        flags = {flag: f"{flag}=yes" in text for flag in ISA_FLAGS}
-    return kind_of(flags, doc.get("onednn_max_cpu_isa"), doc.get("aten_cpu_capability"))
 
 
 def estimator_accuracy(results: Path) -> str | None:

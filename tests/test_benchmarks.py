@@ -868,12 +868,18 @@ def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_t
     assert kinds == "The held-out grid `held-out-2026-12-06` has not run yet."
 
 
-def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function():
-    """One naming of CPU kinds: the tables' (a results file's) and the planner's (this CPU's)."""
+def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function(monkeypatch):
+    """One naming of CPU kinds: the tables' and the margins' (a results file's,
+    ``results_io.cpu_kind``) and the planner's (this CPU's)."""
     tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    margins = load_benchmark("cpu_margins")
     from volseg.utils import cpu
 
-    assert tables.kind_of is cpu.kind_of
+    assert tables.cpu_kind is results_io.cpu_kind is margins.cpu_kind
+    with monkeypatch.context() as patched:
+        patched.setattr(cpu, "kind_of", lambda *args: "named by volseg.utils.cpu")
+        assert tables.cpu_kind({"cpu_flags": {}}) == "named by volseg.utils.cpu"
     amx = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
     assert tables.cpu_kind({"cpu_flags": amx, **NOT_HELD}) == "AMX"
     held = {"cpu_flags": amx, "onednn_max_cpu_isa": "AVX2", "aten_cpu_capability": None}

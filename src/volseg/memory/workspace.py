@@ -316,9 +316,10 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, out, transposed)
-        if _runs_channels_last(inputs, weight) and _copies_to_channels_last(inputs.dtype):
+        channels_last = _runs_channels_last(inputs, weight)
+        if channels_last and _copies_to_channels_last(inputs.dtype):
             return _channels_last_copy(inputs)
-        if not inputs.is_contiguous() and not _runs_channels_last(inputs, weight):
+        if not inputs.is_contiguous() and not channels_last:
             return 0
         block = onednn_channel_block()
         if not transposed and (inputs.dtype == torch.float32 or not onednn_uses_amx()):
@@ -330,13 +331,14 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
             return _native_columns(inputs, weight, grad, transposed)
-        if _runs_channels_last(inputs, weight) and _copies_to_channels_last(inputs.dtype):
+        channels_last = _runs_channels_last(inputs, weight)
+        if channels_last and _copies_to_channels_last(inputs.dtype):
             weight_gradient = bool(args[_OUTPUT_MASK][1])
             padded = any(p != 0 for p in args[_PADDING])
             return _channels_last_backward(
                 grad, inputs, weight, weight_gradient, padded, transposed
             )
-        if not grad.is_contiguous() and not _runs_channels_last(inputs, weight):
+        if not grad.is_contiguous() and not channels_last:
             return 0
         block = onednn_channel_block()
         return (_blocked_numel(grad, block) + _blocked_numel(inputs, block)) * _FLOAT32_BYTES
