@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 from benchmarks import grid, harness, results_io
 from benchmarks.grid import COMPOSE_LOCK, Grid, accumulation, merge
-from volseg.memory.cuda_context import nvidia_smi
+from volseg.memory.estimate.cuda_context import nvidia_smi
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -626,7 +626,7 @@ def predict_args(cfg, device: str, run_dir: Path, volume: Path, lock: Path) -> l
         "stitch=device",
         f"inferer.overlap={cfg.model.inferer.overlap}",
         f"inferer.sw_batch_size={cfg.model.inferer.sw_batch_size}",
-        "+callbacks.memory_monitor._target_=volseg.memory.monitor.MemoryMonitor",
+        "+callbacks.memory_monitor._target_=volseg.memory.monitor.callback.MemoryMonitor",
         f"+callbacks.memory_monitor.output_dir={out}",
         "+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn",
         f"+callbacks.gpu_turn.lock_file={lock}",

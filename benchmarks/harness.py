@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from volseg.memory.readers import HostMemoryReader
+from volseg.memory.monitor.readers import HostMemoryReader
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,7 +255,7 @@ def op_memory_reader(threads: int) -> HostMemoryReader | None:
     ``None`` (said in one line) where glibc's ``mallopt`` or ``/proc`` is missing."""
     import torch
 
-    from volseg.memory.readers import set_mmap_threshold
+    from volseg.memory.monitor.readers import set_mmap_threshold
 
     torch.set_num_threads(threads)
     if not set_mmap_threshold(MMAP_THRESHOLD) or not HostMemoryReader.available():

@@ -819,9 +819,9 @@ MARGIN_STEPS = {
 
 def cuda_margins(results: Path) -> str | None:
     """The planner's CUDA margins on the reserved peak, each the largest shortfall of the
-    estimate on the recorded GPU runs of its kind (``src/volseg/memory/cuda_margins.json``,
+    estimate on the recorded GPU runs of its kind (``src/volseg/memory/estimate/cuda_margins.json``,
     written by ``cuda_estimate_errors.py``): in sample, fitted on the runs it lists."""
-    path = results_io.REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
+    path = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cuda_margins.json"
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
@@ -857,7 +857,7 @@ def cuda_margins(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cpu_margins.json"
 
 
 def _cpu_loo(loo: dict) -> str:
@@ -868,7 +868,7 @@ def _cpu_loo(loo: dict) -> str:
 def cpu_margins(results: Path) -> str | None:
     """The CPU planner's margin per CPU kind on a step's growth, each the least that puts the
     estimate at or above every in-sample estimator run of that kind, and each run against the
-    margin fitted without it (``src/volseg/memory/cpu_margins.json``, written by
+    margin fitted without it (``src/volseg/memory/estimate/cpu_margins.json``, written by
     ``cpu_margins.py`` from the estimator's results files)."""
     if not CPU_MARGINS.exists():
         return None
@@ -904,7 +904,7 @@ def cpu_margins(results: Path) -> str | None:
 
 def benchmarks_cpu_margins(results: Path) -> str | None:
     """docs/benchmarks.md's sentence on the CPU margins: each kind's margin and its
-    leave-one-out figure (``src/volseg/memory/cpu_margins.json``)."""
+    leave-one-out figure (``src/volseg/memory/estimate/cpu_margins.json``)."""
     if not CPU_MARGINS.exists():
         return None
     doc = json.loads(CPU_MARGINS.read_text())
@@ -991,9 +991,10 @@ def _newest_by_grid_and_kind(results: Path) -> dict[str, dict[str, tuple[Path, d
 
 def planned_safe_text(rows: list[dict], kind: str) -> str:
     """``with the planner's margin for the kind (+4%), 11 of 11``: how often the estimate with
-    the packaged CPU margin of ``kind`` (:func:`volseg.memory.residuals.cpu_margin`, fitted on
+    the packaged CPU margin of ``kind`` (:func:`volseg.memory.estimate.margins.cpu_margin`, fitted
+    on
     in-sample rows only) is at or above the measured rise, what a plan counts on."""
-    from volseg.memory.residuals import cpu_margin
+    from volseg.memory.estimate.margins import cpu_margin
 
     margin = cpu_margin(kind).fraction
     measured = [r for r in rows if r.get("error") is not None]

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, TINY, load_benchmark
-from volseg.memory.estimator import planned_device
+from volseg.memory.estimate.step import planned_device
 from volseg.utils.units import MIB
 
 #: a results file written on a CPU whose kernels were not held to an ISA (whatever this run's
@@ -708,7 +708,7 @@ def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path, m
     |error| and the ones stopped, from the newest file per CPU kind, and how many a plan covers
     with the kind's margin (+50% here: 100 MiB measured, 70 estimated, 105 planned); in-sample
     grids stay out; its marker is rewritten and an unknown one refused."""
-    from volseg.memory import residuals
+    from volseg.memory.estimate import margins as residuals
 
     monkeypatch.setattr(residuals, "cpu_margin", lambda kind: residuals.Margin(0.5, kind))
     tables = load_benchmark("tables")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from volseg.memory.budget import planned_total
-from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan
+from volseg.memory.estimate.engine import estimate
+from volseg.memory.fit.budget import planned_total
+from volseg.memory.fit.step import fit_step
 from volseg.models.networks import adapter_for
 from volseg.plan import make_plan
 from volseg.utils.errors import UserInputError
@@ -108,7 +108,7 @@ def test_unetr_input_size_moves_with_the_planners_smaller_patch(tmp_path):
         for o in ("none", "all")
     ]
     budget = min(planned_total(e) for e in at_patch) - 1  # nothing fits at 32x64x64
-    answer = plan(cfg, budget, checkpointing_options=["none", "all"])
+    answer = fit_step(cfg, budget, checkpointing_options=["none", "all"])
     assert answer.fallback == "a smaller patch"
     patch = answer.patch_size
     listed = f"[{','.join(map(str, patch))}]"

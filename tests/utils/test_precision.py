@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
-from volseg.memory.estimator import planned_precision
+from volseg.memory.estimate.step import planned_precision
 from volseg.plan.make import plan_device
 from volseg.tasks.train import train
 from volseg.utils import cpu
@@ -153,7 +153,8 @@ def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
 def test_onednn_runs_bf16_convolutions_on_amx_only_with_amx_and_no_lower_cap(
     monkeypatch, amx, cap, expected
 ):
-    """The bf16 convolution scratch rule (``volseg.memory.workspace``) follows this choice."""
+    """The bf16 convolution scratch rule (``volseg.memory.estimate.workspace``) follows this
+    choice."""
     flags = {flag: False for flag in cpu.ISA_FLAGS} | {"amx_bf16": amx}
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
     if cap is None:

@@ -13,11 +13,11 @@ once, in this order (each step may read what the ones before decided):
    ``model.divisible_by``, and the deep-supervision loss where the network has it;
 5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
 6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: one
+7. the engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: one
    build, one trace): the peak memory and FLOPs of one optimizer step and the validation of
    the largest validation volume;
 8. that validation checked against ``memory.budget`` (fewer windows at once, host stitching,
-   smaller windows where it does not fit: :mod:`volseg.memory.inference_plan`, one trace for
+   smaller windows where it does not fit: :mod:`volseg.memory.fit.inference`, one trace for
    each setting it tries).
 
 Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
@@ -209,12 +209,13 @@ def _plan_step(
     validation_shape: list[int] | None,
 ) -> tuple[dict, Any]:
     """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
-    engine's answer for the planned run (:func:`volseg.memory.engine.estimate_run`: the step,
+    engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: the
+    step,
     its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
     peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
     (bytes), ``the RunEstimate or None)``."""
-    from volseg.memory.budget import check_estimate_fits, step_margin_note
-    from volseg.memory.engine import estimate_run
+    from volseg.memory.estimate.engine import estimate_run
+    from volseg.memory.fit.budget import check_estimate_fits, step_margin_note
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -276,11 +277,11 @@ def _plan_step(
 
 def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
     """The configured step does not fit ``memory.budget``: the planner's answer
-    (:func:`volseg.memory.planner.plan`), set in ``cfg``: micro-batches that add up to the
+    (:func:`volseg.memory.fit.fit_step`), set in ``cfg``: micro-batches that add up to the
     configured batch where they fit (the same samples per optimizer step), else its batch and
     checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
-    from volseg.memory.estimator import estimate
-    from volseg.memory.planner import plan as search
+    from volseg.memory.estimate.engine import estimate
+    from volseg.memory.fit import fit_step as search
 
     options = OmegaConf.select(cfg, "estimate") or {}
     answer = search(
@@ -338,7 +339,7 @@ def _validation_volume(
     """The validation volume the plan estimates (``estimate.val_shape`` or the dataset's
     largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
     ``None`` where none is estimated."""
-    from volseg.memory.inference import validation_shape
+    from volseg.memory.estimate.inference import validation_shape
 
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
         return None, ""
@@ -367,9 +368,9 @@ def _plan_validation(
     windows at once and host stitching wherever a budget is set (the same windows, the same
     result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
     stops the run (:class:`BudgetExceeded`)."""
-    from volseg.memory.budget import check_validation_fits
-    from volseg.memory.engine import Variant, estimate_run
-    from volseg.memory.inference_plan import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
+    from volseg.memory.estimate.engine import Variant, estimate_run
+    from volseg.memory.fit.budget import check_validation_fits
+    from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if not (budget_value or estimate_step):

@@ -50,7 +50,8 @@ class RunPlan:
     config: DictConfig
     decisions: Mapping[str, Decision]
     estimate: Mapping[str, Any] = field(default_factory=dict)
-    #: the planned run's validation of its largest volume (volseg.memory.inference), or why not
+    #: the planned run's validation of its largest volume (volseg.memory.estimate.inference), or
+    # why not
     validation: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()

@@ -1,5 +1,5 @@
 """``run_estimate(cfg)``: what ``python estimate_memory.py`` runs: the memory report of the plan
-``plan.py`` makes (the engine is :mod:`volseg.memory.estimator`; the plan, and its search within
+``plan.py`` makes (the engine is :mod:`volseg.memory.estimate`; the plan, and its search within
 ``memory.budget``, :mod:`volseg.plan`)."""
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
-from volseg.memory.budget import planned_total
-from volseg.memory.engine import Variant, estimate_config
-from volseg.memory.estimator import MemoryEstimate, planned_device
-from volseg.memory.inference import (
+from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
+from volseg.memory.estimate.inference import (
     estimate_prediction,
-    estimate_validation,
     format_inference,
     format_run_peak,
     validation_shape,
 )
-from volseg.memory.planner import Plan
+from volseg.memory.estimate.step import MemoryEstimate, planned_device
+from volseg.memory.fit.budget import planned_total
+from volseg.memory.fit.step import StepFit
 from volseg.plan import plan_run
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
@@ -87,7 +86,7 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def format_plan(result: Plan) -> str:
+def format_plan(result: StepFit) -> str:
     """The planner's answer: what to paste, and what the estimate says of it."""
     budget = f"{result.budget / MIB:,.0f} MiB"
     if not result.overrides:

@@ -37,7 +37,7 @@ from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
-from volseg.memory.inference_plan import StitchPlan, plan_stitching
+from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config

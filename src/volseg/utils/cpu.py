@@ -112,7 +112,7 @@ def kind_of(
 def cpu_kind() -> str:
     """:func:`kind_of` this CPU, with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` as this
     process has them: the kind the CPU planner's margin is looked up by
-    (:func:`volseg.memory.residuals.cpu_margin`), named as ``benchmarks/tables.py`` names the
+    (:func:`volseg.memory.estimate.margins.cpu_margin`), named as ``benchmarks/tables.py`` names the
     CPU of a results file."""
     return kind_of(
         cpu_flags(),
