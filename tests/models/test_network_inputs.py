@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import compose_config
 from volseg.memory.estimate.engine import estimate
-from volseg.memory.fit.budget import planned_total
+from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.step import fit_step
 from volseg.models.networks import adapter_for
 from volseg.plan import make_plan

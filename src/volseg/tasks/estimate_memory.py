@@ -19,8 +19,8 @@ from volseg.memory.estimate.inference import (
     format_run_peak,
     validation_shape,
 )
+from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate, planned_device
-from volseg.memory.fit.budget import planned_total
 from volseg.memory.fit.step import StepFit
 from volseg.plan import plan_run
 from volseg.utils.config import plain
@@ -74,7 +74,7 @@ def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
     if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
         rows += [
             ("step's growth", est.step_peak_growth),
-            (f"planned (+{est.margin:.0%} of growth)", planned_total(est)),
+            (f"planned ({margin_text(est)} of growth)", planned_total(est)),
         ]
     lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
     if est.device == "cpu" and est.margin:
@@ -110,7 +110,7 @@ def format_plan(result: StepFit) -> str:
             else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
         )
         lines.append(
-            f"  planned with a margin of +{est['margin']:.0%} {counted} {est['margin_source']}"
+            f"  planned with a margin of {margin_text(est)} {counted} {est['margin_source']}"
         )
     if result.largest_batch_by_checkpointing:
         table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())

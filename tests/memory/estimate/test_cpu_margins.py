@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO, TINY, compose_config, load_benchmark
 from volseg.memory.estimate import engine
 from volseg.memory.estimate import margins as residuals
-from volseg.memory.fit.budget import planned_total
+from volseg.memory.estimate.margins import planned_total
 from volseg.utils import cpu
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB
@@ -194,8 +194,8 @@ def tiny_cpu(tmp_path):
     cfg = planned_config(compose_config("train", tmp_path, [*TINY, "memory.plan_device=cpu"]))
     margin = residuals.Margin(0.5, "a run of this kind (test)")
     with (
-        mock.patch.object(engine, "cpu_kind", lambda: "AVX2"),
-        mock.patch.object(engine, "cpu_margin", lambda kind: margin if kind == "AVX2" else None),
+        mock.patch.object(residuals, "cpu_kind", lambda: "AVX2"),
+        mock.patch.object(residuals, "cpu_margin", lambda kind: margin if kind == "AVX2" else None),
         mock.patch.object(engine, "_runs", OrderedDict()),
     ):
         yield cfg
@@ -248,7 +248,7 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     more = answer.next_step_estimate
     assert planned_total(more) > budget >= planned_total(answer.estimate)
     assert more["process_total"] <= budget  # bare, batch 2 would have fit
-    with mock.patch.object(engine, "cpu_margin", lambda kind: residuals.Margin(0.0, "none")):
+    with mock.patch.object(residuals, "cpu_margin", lambda kind: residuals.Margin(0.0, "none")):
         engine._runs.clear()
         bare = fit_step(tiny_cpu, budget, search="batch", checkpointing_options=["none"])
     assert bare.batch_size >= 2
@@ -281,7 +281,7 @@ def test_an_unrecorded_kind_plans_with_the_stated_margin(tmp_path):
 
     cfg = planned_config(compose_config("train", tmp_path, [*TINY, "memory.plan_device=cpu"]))
     with (
-        mock.patch.object(engine, "cpu_kind", lambda: "AVX-512"),
+        mock.patch.object(residuals, "cpu_kind", lambda: "AVX-512"),
         mock.patch.object(engine, "_runs", OrderedDict()),
     ):
         est = estimate(cfg)

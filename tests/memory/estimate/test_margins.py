@@ -293,3 +293,20 @@ def test_the_wheel_ships_the_margins_and_an_install_plans_with_them(wheel, tmp_p
     margins, stderr = _installed_margins(site, tmp_path)
     assert all(m["fraction"] == 0.0 and m["source"].startswith("none") for m in margins.values())
     assert "cuda_margins.json is missing" in stderr
+
+
+def test_a_margin_is_a_fixed_amount_plus_a_share_and_an_old_fraction_is_a_share():
+    """``fixed_mib`` and ``share`` as the margins files hold them; an entry with only the older
+    ``fraction`` is that share with no fixed part. What a margin adds: ``ceil(fixed x 2**20 +
+    share x quantity)`` bytes, the same for a CPU step (on its growth) and a CUDA step or
+    validation (on the reserved peak)."""
+    new = residuals._read({"fixed_mib": 1.5, "share": 0.25, "source": "s"})
+    assert (new.fixed_mib, new.share) == (1.5, 0.25)
+    assert new.bytes_on(1001) == 1572864 + 251  # ceil(1.5 MiB + 250.25)
+    old = residuals._read({"fraction": 0.29, "source": "s"})
+    assert (old.fixed_mib, old.share, old.fraction) == (0.0, 0.29, 0.29)
+    cpu = {"device": "cpu", "process_total": 10_000, "step_peak_growth": 1000, "margin": 0.25}
+    cpu["margin_fixed_mib"] = 1.0
+    assert residuals.planned_total(cpu) == 10_000 + 1_048_576 + 250
+    cuda = {"device": "cuda", "peak_reserved": 4000, "cuda_context": 7, "margin": 0.5}
+    assert residuals.planned_total(cuda) == 4000 + 2000 + 7

@@ -13,7 +13,7 @@ from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimate.engine import Variant, estimate, estimate_run, estimate_validation
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
-from volseg.memory.fit.budget import planned_total
+from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.inference import fit_validation, plan_stitching, windows_at_once
 from volseg.memory.fit.search import shrunk_patches
 from volseg.plan import make_plan

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
 from volseg.memory.estimate.engine import estimate
-from volseg.memory.fit.budget import planned_total
+from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.search import shrunk_patches
 from volseg.memory.fit.step import Planner, fit_step
 from volseg.plan import make_plan

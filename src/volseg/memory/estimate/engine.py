@@ -21,7 +21,7 @@ import copy
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -30,11 +30,10 @@ from volseg.memory.estimate.allocator import AllocatorSettings
 from volseg.memory.estimate.inference import (
     InferenceEstimate,
     allocator_settings,
-    validation_margin,
     validation_phase,
     whole_volume,
 )
-from volseg.memory.estimate.margins import cpu_margin, cpu_margin_bytes
+from volseg.memory.estimate.margins import Margin, with_margin
 from volseg.memory.estimate.step import (
     MemoryEstimate,
     estimate_step,
@@ -42,7 +41,6 @@ from volseg.memory.estimate.step import (
     planned_precision,
     trace_steps,
 )
-from volseg.utils.cpu import cpu_kind
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)
 CACHED_RUNS = 32
@@ -117,35 +115,6 @@ class Variant:
             for field, key in self.KEYS.items()
             if getattr(self, field) is not None
         }
-
-
-@dataclass
-class CpuStepEstimate(MemoryEstimate):
-    """A CPU step's estimate planned with its CPU kind's margin
-    (:func:`volseg.memory.estimate.margins.cpu_margin`): ``margin`` is a fraction of the step's
-    growth
-    (``step_peak_growth``, the figure the margin was fitted on), added to the process total
-    when it is checked against a budget. The figures themselves stay the bare estimate."""
-
-    @classmethod
-    def of(cls, est: MemoryEstimate, kind: str) -> CpuStepEstimate:
-        """``est`` with the margin of a CPU of ``kind``."""
-        margined = cls(**{f.name: getattr(est, f.name) for f in fields(MemoryEstimate)})
-        margined.events, margined.allocator = est.events, est.allocator
-        found = cpu_margin(kind)
-        margined.margin = found.fraction
-        margined.margin_source = found.source
-        return margined
-
-    @property
-    def margin_bytes(self) -> int:
-        """What the margin adds: ``margin x step_peak_growth``, rounded up."""
-        return cpu_margin_bytes(self.margin, self.step_peak_growth)
-
-    def total_within(self, budget: int) -> int | None:
-        """The process total with the margin added, where it fits ``budget``; else ``None``."""
-        total = self.process_total + self.margin_bytes
-        return total if total <= budget else None
 
 
 @dataclass
@@ -267,12 +236,9 @@ def _trace(
         phase.prepare(mode)
     trace = trace_steps(step, mode, device, None if phase is None else phase.then)
     est = estimate_step(step, mode, device, precision, settings, started, allocator, trace)
-    # the planner's margin for this kind of CPU (volseg.memory.estimate.margins)
-    if device == "cpu":
-        est = CpuStepEstimate.of(est, cpu_kind())
     validation = None
     if phase is not None:
-        validation = validation_margin(
-            phase.estimate(trace, precision, settings, allocator, started), step
-        )
+        validation = phase.estimate(trace, precision, settings, allocator, started)
+        if device == "cuda":  # validation's reserved peak rests on the step's replay
+            with_margin(validation, Margin(est.margin, est.margin_source, est.margin_fixed_mib))
     return RunEstimate(variant, est, trace.flops, validation)

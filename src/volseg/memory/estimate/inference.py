@@ -56,12 +56,11 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.events import Event, held_series
-from volseg.memory.estimate.margins import cuda_margin
+from volseg.memory.estimate.margins import margin_for, total_within, with_margin
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
     planned_precision,
-    replayed_total_within,
     trace_steps,
 )
 from volseg.memory.estimate.torch_private import RecordingMemTracker
@@ -118,6 +117,7 @@ class InferenceEstimate:
     events: list[Event] = field(default_factory=list, repr=False)
     margin: float = 0.0
     margin_source: str = ""
+    margin_fixed_mib: float = 0.0
     allocator: AllocatorSettings = field(default_factory=AllocatorSettings, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,7 +130,7 @@ class InferenceEstimate:
         """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
         fit (on CUDA the allocator model releases its free cached segments first, as the real
         one does before an out-of-memory, and gets what the ``margin`` leaves of the budget)."""
-        return replayed_total_within(self, budget)
+        return total_within(self, budget)
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
@@ -465,18 +465,6 @@ def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequ
     return Phase(step, device, "validation", whole_volume(volume_shape), stitch, run)
 
 
-def validation_margin(est: InferenceEstimate, step: Any) -> InferenceEstimate:
-    """On CUDA, the training step's margin: validation's reserved peak rests on the same
-    replay."""
-    if est.device == "cuda":
-        margin = cuda_margin(
-            bool(getattr(step.module.levers, "offload_activations", False)),
-            step.loop.accumulate_grad_batches,
-        )
-        est.margin, est.margin_source = margin.fraction, margin.source
-    return est
-
-
 def estimate_prediction(
     cfg: DictConfig,
     volume_shape: Sequence[int],
@@ -519,9 +507,8 @@ def estimate_prediction(
     phase.prepare(mode)
     trace = trace_steps(step, mode, device, phase.then, steps=0)
     est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
-    if device == "cuda":
-        margin = cuda_margin(False, 1)  # a forward without training: a plain step's margin
-        est.margin, est.margin_source = margin.fraction, margin.source
+    if device == "cuda":  # a forward without training: a plain step's margin
+        with_margin(est, margin_for(device, False, 1))
     return est
 
 

@@ -54,12 +54,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from volseg.memory.estimate.allocator import AllocatorSettings, OutOfMemory, replay, round_size
+from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.events import Event, category_peak, held_peak
 from volseg.memory.estimate.layers import LayerTrace, block_activations
-from volseg.memory.estimate.margins import cuda_margin
+from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
 from volseg.memory.estimate.torch_private import RecordingMemTracker
 from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
@@ -111,9 +111,11 @@ class MemoryEstimate:
     seconds: float
     modules: dict[str, int] = field(default_factory=dict)
     accumulate_grad_batches: int = 1
-    # planning margin on the reserved peak (CUDA): the estimate's shortfall on recorded GPU runs
+    # the planner's margin (volseg.memory.estimate.margins): a share of the reserved peak
+    # (CUDA) or of the step's growth (CPU), plus a fixed part; the figures above stay bare
     margin: float = 0.0
     margin_source: str = ""
+    margin_fixed_mib: float = 0.0
 
     def __post_init__(self) -> None:
         # the step's allocations and frees, in order, for replays under a budget
@@ -125,29 +127,17 @@ class MemoryEstimate:
         return asdict(self)
 
     def total_within(self, budget: int) -> int | None:
-        """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
-        fit. On CUDA the allocator releases its free cached segments before giving up, so a
-        step can fit with an unconstrained reserved peak above the budget."""
-        return replayed_total_within(self, budget)
+        """Predicted process total, margin included, when ``budget`` bytes is all there is;
+        ``None``: it does not fit (:func:`volseg.memory.estimate.margins.total_within`)."""
+        return total_within(self, budget)
 
     def fits(self, budget: int) -> bool:
         return self.total_within(budget) is not None
 
-
-def replayed_total_within(est: Any, budget: int) -> int | None:
-    """The process total of an estimate (a step's or an inference's: ``device``,
-    ``process_total``, ``events``, ``cuda_context``, ``margin``, ``allocator``) when ``budget``
-    bytes is all there is; ``None``: it does not fit. On CUDA the allocator model, with the
-    margin taken off the budget first, replays the events within what is left, releasing its
-    free cached segments before an out-of-memory as the real allocator does."""
-    if est.device != "cuda":
-        return est.process_total if est.process_total <= budget else None
-    capacity = int((budget - est.cuda_context) / (1 + est.margin))
-    try:
-        allocator = replay(est.events, capacity=capacity, settings=est.allocator)
-    except OutOfMemory:
-        return None
-    return int(allocator.peak_reserved * (1 + est.margin)) + est.cuda_context
+    @property
+    def margin_bytes(self) -> int:
+        """What the margin adds (:func:`volseg.memory.estimate.margins.margin_bytes`)."""
+        return margin_bytes(self)
 
 
 def planned_device(cfg: DictConfig) -> str:
@@ -713,13 +703,8 @@ def estimate_step(
         modules=dict(trace.modules),
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
-    if device == "cuda":
-        # the planner plans with this on top of the reserved peak (volseg.memory.estimate.margins)
-        margin = cuda_margin(
-            bool(getattr(levers, "offload_activations", False)),
-            step.loop.accumulate_grad_batches,
-        )
-        result.margin, result.margin_source = margin.fraction, margin.source
+    offload = bool(getattr(levers, "offload_activations", False))
+    with_margin(result, margin_for(device, offload, step.loop.accumulate_grad_batches))
     result.events = events
     result.allocator = allocator
     return result

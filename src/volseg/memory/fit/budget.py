@@ -4,12 +4,9 @@ before any work."""
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping
-from typing import Any
 
 from volseg.memory.estimate.inference import InferenceEstimate
-from volseg.memory.estimate.margins import cpu_margin_bytes
+from volseg.memory.estimate.margins import margin_text
 from volseg.memory.estimate.step import MemoryEstimate
 from volseg.memory.fit.inference import margin_note
 from volseg.utils.errors import BudgetExceeded
@@ -18,31 +15,19 @@ from volseg.utils.units import MIB, parse_bytes
 log = logging.getLogger(__name__)
 
 
-def planned_total(est: MemoryEstimate | Mapping[str, Any]) -> int:
-    """A training step's estimate (or its ``to_dict()``) as the planner counts it against a
-    budget, with its margin: on a CPU the process total plus ``margin x step_peak_growth``; on
-    CUDA the reserved peak times 1 + margin plus the CUDA context (the peak without a budget:
-    within one, the allocator's replay decides, :meth:`MemoryEstimate.total_within`)."""
-    get = est.get if isinstance(est, Mapping) else lambda key, default=None: getattr(est, key)
-    margin = get("margin", 0.0) or 0.0
-    if get("device") == "cpu":
-        return int(get("process_total") + cpu_margin_bytes(margin, get("step_peak_growth")))
-    return int(math.ceil(get("peak_reserved") * (1 + margin)) + get("cuda_context"))
-
-
 def step_margin_note(est: MemoryEstimate) -> str:
     """How a training step's budget is counted: the planner's margin on CUDA's reserved peak or
     on a CPU step's growth, and where it comes from (``""``: no margin)."""
-    if not est.margin:
+    if not (est.margin or est.margin_fixed_mib):
         return ""
     if est.device == "cpu":
         return (
-            f" plus a margin of +{est.margin:.0%} of its growth "
+            f" plus a margin of {margin_text(est)} of its growth "
             f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
             f"{est.margin_source}"
         )
     return (
-        f" with a margin of +{est.margin:.0%} on the reserved peak: the estimate's largest "
+        f" with a margin of {margin_text(est)} on the reserved peak: the estimate's largest "
         f"shortfall on a recorded GPU run, {est.margin_source}"
     )
 

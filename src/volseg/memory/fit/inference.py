@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 
 from volseg.memory.estimate.engine import Variant
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
+from volseg.memory.estimate.margins import margin_text
 from volseg.memory.fit.search import shrunk_patches
 from volseg.memory.fit.step import patch_divisor
 from volseg.models.networks import adapter_for
@@ -58,7 +59,9 @@ def _mib(nbytes: int) -> str:
 
 def margin_note(est: InferenceEstimate) -> str:
     """How the budget is counted on CUDA: the planner's margin on the reserved peak."""
-    return f" (planned with +{est.margin:.0%} on its reserved peak)" if est.margin else ""
+    if not (est.margin or est.margin_fixed_mib):
+        return ""
+    return f" (planned with {margin_text(est)} on its reserved peak)"
 
 
 @dataclass
