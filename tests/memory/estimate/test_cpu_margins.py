@@ -220,7 +220,7 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     assert est.total_within(enough) == enough
     assert check_estimate_fits(est, f"{enough}B") == enough
     # estimate_memory.py's report: the figure a budget is checked against, and the margin's source
-    from volseg.tasks.estimate_memory import format_estimate
+    from volseg.plan.report import format_estimate
 
     report = format_estimate(est)
     assert f"planned (+50% of growth)    {enough / MIB:>12,.1f} MiB" in report
@@ -239,9 +239,9 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     answer = fit_step(tiny_cpu, budget, search="batch", checkpointing_options=["none"])
     assert answer.batch_size == 1 and answer.estimate["margin"] == 0.5
     # what plan.py prints: the margin, what it is of, and where it comes from
-    from volseg.tasks.estimate_memory import format_plan
+    from volseg.plan.report import format_step_fit
 
-    text = format_plan(answer)
+    text = format_step_fit(answer)
     assert "planned with a margin of +50% of the step's growth" in text
     assert "a run of this kind (test)" in text
     # one step more, as the planner counts it (with the margin), is over the budget

@@ -217,7 +217,7 @@ def test_planner_offers_no_micro_batches_when_the_batch_fits(small_within_budget
 def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     """On CUDA the planner adds the estimate's shortfall on recorded GPU runs to the reserved
     peak: the planned batch fits budget with it, one more does not, and the output says so."""
-    from volseg.tasks.estimate_memory import format_plan
+    from volseg.plan.report import format_step_fit
 
     cuda = [o for o in SMALL if o != "memory.plan_device=cpu"] + ["memory.plan_device=cuda"]
     cfg = planned_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
@@ -229,7 +229,7 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     assert more["peak_reserved"] * (1 + more["margin"]) > budget
     # without the margin the next batch would have been planned
     assert answer.batch_size < plan_without_margin(cfg, budget)
-    assert "margin of +29%" in format_plan(answer)
+    assert "margin of +29%" in format_step_fit(answer)
 
 
 def plan_without_margin(cfg: DictConfig, budget: int) -> int:

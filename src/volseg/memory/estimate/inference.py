@@ -67,7 +67,6 @@ from volseg.memory.estimate.torch_private import RecordingMemTracker
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
-from volseg.utils.units import MIB
 
 PHASES = ("validation", "prediction")
 STITCH = ("device", "host")
@@ -537,54 +536,3 @@ def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int]
         return None, "no validation case; set estimate.val_shape"
     largest = max(shapes, key=math.prod)
     return largest, f"the largest of {len(shapes)} validation case(s)"
-
-
-def format_inference(est: InferenceEstimate, source: str = "") -> str:
-    """One estimate as ``estimate_memory.py`` prints it (MiB)."""
-    shape = "×".join(str(v) for v in est.volume_shape)
-    where = "host" if est.stitch == "host" else est.device
-    lines = [
-        f"Estimated {est.phase} on {est.device}: one {shape} volume"
-        + (f" ({source})" if source else "")
-        + f", {est.windows} windows of {'×'.join(map(str, est.roi_size))} in batches of "
-        f"{est.sw_batch_size}, stitched on the {where}"
-        + (f", {est.flips} flips" if est.flips > 1 else "")
-        + f", precision {est.precision} ({est.seconds:.1f} s)",
-    ]
-    rows = [
-        ("resident (training state)" if est.phase == "validation" else "resident (parameters)",
-         est.resident),
-        ("volume (input, label)" if est.phase == "validation" else "volume (input)", est.volume),
-        ("stitching buffers", est.stitching),
-        ("one window batch's forward", est.window_batch),
-        ("peak allocated", est.peak_allocated),
-    ]  # fmt: skip
-    if est.host_stitching:
-        rows.insert(3, ("stitching buffers (host)", est.host_stitching))
-    if est.device == "cuda":
-        rows += [
-            ("peak reserved", est.peak_reserved),
-            ("process total (nvidia-smi)", est.process_total),
-        ]
-    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    return "\n".join(lines)
-
-
-def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
-    """The run's peak: the larger of the training step's and validation's, by phase."""
-    phases = [("training step", step.peak_allocated, step.peak_reserved, step.process_total)]
-    if validation is not None:
-        phases.append(
-            (
-                "validation",
-                validation.peak_allocated,
-                validation.peak_reserved,
-                validation.process_total,
-            )
-        )
-    name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
-    lines = [f"Run peak: {name}"]
-    for phase, a, r, t in phases:
-        extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
-        lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
-    return "\n".join(lines)
