@@ -12,6 +12,7 @@ import numpy as np
 
 from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
 from volseg.data.orientation import orientation_problem, oriented_geometry
+from volseg.data.spacing import resampled_shape
 from volseg.utils.errors import UserInputError, raise_problems
 
 
@@ -182,17 +183,6 @@ def split_cases(
     num_val = max(1, round(val_fraction * len(cases)))
     val = sorted(order[:num_val])
     return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
-
-
-def resampled_shape(
-    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
-) -> list[int]:
-    """Shape ``[D, H, W]`` of a volume after resampling to ``spacing_zyx`` (approximately, as
-    MONAI ``Spacing`` rounds)."""
-    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
-    return [
-        max(1, round(n * c / t)) for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
-    ]
 
 
 def _where(path: Path, key: str | None) -> str:
