@@ -132,8 +132,9 @@ def test_dataset_json_disagreements_are_reported_together(msd_root):
     text = str(err.value)
     assert "5 problem(s) in the dataset" in text
     assert (
-        f"{msd_root}/imagesTr/case_000_0001.nii.gz: shape [16, 48, 40] differs from "
-        "case_000_0000.nii.gz's [16, 48, 48]"
+        f"{msd_root}/imagesTr/case_000_0001.nii.gz: shape (40, 48, 16) as stored (x, y, z), "
+        "[D, H, W] = [16, 48, 40] after orientation to RAS differs from case_000_0000.nii.gz's "
+        "(48, 48, 16) as stored (x, y, z), [D, H, W] = [16, 48, 48] after orientation to RAS"
     ) in text
     listed = f"{msd_root}/dataset.json lists 2 channel(s) (raw, inverted)"
     assert f"{msd_root}/imagesTr/case_001_0001.nii.gz: missing; {listed}" in text
