@@ -12,6 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests.conftest import compose_config, tiny_train_overrides
 from volseg.data.msd import MSDDataModule
@@ -154,6 +155,14 @@ def test_a_decathlon_task_trains_two_steps_and_predicts_its_test_list(
     train(compose_config("train", tmp_path / "train", overrides))
     # the plan and the datamodule each read dataset.json: its classes are logged once
     assert sum("decathlon layout, classes" in r.getMessage() for r in caplog.records) == 1
+    decisions = yaml.safe_load((tmp_path / "train" / "plan.yaml").read_text())["decisions"]
+    channels = ", ".join(meta["modality"].values())
+    assert decisions["in_channels"]["why"] == (
+        f"{len(meta['modality'])} channel(s) ({channels}) listed in {root}/dataset.json"
+    )
+    assert decisions["num_classes"]["why"] == (
+        f"{len(meta['labels'])} classes listed in {root}/dataset.json"
+    )
     state = torch.load(tmp_path / "train" / "checkpoints" / "last.ckpt", weights_only=True)
     assert state["global_step"] == 2
     # in_channels and num_classes from dataset.json: the first and last layers' weights

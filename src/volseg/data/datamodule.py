@@ -471,6 +471,11 @@ class VolumeDataModule(LightningDataModule):
         """Where the number of classes comes from, for messages."""
         return f"num_classes={self.num_classes}"
 
+    @property
+    def channels_from(self) -> str:
+        """Where the number of image channels comes from, for messages."""
+        return f"in_channels={self.in_channels}"
+
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""
         cases = find_inputs(path)

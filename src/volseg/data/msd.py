@@ -319,6 +319,11 @@ class MSDDataModule(VolumeDataModule):
     def classes_from(self) -> str:
         return f"{self.num_classes} classes listed in {self.root / 'dataset.json'}"
 
+    @property
+    def channels_from(self) -> str:
+        names = ", ".join(self.channel_names or [])
+        return f"{self.in_channels} channel(s) ({names}) listed in {self.root / 'dataset.json'}"
+
     def describe_channels(self) -> str:
         return f"{self.layout} layout, classes {self.class_names}, channels {self.channel_names}"
 
