@@ -408,11 +408,12 @@ def case_problems(
         shape = list(loaded["shape_zyx"])
         sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
-            resampled = f", resampled to data.spacing={list(spacing)}" if spacing else ""
+            volume = shape_in_words(image, None if reorient else orientation)
+            if spacing is not None:
+                volume = f"[D, H, W] = {sampled} at data.spacing={list(spacing)}, from {volume}"
             problems.append(
                 f"{_where(case.image_files[0], case.image_key)}: data.patch_size="
-                f"{list(patch_size)} is larger than the volume {list(sampled)} in every axis "
-                f"({shape_in_words(image, None if reorient else orientation)}{resampled})"
+                f"{list(patch_size)} is larger than the volume in every axis: {volume}"
             )
         elif padded is not None and any(p > s for p, s in zip(patch_size, sampled, strict=True)):
             padded[case.name] = list(sampled)
