@@ -130,10 +130,15 @@ def test_predict_cases_take_the_test_list_or_a_folder(spleen):
     assert [c.name for c in listed] == ["spleen_4.nii.gz", "spleen_5.nii.gz"]
     assert [c.name for c in dm.predict_cases(spleen / "imagesTs", 1)] == [c.name for c in listed]
     (spleen / "imagesTs" / "spleen_5.nii.gz").unlink()
-    with pytest.raises(UserInputError, match=r"lists \"./imagesTs/spleen_5.nii.gz\" \('test'\)"):
+    with pytest.raises(UserInputError, match=r"lists ./imagesTs/spleen_5.nii.gz \('test'\), file"):
         dm.predict_cases(spleen, in_channels=1)
     with pytest.raises(UserInputError, match=r"takes in_channels=4"):
         dm.predict_cases(spleen / "imagesTs", in_channels=4)
+    listing = json.loads((spleen / "dataset.json").read_text())
+    listing["test"] = [{"image": ["./imagesTs/spleen_4.nii.gz"]}]
+    (spleen / "dataset.json").write_text(json.dumps(listing))
+    with pytest.raises(UserInputError, match=r"each 'test' entry must be \"./imagesTs/<file>\""):
+        dm.predict_cases(spleen, in_channels=1)
 
 
 @pytest.mark.slow

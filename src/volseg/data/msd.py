@@ -110,23 +110,25 @@ def read_dataset_json(root: Path) -> dict[str, Any]:
     }
 
 
-def listed_files(root: Path, key: str) -> list[tuple[str, dict[str, Path]]]:
+def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, Path]]]:
     """The ``key`` list of ``root/dataset.json`` (``training``: image/label pairs, ``test``:
-    images) as written and as paths (MONAI's ``load_decathlon_datalist``, from ``root``)."""
+    images): each entry as written (``{"image": ..., "label": ...}``) and as paths from
+    ``root`` (MONAI's ``load_decathlon_datalist``)."""
     source = root / "dataset.json"
+    wanted = ("image", "label") if key == "training" else ("image",)
+    expected = '{"image": "./imagesTr/<file>", "label": "./labelsTr/<file>"}'
+    if key == "test":
+        expected = '"./imagesTs/<file>"'
     raw = json.loads(source.read_text())[key]
-    try:
-        items = load_decathlon_datalist(source, key == "training", key, root)
-    except (TypeError, AttributeError):
-        expected = '{"image": ..., "label": ...}' if key == "training" else "a path"
-        raise UserInputError(f"{source}: each '{key}' entry must be {expected}") from None
-    listed = []
-    for written, item in zip(raw, items, strict=True):
-        paths = {k: Path(v) for k, v in item.items() if k in ("image", "label")}
-        if not all(isinstance(v, str) for v in (written if isinstance(written, dict) else {})):
-            raise UserInputError(f"{source}: '{key}' entry {written} must hold file paths")
-        listed.append((json.dumps(written), paths))
-    return listed
+    written = [entry if isinstance(entry, dict) else {"image": entry} for entry in raw]
+    bad = [e for e in written if not all(isinstance(e.get(k), str) for k in wanted)]
+    if bad:
+        raise UserInputError(f"{source}: each '{key}' entry must be {expected}, got {bad[0]}")
+    items = load_decathlon_datalist(source, key == "training", key, root)
+    return [
+        ({k: entry[k] for k in wanted}, {k: Path(item[k]) for k in wanted})
+        for entry, item in zip(written, items, strict=True)
+    ]
 
 
 def group_channel_files(
@@ -193,8 +195,8 @@ def _training_list_problems(
             )
             if not exists:
                 problems.append(
-                    f"{root / 'dataset.json'}: lists {json.loads(written)[key]} ('training' "
-                    f"{key}), file not found"
+                    f"{root / 'dataset.json'}: lists {written[key]} ('training' {key}), file "
+                    "not found"
                 )
     return problems
 
@@ -361,7 +363,7 @@ class MSDDataModule(VolumeDataModule):
                 files += siblings or [path]
             else:
                 problems.append(
-                    f"{root / 'dataset.json'}: lists {written} ('test'), file not found"
+                    f"{root / 'dataset.json'}: lists {written['image']} ('test'), file not found"
                 )
         return files, problems
 
