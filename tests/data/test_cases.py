@@ -146,6 +146,8 @@ def test_nan_images_affine_mismatch_and_4d_files_are_named(root):
         "channels), [D, H, W] = [4, 8, 8] (the file's z, y, x)), but in_channels=1: set "
         "in_channels=2"
     ) in text
+    four_d = [c for c in find_cases(root) if c.name == "c2.nii.gz"]
+    check_cases(four_d, 5, [2, 4, 4], in_channels=2)  # the fix the line names: no problem left
 
 
 def test_truncated_file_is_named(root):

@@ -202,3 +202,18 @@ def test_a_patch_side_beyond_a_volume_is_one_log_line(spleen, caplog):
     caplog.clear()
     MSDDataModule(str(spleen), patch_size=PATCH).check()
     assert not [r for r in caplog.records if "zero-padded" in r.getMessage()]
+
+
+def test_a_4d_case_counts_every_modality_in_host_memory_and_the_fingerprint(brain):
+    from volseg.data.fingerprint import dataset_fingerprint
+    from volseg.data.host_memory import volume_bytes
+
+    dm = MSDDataModule(str(brain), patch_size=PATCH)
+    dm.check()
+    sized = volume_bytes(dm.train_cases[0], orientation="RAS")
+    assert sized.shape_zyx == (12, 20, 24)
+    assert sized.image == 4 * 12 * 20 * 24 * 4  # four float32 modalities
+    cfg = compose_config("train", brain.parent / "run", ["data=msd", f"data.root={brain}"])
+    fingerprint = dataset_fingerprint(cfg.data)
+    assert fingerprint["cases"] == 4 and fingerprint["median_shape"] == [12, 20, 24]
+    assert fingerprint["median_spacing"] == [2.5, 0.8, 0.8]
