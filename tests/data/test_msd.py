@@ -213,3 +213,18 @@ def test_channel_files_stay_stacked_when_cached_in_threads(msd_root):
     for _ in range(8):
         ds = CacheDataset(items, eval_transforms(), num_workers=4, progress=False)
         assert [tuple(ds[i]["image"].shape) for i in range(len(ds))] == [(2, 16, 48, 48)] * 6
+
+
+def test_nnunet_test_images_group_by_case_from_the_task_folder(msd_root):
+    dm = _datamodule(msd_root)
+    cases = dm.predict_cases(msd_root, in_channels=2)  # no 'test' list: imagesTs/
+    assert [(c.name, [p.name for p in c.image_files]) for c in cases] == [
+        ("new_case.nii.gz", ["new_case_0000.nii.gz", "new_case_0001.nii.gz"])
+    ]
+    assert dm.layout == "nnunet"
+    # nnU-Net v1 lists test images without their channel suffix
+    dataset = json.loads((msd_root / "dataset.json").read_text())
+    (msd_root / "dataset.json").write_text(
+        json.dumps({**dataset, "test": ["./imagesTs/new_case.nii.gz"]})
+    )
+    assert [c.name for c in dm.predict_cases(msd_root, in_channels=2)] == ["new_case.nii.gz"]
