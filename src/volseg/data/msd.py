@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import glob
 import json
-import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,8 +41,6 @@ from volseg.data.cases import Case, find_inputs, input_problems, is_volume_file
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
-
-log = logging.getLogger(__name__)
 
 CHANNEL_FILE = re.compile(r"^(?P<id>.+)_(?P<channel>\d{4})$")
 LAYOUTS = ("decathlon", "nnunet")
