@@ -217,3 +217,16 @@ def test_a_4d_case_counts_every_modality_in_host_memory_and_the_fingerprint(brai
     fingerprint = dataset_fingerprint(cfg.data)
     assert fingerprint["cases"] == 4 and fingerprint["median_shape"] == [12, 20, 24]
     assert fingerprint["median_spacing"] == [2.5, 0.8, 0.8]
+
+
+def test_data_root_one_level_off_or_an_archive_says_where_the_task_is(spleen):
+    with pytest.raises(
+        UserInputError,
+        match=rf"data.root={spleen.parent}: no dataset.json here, "
+        rf"but in {spleen}: point data.root at the task folder",
+    ):
+        MSDDataModule(str(spleen.parent), patch_size=PATCH).check()
+    archive = spleen.parent / "Task09_Spleen.tar"
+    archive.write_bytes(b"")
+    with pytest.raises(UserInputError, match=r"Task09_Spleen.tar: an archive; extract it first"):
+        MSDDataModule(str(archive), patch_size=PATCH).check()

@@ -68,15 +68,28 @@ def _indexed_names(mapping: Any, what: str, source: Path) -> list[str]:
     return [by_index[i] for i in range(len(by_index))]
 
 
+def _no_dataset_json(root: Path) -> str:
+    """Why ``root`` holds no ``dataset.json``, and where to point ``data.root`` instead."""
+    if root.is_file() and root.name.endswith((".tar", ".tar.gz", ".tgz", ".zip")):
+        return f"an archive; extract it first (e.g. tar -xf {root}) and point data.root at the task"
+    if not root.is_dir():
+        return "no such folder"
+    inside = sorted(p.parent for p in root.glob("*/dataset.json"))
+    if inside:
+        where = ", ".join(str(p) for p in inside[:3]) + (" ..." if len(inside) > 3 else "")
+        return f"no dataset.json here, but in {where}: point data.root at the task folder"
+    return (
+        "no dataset.json (the msd layout needs dataset.json, imagesTr/ and labelsTr/; "
+        "data=folder reads images/ + labels/)"
+    )
+
+
 def read_dataset_json(root: Path) -> dict[str, Any]:
     """``{"class_names", "channel_names", "channels_key", "file_ending", "num_training",
     "training", "test"}`` of ``root/dataset.json``."""
     source = root / "dataset.json"
     if not source.is_file():
-        raise UserInputError(
-            f"data.root={root}: no dataset.json (the msd layout needs dataset.json, imagesTr/ "
-            "and labelsTr/; data=folder reads images/ + labels/)"
-        )
+        raise UserInputError(f"data.root={root}: {_no_dataset_json(root)}")
     try:
         raw = json.loads(source.read_text())
     except json.JSONDecodeError as err:
