@@ -66,6 +66,10 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _maintained(
             "network_levers", "what each memory lever cuts on networks volseg did not write"
         ),
+        _maintained(
+            "selective_checkpointing",
+            "selective activation checkpointing beside none and all: growth, step time, estimate",
+        ),
         _maintained("step_profile", "where a training step's time goes, by operator"),
         _maintained(
             "train_throughput", "Lightning's step beside a plain loop's, and FLOP/s vs the CPU"

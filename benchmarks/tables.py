@@ -330,6 +330,28 @@ def network_levers(path: Path, doc: dict) -> str:
     return "\n".join(lines)
 
 
+@newest("selective_checkpointing")
+def selective_checkpointing(path: Path, doc: dict) -> str:
+    """``selective`` beside ``none`` and ``all`` per network: the step's growth measured and
+    estimated, the step time, each against the network's first row
+    (``selective_checkpointing.py``)."""
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; float32, back to back, a steady step's "
+        f"peak rise over {doc['steps']} optimizer steps, median step time of steps 2..):",
+        "",
+        "| network | `activation_checkpointing` | growth measured (MiB) | vs none "
+        "| estimated (MiB) | error | s/step | vs none |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['network']} | {r['setting']} | {r['measured_growth'] / MIB:,.1f} "
+            f"| {r['growth_ratio']:.2f}x | {r['estimated_growth'] / MIB:,.1f} "
+            f"| {_pct(r['estimate_error'])} | {r['step_seconds']:.2f} | {r['time_ratio']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 #: sides that a later ``real_data.py --sides ...`` file adds to a learning table
 LATER_SIDES = ("nnunet_nomirror", "nnunet_own_plan")
 
@@ -1215,6 +1237,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "loader_compare": loader_compare,
     "step_profile": step_profile,
     "network_levers": network_levers,
+    "selective_checkpointing": selective_checkpointing,
     # docs/benchmarks.md gives each side's mean; the Dice per class stays in the results files
     "learning_mni152": functools.partial(learning, data="mni152", per_class=False),
     "learning_mni152_regions": functools.partial(learning, data="mni152_regions", per_class=False),
