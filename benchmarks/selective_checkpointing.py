@@ -28,16 +28,16 @@ from benchmarks import grid, harness, results_io
 SETTINGS = ("none", "selective", "all")
 #: network name -> overrides, float32 on the CPU; patches within the embedded dataset's volumes
 NETWORKS: dict[str, list[str]] = {
-    "unet_small b2 16x64x64": [
+    "unet_small b2 16x48x48": [
         "model=unet_small",
         "data.batch_size=2",
-        "data.patch_size=[16,64,64]",
+        "data.patch_size=[16,48,48]",
         "trainer.precision=32",
     ],
-    "unet_large b1 16x64x64": [
+    "unet_large b1 16x48x48": [
         "model=unet_large",
         "data.batch_size=1",
-        "data.patch_size=[16,64,64]",
+        "data.patch_size=[16,48,48]",
         "trainer.precision=32",
     ],
     "nnU-Net PlainConvUNet b2 32x64x64": [

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -110,6 +110,8 @@ def _listed(values: Sequence[int]) -> str:
 
 def _key(checkpointing: Any) -> str:
     """How a checkpointing setting is written on the command line."""
+    if isinstance(checkpointing, Mapping):  # {encoder: selective, decoder: full}
+        return '"{' + ", ".join(f"{k}: {v}" for k, v in checkpointing.items()) + '}"'
     if isinstance(checkpointing, Sequence) and not isinstance(checkpointing, str):
         return "[" + ",".join(str(int(level)) for level in checkpointing) + "]"
     return str(checkpointing)
