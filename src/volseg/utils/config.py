@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
 def plain(value: Any) -> Any:
@@ -19,6 +19,13 @@ def plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [plain(v) for v in value]
     return value
+
+
+def set_key(cfg: DictConfig, key: str, value: Any) -> None:
+    """Set the dotted ``key`` of ``cfg`` to ``value``, replacing (not merging) what is there and
+    adding the key where the config's structure lacks it."""
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def compose_run_config(

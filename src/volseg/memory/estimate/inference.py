@@ -53,13 +53,13 @@ from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
-from volseg.memory.estimate.cuda_context import resolve_cuda_context
+from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
 from volseg.memory.estimate.margins import margin_for, total_within, with_margin
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
+    phase_peaks,
     planned_precision,
     trace_steps,
 )
@@ -295,30 +295,6 @@ def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
     return rise
 
 
-def _peaks(
-    events: list[Event], start: int, device: str, settings: Any, allocator_settings: Any
-) -> dict[str, int]:
-    """Held at event ``start`` (the phase's mark), the phase's peak allocated after it, the
-    reserved peak (CUDA: the allocator model, with ``allocator_settings``, replayed over
-    everything before too)."""
-    if device == "cuda":
-        allocator = replay(events, settings=allocator_settings, phase_start=start)
-        resident = allocator.phase_resident
-        context = resolve_cuda_context(
-            settings.get("cuda_context_mib", 0), settings.get("gpu")
-        ).nbytes
-        return {
-            "resident": resident,
-            "peak_allocated": allocator.peak_allocated,
-            "peak_reserved": allocator.peak_reserved,
-            "cuda_context": context,
-        }
-    held = held_series(events)
-    resident = held[start - 1] if start > 0 else 0
-    peak = max(held[start:], default=resident)
-    return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
-
-
 def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
     """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
     return AllocatorSettings.from_conf(
@@ -400,7 +376,7 @@ class Phase:
         channels, classes = self.step.image_shape[1], int(module.num_classes)
         events = trace.events
         # the phase's mark is the first event of ``then``
-        peaks = _peaks(events, trace.then_start + 1, device, settings or {}, allocator)
+        peaks = phase_peaks(events, device, settings or {}, allocator, trace.then_start + 1)
         rounding = round_size if device == "cuda" else None
         itemsize = torch.empty((), dtype=self.step.input_dtype).element_size()
         buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
