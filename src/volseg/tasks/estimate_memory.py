@@ -23,17 +23,6 @@ from volseg.utils.instantiate import build
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-PLANNED_FOR_BUDGET = (
-    "data.batch_size",
-    "data.patch_size",
-    "model.activation_checkpointing",
-    "model.checkpoint_loss",
-    "trainer.accumulate_grad_batches",
-    "model.net.img_size",
-    "model.inferer.sw_batch_size",
-    "model.inferer.device",
-    "model.inferer.roi_size",
-)
 
 
 def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
