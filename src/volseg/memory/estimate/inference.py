@@ -51,7 +51,6 @@ import torch
 from monai.data.utils import dense_patch_slices
 from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
@@ -63,7 +62,7 @@ from volseg.memory.estimate.step import (
     planned_precision,
     trace_steps,
 )
-from volseg.memory.estimate.torch_private import RecordingMemTracker
+from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError

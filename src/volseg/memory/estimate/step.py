@@ -52,7 +52,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.autocast import CudaAutocast
@@ -60,7 +59,11 @@ from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.events import Event, category_peak, held_peak, held_series
 from volseg.memory.estimate.layers import LayerTrace, block_activations
 from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
-from volseg.memory.estimate.torch_private import RecordingMemTracker
+from volseg.memory.estimate.torch_private import (
+    FakeTensorMode,
+    RecordingMemTracker,
+    unset_fake_temporarily,
+)
 from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
