@@ -602,7 +602,7 @@ def train_args(job: Job, device: str, data_dir: Path, run_dir: Path, lock: Path)
         "trainer.log_every_n_steps=1",
         "memory.every_n_steps=1",
         "logger=csv",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         "extras.print_config=false",
         "callbacks.validation_overlays=null",
         STEP_TIMER,
@@ -815,7 +815,7 @@ def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
         rows,
         script=__file__,
         argv=argv,
-        note="memory.plan_device=cuda, estimate.cuda_context_mib=0 (allocator figures), each "
+        note="memory.plan_device=cuda, memory.cuda_context_mib=0 (allocator figures), each "
         "config planned as train.py plans it; bytes",
     )
     return results_io.write(doc, results_io.DEFAULT)

@@ -74,7 +74,7 @@ def overrides(data: Path) -> list[str]:
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
         "callbacks.validation_overlays=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
 
 

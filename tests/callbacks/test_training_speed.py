@@ -119,7 +119,7 @@ def test_a_resumed_fit_warms_up_from_its_checkpoint_step(monkeypatch):
     s = speed.summary()
     assert s["steps_measured"] == 3  # steps 42, 43 and 44
     assert s["step_s"] == pytest.approx(2.0)
-    # no FLOPs planned (estimate.plan_step=false), no peak on a CPU
+    # no FLOPs planned (memory.plan_step=false), no peak on a CPU
     assert s["tflops_per_s"] is None and s["mfu"] is None and s["peak_source"] == "cpu: no peak"
 
 

@@ -108,7 +108,7 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
         "trainer.max_steps=1",
         "trainer.limit_val_batches=1",
         "callbacks.rich_progress_bar=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={tmp_path}",
     ]
     result = subprocess.run(

@@ -278,7 +278,7 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
-    options = OmegaConf.select(cfg, "estimate") or {}
+    options = OmegaConf.select(cfg, "memory") or {}
     answer = search(
         cfg,
         budget,
@@ -331,7 +331,7 @@ class _Built:
 def _validation_volume(
     cfg: DictConfig, estimate_step: bool, built: _Built
 ) -> tuple[list[int] | None, str]:
-    """The validation volume the plan estimates (``estimate.val_shape`` or the dataset's
+    """The validation volume the plan estimates (``memory.val_shape`` or the dataset's
     largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
     ``None`` where none is estimated."""
     from volseg.memory.estimate.inference import validation_shape
@@ -340,7 +340,7 @@ def _validation_volume(
         return None, ""
     if "model" not in cfg or "data" not in cfg:
         return None, ""
-    if OmegaConf.select(cfg, "estimate.val_shape") is not None:
+    if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
     try:
         datamodule = built.build(cfg)
@@ -433,7 +433,7 @@ def make_plan(
     ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
     ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
     micro-batches (plan.py) instead of stopping the run (train.py), searched within
-    ``estimate.max_batch_size`` and ``estimate.checkpointing_options``.
+    ``memory.max_batch_size`` and ``memory.checkpointing_options``.
     Bad values raise one :class:`UserInputError` naming the key.
     """
     cfg = copy.deepcopy(cfg)
@@ -459,7 +459,7 @@ def make_plan(
         decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
     if OmegaConf.select(cfg, "memory") is not None:
         set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
-    requested = cfg.trainer.get("precision", "32")
+    requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
     log_choice(choice)

@@ -64,6 +64,21 @@ RENAMED_KEYS = {
     "checkpointing, micro-batches, loss checkpointing and a smaller patch",
     "estimate.zero_grad": "nothing: only the benchmarks' hand-written loops need it, and they "
     "set it themselves (+estimate.zero_grad=...)",
+    # the estimate group joined memory: each key kept its name
+    **{
+        f"estimate.{key}": f"memory.{key}"
+        for key in (
+            "cuda_context_mib",
+            "gpu",
+            "max_batch_size",
+            "checkpointing_options",
+            "val_shape",
+            "plan_step",
+            "json_out",
+            "overwrite",
+            "top",
+        )
+    },
 }
 
 

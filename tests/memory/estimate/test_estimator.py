@@ -77,7 +77,7 @@ def test_halving_parameters_barely_moves_the_peak(tmp_path):
 
 
 def test_cuda_estimate_rounds_and_caches(tmp_path):
-    cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "estimate.cuda_context_mib=300"])
+    cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "memory.cuda_context_mib=300"])
     est = estimate(cfg)
     assert est.device == "cuda"  # planned for a GPU (memory.plan_device=cuda)
     assert est.peak_reserved >= est.peak_allocated > 0

@@ -27,8 +27,8 @@ SMALL = [
     "data.patch_size=[16,64,64]",
     "trainer.precision=32",
     "model.inferer.sw_batch_size=4",
-    "estimate.val_shape=[32,192,192]",
-    "estimate.plan_step=false",
+    "memory.val_shape=[32,192,192]",
+    "memory.plan_step=false",
 ]
 
 
@@ -72,7 +72,7 @@ def test_a_budget_no_validation_fits_is_one_line(small_dataset, tmp_path):
         *tiny_train_overrides(small_dataset),
         "trainer.precision=32",
         "model.inferer.sw_batch_size=4",
-        "estimate.val_shape=[32,192,192]",
+        "memory.val_shape=[32,192,192]",
     ]
     cfg = compose_config("train", tmp_path / "run", [*overrides, "memory.budget=60MiB"])
     assert estimate(planned_config("train", tmp_path / "est", overrides)).fits(60 * MIB)
@@ -114,7 +114,7 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
     planned = planned_config("train", tmp_path / "est", overrides)
     configured = estimate_validation(planned, shape)
@@ -198,7 +198,7 @@ WINDOWS = [
     "trainer.precision=32",
     "trainer.accelerator=cpu",
     "model.inferer.sw_batch_size=2",
-    "estimate.val_shape=[16,64,64]",
+    "memory.val_shape=[16,64,64]",
 ]
 
 
@@ -268,7 +268,7 @@ def test_a_users_unet_at_83_mib_plans_its_step_and_its_validation(tmp_path):
         "data.patch_size=[16,64,64]",
         "trainer.precision=32",
         "trainer.accelerator=cpu",
-        f"estimate.val_shape=[{','.join(map(str, shape))}]",
+        f"memory.val_shape=[{','.join(map(str, shape))}]",
         "memory.budget=83MiB",
     ]
     plan = make_plan(compose_config("train", tmp_path / "run", overrides), fit_budget=True)

@@ -134,8 +134,8 @@ def test_estimate_memory_cli_writes_json(tmp_path):
             "estimate_memory.py",
             *SMALL,
             "memory.budget=60MiB",
-            "estimate.val_shape=[16,32,32]",
-            f"estimate.json_out={out}",
+            "memory.val_shape=[16,32,32]",
+            f"memory.json_out={out}",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
         cwd=REPO,
@@ -220,7 +220,7 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     from volseg.plan.report import format_step_fit
 
     cuda = [o for o in SMALL if o != "memory.plan_device=cpu"] + ["memory.plan_device=cuda"]
-    cfg = planned_config("train", tmp_path, [*cuda, "estimate.cuda_context_mib=0"])
+    cfg = planned_config("train", tmp_path, [*cuda, "memory.cuda_context_mib=0"])
     budget = 60 * MIB
     answer = fit_step(cfg, budget, search="batch")
     est, more = answer.estimate, answer.next_step_estimate

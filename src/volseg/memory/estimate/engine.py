@@ -175,7 +175,7 @@ def estimate_validation(
 ) -> InferenceEstimate:
     """Predicted memory of validating one volume of ``volume_shape`` ``[D, H, W]`` in a
     ``train.py`` run of ``cfg`` (planned), after two training steps; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.estimate``). The engine's
+    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.memory``). The engine's
     (:func:`volseg.memory.estimate.engine.estimate_config`): the step's estimate is in the same
     trace."""
     validation = estimate_config(cfg, Variant(), whole_volume(volume_shape), settings).validation
@@ -194,14 +194,14 @@ def estimate_config(
 ) -> RunEstimate:
     """:func:`estimate_run` of a planned config (``memory.plan_device`` and ``trainer.precision``
     as the plan decided them); ``settings``: the ``estimate`` config's ``cuda_context_mib`` and
-    ``gpu`` (default: ``cfg.estimate``'s). The same run asked again (the same config once the
+    ``gpu`` (default: ``cfg.memory``'s). The same run asked again (the same config once the
     variant's keys are set) is answered from the trace already made; a trace with a validation
     answers for the step alone too."""
     cfg = copy.deepcopy(cfg)
     for key, value in variant.overrides().items():
         set_key(cfg, key, value)
     shape = None if validation_shape is None else tuple(int(v) for v in validation_shape)
-    settings = settings if settings is not None else (cfg.get("estimate") or {})
+    settings = settings if settings is not None else (cfg.get("memory") or {})
     if isinstance(settings, DictConfig):
         settings = OmegaConf.to_container(settings)
     run_key = (OmegaConf.to_yaml(cfg), repr(settings))

@@ -308,10 +308,10 @@ def _host_device(device: str) -> str:
 
 
 def whole_volume(volume_shape: Sequence[int]) -> list[int]:
-    """A volume's ``[D, H, W]`` as ints; anything else is one error naming estimate.val_shape."""
+    """A volume's ``[D, H, W]`` as ints; anything else is one error naming memory.val_shape."""
     shape = [int(v) for v in volume_shape]
     if len(shape) != 3 or any(v < 1 for v in shape):
-        raise UserInputError(f"estimate.val_shape={list(volume_shape)}: expected [D, H, W] > 0")
+        raise UserInputError(f"memory.val_shape={list(volume_shape)}: expected [D, H, W] > 0")
     return shape
 
 
@@ -476,7 +476,7 @@ def estimate_prediction(
             out = predictor.predict_step({"image": image}, 0)
             del image, out
 
-    settings = settings if settings is not None else (cfg.get("estimate") or {})
+    settings = settings if settings is not None else (cfg.get("memory") or {})
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
     phase.prepare(mode)
     trace = trace_steps(step, mode, device, phase.then, steps=0)
@@ -487,13 +487,13 @@ def estimate_prediction(
 
 
 def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int] | None, str]:
-    """The validation volume to estimate: ``estimate.val_shape``, else the dataset's largest
+    """The validation volume to estimate: ``memory.val_shape``, else the dataset's largest
     validation case by voxels (from its headers); ``None`` and why where neither is known
     (nothing is generated or loaded here). ``datamodule``: the one built from ``cfg.data``
     (default: built here)."""
-    configured = OmegaConf.select(cfg, "estimate.val_shape")
+    configured = OmegaConf.select(cfg, "memory.val_shape")
     if configured is not None:
-        return whole_volume(list(configured)), "estimate.val_shape"
+        return whole_volume(list(configured)), "memory.val_shape"
     from pathlib import Path
 
     from volseg.utils.instantiate import build
@@ -501,13 +501,13 @@ def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int]
     try:
         datamodule = datamodule if datamodule is not None else build(cfg.data, "data")
         if not hasattr(datamodule, "validation_shapes"):
-            return None, f"{cfg.data._target_} lists no validation shapes; set estimate.val_shape"
+            return None, f"{cfg.data._target_} lists no validation shapes; set memory.val_shape"
         if not Path(datamodule.root).exists():
-            return None, f"data.root={datamodule.root} does not exist yet; set estimate.val_shape"
+            return None, f"data.root={datamodule.root} does not exist yet; set memory.val_shape"
         shapes = datamodule.validation_shapes()
     except UserInputError as err:
         return None, str(err).splitlines()[0]
     if not shapes:
-        return None, "no validation case; set estimate.val_shape"
+        return None, "no validation case; set memory.val_shape"
     largest = max(shapes, key=math.prod)
     return largest, f"the largest of {len(shapes)} validation case(s)"

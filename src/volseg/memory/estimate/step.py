@@ -627,7 +627,7 @@ def phase_peaks(
     (``cuda_context_mib``, ``gpu``). The figures a step and an inference phase share."""
     if device == "cuda":
         allocator = replay(events, settings=allocator_settings, phase_start=start)
-        context = resolve_cuda_context(settings.get("cuda_context_mib", 0), settings.get("gpu"))
+        context = resolve_cuda_context(settings.get("cuda_context_mib"), settings.get("gpu"))
         return {
             "resident": allocator.phase_resident,
             "peak_allocated": allocator.peak_allocated,

@@ -134,7 +134,7 @@ def patch_divisor(cfg: DictConfig) -> list[int]:
 
 def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
     """The checkpointing settings a budget search tries, least recomputation first:
-    ``estimate.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
+    ``memory.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
     adapter's named choices."""
     configured = plain(configured)
     if configured is None or configured == "auto":
