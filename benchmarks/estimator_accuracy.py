@@ -58,6 +58,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import torch
@@ -352,7 +353,7 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
     versions = ", ".join(
         f"{name} {version}" for name, version in results.get("packages", {}).items()
     )
-    lines = [
+    caption = (
         f"Measured on {results.get('cpu_description') or results['cpu']}, {results['date']} "
         f"(torch {results['torch']}, MONAI {results['monai']}"
         f"{', ' + versions if versions else ''}; `{results['command']}`, then `--write-docs`): "
@@ -362,7 +363,11 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
         "to `python plan.py <overrides> memory.budget=X`, and the plan trained with `python "
         "train.py plan=plan.yaml`: its peak counted as the CPU estimate counts a total (tensor "
         "bytes: parameters, gradients and optimizer state held at the step's start, plus the "
-        "step's measured rise).",
+        "step's measured rise)."
+    )
+    # a caption of short lines (a Markdown paragraph), the table after it
+    lines = [
+        textwrap.fill(caption, 100, break_long_words=False, break_on_hyphens=False),
         "",
         "| network | override | patch / batch | estimated MiB | measured MiB | error "
         "| budget MiB: the planner's answer | planned run: measured peak / budget MiB |",

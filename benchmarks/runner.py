@@ -88,6 +88,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("real_data", "volseg's default against nnU-Net and a MONAI loop on MNI152 data"),
         _tool("cpu_margins", "the CPU planner's margin per CPU kind, from the estimator's results"),
         _tool("draw_grid", "draws a held-out grid of configs for estimator_accuracy"),
+        _tool("restamp", "estimates of every cited estimator file made again by today's code"),
         _tool("tables", "docs' tables regenerated from benchmarks/results/ (--check: unchanged)"),
     ]
 )
