@@ -14,10 +14,9 @@ at or above every row. The planner adds ``margin x step_peak_growth`` to a CPU s
 ``ONEDNN_MAX_CPU_ISA``) plans with the largest margin of any kind (``unrecorded``). Each row is
 also checked against the margin fitted without it (:func:`leave_one_out`): is it still safe?
 
-A row's estimate is the one its estimator file recorded. After an estimator change, a file's
-configs are estimated again on a CPU of its kind, their measured rises kept, by
-``python -m benchmarks estimator_accuracy --re-estimate FILE`` (minutes, where rerunning the
-grids takes hours): the new file is the newest of its grid and kind, and the fit reads it.
+A row's estimate is the one its estimator file holds: after an estimator change,
+``python -m benchmarks restamp`` makes every cited file's estimates again in place (minutes,
+where rerunning the grids takes hours), then refits.
 
     python -m benchmarks cpu_margins                # writes src/volseg/memory/cpu_margins.json
 """

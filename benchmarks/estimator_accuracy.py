@@ -457,66 +457,6 @@ def network_packages() -> dict[str, str]:
     return found
 
 
-#: what must match between the CPU that measured a results file and the one re-estimating it
-SAME_KERNELS = ("cpu_flags", "cpu_capability", "onednn_max_cpu_isa", "aten_cpu_capability")
-
-
-def re_estimated(row: dict, work_dir: Path) -> dict:
-    """A measured row with its estimate made again by this estimator (its measured bytes
-    kept); a failed row as it was."""
-    row = {**row, "sample": samples.grid(row["grid"])[0]}
-    if "measured_bytes" not in row:
-        return row
-    predicted = grid.predict(row["overrides"], "cpu", work_dir)
-    return {
-        **row,
-        "estimated_bytes": int(predicted["growth"]),
-        "error": predicted["growth"] / row["measured_bytes"] - 1,
-        "estimated_process_total_bytes": int(predicted["process_total"]),
-    }
-
-
-def re_estimate(
-    path: Path, json_out: str, argv: list[str] | None, parser: argparse.ArgumentParser
-) -> None:
-    """``--re-estimate``: the file's measured configs estimated again, into a new results file
-    whose head names this machine, the file the measurements come from and its commit."""
-    earlier = results_io.load(path)
-    if earlier.get("benchmark") != "estimator_accuracy" or earlier.get("gpu"):
-        parser.error(f"--re-estimate {path}: not a CPU estimator_accuracy results file")
-    here = results_io.machine()
-    differ = [key for key in SAME_KERNELS if earlier.get(key) != here[key]]
-    if differ:
-        parser.error(
-            f"--re-estimate {path}: measured on another kind of CPU ({', '.join(differ)} "
-            "differ): the estimate depends on the kernels this CPU runs"
-        )
-    import monai
-
-    with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
-        rows = [re_estimated(row, Path(tmp)) for row in earlier["rows"]]
-    labels = dict.fromkeys(row["grid"] for row in rows)
-    keep = ("cpu_description", "malloc", "steps", "timeout_s", "complete")
-    doc = results_io.result(
-        "estimator_accuracy",
-        rows,
-        script=__file__,
-        argv=argv,
-        **{key: earlier.get(key) for key in keep},
-        monai=monai.__version__,
-        python=sys.version.split()[0],
-        measured_in=str(path),
-        measured_on=earlier["date"],
-        run_seconds=earlier.get("run_seconds"),
-        # the rows' sample now: a held-out grid that a change was judged on is in sample
-        samples={g: {"sample": samples.grid(g)[0], "frozen_in": grid.frozen_in(g)} for g in labels},
-        grids={g: [r for r in rows if r["grid"] == g] for g in labels},
-    )
-    for label, grid_rows in doc["grids"].items():
-        print(f"{label}: {grid.summary_line(grid_rows)}")
-    results_io.write(doc, json_out)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -587,23 +527,11 @@ def main(argv: list[str] | None = None) -> None:
         f"kind of CPU, the newest <date>_{NETWORKS_BENCHMARK}.json holding foreign-networks; "
         "several files of one grid: a table each) and run nothing else",
     )
-    parser.add_argument(
-        "--re-estimate",
-        type=Path,
-        default=None,
-        metavar="RESULTS",
-        help="estimate again every measured config of an earlier CPU results file measured on "
-        "this kind of CPU (same ISA flags and kernels), keeping its measured bytes, into a new "
-        "results file; runs no training",
-    )
     args = parser.parse_args(argv)
     if args.write_docs is not None:
         paths = args.write_docs or [NETWORKS_RESULTS, *foreign_results()]
         changed = write_docs(paths)
         print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
-        return
-    if args.re_estimate is not None:
-        re_estimate(args.re_estimate, args.json_out, argv, parser)
         return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)

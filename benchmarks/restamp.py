@@ -7,10 +7,10 @@ stale; this tool makes them again, on a CPU that reproduces the file's kind
 (:func:`reproducing_env`), and records under the file's ``estimates`` key the code that made
 them (:func:`benchmarks.results_io.code`), the date, the kind that made them and the rows whose
 bytes changed. A kind this CPU cannot reproduce (:data:`NOT_REPRODUCIBLE`) is left as it was
-and said so beside its margin. ``tests/test_benchmarks_fresh.py`` fails while a cited file's
+and said so beside its margin. ``tests/test_benchmark_suite.py`` fails while a cited file's
 estimates come from other code than today's.
 
-    python -m benchmarks restamp           # every cited file; then tables and cpu_margins
+    python -m benchmarks restamp           # every stale cited file; then the margins, tables
     python -m benchmarks restamp --check   # list the stale files, change nothing (exit 1: some)
 """
 
@@ -32,10 +32,11 @@ from benchmarks import results_io
 
 MEMORY = "src/volseg/memory"
 #: where a file is cited: a figure it backs is published there
-CITING = ("README.md", "docs/*.md", "src/volseg/memory/*_margins.json")
+CITING = ("README.md", "docs/*.md", "src/volseg/**/*margins*.json")
 #: the held ISA that stands in for an AVX2 CPU on this one: with oneDNN held to AVX2 and ATen's
-#: kernels to avx2, an AVX-512 CPU estimates the AVX2 EPYC's configs byte for byte (its
-#: 2026-12-04 tuned grid: 4 of 4 unchanged rows the same bytes; see docs/benchmarks.md)
+#: kernels to avx2, this AVX-512 EPYC estimates the AVX2 EPYC's configs byte for byte (its tuned
+#: grid of 2026-12-04, benchmarks/results/cpu/2026-12-04_estimator_accuracy-5.json: the 4
+#: measured rows no estimator change touched since, the same bytes)
 HELD_TO_AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 #: kinds no CPU here reproduces, with why: their estimates stay as measured, said so
 NOT_REPRODUCIBLE = {
@@ -185,11 +186,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cannot re-estimate {path.name}: no way to reproduce {kind} here")
             continue
         groups.setdefault(tuple(sorted(env.items())), []).append(path)
-    for env, paths in groups.items():
+    children = []
+    for env, paths in groups.items():  # one process per ISA, side by side (one core each)
         child = {k: v for k, v in os.environ.items() if k not in HELD_TO_AVX2}
         child.update(env)
         command = [sys.executable, "-m", "benchmarks", "restamp", "--here", *map(str, paths)]
-        subprocess.run(command, env=child, cwd=results_io.REPO, check=False)
+        children.append(subprocess.Popen(command, env=child, cwd=results_io.REPO))
+    for child in children:
+        child.wait()
     if not args.no_tables:
         margins = (["cpu_margins"], ["cuda_estimate_errors", "--margins-only"])
         for tool in (*margins, ["tables"]):

@@ -369,7 +369,7 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     """nnU-Net's own-plan side is named for its plan; where rows count their predicted labels,
     a column gives each run's share of background (100% only where every voxel is); rows
     without counts (older files) leave the table as it was."""
-    tables = load_benchmark("tables")
+    tables = load_benchmark("archive.readers")
 
     def row(side, seed, voxels=None):
         r = {
@@ -387,7 +387,11 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
 
     label = tables.side_label("nnunet_own_plan", [row("nnunet_own_plan", 1)])
     assert label == "nnU-Net v2's trainer, 0.20% of its schedule, its own plan"
-    assert tables.side_label("nnunet", [row("nnunet", 1)]).endswith("volseg's patch and network")
+    assert (
+        load_benchmark("archive.readers")
+        .side_label("nnunet", [row("nnunet", 1)])
+        .endswith("volseg's patch and network")
+    )
     # ten steps of 250,000: a share to one figure, not 0.00%
     few = tables.side_label("nnunet_own_plan", [{**row("nnunet_own_plan", 1), "steps": 10}])
     assert few == "nnU-Net v2's trainer, 0.004% of its schedule, its own plan"
@@ -401,7 +405,11 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     assert table[0].endswith("| classes at 0 (final) | background, of the predicted voxels |")
     assert table[2] == f"| {label} | 2 | 500 | 0.000 | 0.000, 0.000 | 0.000 | 1, 1 | 100%, 99.99% |"
     assert table[3].endswith("| 1 | 75.00% |") and table[4].endswith("| 1 | - |")
-    old = tables.learning_rows([row("nnunet", 1)], per_class=False).splitlines()
+    old = (
+        load_benchmark("archive.readers")
+        .learning_rows([row("nnunet", 1)], per_class=False)
+        .splitlines()
+    )
     assert old[0].endswith("| classes at 0 (final) |") and old[2].endswith("| 0.000 | 1 |")
 
 
