@@ -42,7 +42,6 @@ plan=plan.yaml``) to see whether its measured peak stays under the budget.
     python -m benchmarks estimator_accuracy --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
     python -m benchmarks estimator_accuracy --grid foreign-networks --budget-of-growth 0.6
-    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's tables
     python -m benchmarks estimator_accuracy --device cuda          # on a GPU machine
     python -m benchmarks estimator_accuracy --device cuda --snapshot-dir DIR
 
@@ -308,9 +307,9 @@ SAMPLE: dict[str, str] = {
 #: of their step here: a budget of 75% has no answer for them
 BUDGET_FRACTION = 0.85
 
-#: docs/networks.md's tables lie between these lines: MONAI's networks and a user's file, and
-#: other projects' U-Nets (the networks extra)
-DOCS = REPO / "docs" / "networks.md"
+#: docs/benchmarks.md's networks tables lie between these lines: MONAI's networks and a user's
+#: file, and other projects' U-Nets (the networks extra)
+DOCS = REPO / "docs" / "benchmarks.md"
 TABLE_START = "<!-- networks-table: written by benchmarks/estimator_accuracy.py --grid networks -->"
 TABLE_END = "<!-- /networks-table -->"
 FOREIGN_START = (
@@ -356,7 +355,7 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
     caption = (
         f"Measured on {results.get('cpu_description') or results['cpu']}, {results['date']} "
         f"(torch {results['torch']}, MONAI {results['monai']}"
-        f"{', ' + versions if versions else ''}; `{results['command']}`, then `--write-docs`): "
+        f"{', ' + versions if versions else ''}; `{results['command']}`): "
         f"each row a real `python train.py` run of {results['steps']} optimizer steps on the "
         f"embedded dataset, the steady step's peak RSS rise (`{results['malloc']}`) against "
         f"`estimate(cfg).step_peak_growth`; then a budget of {_budget_rule(results)} given "
@@ -405,11 +404,10 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
-    """Replace what lies between each table's markers in ``docs`` (:data:`DOCS_TABLES`) with
-    :func:`networks_table` of each results file that holds its grid, one after the other in the
-    order given; returns whether the file changed."""
-    text = original = docs.read_text()
+def networks_docs(text: str, results_paths: list[Path], docs: Path = DOCS) -> str:
+    """``text`` (of ``docs``) with what lies between each table's markers
+    (:data:`DOCS_TABLES`) replaced by :func:`networks_table` of each results file that holds its
+    grid, one after the other in the order given (``benchmarks/tables.py`` writes them)."""
     documents = [json.loads(path.read_text()) for path in results_paths]
     for grid_name, (start, end) in DOCS_TABLES.items():
         holding = [doc for doc in documents if grid_name in doc.get("grids", {})]
@@ -421,12 +419,10 @@ def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
             raise SystemExit(f"{docs}: no '{start}' ... '{end}' markers")
         tables = "\n".join(networks_table(doc, grid_name) for doc in holding)
         text = head + start + "\n" + tables + end + tail
-    if text != original:
-        docs.write_text(text)
-    return text != original
+    return text
 
 
-#: the results file of ``--grid networks`` that ``--write-docs`` reads by default
+#: the results file of ``--grid networks`` that docs/benchmarks.md's networks table reads
 NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks.json"
 #: the dated results files of the planned network grids (``<date>_estimator_networks[-N].json``)
 NETWORKS_BENCHMARK = "estimator_networks"
@@ -516,23 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         help="an earlier, incomplete results file of the same grid: its measured configs are "
         "kept, the others run, and the file is rewritten in place",
     )
-    parser.add_argument(
-        "--write-docs",
-        nargs="*",
-        type=Path,
-        default=None,
-        metavar="RESULTS",
-        help="regenerate docs/networks.md's tables from results files of the networks and "
-        f"foreign-networks grids (default {NETWORKS_RESULTS.relative_to(REPO)} and, for each "
-        f"kind of CPU, the newest <date>_{NETWORKS_BENCHMARK}.json holding foreign-networks; "
-        "several files of one grid: a table each) and run nothing else",
-    )
     args = parser.parse_args(argv)
-    if args.write_docs is not None:
-        paths = args.write_docs or [NETWORKS_RESULTS, *foreign_results()]
-        changed = write_docs(paths)
-        print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
-        return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
 

@@ -69,7 +69,7 @@ def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, mon
 
 
 def test_docs_networks_table_is_the_committed_results_written_out():
-    """docs/networks.md's table between its markers is what ``--write-docs`` makes of the
+    """docs/benchmarks.md's networks table between its markers is what ``tables.py`` makes of the
     committed ``benchmarks/results/cpu/estimator_networks.json``."""
     bench = load_benchmark("estimator_accuracy")
     results = json.loads(bench.NETWORKS_RESULTS.read_text())
@@ -84,7 +84,7 @@ def test_docs_networks_table_is_the_committed_results_written_out():
 
 
 def test_docs_foreign_networks_table_is_the_dated_results_files_written_out():
-    """docs/networks.md's table of other projects' U-Nets is what ``--write-docs`` makes of the
+    """docs/benchmarks.md's table of other projects' U-Nets is what ``tables.py`` makes of the
     newest complete ``<date>_estimator_networks.json`` holding the foreign-networks grid of each
     kind of CPU (a table each, oldest first), every network of the grid estimated, measured and
     planned in each."""
@@ -686,7 +686,7 @@ MEASURED_FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|GB|ms|it/s|s/step|s/batch|s)
 
 def _outside_generated_tables(text: str) -> str:
     """A doc's text without the tables that scripts write: ``<!-- table: NAME -->`` blocks
-    (``benchmarks/tables.py``) and the networks tables (``estimator_accuracy.py --write-docs``)."""
+    (``benchmarks/tables.py``) and the networks tables (also ``benchmarks/tables.py``)."""
     text = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
     return re.sub(r"<!-- ((?:foreign-)?networks-table): .*?<!-- /\1 -->", "", text, flags=re.S)
 

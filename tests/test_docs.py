@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 
 #: the most lines each may have (benchmarks.md: with the held-out grid held-out-2026-12-06's rows)
-LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 520}
+LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 700}
 #: README's Measurements: at most this many bullets of at most this many characters
 MEASUREMENT_BULLETS, BULLET_WIDTH = 5, 300
 #: README a front door: at most this many lines
@@ -183,6 +183,7 @@ CONSTANTS = {
     ("docs/memory.md", "500 MiB"): "the CUDA context's fallback, said to be not measured",
     ("docs/memory.md", "2 MiB"): "torch's caching allocator's segment sizes",
     ("docs/memory.md", "20 MiB"): "torch's caching allocator's segment sizes",
+    ("docs/benchmarks.md", "8 GB"): "nnU-Net's default GPU memory target, its constant",
     ("docs/plan.md", "8 GB"): "nnU-Net's default GPU memory target, its constant",
     ("docs/scale-out.md", "2%"): "`callbacks.last_checkpoint.max_time_share`'s default",
     ("docs/scale-out.md", "5 minutes"): "`callbacks.last_checkpoint.save_every_minutes`'s default",
@@ -230,3 +231,31 @@ def test_every_prose_figure_names_its_results_file_in_its_paragraph():
                     unsourced.append(f"{name}: {figure!r} in {block[:80]!r}")
     assert unsourced == []
     assert set(CONSTANTS) == seen, "listed constants no doc has any more"
+
+
+#: a date in prose (a held-out grid's name, e.g. ``held-out-2026-12-06``, is a name, not a date)
+DATE = re.compile(r"(?<!held-out-)\b20\d\d-\d\d-\d\d\b(?!-b\b)")
+
+
+def _dated_findings(text: str) -> list[str]:
+    """The results files a text cites and the dates its prose gives (code spans and blocks,
+    which show example paths and folder names, left out)."""
+    prose = re.sub(r"`[^`]*`", "", _prose(text))
+    return RESULTS_FILE.findall(text) + DATE.findall(prose)
+
+
+@pytest.mark.parametrize(
+    "doc", [d for d in DOCS if d.name != "benchmarks.md"], ids=lambda p: p.name
+)
+def test_dated_findings_live_only_in_docs_benchmarks(doc):
+    """README and the manual say what a user does and why; every dated figure, with its
+    results file, is in docs/benchmarks.md's generated tables, which the others link to."""
+    assert _dated_findings(doc.read_text()) == []
+
+
+def test_the_dated_finding_check_finds_a_file_and_a_date_and_skips_names_and_code():
+    text = (
+        "On 2026-12-01 it ran (benchmarks/results/cpu/2026-12-02_x.json); grid "
+        "held-out-2026-12-06 and `logs/2026-11-30_08-17-07` are names.\n"
+    )
+    assert _dated_findings(text) == ["benchmarks/results/cpu/2026-12-02_x.json", "2026-12-01"]
