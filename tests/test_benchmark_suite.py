@@ -442,3 +442,45 @@ def test_the_maintained_suite_is_at_most_5000_lines():
     ]
     lines = sum(len(p.read_text().splitlines()) for p in files)
     assert lines <= 5000, f"benchmarks/: {lines} maintained lines, at most 5000"
+
+
+def test_restamp_makes_the_estimates_again_in_place_and_keeps_the_measured_bytes(
+    tmp_path, monkeypatch
+):
+    """A file's measured row gets this estimator's figure (150 MiB against 100 measured: +50%),
+    in ``rows`` and in ``grids`` alike; a row whose estimate stays is not listed as changed; a
+    failed row stays as it was; the file records the code that made its estimates."""
+    from benchmarks import grid, restamp, results_io
+
+    predicted = {("x=1",): 150 * MIB, ("x=2",): 80 * MIB}
+    monkeypatch.setattr(
+        grid,
+        "predict",
+        lambda overrides, device, work: {
+            "growth": predicted[tuple(overrides)],
+            "process_total": 200 * MIB,
+        },
+    )
+    rows = [
+        {"grid": "tuned", "name": "a", "overrides": ["x=1"], "estimated_bytes": 60 * MIB,
+         "measured_bytes": 100 * MIB, "error": -0.4},
+        {"grid": "tuned", "name": "b", "overrides": ["x=2"], "estimated_bytes": 80 * MIB,
+         "measured_bytes": 80 * MIB, "error": 0.0},
+        {"grid": "tuned", "name": "c", "overrides": ["x=3"], "failed": "ran past"},
+    ]  # fmt: skip
+    doc = results_io.result("estimator_accuracy", rows, argv=[])
+    doc["grids"] = {"tuned": [dict(r) for r in rows]}
+    path = tmp_path / "2026-01-01_estimator_accuracy.json"
+    path.write_text(json.dumps(doc))
+    assert restamp.re_estimate_in_place(path, {}) == ["a"]
+    again = json.loads(path.read_text())
+    for kept in (again["rows"], again["grids"]["tuned"]):
+        a, b, c = kept
+        assert (a["measured_bytes"], a["estimated_bytes"]) == (100 * MIB, 150 * MIB)
+        assert a["error"] == pytest.approx(0.5) and b["estimated_bytes"] == 80 * MIB
+        assert c == rows[2]
+    assert again["estimates"]["changed"] == ["a"]
+    assert again["estimates"]["code"]["sources"]["src/volseg/memory"] == (
+        results_io.source_hash("src/volseg/memory")
+    )
+    assert restamp.stamp(again) == results_io.source_hash("src/volseg/memory")
