@@ -31,7 +31,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from benchmarks import results_io
+from benchmarks import results_io, two_part
 from volseg.memory.estimator import estimate
 from volseg.memory.residuals import KINDS, step_kind, whole_percent_above
 from volseg.plan import planned_config
@@ -119,7 +119,13 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         worst = max(fitted, key=lambda s: s["measured"] / s["estimated"])
         low, high = (f(s["estimated"] for s in fitted) for f in (min, max))
+        fixed_mib, share = two_part.fit(
+            [(s["estimated"] * MIB, s["measured"] * MIB) for s in fitted]
+        )
         found[kind] = {
+            "fixed_mib": fixed_mib,
+            "share": share,
+            # one share for every size, as readers of the margin before fixed_mib/share take it
             "fraction": whole_percent_above(worst["measured"] / worst["estimated"]),
             "source": (
                 f"{worst['run']} (reserved {worst['measured']:,.0f} MiB measured, "
@@ -143,6 +149,10 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         without = fit([*steps[:i], *steps[i + 1 :]]).get(step["kind"])
         margin = without["fraction"] if without else 0.0
         over = step["measured"] > step["estimated"] * (1 + margin)
+        fixed_mib, share = (without["fixed_mib"], without["share"]) if without else (0.0, 0.0)
+        covered = two_part.covered(
+            fixed_mib, share, step["estimated"] * MIB, step["measured"] * MIB
+        )
         runs.append(
             {
                 "file": step["file"],
@@ -152,6 +162,9 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "estimated_reserved_mib": round(step["estimated"], 3),
                 "margin_without_it": margin,
                 "overcommitted": over,
+                "fixed_mib_without_it": fixed_mib,
+                "share_without_it": share,
+                "covered": covered,
             }
         )
         tally = by_kind.setdefault(step["kind"], {"overcommitted": 0, "of": 0})
@@ -161,6 +174,11 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "overcommitted": sum(r["overcommitted"] for r in runs),
         "of": len(runs),
         "by_kind": {k: by_kind[k] for k in KINDS if k in by_kind},
+        # fixed_mib + share fitted without each run: how many it still covers, per kind
+        "covered": sum(r["covered"] for r in runs),
+        "covered_by_kind": {
+            k: sum(r["covered"] for r in runs if r["kind"] == k) for k in KINDS if k in by_kind
+        },
         "runs": runs,
     }
 

@@ -31,7 +31,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import results_io
-from benchmarks.harness import MMAP_THRESHOLD, largest_per_call, op_memory_reader, resident_peak
+from benchmarks.archive.op_memory import (
+    MMAP_THRESHOLD,
+    largest_per_call,
+    op_memory_reader,
+    resident_peak,
+)
 from volseg.memory.readers import HostMemoryReader
 from volseg.memory.workspace import gemm_float32_buffer
 from volseg.utils.cpu import cpu_description
