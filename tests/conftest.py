@@ -22,7 +22,7 @@ CONFIGS = REPO / "configs"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The module of ``python -m benchmarks <name>`` (a study's under ``benchmarks/studies/``),
+    """The module of ``python -m benchmarks <name>`` (an archived study's: ``benchmarks/archive/``),
     or a shared module of the package (``results_io``, ``harness``, ...)."""
     from benchmarks.runner import BENCHMARKS
 

@@ -32,7 +32,7 @@ from benchmarks import harness, results_io
 from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
 from volseg.utils.units import MIB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu"
