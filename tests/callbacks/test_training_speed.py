@@ -206,7 +206,7 @@ def test_lightning_fetches_batches_where_the_wait_is_counted(tmp_path):
 
 def test_train_py_reports_the_planned_steps_flops_rate(small_dataset, tmp_path, caplog):
     overrides = [
-        *[o for o in tiny_train_overrides(small_dataset) if not o.startswith("estimate.")],
+        *[o for o in tiny_train_overrides(small_dataset) if not o.startswith("memory.plan_step")],
         "callbacks.training_speed.warmup_steps=1",
     ]
     cfg = compose_config("train", tmp_path, overrides)
