@@ -672,6 +672,7 @@ DESCRIPTIVE_TABLES = {
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
     "docs/data.md": ["| `data=` | classes | cases (train / val) |"],
+    "docs/kernel-memory.md": [],
     "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "

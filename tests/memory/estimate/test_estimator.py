@@ -85,7 +85,8 @@ def test_cuda_estimate_rounds_and_caches(tmp_path):
     assert est.process_total == est.peak_reserved + 300 * 2**20
     # fitting counts the reserved peak with the planner's margin (volseg.memory.estimate.margins)
     assert est.margin > 0
-    planned = math.ceil(est.peak_reserved * (1 + est.margin)) + 300 * 2**20
+    added = math.ceil(est.margin_fixed_mib * 2**20 + est.margin * est.peak_reserved)
+    planned = est.peak_reserved + added + 300 * 2**20
     assert est.fits(planned + 1) and not est.fits(est.process_total)
     assert not est.fits(est.process_total // 4)
 

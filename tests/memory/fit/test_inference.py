@@ -159,7 +159,8 @@ def test_predict_stitches_on_the_gpu_the_volumes_that_fit_there(tmp_path):
 
     on_gpu = {s: estimator(cfg, s, "device", (), "32-true") for s in (small, large)}
     host = estimator(cfg, large, "host", (), "32-true")
-    limit = (on_gpu[small].process_total + on_gpu[large].process_total) // 2
+    # between the two as the planner counts them (the margin on top of each)
+    limit = (planned_total(on_gpu[small]) + planned_total(on_gpu[large])) // 2
     assert on_gpu[small].fits(limit) and not on_gpu[large].fits(limit) and host.fits(limit)
 
     plan = plan_stitching(cfg, [large, small, small], "cuda", limit, "test", estimator=estimator)
