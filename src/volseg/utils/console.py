@@ -1,0 +1,22 @@
+"""What reaches the terminal: errors once and last on stderr, long reports only in the log file.
+
+``file_log`` is a logger whose records go to the run's log file only (``train.log``, ...: see
+``hydra.job_logging.loggers`` in configs/hydra/default.yaml); outside a Hydra job (a test, a
+notebook) it logs like any other logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+#: records for the run's log file, not the console
+file_log = logging.getLogger("volseg.file_only")
+
+
+def report_error(message: str) -> None:
+    """``message`` once on stderr (``error: ...``), and in the run's log file."""
+    file_log.error("%s", message)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    print(f"error: {message}", file=sys.stderr, flush=True)
