@@ -19,6 +19,7 @@ from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
 from volseg.plan import make_plan
 from volseg.tasks.train import check_patch_fits_network, train
+from volseg.utils.errors import UserInputError
 from volseg.utils.precision import resolve_precision
 
 CLASSES = ["background", "blob", "tube", "shell", "granule"]
@@ -81,6 +82,27 @@ def test_checkpoint_loads_weights_only_and_carries_the_config(trained):
     assert ckpt["volseg"]["config"]["model"]["net"]["widths"] == [4, 8, 16]
     assert ckpt["volseg"]["config"]["data"]["patch_size"] == [16, 32, 32]
     assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
+
+
+def test_a_finished_checkpoint_is_one_error_and_a_raised_limit_trains_on(
+    trained, small_dataset, tmp_path
+):
+    """The tiny run trained 2 epochs, 4 steps: resuming it at the same limits trains nothing."""
+    last = trained[0] / "checkpoints" / "last.ckpt"
+    common = [*tiny_train_overrides(small_dataset), f"ckpt_path={last}"]
+    for limit, fix in [
+        ("trainer.max_epochs=2", "trainer.max_epochs=2: nothing left to train; raise it"),
+        ("trainer.max_steps=4", "trainer.max_steps=4: nothing left to train; raise it"),
+    ]:
+        cfg = compose_config("train", tmp_path / limit, [*common, limit])
+        with pytest.raises(UserInputError, match="its run has trained 2 epoch") as raised:
+            train(cfg)
+        assert fix in str(raised.value)
+        assert not (tmp_path / limit / "checkpoints").exists()  # no work
+    # a raised limit trains on, as Lightning does: one more epoch of 2 steps
+    cfg = compose_config("train", tmp_path / "on", [*common, "trainer.max_epochs=3"])
+    train(cfg)
+    assert json.loads((tmp_path / "on" / "summary.json").read_text())["global_step"] == 6
 
 
 def test_test_true_evaluates_the_best_checkpoint_on_the_validation_split(

@@ -18,7 +18,7 @@ from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.network import plan_network
-from volseg.utils.checkpoint import check_weights_fit, load_run_config
+from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.config import plain
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
@@ -93,6 +93,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
     loader_states = saved_loader_states(checkpoint) if checkpoint is not None else []
+    if checkpoint is not None:  # a finished run: one line naming the limit to raise, no work
+        check_work_left(checkpoint, cfg.trainer, cfg.ckpt_path)
     check_strategy_installed(cfg.trainer.get("strategy"))
     check_strategy_device(cfg.trainer)
 
