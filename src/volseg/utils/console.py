@@ -20,3 +20,23 @@ def report_error(message: str) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+#: third-party log lines that advertise or repeat what the run says itself (message prefixes)
+QUIET_PREFIXES = (
+    "💡 Tip:",  # Lightning's litlogger / litmodels advertisements
+    "Trainer already configured with model summary callbacks",  # callbacks.model_summary is ours
+)
+
+
+class _DropPrefixes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(QUIET_PREFIXES)
+
+
+def quiet_third_party() -> None:
+    """Drop the third-party tips in :data:`QUIET_PREFIXES` from the console and the log."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
+            logger.addFilter(_DropPrefixes())

@@ -21,7 +21,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
-from volseg.utils.console import report_error
+from volseg.utils.console import quiet_third_party, report_error
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
@@ -167,19 +167,23 @@ def set_project_root(entry_file: str) -> Path:
     return root
 
 
-def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
-    """Print the composed config as a tree, one branch per top-level group."""
+def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:
+    """The composed config as a tree, one branch per top-level group: printed (``show``) and/or
+    written to ``save_to``; written only, one line says where."""
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
             OmegaConf.to_yaml(value, resolve=False) if isinstance(value, DictConfig) else str(value)
         )
         tree.add(str(key), style="bold").add(rich.syntax.Syntax(body, "yaml"))
-    rich.print(tree)
+    if show:
+        rich.print(tree)
     if save_to is not None:
         save_to.parent.mkdir(parents=True, exist_ok=True)
         with open(save_to, "w") as f:
             rich.print(tree, file=f)
+        if not show:
+            log.info("Config: %s (extras.print_config=true prints it here)", save_to)
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
@@ -197,6 +201,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     global _task_started
     _task_started = True
     release_stderr()
+    quiet_third_party()
     multirun = in_multirun()
     # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
     restore_signals = raise_on()
