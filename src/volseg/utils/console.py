@@ -14,12 +14,12 @@ import sys
 file_log = logging.getLogger("volseg.file_only")
 
 
-def report_error(message: str) -> None:
+def report_error(message: str, prefix: str = "error: ") -> None:
     """``message`` once on stderr (``error: ...``), and in the run's log file."""
     file_log.error("%s", message)
     sys.stderr.flush()
     sys.stdout.flush()
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
 
 
 #: third-party log lines that advertise or repeat what the run says itself (message prefixes)

@@ -253,7 +253,7 @@ def stopped(raised: BaseException, cfg: DictConfig) -> None:
     message = str(raised)
     if raised.checkpoint:
         message += f"\nresume with: {resume_command(raised.checkpoint)}"
-    report_error(message)
+    report_error(message, prefix="")  # not an error: what the user asked for
     sys.exit(raised.exit_code)
 
 
