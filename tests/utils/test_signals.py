@@ -143,3 +143,65 @@ def test_a_signal_saves_last_ckpt_and_the_resume_equals_an_uninterrupted_run(
     assert a["global_step"] == b["global_step"] == 8
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
+
+
+def test_the_first_signal_is_recorded_and_a_second_ctrl_c_stops_at_once():
+    from volseg.utils.signals import StopRequest
+
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopRequest()
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM  # recorded: the loop stops at its next step
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_forked_loader_worker_ignores_the_signal():
+    from volseg.utils.signals import StopRequest
+
+    stop = StopRequest()
+    stop.install()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the worker: a terminal's Ctrl-C reaches it too
+            os.kill(os.getpid(), signal.SIGINT)
+            os._exit(0 if stop.signum is None else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        stop.restore()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert stop.signum is None  # the main process was not asked to stop
+
+
+def test_sigterm_before_training_stops_like_ctrl_c():
+    from volseg.utils.signals import TrainingInterrupted, raise_on
+
+    restore = raise_on()
+    try:
+        with pytest.raises(TrainingInterrupted) as raised:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode
+    finally:
+        restore()
+    assert raised.value.exit_code == 143 and raised.value.checkpoint is None
+    assert str(raised.value) == "stopped by SIGTERM before training: nothing to save"
+
+
+def test_the_resume_command_keeps_the_overrides_and_replaces_ckpt_path(monkeypatch, tmp_path):
+    from hydra.core.global_hydra import GlobalHydra
+
+    from volseg.utils.signals import resume_command
+
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr("hydra.core.hydra_config.HydraConfig.initialized", lambda: False)
+    argv = ["train.py", "model=unet_small", "data.patch_size=[16,32,32]", "ckpt_path=old.ckpt"]
+    monkeypatch.setattr(sys, "argv", argv)
+    ckpt = tmp_path / "last.ckpt"
+    assert resume_command(str(ckpt)) == (
+        f"python train.py model=unet_small 'data.patch_size=[16,32,32]' ckpt_path={ckpt}"
+    )

@@ -37,6 +37,8 @@ class RunSummary(Callback):
             status = {"status": "interrupted", "error": str(exception)}
             if exception.checkpoint:
                 status["resume"] = resume_command(exception.checkpoint)
+        elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C: at once, no save
+            status = {"status": "interrupted", "error": "stopped at once by Ctrl-C, not saved"}
         else:
             status = {"status": "failed", "error": f"{type(exception).__name__}: {exception}"}
         self.write(trainer, pl_module, status)
