@@ -152,7 +152,7 @@ class LastCheckpoint(ModelCheckpoint):
     def stop_requested(self, trainer: L.Trainer) -> int:
         """The signal that asked the run to stop (0: none); rank 0's, for every rank (a save is
         collective: ranks that disagreed would wait for each other forever)."""
-        signum = self._stop.signum or 0 if self._stop is not None else 0
+        signum = (self._stop.signum or 0) if self._stop is not None else 0
         if trainer.world_size > 1:
             signum = int(trainer.strategy.broadcast(signum))
         return signum

@@ -78,6 +78,13 @@ class HeldStderr(io.TextIOBase):
     def fileno(self) -> int:
         return self.stream.fileno()
 
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
 
 _held_stderr: HeldStderr | None = None
 
@@ -197,6 +204,10 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
     such a job returns a :class:`~volseg.utils.sweep.JobStopped` (the Optuna sweeper records its
     trial as failed or pruned).
+
+    SIGINT or SIGTERM ends the run with the command that resumes it (:func:`stopped`, exit code
+    130 or 143); a run that ends in an error gets a ``summary.json`` saying so
+    (:func:`mark_failed`).
     """
     global _task_started
     _task_started = True
