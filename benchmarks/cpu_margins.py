@@ -10,7 +10,7 @@ fitted on), failed configs left out.
 A kind's margin is the least fraction that makes every one of its rows safe: the largest
 measured / estimated step rise less 1, rounded up to a whole percent, 0 where the estimate is
 at or above every row. The planner adds ``margin x step_peak_growth`` to a CPU step's estimate
-(:mod:`volseg.memory.residuals`). A kind with no rows (AVX-512 without BF16, a CPU held by
+(:mod:`volseg.memory.estimate.margins`). A kind with no rows (AVX-512 without BF16, a CPU held by
 ``ONEDNN_MAX_CPU_ISA``) plans with the largest margin of any kind (``unrecorded``). Each row is
 also checked against the margin fitted without it (:func:`leave_one_out`): is it still safe?
 
@@ -18,7 +18,8 @@ A row's estimate is the one its estimator file holds: after an estimator change,
 ``python -m benchmarks restamp`` makes every cited file's estimates again in place (minutes,
 where rerunning the grids takes hours), then refits.
 
-    python -m benchmarks cpu_margins                # writes src/volseg/memory/cpu_margins.json
+    # writes src/volseg/memory/estimate/cpu_margins.json
+    python -m benchmarks cpu_margins
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from benchmarks import results_io, samples, two_part
 from benchmarks.restamp import NOT_REPRODUCIBLE
 from benchmarks.results_io import cpu_kind
 from benchmarks.tables import _kind_order
-from volseg.memory.residuals import whole_percent_above
+from volseg.memory.estimate.margins import whole_percent_above
 from volseg.utils.units import MIB
 
-MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cpu_margins.json"
 COMMAND = "python -m benchmarks cpu_margins"
 
 

@@ -8,11 +8,12 @@ reserved, estimated / measured in MiB with the error, bold outside the test's bo
 allocated, 10% reserved), then the mean |error| of each and the runs within both.
 
 The newest estimates file and the recorded runs also give the planner's CUDA margins
-(:mod:`volseg.memory.residuals`; kinds of step with fewer than :data:`MIN_RUNS` runs share one,
+(:mod:`volseg.memory.estimate.margins`; kinds of step with fewer than :data:`MIN_RUNS` runs share
+one,
 :func:`pools`) and, for each recorded run, the margin its kind gets with that run left out of the
 fit and whether a plan with it would have been overcommitted (:func:`leave_one_out`: how the
 margins do on a run they were not fitted on). Both ship with the package as
-``src/volseg/memory/cuda_margins.json``: written after the estimates, or alone with
+``src/volseg/memory/estimate/cuda_margins.json``: written after the estimates, or alone with
 ``--margins-only``.
 
     python -m benchmarks cuda_estimate_errors      # about 4 s a run on a 2-core CPU
@@ -32,8 +33,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 
 from benchmarks import results_io, two_part
-from volseg.memory.estimator import estimate
-from volseg.memory.residuals import KINDS, step_kind, whole_percent_above
+from volseg.memory.estimate.engine import estimate
+from volseg.memory.estimate.margins import KINDS, step_kind, whole_percent_above
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
 
@@ -43,7 +44,7 @@ os.environ.setdefault("PROJECT_ROOT", str(REPO))
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
 ALLOCATED_WITHIN, RESERVED_WITHIN = 0.05, 0.10
 BENCHMARK = "cuda_estimate_errors"
-MARGINS = REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
+MARGINS = REPO / "src" / "volseg" / "memory" / "estimate" / "cuda_margins.json"
 
 
 #: the fewest recorded runs a margin the planner uses may rest on (see :func:`pools`)
@@ -53,7 +54,7 @@ MIN_RUNS = 3
 def recorded_steps(results: Path = results_io.RESULTS) -> tuple[list[dict[str, Any]], Path]:
     """Each recorded run of ``results/cuda/*.json`` (not held out, its peak reserved measured,
     its estimate in the newest ``results/cpu/<date>_cuda_estimate_errors.json``): ``file``,
-    ``run``, ``kind`` (:func:`~volseg.memory.residuals.step_kind`) and its peak reserved,
+    ``run``, ``kind`` (:func:`~volseg.memory.estimate.margins.step_kind`) and its peak reserved,
     ``measured`` and ``estimated`` (MiB); and the estimates file."""
     estimates = results_io.latest(BENCHMARK, "cpu", results)
     if estimates is None:

@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 from benchmarks import grid, harness, results_io
 from benchmarks.grid import COMPOSE_LOCK, Grid, accumulation, merge
-from volseg.memory.cuda_context import nvidia_smi
+from volseg.memory.estimate.cuda_context import nvidia_smi
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -427,7 +427,7 @@ def train_args(job: Job, device: str, data_dir: Path, run_dir: Path, lock: Path)
         "trainer.log_every_n_steps=1",
         "memory.every_n_steps=1",
         "logger=csv",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         "extras.print_config=false",
         "callbacks.validation_overlays=null",
         STEP_TIMER,
@@ -451,7 +451,7 @@ def predict_args(cfg, device: str, run_dir: Path, volume: Path, lock: Path) -> l
         "stitch=device",
         f"inferer.overlap={cfg.model.inferer.overlap}",
         f"inferer.sw_batch_size={cfg.model.inferer.sw_batch_size}",
-        "+callbacks.memory_monitor._target_=volseg.memory.monitor.MemoryMonitor",
+        "+callbacks.memory_monitor._target_=volseg.memory.monitor.callback.MemoryMonitor",
         f"+callbacks.memory_monitor.output_dir={out}",
         "+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn",
         f"+callbacks.gpu_turn.lock_file={lock}",
@@ -640,7 +640,7 @@ def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
         rows,
         script=__file__,
         argv=argv,
-        note="memory.plan_device=cuda, estimate.cuda_context_mib=0 (allocator figures), each "
+        note="memory.plan_device=cuda, memory.cuda_context_mib=0 (allocator figures), each "
         "config planned as train.py plans it; bytes",
     )
     return results_io.write(doc, results_io.DEFAULT)

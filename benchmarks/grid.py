@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.results_io import REPO
-from volseg.memory.events import held_at_last_mark
+from volseg.memory.estimate.events import held_at_last_mark
 from volseg.utils.units import MIB
 
 #: optimizer steps per run: the first creates the optimizer state, the others are steady
@@ -211,7 +211,7 @@ def compose(overrides: list[str], device: str, data_dir: Path):
                     *run_overrides(overrides, device, data_dir),
                     f"memory.plan_device={device}",
                     # the allocator's figures that the monitor reads hold no CUDA context
-                    "estimate.cuda_context_mib=0",
+                    "memory.cuda_context_mib=0",
                 ],
             )
 
@@ -293,8 +293,8 @@ def predict(
     """The estimate of the config composed from the same overrides as its run (bytes); with a
     ``volume`` [D, H, W] also its validation and predict.py's prediction (float32, stitched on
     the device) of that volume."""
-    from volseg.memory.estimator import estimate
-    from volseg.memory.inference import estimate_prediction, estimate_validation
+    from volseg.memory.estimate.engine import estimate, estimate_validation
+    from volseg.memory.estimate.inference import estimate_prediction
     from volseg.plan import planned_config
 
     user_network(work_dir)

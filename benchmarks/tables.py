@@ -316,9 +316,9 @@ MARGIN_STEPS = {
 
 def cuda_margins(results: Path) -> str | None:
     """The planner's CUDA margins on the reserved peak, each the largest shortfall of the
-    estimate on the recorded GPU runs of its kind (``src/volseg/memory/cuda_margins.json``,
+    estimate on the recorded GPU runs of its kind (``src/volseg/memory/estimate/cuda_margins.json``,
     written by ``cuda_estimate_errors.py``): in sample, fitted on the runs it lists."""
-    path = results_io.REPO / "src" / "volseg" / "memory" / "cuda_margins.json"
+    path = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cuda_margins.json"
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
@@ -355,7 +355,7 @@ def cuda_margins(results: Path) -> str | None:
     return "\n".join(lines)
 
 
-CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "cpu_margins.json"
+CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cpu_margins.json"
 
 
 def _two_part(margin: dict) -> str:

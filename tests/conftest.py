@@ -162,8 +162,8 @@ def tiny_train_overrides(data_root: Path) -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        # no estimate of the planned step (tests of it set estimate.plan_step=true)
-        "estimate.plan_step=false",
+        # no estimate of the planned step (tests of it set memory.plan_step=true)
+        "memory.plan_step=false",
     ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, TINY, load_benchmark
-from volseg.memory.estimator import planned_device
+from volseg.memory.estimate.step import planned_device
 from volseg.utils.units import MIB
 
 #: a results file written on a CPU whose kernels were not held to an ISA (whatever this run's
@@ -671,6 +671,7 @@ DESCRIPTIVE_TABLES = {
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
     "docs/data.md": ["| `data=` | classes | cases (train / val) |"],
+    "docs/kernel-memory.md": [],
     "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "

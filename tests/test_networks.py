@@ -15,8 +15,8 @@ import yaml
 from tests.conftest import compose_config
 from volseg.data.io import read_array
 from volseg.data.synthetic import generate_synthetic_dataset
-from volseg.memory.estimator import estimate
-from volseg.memory.planner import plan
+from volseg.memory.estimate.engine import estimate
+from volseg.memory.fit.step import fit_step
 from volseg.plan import make_plan
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.predict import predict
@@ -95,7 +95,7 @@ def two_steps(root: Path, patch: str = "[32,32,32]") -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
 
 
@@ -149,7 +149,7 @@ def test_a_users_module_from_a_file_trains_is_estimated_and_planned(cubes, tmp_p
     # a budget the configured step fits only with checkpointing: the search tries the generic
     # adapter's choices (none, all), not UNet3D's
     budget = (with_all.process_total + est.process_total) // 2
-    answer = plan(cfg, budget)
+    answer = fit_step(cfg, budget)
     assert not answer.fits_as_configured
     assert set(answer.largest_batch_by_checkpointing) == {"none", "all"}
     assert answer.activation_checkpointing == "all" and answer.batch_size >= 2
@@ -224,6 +224,6 @@ def test_a_foreign_network_is_planned_under_a_budget_below_its_step(cubes, tmp_p
     with_all = estimate(cfg, activation_checkpointing="all")
     assert with_all.step_peak_growth < 0.8 * est.step_peak_growth
     budget = (with_all.process_total + est.process_total) // 2
-    answer = plan(cfg, budget)
+    answer = fit_step(cfg, budget)
     assert not answer.fits_as_configured
     assert answer.estimate["process_total"] <= budget

@@ -100,9 +100,9 @@ TABLE = [
     ("predict", ["ckpt_path={junk}", "input={data}"], "no value for output"),
     ("predict", ["ckpt_path={dir}/missing.ckpt", "input=x", "output=y"], "missing.ckpt"),
     ("estimate_memory", ["memory.budget=lots"], "memory.budget=lots"),
-    ("estimate_memory", ["estimate.json_out={dir}/no/such/e.json"], "estimate.json_out="),
-    ("estimate_memory", ["estimate.json_out={dir}"], "is a folder"),
-    ("estimate_memory", ["estimate.json_out={junk}"], "exists"),
+    ("estimate_memory", ["memory.json_out={dir}/no/such/e.json"], "memory.json_out="),
+    ("estimate_memory", ["memory.json_out={dir}"], "is a folder"),
+    ("estimate_memory", ["memory.json_out={junk}"], "exists"),
 ]
 
 

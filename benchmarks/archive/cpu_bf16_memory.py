@@ -7,7 +7,8 @@ the op runs once to warm up, then once with the process's peak resident memory r
 the system), then once under ``torch.profiler`` (``profile_memory``), whose allocation events
 give the peak of torch's own allocator. ``beyond_allocator`` is the first minus the second: what
 the op's kernels took with ``malloc``. ``predicted_gemm_buffer`` is the estimator's count of
-that memory (:func:`volseg.memory.workspace.gemm_float32_buffer`, the largest over the op's aten
+that memory (:func:`volseg.memory.estimate.workspace.gemm_float32_buffer`, the largest over the
+op's aten
 calls, asked of the same tensors); ``allocator_peak + predicted_gemm_buffer`` is what the
 estimate holds for the op beyond what is live before it.
 
@@ -37,8 +38,8 @@ from benchmarks.archive.op_memory import (
     op_memory_reader,
     resident_peak,
 )
-from volseg.memory.readers import HostMemoryReader
-from volseg.memory.workspace import gemm_float32_buffer
+from volseg.memory.estimate.workspace import gemm_float32_buffer
+from volseg.memory.monitor.readers import HostMemoryReader
 from volseg.utils.cpu import cpu_description
 
 BF16 = torch.bfloat16

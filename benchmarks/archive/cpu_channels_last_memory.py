@@ -10,7 +10,8 @@ the op runs once to warm up, then once with the process's peak resident memory r
 (``MALLOC_MMAP_THRESHOLD_=65536``, set here with ``mallopt``, so that freed buffers go back to
 the system). ``beyond_outputs`` is that peak's rise minus the bytes the op returns: the operands'
 channels-last copies and oneDNN's scratchpad. ``predicted_workspace`` is the estimator's count
-of it (:func:`volseg.memory.workspace.cpu_workspace`, the largest over the op's aten calls, asked
+of it (:func:`volseg.memory.estimate.workspace.cpu_workspace`, the largest over the op's aten
+calls, asked
 of the same tensors). Float32 by default; ``--dtype bfloat16`` runs the same cases in bfloat16
 (on a CPU whose oneDNN has bfloat16 kernels: elsewhere torch's native ones run them).
 
@@ -39,8 +40,8 @@ from benchmarks.archive.op_memory import (
     op_memory_reader,
     resident_peak,
 )
-from volseg.memory.readers import HostMemoryReader
-from volseg.memory.workspace import cpu_workspace
+from volseg.memory.estimate.workspace import cpu_workspace
+from volseg.memory.monitor.readers import HostMemoryReader
 from volseg.utils.cpu import cpu_description
 
 CHANNELS_LAST = torch.channels_last_3d

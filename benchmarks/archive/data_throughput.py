@@ -247,7 +247,7 @@ def compare(
 
 def step_rate(model: str, patch: Sequence[int], steps: int) -> tuple[float, str]:
     """(samples/s of ``model``'s training step on this CPU at ``patch``, precision)."""
-    from volseg.memory.estimator import build_training_step
+    from volseg.memory.estimate.step import build_training_step
 
     # planned as train.py plans it on this CPU (pooling=auto, precision=auto)
     patch_override = f"data.patch_size=[{','.join(str(p) for p in patch)}]"

@@ -36,7 +36,7 @@ from monai.losses import DiceCELoss
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from benchmarks import results_io
-from volseg.memory.readers import CudaMemoryReader, HostMemoryReader, set_mmap_threshold
+from volseg.memory.monitor.readers import CudaMemoryReader, HostMemoryReader, set_mmap_threshold
 from volseg.models.segmentation_module import SegmentationModule
 from volseg.models.unet import UNet3D
 from volseg.utils.units import MIB

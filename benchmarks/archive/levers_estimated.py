@@ -2,7 +2,7 @@
 
 unet_large (40.2M parameters, NCDHW as ``benchmarks/levers.py --device cuda`` builds it), batch 2
 of 1x26x150x320, 5 classes, AdamW, float16 autocast as the baseline; each lever and combination
-is estimated by ``volseg.memory.estimator`` for CUDA (CUDA's autocast rules, cuDNN's workspaces,
+is estimated by ``volseg.memory.estimate`` for CUDA (CUDA's autocast rules, cuDNN's workspaces,
 caching-allocator model). Beside each estimate: the measured run with the same overrides in
 ``benchmarks/results/cuda/*.json`` (peak allocated and reserved, the cut of the measured peak
 allocated, step time against the measured baseline's), or "not yet measured". No cut is given
@@ -24,7 +24,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from benchmarks import results_io
-from volseg.memory.estimator import estimate
+from volseg.memory.estimate.engine import estimate
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
 

@@ -24,7 +24,7 @@ import torch
 
 from benchmarks import results_io
 from benchmarks.archive.steps import RepeatBatch, StepTimer, build_module, make_batch
-from volseg.memory.monitor import MemoryMonitor
+from volseg.memory.monitor.callback import MemoryMonitor
 
 
 class TimedMonitor(MemoryMonitor):

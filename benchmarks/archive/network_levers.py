@@ -47,7 +47,7 @@ def _applies(base: list[str], lever: list[str]) -> bool:
 
 def _gpu_estimate(overrides: list[str], work_dir: Path) -> int:
     """The step's estimated peak allocated on a GPU (bytes), bf16-mixed."""
-    from volseg.memory.estimator import estimate
+    from volseg.memory.estimate.engine import estimate
     from volseg.plan import planned_config
 
     grid.user_network(work_dir)

@@ -11,7 +11,7 @@ spacing, patch, batch, stages, features, kernels, strides and batch Dice.
 Beside it, volseg's plan of the same files (:func:`volseg.plan.make_plan`, what ``python plan.py
 ... memory.budget=8GB memory.plan_device=cuda`` runs) with ``data.patch_size=auto``,
 ``model.net.depth=auto`` and ``trainer.precision=16-mixed``. Then volseg's estimator on
-nnU-Net's planned step (:func:`volseg.memory.estimator.estimate_step`): the network as nnU-Net's
+nnU-Net's planned step (:func:`volseg.memory.estimate.step.estimate_step`): the network as nnU-Net's
 trainer builds it from the plan (``get_network_from_plans``, deep supervision on), its batch and
 patch, fp16 autocast with a GradScaler, Dice+CE under ``DeepSupervisionWrapper`` with nnU-Net's
 weights, SGD (lr 1e-2, momentum 0.99, Nesterov, weight decay 3e-5), gradients zeroed before the
@@ -212,14 +212,14 @@ def proxy_gb(network: Any, step: dict[str, Any], reference: dict[str, Any]) -> d
 
 def volseg_plan(overrides: list[str], budget: str, run_dir: Path) -> dict[str, Any]:
     """volseg's plan of the same files for ``memory.budget=budget``: plan.py's decisions."""
-    from volseg.memory.planner import plan as search
+    from volseg.memory.fit import fit_step as search
     from volseg.plan import plan_run
     from volseg.utils.units import parse_bytes
 
     cfg = compose([*overrides, *VOLSEG, f"memory.budget={budget}"], run_dir)
     run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
     planned = run_plan.to_dict()
-    # the planner's largest batch within the budget (volseg.memory.planner.plan, which plan.py
+    # the planner's largest batch within the budget (volseg.memory.fit.fit_step, which plan.py
     # calls only for a step over the budget)
     largest = search(run_plan.run_config(), parse_bytes(budget, "memory.budget"), "batch", ["none"])
     decisions = planned["decisions"]
@@ -254,7 +254,7 @@ def estimate_nnunet_step(step: dict[str, Any], reference: dict[str, Any]) -> dic
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from volseg.memory.estimator import LoopSettings, estimate_step, module_training_step
+    from volseg.memory.estimate.step import LoopSettings, estimate_step, module_training_step
 
     network = get_network_from_plans(
         step["network_class_name"],

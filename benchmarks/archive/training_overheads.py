@@ -100,7 +100,7 @@ def instrument(timers: Timers) -> None:
 
     from volseg.callbacks import overlays
     from volseg.callbacks.last_checkpoint import LastCheckpoint
-    from volseg.memory.monitor import MemoryMonitor
+    from volseg.memory.monitor.callback import MemoryMonitor
     from volseg.utils.checkpoint_io import BackgroundCheckpointIO
 
     end = "checkpoint writes at the end of fit (final save, waiting for writes)"

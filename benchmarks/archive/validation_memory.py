@@ -74,13 +74,14 @@ def overrides(data: Path) -> list[str]:
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
         "callbacks.validation_overlays=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
 
 
 def measure(name: str, work: Path) -> dict:
     from volseg.data.synthetic import generate_synthetic_dataset
-    from volseg.memory.inference import estimate_validation, validation_shape
+    from volseg.memory.estimate.engine import estimate_validation
+    from volseg.memory.estimate.inference import validation_shape
     from volseg.plan import planned_config
     from volseg.utils.config import compose_run_config
 

@@ -116,7 +116,7 @@ def test_training_speed_of_a_gpu_run_against_its_peak(small_dataset, tmp_path):
     _, run_dir = _run_dir_train(
         small_dataset,
         tmp_path,
-        "estimate.plan_step=true",  # the planned step's FLOPs
+        "memory.plan_step=true",  # the planned step's FLOPs
         "callbacks.training_speed.warmup_steps=1",
     )
     speed = json.loads((run_dir / "summary.json").read_text())["speed"]
@@ -279,10 +279,11 @@ def accuracy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _tuned_steps() -> list:
     """The first five tuned configs of ``benchmarks/estimator_accuracy.py``; those whose
     recorded H200 run the estimate does not reach yet (``NOT_YET`` of
-    ``tests/memory/test_recorded_cuda.py``: reserved -18.2% for unet_tiny bf16-mixed, -22.4%
+    ``tests/memory/estimate/test_recorded_cuda.py``: reserved -18.2% for unet_tiny bf16-mixed,
+    -22.4%
     for the 3-level [8,16,32] network, +17.4% for unet_small fp32 at batch 1) are strict xfails:
     they fail once the estimate is within 10% of a fresh run, and on any other exception."""
-    from tests.memory.test_recorded_cuda import NOT_YET
+    from tests.memory.estimate.test_recorded_cuda import NOT_YET
 
     not_yet = {run: why for (_, run), why in NOT_YET.items()}
     params = []
@@ -311,8 +312,8 @@ CAPPED_STEP = r"""
 import sys, torch
 from tests.conftest import compose_config
 from pathlib import Path
-from volseg.memory.cuda_context import resolve_cuda_context
-from volseg.memory.estimator import build_training_step
+from volseg.memory.estimate.cuda_context import resolve_cuda_context
+from volseg.memory.estimate.step import build_training_step
 batch, budget, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 overrides = sys.argv[4:]
 context = resolve_cuda_context("auto").nbytes
@@ -357,7 +358,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
     without offload or accumulation, one of 268 MiB), plans batch 3. Batch 8 needs at least
     four times batch 2's allocated peak less the 16 bytes per parameter of weights, gradients
     and AdamW's moments: over 21,000 MiB."""
-    from volseg.memory.planner import plan
+    from volseg.memory.fit.step import fit_step
 
     seed = [
         "model=unet_large",
@@ -366,7 +367,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
         "memory.plan_device=cuda",
     ]
     budget = 16 * 2**30
-    answer = plan(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)
+    answer = fit_step(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)
     assert answer.batch_size is not None
 
     record = json.loads(RECORDED_H200.read_text())

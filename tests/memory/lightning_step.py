@@ -43,7 +43,7 @@ def main(overrides: list[str]) -> None:
     from torch.utils.data import DataLoader
 
     from tests.conftest import planned_config
-    from volseg.memory.readers import HostMemoryReader
+    from volseg.memory.monitor.readers import HostMemoryReader
     from volseg.models.build import build_model
     from volseg.utils.instantiate import build
 

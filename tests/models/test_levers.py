@@ -11,7 +11,7 @@ from monai.losses import DiceCELoss
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
-from volseg.memory.oom_report import INFERENCE_LEVERS, LEVERS
+from volseg.memory.monitor.oom_report import INFERENCE_LEVERS, LEVERS
 from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.levers import LEVERS as ALL_LEVERS
 from volseg.models.levers import MemoryLevers, lever_table
@@ -100,7 +100,7 @@ def test_the_docs_lever_table_is_the_levers_list():
 
 
 def test_the_planner_tries_the_checkpointing_choices_the_network_knows(tmp_path):
-    from volseg.memory.planner import checkpointing_choices
+    from volseg.memory.fit.step import checkpointing_choices
 
     options = OmegaConf.load(Path(__file__).parents[2] / "configs/estimate/default.yaml")
     assert options.checkpointing_options == "auto"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
-from volseg.memory.estimator import planned_precision
+from volseg.memory.estimate.step import planned_precision
 from volseg.plan.make import plan_device
 from volseg.tasks.train import train
 from volseg.utils import cpu
@@ -108,7 +108,7 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
         "trainer.max_steps=1",
         "trainer.limit_val_batches=1",
         "callbacks.rich_progress_bar=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={tmp_path}",
     ]
     result = subprocess.run(
@@ -126,11 +126,11 @@ def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
     """oneDNN says yes from plain AVX-512 on; only AVX512_BF16/AMX make bf16 fast."""
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    without = {flag: False for flag in cpu.ISA_FLAGS} | {"avx2": True, "avx512f": True}
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: without)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert not cpu.cpu_bf16_native()  # AVX-512 without AVX512_BF16
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: without | {"avx512_bf16": True})
     assert cpu.cpu_bf16_native()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert not cpu.cpu_bf16_native()
@@ -153,7 +153,8 @@ def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
 def test_onednn_runs_bf16_convolutions_on_amx_only_with_amx_and_no_lower_cap(
     monkeypatch, amx, cap, expected
 ):
-    """The bf16 convolution scratch rule (``volseg.memory.workspace``) follows this choice."""
+    """The bf16 convolution scratch rule (``volseg.memory.estimate.workspace``) follows this
+    choice."""
     flags = {flag: False for flag in cpu.ISA_FLAGS} | {"amx_bf16": amx}
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
     if cap is None:

@@ -2,7 +2,8 @@
 
 PNGs always land in the run dir; W&B gets the slices with interactive masks and TensorBoard the
 same pictures as images, for whichever of those loggers are on. With ``log_memory_charts`` the
-memory monitor's charts go to the same loggers at fit end (:mod:`volseg.memory.chart_logging`).
+memory monitor's charts go to the same loggers at fit end
+(:mod:`volseg.memory.monitor.chart_logging`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.memory.chart_logging import log_memory_charts  # noqa: E402
+from volseg.memory.monitor.chart_logging import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class ValidationOverlays(Callback):
     def __init__(
         self,
         output_dir: str | Path,
-        every_n_epochs: int | None = 1,
+        every_n_epochs: int | None = None,
         num_slices: int = 3,
         max_volumes: int = 2,
         log_memory_charts: bool = True,

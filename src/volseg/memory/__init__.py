@@ -1,34 +1,16 @@
-"""Everything about bytes: measured (monitor), estimated (estimator), planned (planner).
+"""Everything about bytes, in three rooms:
 
-- ``monitor``: the ``MemoryMonitor`` callback: per-step allocated/reserved/peaks, per-layer trace,
-  snapshots, the OOM report (``oom_report``) and the charts (``charts``, ``chart_logging``).
-- ``readers``: allocator counters of a CUDA device or of the host process.
-- ``events``: the ledger, a traced step's allocations and frees in order and the sums read off
-  them; ``trackers`` (the one module on torch's private ``MemTracker`` API) records them,
-  ``layers`` is the per-module view.
-- ``engine``: ``estimate_run(plan, variant)``: one build and one fake-tensor trace of a planned
-  run answer its step's memory, FLOPs and validation.
-- ``estimator``: a training step's memory from fake tensors, before it runs; ``allocator``
-  (CUDA's caching allocator replayed), ``autocast`` (CUDA's autocast rules), ``workspace``
-  (oneDNN's scratch memory) model the device.
-- ``planner``: the largest batch or patch that fits a budget; ``budget``: ``memory.budget``.
+- :mod:`~volseg.memory.estimate`: what a run needs. One build and one fake-tensor trace of a
+  planned run give one ledger of allocations and frees (``events``); every figure is read off
+  it: peak by category and per module, the allocator's reserved bytes, FLOPs, validation.
+  Public call: :func:`~volseg.memory.estimate.estimate_run`.
+- :mod:`~volseg.memory.fit`: the largest run that fits a budget. One search
+  (``fit.search``) serves the step's planner and the validation planner.
+  Public call: :func:`~volseg.memory.fit.fit_step`.
+- :mod:`~volseg.memory.monitor`: what a training run measures (allocated, reserved, peaks,
+  per layer, snapshots, the OOM report, charts). Public call:
+  :class:`~volseg.memory.monitor.MemoryMonitor`.
 
-The levers that cut memory are applied by the model: :mod:`volseg.models.levers`.
+Imports point one way inside: monitor and fit read estimate; estimate reads neither. The levers
+that cut memory are applied by the model: :mod:`volseg.models.levers`.
 """
-
-__all__ = [
-    "allocator",
-    "autocast",
-    "budget",
-    "chart_logging",
-    "charts",
-    "estimator",
-    "events",
-    "layers",
-    "monitor",
-    "oom_report",
-    "planner",
-    "readers",
-    "trackers",
-    "workspace",
-]

@@ -243,7 +243,8 @@ class SegmentationModule(LightningModule):
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Whole-volume inference of ``image`` ``(B, C, D, H, W)``, its loss and Dice against
         ``label`` ``(B, 1, D, H, W)`` added to this rank's sums; returns the predicted classes
-        ``(B, 1, D, H, W)`` (what the memory estimator traces: :mod:`volseg.memory.inference`)."""
+        ``(B, 1, D, H, W)`` (what the memory estimator traces:
+        :mod:`volseg.memory.estimate.inference`)."""
         logits = self.predict_volume(image).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
         label = label.to(logits.device)

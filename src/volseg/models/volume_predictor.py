@@ -61,7 +61,7 @@ class VolumePredictor(L.LightningModule):
         self.flips = flip_combinations(flip_axes)
         self.stitch = stitch
         # stitch=auto: (D, H, W) -> device | host, planned before the first volume
-        # (volseg.memory.inference_plan.plan_stitching); a shape not in it is decided here
+        # (volseg.memory.fit.inference.plan_stitching); a shape not in it is decided here
         self.planned = dict(planned or {})
 
     def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:

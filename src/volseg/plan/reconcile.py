@@ -24,7 +24,7 @@ MONITOR_OPTIONS: dict[str, Any] = {
     "snapshot_steps": 0,
     "host_mmap_threshold": None,
 }
-MONITOR_TARGET = "volseg.memory.monitor.MemoryMonitor"
+MONITOR_TARGET = "volseg.memory.monitor.callback.MemoryMonitor"
 
 
 def _callback_class(entry: Any) -> type | None:

@@ -50,7 +50,8 @@ class RunPlan:
     config: DictConfig
     decisions: Mapping[str, Decision]
     estimate: Mapping[str, Any] = field(default_factory=dict)
-    #: the planned run's validation of its largest volume (volseg.memory.inference), or why not
+    #: the planned run's validation of its largest volume (volseg.memory.estimate.inference), or
+    # why not
     validation: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
@@ -94,27 +95,7 @@ class RunPlan:
         return path
 
     def format(self) -> str:
-        """One line per decision, for the log and ``plan.py``."""
-        lines = ["Run plan:"]
-        for key, d in self.decisions.items():
-            why = f" ({d.why})" if d.why else ""
-            lines.append(f"  {key} = {plain(d.value)}  [{d.source}]{why}")
-        est = dict(self.estimate)
-        if "peak_allocated" in est:
-            lines.append(
-                f"  estimated step on {est['device']}: peak allocated "
-                f"{est['peak_allocated'] / 2**20:,.1f} MiB, process total "
-                f"{est['process_total'] / 2**20:,.1f} MiB, {est['flops_per_step'] / 1e9:,.2f} "
-                "GFLOP per optimizer step"
-            )
-        elif est:
-            lines.append(f"  estimate: not made ({est.get('not_estimated')})")
-        val = dict(self.validation)
-        if "peak_allocated" in val:
-            lines.append(
-                f"  estimated validation of a {'x'.join(map(str, val['volume_shape']))} volume "
-                f"({val['shape_from']}): peak allocated {val['peak_allocated'] / 2**20:,.1f} MiB, "
-                f"process total {val['process_total'] / 2**20:,.1f} MiB, stitched on the "
-                f"{val['stitch']}"
-            )
-        return "\n".join(lines)
+        """One line per decision, for the log and ``plan.py`` (:mod:`volseg.plan.report`)."""
+        from volseg.plan.report import format_run_plan
+
+        return format_run_plan(self)

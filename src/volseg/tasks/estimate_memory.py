@@ -1,5 +1,5 @@
 """``run_estimate(cfg)``: what ``python estimate_memory.py`` runs: the memory report of the plan
-``plan.py`` makes (the engine is :mod:`volseg.memory.estimator`; the plan, and its search within
+``plan.py`` makes (the engine is :mod:`volseg.memory.estimate`; the plan, and its search within
 ``memory.budget``, :mod:`volseg.plan`)."""
 
 from __future__ import annotations
@@ -9,123 +9,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
-from volseg.memory.budget import planned_total
-from volseg.memory.engine import Variant, estimate_config
-from volseg.memory.estimator import MemoryEstimate, planned_device
-from volseg.memory.inference import (
-    estimate_prediction,
-    estimate_validation,
-    format_inference,
-    format_run_peak,
-    validation_shape,
-)
-from volseg.memory.planner import Plan
+from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
+from volseg.memory.estimate.inference import estimate_prediction, validation_shape
+from volseg.memory.estimate.step import MemoryEstimate, planned_device
 from volseg.plan import plan_run
-from volseg.utils.config import plain
+from volseg.plan.report import format_estimate, format_inference, format_planned, format_run_peak
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build
-from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-#: what the plan fits to memory.budget (volseg.plan.make: the step's keys, then validation's)
-PLANNED_FOR_BUDGET = (
-    "data.batch_size",
-    "data.patch_size",
-    "model.activation_checkpointing",
-    "model.checkpoint_loss",
-    "trainer.accumulate_grad_batches",
-    "model.net.img_size",
-    "model.inferer.sw_batch_size",
-    "model.inferer.device",
-    "model.inferer.roi_size",
-)
-
-
-def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
-    """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
-    shape = "×".join(str(p) for p in est.patch_size)
-    k = est.accumulate_grad_batches
-    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
-    lines = [
-        f"Estimated training step on {est.device}: {batch} of {shape} voxels, "
-        f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
-        f"({est.seconds:.1f} s)",
-        "  at the step's peak:",
-    ]
-    rows = [
-        ("params", est.params),
-        ("grads", est.grads),
-        ("optimizer state", est.optimizer_state),
-        ("activations", est.activations),
-        ("temporaries", est.temporaries),
-        ("buffers", est.buffers),
-        ("peak allocated", est.peak_allocated),
-    ]
-    if est.device == "cuda":
-        rows += [
-            ("peak reserved", est.peak_reserved),
-            ("CUDA context", est.cuda_context),
-            ("process total (nvidia-smi)", est.process_total),
-        ]
-    if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
-        rows += [
-            ("step's growth", est.step_peak_growth),
-            (f"planned (+{est.margin:.0%} of growth)", planned_total(est)),
-        ]
-    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    if est.device == "cpu" and est.margin:
-        lines.append(f"  the CPU margin of its kind: {est.margin_source}")
-    total = sum(est.modules.values()) or 1
-    lines.append("  activations by module (what its forward keeps for backward):")
-    for name, nbytes in list(est.modules.items())[:top]:
-        lines.append(f"    {name:<28}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / total:6.1f}%")
-    return "\n".join(lines)
-
-
-def format_plan(result: Plan) -> str:
-    """The planner's answer: what to paste, and what the estimate says of it."""
-    budget = f"{result.budget / MIB:,.0f} MiB"
-    if not result.overrides:
-        return f"Nothing fits {budget}: even batch 1 at the smallest setting is over it."
-    lines = [f"Fits {budget} with: {' '.join(result.overrides)}"]
-    if result.estimate is not None:
-        lines.append(
-            f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
-            + (
-                f"; one step more ({result.search}) would need "
-                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
-                if result.next_step_estimate
-                else ""
-            )
-        )
-    if result.estimate is not None and result.estimate.get("margin"):
-        est = result.estimate
-        counted = (
-            "of the step's growth, the CPU margin of its kind:"
-            if est["device"] == "cpu"
-            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
-        )
-        lines.append(
-            f"  planned with a margin of +{est['margin']:.0%} {counted} {est['margin_source']}"
-        )
-    if result.largest_batch_by_checkpointing:
-        table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
-        lines.append(f"  largest batch by activation_checkpointing: {table}")
-    if result.flops_per_sample is not None:
-        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
-    micro = result.micro_batching
-    if micro is not None:
-        lines += [
-            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
-            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
-            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
-        ]
-    return "\n".join(lines)
 
 
 def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
@@ -144,23 +41,23 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
 
 
 def check_json_out(path: Path, overwrite: bool) -> None:
-    """One clear error, before estimating, when ``estimate.json_out`` cannot or must not be
+    """One clear error, before estimating, when ``memory.json_out`` cannot or must not be
     written: a folder, a file in a folder that does not exist, or an existing file."""
     if path.is_dir():
         raise UserInputError(
-            f"estimate.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
+            f"memory.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
         )
     if not path.parent.is_dir():
-        raise UserInputError(f"estimate.json_out={path}: folder {path.parent} not found")
+        raise UserInputError(f"memory.json_out={path}: folder {path.parent} not found")
     if path.exists() and not overwrite:
         raise UserInputError(
-            f"estimate.json_out={path}: exists; nothing was written. Pass "
-            "estimate.overwrite=true to replace it, or choose another file"
+            f"memory.json_out={path}: exists; nothing was written. Pass "
+            "memory.overwrite=true to replace it, or choose another file"
         )
 
 
 def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]:
-    """Validation's and prediction's peaks for the validation shape (``estimate.val_shape`` or
+    """Validation's and prediction's peaks for the validation shape (``memory.val_shape`` or
     the dataset's largest validation case), printed with the run's peak by phase; JSON entries
     ``validation`` and ``prediction`` (``None`` and why not where no shape is known).
     Prediction is estimated as ``predict.py`` runs by default (float32, no flips) for both of
@@ -181,24 +78,10 @@ def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]
     return {"validation": validation.to_dict(), "prediction": predicted}
 
 
-def format_planned(run_plan: Any) -> str:
-    """What the plan fitted to ``memory.budget`` (its planned step keys), one line each."""
-    budget = OmegaConf.select(run_plan.config, "memory.budget")
-    if not budget:
-        return "memory.budget: not set (nothing planned to fit)"
-    lines = [f"Planned for memory.budget={budget}:"]
-    for key, decision in run_plan.decisions.items():
-        if decision.source == "planned" and key in PLANNED_FOR_BUDGET:
-            lines.append(f"  {key}={plain(decision.value)} ({decision.why})")
-    if len(lines) == 1:
-        lines.append("  the configured run fits as it is")
-    return "\n".join(lines)
-
-
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     """The memory report of the run ``plan.py`` plans with the same overrides (the same plan,
     fitted to ``memory.budget`` as plan.py fits it: :func:`volseg.plan.plan_run`); JSON out."""
-    options = cfg.estimate
+    options = cfg.memory
     json_out = Path(options.json_out) if options.json_out else None
     if json_out is not None:
         check_json_out(json_out, bool(options.get("overwrite", False)))

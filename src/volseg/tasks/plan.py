@@ -9,24 +9,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from volseg.plan import plan_run
+from volseg.plan.report import format_fingerprint
 
 log = logging.getLogger(__name__)
-
-
-def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
-    """The dataset's fingerprint as the lines ``plan.py`` prints."""
-    if not fingerprint:
-        return "Dataset fingerprint: none (no data read)"
-    resampled = fingerprint.get("shapes_resampled_to")
-    grid = f" on the data.spacing={resampled} grid" if resampled else ""
-    return "\n".join(
-        [
-            f"Dataset fingerprint: {fingerprint['cases']} cases",
-            f"  median shape [D, H, W] {fingerprint['median_shape']}{grid} (smallest "
-            f"{fingerprint['min_shape']}, largest {fingerprint['max_shape']})",
-            f"  median spacing [z, y, x] {fingerprint['median_spacing']}",
-        ]
-    )
 
 
 def plan_command(cfg: DictConfig) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.data.workers import init_loader_worker
-from volseg.memory.inference_plan import StitchPlan, plan_stitching
+from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
@@ -209,7 +209,8 @@ def plan_volumes(
         limit, source = None, ""
     settings = {
         "model.inferer": {**plain(cfg.inferer), "roi_size": list(roi_size)},
-        "estimate": {"device": device, "cuda_context_mib": "auto", "gpu": None},
+        "memory.cuda_context_mib": "auto",
+        "memory.gpu": None,
     }
     estimate_cfg = copy.deepcopy(cfg)
     with open_dict(estimate_cfg):

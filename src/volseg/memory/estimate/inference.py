@@ -1,0 +1,513 @@
+"""Trace whole-volume inference before running it: validation inside ``train.py`` (in the
+engine's trace of the run, :mod:`volseg.memory.estimate.engine`), and ``predict.py``. The questions
+asked of a config are :mod:`volseg.memory.estimate.inference`'s.
+
+A training run's memory is not only its training step's: validation runs MONAI's
+``sliding_window_inference`` over each whole validation volume, beside what training keeps
+resident (parameters, gradients, optimizer state; on CUDA the caching allocator's blocks). The
+estimate runs it on fake tensors in the same trace as the training step
+(:func:`volseg.memory.estimate.step.trace_steps`: two fake training steps, then this; the
+engine, :mod:`volseg.memory.estimate.engine`, reads the step and validation off that one trace), so
+that what
+training leaves behind is what validation starts from:
+
+- the batch ``(1, C, D, H, W)`` and its label on the device (Lightning moves the batch there;
+  its fetcher prefetches nothing from a loader with a length, as volseg's validation loader);
+- ``SegmentationModule.validate_cases`` (what ``validation_step`` runs) in eval mode, without
+  grad, under the run's autocast: per window batch, the windows' copy (``sw_batch_size`` windows
+  of the training patch), their forward's maps and logits, weighted in place; for the whole
+  volume MONAI's buffers on the stitching device (``model.inferer.device``, ``null``: the
+  input's): the stitched logits ``(1, K, D, H, W)`` and the count map ``(1, 1, D, H, W)`` in the
+  input's dtype, the importance map of one window (``mode=gaussian``: computed once, on the
+  windows' device); then the float32 logits, ``argmax``, the loss and Dice on the full volume.
+
+With ``model.inferer.device=cpu`` on a CUDA estimate, the stitching buffers and what follows
+them live in host memory: they are made on the ``meta`` device in the trace, which the tracker
+leaves out of the device's count (the window batch's copy to the host too).
+
+Prediction (:class:`volseg.models.volume_predictor.VolumePredictor.predict_step`) is traced the
+same way on a module with no optimizer and no gradients, at ``predict.py``'s precision, with its
+flips (test-time augmentation) and the stitching device ``stitch=device`` or ``host`` picks
+(``auto`` decides per volume at run time from the free memory: both figures are given).
+
+Two MONAI steps cannot run on fake tensors and are stood in for with what they allocate: the
+Gaussian importance map (its value is read with ``.item()``) is computed for real and replaced by
+a fake map of its shape; Dice's per-class ``masked_select`` (a data-dependent size) allocates its
+largest possible size, one value per voxel (the background class's, nearly that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import monai.inferers.utils as sliding_window
+import torch
+from monai.data.utils import dense_patch_slices
+from monai.metrics.meandice import DiceHelper
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from volseg.memory.estimate.allocator import AllocatorSettings, round_size
+from volseg.memory.estimate.events import Event, held_series
+from volseg.memory.estimate.margins import margin_for, total_within, with_margin
+from volseg.memory.estimate.step import (
+    StepTrace,
+    fake_step,
+    phase_peaks,
+    planned_precision,
+    trace_steps,
+)
+from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
+from volseg.models.volume_predictor import VolumePredictor
+from volseg.utils.alloc_conf import resolve_allocator
+from volseg.utils.errors import UserInputError
+
+PHASES = ("validation", "prediction")
+STITCH = ("device", "host")
+#: the precision ``predict.py`` runs at by default (configs/predict.yaml)
+PREDICT_PRECISION = "32-true"
+
+
+@dataclass
+class InferenceEstimate:
+    """Predicted memory of one whole-volume inference, in bytes, on ``device``.
+
+    ``resident``: held when it starts (parameters and buffers; in validation also the gradients
+    and optimizer state training keeps); ``volume``: the input (and label) on the device;
+    ``stitching``: MONAI's whole-volume buffers (stitched logits, count map) and the importance
+    map, on the stitching device; ``host_stitching``: those bytes when they are in host memory
+    instead (``stitch="host"``); ``window_batch``: the most one window batch's forward adds;
+    ``peak_allocated``: the most held at once, resident state included; ``peak_growth``: how far
+    that is above ``resident``; ``peak_reserved``: the CUDA caching allocator's peak, replayed
+    over the training steps before it (= ``peak_allocated`` on the CPU); ``process_total``:
+    reserved plus the CUDA context; ``margin``: on CUDA, the fraction the planner adds to the
+    reserved peak (the training step's, :mod:`volseg.memory.estimate.margins`: no GPU validation has
+    been recorded to take one of its own from).
+    """
+
+    phase: str
+    device: str
+    precision: str
+    volume_shape: list[int]
+    in_channels: int
+    num_classes: int
+    roi_size: list[int]
+    sw_batch_size: int
+    windows: int
+    stitch: str
+    flips: int
+    resident: int
+    volume: int
+    stitching: int
+    host_stitching: int
+    window_batch: int
+    peak_allocated: int
+    peak_growth: int
+    peak_reserved: int
+    cuda_context: int
+    process_total: int
+    seconds: float
+    events: list[Event] = field(default_factory=list, repr=False)
+    margin: float = 0.0
+    margin_source: str = ""
+    margin_fixed_mib: float = 0.0
+    allocator: AllocatorSettings = field(default_factory=AllocatorSettings, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("events")
+        out.pop("allocator")
+        return out
+
+    def total_within(self, budget: int) -> int | None:
+        """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
+        fit (on CUDA the allocator model releases its free cached segments first, as the real
+        one does before an out-of-memory, and gets what the ``margin`` leaves of the budget)."""
+        return total_within(self, budget)
+
+    def fits(self, budget: int) -> bool:
+        return self.total_within(budget) is not None
+
+    def summary(self) -> dict[str, int]:
+        """The figures ``plan.yaml`` and the JSON keep (bytes)."""
+        keys = ("peak_allocated", "peak_reserved", "process_total", "resident", "stitching")
+        return {k: getattr(self, k) for k in keys} | {
+            "volume_shape": self.volume_shape,
+            "stitch": self.stitch,
+        }
+
+
+def window_count(volume_shape: Sequence[int], roi_size: Sequence[int], overlap: Any) -> int:
+    """Windows ``sliding_window_inference`` runs over one volume (its own scan rule)."""
+    dims = len(volume_shape)
+    image = [max(int(v), int(r)) for v, r in zip(volume_shape, roi_size, strict=True)]
+    overlaps = list(overlap) if isinstance(overlap, Sequence) else [float(overlap)] * dims
+    interval = sliding_window._get_scan_interval(image, list(roi_size), dims, overlaps)
+    return len(dense_patch_slices(image, list(roi_size), interval))
+
+
+def stitching_bytes(
+    volume_shape: Sequence[int],
+    roi_size: Sequence[int],
+    num_classes: int,
+    itemsize: int = 4,
+    batch: int = 1,
+) -> int:
+    """MONAI's whole-volume buffers in ``sliding_window_inference``: the stitched output
+    ``(B, K, D, H, W)`` and the count map ``(1, 1, D, H, W)`` (of the input's dtype, the volume
+    padded to the window where it is smaller), and one window's importance map."""
+    padded = math.prod(max(int(v), int(r)) for v, r in zip(volume_shape, roi_size, strict=True))
+    return (batch * num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
+
+
+@contextlib.contextmanager
+def _fake_monai_stand_ins() -> Iterator[None]:
+    """MONAI's two data-dependent steps, as what they allocate (see the module docstring)."""
+    real_map = sliding_window.compute_importance_map
+    real_channel = DiceHelper.compute_channel
+
+    def importance_map(patch_size, mode="constant", sigma_scale=0.125, device="cpu", dtype=None):  # noqa: ANN001, ANN202
+        with unset_fake_temporarily():
+            real = real_map(patch_size, mode, sigma_scale, "cpu", dtype or torch.float32)
+        return torch.empty(real.shape, dtype=real.dtype, device=device)
+
+    def channel(self, y_pred, y, mask=None):  # noqa: ANN001, ANN202
+        if mask is not None:
+            y_pred = y_pred * mask.to(dtype=y_pred.dtype)
+            y = y * mask
+        total = torch.sum(y)
+        selected = torch.empty(y.numel(), dtype=y.dtype, device=y.device)  # masked_select
+        return (2.0 * torch.sum(selected)) / (total + torch.sum(y_pred))
+
+    sliding_window.compute_importance_map = importance_map
+    DiceHelper.compute_channel = channel
+    try:
+        yield
+    finally:
+        sliding_window.compute_importance_map = real_map
+        DiceHelper.compute_channel = real_channel
+
+
+#: window batches of one shape whose forward is traced; the later ones replay the last of them
+TRACED_WINDOW_BATCHES = 2
+
+
+def _forward_template(span: list[Event], out: Any) -> tuple | None:
+    """What a traced forward allocated and freed (``span``: its events), to replay for the next
+    window batches of its shape: ``(span, index of the output's malloc, shape, dtype, device)``;
+    ``None`` where the forward keeps more than its output, frees what it did not allocate, or
+    returns other than one dense tensor (then every forward is traced)."""
+    if not isinstance(out, torch.Tensor):
+        return None
+    freed = {h for kind, h, _ in span if kind == "free"}
+    allocated = {h for kind, h, _ in span if kind == "malloc"}
+    kept = [i for i, (kind, h, _) in enumerate(span) if kind == "malloc" and h not in freed]
+    if len(kept) != 1 or not freed <= allocated:
+        return None
+    nbytes = out.numel() * out.element_size()
+    if span[kept[0]][2] != nbytes or out.untyped_storage().nbytes() != nbytes:
+        return None
+    return span, kept[0], tuple(out.shape), out.dtype, out.device
+
+
+class _CountedWindows:
+    """Stands in for the module's inferer in the trace: the real one, with each window batch's
+    forward bracketed (``spans``: event indices) and MemTracker's per-module statistics reset
+    before it (it follows one forward per module).
+
+    Every window batch of one shape runs the same forward, which frees all it allocates but its
+    output. After :data:`TRACED_WINDOW_BATCHES` of them (the first may fill caches the later
+    ones find), a batch's forward is the last traced one's events replayed in order, its output
+    an empty tensor of the traced output's shape: the same bytes at the same moments, in the
+    time of a few forwards instead of every window's (MONAI's loop around them runs in full)."""
+
+    _own = ("inferer", "tracker", "spans", "forwards")
+
+    def __init__(self, inferer: Any, tracker: RecordingMemTracker) -> None:
+        self.inferer, self.tracker = inferer, tracker
+        self.spans: list[tuple[int, int]] = []
+        # window batch (shape, dtype, device) -> (forwards traced, the last one's template)
+        self.forwards: dict[tuple, tuple[int, tuple | None]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inferer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # predict_step sets the inferer's sw_device: the real inferer's
+        if name in self._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inferer, name, value)
+
+    def _replay(self, template: tuple) -> torch.Tensor:
+        """A traced forward's events again (fresh handles), its output made where it was."""
+        span, kept, shape, dtype, device = template
+        tracker, handles = self.tracker, {}
+
+        def emit(events: list[Event]) -> None:
+            for kind, handle, nbytes in events:
+                if kind == "malloc":
+                    tracker._workspaces += 1  # negative handles: no tensor has them
+                    handles[handle] = -tracker._workspaces
+                    tracker.events.append(("malloc", handles[handle], nbytes))
+                elif kind == "free":
+                    tracker.events.append(("free", handles.pop(handle), 0))
+                elif kind == "category":
+                    tracker.events.append((kind, handles.get(handle, handle), nbytes))
+                else:
+                    tracker.events.append((kind, handle, nbytes))
+
+        emit(span[:kept])
+        out = torch.empty(shape, dtype=dtype, device=device)
+        emit(span[kept + 1 :])
+        return out
+
+    def __call__(self, inputs: torch.Tensor, network: Any, *args: Any, **kwargs: Any) -> Any:
+        def predictor(window: torch.Tensor, *a: Any, **k: Any) -> Any:
+            self.tracker.reset_mod_stats()
+            events = self.tracker.events
+            start = len(events)
+            key = (tuple(window.shape), window.dtype, window.device)
+            traced, template = self.forwards.get(key, (0, None))
+            if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
+                out = self._replay(template)
+            else:
+                out = network(window, *a, **k)
+                self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
+            self.spans.append((start, len(events)))
+            return out
+
+        return self.inferer(inputs, predictor, *args, **kwargs)
+
+
+def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
+    """The most one window batch's forward rose above what was held when it began."""
+    rise = 0
+    for start, end in spans:
+        before = held[start - 1] if start > 0 else 0
+        rise = max(rise, max(held[start:end], default=before) - before)
+    return rise
+
+
+def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
+    """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
+    return AllocatorSettings.from_conf(
+        resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
+    )
+
+
+def _host_device(device: str) -> str:
+    """Where host memory lives in the trace: ``meta`` (not counted) when the estimate is for
+    CUDA; on the CPU the host is the device."""
+    return "meta" if device == "cuda" else "cpu"
+
+
+def whole_volume(volume_shape: Sequence[int]) -> list[int]:
+    """A volume's ``[D, H, W]`` as ints; anything else is one error naming memory.val_shape."""
+    shape = [int(v) for v in volume_shape]
+    if len(shape) != 3 or any(v < 1 for v in shape):
+        raise UserInputError(f"memory.val_shape={list(volume_shape)}: expected [D, H, W] > 0")
+    return shape
+
+
+def _inferer_settings(module: Any) -> tuple[list[int], int, Any]:
+    inferer = module.inferer
+    return [int(r) for r in inferer.roi_size], int(inferer.sw_batch_size), inferer.overlap
+
+
+@dataclass
+class Phase:
+    """A whole-volume inference to run after a trace's training steps: ``then`` (the trace's
+    callback: marks the phase's start, runs it with the module's inferer counting its windows)
+    and, once it ran, ``spans`` (each window batch's forward, event indices)."""
+
+    step: Any
+    device: str
+    phase: str
+    volume_shape: list[int]
+    stitch: str
+    run: Any
+    flips: int = 1
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def then(self, tracker: RecordingMemTracker) -> None:
+        tracker.mark()
+        module = self.step.module
+        real = module.inferer
+        windows = _CountedWindows(real, tracker)
+        real_device = real.device
+        if self.stitch == "host":
+            real.device = _host_device(self.device)
+        module.inferer = windows
+        module.eval()
+        try:
+            with _fake_monai_stand_ins(), torch.no_grad():
+                self.run((1, self.step.image_shape[1], *self.volume_shape))
+        finally:
+            module.inferer, real.device = real, real_device
+        self.spans = windows.spans
+
+    def prepare(self, mode: Any) -> None:
+        """Before the trace: torch.tensor(..., device="meta") (a small tensor on the host, in
+        the trace) is a real meta tensor, not a fake one: it holds no memory and may be mixed
+        with fake ones."""
+        mode.allow_non_fake_inputs = True
+
+    def estimate(
+        self,
+        trace: StepTrace,
+        precision: str,
+        settings: Any,
+        allocator: AllocatorSettings | None = None,
+        started: float | None = None,
+    ) -> InferenceEstimate:
+        """The estimate of what the phase held in ``trace`` (``allocator``: the
+        ``memory.allocator`` settings its reserved figures model)."""
+        allocator = allocator or AllocatorSettings()
+        started = time.perf_counter() if started is None else started
+        module, device, volume_shape = self.step.module, self.device, self.volume_shape
+        roi, sw_batch, overlap = _inferer_settings(module)
+        channels, classes = self.step.image_shape[1], int(module.num_classes)
+        events = trace.events
+        # the phase's mark is the first event of ``then``
+        peaks = phase_peaks(events, device, settings or {}, allocator, trace.then_start + 1)
+        rounding = round_size if device == "cuda" else None
+        itemsize = torch.empty((), dtype=self.step.input_dtype).element_size()
+        buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
+        voxels = math.prod(volume_shape)
+        volume = channels * voxels * itemsize + (
+            voxels * itemsize if self.phase == "validation" else 0
+        )
+        return InferenceEstimate(
+            phase=self.phase,
+            device=device,
+            precision=precision,
+            volume_shape=list(volume_shape),
+            in_channels=channels,
+            num_classes=classes,
+            roi_size=roi,
+            sw_batch_size=sw_batch,
+            windows=window_count(volume_shape, roi, overlap),
+            stitch=self.stitch,
+            flips=self.flips,
+            resident=peaks["resident"],
+            volume=volume,
+            stitching=buffers if self.stitch == "device" else 0,
+            host_stitching=buffers if self.stitch == "host" else 0,
+            window_batch=_window_rise(held_series(events, rounding), self.spans),
+            peak_allocated=peaks["peak_allocated"],
+            peak_growth=peaks["peak_allocated"] - peaks["resident"],
+            peak_reserved=peaks["peak_reserved"],
+            cuda_context=peaks["cuda_context"],
+            process_total=peaks["peak_reserved"] + peaks["cuda_context"],
+            seconds=time.perf_counter() - started,
+            events=events,
+            allocator=allocator,
+        )
+
+
+def _configured_stitch(cfg: DictConfig, device: str) -> str:
+    """``host`` where ``model.inferer.device`` puts validation's stitching in host memory while
+    the windows run on a GPU; else ``device``."""
+    configured = OmegaConf.select(cfg, "model.inferer.device")
+    on_host = configured is not None and torch.device(str(configured)).type == "cpu"
+    return "host" if on_host and device == "cuda" else "device"
+
+
+def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
+    """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
+    planned config ``cfg``, after its training ``step``'s steps in the same trace."""
+    module = step.module
+
+    def run(image_shape: tuple[int, ...]) -> None:
+        label_shape = (1, 1, *image_shape[2:])
+        with step.autocast():
+            # the collated batch, moved to the device (Lightning's fetcher does not prefetch a
+            # loader that has a length: no next batch is held)
+            image = torch.empty(image_shape, dtype=step.input_dtype)
+            label = torch.empty(label_shape, dtype=step.input_dtype)
+            module.validate_cases(image, label)
+            module._val_sums = None
+            del image, label
+
+    stitch = _configured_stitch(cfg, device)
+    return Phase(step, device, "validation", whole_volume(volume_shape), stitch, run)
+
+
+def estimate_prediction(
+    cfg: DictConfig,
+    volume_shape: Sequence[int],
+    stitch: str = "device",
+    flip_axes: Sequence[int] = (),
+    precision: str = PREDICT_PRECISION,
+    settings: Any = None,
+) -> InferenceEstimate:
+    """Predicted memory of ``predict.py`` on one volume of ``volume_shape`` with the network and
+    inferer of ``cfg`` (planned), stitched on the ``device`` or the ``host``, averaged over the
+    mirrorings of ``flip_axes``, at ``precision`` (predict.py's ``trainer.precision``, as its
+    plan resolved it). Its own trace: prediction runs in its own process, at its own precision,
+    with no training state."""
+    if stitch not in STITCH:
+        raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH)}")
+    started = time.perf_counter()
+    shape = whole_volume(volume_shape)
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.precision = precision
+    device, mode, step = fake_step(cfg)
+    module = step.module
+    classes = int(module.num_classes)
+    host = _host_device(device)
+    # the predictor holds the module and shares its inferer (the trace swaps it in the module)
+    predictor = VolumePredictor(module, module.inferer, classes, flip_axes, stitch="device")
+    target = torch.device(host if stitch == "host" else "cpu")
+    predictor.stitch_device = lambda spatial_shape: target  # type: ignore[method-assign]
+
+    def run(image_shape: tuple[int, ...]) -> None:
+        predictor.inferer = module.inferer  # the counting stand-in
+        with step.autocast():
+            # the volume waits on the host until predict_step knows where it is stitched
+            image = torch.empty(image_shape, dtype=step.input_dtype, device=host)
+            out = predictor.predict_step({"image": image}, 0)
+            del image, out
+
+    settings = settings if settings is not None else (cfg.get("memory") or {})
+    phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
+    phase.prepare(mode)
+    trace = trace_steps(step, mode, device, phase.then, steps=0)
+    est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
+    if device == "cuda":  # a forward without training: a plain step's margin
+        with_margin(est, margin_for(device, False, 1))
+    return est
+
+
+def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int] | None, str]:
+    """The validation volume to estimate: ``memory.val_shape``, else the dataset's largest
+    validation case by voxels (from its headers); ``None`` and why where neither is known
+    (nothing is generated or loaded here). ``datamodule``: the one built from ``cfg.data``
+    (default: built here)."""
+    configured = OmegaConf.select(cfg, "memory.val_shape")
+    if configured is not None:
+        return whole_volume(list(configured)), "memory.val_shape"
+    from pathlib import Path
+
+    from volseg.utils.instantiate import build
+
+    try:
+        datamodule = datamodule if datamodule is not None else build(cfg.data, "data")
+        if not hasattr(datamodule, "validation_shapes"):
+            return None, f"{cfg.data._target_} lists no validation shapes; set memory.val_shape"
+        if not Path(datamodule.root).exists():
+            return None, f"data.root={datamodule.root} does not exist yet; set memory.val_shape"
+        shapes = datamodule.validation_shapes()
+    except UserInputError as err:
+        return None, str(err).splitlines()[0]
+    if not shapes:
+        return None, "no validation case; set memory.val_shape"
+    largest = max(shapes, key=math.prod)
+    return largest, f"the largest of {len(shapes)} validation case(s)"

@@ -1,0 +1,183 @@
+"""Per-module memory of one training step, by category, from torch's ``MemTracker``.
+
+MemTracker (``torch.distributed._tools.mem_tracker``, reached through
+:mod:`volseg.memory.estimate.torch_private` only) attributes every tensor storage created in
+its context to a category (parameters, buffers, gradients, activations, temporaries, optimizer
+state) and snapshots the totals when each module enters and leaves its forward and backward. A
+module's own activation memory is what its forward left alive: activations after its forward
+minus activations before it (saved tensors for backward and its output).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from volseg.memory.estimate.torch_private import ClosureMemTracker, module_snapshots
+from volseg.utils.units import MIB
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = {
+    "Parameter": "params",
+    "Buffer": "buffers",
+    "Gradient": "grads",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "other",
+}
+PHASES = {
+    "Pre-Forward": "pre_forward",
+    "Post-Forward": "post_forward",
+    "Peak-Forward": "peak_forward",
+    "Pre-Backward": "pre_backward",
+    "Post-Backward": "post_backward",
+    "Peak-Backward": "peak_backward",
+}
+CSV_COLUMNS = [
+    "module",
+    "is_block",
+    "own_params_mib",
+    "own_activations_mib",
+    "phase",
+    *(f"{c}_mib" for c in CATEGORIES.values()),
+    "total_mib",
+]
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        return [t for item in batch for t in _tensors(item)]
+    return []
+
+
+def _device_sum(snapshot: dict[torch.device, dict[str, int]], key: str) -> int:
+    return sum(per_device.get(key, 0) for per_device in snapshot.values())
+
+
+class LayerTrace:
+    """Trace one training step: ``start()`` at batch start, ``stop()`` at batch end, ``write()``."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizers: Iterable[torch.optim.Optimizer],
+        batch: Any,
+        tracker: ClosureMemTracker | None = None,
+    ) -> None:
+        self.module = module
+        self.tracker = tracker or ClosureMemTracker()
+        self.tracker.track_external(module, *optimizers, *_tensors(batch))
+        self._running = False
+
+    def start(self) -> None:
+        self.tracker.__enter__()
+        self._running = True
+
+    def optimizer_update_begins(self) -> None:
+        self.tracker.optimizer_update_begins()
+
+    def stop(self) -> None:
+        if self._running:
+            self.tracker.__exit__(None, None, None)
+            self._running = False
+
+    def peak(self, skip_device_type: str | None = None) -> dict[str, int]:
+        """Peak bytes per category over the traced step, summed over devices (but those of
+        ``skip_device_type``, e.g. ``meta`` for the estimator's host copies)."""
+        snapshot = {
+            dev: per_device
+            for dev, per_device in self.tracker.get_tracker_snapshot("peak").items()
+            if dev.type != skip_device_type
+        }
+        return {name: _device_sum(snapshot, key) for key, name in CATEGORIES.items()}
+
+    def _blocks(self) -> set[str]:
+        """Called modules inside exactly one called module other than the root: the network's
+        levels (``net.inc``, ``net.downs.0``, ..., ``net.ups.0``, ``net.head``) and the loss's
+        parts, whose own activations add up to the step's activations.
+        """
+        called = {
+            name
+            for name, mod in self.module.named_modules()
+            if name and module_snapshots(self.tracker, mod) is not None
+        }
+        blocks = set()
+        for name in called:
+            parts = name.split(".")
+            ancestors = [".".join(parts[:i]) for i in range(1, len(parts))]
+            if sum(a in called for a in ancestors) == 1:
+                blocks.add(name)
+        return blocks
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (called module, phase): the step's memory by category at that moment,
+        with the module's own parameters and activations."""
+        blocks = self._blocks()
+        rows = []
+        for name, mod in self.module.named_modules():
+            snaps = module_snapshots(self.tracker, mod) if name else None
+            if snaps is None:
+                continue
+            own_act = _device_sum(snaps.get("Post-Forward", {}), "Activation") - _device_sum(
+                snaps["Pre-Forward"], "Activation"
+            )
+            own_params = sum(p.numel() * p.element_size() for p in mod.parameters())
+            for state, phase in PHASES.items():
+                if state not in snaps:
+                    continue
+                row = {
+                    "module": name,
+                    "is_block": name in blocks,
+                    "own_params_mib": own_params / MIB,
+                    "own_activations_mib": max(own_act, 0) / MIB,
+                    "phase": phase,
+                }
+                for key, category in CATEGORIES.items():
+                    row[f"{category}_mib"] = _device_sum(snaps[state], key) / MIB
+                row["total_mib"] = _device_sum(snaps[state], "Total") / MIB
+                rows.append(row)
+        return rows
+
+    def write(self, output_dir: Path, top: int = 10) -> list[dict[str, Any]]:
+        """Write ``memory_layers.csv`` and ``memory_layers.png``; log the top blocks."""
+        from volseg.memory.monitor.charts import plot_layer_bars
+
+        rows = self.rows()
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with open(output_dir / "memory_layers.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        blocks = block_activations(rows)
+        plot_layer_bars(blocks, output_dir / "memory_layers.png")
+        peak = self.peak()
+        lines = [
+            "Memory by module (one training step; activations a module's forward left alive). "
+            f"At the step's peak: activations {peak['activations'] / MIB:.1f} MiB, "
+            f"temporaries {peak['temporaries'] / MIB:.1f} MiB, params {peak['params'] / MIB:.1f} "
+            f"MiB, grads {peak['grads'] / MIB:.1f} MiB, optimizer state "
+            f"{peak['optimizer_state'] / MIB:.1f} MiB:"
+        ]
+        total = sum(blocks.values()) or 1.0
+        for name, mib in list(blocks.items())[:top]:
+            lines.append(f"  {name:<28} {mib:10.1f} MiB  {100 * mib / total:5.1f}%")
+        log.info("\n".join(lines))
+        return rows
+
+
+def block_activations(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``{block: own activation MiB}``, largest first."""
+    own = {r["module"]: r["own_activations_mib"] for r in rows if r["is_block"]}
+    return dict(sorted(own.items(), key=lambda kv: kv[1], reverse=True))

@@ -1,0 +1,711 @@
+"""Trace a training step before running it: fake tensors under torch's MemTracker. The engine
+(:mod:`volseg.memory.estimate.engine`) asks this module for a step's trace and estimate; the
+questions
+asked of a config are :mod:`volseg.memory.estimate`'s.
+
+The module is built by the function ``train.py`` builds it with
+(:func:`volseg.models.build.build_model`: network, loss, memory levers), with its own optimizer
+from ``configure_optimizers()``; the parameters are then swapped for fake tensors
+(``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and strides, no data) and two
+optimizer steps run on fake batches the way Lightning's automatic optimization runs them for the
+``trainer`` config (:class:`TrainingStep`): ``accumulate_grad_batches`` micro-batches of forward,
+loss (under autocast for the mixed precisions) and backward, the gradients kept between them,
+the GradScaler's scale and unscale (``16-mixed`` on CUDA), gradient clipping
+(``gradient_clip_val``), the optimizer update. No memory is allocated and no GPU is needed. The
+first step creates the optimizer state; the second is a steady step, and the per-module table
+comes from it.
+
+Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
+the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.estimate.autocast`; the
+CPU's
+differ, e.g. for max-pooling and upsampling), cuDNN's convolution workspaces as allocations
+around each convolution (:class:`volseg.memory.estimate.workspace.CudnnWorkspace`), the foreach
+optimizer
+update and clipping (CUDA's default), requests rounded to 512 bytes, and the caching allocator
+replayed over the allocation sequence (:mod:`volseg.memory.estimate.allocator`) for the reserved
+peak; the
+CUDA context is measured or looked up (:mod:`volseg.memory.estimate.cuda_context`), and the
+planner's
+margin comes from recorded GPU runs (:mod:`volseg.memory.estimate.margins`). For a CPU estimate, the
+scratch memory of oneDNN's kernels and the column buffers of torch's native convolutions are
+added (:mod:`volseg.memory.estimate.workspace`).
+
+Not modelled: the GradScaler's inf check on the host (the update is estimated as when the
+gradients are finite), DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager step is
+estimated), and ``model.placement`` over two devices (the estimate is for one device holding
+everything).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch import nn
+
+from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
+from volseg.memory.estimate.autocast import CudaAutocast
+from volseg.memory.estimate.cuda_context import resolve_cuda_context
+from volseg.memory.estimate.events import Event, category_peak, held_peak, held_series
+from volseg.memory.estimate.layers import LayerTrace, block_activations
+from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
+from volseg.memory.estimate.torch_private import (
+    FakeTensorMode,
+    RecordingMemTracker,
+    unset_fake_temporarily,
+)
+from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
+from volseg.models import offload
+from volseg.models.build import build_model
+from volseg.models.conv import traced_for_cuda
+from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("cuda", "cpu")
+MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+FULL = {"32", "32-true", "64", "64-true"}
+
+
+@dataclass
+class MemoryEstimate:
+    """Predicted memory of one training step, in bytes.
+
+    ``peak_allocated``: the most the step's tensors hold at once (params, grads, optimizer state,
+    activations, temporaries, batch); ``step_peak_growth``: how far a steady step (not the first)
+    rises above what is held at its start; ``kernel_workspace``: the part of ``peak_allocated``
+    that kernels hold inside an op (modelled on the CPU only); ``peak_reserved``: what the CUDA
+    caching allocator holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``:
+    reserved plus the CUDA context; ``modules``: each block's own activations (what its
+    forward keeps); ``batch_size`` is a micro-batch's, ``accumulate_grad_batches`` of them make
+    one optimizer step.
+    """
+
+    device: str
+    precision: str
+    batch_size: int
+    patch_size: list[int]
+    activation_checkpointing: Any
+    num_parameters: int
+    params: int
+    buffers: int
+    grads: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+    peak_allocated: int
+    kernel_workspace: int
+    step_peak_growth: int
+    peak_reserved: int
+    cuda_context: int
+    process_total: int
+    seconds: float
+    modules: dict[str, int] = field(default_factory=dict)
+    accumulate_grad_batches: int = 1
+    # the planner's margin (volseg.memory.estimate.margins): a share of the reserved peak
+    # (CUDA) or of the step's growth (CPU), plus a fixed part; the figures above stay bare
+    margin: float = 0.0
+    margin_source: str = ""
+    margin_fixed_mib: float = 0.0
+
+    def __post_init__(self) -> None:
+        # the step's allocations and frees, in order, for replays under a budget
+        self.events: list[tuple[str, int, int]] = []
+        # the allocator settings (memory.allocator) the reserved figures model
+        self.allocator = AllocatorSettings()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def total_within(self, budget: int) -> int | None:
+        """Predicted process total, margin included, when ``budget`` bytes is all there is;
+        ``None``: it does not fit (:func:`volseg.memory.estimate.margins.total_within`)."""
+        return total_within(self, budget)
+
+    def fits(self, budget: int) -> bool:
+        return self.total_within(budget) is not None
+
+    @property
+    def margin_bytes(self) -> int:
+        """What the margin adds (:func:`volseg.memory.estimate.margins.margin_bytes`)."""
+        return margin_bytes(self)
+
+
+def planned_device(cfg: DictConfig) -> str:
+    """The device a planned config trains on: ``memory.plan_device`` as
+    :func:`volseg.plan.make_plan` wrote it (the plan's ``device``), else ``trainer.accelerator``
+    where it names one. Nothing is resolved here: a config whose device is still ``auto`` was not
+    planned."""
+    device = OmegaConf.select(cfg, "memory.plan_device")
+    if device is None:
+        accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto").lower()
+        device = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
+    if device not in DEVICES:
+        raise UserInputError(
+            f"memory.plan_device={device}: must be one of {', '.join(DEVICES)} (the estimator "
+            "takes a planned config: volseg.plan.make_plan decides the device)"
+        )
+    return str(device)
+
+
+def planned_precision(cfg: DictConfig) -> str:
+    """``trainer.precision`` of a planned config (the plan resolved it for its device)."""
+    precision = str(OmegaConf.select(cfg, "trainer.precision") or "32")
+    if precision not in MIXED and precision not in TRUE and precision not in FULL:
+        raise UserInputError(
+            f"trainer.precision={precision}: the estimator takes a planned precision, one of "
+            "32, 16-mixed, bf16-mixed, 16-true and bf16-true (volseg.plan.make_plan resolves auto)"
+        )
+    return precision
+
+
+def _fake_parameters(module: nn.Module, mode: FakeTensorMode) -> None:
+    """Swap every parameter and buffer for a fake tensor of the same shape, dtype and strides."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                fake = mode.from_tensor(param.detach())
+                sub._parameters[name] = nn.Parameter(fake, requires_grad=param.requires_grad)
+        for name, buf in list(sub._buffers.items()):
+            if buf is not None:
+                sub._buffers[name] = mode.from_tensor(buf)
+
+
+@contextlib.contextmanager
+def _constant_aranges() -> Iterator[None]:
+    """Evaluate ``torch.arange`` of plain ints for real.
+
+    MONAI's DiceLoss takes its reduction axes from ``torch.arange(2, ndim).tolist()``; a fake
+    tensor cannot give values, so such aranges (a few ints, no data) are made outside fake mode.
+    """
+    real_arange = torch.arange
+
+    def arange(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if not kwargs and all(isinstance(a, int) for a in args):
+            with unset_fake_temporarily():
+                return real_arange(*args)
+        return real_arange(*args, **kwargs)
+
+    torch.arange = arange
+    try:
+        yield
+    finally:
+        torch.arange = real_arange
+
+
+class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
+    """``OffloadToHost`` for the estimate: saved tensors are packed to the ``meta`` device (host
+    memory, left out of the device's count) and unpacked, strides kept, as new device tensors
+    in backward."""
+
+    def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
+        def pack(t: torch.Tensor) -> tuple[torch.device | None, torch.Tensor]:
+            if not offload.worth_offloading(t, min_voxels):
+                return None, t  # stays on the device
+            return t.device, torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+        def unpack(packed: tuple[torch.device | None, torch.Tensor]) -> torch.Tensor:
+            device, t = packed
+            if device is None:
+                return t
+            return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+
+        super().__init__(pack, unpack)
+
+
+@contextlib.contextmanager
+def _host_offload_modelled() -> Iterator[None]:
+    real = offload.OffloadToHost
+    offload.OffloadToHost = _SavedOnHost
+    try:
+        yield
+    finally:
+        offload.OffloadToHost = real
+
+
+def _step_config(
+    cfg: DictConfig,
+    batch_size: int | None,
+    patch_size: Sequence[int] | None,
+    activation_checkpointing: Any,
+) -> DictConfig:
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        if batch_size is not None:
+            cfg.data.batch_size = int(batch_size)
+        if patch_size is not None:
+            cfg.data.patch_size = [int(p) for p in patch_size]
+        if activation_checkpointing is not None:
+            cfg.model.activation_checkpointing = activation_checkpointing
+        # compiling is not run on fake tensors here: it changes kernels, not what the step keeps
+        cfg.model.compile = False
+    return cfg
+
+
+def _configured_optimizer(module: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of the module's own ``configure_optimizers()``, as Lightning takes it from a
+    returned optimizer or ``{"optimizer": ..., "lr_scheduler": ...}`` (the scheduler holds no
+    tensors and is left out)."""
+    configured = module.configure_optimizers()
+    return configured["optimizer"] if isinstance(configured, dict) else configured
+
+
+def _as_on_device(optimizer: torch.optim.Optimizer, device: str) -> torch.optim.Optimizer:
+    """``optimizer`` updating as it would on ``device``: CUDA's default update is the foreach
+    one, which holds a temporary per state tensor."""
+    if device == "cuda":
+        for group in optimizer.param_groups:
+            if "foreach" in group and group["foreach"] is None:
+                group["foreach"] = True
+    return optimizer
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What Lightning's loop does around the module, from the ``trainer`` config (validated as
+    ``lightning.pytorch.Trainer`` validates it, errors naming the key)."""
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    # where the gradients are set to None: "closure" (Lightning's), "after_update" or
+    # "before_forward" (plain PyTorch loops, e.g. nnU-Net's trainer)
+    zero_grad: str = "closure"
+
+    @classmethod
+    def from_config(cls, trainer: DictConfig) -> LoopSettings:
+        k = trainer.get("accumulate_grad_batches", 1)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise UserInputError(
+                f"trainer.accumulate_grad_batches={k}: must be a whole number, 1 or more"
+            )
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float)):
+            raise UserInputError(f"trainer.gradient_clip_val={clip}: must be a number or null")
+        algorithm = str(trainer.get("gradient_clip_algorithm") or "norm").lower()
+        if algorithm not in ("norm", "value"):
+            raise UserInputError(
+                f"trainer.gradient_clip_algorithm={algorithm}: must be norm, value or null"
+            )
+        return cls(k, float(clip) if clip is not None else None, algorithm)
+
+
+@dataclass
+class TrainingStep:
+    """One optimizer step of ``train.py`` for a config, as Lightning's automatic optimization
+    runs it (``lightning.pytorch.loops.optimization.automatic``, ``plugins.precision``).
+
+    For each of ``accumulate_grad_batches`` micro-batches of ``image_shape``: forward and loss
+    (under autocast for the mixed precisions, on a cast network and batch for ``*-true``), the
+    loss divided by the number of micro-batches, the gradients set to ``None`` after the first
+    micro-batch's forward (Lightning zeroes them inside the closure, before backward: the last
+    step's gradients are held through that forward; with ``loop.zero_grad="after_update"``
+    they are set to ``None`` after the update instead, and with ``"before_forward"`` before the
+    first micro-batch's forward, as hand-written loops do), the loss
+    scaled by the GradScaler
+    (``16-mixed`` on CUDA), backward (the later micro-batches' gradients add up in place, their
+    forward runs with the gradients held). Then the GradScaler's unscale, gradient clipping
+    (``clip_grad_norm_``/``clip_grad_value_`` over the optimizer's parameters, foreach where
+    torch picks it for the device: on CUDA) and the optimizer update; the scaler's
+    ``update()`` last. Real or fake tensors alike.
+
+    ``GradScaler.step`` reads its inf check on the host, which fake tensors cannot give: the
+    update runs as ``optimizer.step()``, what ``GradScaler.step`` calls when the gradients are
+    finite.
+    """
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    image_shape: tuple[int, ...]  # one micro-batch: (B, C, D, H, W)
+    input_dtype: torch.dtype
+    # the autocast of forward and loss; with CUDA's rules emulated, backward runs under it too
+    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
+    autocast_in_backward: bool = False
+    loop: LoopSettings = field(default_factory=LoopSettings)
+    clip_foreach: bool | None = None
+    scaler: torch.amp.GradScaler | None = None
+    # loss(output, label); None: the module's own compute_loss (a volseg SegmentationModule)
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    # make_batch(image_shape, label_shape, dtype) -> (image, label) when run() gets no new_batch
+    # (None: torch.empty of both, i.e. fake under a FakeTensorMode)
+    make_batch: Callable[..., tuple[Any, Any]] | None = None
+
+    def run(
+        self,
+        steps: int,
+        new_batch: Any = None,
+        on_step_start: Any = None,
+        before_update: Any = None,
+        on_micro_batch_start: Any = None,
+    ) -> None:
+        """``steps`` optimizer steps; ``new_batch(image_shape, label_shape, dtype)`` makes each
+        micro-batch (default: ``torch.empty``, i.e. fake under a FakeTensorMode);
+        ``before_update`` runs where Lightning calls ``on_before_optimizer_step``."""
+        for _ in range(steps):
+            if on_step_start is not None:
+                on_step_start()
+            for micro_batch in range(self.loop.accumulate_grad_batches):
+                if on_micro_batch_start is not None:
+                    on_micro_batch_start()
+                self._forward_backward(new_batch, first=micro_batch == 0)
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            if before_update is not None:
+                before_update()
+            self._clip_gradients()
+            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+            if self.loop.zero_grad == "after_update":
+                self.optimizer.zero_grad(set_to_none=True)
+
+    def _forward_backward(self, new_batch: Any, first: bool) -> None:
+        """Lightning's closure for one micro-batch: training step, zero_grad, backward."""
+        label_shape = (self.image_shape[0], 1, *self.image_shape[2:])
+        new_batch = new_batch or self.make_batch
+        if new_batch is None:
+            image = torch.empty(self.image_shape, dtype=self.input_dtype)
+            label = torch.empty(label_shape, dtype=self.input_dtype)
+        else:
+            image, label = new_batch(self.image_shape, label_shape, self.input_dtype)
+        if first and self.loop.zero_grad == "before_forward":
+            self.optimizer.zero_grad(set_to_none=True)
+        compute_loss = self.loss or self.module.compute_loss
+        with self.autocast():
+            logits = self.module(image)
+            loss = compute_loss(logits, label)
+        # training_step returns the loss: its logits go, the batch stays until the closure ends
+        del logits
+        loss = loss / self.loop.accumulate_grad_batches  # ClosureResult's normalization
+        if first and self.loop.zero_grad == "closure":
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        with self.autocast() if self.autocast_in_backward else contextlib.nullcontext():
+            loss.backward()
+        del loss, image, label
+
+    def _clip_gradients(self) -> None:
+        """``Precision.clip_gradients``: nothing for a clip value of ``None``, 0 or less."""
+        if self.loop.gradient_clip_val is None or self.loop.gradient_clip_val <= 0:
+            return
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.loop.gradient_clip_algorithm == "value":
+            clip = nn.utils.clip_grad_value_
+        else:
+            clip = nn.utils.clip_grad_norm_
+        clip(params, self.loop.gradient_clip_val, foreach=self.clip_foreach)
+
+
+def build_training_step(
+    cfg: DictConfig,
+    device: str,
+    batch_size: int | None = None,
+    patch_size: Sequence[int] | None = None,
+    activation_checkpointing: Any = None,
+    fake_mode: FakeTensorMode | None = None,
+    accumulate_grad_batches: int | None = None,
+) -> TrainingStep:
+    """The module as ``train.py`` builds it (:func:`volseg.models.build.build_model`), its own
+    optimizer (``configure_optimizers()``) and Lightning's loop settings from ``cfg.trainer``
+    (gradient accumulation, clipping, the precision's casts and GradScaler), on the CPU.
+    ``device`` decides the autocast dtype of ``16-mixed`` (float16 and a GradScaler on CUDA; on a
+    CPU it is resolved to bfloat16 or float32) and the foreach updates. With ``fake_mode`` the
+    parameters are fake tensors of that mode (before the optimizer sees them). ``batch_size``
+    (of a micro-batch), ``patch_size``, ``activation_checkpointing`` and
+    ``accumulate_grad_batches`` override the config's values.
+    """
+    precision = planned_precision(cfg)
+    cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
+    loop = LoopSettings.from_config(cfg.trainer)
+    if accumulate_grad_batches is not None:
+        loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
+    loop = replace(loop, zero_grad=zero_grad_setting(cfg))
+    in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
+    return module_training_step(
+        build_model(cfg),
+        _configured_optimizer,
+        (int(cfg.data.batch_size), in_channels, *map(int, cfg.data.patch_size)),
+        precision,
+        device,
+        loop,
+        fake_mode,
+    )
+
+
+def module_training_step(
+    module: nn.Module,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    image_shape: Sequence[int],
+    precision: str,
+    device: str,
+    loop: LoopSettings | None = None,
+    fake_mode: FakeTensorMode | None = None,
+    **step_options: Any,
+) -> TrainingStep:
+    """The training step of any ``module`` (in training mode) with the optimizer
+    ``make_optimizer(module)`` on batches of ``image_shape`` ``(B, C, D, H, W)``, at
+    ``precision`` (a Lightning precision string, resolved for ``device``) on ``device``: the
+    ``*-true`` casts, autocast, the GradScaler of ``16-mixed`` on CUDA and CUDA's foreach updates
+    as :func:`build_training_step` applies them. With ``fake_mode`` the parameters are fake
+    tensors of that mode before the optimizer sees them. ``step_options``: further
+    :class:`TrainingStep` fields (``loss``, ``make_batch``)."""
+    module.train()
+    if precision in TRUE:
+        # HalfPrecision.convert_module: the whole module in the lower precision
+        module = module.to(TRUE[precision])
+    if fake_mode is not None:
+        _fake_parameters(module, fake_mode)
+    step = TrainingStep(
+        module=module,
+        optimizer=_as_on_device(make_optimizer(module), device),
+        image_shape=tuple(int(n) for n in image_shape),
+        input_dtype=TRUE.get(precision, torch.float32),
+        loop=loop or LoopSettings(),
+        # clip_grad_*_'s default (foreach=None) takes the foreach path for CUDA tensors only
+        clip_foreach=True if device == "cuda" else None,
+        **step_options,
+    )
+    if precision in TRUE:
+        # HalfPrecision.forward_context: tensors the forward and the loss create without a dtype
+        # are in the lower precision too (SwinUNETR's attention mask),
+        # not float32 copies that promote what they meet
+        step.autocast = partial(default_dtype, TRUE[precision])
+    if precision in MIXED and device == "cpu":
+        # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
+        # MixedPrecision.autocast_context_manager turns the cast cache off
+        step.autocast = partial(torch.autocast, "cpu", dtype=MIXED[precision], cache_enabled=False)
+    elif precision in MIXED:
+        step.autocast = partial(CudaAutocast, MIXED[precision])
+        step.autocast_in_backward = True
+        if precision == "16-mixed":
+            # MixedPrecision's GradScaler; a "cpu" one, as the step's tensors are CPU tensors
+            # (fake or real): the same calls and the same few scalars as CUDA's
+            step.scaler = torch.amp.GradScaler("cpu")
+    return step
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` while the block runs (Lightning's
+    ``_DtypeContextManager``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+ZERO_GRAD = ("closure", "after_update", "before_forward")
+
+
+def zero_grad_setting(cfg: DictConfig) -> str:
+    """``estimate.zero_grad``, which only the benchmarks set (``+estimate.zero_grad=...``; not in
+    the configs): where the training loop sets the gradients to ``None``.
+
+    ``closure`` (default): Lightning's automatic optimization, inside the first micro-batch's
+    closure after its forward, so the previous step's gradients are held through that forward.
+    ``after_update``: a hand-written loop's ``optimizer.step(); optimizer.zero_grad()``, whose
+    forward starts without gradients (``benchmarks/levers.py`` and ``gpu_memory_table.py``).
+    ``before_forward``: ``optimizer.zero_grad()`` first in each step (nnU-Net's trainer); the
+    gradients are held between steps but not in its forward.
+    """
+    value = str(cfg.get("estimate", {}).get("zero_grad") or "closure")
+    if value not in ZERO_GRAD:
+        raise UserInputError(f"estimate.zero_grad={value}: must be one of {', '.join(ZERO_GRAD)}")
+    return value
+
+
+def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
+    """cuDNN's workspaces for ``module``'s step, capped by its ``cudnn_workspace_mib`` lever."""
+    levers = getattr(module, "levers", None)
+    limit = getattr(levers, "cudnn_workspace_mib", None)
+    # fake tensors follow the CPU's layout rules, which keep half-precision maps NCDHW: the
+    # lever says whether CUDA's would be channels-last
+    channels_last = bool(getattr(levers, "channels_last", False))
+    return CudnnWorkspace(None if limit is None else int(limit * MIB), channels_last)
+
+
+@dataclass
+class StepTrace:
+    """What one fake-tensor trace of the training steps (and of what ran after them) gives.
+
+    ``events``: every allocation and free, in order (:mod:`volseg.memory.estimate.events`), the
+    training
+    steps' first, then those of ``then`` from ``then_start`` on; ``by_category``: the training
+    steps' peak bytes by category (params, grads, optimizer state, activations, temporaries,
+    buffers); ``modules``: each block's own activations in the last micro-batch (bytes);
+    ``flops``: one optimizer step's floating-point operations (by the formulas of torch's
+    ``FlopCounterMode``: matrix products and convolutions, forward, backward and checkpointing's
+    recomputation)."""
+
+    events: list[Event]
+    by_category: dict[str, int]
+    modules: dict[str, int]
+    flops: int
+    then_start: int
+
+    @property
+    def step_events(self) -> list[Event]:
+        """The training steps' events only."""
+        return self.events[: self.then_start]
+
+
+def trace_steps(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    then: Callable[[RecordingMemTracker], None] | None = None,
+    steps: int = 2,
+) -> StepTrace:
+    """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
+    too (the first creates the optimizer state, the per-module table is the last's);
+    ``then(tracker)`` runs after them in the same trace (a validation or, after no ``steps``, a
+    prediction: :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
+    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
+    # volseg.memory.estimate.workspace)
+    workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
+    offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
+    as_on_device = traced_for_cuda() if device == "cuda" else contextlib.nullcontext()
+    with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings():
+        # MemTracker's module tracker warns for modules it meets in backward only (the loss)
+        warnings.filterwarnings("ignore", message="Module is None")
+        trace = LayerTrace(
+            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
+        )
+        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
+        trace.start()
+        try:
+            for n in range(steps):
+                tracker.count_flops = n == 0
+                step.run(
+                    1,
+                    on_step_start=tracker.mark,
+                    before_update=trace.optimizer_update_begins,
+                    # MemTracker follows one forward per module: the table is the last
+                    # micro-batch's
+                    on_micro_batch_start=tracker.reset_mod_stats,
+                )
+            tracker.count_flops = False
+            # read before ``then``, whose forwards would overwrite the modules' statistics
+            modules = {k: int(v * MIB) for k, v in block_activations(trace.rows()).items()}
+            then_start = len(tracker.events)
+            if then is not None:
+                then(tracker)
+        finally:
+            trace.stop()
+    # the bytes by category: a view of the steps' events (host copies on the meta device, of
+    # offloaded activations, are not among them)
+    by_category = category_peak(tracker.events[:then_start])
+    return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
+
+
+def phase_peaks(
+    events: list[Event],
+    device: str,
+    settings: Any,
+    allocator_settings: AllocatorSettings,
+    start: int = 0,
+) -> dict[str, int]:
+    """What is held at event ``start`` (``resident``: a phase's mark; 0 for a training step),
+    the most held from there on (``peak_allocated``), the reserved peak (CUDA: the caching
+    allocator replayed with ``allocator_settings`` over every event, those before ``start``
+    too) and the CUDA context, in bytes; ``settings``: the ``estimate`` config
+    (``cuda_context_mib``, ``gpu``). The figures a step and an inference phase share."""
+    if device == "cuda":
+        allocator = replay(events, settings=allocator_settings, phase_start=start)
+        context = resolve_cuda_context(settings.get("cuda_context_mib"), settings.get("gpu"))
+        return {
+            "resident": allocator.phase_resident,
+            "peak_allocated": allocator.peak_allocated,
+            "peak_reserved": allocator.peak_reserved,
+            "cuda_context": context.nbytes,
+        }
+    held = held_series(events)
+    resident = held[start - 1] if start > 0 else 0
+    peak = max(held[start:], default=resident)
+    return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
+
+
+def _step_peaks(
+    events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
+) -> dict[str, int]:
+    """A training step's :func:`phase_peaks`, with the steady step's growth and the kernels'
+    workspace (the part of the peak that kernels hold inside an op)."""
+    found = phase_peaks(events, device, settings, allocator_settings)
+    del found["resident"]
+    if device == "cuda":
+        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
+        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
+        # above it: no workspace then
+        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
+        growth = held_peak(events, after_last_mark=True, rounding=round_size)
+    else:
+        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
+        growth = held_peak(events, after_last_mark=True)
+    found["kernel_workspace"] = max(0, found["peak_allocated"] - tensors_peak)
+    found["step_peak_growth"] = growth
+    return found
+
+
+def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
+    """The planned device, a fake-tensor mode and the planned config ``cfg``'s training step
+    with fake parameters in it."""
+    device = planned_device(cfg)
+    mode = FakeTensorMode()
+    return device, mode, build_training_step(cfg, device, fake_mode=mode)
+
+
+def estimate_step(
+    step: TrainingStep,
+    mode: FakeTensorMode,
+    device: str,
+    precision: str,
+    settings: Any = None,
+    started: float | None = None,
+    allocator: AllocatorSettings | None = None,
+    trace: StepTrace | None = None,
+) -> MemoryEstimate:
+    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
+    :func:`module_training_step`) on ``device`` at ``precision``, read off its ``trace``
+    (:func:`trace_steps`; traced here where not given); ``settings``: the ``estimate`` config's
+    ``cuda_context_mib`` and ``gpu``; ``allocator``: the CUDA caching allocator's settings
+    (default: torch's)."""
+    started = time.perf_counter() if started is None else started
+    trace = trace_steps(step, mode, device) if trace is None else trace
+    events = trace.step_events
+    allocator = allocator or AllocatorSettings()
+    found = _step_peaks(events, device, settings or {}, allocator)
+    levers = getattr(step.module, "levers", None)
+    result = MemoryEstimate(
+        device=device,
+        precision=precision,
+        batch_size=step.image_shape[0],
+        patch_size=list(step.image_shape[2:]),
+        activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
+        num_parameters=sum(p.numel() for p in step.module.parameters()),
+        **{k: v for k, v in trace.by_category.items() if k != "other"},
+        **found,
+        process_total=found["peak_reserved"] + found["cuda_context"],
+        seconds=time.perf_counter() - started,
+        modules=dict(trace.modules),
+        accumulate_grad_batches=step.loop.accumulate_grad_batches,
+    )
+    offload = bool(getattr(levers, "offload_activations", False))
+    with_margin(result, margin_for(device, offload, step.loop.accumulate_grad_batches))
+    result.events = events
+    result.allocator = allocator
+    return result

@@ -1,0 +1,184 @@
+"""torch's private APIs the estimate stands on, in one module: ``MemTracker``, adapted (optimizer
+state under Lightning's closure, and a record of every allocation and free for the allocator
+model, :mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
+``unset_fake_temporarily``) and what CUDA's autocast model hooks (``engine_run_backward``,
+``tree_map``).
+
+MemTracker's private API used here: ``_MemRefType``, ``_ModState``, ``_update_snap``,
+``_update_peak_stats``, ``_pre_fw_hook``, ``_register_global_optimizer_hook``,
+``_track_optimizer_states``, ``_in_opt``, ``memory_tracking``, the snapshots.
+``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.autograd.graph import _engine_run_backward as engine_run_backward
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import flop_registry
+
+from volseg.memory.estimate.events import CATEGORIES, Event
+from volseg.memory.estimate.workspace import Workspace
+
+__all__ = [
+    "ClosureMemTracker",
+    "FakeTensorMode",
+    "RecordingMemTracker",
+    "engine_run_backward",
+    "module_snapshots",
+    "tree_map",
+    "unset_fake_temporarily",
+]
+
+#: MemTracker's reference types as :data:`volseg.memory.estimate.events.CATEGORIES` indices
+_CATEGORY = {
+    reftype.value: CATEGORIES.index(name)
+    for reftype, name in (
+        (_MemRefType.PARAM, "params"),
+        (_MemRefType.BUFFER, "buffers"),
+        (_MemRefType.GRAD, "grads"),
+        (_MemRefType.ACT, "activations"),
+        (_MemRefType.TEMP, "temporaries"),
+        (_MemRefType.OPT, "optimizer_state"),
+        (_MemRefType.OTH, "other"),
+    )
+}
+
+
+class ClosureMemTracker(MemTracker):
+    """MemTracker for optimizers stepped with a closure (as Lightning does).
+
+    MemTracker counts every tensor created between an optimizer's step pre- and post-hook as
+    optimizer state. With a closure, forward and backward run inside ``step()``, so they would all
+    count as optimizer state. Here only what follows :meth:`optimizer_update_begins` (called from
+    Lightning's ``on_before_optimizer_step``, after the closure) counts as optimizer state.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # the tracked modules' statistics by name (None: to be gathered again)
+        self._by_name: dict[str, list[Any]] | None = None
+
+    def _register_global_optimizer_hook(self) -> None:
+        def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._track_optimizer_states(_MemRefType.OPT, optimizer)
+            self._in_opt = False
+
+        self._optimizer_hook_handles = (register_optimizer_step_post_hook(_post_hook),)
+
+    def optimizer_update_begins(self) -> None:
+        self._in_opt = True
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        super()._pre_fw_hook(module, inputs)
+        self._by_name = None  # a module seen for the first time, or under another name
+
+    def reset_mod_stats(self) -> None:
+        super().reset_mod_stats()
+        self._by_name = None
+
+    def _update_peak_stats(self, peak_state: _ModState) -> None:
+        """MemTracker's, with the running modules' statistics looked up by name: torch's scans
+        every tracked module after every op (most of a traced step's time), for the same
+        updates."""
+        by_name = self._by_name
+        if by_name is None:
+            by_name = {}
+            for stats in self.memory_tracking.values():
+                by_name.setdefault(stats.mod_fqn, []).append(stats)
+            self._by_name = by_name
+        curr_snap = self._curr_mem_snap
+        for name in set(self._mod_tracker.parents):
+            for stats in by_name.get(name, ()):
+                if peak_state in stats.snapshots:
+                    for dev, dev_snap in curr_snap.items():
+                        if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                            stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                            stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+        for dev, dev_snap in curr_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = deepcopy(dev_snap)
+
+
+class RecordingMemTracker(ClosureMemTracker):
+    """ClosureMemTracker that also records every allocation and free, in order; storages on the
+    ``meta`` device (activations offloaded to the host) are left out. ``workspace`` gives the
+    bytes a kernel holds while it runs (``None``: not modelled): an int is scratch memory outside
+    any allocator (a ``workspace`` event, the CPU's), a tuple the sizes of buffers taken one
+    after the other from the caching allocator (``malloc``/``free`` events with negative
+    handles, CUDA's; an inner tuple: buffers held at the same time)."""
+
+    def __init__(self, workspace: Workspace | None = None) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+        self.workspace = workspace
+        self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
+        # floating-point operations of the ops run while ``count_flops``, by the formulas of
+        # torch's FlopCounterMode (matrix products, convolutions, attention): counted on the
+        # same ops as the bytes. FlopCounterMode itself is not entered: it decomposes ops it has
+        # no formula for, which would change what the trace allocates
+        self.count_flops = False
+        self.flops = 0
+
+    def mark(self) -> None:
+        """Note where a training step starts."""
+        self.events.append(("mark", 0, 0))
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:  # noqa: ANN001
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        if winfo.device.type == "meta":
+            return
+        name, handle = u_type.name, id(winfo)
+        if name == "DEL":
+            self.events.append(("free", handle, 0))
+            return
+        if name == "SIZE":
+            self.events.append(("free", handle, 0))
+        if name in ("ADD", "SIZE"):
+            self.events.append(("malloc", handle, winfo.mem_consumed))
+        self.events.append(("category", handle, _CATEGORY[winfo.reftype.value]))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        # where MemTracker compares its peak: the category view (events.category_peak) too
+        self.events.append(("op", 0, 0))
+        if self.count_flops:
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+        if self.workspace is not None:
+            nbytes = self.workspace(func, args, out)
+            if isinstance(nbytes, tuple):
+                # buffers the kernel takes from the caching allocator after its outputs, each
+                # freed before the next is taken (cuDNN's workspaces); a tuple among them is
+                # buffers held together (a kernel's contiguous copies of its operands)
+                for sizes in nbytes:
+                    handles = []
+                    for size in sizes if isinstance(sizes, tuple) else (sizes,):
+                        self._workspaces += 1
+                        handles.append(-self._workspaces)
+                        self.events.append(("malloc", handles[-1], size))
+                    self.events.extend(("free", handle, 0) for handle in handles)
+            elif nbytes:
+                self.events.append(("workspace", 0, nbytes))
+        return out
+
+
+#: a module's snapshot per state: ``{state: {device: {category: bytes}}}``; states as MemTracker
+#: names them (``Pre-Forward``, ``Post-Forward``, ``Peak-Forward``, ``Pre-Backward``, ...)
+Snapshots = dict[str, dict[torch.device, dict[str, int]]]
+
+
+def module_snapshots(tracker: MemTracker, module: torch.nn.Module) -> Snapshots | None:
+    """The first snapshot of each state ``tracker`` took of ``module`` since its statistics were
+    last reset; ``None`` where it did not see the module's forward."""
+    stats = tracker.memory_tracking.get(module)
+    if stats is None or not stats.snapshots.get(_ModState.PRE_FW):
+        return None
+    return {state.value: snaps[0] for state, snaps in stats.snapshots.items() if snaps}

@@ -1,0 +1,359 @@
+"""Fit whole-volume inference to a memory budget: validation inside a planned run, and where
+``predict.py`` stitches each volume.
+
+Validation's levers, cheapest in time first, each only where those before found nothing (every
+setting is asked of the engine, :func:`volseg.memory.estimate.engine.estimate_run`, as a
+:class:`~volseg.memory.estimate.engine.Variant` of the planned run: validation after its training
+steps):
+
+1. fewer windows at once (``model.inferer.sw_batch_size``): the same windows and the same
+   result, only less parallel work per forward; the largest that fits;
+2. host stitching (``model.inferer.device=cpu``, CUDA only): the whole-volume buffers (stitched
+   logits, count map) and what follows them (the float32 logits, argmax, loss and Dice) in host
+   memory; the windows still run on the GPU, each window batch's output is copied to the host;
+   again with the largest ``sw_batch_size`` that fits. On a CPU the host is the device: it
+   would save nothing and is not tried;
+3. smaller windows (``model.inferer.roi_size``): more windows, more overlap, less context per
+   window (the Dice a run selects its checkpoint by may change). The windows below the
+   configured one, one multiple of ``model.divisible_by`` off one side at a time, never below
+   what the network takes (:func:`volseg.memory.fit.search.shrunk_patches`, as the step's smaller
+   patch), each with the most windows at once that fit, up to as many voxels at once as the
+   configured window batch (on CUDA stitched on the host), tried from the largest down: the
+   first that fits.
+
+The number of windows at once is searched from the most down, halving to 2 before 1: a window
+batch of one is not always the least (on a CPU, a float32 batch of one runs torch's own 3D
+convolution, whose column buffer is 27 times its input's). A refusal names each lever tried,
+with the least it needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from volseg.memory.estimate.engine import Variant
+from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
+from volseg.memory.estimate.margins import margin_text
+from volseg.memory.fit.search import least, shrunk_patches
+from volseg.memory.fit.step import patch_divisor
+from volseg.models.networks import adapter_for
+from volseg.models.networks.probe import shape_taker
+from volseg.utils.units import MIB
+
+log = logging.getLogger(__name__)
+
+SW_BATCH = "model.inferer.sw_batch_size"
+STITCH_DEVICE = "model.inferer.device"
+ROI = "model.inferer.roi_size"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MIB:,.0f} MiB"
+
+
+def margin_note(est: InferenceEstimate) -> str:
+    """How the budget is counted on CUDA: the planner's margin on the reserved peak."""
+    if not (est.margin or est.margin_fixed_mib):
+        return ""
+    return f" (planned with {margin_text(est)} on its reserved peak)"
+
+
+@dataclass
+class InferenceFit:
+    """The answer for one budget: ``overrides`` (config key -> value), ``reasons`` (config key
+    -> why), ``estimate`` (the planned validation's; ``None``: nothing tried fits), ``tried``
+    (each setting estimated, with its process total, in order)."""
+
+    estimate: InferenceEstimate | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)
+
+
+def windows_at_once(start: int) -> list[int]:
+    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
+    batch of one can need more than two; see the module docstring)."""
+    order, n = [], start
+    while n > 2:
+        order.append(n)
+        n = max(2, n // 2)
+    return order + [n for n in (2, 1) if n <= start]
+
+
+def _most_windows(
+    fits: Callable[[int], InferenceEstimate | None], start: int, above: int, bisect: bool = True
+) -> tuple[int, InferenceEstimate | None]:
+    """The largest ``sw_batch_size`` below ``above`` that ``fits``: :func:`windows_at_once` from
+    ``start`` to the first that fits, then (``bisect``) bisecting up to the last that did
+    not."""
+    bad = above
+    for n in windows_at_once(start):
+        est = fits(n)
+        if est is not None:
+            break
+        bad = n
+    else:
+        return 0, None
+    good = n
+    while bisect and bad - good > 1:
+        mid = (good + bad) // 2
+        found = fits(mid)
+        if found is not None:
+            good, est = mid, found
+        else:
+            bad = mid
+    return good, est
+
+
+def _shape(values: Sequence[int]) -> str:
+    return "x".join(map(str, values))
+
+
+def fit_validation(
+    cfg: DictConfig,
+    budget: int,
+    volume_shape: Sequence[int],
+    configured: InferenceEstimate,
+    estimator: Callable[[Variant], InferenceEstimate],
+    smaller_windows: bool = True,
+) -> InferenceFit:
+    """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
+    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit (see the module
+    docstring for the order); ``estimator``: the validation of the planned run with a
+    :class:`Variant`'s keys changed (the engine's); ``smaller_windows=False`` stops before
+    trying smaller windows (``train.py``: it changes nothing that changes what it computes)."""
+    device = configured.device
+    sw0 = configured.sw_batch_size
+    roi0 = [int(r) for r in configured.roi_size]
+    host_possible = device == "cuda" and configured.stitch == "device"
+    fit = InferenceFit(estimate=None)
+    cache: dict[tuple, InferenceEstimate] = {}
+    lever: list[tuple[str, InferenceEstimate]] = []  # the current lever's estimates
+    over = (
+        f"validation of one {_shape(volume_shape)} volume with {SW_BATCH}={sw0}"
+        f"{', stitched on the host' if configured.stitch == 'host' else ''} needs "
+        f"{_mib(configured.process_total)} on {device}{margin_note(configured)}, over "
+        f"{_mib(budget)}"
+    )
+    same_memory = (
+        f" (on {device} host and device are the same memory: host stitching would save nothing)"
+        if device != "cuda"
+        else ""
+    )
+
+    def settings(sw: int, host: bool, roi: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if sw != sw0:
+            out[SW_BATCH] = sw
+        if host and host_possible:
+            out[STITCH_DEVICE] = "cpu"
+        if roi != roi0:
+            out[ROI] = roi
+        return out
+
+    def estimate(sw: int, host: bool, roi: list[int]) -> InferenceEstimate | None:
+        key = (sw, host, tuple(roi))
+        text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
+        if key not in cache:
+            variant = Variant(
+                sw_batch_size=sw,
+                roi_size=tuple(roi),
+                stitch_device="cpu" if host and host_possible else None,
+            )
+            cache[key] = estimator(variant)
+            fits = " (fits)" if cache[key].fits(budget) else ""
+            log.info("validation: %s %s%s", text, _mib(cache[key].process_total), fits)
+        est = cache[key]
+        lever.append((text, est))
+        return est if est.fits(budget) else None
+
+    def tried(name: str) -> None:
+        candidates = [
+            (f"{_mib(e.process_total)} at {text or 'the configured settings'}", e.process_total)
+            for text, e in lever
+        ]
+        fit.tried.append(f"{name} ({least(candidates)})")
+        lever.clear()
+
+    def found(
+        est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
+    ) -> InferenceFit:
+        fit.estimate = est
+        fit.overrides = settings(sw, host, roi)
+        figures = f"{_mib(est.total_within(budget))} within the budget"
+        if SW_BATCH in fit.overrides:
+            fit.reasons[SW_BATCH] = (
+                f"{over}; {sw} window(s) at a time fit ({figures}): the same windows, fewer at "
+                f"once{same_memory}"
+                if ROI not in fit.overrides
+                else f"{over}; {sw} of the smaller windows at a time: the most that fit, up to "
+                f"the configured window batch's voxels{same_memory}"
+            )
+        if STITCH_DEVICE in fit.overrides:
+            fit.reasons[STITCH_DEVICE] = (
+                f"{over}; {why}: the stitched logits and count map "
+                f"({_mib(est.host_stitching)}) and the whole-volume steps after them in host "
+                f"memory, the windows on the GPU ({figures})"
+            )
+        if ROI in fit.overrides:
+            fit.reasons[ROI] = (
+                f"{over}; {why}: the largest window below {_shape(roi0)} that fits, one "
+                f"multiple of model.divisible_by off one side at a time ({figures})"
+            )
+        log.info(
+            "validation: planned %s (%s)",
+            " ".join(f"{k}={v}" for k, v in fit.overrides.items()),
+            figures,
+        )
+        return fit
+
+    # 1. fewer windows at once: the window batch's forward shrinks with it
+    if sw0 > 1:
+        sw, est = _most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
+        if est is not None:
+            return found(est, sw, False, roi0, "")
+        tried(f"fewer windows at once: {SW_BATCH} 1 to {sw0 - 1} at {_shape(roi0)}")
+    # 2. host stitching (a GPU run only), with the most windows at once that fit
+    if host_possible:
+        sw, est = _most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
+        if est is not None:
+            why = (
+                "no number of windows at once fits with the whole volume stitched on the GPU"
+                if sw0 > 1
+                else "the whole volume's buffers do not fit on the GPU"
+            )
+            return found(est, sw, True, roi0, why)
+        tried(f"host stitching: {STITCH_DEVICE}=cpu with {SW_BATCH} 1 to {sw0}")
+    if not smaller_windows:
+        return fit
+    # 3. smaller windows; not for a network built for one input size (UNETR's img_size): its
+    # windows are its training patch
+    net = cfg.model.net
+    if adapter_for(str(net._target_)).sized_for(net, roi0):
+        fit.tried.append(f"smaller windows: not for {net._target_}, built for one input size")
+        return fit
+    divisor = patch_divisor(cfg)
+    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.get("in_channels", 1))))
+    if not windows:
+        fit.tried.append(f"smaller windows: none below {_shape(roi0)} that the network takes")
+        return fit
+    voxels0 = sw0 * math.prod(roi0)
+
+    def most_windows(roi: list[int], bisect: bool = True) -> tuple[int, InferenceEstimate | None]:
+        """The most windows of ``roi`` at once that fit, up to the configured window batch's
+        voxels (``bisect=False``: the first of :func:`windows_at_once` that fits)."""
+        cap = max(1, voxels0 // math.prod(roi))
+        return _most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisect)
+
+    name = (
+        f"smaller windows: {ROI} {_shape(windows[0])} down to {_shape(windows[-1])}, each with "
+        f"up to {voxels0:,} voxels at once{', stitched on the host' if host_possible else ''}"
+    )
+    # the smallest window first: where the whole-volume steps alone are over the budget, no
+    # window fits, and this one search says so
+    if most_windows(windows[-1], bisect=False)[1] is None:
+        tried(name)
+        return fit
+    # then from the largest down, as nnU-Net shrinks its patch: what a window needs does not
+    # fall steadily with its size and count on every device (on a CPU the convolution's
+    # algorithm changes with both), so no window is skipped by bisection
+    for roi in windows:
+        k, est = most_windows(roi)
+        if est is not None:
+            break
+    why = (
+        "neither fewer windows at once nor host stitching fits"
+        if host_possible
+        else f"fewer windows at once does not fit{same_memory}"
+    )
+    return found(est, k, True, roi, why)
+
+
+@dataclass
+class StitchPlan:
+    """Where ``predict.py`` stitches each volume shape (``(D, H, W)`` -> ``device``/``host``),
+    planned for ``limit`` bytes of ``device`` memory (``source``: where the limit comes from),
+    and the estimates it rests on (shape -> the chosen stitching's)."""
+
+    device: str
+    limit: int | None
+    source: str
+    stitch: dict[tuple[int, ...], str] = field(default_factory=dict)
+    estimates: dict[tuple[int, ...], InferenceEstimate] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """One log line per volume shape."""
+        within = f"{_mib(self.limit)} ({self.source})" if self.limit else "no limit known"
+        out = []
+        for shape, where in self.stitch.items():
+            est = self.estimates.get(shape)
+            figures = (
+                f"peak allocated {_mib(est.peak_allocated)}, process total "
+                f"{_mib(est.process_total)} on {est.device}"
+                if est is not None
+                else "not estimated (smaller than one that fits)"
+            )
+            out.append(
+                f"  {'x'.join(map(str, shape))}: stitched on the {where} ({figures}; {within})"
+            )
+        return out
+
+
+def plan_stitching(
+    cfg: DictConfig,
+    shapes: Sequence[Sequence[int]],
+    device: str,
+    limit: int | None,
+    source: str,
+    flip_axes: Sequence[int] = (),
+    precision: str = "32-true",
+    stitch: str = "auto",
+    estimator: Callable[..., InferenceEstimate] | None = None,
+) -> StitchPlan:
+    """``predict.py``'s stitching per volume shape, before the first volume: on the device
+    where the estimate fits ``limit`` bytes there, else on the host; ``cfg``: the planned
+    config with the prediction's inferer as ``model.inferer``. A volume stitched on the device
+    needs no more than a larger one (fewer voxels, no more windows), so the shapes are bisected
+    by voxels: a few estimates for any number of volumes. On a CPU (host and device are one
+    memory) the largest is estimated, for the log and ``limit``. Without a limit (a GPU run
+    with neither ``memory.budget`` nor a known device total) nothing is planned: ``stitch=auto``
+    decides per volume at run time. ``stitch=device`` or ``host`` (predict.py's own choice): the
+    largest is estimated with it, nothing is chosen."""
+    estimator = estimator or estimate_prediction
+    plan = StitchPlan(device, limit, source)
+    ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)
+    if not ordered or (device == "cuda" and limit is None):
+        return plan
+
+    def estimate(shape: tuple[int, ...], stitch: str) -> InferenceEstimate:
+        return estimator(cfg, list(shape), stitch=stitch, flip_axes=flip_axes, precision=precision)
+
+    def fits(est: InferenceEstimate) -> bool:
+        return limit is None or est.fits(limit)
+
+    if device != "cuda" or stitch != "auto":
+        where = "device" if device != "cuda" else stitch
+        plan.estimates[ordered[-1]] = estimate(ordered[-1], where)
+        plan.stitch = dict.fromkeys(ordered, where)
+        return plan
+    # the largest shape stitched on the device that fits (bisection over the sorted shapes)
+    good, bad = -1, len(ordered)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        est = estimate(ordered[mid], "device")
+        if fits(est):
+            good = mid
+            plan.estimates[ordered[mid]] = est
+        else:
+            bad = mid
+    for i, shape in enumerate(ordered):
+        plan.stitch[shape] = "device" if i <= good else "host"
+    if good < len(ordered) - 1:
+        plan.estimates[ordered[-1]] = estimate(ordered[-1], "host")
+    return plan

@@ -1,0 +1,101 @@
+"""The searches both planners share: the largest setting that fits (a batch, a patch step, a
+window size) and the patches, or windows, below a configured one, largest first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+#: what a search's ``fits`` returns for a setting that fits (an estimate)
+Found = TypeVar("Found")
+
+
+def largest_fitting(
+    fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
+) -> tuple[int, Found | None]:
+    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
+    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
+
+    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
+    costs two estimates.
+    """
+    found: dict[int, Found] = {}
+
+    def ok(n: int) -> bool:
+        est = fits(n)
+        if est is not None:
+            found[n] = est
+        return est is not None
+
+    n = min(max(guess, lo), hi)
+    step = 1
+    if ok(n):
+        good, bad = n, hi + 1
+        while good < hi:
+            n = min(good + step, hi)
+            if not ok(n):
+                bad = n
+                break
+            good, step = n, step * 2
+    else:
+        good, bad = lo - 1, n
+        while bad > lo:
+            n = max(bad - step, lo)
+            if ok(n):
+                good = n
+                break
+            bad, step = n, step * 2
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good, found.get(good)
+
+
+def shrunk_patches(
+    base: Sequence[int],
+    divisor: Sequence[int],
+    takes: Callable[[Sequence[int]], bool] = lambda patch: True,
+    tied: Sequence[Sequence[int]] = (),
+) -> list[list[int]]:
+    """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
+    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
+    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
+    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
+    side: an instance norm cannot normalise one), and a side stops where the network no longer
+    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least).
+
+    ``tied``: groups of axes that stay equal (the plane of a 90° turn augmentation, e.g.
+    ``[[1, 2]]``): such a group shrinks as one side, by a multiple of each of its divisors.
+    """
+    patch, out = [int(p) for p in base], []
+    units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
+    units += [(a,) for a in range(3) if not any(a in unit for unit in units)]
+    stopped: set[tuple[int, ...]] = set()
+
+    def step(unit: tuple[int, ...]) -> int | None:
+        """The unit's next side: one multiple of its divisors below its present side."""
+        multiple = math.lcm(*(int(divisor[a]) for a in unit))
+        side = ((min(patch[a] for a in unit) - 1) // multiple) * multiple
+        return side if all(side >= 2 * divisor[a] for a in unit) else None
+
+    while True:
+        open_units = [u for u in units if u not in stopped and step(u) is not None]
+        if not open_units:
+            return out
+        unit = max(open_units, key=lambda u: max((patch[a] / base[a], patch[a]) for a in u))
+        side = step(unit)
+        candidate = [side if a in unit else patch[a] for a in range(3)]
+        if takes(candidate):
+            patch = candidate
+            out.append(patch)
+        else:
+            stopped.add(unit)
+
+
+def least(candidates: Sequence[tuple[str, int]]) -> str:
+    """``the least: TEXT`` of the candidate that needs the fewest bytes, as a refusal names it:
+    ``candidates`` are ``(text, bytes)`` pairs, each what a setting needs and how it is said."""
+    if not candidates:
+        return "nothing estimated"
+    return "the least: " + min(candidates, key=lambda c: c[1])[0]

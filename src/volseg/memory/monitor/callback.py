@@ -1,0 +1,369 @@
+"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report.
+
+Phases of one training step (Lightning's automatic optimization): ``fwd`` (batch start ->
+``on_before_backward``: forward and loss), ``bwd`` (-> ``on_after_backward``) and ``opt``
+(-> batch end: optimizer step, zero_grad). Each phase's peak is read and the peak
+counter reset at the phase boundary, so ``mem/peak_<phase>_mib`` is that phase's own peak.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from volseg.memory.estimate.layers import LayerTrace
+from volseg.memory.monitor.charts import plot_timeline
+from volseg.memory.monitor.oom_report import category_bytes, oom_report
+from volseg.memory.monitor.readers import (
+    HostMemoryReader,
+    MemoryReading,
+    make_reader,
+    set_mmap_threshold,
+)
+from volseg.utils.units import MIB
+
+log = logging.getLogger(__name__)
+
+PHASES = ("fwd", "bwd", "opt")
+
+
+def snapshot_path(output_dir: Path, rank: int, world: int) -> Path:
+    """Where a rank dumps its allocator snapshot: one file per rank when there are several
+    (each GPU has its own allocator; one shared name would keep only the last writer's)."""
+    name = "memory_snapshot.pickle" if world == 1 else f"memory_snapshot_rank{rank}.pickle"
+    return output_dir / name
+
+
+def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, Any]:
+    """Readers of the devices a split network (``model.placement``) uses besides ``root``,
+    by key name (``cuda1``, ``cpu``): ``mem/*`` reads the root device only."""
+    placement = getattr(getattr(pl_module, "levers", None), "placement", None) or {}
+    readers = {}
+    for device in {torch.device(d) for d in placement.values()}:
+        same = device.type == root.type and (device.index or 0) == (root.index or 0)
+        reader = None if same else make_reader(device)
+        if reader is not None:
+            readers[str(device).replace(":", "")] = reader
+    return readers
+
+
+class MemoryMonitor(Callback):
+    """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end;
+    after each validation (not the sanity check) its own peaks, ``mem/val_peak_allocated_mib``
+    and ``mem/val_peak_reserved_mib``, and ``mem/val_start_allocated_mib`` (held when it began).
+    Added to ``predict.py``
+    (``+callbacks.memory_monitor._target_=volseg.memory.monitor.callback.MemoryMonitor
+    +callbacks.memory_monitor.output_dir=DIR``), it logs the prediction's peaks (all volumes)
+    and writes them to ``DIR/prediction_memory.json`` (bytes).
+
+    On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
+    process's resident host memory next to them; on a CPU all come from the process's resident
+    memory (host memory, labelled so in the log and in ``summary.json``).
+
+    Args:
+        output_dir: run dir for ``memory_timeline.png``, ``memory_layers.{csv,png}`` and snapshots.
+        every_n_steps: log every N training steps (other steps are not touched).
+        trace_step: global step whose memory is traced per module and category with torch's
+            ``MemTracker`` (``None``: no trace).
+        snapshot_steps: on CUDA, record allocator history for this many steps from the fit's
+            first and dump ``memory_snapshot.pickle`` (view it at https://pytorch.org/memory_viz).
+        host_mmap_threshold: on a CPU, serve allocations above this many bytes with mmap so freed
+            tensors leave the resident set (``None``: leave glibc's malloc as it is).
+    """
+
+    summary_key = "memory"  # RunSummary puts summary() under this key of summary.json
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        every_n_steps: int = 1,
+        trace_step: int | None = None,
+        snapshot_steps: int = 0,
+        host_mmap_threshold: int | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.every_n_steps = max(1, int(every_n_steps))
+        self.trace_step = trace_step
+        self.snapshot_steps = int(snapshot_steps)
+        self.host_mmap_threshold = host_mmap_threshold
+        self.reader = None
+        self.placed_readers: dict[str, Any] = {}
+        self.history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []  # one row per validation (not sanity's)
+        self._val_start: MemoryReading | None = None
+        self._predict_start: MemoryReading | None = None
+        self._active = False
+        self._start: MemoryReading | None = None
+        self._phase_peaks: dict[str, MemoryReading] = {}
+        self._trace: LayerTrace | None = None
+        self._snapshot_until: int | None = None
+        self.layer_rows: list[dict[str, Any]] = []
+
+    # -- set-up ---------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.reader = make_reader(trainer.strategy.root_device)
+        self.placed_readers = placed_readers(pl_module, trainer.strategy.root_device)
+        if self.reader is None:
+            log.warning("Memory monitor: no memory counters on this platform; not logging mem/*")
+            return
+        if self.reader.kind == "host":
+            if self.host_mmap_threshold:
+                set_mmap_threshold(self.host_mmap_threshold)
+            log.info(
+                "Memory monitor: training on the CPU, so mem/* hold this process's host memory "
+                "(resident set from /proc), not GPU memory"
+            )
+        if self.snapshot_steps > 0 and self.reader.kind != "cuda":
+            log.info(
+                "Memory monitor: allocator snapshots need CUDA; skipping memory.snapshot_steps"
+            )
+
+    # -- per step -------------------------------------------------------------------------
+    def _should_log(self, trainer: Trainer) -> bool:
+        return self.reader is not None and trainer.global_step % self.every_n_steps == 0
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self.reader is not None and self.reader.kind == "cuda" and self.snapshot_steps > 0:
+            self._maybe_start_snapshot(step)
+        self._active = self._should_log(trainer) or step == self.trace_step
+        if not self._active:
+            return
+        if step == self.trace_step:
+            self._trace = LayerTrace(pl_module, trainer.optimizers, batch)
+            self._trace.start()
+        self.reader.reset_peak()
+        for reader in self.placed_readers.values():
+            reader.reset_peak()
+        self._start = self.reader.read()
+        self._phase_peaks = {}
+
+    def _end_phase(self, phase: str) -> None:
+        if self._active:
+            self._phase_peaks[phase] = self.reader.read()
+            self.reader.reset_peak()
+
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._end_phase("fwd")
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._end_phase("bwd")
+
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._trace is not None:
+            self._trace.optimizer_update_begins()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
+            self._dump_snapshot(trainer.global_rank, trainer.world_size)
+        if not self._active:
+            return
+        self._end_phase("opt")
+        self._active = False
+        step = trainer.global_step - 1  # the step that just ran (global_step was incremented)
+        if self._trace is not None:
+            self._finish_trace(trainer)
+        now = self._phase_peaks["opt"]
+        peaks = {p: self._phase_peaks[p] for p in PHASES if p in self._phase_peaks}
+        metrics = {
+            "mem/allocated_mib": now.allocated / MIB,
+            "mem/reserved_mib": now.reserved / MIB,
+            "mem/peak_allocated_mib": max(r.peak_allocated for r in peaks.values()) / MIB,
+            "mem/peak_reserved_mib": max(r.peak_reserved for r in peaks.values()) / MIB,
+            "mem/fragmentation_mib": (now.reserved - now.allocated) / MIB,
+            "mem/alloc_retries": float(now.alloc_retries),
+            "mem/ooms": float(now.ooms),
+            "mem/step_start_allocated_mib": self._start.allocated / MIB,
+        }
+        metrics.update({f"mem/peak_{p}_mib": r.peak_allocated / MIB for p, r in peaks.items()})
+        if self.reader.kind == "cuda" and HostMemoryReader.available():
+            # host memory is memory too (caches, pinned batches): on a CPU mem/* already hold it
+            metrics["mem/host_rss_mib"] = HostMemoryReader().read().allocated / MIB
+        for name, reader in self.placed_readers.items():  # the other part of a split network
+            other = reader.read()
+            metrics[f"mem/{name}/allocated_mib"] = other.allocated / MIB
+            metrics[f"mem/{name}/reserved_mib"] = other.reserved / MIB
+            metrics[f"mem/{name}/peak_allocated_mib"] = other.peak_allocated / MIB
+        self.history.append({"step": float(step), **metrics})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    # -- validation -----------------------------------------------------------------------
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Whole-volume validation has a peak of its own (sliding windows, stitching buffers
+        beside the training state): the counters are reset for it."""
+        self._val_start = None
+        if self.reader is None or trainer.sanity_checking:
+            return
+        self.reader.reset_peak()
+        self._val_start = self.reader.read()
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # read here, not at on_validation_end: checkpoint callbacks save there (their memory is
+        # the checkpoint's, not validation's)
+        if self._val_start is None:
+            return
+        end = self.reader.read()
+        metrics = {
+            "mem/val_peak_allocated_mib": end.peak_allocated / MIB,
+            "mem/val_peak_reserved_mib": end.peak_reserved / MIB,
+            "mem/val_start_allocated_mib": self._val_start.allocated / MIB,
+        }
+        self._val_start = None
+        # the next training step resets the counters itself; between them nothing is logged
+        step = trainer.global_step
+        self.val_history.append({"step": float(step), **metrics})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    # -- prediction (predict.py) ----------------------------------------------------------
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """predict.py's whole-volume inference (every volume): the counters are reset when it
+        begins (the network already on its device) and read when it ends."""
+        self.reader = make_reader(trainer.strategy.root_device)
+        if self.reader is None:
+            return
+        self.reader.reset_peak()
+        self._predict_start = self.reader.read()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        start, self._predict_start = self._predict_start, None
+        if start is None:
+            return
+        end = self.reader.read()
+        figures = {
+            "device": self.reader.kind,
+            "peak_allocated": end.peak_allocated,
+            "peak_reserved": end.peak_reserved,
+            "start_allocated": start.allocated,
+        }
+        log.info(
+            "Prediction memory (%s): peak allocated %.1f MiB, peak reserved %.1f MiB, "
+            "%.1f MiB held when it began",
+            self.reader.kind,
+            end.peak_allocated / MIB,
+            end.peak_reserved / MIB,
+            start.allocated / MIB,
+        )
+        if trainer.is_global_zero:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            path = self.output_dir / "prediction_memory.json"
+            path.write_text(json.dumps(figures, indent=1) + "\n")
+
+    # -- per-layer trace ------------------------------------------------------------------
+    def _finish_trace(self, trainer: Trainer) -> None:
+        trace, self._trace = self._trace, None
+        trace.stop()
+        if trainer.is_global_zero:
+            self.layer_rows = trace.write(self.output_dir)
+
+    # -- allocator snapshots (CUDA) -------------------------------------------------------
+    def _maybe_start_snapshot(self, step: int) -> None:
+        if self._snapshot_until is None:  # the first step of this fit (also after a resume)
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+            self._snapshot_until = step + self.snapshot_steps
+
+    def _dump_snapshot(self, rank: int = 0, world: int = 1) -> None:
+        path = snapshot_path(self.output_dir, rank, world)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self._snapshot_until, self.snapshot_steps = None, 0  # once per fit
+        log.info("Allocator snapshot: %s (open it at https://pytorch.org/memory_viz)", path)
+
+    # -- fit end --------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Peak allocated/reserved (MiB), the phase where the peak occurred, mean fragmentation."""
+        if not self.history:
+            return {}
+        peak_row = max(self.history, key=lambda r: r["mem/peak_allocated_mib"])
+        phase = max(PHASES, key=lambda p: peak_row.get(f"mem/peak_{p}_mib", float("-inf")))
+        return {
+            "device": self.reader.kind if self.reader else None,
+            "peak_allocated_mib": round(peak_row["mem/peak_allocated_mib"], 1),
+            "peak_reserved_mib": round(max(r["mem/peak_reserved_mib"] for r in self.history), 1),
+            "peak_step": int(peak_row["step"]),
+            "peak_phase": phase,
+            "mean_fragmentation_mib": round(
+                sum(r["mem/fragmentation_mib"] for r in self.history) / len(self.history), 1
+            ),
+            "logged_steps": len(self.history),
+            **(
+                {
+                    "val_peak_allocated_mib": round(
+                        max(r["mem/val_peak_allocated_mib"] for r in self.val_history), 1
+                    ),
+                    "val_peak_reserved_mib": round(
+                        max(r["mem/val_peak_reserved_mib"] for r in self.val_history), 1
+                    ),
+                }
+                if self.val_history
+                else {}
+            ),
+            **(
+                {"peak_host_rss_mib": round(max(r["mem/host_rss_mib"] for r in self.history), 1)}
+                if "mem/host_rss_mib" in self.history[0]
+                else {}
+            ),
+        }
+
+    def per_rank_peaks(self, trainer: Trainer) -> list[tuple[float, float]] | None:
+        """``(peak allocated, peak reserved)`` MiB of every rank (rank order), gathered from all
+        ranks (a collective: each calls it once at fit end); ``None`` with one process."""
+        if trainer.world_size <= 1:
+            return None
+        mine = [0.0, 0.0]
+        if self.history:
+            mine = [
+                max(r["mem/peak_allocated_mib"] for r in self.history),
+                max(r["mem/peak_reserved_mib"] for r in self.history),
+            ]
+        local = torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device)
+        gathered = trainer.strategy.all_gather(local).reshape(-1, 2).cpu().tolist()
+        return [(a, r) for a, r in gathered]
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        peaks = self.per_rank_peaks(trainer)  # every rank measured its own device (or process)
+        if not trainer.is_global_zero or not self.history:
+            return
+        if peaks is not None:
+            log.info(
+                "Memory per rank, peak allocated / peak reserved MiB: %s",
+                ", ".join(f"rank {i}: {a:.1f} / {r:.1f}" for i, (a, r) in enumerate(peaks)),
+            )
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        plot_timeline(self.history, self.output_dir / "memory_timeline.png", self.reader.kind)
+        summary = self.summary()
+        log.info("Memory summary: %s", json.dumps(summary))
+
+    # -- out of memory --------------------------------------------------------------------
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(exception, torch.OutOfMemoryError):
+            if self._trace is not None:
+                self._trace.stop()
+            categories = category_bytes(pl_module, trainer.optimizers)
+            stage = trainer.state.stage.value if trainer.state.stage is not None else "train"
+            report = oom_report(
+                self.reader, self._start, self._phase_peaks, self.history, categories, stage
+            )
+            log.error("%s", report)
+            print(report, flush=True)

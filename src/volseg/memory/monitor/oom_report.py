@@ -1,0 +1,101 @@
+"""The text a user sees when a training step runs out of GPU memory."""
+
+from __future__ import annotations
+
+import torch
+
+from volseg.memory.monitor.readers import MemoryReading
+from volseg.models.levers import lever_lines
+from volseg.utils.units import MIB
+
+LEVERS = (
+    "Levers to try, roughly in this order:",
+    *lever_lines("train"),
+    "  Parameters and optimizer state of a 3D U-Net are small next to its activations: a smaller "
+    "network (fewer parameters) barely moves the peak.",
+)
+
+
+def category_bytes(
+    module: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
+) -> dict[str, int]:
+    """Bytes held now by parameters, gradients and optimizer state."""
+    params = list(module.parameters())
+    state = [
+        t
+        for opt in optimizers
+        for per_param in opt.state.values()
+        for t in per_param.values()
+        if isinstance(t, torch.Tensor)
+    ]
+    return {
+        "params": sum(p.numel() * p.element_size() for p in params),
+        "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        "optimizer_state": sum(t.numel() * t.element_size() for t in state),
+    }
+
+
+#: what to try when whole-volume inference (validation, prediction) runs out of memory
+INFERENCE_LEVERS = ("Levers to try for whole-volume inference:", *lever_lines("inference"))
+
+
+def _now_lines(reader) -> list[str]:
+    """The allocator's counters at the failure (none without a reader)."""
+    if reader is None:
+        return []
+    now = reader.read()
+    return [
+        f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
+        f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
+    ]
+
+
+def oom_report(
+    reader,
+    start: MemoryReading | None,
+    phase_peaks: dict[str, MemoryReading],
+    history: list[dict[str, float]],
+    categories: dict[str, int] | None = None,
+    stage: str = "train",
+) -> str:
+    """Memory of the failing step (what is known of it), by category, and the levers.
+
+    ``stage``: Lightning's running stage (``train``, ``sanity_check``, ``validate``, ``test``,
+    ``predict``); outside training the phases of the last training step are not the failure's.
+    """
+    if stage != "train":
+        return _inference_oom_report(reader, stage)
+    lines = ["CUDA out of memory in a training step.", *_now_lines(reader)]
+    if start is not None:
+        lines.append(f"  at step start: allocated {start.allocated / MIB:.0f} MiB")
+    done = ", ".join(f"{p} peak {r.peak_allocated / MIB:.0f} MiB" for p, r in phase_peaks.items())
+    running = next((p for p in ("fwd", "bwd", "opt") if p not in phase_peaks), "opt")
+    lines.append(f"  failed during: {running}" + (f" (finished: {done})" if done else ""))
+    if history:
+        last = history[-1]
+        lines.append(
+            f"  last logged step {int(last['step'])}: peak allocated "
+            f"{last['mem/peak_allocated_mib']:.0f} MiB (fwd {last.get('mem/peak_fwd_mib', 0):.0f}, "
+            f"bwd {last.get('mem/peak_bwd_mib', 0):.0f}, opt {last.get('mem/peak_opt_mib', 0):.0f})"
+        )
+    if categories:
+        held = sum(categories.values())
+        parts = ", ".join(f"{k} {v / MIB:.0f} MiB" for k, v in categories.items())
+        lines.append(f"  by category: {parts}")
+        if reader is not None:
+            rest = max(reader.read().peak_allocated - held, 0)
+            lines.append(
+                f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB"
+            )
+    lines.extend(LEVERS)
+    return "\n".join(lines)
+
+
+def _inference_oom_report(reader, stage: str) -> str:
+    names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
+    lines = [
+        f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference).",
+        *_now_lines(reader),
+        *INFERENCE_LEVERS,
+    ]
+    return "\n".join(lines)

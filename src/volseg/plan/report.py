@@ -1,0 +1,223 @@
+"""Every memory and plan report, as the commands print it: the run plan (``plan.py`` and every
+run's log), the dataset's fingerprint, a training step's estimate, validation's and
+prediction's, the run's peak by phase, and the planner's answer to ``memory.budget``
+(``estimate_memory.py``). Figures in MiB; the estimates themselves are
+:mod:`volseg.memory.estimate`'s, the planner's :mod:`volseg.memory.fit`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from volseg.memory.estimate.inference import InferenceEstimate
+from volseg.memory.estimate.margins import margin_text, planned_total
+from volseg.memory.estimate.step import MemoryEstimate
+from volseg.memory.fit.step import StepFit
+from volseg.utils.config import plain
+from volseg.utils.units import MIB
+
+#: what the plan fits to memory.budget (volseg.plan.make: the step's keys, then validation's)
+PLANNED_FOR_BUDGET = (
+    "data.batch_size",
+    "data.patch_size",
+    "model.activation_checkpointing",
+    "model.checkpoint_loss",
+    "trainer.accumulate_grad_batches",
+    "model.net.img_size",
+    "model.inferer.sw_batch_size",
+    "model.inferer.device",
+    "model.inferer.roi_size",
+)
+
+
+def _estimated(what: str, est: Mapping[str, Any], tail: str) -> str:
+    return (
+        f"  estimated {what}: peak allocated {est['peak_allocated'] / MIB:,.1f} MiB, process "
+        f"total {est['process_total'] / MIB:,.1f} MiB, {tail}"
+    )
+
+
+def format_run_plan(run_plan: Any) -> str:
+    """A :class:`volseg.plan.RunPlan`, one line per decision, for the log and ``plan.py``."""
+    lines = ["Run plan:"]
+    for key, d in run_plan.decisions.items():
+        why = f" ({d.why})" if d.why else ""
+        lines.append(f"  {key} = {plain(d.value)}  [{d.source}]{why}")
+    est = dict(run_plan.estimate)
+    if "peak_allocated" in est:
+        flops = f"{est['flops_per_step'] / 1e9:,.2f} GFLOP per optimizer step"
+        lines.append(_estimated(f"step on {est['device']}", est, flops))
+    elif est:
+        lines.append(f"  estimate: not made ({est.get('not_estimated')})")
+    val = dict(run_plan.validation)
+    if "peak_allocated" in val:
+        shape = "x".join(map(str, val["volume_shape"]))
+        what = f"validation of a {shape} volume ({val['shape_from']})"
+        lines.append(_estimated(what, val, f"stitched on the {val['stitch']}"))
+    return "\n".join(lines)
+
+
+def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
+    """The dataset's fingerprint as the lines ``plan.py`` prints."""
+    if not fingerprint:
+        return "Dataset fingerprint: none (no data read)"
+    resampled = fingerprint.get("shapes_resampled_to")
+    grid = f" on the data.spacing={resampled} grid" if resampled else ""
+    return "\n".join(
+        [
+            f"Dataset fingerprint: {fingerprint['cases']} cases",
+            f"  median shape [D, H, W] {fingerprint['median_shape']}{grid} (smallest "
+            f"{fingerprint['min_shape']}, largest {fingerprint['max_shape']})",
+            f"  median spacing [z, y, x] {fingerprint['median_spacing']}",
+        ]
+    )
+
+
+def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
+    """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
+    shape = "×".join(str(p) for p in est.patch_size)
+    k = est.accumulate_grad_batches
+    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
+    lines = [
+        f"Estimated training step on {est.device}: {batch} of {shape} voxels, "
+        f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
+        f"({est.seconds:.1f} s)",
+        "  at the step's peak:",
+    ]
+    rows = [
+        ("params", est.params),
+        ("grads", est.grads),
+        ("optimizer state", est.optimizer_state),
+        ("activations", est.activations),
+        ("temporaries", est.temporaries),
+        ("buffers", est.buffers),
+        ("peak allocated", est.peak_allocated),
+    ]
+    if est.device == "cuda":
+        rows += [
+            ("peak reserved", est.peak_reserved),
+            ("CUDA context", est.cuda_context),
+            ("process total (nvidia-smi)", est.process_total),
+        ]
+    if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
+        rows += [
+            ("step's growth", est.step_peak_growth),
+            (f"planned ({margin_text(est)} of growth)", planned_total(est)),
+        ]
+    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    if est.device == "cpu" and est.margin:
+        lines.append(f"  the CPU margin of its kind: {est.margin_source}")
+    total = sum(est.modules.values()) or 1
+    lines.append("  activations by module (what its forward keeps for backward):")
+    for name, nbytes in list(est.modules.items())[:top]:
+        lines.append(f"    {name:<28}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / total:6.1f}%")
+    return "\n".join(lines)
+
+
+def format_step_fit(result: StepFit) -> str:
+    """The planner's answer: what to paste, and what the estimate says of it."""
+    budget = f"{result.budget / MIB:,.0f} MiB"
+    if not result.overrides:
+        return f"Nothing fits {budget}: even batch 1 at the smallest setting is over it."
+    lines = [f"Fits {budget} with: {' '.join(result.overrides)}"]
+    if result.estimate is not None:
+        lines.append(
+            f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
+            + (
+                f"; one step more ({result.search}) would need "
+                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
+                if result.next_step_estimate
+                else ""
+            )
+        )
+    if result.estimate is not None and result.estimate.get("margin"):
+        est = result.estimate
+        counted = (
+            "of the step's growth, the CPU margin of its kind:"
+            if est["device"] == "cpu"
+            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
+        )
+        lines.append(
+            f"  planned with a margin of {margin_text(est)} {counted} {est['margin_source']}"
+        )
+    if result.largest_batch_by_checkpointing:
+        table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
+        lines.append(f"  largest batch by activation_checkpointing: {table}")
+    if result.flops_per_sample is not None:
+        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
+    micro = result.micro_batching
+    if micro is not None:
+        lines += [
+            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
+            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
+            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
+        ]
+    return "\n".join(lines)
+
+
+def format_planned(run_plan: Any) -> str:
+    """What the plan fitted to ``memory.budget`` (its planned step keys), one line each."""
+    budget = OmegaConf.select(run_plan.config, "memory.budget")
+    if not budget:
+        return "memory.budget: not set (nothing planned to fit)"
+    lines = [f"Planned for memory.budget={budget}:"]
+    for key, decision in run_plan.decisions.items():
+        if decision.source == "planned" and key in PLANNED_FOR_BUDGET:
+            lines.append(f"  {key}={plain(decision.value)} ({decision.why})")
+    if len(lines) == 1:
+        lines.append("  the configured run fits as it is")
+    return "\n".join(lines)
+
+
+def format_inference(est: InferenceEstimate, source: str = "") -> str:
+    """One estimate as ``estimate_memory.py`` prints it (MiB)."""
+    shape = "×".join(str(v) for v in est.volume_shape)
+    where = "host" if est.stitch == "host" else est.device
+    lines = [
+        f"Estimated {est.phase} on {est.device}: one {shape} volume"
+        + (f" ({source})" if source else "")
+        + f", {est.windows} windows of {'×'.join(map(str, est.roi_size))} in batches of "
+        f"{est.sw_batch_size}, stitched on the {where}"
+        + (f", {est.flips} flips" if est.flips > 1 else "")
+        + f", precision {est.precision} ({est.seconds:.1f} s)",
+    ]
+    rows = [
+        ("resident (training state)" if est.phase == "validation" else "resident (parameters)",
+         est.resident),
+        ("volume (input, label)" if est.phase == "validation" else "volume (input)", est.volume),
+        ("stitching buffers", est.stitching),
+        ("one window batch's forward", est.window_batch),
+        ("peak allocated", est.peak_allocated),
+    ]  # fmt: skip
+    if est.host_stitching:
+        rows.insert(3, ("stitching buffers (host)", est.host_stitching))
+    if est.device == "cuda":
+        rows += [
+            ("peak reserved", est.peak_reserved),
+            ("process total (nvidia-smi)", est.process_total),
+        ]
+    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    return "\n".join(lines)
+
+
+def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
+    """The run's peak: the larger of the training step's and validation's, by phase."""
+    phases = [("training step", step.peak_allocated, step.peak_reserved, step.process_total)]
+    if validation is not None:
+        phases.append(
+            (
+                "validation",
+                validation.peak_allocated,
+                validation.peak_reserved,
+                validation.process_total,
+            )
+        )
+    name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
+    lines = [f"Run peak: {name}"]
+    for phase, a, r, t in phases:
+        extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
+        lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
+    return "\n".join(lines)
