@@ -13,9 +13,9 @@ convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides 
 recomputes everything else (norms, activations, upsampling, concatenation) in backward, so no
 convolution runs twice. A selective segment spans a whole block (both units of a DoubleConv; a
 decoder level's merge, both units and the head): inside it only the convolution outputs are
-kept. What that saves depends on what a unit keeps without it: conv -> InstanceNorm ->
-LeakyReLU (not in place) keeps three tensors, selective one; conv -> BatchNorm -> in-place ReLU
-keeps two (BatchNorm its input, the ReLU its output, written over the norm's), selective one.
+kept. What that saves depends on what a unit keeps without it: conv -> norm -> activation keeps
+three tensors, selective one; with an in-place activation (UNet3D's ReLU) two, written over
+the norm's output (BatchNorm keeps its input, the ReLU its output).
 
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
@@ -25,7 +25,7 @@ recomputation, so they equal those of a run without checkpointing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -101,21 +101,18 @@ def checkpoint_segment(
     selective: bool = False,
 ) -> torch.Tensor:
     """``fn(*args)`` as a non-reentrant checkpoint whose recomputation leaves ``modules``'
-    BatchNorm statistics untouched; ``selective``: the outputs of :data:`SAVED_OPS` are kept,
-    not recomputed."""
+    BatchNorm statistics untouched (torch's ``context_fn``: the forward runs as it is, the
+    recomputation inside :func:`frozen_norm_statistics`); ``selective``: the outputs of
+    :data:`SAVED_OPS` are kept, not recomputed."""
 
-    def run(*inner: Any) -> torch.Tensor:
-        # a graph task is running only inside backward: this call is the recomputation
-        if torch._C._current_graph_task_id() != -1:
-            with frozen_norm_statistics(m for mod in modules for m in mod.modules()):
-                return fn(*inner)
-        return fn(*inner)
+    def contexts() -> tuple[Any, Any]:
+        return nullcontext(), frozen_norm_statistics(m for mod in modules for m in mod.modules())
 
     if selective:
         return checkpoint(
             fn, *args, use_reentrant=False, context_fn=partial(_selective_frozen, modules)
         )
-    return checkpoint(run, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
 
 
 def _selective_frozen(modules: Sequence[nn.Module]) -> tuple[Any, Any]:

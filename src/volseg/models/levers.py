@@ -57,11 +57,9 @@ LEVERS = (
     Lever(
         "selective activation checkpointing",
         "model.activation_checkpointing=selective",
-        "keep each block's convolution (and matmul) outputs and recompute its norms, activations, "
-        "upsampling and concatenation in backward (torch's selective activation checkpointing): "
-        "most of full checkpointing's cut, no convolution recomputed; any network; on UNet3D "
-        '`"{encoder: selective, decoder: full}"` mixes it with full checkpointing '
-        "([price](networks.md#selective-activation-checkpointing))",
+        "keep convolution outputs, recompute norms and activations in backward (torch's selective "
+        'checkpointing): no convolution runs twice; any network; `"{encoder: selective, decoder: '
+        'full}"` mixes it on UNet3D ([price](networks.md#selective-activation-checkpointing))',
     ),
     Lever(
         "micro-batching",
