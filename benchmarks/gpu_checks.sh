@@ -17,7 +17,8 @@
 # Time budget (s, H200 machine with 16 cores; each step's limit is also cut to what is left of
 # the 530 s the whole script may take, and a step with under 10 s left is skipped):
 #   wheels ~10, gpu.txt ~10, cuda_results <= 360 (no run starts after 290 s, runs still going at
-#   340 s are stopped), pytest -m cuda <= 90, train speed <= 60, cpu_bf16_conv <= 20
+#   340 s are stopped), pytest -m cuda <= 90, train speed <= 60, cpu_bf16_conv <= 20, selective
+#   checkpointing <= 120 (in what is left)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry_run=0
@@ -108,6 +109,14 @@ fi
 # the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
 # its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
 step cpu_bf16_conv.txt 20 python3 -m benchmarks cpu_bf16_conv
+
+# selective activation checkpointing beside none and all on unet_large at the reference input
+# (batch 2 of 1x26x150x320, 16-mixed): step growth, step time, the estimate; after the checks
+# above, in what is left of the 530 s (3 train.py runs of 3 steps, ~90 s on an H200)
+if [ "$has_cuda" = 1 ]; then
+  step selective_checkpointing.txt 120 python3 -m benchmarks selective_checkpointing \
+    --device cuda --json-out "$OUT/selective_checkpointing.json"
+fi
 
 cat "$OUT/gpu.txt"
 echo "gpu_checks.sh: $SECONDS s in all" | tee -a "$OUT/steps.txt"

@@ -61,6 +61,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("levers_estimated", "the memory levers estimated for a GPU beside what it measured"),
         _study("memory_monitor_overhead", "seconds per training step with and without the monitor"),
         _study("network_levers", "what each memory lever cuts on networks volseg did not write"),
+        _study("selective_checkpointing", "selective checkpointing beside none and all, estimated"),
         _study("step_profile", "where a training step's time goes, by operator"),
         _study("train_throughput", "Lightning's step beside a plain loop's, and FLOP/s vs the CPU"),
         _study(

@@ -79,6 +79,11 @@ TABLE = [
     ("train", ["model.optimizer._target_=torch.optim.Adamm"], "model.optimizer"),
     ("train", ["model.activation_checkpointing=middle"], "model.activation_checkpointing"),
     ("train", ["model.activation_checkpointing=[7]"], "model.activation_checkpointing"),
+    (
+        "train",
+        ["model.activation_checkpointing={{encoder: selective, decoder: some}}"],
+        "model.activation_checkpointing",
+    ),
     ("train", ["model.placement={{a:cpu}}"], "model.placement"),
     ("train", ["data.patch_size=[2,32,32]"], "data.patch_size=[2, 32, 32] is too thin"),
     ("train", ["trainer.precision=17"], "trainer.precision=17"),

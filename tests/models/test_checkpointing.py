@@ -132,7 +132,7 @@ def test_offload_gives_the_same_gradients():
 def test_levers_are_config_values_that_train(small_dataset, tmp_path):
     overrides = [
         *tiny_train_overrides(small_dataset),
-        "model.activation_checkpointing=[0,1]",
+        "model.activation_checkpointing={encoder: selective, decoder: full}",
         "model.offload_activations=true",
         "trainer.max_epochs=1",
     ]
@@ -155,3 +155,85 @@ def test_checkpointed_loss_gives_the_same_loss_and_gradients():
     assert torch.equal(loss_a, loss_b)
     pairs = zip(grads_a, grads_b, strict=True)
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in pairs)
+
+
+SELECTIVE_SPECS = ["selective", {"encoder": "selective", "decoder": "full"}]
+
+
+@pytest.mark.parametrize("spec", SELECTIVE_SPECS)
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_selective_gradients_and_batchnorm_statistics_match_no_checkpointing(spec, dropout):
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [4, 8, 16], norm="batch", dropout=dropout)
+    x, y = _batch((2, 1, 8, 16, 16))
+    reference = _step(copy.deepcopy(base), x, y)
+    checkpointed = _step(_with(base, spec), x, y)
+    for (name, p), q in zip(reference.named_parameters(), checkpointed.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+    for (name, a), b in zip(reference.named_buffers(), checkpointed.buffers(), strict=True):
+        assert torch.equal(a, b), name
+
+
+class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the convolutions and batch norms that run (forward, backward, recomputation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {"convolution": 0, "norm": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func.overloadpacket.__name__
+        if name == "convolution":
+            self.counts["convolution"] += 1
+        elif "batch_norm" in name and "backward" not in name:
+            self.counts["norm"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _op_counts(net: torch.nn.Module, x, y) -> dict[str, int]:
+    with _CountOps() as counter:
+        _step(net, x, y)
+    return counter.counts
+
+
+def test_selective_recomputes_norms_but_no_convolution():
+    """``selective`` runs each convolution once (kept), each norm twice (recomputed); ``all``
+    runs both twice."""
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [4, 8], norm="batch")
+    x, y = _batch((1, 1, 8, 16, 16))
+    none = _op_counts(copy.deepcopy(base), x, y)
+    selective = _op_counts(_with(base, "selective"), x, y)
+    everything = _op_counts(_with(base, "all"), x, y)
+    assert selective["convolution"] == none["convolution"]
+    assert selective["norm"] == 2 * none["norm"]
+    assert everything["convolution"] > none["convolution"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_selective_trains_under_autocast_with_the_gradients_of_no_checkpointing(dtype):
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [4, 8], norm="batch")
+    x, y = _batch((1, 1, 8, 16, 16))
+
+    def grads(net: torch.nn.Module) -> list[torch.Tensor]:
+        with torch.autocast("cpu", dtype=dtype):
+            logits = net(x)
+        LOSS(logits.float(), y).backward()
+        return [p.grad for p in net.parameters()]
+
+    reference, selective = grads(copy.deepcopy(base)), grads(_with(base, "selective"))
+    for a, b in zip(reference, selective, strict=True):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_selective_keeps_at_most_60_percent_of_the_activations_of_none():
+    torch.manual_seed(0)
+    base = UNet3D(1, 5, [16, 32, 64, 128])
+    x, y = _batch((2, 1, 32, 64, 64))
+    none = _kept_activations_mib(copy.deepcopy(base), x, y)
+    selective = _kept_activations_mib(_with(base, "selective"), x, y)
+    everything = _kept_activations_mib(_with(base, "all"), x, y)
+    assert everything < selective < 0.6 * none, (everything, selective, none)  # 93, 141, 257

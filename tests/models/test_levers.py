@@ -49,7 +49,25 @@ def test_levels_beyond_the_network_name_the_key():
         (
             UNet3D(1, 5, [4, 8]),
             {"activation_checkpointing": "some"},
-            "model.activation_checkpointing: UNet3D .volseg UNet3D. takes none, decoder, encoder",
+            "model.activation_checkpointing: UNet3D .volseg UNet3D. takes none, selective, "
+            "decoder, encoder",
+        ),
+        (
+            UNet3D(1, 5, [4, 8]),
+            {"activation_checkpointing": {"encoder": "selective", "middle": "full"}},
+            "model.activation_checkpointing: 'middle' is not a part; a mapping names encoder, "
+            "decoder",
+        ),
+        (
+            UNet3D(1, 5, [4, 8]),
+            {"activation_checkpointing": {"encoder": "some"}},
+            "model.activation_checkpointing: encoder='some'; each part is checkpointed full or "
+            "selective",
+        ),
+        (
+            torch.nn.Sequential(torch.nn.Conv3d(1, 1, 1)),
+            {"activation_checkpointing": {"1": "selective"}},
+            "model.activation_checkpointing: Sequential has no submodule '1'",
         ),
         (
             UNet3D(1, 5, [4, 8]),
@@ -69,8 +87,8 @@ def test_levels_beyond_the_network_name_the_key():
         (
             torch.nn.Conv3d(1, 1, 1),
             {"activation_checkpointing": "decoder"},
-            "model.activation_checkpointing: Conv3d .any nn.Module. takes none, all or a list of "
-            "submodule names",
+            "model.activation_checkpointing: Conv3d .any nn.Module. takes none, selective, all, a "
+            "list of submodule names or a mapping of submodule names to full/selective",
         ),
     ],
 )
@@ -81,8 +99,12 @@ def test_a_lever_the_network_cannot_take_names_the_key(net, levers, message):
 
 def test_checkpointing_marks_the_chosen_blocks():
     net = MemoryLevers(activation_checkpointing="decoder").apply(UNet3D(1, 5, [4, 8, 16]), "build")
-    assert [up.checkpointed for up in net.ups] == [True, True]
+    assert [up.checkpointed for up in net.ups] == ["full", "full"]
     assert not net.inc.checkpointed
+    spec = {"encoder": "selective", "decoder": "full"}
+    net = MemoryLevers(activation_checkpointing=spec).apply(UNet3D(1, 5, [4, 8, 16]), "build")
+    assert [up.checkpointed for up in net.ups] == ["full", "full"]
+    assert net.inc.checkpointed == "selective" and net.downs[1][1].checkpointed == "selective"
 
 
 def test_the_oom_report_lists_every_lever_once():
@@ -102,12 +124,12 @@ def test_the_docs_lever_table_is_the_levers_list():
 def test_the_planner_tries_the_checkpointing_choices_the_network_knows(tmp_path):
     from volseg.memory.fit.step import checkpointing_choices
 
-    options = OmegaConf.load(Path(__file__).parents[2] / "configs/estimate/default.yaml")
+    options = OmegaConf.load(Path(__file__).parents[2] / "configs/memory/default.yaml")
     assert options.checkpointing_options == "auto"
     cfg = compose_config("train", tmp_path, [])
     assert checkpointing_choices(cfg, "auto") == list(CHECKPOINTING_CHOICES)
     cfg = compose_config("train", tmp_path, ["model/net=segresnet"])
-    assert checkpointing_choices(cfg, "auto") == ["none", "all"]
+    assert checkpointing_choices(cfg, "auto") == ["none", "selective", "all"]
 
 
 def test_cudnn_workspace_cap_is_set_for_cudnn_at_fit_setup(monkeypatch):

@@ -176,6 +176,23 @@ def test_generic_checkpointing_keeps_gradients_statistics_and_state_dict_keys():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("spec", ["selective", {"inc": "selective", "up2": "full"}])
+def test_generic_selective_checkpointing_keeps_gradients_and_statistics(spec):
+    torch.manual_seed(0)
+    plain_net = NetU(1, 3)
+    wrapped = MemoryLevers(activation_checkpointing=spec).apply(copy.deepcopy(plain_net), "build")
+    wrappers = [m for m in wrapped.modules() if "CheckpointWrapper" in type(m).__name__]
+    assert len(wrappers) == (6 if spec == "selective" else 2)
+    assert list(wrapped.state_dict()) == list(plain_net.state_dict())
+    x = torch.randn(2, 1, 4, 8, 8)
+    grads, stats = _grads_and_stats(plain_net, x)
+    grads_ckpt, stats_ckpt = _grads_and_stats(wrapped, x)
+    for a, b in zip(grads, grads_ckpt, strict=True):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(stats, stats_ckpt, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_named_submodules_are_checkpointed_and_an_unknown_name_is_one_error():
     net = MemoryLevers(activation_checkpointing=["inc", "up2"]).apply(NetU(1, 3), "build")
     wrapped = [n for n, m in net.named_children() if "CheckpointWrapper" in type(m).__name__]

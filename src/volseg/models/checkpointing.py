@@ -7,6 +7,16 @@ working set (upsample, pad, concat, two convs) at once in backward. In a decoder
 upsample + pad + concat run inside the first unit's segment, so the concatenated tensor (the
 largest of the level) is never kept.
 
+A *selective* segment (``selective``: torch's selective activation checkpointing,
+:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) keeps the outputs of its
+convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides its inputs and
+recomputes everything else (norms, activations, upsampling, concatenation) in backward, so no
+convolution runs twice. A selective segment spans a whole block (both units of a DoubleConv; a
+decoder level's merge, both units and the head): inside it only the convolution outputs are
+kept. What that saves depends on what a unit keeps without it: conv -> norm -> activation keeps
+three tensors, selective one; with an in-place activation (UNet3D's ReLU) two, written over
+the norm's output (BatchNorm keeps its input, the ReLU its output).
+
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
 recomputation, so they equal those of a run without checkpointing.
@@ -14,18 +24,56 @@ recomputation, so they equal those of a run without checkpointing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
-CheckpointSpec = str | Sequence[int] | None
-#: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first
-CHECKPOINTING_CHOICES = ("none", "decoder", "encoder", "all")
+CheckpointSpec = str | Sequence[int] | Mapping[str, str] | None
+#: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first:
+#: ``selective`` recomputes no convolution, the others recompute those of their blocks
+CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")
+#: how a checkpointed block is recomputed: ``full`` (everything but its inputs) or ``selective``
+#: (everything but its inputs and its convolution/matmul outputs)
+MODES = ("full", "selective")
+#: the parts a mapping setting (``{encoder: selective, decoder: full}``) names, for UNet3D
+PARTS = ("encoder", "decoder")
+
+aten = torch.ops.aten
+#: the ops whose outputs a selective segment keeps (the expensive ones: recomputing them is what
+#: makes full checkpointing slow); every other op of the segment is recomputed in backward
+SAVED_OPS = frozenset(
+    {
+        aten.convolution.default,
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.baddbmm.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+)
+
+
+def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The selective policy: keep the outputs of :data:`SAVED_OPS`, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_contexts() -> tuple[Any, Any]:
+    """The forward and recomputation contexts of a selective segment (``context_fn``)."""
+    return create_selective_checkpoint_contexts(_keep_expensive)
 
 
 @contextmanager
@@ -47,43 +95,103 @@ def frozen_norm_statistics(modules: Iterable[nn.Module]):
 
 
 def checkpoint_segment(
-    fn: Callable[..., torch.Tensor], modules: Sequence[nn.Module], *args: Any
+    fn: Callable[..., torch.Tensor],
+    modules: Sequence[nn.Module],
+    *args: Any,
+    selective: bool = False,
 ) -> torch.Tensor:
     """``fn(*args)`` as a non-reentrant checkpoint whose recomputation leaves ``modules``'
     BatchNorm statistics untouched (torch's ``context_fn``: the forward runs as it is, the
-    recomputation inside :func:`frozen_norm_statistics`)."""
+    recomputation inside :func:`frozen_norm_statistics`); ``selective``: the outputs of
+    :data:`SAVED_OPS` are kept, not recomputed."""
 
     def contexts() -> tuple[Any, Any]:
         return nullcontext(), frozen_norm_statistics(m for mod in modules for m in mod.modules())
 
+    if selective:
+        return checkpoint(
+            fn, *args, use_reentrant=False, context_fn=partial(_selective_frozen, modules)
+        )
     return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
 
 
-def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[set[int], set[int]]:
-    """``(encoder levels, decoder levels)`` to checkpoint for the setting ``spec``.
+def _selective_frozen(modules: Sequence[nn.Module]) -> tuple[Any, Any]:
+    """:func:`selective_contexts`, the recomputation's inside :func:`frozen_norm_statistics`:
+    entered outside the selective policy's dispatch mode, whose cache would refuse the copies
+    of the statistics (ops the forward did not run)."""
+    forward, recompute = selective_contexts()
+    return forward, _frozen_around(recompute, modules)
+
+
+@contextmanager
+def _frozen_around(inner: Any, modules: Sequence[nn.Module]):
+    with frozen_norm_statistics(m for mod in modules for m in mod.modules()), inner:
+        yield
+
+
+def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str], dict[int, str]]:
+    """``(encoder levels, decoder levels)`` to checkpoint for the setting ``spec``, each as
+    ``{level: mode}`` (:data:`MODES`: ``full`` or ``selective``).
 
     ``none``/``null``: nothing; ``encoder``: every encoder level; ``decoder``: every decoder level
-    (levels ``0 .. depth - 2``); ``all``: both; a list of level indices (0 = full resolution):
-    encoder and decoder blocks at those levels.
+    (levels ``0 .. depth - 2``); ``all``: both; ``selective``: both, selectively; a list of level
+    indices (0 = full resolution): encoder and decoder blocks at those levels; a mapping of
+    :data:`PARTS` to modes (``{encoder: selective, decoder: full}``): each part so.
     """
     encoder, decoder = set(range(depth)), set(range(depth - 1))
     if spec is None or spec == "none":
-        return set(), set()
+        return {}, {}
+    if isinstance(spec, Mapping):
+        check_modes(spec, PARTS)
+        return (
+            dict.fromkeys(encoder, spec["encoder"]) if "encoder" in spec else {},
+            dict.fromkeys(decoder, spec["decoder"]) if "decoder" in spec else {},
+        )
     if isinstance(spec, str):
         choices = {
             "encoder": (encoder, set()),
             "decoder": (set(), decoder),
             "all": (encoder, decoder),
+            "selective": (encoder, decoder),
         }
         if spec not in choices:
             raise ValueError(
-                f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)} or a list "
-                f"of level indices; got {spec!r}"
+                f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)}, a list "
+                f"of level indices or a mapping of {'/'.join(PARTS)} to {'/'.join(MODES)}; "
+                f"got {spec!r}"
             )
-        return choices[spec]
+        mode = "selective" if spec == "selective" else "full"
+        enc, dec = choices[spec]
+        return dict.fromkeys(enc, mode), dict.fromkeys(dec, mode)
     levels = {int(i) for i in spec}
     if not levels <= encoder:
         raise ValueError(
             f"activation_checkpointing={list(spec)}: levels must lie in 0..{depth - 1}"
         )
-    return levels, levels & decoder
+    return dict.fromkeys(levels, "full"), dict.fromkeys(levels & decoder, "full")
+
+
+def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> None:
+    """Raise ``ValueError`` unless every value of the mapping ``spec`` is one of :data:`MODES`
+    and (``parts`` given) every key one of ``parts``."""
+    if not spec:
+        raise ValueError("activation_checkpointing: an empty mapping checkpoints nothing")
+    allowed = list(parts) if parts is not None else None
+    for part, mode in spec.items():
+        if allowed is not None and part not in allowed:
+            raise ValueError(
+                f"activation_checkpointing: {part!r} is not a part; a mapping names "
+                f"{', '.join(allowed)}"
+            )
+        if mode not in MODES:
+            raise ValueError(
+                f"activation_checkpointing: {part}={mode!r}; each part is checkpointed "
+                f"{' or '.join(MODES)}"
+            )
+
+
+def uses_selective(spec: CheckpointSpec) -> bool:
+    """Whether the setting ``spec`` checkpoints anything selectively."""
+    if isinstance(spec, Mapping):
+        return "selective" in spec.values()
+    return spec == "selective"

@@ -44,12 +44,22 @@ class Lever:
     during: Literal["train", "inference"] = "train"
 
 
+#: the named settings that recompute convolutions (``selective`` has its own row)
+FULL_CHOICES = tuple(c for c in CHECKPOINTING_CHOICES if c not in ("none", "selective"))
+
 #: every memory lever, training's first, each group in the order to try them
 LEVERS = (
     Lever(
         "mixed precision",
         "trainer.precision=bf16-mixed",
         "half-size activations (16-mixed before Ampere; the default, auto, picks it on a GPU)",
+    ),
+    Lever(
+        "selective activation checkpointing",
+        "model.activation_checkpointing=selective",
+        "keep convolution outputs, recompute norms and activations in backward (torch's selective "
+        'checkpointing): no convolution runs twice; any network; `"{encoder: selective, decoder: '
+        'full}"` mixes it on UNet3D ([price](networks.md#selective-activation-checkpointing))',
     ),
     Lever(
         "micro-batching",
@@ -65,10 +75,10 @@ LEVERS = (
     ),
     Lever(
         "activation checkpointing",
-        f"model.activation_checkpointing={'|'.join(CHECKPOINTING_CHOICES)}|[0,1]",
+        f"model.activation_checkpointing={'|'.join(FULL_CHOICES)}|[0,1]",
         "recompute those blocks' activations in backward (non-reentrant "
         "torch.utils.checkpoint) instead of keeping them; UNet3D's choices and level indices, "
-        "any other network's none|all|[submodule names] (docs/networks.md)",
+        "any other network's all|[submodule names] (docs/networks.md)",
     ),
     Lever(
         "loss checkpointing",
@@ -150,11 +160,14 @@ def _checkpointing(value: Any) -> CheckpointSpec:
     value = plain(value)
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        return value  # {part: full|selective}: the adapter checks parts and modes
     if isinstance(value, list) and value and all(isinstance(i, int | str) for i in value):
         return value
     raise _error(
-        f"activation_checkpointing must be a name ({', '.join(CHECKPOINTING_CHOICES)}, ...) or "
-        f"a list of level indices or submodule names; got {value!r}"
+        f"activation_checkpointing must be a name ({', '.join(CHECKPOINTING_CHOICES)}, ...), "
+        f"a list of level indices or submodule names, or a mapping of them to full/selective; "
+        f"got {value!r}"
     )
 
 

@@ -143,19 +143,23 @@ def make_activation(kind: Activation) -> nn.Module:
 
 
 def checkpointing_now(block: nn.Module) -> bool:
-    """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
-    return getattr(block, "checkpointed", False) and block.training and torch.is_grad_enabled()
+    """Whether ``block`` (flagged ``checkpointed``: ``full`` or ``selective``) checkpoints this
+    call: training with grad."""
+    return (
+        bool(getattr(block, "checkpointed", False)) and block.training and torch.is_grad_enabled()
+    )
 
 
 class DoubleConv(nn.Sequential):
     """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first one
     (:class:`volseg.models.conv.Conv3d`: a CPU bf16 call at depth 2 runs in float32).
 
-    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`), each
-    conv -> norm -> ReLU unit runs as its own checkpoint segment while training.
+    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
+    each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
+    ``selective``, the block runs as one selective segment (its convolutions' outputs kept).
     """
 
-    checkpointed = False
+    checkpointed: bool | str = False
 
     def __init__(
         self,
@@ -190,6 +194,8 @@ class DoubleConv(nn.Sequential):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not checkpointing_now(self):
             return super().forward(x)
+        if self.checkpointed == "selective":
+            return checkpoint_segment(super().forward, [self], x, selective=True)
         first, second = self.units()
         x = checkpoint_segment(first, [first], x)
         return checkpoint_segment(second, [second], x)
@@ -242,7 +248,7 @@ class Up(nn.Module):
             raise ValueError(f"upsampling must be 'trilinear' or 'transposed'; got {upsampling!r}")
         self.conv = DoubleConv(skip_channels + in_channels, out_channels, **conv_kwargs)
 
-    checkpointed = False
+    checkpointed: bool | str = False
 
     def merge(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         """Upsample ``x``, pad it to ``skip``'s size, concat ``[skip, x]`` on channels."""
@@ -260,6 +266,15 @@ class Up(nn.Module):
         tail = tail if tail is not None else nn.Identity()
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
+        if self.checkpointed == "selective":
+            # one selective segment: merge, both units and the tail; convolutions kept
+            return checkpoint_segment(
+                lambda x, skip: tail(nn.Sequential.forward(self.conv, self.merge(x, skip))),
+                [self.up, self.conv, tail],
+                x,
+                skip,
+                selective=True,
+            )
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
         y = checkpoint_segment(
@@ -372,13 +387,14 @@ class UNet3D(nn.Module):
         self.head.to(self.decoder_device)
 
     def set_activation_checkpointing(self, spec: CheckpointSpec) -> None:
-        """Checkpoint the blocks chosen by ``spec`` (see :func:`checkpoint_levels`)."""
+        """Checkpoint the blocks chosen by ``spec`` (see :func:`checkpoint_levels`), each
+        ``full`` or ``selective``."""
         encoder, decoder = checkpoint_levels(spec, self.depth)
         for level in range(self.depth):
             block = self.inc if level == 0 else self.downs[level - 1][1]
-            block.checkpointed = level in encoder
+            block.checkpointed = encoder.get(level, False)
         for level, up in enumerate(self.ups):
-            up.checkpointed = level in decoder
+            up.checkpointed = decoder.get(level, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.encoder_device is not None:

@@ -46,8 +46,10 @@ def _cfg(tmp_path: Path, overrides: list[str]):
             "model.activation_checkpointing=all",
             "model.checkpoint_loss=true",
         ],
+        ["trainer.precision=32", "model.activation_checkpointing=selective"],
+        ["trainer.precision=bf16-mixed", "model.activation_checkpointing=selective"],
     ],
-    ids=["fp32", "bf16-mixed", "16-true-instance", "checkpointing"],
+    ids=["fp32", "bf16-mixed", "16-true-instance", "checkpointing", "selective", "selective-bf16"],
 )
 def test_categories_match_a_real_cpu_step(tmp_path, levers):
     cfg = _cfg(tmp_path, [*SMALL, "memory.plan_device=cpu", *levers])
@@ -110,6 +112,20 @@ def test_checkpointing_cuts_the_estimate(tmp_path):
     )
     assert every.activation_checkpointing == "all"
     assert every.activations < 0.5 * none.activations
+
+
+def test_selective_checkpointing_is_traced_keeping_convolutions_and_recomputing_the_rest(tmp_path):
+    """The trace runs the policy: ``selective`` keeps fewer activations than ``none`` and more
+    than ``all``, and counts no recomputed convolution (``all`` counts its blocks' again)."""
+    cfg = _cfg(tmp_path, [*SMALL, "memory.plan_device=cpu", "trainer.precision=32"])
+    kept = {o: estimate(cfg, activation_checkpointing=o).activations for o in SETTINGS}
+    flops = {o: engine.step_flops(cfg, activation_checkpointing=o) for o in SETTINGS}
+    assert kept["all"] < kept["selective"] < kept["none"]
+    assert flops["selective"] == flops["none"] < flops["all"]
+
+
+#: the checkpointing settings compared, least recomputation first
+SETTINGS = ("none", "selective", "all")
 
 
 def test_bad_device_and_precision_name_the_key(tmp_path):

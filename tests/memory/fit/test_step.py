@@ -265,3 +265,22 @@ def test_a_batch_of_one_over_the_budget_does_not_end_the_batch_search(tmp_path):
     assert n == 2 and est.process_total == two.process_total
     answer = fit_step(cfg, budget, search="batch", checkpointing_options=["none"])
     assert answer.batch_size == 2 and answer.fits_as_configured
+
+
+@pytest.mark.slow
+def test_the_planner_picks_selective_where_it_fits_and_all_would_otherwise_be_picked(tmp_path):
+    """A budget that ``selective`` fits at the configured batch and ``none`` does not (nor the
+    settings that recompute fewer convolutions than ``all`` does): ``selective`` is taken, tried
+    before any setting that recomputes convolutions; without it, ``all`` is."""
+    cfg = planned_config("train", tmp_path, SMALL)
+    totals = {
+        o: planned_total(estimate(cfg, activation_checkpointing=o))
+        for o in ("none", "selective", "decoder", "all")
+    }
+    assert totals["all"] < totals["selective"] < totals["decoder"] < totals["none"]
+    budget = (totals["selective"] + totals["decoder"]) // 2
+    picked = fit_step(cfg, budget, search="batch")
+    assert picked.activation_checkpointing == "selective" and picked.batch_size == 2
+    assert "model.activation_checkpointing=selective" in picked.overrides
+    without = fit_step(cfg, budget, search="batch", checkpointing_options=["none", "all"])
+    assert without.activation_checkpointing == "all" and without.batch_size == 2

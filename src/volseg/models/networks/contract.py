@@ -30,10 +30,12 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils._pytree import tree_map
 
-from volseg.models.checkpointing import checkpoint_segment
+from volseg.models.checkpointing import check_modes, checkpoint_segment
 
-#: a checkpointing setting: a named choice, UNet3D's level indices, or submodule names
-CheckpointSpec = str | Sequence[int] | Sequence[str] | None
+#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
+#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
+#: ``selective``
+CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,26 @@ def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: 
     return checkpoint_segment(partial(module, **kwargs), [module], *args)
 
 
+def _recompute_selectively(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """:func:`_recompute_keeping_norm_statistics` with the selective policy: the module's
+    convolution and matmul outputs are kept, the rest is recomputed."""
+    if mutable_arguments(args, kwargs):
+        return module(*args, **kwargs)
+    return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=True)
+
+
+#: how :meth:`NetworkAdapter.apply_checkpointing` recomputes a block, by mode
+RECOMPUTE = {"full": _recompute_keeping_norm_statistics, "selective": _recompute_selectively}
+
+
 class NetworkAdapter:
     """The generic adapter: any ``nn.Module``.
 
     Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
     unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
-    :func:`child_blocks`, a list of submodule names wraps those, with torch's
+    :func:`child_blocks`, ``selective`` wraps every block with the selective policy (its
+    convolution outputs kept, the rest recomputed), a list of submodule names wraps those, a
+    mapping ``{submodule name: full|selective}`` wraps each so, with torch's
     ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
     by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
     its device, and its inputs follow it there (a forward pre-hook calls ``Tensor.to``, which is
@@ -99,9 +115,11 @@ class NetworkAdapter:
     #: what the adapter is for, in docs and errors
     family = "any nn.Module"
     #: the named checkpointing settings, least recomputation first (the planner tries them so)
-    checkpointing_choices: tuple[str, ...] = ("none", "all")
+    checkpointing_choices: tuple[str, ...] = ("none", "selective", "all")
     #: what a list in ``model.activation_checkpointing`` names
     checkpointing_list = "submodule names"
+    #: what the keys of a mapping ``{part: full|selective}`` name
+    checkpointing_mapping = "submodule names"
 
     # ---- config side -------------------------------------------------------------------
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
@@ -139,7 +157,9 @@ class NetworkAdapter:
         """Raise ``ValueError`` when ``spec`` is not a setting this network takes."""
         if spec is None or spec in self.checkpointing_choices:
             return
-        if isinstance(spec, str) or not isinstance(spec, Sequence) or not spec:
+        if isinstance(spec, Mapping):
+            check_modes(spec)
+        elif isinstance(spec, str) or not isinstance(spec, Sequence) or not spec:
             raise self._bad_checkpointing(net, spec)
         if not all(isinstance(name, str) for name in spec):
             raise self._bad_checkpointing(net, spec)
@@ -155,40 +175,46 @@ class NetworkAdapter:
     def _bad_checkpointing(self, net: nn.Module, spec: Any) -> ValueError:
         return ValueError(
             f"activation_checkpointing: {type(net).__name__} ({self.family}) takes "
-            f"{', '.join(self.checkpointing_choices)} or a list of {self.checkpointing_list}; "
-            f"got {spec!r}"
+            f"{', '.join(self.checkpointing_choices)}, a list of {self.checkpointing_list} or a "
+            f"mapping of {self.checkpointing_mapping} to full/selective; got {spec!r}"
         )
 
     def checkpointed_modules(self, net: nn.Module, spec: CheckpointSpec) -> list[nn.Module]:
         """The modules ``spec`` checkpoints."""
+        return [m for m, _ in self.checkpointed_modes(net, spec)]
+
+    def checkpointed_modes(
+        self, net: nn.Module, spec: CheckpointSpec
+    ) -> list[tuple[nn.Module, str]]:
+        """The modules ``spec`` checkpoints, each with its mode (``full`` or ``selective``)."""
         if spec is None or spec == "none":
             return []
-        if spec == "all":
-            return [m for _, m in self.blocks(net)]
-        return [net.get_submodule(name) for name in spec]
+        if spec in ("all", "selective"):
+            mode = "selective" if spec == "selective" else "full"
+            return [(m, mode) for _, m in self.blocks(net)]
+        if isinstance(spec, Mapping):
+            return [(net.get_submodule(name), mode) for name, mode in spec.items()]
+        return [(net.get_submodule(name), "full") for name in spec]
 
     def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         """Checkpoint what ``spec`` chooses, in place (state_dict keys unchanged: torch's
         checkpoint wrapper strips its prefix)."""
-        chosen = {id(m) for m in self.checkpointed_modules(net, spec)}
+        modes = {id(m): mode for m, mode in self.checkpointed_modes(net, spec)}
         wrapped: set[int] = set()
 
         def once(module: nn.Module) -> bool:
             # a module reached a second time (nnU-Net's decoder holds the encoder) is wrapped
             # already: wrapping it again would recompute it twice in backward
-            if id(module) not in chosen or id(module) in wrapped:
+            if id(module) not in modes or id(module) in wrapped:
                 return False
             wrapped.add(id(module))
             return True
 
-        if chosen:
-            apply_activation_checkpointing(
-                net,
-                checkpoint_wrapper_fn=partial(
-                    checkpoint_wrapper, checkpoint_fn=_recompute_keeping_norm_statistics
-                ),
-                check_fn=once,
-            )
+        def wrap(module: nn.Module) -> nn.Module:
+            return checkpoint_wrapper(module, checkpoint_fn=RECOMPUTE[modes[id(module)]])
+
+        if modes:
+            apply_activation_checkpointing(net, checkpoint_wrapper_fn=wrap, check_fn=once)
 
     def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:
         """Raise ``ValueError`` when ``placement`` names no submodule of ``net``."""

@@ -81,6 +81,9 @@ class Pytorch3DUNetAdapter(NetworkAdapter):
     misspelt one would otherwise be ignored). Divisibility: probed (their upsampling follows
     the skip's size)."""
 
+    #: no ``selective``: the residual blocks add the skip in place onto a convolution's output
+    #: (``out += residual``), which torch's selective checkpointing refuses (a kept output mutated)
+    checkpointing_choices = ("none", "all")
     family = "pytorch-3dunet U-Net"
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:

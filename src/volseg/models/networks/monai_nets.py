@@ -57,7 +57,7 @@ class BasicUNetAdapter(NetworkAdapter):
 class SwinUNETRAdapter(NetworkAdapter):
     """MONAI's SwinUNETR: a patch embedding of ``patch_size`` then four 2x patch mergings (sides
     divisible by ``patch_size * 16``, 32 by default); checkpointing ``all`` is MONAI's own
-    ``use_checkpoint`` on every Swin block."""
+    ``use_checkpoint`` on every Swin block, ``selective`` wraps every block as for any network."""
 
     family = "MONAI SwinUNETR"
     checkpointing_list = "nothing (SwinUNETR's own flag checkpoints every Swin block)"
@@ -83,10 +83,13 @@ class SwinUNETRAdapter(NetworkAdapter):
             raise self._bad_checkpointing(net, spec)
 
     def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        """``all``: MONAI's own flag; ``selective``: every block, as for any network."""
         if spec == "all":
             for module in net.modules():
                 if hasattr(module, "use_checkpoint"):
                     module.use_checkpoint = True
+        elif spec == "selective":
+            super().apply_checkpointing(net, spec)
 
 
 class UNETRAdapter(NetworkAdapter):

@@ -51,12 +51,15 @@ def _is_count(value: Any) -> bool:
 
 class UNet3DAdapter(NetworkAdapter):
     """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by
-    the per-axis product of its poolings; checkpointing ``none``/``decoder``/``encoder``/``all``
-    or level indices (its own per-conv-unit segments); placement ``{encoder, decoder}``."""
+    the per-axis product of its poolings; checkpointing ``none``/``selective``/``decoder``/
+    ``encoder``/``all``, level indices, or ``{encoder: MODE, decoder: MODE}`` (MODE ``full``:
+    per-conv-unit segments; ``selective``: one segment per block, convolution outputs kept);
+    placement ``{encoder, decoder}``."""
 
     family = "volseg UNet3D"
     checkpointing_choices = CHECKPOINTING_CHOICES
     checkpointing_list = "level indices (0 = full resolution)"
+    checkpointing_mapping = "encoder/decoder"
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
         """``depth=auto`` and ``pooling=auto`` planned, explicit values checked against the
@@ -111,6 +114,9 @@ class UNet3DAdapter(NetworkAdapter):
 
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         if spec is None or spec in self.checkpointing_choices:
+            return
+        if isinstance(spec, Mapping):
+            checkpoint_levels(spec, net.depth)  # parts and modes: ValueError naming them
             return
         ok = isinstance(spec, Sequence) and not isinstance(spec, str) and spec
         if not (
