@@ -165,7 +165,12 @@ def test_bad_inputs_are_named(checkpoint, tmp_path):
         _predict(checkpoint, bad, tmp_path / "pred")
     assert "2 problem(s) in the input" in str(err.value)
     assert "broken.nii.gz: cannot read" in str(err.value)
-    assert "two_channels.nii.gz: expected a 3D volume" in str(err.value)
+    # (x, y, z, 2) on disk: two channels, where the checkpoint's network takes one
+    assert (
+        "two_channels.nii.gz: 2 image channel(s) (two_channels.nii.gz: (8, 8, 4, 2) as stored "
+        "(x, y, z, channels), [D, H, W] = [4, 8, 8] after orientation to RAS), but the "
+        "checkpoint's network takes in_channels=1"
+    ) in str(err.value)
     assert not (tmp_path / "pred").exists()
 
 

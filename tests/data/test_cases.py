@@ -48,7 +48,12 @@ def test_shape_mismatch_and_label_range_and_patch(root):
         check_cases(find_cases(root), num_classes=5, patch_size=[2, 4, 4])
     text = str(err.value)
     assert "2 problem(s)" in text
-    assert "labels/c0.nii.gz: label shape [4, 8, 9] differs from image shape [4, 8, 8]" in text
+    # the shape as nibabel reads the file (x, y, z) and as the network sees it (D, H, W)
+    assert (
+        "labels/c0.nii.gz: label shape (9, 8, 4) as stored (x, y, z), [D, H, W] = [4, 8, 9] "
+        "(the file's z, y, x) differs from the image's (8, 8, 4) as stored (x, y, z), "
+        "[D, H, W] = [4, 8, 8] (the file's z, y, x)"
+    ) in text
     assert "labels/c1.nii.gz: label values [7] outside [0, 5)" in text
 
 
@@ -135,7 +140,14 @@ def test_nan_images_affine_mismatch_and_4d_files_are_named(root):
     text = str(err.value)
     assert "images/c0.nii.gz: 3 voxels are NaN or Inf" in text
     assert "labels/c1.nii.gz: affine (voxel spacing/orientation) differs from the image's" in text
-    assert "images/c2.nii.gz: expected a 3D volume, got shape [2, 4, 8, 8]" in text
+    # a 4-D NIfTI file holds channels on its last axis: the message names the fix
+    assert (
+        "images/c2.nii.gz: 2 image channel(s) (c2.nii.gz: (8, 8, 4, 2) as stored (x, y, z, "
+        "channels), [D, H, W] = [4, 8, 8] (the file's z, y, x)), but in_channels=1: set "
+        "in_channels=2"
+    ) in text
+    four_d = [c for c in find_cases(root) if c.name == "c2.nii.gz"]
+    check_cases(four_d, 5, [2, 4, 4], in_channels=2)  # the fix the line names: no problem left
 
 
 def test_truncated_file_is_named(root):

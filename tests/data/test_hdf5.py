@@ -127,8 +127,8 @@ def test_missing_datasets_unreadable_files_and_shape_mismatch_are_named(h5_root,
     assert f"{h5_root}/case_001.h5: no dataset 'label' (data.label_key; the file has: raw)" in text
     assert f"{h5_root}/case_002.h5: cannot read" in text
     assert (
-        f"{h5_root}/case_003.h5 (dataset 'label'): label shape [16, 48, 40] differs from image "
-        "shape [16, 48, 48]"
+        f"{h5_root}/case_003.h5 (dataset 'label'): label shape [D, H, W] = [16, 48, 40] (Z, Y, "
+        "X as stored) differs from the image's [D, H, W] = [16, 48, 48] (Z, Y, X as stored)"
     ) in text
 
     # through the composed config (the exit code 2 path is run_task's, tested with train.py)

@@ -132,8 +132,9 @@ def test_dataset_json_disagreements_are_reported_together(msd_root):
     text = str(err.value)
     assert "5 problem(s) in the dataset" in text
     assert (
-        f"{msd_root}/imagesTr/case_000_0001.nii.gz: shape [16, 48, 40] differs from "
-        "case_000_0000.nii.gz's [16, 48, 48]"
+        f"{msd_root}/imagesTr/case_000_0001.nii.gz: shape (40, 48, 16) as stored (x, y, z), "
+        "[D, H, W] = [16, 48, 40] after orientation to RAS differs from case_000_0000.nii.gz's "
+        "(48, 48, 16) as stored (x, y, z), [D, H, W] = [16, 48, 48] after orientation to RAS"
     ) in text
     listed = f"{msd_root}/dataset.json lists 2 channel(s) (raw, inverted)"
     assert f"{msd_root}/imagesTr/case_001_0001.nii.gz: missing; {listed}" in text
@@ -212,3 +213,18 @@ def test_channel_files_stay_stacked_when_cached_in_threads(msd_root):
     for _ in range(8):
         ds = CacheDataset(items, eval_transforms(), num_workers=4, progress=False)
         assert [tuple(ds[i]["image"].shape) for i in range(len(ds))] == [(2, 16, 48, 48)] * 6
+
+
+def test_nnunet_test_images_group_by_case_from_the_task_folder(msd_root):
+    dm = _datamodule(msd_root)
+    cases = dm.predict_cases(msd_root, in_channels=2)  # no 'test' list: imagesTs/
+    assert [(c.name, [p.name for p in c.image_files]) for c in cases] == [
+        ("new_case.nii.gz", ["new_case_0000.nii.gz", "new_case_0001.nii.gz"])
+    ]
+    assert dm.layout == "nnunet"
+    # nnU-Net v1 lists test images without their channel suffix
+    dataset = json.loads((msd_root / "dataset.json").read_text())
+    (msd_root / "dataset.json").write_text(
+        json.dumps({**dataset, "test": ["./imagesTs/new_case.nii.gz"]})
+    )
+    assert [c.name for c in dm.predict_cases(msd_root, in_channels=2)] == ["new_case.nii.gz"]

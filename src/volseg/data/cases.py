@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ import numpy as np
 
 from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
 from volseg.data.orientation import orientation_problem, oriented_geometry
+from volseg.data.spacing import resampled_shape
 from volseg.utils.errors import UserInputError, raise_problems
 
 
@@ -42,11 +43,17 @@ class Case:
         return item
 
 
+def is_volume_file(path: Path) -> bool:
+    """A file a dataset folder may hold as a volume: not hidden (macOS writes ``._<name>``
+    metadata files beside each file it copies or archives, e.g. in the Decathlon's tar files)."""
+    return path.is_file() and not path.name.startswith(".")
+
+
 def _volume_files(folder: Path) -> dict[str, Path]:
     return {
         p.name: p
         for p in sorted(folder.iterdir())
-        if p.name.lower().endswith(VOLUME_SUFFIXES) and p.is_file()
+        if p.name.lower().endswith(VOLUME_SUFFIXES) and is_volume_file(p)
     }
 
 
@@ -95,7 +102,11 @@ def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> 
             )
         files = [path]
     elif path.is_dir():
-        files = [p for p in sorted(path.iterdir()) if p.name.lower().endswith(tuple(suffixes))]
+        files = [
+            p
+            for p in sorted(path.iterdir())
+            if p.name.lower().endswith(tuple(suffixes)) and is_volume_file(p)
+        ]
         if not files:
             raise UserInputError(
                 f"input={path}: no volume files in this folder (supported: {', '.join(suffixes)})"
@@ -184,29 +195,53 @@ def split_cases(
     return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
 
 
-def resampled_shape(
-    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
-) -> list[int]:
-    """Shape ``[D, H, W]`` of a volume after resampling to ``spacing_zyx`` (approximately, as
-    MONAI ``Spacing`` rounds)."""
-    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
-    return [
-        max(1, round(n * c / t)) for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
-    ]
-
-
 def _where(path: Path, key: str | None) -> str:
     """A volume in messages: the file, and the dataset inside it for HDF5."""
     return f"{path}" if key is None else f"{path} (dataset '{key}')"
 
 
+#: the axes of a file's shape as it stores them
+STORED_AXES = {"nifti": "x, y, z", "tiff": "Z, Y, X", "hdf5": "Z, Y, X"}
+
+
+def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> str:
+    """A volume's shape as the file stores it and as loading orders it, for messages.
+
+    NIfTI: ``(64, 64, 32) as stored (x, y, z), [D, H, W] = [32, 64, 64] after orientation to
+    RAS``; TIFF stacks and HDF5 datasets are read as stored: ``[D, H, W] = [32, 64, 64] (Z, Y,
+    X as stored)``.
+    """
+    fmt = geometry.get("format")
+    try:
+        loaded = oriented_geometry(geometry, orientation)
+    except ValueError:  # an affine that cannot be reoriented: named on its own line
+        loaded, orientation = geometry, None
+    dhw = [int(s) for s in loaded["shape_zyx"]]
+    if fmt != "nifti":
+        return f"[D, H, W] = {dhw} ({STORED_AXES.get(fmt, 'Z, Y, X')} as stored)"
+    stored = tuple(int(s) for s in geometry.get("stored_shape", geometry["shape_zyx"][::-1]))
+    axes = "x, y, z" + (", channels" if len(stored) == 4 else "")
+    after = f"after orientation to {orientation}" if orientation else "(the file's z, y, x)"
+    return f"{stored} as stored ({axes}), [D, H, W] = {dhw} {after}"
+
+
+def in_channels_fix(in_channels: int, channels: int) -> str:
+    """The training run's fix for images of ``channels`` channels."""
+    return f"in_channels={in_channels}: set in_channels={channels}"
+
+
 def _image_geometry(
-    case: Case, in_channels: int | None, problems: list[str], whose: str = ""
+    case: Case,
+    in_channels: int | None,
+    problems: list[str],
+    channels_fix: Callable[[int, int], str] = in_channels_fix,
+    orientation: str | None = None,
 ) -> dict[str, Any] | None:
     """Geometry of the case's image (its first channel file); appends problems, ``None`` if bad.
 
-    Every channel file must be a readable 3D volume of the same shape and affine, and the
-    channels must add up to ``in_channels`` (``None``: any number).
+    Every channel file must be a readable 3D volume (a 4-D NIfTI file: its channels on the last
+    axis) of the same shape and affine, and the channels must add up to ``in_channels``
+    (``None``: any number); ``channels_fix(in_channels, found)`` says what to change when not.
     """
     geometries = []
     for path in case.image_files:
@@ -219,15 +254,18 @@ def _image_geometry(
     first = geometries[0]
     for path, geometry in zip(case.image_files, geometries, strict=True):
         if len(geometry["shape_zyx"]) != 3:
+            stored = list(geometry.get("stored_shape", geometry["shape_zyx"]))
+            axes = "x, y, z[, channels]" if geometry["format"] == "nifti" else "Z, Y, X"
             problems.append(
-                f"{_where(path, case.image_key)}: expected a 3D volume, got shape "
-                f"{list(geometry['shape_zyx'])}"
+                f"{_where(path, case.image_key)}: expected a 3D volume ({axes}), got shape "
+                f"{stored} as stored"
             )
             return None
         if geometry["shape_zyx"] != first["shape_zyx"]:
             problems.append(
-                f"{path}: shape {list(geometry['shape_zyx'])} differs from "
-                f"{case.image_files[0].name}'s {list(first['shape_zyx'])} (channels of one case)"
+                f"{path}: shape {shape_in_words(geometry, orientation)} differs from "
+                f"{case.image_files[0].name}'s {shape_in_words(first, orientation)} (channels "
+                "of one case)"
             )
             return None
         if not np.allclose(geometry["affine"], first["affine"], atol=1e-3):
@@ -235,9 +273,10 @@ def _image_geometry(
     channels = sum(g["channels"] for g in geometries)
     if in_channels is not None and channels != in_channels:
         files = ", ".join(p.name for p in case.image_files)
+        held = f"{channels} image channel(s) ({files}: {shape_in_words(first, orientation)})"
         problems.append(
-            f"{_where(case.image_files[0], case.image_key)}: {channels} image channel(s) "
-            f"({files}), but {whose}in_channels={in_channels}"
+            f"{_where(case.image_files[0], case.image_key)}: {held}, but "
+            f"{channels_fix(in_channels, channels)}"
         )
         return None
     return first
@@ -252,13 +291,20 @@ def check_inputs(cases: Sequence[Case], in_channels: int, orientation: str | Non
     raise_problems(input_problems(cases, in_channels, orientation), "the input")
 
 
+def _network_channels(in_channels: int, channels: int) -> str:
+    return (
+        f"the checkpoint's network takes in_channels={in_channels} (give each input "
+        f"{in_channels} channel(s), as in training)"
+    )
+
+
 def input_problems(
     cases: Sequence[Case], in_channels: int, orientation: str | None = None
 ) -> list[str]:
     """Every problem of images to predict (see :func:`check_inputs`), one line each."""
     problems: list[str] = []
     for case in cases:
-        image = _image_geometry(case, in_channels, problems, "the network's ")
+        image = _image_geometry(case, in_channels, problems, _network_channels, orientation)
         if image is not None:
             problems += _orientation_problems(case, image, orientation)
     return problems
@@ -292,16 +338,20 @@ def _voxel_problems(case: Case) -> list[str]:
 
 
 def _label_problems(
-    case: Case, label: dict[str, Any], image: dict[str, Any], num_classes: int, classes_from: str
+    case: Case,
+    label: dict[str, Any],
+    image: dict[str, Any],
+    num_classes: int,
+    classes_from: str,
+    orientation: str | None = None,
 ) -> list[str]:
     """A label that disagrees with its image (shape, affine) or holds values outside
     ``[0, num_classes)`` or non-integer ones."""
     where = _where(case.label, case.label_key)
-    shape = image["shape_zyx"]
-    if label["shape_zyx"] != shape:
+    if label["shape_zyx"] != image["shape_zyx"]:
         return [
-            f"{where}: label shape {list(label['shape_zyx'])} differs from image shape "
-            f"{list(shape)}"
+            f"{where}: label shape {shape_in_words(label, orientation)} differs from the image's "
+            f"{shape_in_words(image, orientation)}"
         ]
     problems = []
     if not np.allclose(label["affine"], image["affine"], atol=1e-3):
@@ -326,19 +376,23 @@ def case_problems(
     classes_from: str = "num_classes",
     spacing: Sequence[float] | None = None,
     orientation: str | None = None,
+    channels_fix: Callable[[int, int], str] = in_channels_fix,
+    padded: dict[str, list[int]] | None = None,
 ) -> list[str]:
     """Every problem of every case, one line each, naming the file.
 
     Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
-    one case agreeing in shape and affine), finite image values, image/label shape and affine
-    agreement, integer labels in ``[0, num_classes)``, and a patch that fits the volume in at
-    least one axis (smaller axes are padded), and a NIfTI affine that can be reoriented to
-    ``orientation``. With a target ``spacing`` ``[z, y, x]``, the patch is compared with the
-    resampled shape (of the reoriented grid).
+    one case agreeing in shape and affine; ``channels_fix`` says what to change), finite image
+    values, image/label shape and affine agreement, integer labels in ``[0, num_classes)``, a
+    patch that fits the volume in at least one axis, and a NIfTI affine that can be reoriented
+    to ``orientation``. With a target ``spacing`` ``[z, y, x]``, the patch is compared with the
+    resampled shape (of the reoriented grid). ``padded``, when given, receives
+    ``{case name: [D, H, W]}`` of the volumes smaller than the patch in some axis (loading pads
+    them).
     """
     problems: list[str] = []
     for case in cases:
-        image = _image_geometry(case, in_channels, problems)
+        image = _image_geometry(case, in_channels, problems, channels_fix, orientation)
         label = None
         if case.label is not None:
             try:
@@ -351,15 +405,20 @@ def case_problems(
         reorient = _orientation_problems(case, image, orientation)
         problems += reorient
         loaded = oriented_geometry(image, None if reorient else orientation)
-        shape = loaded["shape_zyx"]
+        shape = list(loaded["shape_zyx"])
         sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
-            resampled = f" (resampled to data.spacing={list(spacing)})" if spacing else ""
+            volume = shape_in_words(image, None if reorient else orientation)
+            if spacing is not None:
+                volume = f"[D, H, W] = {sampled} at data.spacing={list(spacing)}, from {volume}"
             problems.append(
                 f"{_where(case.image_files[0], case.image_key)}: data.patch_size="
-                f"{list(patch_size)} is larger than the volume {list(sampled)}{resampled} in "
-                "every axis"
+                f"{list(patch_size)} is larger than the volume in every axis: {volume}"
             )
+        elif padded is not None and any(p > s for p, s in zip(patch_size, sampled, strict=True)):
+            padded[case.name] = list(sampled)
         if label is not None:
-            problems += _label_problems(case, label, image, num_classes, classes_from)
+            problems += _label_problems(
+                case, label, image, num_classes, classes_from, None if reorient else orientation
+            )
     return problems

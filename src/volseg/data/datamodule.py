@@ -24,6 +24,7 @@ from volseg.data.cases import (
     check_inputs,
     find_cases,
     find_inputs,
+    in_channels_fix,
     split_cases,
 )
 from volseg.data.dataset_defaults import (
@@ -114,7 +115,8 @@ class VolumeDataModule(LightningDataModule):
             ``classes.json`` (class names, background first).
         num_classes: classes including background; labels must lie in ``[0, num_classes)``;
             ``None``: as many as ``root/classes.json`` names.
-        in_channels: image channels (single-channel stacks: 1).
+        in_channels: image channels: 1 for 3-D files, ``C`` for 4-D NIfTI files that hold
+            ``C`` channels on their last axis.
         patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
             ``auto`` in the config is planned from the data by the run plan before this class
             is built (:func:`volseg.plan.make_plan`).
@@ -157,9 +159,6 @@ class VolumeDataModule(LightningDataModule):
             µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
             of the resampled grid.
     """
-
-    #: whether a case's image may have several channels (the folder layout: single-channel stacks)
-    multichannel = False
 
     def __init__(
         self,
@@ -262,10 +261,6 @@ class VolumeDataModule(LightningDataModule):
             )
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
             raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
-        if in_channels != 1 and not self.multichannel:
-            raise UserInputError(
-                f"data.in_channels={in_channels}: the folder layout holds single-channel stacks"
-            )
 
     @property
     def class_names(self) -> list[str]:
@@ -324,6 +319,7 @@ class VolumeDataModule(LightningDataModule):
         if self._checked:
             return
         cases, problems = self.split()
+        padded: dict[str, list[int]] = {}
         problems = problems + case_problems(
             cases,
             self.num_classes,
@@ -332,16 +328,37 @@ class VolumeDataModule(LightningDataModule):
             self.classes_from,
             self.spacing,
             self.orientation,
+            self.channels_fix,
+            padded,
         )
         raise_problems(problems, "the dataset")
         self._checked = True
         log.info(
-            "Dataset %s: %d train, %d val volumes, classes %s",
+            "Dataset %s: %d train, %d val volumes, %s",
             self.root,
             len(self.train_cases),
             len(self.val_cases),
-            self.class_names,
+            self.describe_channels(),
         )
+        if padded:
+            name, shape = next(iter(padded.items()))
+            log.info(
+                "data.patch_size=%s is larger than %d volume(s) in some axis (e.g. %s: [D, H, W] "
+                "= %s%s): they are zero-padded to the patch",
+                list(self.patch_size),
+                len(padded),
+                name,
+                shape,
+                f" at data.spacing={list(self.spacing)}" if self.spacing else "",
+            )
+
+    def describe_channels(self) -> str:
+        """The classes (and channels, where the layout names them) for the dataset's log line."""
+        return f"classes {self.class_names}"
+
+    def channels_fix(self, in_channels: int, channels: int) -> str:
+        """What to change when a case's image has ``channels`` channels, not ``in_channels``."""
+        return in_channels_fix(in_channels, channels)
 
     def split(self) -> tuple[list[Case], list[str]]:
         """Find the cases and split them into ``train_cases``/``val_cases`` (no voxel is read);
@@ -453,6 +470,11 @@ class VolumeDataModule(LightningDataModule):
     def classes_from(self) -> str:
         """Where the number of classes comes from, for messages."""
         return f"num_classes={self.num_classes}"
+
+    @property
+    def channels_from(self) -> str:
+        """Where the number of image channels comes from, for messages."""
+        return f"in_channels={self.in_channels}"
 
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""

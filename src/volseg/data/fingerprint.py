@@ -18,9 +18,9 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.data.cases import resampled_shape
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
+from volseg.data.spacing import resampled_shape
 from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)

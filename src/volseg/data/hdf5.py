@@ -58,8 +58,6 @@ class HDF5DataModule(VolumeDataModule):
         **kw: as :class:`VolumeDataModule`; ``in_channels`` must match ``raw``'s channel axis.
     """
 
-    multichannel = True
-
     def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
         super().__init__(root, **kw)
         self.raw_key = raw_key

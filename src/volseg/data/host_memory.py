@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from volseg.data.cases import Case
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
+from volseg.data.spacing import resampled_shape
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def volume_bytes(
         channels += int(geometry["channels"])
     shape = [int(s) for s in geometry["shape_zyx"][:3]]
     if spacing is not None:
-        shape = spacing_shape(shape, geometry["affine"], spacing)
+        shape = resampled_shape(shape, geometry["affine"], spacing)
     if pad_to is not None:
         shape = [max(s, int(p)) for s, p in zip(shape, pad_to, strict=True)]
     voxels = math.prod(shape)
@@ -109,19 +109,6 @@ def volume_bytes(
         num_classes, limit = locations
         kept = INDEX * (voxels if limit is None else min(voxels, num_classes * limit))
     return VolumeBytes((shape[0], shape[1], shape[2]), channels * voxels * FLOAT32, label, kept)
-
-
-def spacing_shape(
-    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
-) -> list[int]:
-    """``[D, H, W]`` after MONAI's ``Spacing`` to ``spacing_zyx``, as it computes it: the extent
-    between the first and last voxel centres, rescaled, plus one voxel, rounded half to even
-    (``monai.data.utils.compute_shape_offset``; an axis-aligned affine)."""
-    current = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
-    return [
-        max(1, int(np.round((n - 1) * c / t + 1.0)))
-        for n, c, t in zip(shape_zyx, current, spacing_zyx, strict=True)
-    ]
 
 
 def cached_count(num_items: int, cache_rate: float) -> int:

@@ -22,7 +22,6 @@ import nibabel as nib
 import numpy as np
 import tifffile
 from monai.data import ImageReader, NibabelReader
-from monai.data.image_reader import _copy_compatible_dict, _stack_images
 from monai.data.utils import is_supported_format
 from monai.utils import MetaKeys, SpaceKeys
 
@@ -78,6 +77,23 @@ def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
     return file[key]
 
 
+def channels_of_files(loaded: Sequence[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
+    """The array and metadata MONAI's ``LoadImage`` expects from a reader's ``get_data``.
+
+    One file: its array and header. Several (one per channel of a case): their arrays joined
+    on the channel axis (a new first axis for files without one), with the first file's header;
+    the case checks (:mod:`volseg.data.cases`) compare the files' shapes and affines first.
+    """
+    arrays = [array for array, _ in loaded]
+    meta = dict(loaded[0][1])
+    if len(arrays) == 1:
+        return arrays[0], meta
+    if meta.get(MetaKeys.ORIGINAL_CHANNEL_DIM) == 0:  # files with a channel axis of their own
+        return np.concatenate(arrays, axis=0), meta
+    meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
+    return np.stack(arrays, axis=0), meta
+
+
 class HDF5Reader(ImageReader):
     """MONAI reader for one dataset ``key`` of HDF5 files: ``(Z, Y, X)`` or ``(C, Z, Y, X)``.
 
@@ -103,8 +119,7 @@ class HDF5Reader(ImageReader):
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
         items = img if isinstance(img, list) else [img]
-        arrays: list[np.ndarray] = []
-        meta: dict = {}
+        loaded: list[tuple[np.ndarray, dict]] = []
         for array, (sz, sy, sx) in items:
             channels = array.ndim == 4
             header: dict = {
@@ -115,9 +130,8 @@ class HDF5Reader(ImageReader):
             }
             header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
             axes = (0, 3, 2, 1) if channels else (2, 1, 0)
-            arrays.append(np.ascontiguousarray(array.transpose(axes)))
-            _copy_compatible_dict(header, meta)
-        return _stack_images(arrays, meta), meta
+            loaded.append((np.ascontiguousarray(array.transpose(axes)), header))
+        return channels_of_files(loaded)
 
 
 def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
@@ -161,8 +175,7 @@ class TiffStackReader(ImageReader):
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
         items = img if isinstance(img, list) else [img]
-        arrays: list[np.ndarray] = []
-        meta: dict = {}
+        loaded: list[tuple[np.ndarray, dict]] = []
         for array, (sz, sy, sx) in items:
             header: dict = {
                 MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
@@ -171,9 +184,8 @@ class TiffStackReader(ImageReader):
                 MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan"),
             }
             header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
-            arrays.append(np.ascontiguousarray(array.transpose(2, 1, 0)))
-            _copy_compatible_dict(header, meta)
-        return _stack_images(arrays, meta), meta
+            loaded.append((np.ascontiguousarray(array.transpose(2, 1, 0)), header))
+        return channels_of_files(loaded)
 
 
 class NiftiReader(NibabelReader):
@@ -198,23 +210,42 @@ class NiftiReader(NibabelReader):
 def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
     """Geometry of a volume file without loading its voxels.
 
-    Returns ``{"format", "shape_zyx", "affine", "channels"}`` (affine: 4x4 in file axis order
-    ``x, y, z``; ``shape_zyx`` has more than 3 entries for a NIfTI/TIFF file with more than 3
-    axes). ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
+    Returns ``{"format", "shape_zyx", "affine", "channels", "stored_shape"}``: ``shape_zyx``
+    is ``[D, H, W]`` as loading orders the file's axes before any reorientation (NIfTI: its
+    ``z, y, x``; TIFF stacks and HDF5 datasets: as stored), with more than 3 entries for a
+    file of more axes than it reads; ``affine`` is 4x4 in file axis order ``x, y, z``;
+    ``stored_shape`` is the shape as the file stores it (NIfTI ``x, y, z[, c]`` as nibabel
+    reads it, TIFF ``Z, Y, X``, HDF5 ``[C,] Z, Y, X``). A 4-D NIfTI file holds its channels
+    on its last axis (the Decathlon's multi-modal volumes): ``channels`` counts them.
+    ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
     """
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
         img = nib.load(str(path))
-        shape = tuple(int(s) for s in img.shape)  # x, y, z (, channels...)
-        return {"format": fmt, "shape_zyx": shape[::-1], "affine": img.affine, "channels": 1}
+        stored = tuple(int(s) for s in img.shape)  # x, y, z (, channels)
+        channels = stored[3] if len(stored) == 4 else 1
+        spatial = stored[:3] if len(stored) == 4 else stored
+        return {
+            "format": fmt,
+            "shape_zyx": spatial[::-1],
+            "affine": img.affine,
+            "channels": channels,
+            "stored_shape": stored,
+        }
     if fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
             series = tif.series[0]
             sz, sy, sx = _tiff_spacing_zyx(tif)
             shape = tuple(int(s) for s in series.shape)
         affine = np.diag([sx, sy, sz, 1.0])
-        return {"format": fmt, "shape_zyx": shape, "affine": affine, "channels": 1}
+        return {
+            "format": fmt,
+            "shape_zyx": shape,
+            "affine": affine,
+            "channels": 1,
+            "stored_shape": shape,
+        }
     if fmt == "hdf5":
         with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
@@ -226,6 +257,7 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
             "shape_zyx": shape[1:] if len(shape) == 4 else shape,
             "affine": np.diag([sx, sy, sz, 1.0]),
             "channels": channels,
+            "stored_shape": shape,
         }
     raise ValueError(
         f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"

@@ -1,37 +1,49 @@
-"""The Medical Segmentation Decathlon / nnU-Net layout.
+"""The Medical Segmentation Decathlon's layout, as its archives ship it, and nnU-Net's.
 
 ```
-ROOT/dataset.json       {"channel_names": {"0": "T2", "1": "ADC"},     (or "modality")
-                         "labels": {"background": 0, "zone": 1},       (or {"0": "background"})
-                         "numTraining": 32, "file_ending": ".nii.gz"}  (optional, checked)
-ROOT/imagesTr/<id>_0000<ending>, <id>_0001<ending>, ...   one file per channel
-ROOT/labelsTr/<id><ending>
-ROOT/imagesTs/<id>_0000<ending>, ...                       optional, for predict.py
+ROOT/dataset.json   {"modality": {"0": "FLAIR", "1": "T1w", ...},   (or "channel_names")
+                     "labels": {"0": "background", "1": "edema"},    (or {"background": 0})
+                     "training": [{"image": "./imagesTr/BRATS_001.nii.gz",
+                                   "label": "./labelsTr/BRATS_001.nii.gz"}, ...],  (optional)
+                     "test": ["./imagesTs/BRATS_485.nii.gz", ...],                   (optional)
+                     "numTraining": 484, "file_ending": ".nii.gz"}   (optional, checked)
 ```
 
-Class names and channel names come from ``dataset.json``, and so do ``num_classes`` and
-``in_channels`` (``train.py`` builds the network with them). A ``training`` list in
-``dataset.json`` (nnU-Net v1 / MSD) is checked against the files.
+Two layouts of ``imagesTr/`` (and ``imagesTs/``), told apart from the files and
+``dataset.json`` (:func:`detect_layout`):
+
+- ``decathlon``, as the Decathlon's ``TaskNN_*.tar`` archives hold it: one file per case,
+  ``imagesTr/<id>.nii.gz``, named as its label; a 3-D volume, or a 4-D one with the modalities
+  on its last axis (``x, y, z, modality``: brain tumour 4, prostate 2);
+- ``nnunet``, nnU-Net's conversion of a task: one 3-D file per channel,
+  ``imagesTr/<id>_0000.nii.gz``, ``<id>_0001.nii.gz``, ...
+
+``labelsTr/<id>.nii.gz`` holds each case's label in both. ``num_classes`` and ``in_channels``
+come from ``dataset.json`` (``labels`` and ``modality`` / ``channel_names``); ``train.py``
+builds the network with them. The ``training`` list is read with MONAI's
+``load_decathlon_datalist`` and checked against the files; ``predict.py input=ROOT`` predicts
+the ``test`` list (else ``imagesTs/``). Hidden files (macOS ``._<name>`` files in the archives)
+are not cases.
 """
 
 from __future__ import annotations
 
 import glob
 import json
-import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from volseg.data.cases import Case, find_inputs, input_problems
+from monai.data import load_decathlon_datalist
+
+from volseg.data.cases import Case, find_inputs, input_problems, is_volume_file
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
 
-log = logging.getLogger(__name__)
-
 CHANNEL_FILE = re.compile(r"^(?P<id>.+)_(?P<channel>\d{4})$")
+LAYOUTS = ("decathlon", "nnunet")
 
 
 def _indexed_names(mapping: Any, what: str, source: Path) -> list[str]:
@@ -56,35 +68,77 @@ def _indexed_names(mapping: Any, what: str, source: Path) -> list[str]:
     return [by_index[i] for i in range(len(by_index))]
 
 
+def _no_dataset_json(root: Path) -> str:
+    """Why ``root`` holds no ``dataset.json``, and where to point ``data.root`` instead."""
+    if root.is_file() and root.name.endswith((".tar", ".tar.gz", ".tgz", ".zip")):
+        return f"an archive; extract it first (e.g. tar -xf {root}) and point data.root at the task"
+    if not root.is_dir():
+        return "no such folder"
+    inside = sorted(p.parent for p in root.glob("*/dataset.json"))
+    if inside:
+        where = ", ".join(str(p) for p in inside[:3]) + (" ..." if len(inside) > 3 else "")
+        return f"no dataset.json here, but in {where}: point data.root at the task folder"
+    return (
+        "no dataset.json (the msd layout needs dataset.json, imagesTr/ and labelsTr/; "
+        "data=folder reads images/ + labels/)"
+    )
+
+
 def read_dataset_json(root: Path) -> dict[str, Any]:
-    """``{"class_names", "channel_names", "file_ending", "num_training", "training"}``."""
+    """``{"class_names", "channel_names", "channels_key", "file_ending", "num_training",
+    "training", "test"}`` of ``root/dataset.json``."""
     source = root / "dataset.json"
     if not source.is_file():
-        raise UserInputError(
-            f"data.root={root}: no dataset.json (the msd layout needs dataset.json, imagesTr/ "
-            "and labelsTr/; data=folder reads images/ + labels/)"
-        )
+        raise UserInputError(f"data.root={root}: {_no_dataset_json(root)}")
     try:
         raw = json.loads(source.read_text())
     except json.JSONDecodeError as err:
         raise UserInputError(f"{source}: not valid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise UserInputError(f"{source}: expected a JSON object with 'labels' and 'modality'")
     if "labels" not in raw:
         raise UserInputError(f"{source}: no 'labels' (class names by index)")
-    channels = raw.get("channel_names", raw.get("modality"))
-    if channels is None:
-        raise UserInputError(f"{source}: no 'channel_names' (or 'modality')")
+    channels_key = "channel_names" if "channel_names" in raw else "modality"
+    if channels_key not in raw:
+        raise UserInputError(f"{source}: no 'modality' (or 'channel_names'): the image channels")
     ending = raw.get("file_ending")
     if ending is not None and ending not in VOLUME_SUFFIXES:
         raise UserInputError(
             f"{source}: file_ending {ending!r} is not supported ({', '.join(VOLUME_SUFFIXES)})"
         )
+    for key in ("training", "test"):
+        if key in raw and not isinstance(raw[key], list):
+            raise UserInputError(f"{source}: '{key}' must be a list")
     return {
         "class_names": _indexed_names(raw["labels"], "labels", source),
-        "channel_names": _indexed_names(channels, "channel_names", source),
+        "channel_names": _indexed_names(raw[channels_key], channels_key, source),
+        "channels_key": channels_key,
         "file_ending": ending,
         "num_training": raw.get("numTraining"),
         "training": raw.get("training"),
+        "test": raw.get("test"),
     }
+
+
+def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, Path]]]:
+    """The ``key`` list of ``root/dataset.json`` (``training``: image/label pairs, ``test``:
+    images): each entry as written (``{"image": ..., "label": ...}``) and as paths from
+    ``root`` (MONAI's ``load_decathlon_datalist``)."""
+    source = root / "dataset.json"
+    wanted = ("image", "label") if key == "training" else ("image",)
+    expected = '{"image": "./imagesTr/<file>", "label": "./labelsTr/<file>"}'
+    if key == "test":
+        expected = '"./imagesTs/<file>"'
+    raw = json.loads(source.read_text())[key]
+    written = [entry if isinstance(entry, dict) else {"image": entry} for entry in raw]
+    bad = [e for e in written if not all(isinstance(e.get(k), str) for k in wanted)]
+    if bad:
+        raise UserInputError(f"{source}: each '{key}' entry must be {expected}, got {bad[0]}")
+    items = load_decathlon_datalist(source, key == "training", key, root)
+    return [
+        ({k: entry[k] for k in wanted}, {k: Path(item[k]) for k in wanted})
+        for entry, item in zip(written, items, strict=True)
+    ]
 
 
 def group_channel_files(
@@ -106,45 +160,119 @@ def group_channel_files(
     return dict(sorted(groups.items())), plain
 
 
+def _volumes(folder: Path, endings: Sequence[str]) -> dict[str, Path]:
+    """``{name: path}`` of the volume files in ``folder`` (hidden files left out)."""
+    return {
+        p.name: p
+        for p in sorted(folder.iterdir())
+        if match_suffix(p.name, endings) and is_volume_file(p)
+    }
+
+
+def detect_layout(
+    root: Path, dataset: dict[str, Any], images: dict[str, Path], labels: dict[str, Path]
+) -> str:
+    """``decathlon`` (one file per case, named as its label) or ``nnunet`` (``_NNNN`` channel
+    files), from the first that tells: the ``training`` list's images exist as files or not;
+    an image named as a label; channel files; ``dataset.json``'s ``modality`` (the
+    Decathlon's) against ``channel_names`` (nnU-Net v2's)."""
+    training = dataset["training"] or []
+    listed = [
+        e["image"] for e in training if isinstance(e, dict) and isinstance(e.get("image"), str)
+    ]
+    if listed:
+        return "decathlon" if any((root / p).is_file() for p in listed) else "nnunet"
+    if any(name in images for name in labels):
+        return "decathlon"
+    groups, _ = group_channel_files(list(images.values()), VOLUME_SUFFIXES)
+    if groups:
+        return "nnunet"
+    return "decathlon" if dataset["channels_key"] == "modality" else "nnunet"
+
+
 def _training_list_problems(
-    root: Path, dataset: dict[str, Any], endings: Sequence[str], images: dict[str, Any]
+    root: Path, dataset: dict[str, Any], layout: str, channel_groups: dict[str, Any]
 ) -> list[str]:
-    """Files of a ``training`` list (MSD, nnU-Net v1) that do not exist."""
+    """Files of a ``training`` list that do not exist (nnU-Net v1 lists each image without
+    its ``_0000`` suffix: its channel files count)."""
+    if not dataset["training"]:
+        return []
     problems = []
-    for entry in dataset["training"] or []:
-        for key in ("image", "label"):
-            listed = entry.get(key) if isinstance(entry, dict) else None
-            if listed is None:
-                continue
-            path = root / listed
-            split = match_suffix(path.name, endings)
-            # nnU-Net v1 lists images without their channel suffix
-            exists = path.is_file() or (key == "image" and split and "".join(split) in images)
+    for written, paths in listed_files(root, "training"):
+        for key, path in paths.items():
+            exists = path.is_file() or (
+                key == "image" and layout == "nnunet" and path.name in channel_groups
+            )
             if not exists:
                 problems.append(
-                    f"{root / 'dataset.json'}: lists {listed} ('training' {key}), file not found"
+                    f"{root / 'dataset.json'}: lists {written[key]} ('training' {key}), file "
+                    "not found"
                 )
     return problems
 
 
-def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], list[str]]:
-    """Complete cases of ``imagesTr/`` + ``labelsTr/``, and every disagreement with
-    ``dataset.json`` (missing or extra channel files, unpaired files, listed files missing,
-    ``numTraining``)."""
+def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], list[str], str]:
+    """Complete cases of ``imagesTr/`` + ``labelsTr/``, every disagreement with
+    ``dataset.json`` (unpaired files, missing or extra channel files, listed files missing,
+    ``numTraining``), and the layout (:func:`detect_layout`)."""
     images_dir, labels_dir = root / "imagesTr", root / "labelsTr"
     missing = [f"{d}: folder is missing" for d in (images_dir, labels_dir) if not d.is_dir()]
     if missing:
         raise UserInputError(f"data.root={root}: not an msd dataset folder", missing)
     endings = [dataset["file_ending"]] if dataset["file_ending"] else list(VOLUME_SUFFIXES)
+    labels, images = _volumes(labels_dir, endings), _volumes(images_dir, endings)
+    layout = detect_layout(root, dataset, images, labels)
+    groups, plain = group_channel_files(list(images.values()), endings)
+    if layout == "decathlon":
+        cases, problems = _decathlon_cases(images, labels, images_dir, labels_dir)
+    else:
+        cases, problems = _nnunet_cases(dataset, root, groups, plain, labels, labels_dir)
+    problems += _training_list_problems(root, dataset, layout, groups)
+    num_training = dataset["num_training"]
+    if num_training is not None and num_training != len(labels):
+        problems.append(
+            f"{root / 'dataset.json'}: numTraining={num_training}, but {labels_dir} holds "
+            f"{len(labels)} labels"
+        )
+    if not labels and not problems:
+        raise UserInputError(f"data.root={root}: no labels found in {labels_dir}")
+    return cases, problems, layout
+
+
+def _decathlon_cases(
+    images: dict[str, Path], labels: dict[str, Path], images_dir: Path, labels_dir: Path
+) -> tuple[list[Case], list[str]]:
+    """One image file per label, of the same name."""
+    problems = [
+        f"{label}: label has no image (expected {images_dir / name}, one file per case)"
+        for name, label in labels.items()
+        if name not in images
+    ] + [
+        f"{image}: image has no label (expected {labels_dir / name})"
+        for name, image in images.items()
+        if name not in labels
+    ]
+    cases = [Case(name, images[name], label) for name, label in labels.items() if name in images]
+    return cases, problems
+
+
+def _nnunet_cases(
+    dataset: dict[str, Any],
+    root: Path,
+    groups: dict[str, dict[int, Path]],
+    plain: list[Path],
+    labels: dict[str, Path],
+    labels_dir: Path,
+) -> tuple[list[Case], list[str]]:
+    """One ``<id>_NNNN`` file per channel for each label ``<id>``."""
+    images_dir = root / "imagesTr"
     channels = dataset["channel_names"]
     listed = f"{root / 'dataset.json'} lists {len(channels)} channel(s) ({', '.join(channels)})"
-    labels = {p.name: p for p in sorted(labels_dir.iterdir()) if match_suffix(p.name, endings)}
-    images, plain = group_channel_files(sorted(images_dir.iterdir()), endings)
     problems = [f"{p}: no channel suffix (expected <id>_0000, one file per channel)" for p in plain]
     cases = []
     for name, label in labels.items():
-        stem, ending = match_suffix(name, endings)
-        found = images.get(name, {})
+        stem, ending = match_suffix(name, VOLUME_SUFFIXES) or (name, "")
+        found = groups.get(name, {})
         if not found:
             expected = images_dir / f"{stem}_0000{ending}"
             problems.append(f"{label}: label has no image (expected {expected})")
@@ -158,35 +286,26 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
             cases.append(Case(name, tuple(found[c] for c in range(len(channels))), label))
     problems += [
         f"{found[min(found)]}: image has no label (expected {labels_dir / name})"
-        for name, found in images.items()
+        for name, found in groups.items()
         if name not in labels
     ]
-    problems += _training_list_problems(root, dataset, endings, images)
-    num_training = dataset["num_training"]
-    if num_training is not None and num_training != len(labels):
-        problems.append(
-            f"{root / 'dataset.json'}: numTraining={num_training}, but {labels_dir} holds "
-            f"{len(labels)} labels"
-        )
-    if not labels and not problems:
-        raise UserInputError(f"data.root={root}: no labels found in {labels_dir}")
     return cases, problems
 
 
 class MSDDataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for the MSD / nnU-Net layout (see the module docstring).
+    """:class:`VolumeDataModule` for the Decathlon / nnU-Net layout (see the module docstring).
 
     ``num_classes`` and ``in_channels`` may be ``None`` (the default in ``data=msd``): they are
-    read from ``dataset.json`` in :meth:`check`. Given explicitly, they must agree with it.
+    read from ``dataset.json`` in :meth:`find`. Given explicitly, they must agree with it.
     """
-
-    multichannel = True
 
     def __init__(
         self, root: str, num_classes: int | None = None, in_channels: int | None = None, **kw: Any
     ) -> None:
         super().__init__(root, num_classes=num_classes, in_channels=in_channels, **kw)
         self.channel_names: list[str] | None = None
+        self.channels_key = "modality"
+        self.layout: str | None = None
 
     def find(self) -> tuple[list[Case], list[str]]:
         dataset = read_dataset_json(self.root)
@@ -202,29 +321,87 @@ class MSDDataModule(VolumeDataModule):
                 )
             setattr(self, key, found)
         self.channel_names = dataset["channel_names"]
+        self.channels_key = dataset["channels_key"]
         if self._class_names is None:
             self._class_names = dataset["class_names"]
-        log.info("dataset.json: classes %s, channels %s", self._class_names, self.channel_names)
-        return find_msd_cases(self.root, dataset)
+        cases, problems, self.layout = find_msd_cases(self.root, dataset)
+        return cases, problems
 
     @property
     def classes_from(self) -> str:
         return f"{self.num_classes} classes listed in {self.root / 'dataset.json'}"
 
+    @property
+    def channels_from(self) -> str:
+        names = ", ".join(self.channel_names or [])
+        return f"{self.in_channels} channel(s) ({names}) listed in {self.root / 'dataset.json'}"
+
+    def describe_channels(self) -> str:
+        return f"{self.layout} layout, classes {self.class_names}, channels {self.channel_names}"
+
+    def channels_fix(self, in_channels: int, channels: int) -> str:
+        names = ", ".join(self.channel_names or [])
+        return (
+            f"{self.root / 'dataset.json'} lists {in_channels} channel(s) ({names}) in "
+            f"'{self.channels_key}' (a 4-D NIfTI image holds its channels on its last axis)"
+        )
+
+    def _training_layout(self) -> str | None:
+        """The training data's layout, where ``data.root`` can still be read."""
+        if self.layout is None:
+            try:
+                self.find()
+            except (UserInputError, OSError):
+                return None
+        return self.layout
+
+    def _test_list(self, root: Path) -> tuple[list[Path], list[str]]:
+        """The images of ``root/dataset.json``'s ``test`` list (else of ``root/imagesTs``),
+        and the listed files that are missing."""
+        dataset = read_dataset_json(root)
+        if not dataset["test"]:
+            return [c.image_files[0] for c in find_inputs(root / "imagesTs")], []
+        files, problems = [], []
+        for written, paths in listed_files(root, "test"):
+            path = paths["image"]
+            split = match_suffix(path.name, VOLUME_SUFFIXES)
+            siblings = []
+            if split is not None and not path.is_file():  # nnU-Net v1: listed without _0000
+                pattern = f"{glob.escape(split[0])}_[0-9][0-9][0-9][0-9]{split[1]}"
+                siblings = sorted(path.parent.glob(pattern))
+            if path.is_file() or siblings:
+                files += siblings or [path]
+            else:
+                problems.append(
+                    f"{root / 'dataset.json'}: lists {written['image']} ('test'), file not found"
+                )
+        return files, problems
+
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
-        """Cases of ``path`` (e.g. ``imagesTs/``): channel files ``<id>_NNNN`` grouped into one
-        case named ``<id><ending>``; a single ``<id>_0000`` file brings its sibling channels."""
+        """Cases of ``path``: a dataset folder (its ``dataset.json``'s ``test`` list, else
+        ``imagesTs/``), a folder of images, or one image file. In the ``decathlon`` layout each
+        file is a case; in ``nnunet``'s, channel files ``<id>_NNNN`` are grouped into one case
+        named ``<id><ending>`` (a single ``<id>_0000`` file brings its sibling channels)."""
         path = Path(path)
-        files = [c.image_files[0] for c in find_inputs(path)]
+        problems: list[str] = []
+        if path.is_dir() and (path / "dataset.json").is_file():
+            files, problems = self._test_list(path)
+        else:
+            files = [c.image_files[0] for c in find_inputs(path)]
+        if self._training_layout() == "decathlon":
+            cases = [Case(p.name, p, None) for p in files]
+            raise_problems(
+                problems + input_problems(cases, in_channels, self.orientation), "the input"
+            )
+            return cases
         if path.is_file():
             split = match_suffix(path.name, VOLUME_SUFFIXES)
             match = CHANNEL_FILE.match(split[0]) if split else None
             if match is not None:
                 siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
                 files = [p for p in siblings if p.name.endswith(split[1])]
-        groups, plain = group_channel_files(sorted(files), VOLUME_SUFFIXES)
-        cases = [Case(p.name, p, None) for p in plain]  # single-channel files without a suffix
-        problems = []
+        groups, plain = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
+        cases = [Case(p.name, p, None) for p in plain]  # one file per case
         for name, channels in groups.items():
             if sorted(channels) != list(range(len(channels))):
                 problems.append(

@@ -120,7 +120,8 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
         if data.get(key) is None and key in data:
             opened.module.find()  # dataset.json: sets them, or one error naming the file
             found = int(getattr(opened.module, key))
-            decisions[key] = Decision(found, "the data", f"{opened.module.classes_from}")
+            source = "classes_from" if key == "num_classes" else "channels_from"
+            decisions[key] = Decision(found, "the data", getattr(opened.module, source))
             _set(cfg, key, found)
             _set(cfg, f"data.{key}", found)
         elif key in cfg:

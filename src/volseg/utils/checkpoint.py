@@ -66,20 +66,110 @@ def load_model(
     return model
 
 
+#: network arguments that do not shape its weights (left out when two networks are compared)
+NOT_WEIGHTS = ("patch_size", "pooling", "depth", "dropout")
+
+
+def _net_dict(net: Any) -> dict[str, Any]:
+    """A network's config as plain values (interpolations resolved where they can be)."""
+    if not isinstance(net, DictConfig):
+        return dict(net or {})
+    try:
+        return dict(OmegaConf.to_container(net, resolve=True))
+    except Exception:  # an interpolation outside this node: its own value is not needed here
+        return dict(OmegaConf.to_container(net, resolve=False))
+
+
+def _yaml_net(folder: Path, name: str) -> dict[str, Any]:
+    """``folder/<name>.yaml`` with the files of its ``defaults`` list merged under it."""
+    own = OmegaConf.load(folder / f"{name}.yaml")
+    merged = OmegaConf.create()
+    for entry in own.get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_" and (folder / f"{entry}.yaml").is_file():
+            merged = OmegaConf.merge(merged, _yaml_net(folder, entry))
+    own.pop("defaults", None)
+    return dict(OmegaConf.to_container(OmegaConf.merge(merged, own), resolve=False))
+
+
+def _literal_match(config_net: dict[str, Any], saved_net: dict[str, Any]) -> bool:
+    """Whether a network config file builds the saved network: the same ``_target_`` and the
+    same value of every literal (not interpolated) argument that shapes the weights."""
+    if config_net.get("_target_") != saved_net.get("_target_"):
+        return False
+    return all(
+        saved_net.get(key) == value
+        for key, value in config_net.items()
+        if key not in NOT_WEIGHTS and not (isinstance(value, str) and "${" in value)
+    )
+
+
+def config_choice_of(saved_net: dict[str, Any]) -> str | None:
+    """The command-line choice that builds ``saved_net``: ``model=NAME`` (a model group whose
+    network matches), else ``model/net=NAME``; ``None`` outside a composed Hydra config or
+    when no config file matches."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sources = HydraConfig.get().runtime.config_sources
+    except Exception:  # not composed by Hydra (a script building a model itself)
+        return None
+    for source in sources:
+        path = str(source.get("path", ""))
+        if source.get("schema") != "file" and not path.startswith("/"):
+            continue
+        models = Path(path.removeprefix("file://")) / "model"
+        if not (models / "net").is_dir():
+            continue
+        for group in sorted(models.glob("*.yaml")):
+            defaults = OmegaConf.load(group).get("defaults", [])
+            nets = [d["net"] for d in defaults if isinstance(d, DictConfig) and "net" in d]
+            if nets and _literal_match(_yaml_net(models / "net", nets[0]), saved_net):
+                return f"model={group.stem}"
+        for net in sorted((models / "net").glob("*.yaml")):
+            if _literal_match(_yaml_net(models / "net", net.stem), saved_net):
+                return f"model/net={net.stem}"
+    return None
+
+
+def _differences(saved_net: dict[str, Any], config_net: dict[str, Any]) -> list[str]:
+    """``key=checkpoint's (config's)`` for each argument that shapes the weights and differs."""
+    keys = [k for k in dict.fromkeys([*saved_net, *config_net]) if k not in NOT_WEIGHTS]
+    return [
+        f"{key}={saved_net.get(key)} (the config: {config_net.get(key)})"
+        for key in keys
+        if saved_net.get(key) != config_net.get(key)
+    ]
+
+
 def check_weights_fit(
     model: LightningModule, checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
 ) -> None:
-    """Raise :class:`UserInputError` listing the mismatched tensors (shape, missing, unexpected)
-    when ``model`` is a different network than the one whose weights ``checkpoint`` holds."""
+    """Raise :class:`UserInputError` when ``model`` is a different network than the one whose
+    weights ``checkpoint`` holds: the checkpoint's network, the arguments that differ, the
+    config choice that builds it (``model=NAME``), and the mismatched tensors."""
     state = checkpoint.get("state_dict", {})
     problems = weight_mismatches(model.state_dict(), state)
     if problems:
         shown = problems[:MAX_LISTED]
         if len(problems) > MAX_LISTED:
             shown.append(f"... and {len(problems) - MAX_LISTED} more")
-        net = model_cfg.get("net", {})
+        net = _net_dict(model_cfg.get("net", {}))
+        saved_model = (checkpoint.get("volseg", {}).get("config") or {}).get("model") or {}
+        saved = dict(saved_model.get("net") or {})
+        trained = f"{saved.get('_target_')}"
+        differences = _differences(saved, net) if saved else []
+        if differences:
+            trained += f" with {', '.join(differences)}"
+        choice = config_choice_of(saved) if saved else None
+        fix = (
+            f"pass {choice} (the network it was trained with), without model.* overrides that "
+            "change it"
+            if choice
+            else "compose the network it was trained with (its model config is saved in the "
+            "checkpoint), without model.* overrides that change it"
+        )
         raise UserInputError(
             f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
-            f"({net.get('_target_')}); drop model.* overrides that change the network",
+            f"({net.get('_target_')}): they are of {trained}; {fix}",
             shown,
         )
