@@ -15,7 +15,6 @@ from omegaconf.errors import MissingMandatoryValue
 
 from volseg.models.networks import NetworkAdapter, adapter_for
 from volseg.models.networks.probe import (
-    blocks_taking_mutable_arguments,
     channel_names,
     network_divisibility,
 )
@@ -114,35 +113,6 @@ def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision
     return Decision(DEEP_SUPERVISION_LOSS, "planned", why)
 
 
-#: the plan's entry for the blocks activation checkpointing runs as they are
-CHECKPOINTING_LEAVES_OUT = "model.activation_checkpointing.leaves_out"
-
-
-def _blocks_not_checkpointed(
-    cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]
-) -> Decision | None:
-    """For a network checkpointed block by block (the generic ``all`` or names), the blocks
-    passed a list, dict or set, which checkpointing runs as they are (found on meta tensors,
-    before any run); ``None`` where there are none or the network checkpoints otherwise."""
-    if type(adapter).apply_checkpointing is not NetworkAdapter.apply_checkpointing:
-        return None
-    try:
-        found = blocks_taking_mutable_arguments(
-            cfg.model.net, int(cfg.get("in_channels", 1)), patch
-        )
-    except Exception:  # a network the probe cannot run says nothing here; training will tell
-        return None
-    if not found:
-        return None
-    names = ", ".join(f"{name} ({' and '.join(kinds)})" for name, kinds in found.items())
-    why = (
-        f"passed a list, dict or set: {names}; its forward may change it (a decoder popping its "
-        "skips), which a recomputation in backward could not replay, so activation "
-        "checkpointing runs these blocks as they are"
-    )
-    return Decision(sorted(found), "planned", why)
-
-
 def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
     """The network of ``cfg.model.net`` planned for the training patch ``patch`` ([D, H, W]
     voxels); ``cfg`` is updated with every planned value. One :class:`UserInputError` naming
@@ -156,9 +126,6 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
         _set(cfg, planned.key, planned.value)
     decisions["model.divisible_by"] = divisible_by(cfg, patch)
     _set(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
-    left_out = _blocks_not_checkpointed(cfg, adapter, patch)
-    if left_out is not None:
-        decisions[CHECKPOINTING_LEAVES_OUT] = left_out
     loss = _deep_supervision_loss(cfg, adapter)
     if loss is not None:
         decisions["model.loss._target_"] = loss

@@ -151,33 +151,3 @@ def network_divisibility(
         probed,
         f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})",
     )
-
-
-def blocks_taking_mutable_arguments(
-    net_cfg: DictConfig, in_channels: int, patch: Sequence[int]
-) -> dict[str, list[str]]:
-    """The blocks (its adapter's :meth:`~volseg.models.networks.NetworkAdapter.blocks`) of the
-    network of ``net_cfg`` whose forward is passed a list, dict or set, found in one forward of a
-    ``patch`` ``[D, H, W]`` on meta tensors: ``{block name: the arguments' type names}``.
-    Activation checkpointing runs such a block as it is."""
-    from volseg.models.networks import adapter_for
-    from volseg.models.networks.contract import mutable_arguments
-
-    net, fake, device = _built_for_probing(net_cfg)
-    found: dict[str, list[str]] = {}
-    handles = []
-    for name, block in adapter_for(net).blocks(net):
-
-        def seen(module: Any, args: tuple, kwargs: dict, name: str = name) -> None:
-            kinds = mutable_arguments(args, kwargs)
-            if kinds:
-                found[name] = sorted(set(kinds))
-
-        handles.append(block.register_forward_pre_hook(seen, with_kwargs=True))
-    try:
-        with fake:
-            _fits(net, in_channels, [int(s) for s in patch], device)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
