@@ -279,6 +279,36 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
 STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
 
 
+def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
+    """One line where the planned effective batch (``data.batch_size`` x
+    ``trainer.accumulate_grad_batches``) differs from the configured one (``configured``:
+    ``(batch, accumulation)`` as composed), and a warning where a planned batch under 2 meets
+    BatchNorm."""
+    from volseg.models.networks.probe import has_batch_norm
+
+    notes = []
+    batch = int(cfg.data.batch_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    if str(configured[0]) != AUTO:
+        before = int(configured[0]) * int(configured[1] or 1)
+        if batch * accumulate != before:
+            notes.append(
+                f"effective batch {batch * accumulate} (data.batch_size={batch} x "
+                f"trainer.accumulate_grad_batches={accumulate}), not the configured {before}: "
+                "the configured one does not fit memory.budget"
+            )
+    planned = decisions.get("data.batch_size")
+    chosen = planned is not None and planned.source == "planned"
+    if batch < 2 and chosen and has_batch_norm(cfg.model.net):
+        notes.append(
+            f"data.batch_size={batch} with BatchNorm: each step normalizes with one "
+            "sample's statistics, which trains poorly; a network with GroupNorm or "
+            "InstanceNorm (model=unet_small_gn, model.net.norm=instance) does not depend "
+            "on the batch"
+        )
+    return notes
+
+
 def _plan_step(
     cfg: DictConfig,
     decisions: dict[str, Decision],
@@ -524,6 +554,11 @@ def make_plan(
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
+    trainer = cfg.get("trainer") or {}
+    configured_batch = (
+        OmegaConf.select(cfg, "data.batch_size"),
+        trainer.get("accumulate_grad_batches", 1),
+    )
 
     if "callbacks" in cfg and "trainer" in cfg:
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
@@ -582,6 +617,8 @@ def make_plan(
         estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
         if batch_search is not None:
             estimate = {**estimate, "batch_size_auto": batch_search}
+        if "data" in cfg and "trainer" in cfg and configured_batch[0] is not None:
+            notes += _batch_notes(cfg, configured_batch, decisions)
     validation = {}
     if "model" in cfg and "data" in cfg:
         validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)

@@ -52,12 +52,31 @@ def format_run_plan(run_plan: Any) -> str:
         lines.append(_estimated(f"step on {est['device']}", est, flops))
     elif est:
         lines.append(f"  estimate: not made ({est.get('not_estimated')})")
+    if "batch_size_auto" in est:
+        lines += _batch_table(est["batch_size_auto"])
     val = dict(run_plan.validation)
     if "peak_allocated" in val:
         shape = "x".join(map(str, val["volume_shape"]))
         what = f"validation of a {shape} volume ({val['shape_from']})"
         lines.append(_estimated(what, val, f"stitched on the {val['stitch']}"))
+    lines += [f"  note: {note}" for note in run_plan.notes]
     return "\n".join(lines)
+
+
+def _batch_table(search: Mapping[str, Any]) -> list[str]:
+    """``data.batch_size=auto``'s table: each batch estimated, what it needs, whether it fits."""
+    lines = [
+        f"  data.batch_size=auto against {search['budget_of']} ({search['budget'] / MIB:,.0f} "
+        "MiB), at the planned patch and levers:",
+        f"    {'batch':>5}  {'peak allocated':>14}  {'process':>10}  {'with margin':>11}  fits",
+    ]
+    for row in search["rows"]:
+        lines.append(
+            f"    {row['batch_size']:>5}  {row['peak_allocated'] / MIB:>10,.0f} MiB  "
+            f"{row['process_total'] / MIB:>6,.0f} MiB  {row['with_margin'] / MIB:>7,.0f} MiB  "
+            f"{'yes' if row['fits'] else 'no'}"
+        )
+    return lines
 
 
 def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:

@@ -170,3 +170,13 @@ def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int])
             return net(torch.empty(1, in_channels, *[int(s) for s in patch], device=device))
     except Exception:  # any complaint: not this probe's to report
         return None
+
+
+def has_batch_norm(net_cfg: DictConfig) -> bool:
+    """Whether the network of ``net_cfg`` (built on the meta device) holds a BatchNorm layer:
+    a micro-batch of one sample then normalizes with that sample's statistics alone."""
+    try:
+        net, _, _ = _built_for_probing(net_cfg)
+    except Exception:  # not buildable here: building it for the run says why
+        return False
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
