@@ -323,7 +323,8 @@ def _plan_step(
     peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
     (bytes), ``the RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
-    from volseg.memory.fit.budget import check_estimate_fits, step_margin_note
+    from volseg.memory.estimate.margins import margin_text
+    from volseg.memory.fit.budget import check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -356,8 +357,8 @@ def _plan_step(
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
-        if est.margin:
-            why += "," + step_margin_note(est)
+        if est.margin:  # where the margin comes from is said once: estimate.margin_source
+            why += f" with a margin of {margin_text(est)} (estimate.margin_source)"
     if run is not None:
         result = {
             "device": run.step.device,
