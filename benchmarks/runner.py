@@ -58,6 +58,9 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
         _maintained("levers", "each memory lever's peak memory and step time on the CPU"),
         _maintained(
+            "lever_time_factors", "each lever's predicted step-time factor against the measured"
+        ),
+        _maintained(
             "levers_estimated", "the memory levers estimated for a GPU beside what it measured"
         ),
         _maintained(

@@ -54,6 +54,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "loader_compare": (IN, "the loader was changed after these timings were seen"),
     "memory_monitor_overhead": (IN, UNMARKED),
     "network_levers": (IN, UNMARKED),
+    "lever_time_factors": (IN, UNMARKED),
     "step_profile": (IN, UNMARKED),
     "train_throughput": (IN, UNMARKED),
     "training_overheads": (IN, UNMARKED),

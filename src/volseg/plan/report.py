@@ -194,6 +194,21 @@ def format_estimate(
     return "\n".join(lines)
 
 
+def format_lever_prices(rows: Any) -> str:
+    """Every lever with its price (:func:`volseg.memory.fit.levers.lever_prices`): the predicted
+    peak (the margin included) and step-time factor of each, one line each."""
+    lines = [
+        "Every lever for this step (predicted peak with the margin; step time as a factor of the "
+        "configured step's, from its FLOPs):"
+    ]
+    for r in rows:
+        factor = f"{r.time_factor:5.2f}x" if r.time_factor is not None else "    ?"
+        moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
+        why = f"  ({r.why}{moved})" if r.why or moved else ""
+        lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factor}  {r.setting}{why}")
+    return "\n".join(lines)
+
+
 def format_step_fit(result: StepFit) -> str:
     """The planner's answer: what to paste, and what the estimate says of it."""
     budget = f"{result.budget / MIB:,.0f} MiB"

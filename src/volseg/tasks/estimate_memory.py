@@ -16,10 +16,12 @@ from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
 from volseg.memory.estimate.inference import estimate_prediction, validation_shape
 from volseg.memory.estimate.step import MemoryEstimate, planned_device
+from volseg.memory.fit.levers import lever_prices
 from volseg.plan import plan_run
 from volseg.plan.report import (
     format_estimate,
     format_inference,
+    format_lever_prices,
     format_planned,
     format_run_peak,
     unmodelled_levers,
@@ -125,6 +127,10 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
         )
     )
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    if options.get("levers", True):
+        prices = lever_prices(cfg)
+        print(format_lever_prices(prices))
+        result["levers"] = [price.to_dict() for price in prices]
     result.update(inference_estimates(cfg, est))
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
