@@ -1,7 +1,6 @@
 """The CUDA estimate against every GPU run kept in ``benchmarks/results/cuda/*.json``, on any CPU.
 
-Each run not held out is estimated as ``tests/memory/estimate/test_recorded_cuda.py`` estimates it:
-its
+Each run not held out is estimated as ``tests/memory/test_recorded_cuda.py`` estimates it: its
 ``train.py`` overrides, ``memory.plan_device=cuda`` and its loop's ``estimate.zero_grad`` (the run's
 ``zero_grad``; Lightning's closure where it has none). Prints one Markdown row per run: peak
 allocated (or, where only the rise above the step's start was measured, that rise) and peak
@@ -33,7 +32,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from benchmarks import results_io
+from benchmarks import results_io, two_part
 from volseg.memory.estimate.engine import estimate
 from volseg.memory.estimate.margins import KINDS, step_kind, whole_percent_above
 from volseg.plan import planned_config
@@ -121,7 +120,13 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         worst = max(fitted, key=lambda s: s["measured"] / s["estimated"])
         low, high = (f(s["estimated"] for s in fitted) for f in (min, max))
+        fixed_mib, share = two_part.fit(
+            [(s["estimated"] * MIB, s["measured"] * MIB) for s in fitted]
+        )
         found[kind] = {
+            "fixed_mib": fixed_mib,
+            "share": share,
+            # one share for every size, as readers of the margin before fixed_mib/share take it
             "fraction": whole_percent_above(worst["measured"] / worst["estimated"]),
             "source": (
                 f"{worst['run']} (reserved {worst['measured']:,.0f} MiB measured, "
@@ -145,6 +150,10 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         without = fit([*steps[:i], *steps[i + 1 :]]).get(step["kind"])
         margin = without["fraction"] if without else 0.0
         over = step["measured"] > step["estimated"] * (1 + margin)
+        fixed_mib, share = (without["fixed_mib"], without["share"]) if without else (0.0, 0.0)
+        covered = two_part.covered(
+            fixed_mib, share, step["estimated"] * MIB, step["measured"] * MIB
+        )
         runs.append(
             {
                 "file": step["file"],
@@ -154,6 +163,9 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "estimated_reserved_mib": round(step["estimated"], 3),
                 "margin_without_it": margin,
                 "overcommitted": over,
+                "fixed_mib_without_it": fixed_mib,
+                "share_without_it": share,
+                "covered": covered,
             }
         )
         tally = by_kind.setdefault(step["kind"], {"overcommitted": 0, "of": 0})
@@ -163,6 +175,11 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "overcommitted": sum(r["overcommitted"] for r in runs),
         "of": len(runs),
         "by_kind": {k: by_kind[k] for k in KINDS if k in by_kind},
+        # fixed_mib + share fitted without each run: how many it still covers, per kind
+        "covered": sum(r["covered"] for r in runs),
+        "covered_by_kind": {
+            k: sum(r["covered"] for r in runs if r["kind"] == k) for k in KINDS if k in by_kind
+        },
         "runs": runs,
     }
 

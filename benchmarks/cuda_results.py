@@ -73,6 +73,14 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 RESULTS = REPO / "benchmarks" / "results" / "cuda"
+GRIDS = REPO / "benchmarks" / "grids" / "cuda"
+
+
+def _grid(name: str) -> Grid:
+    """A frozen grid of ``benchmarks/grids/<name>``: ``[(name, overrides), ...]``."""
+    return [(n, list(o)) for n, o in json.loads((GRIDS / name).read_text())["configs"]]
+
+
 #: ``--estimate`` writes ``<date>_cuda_grid_estimates.json`` here; a GPU run reads the newest
 ESTIMATES = REPO / "benchmarks" / "results" / "cpu"
 ESTIMATES_NAME = "cuda_grid_estimates"
@@ -110,195 +118,12 @@ def expandable(overrides: list[str] | tuple[str, ...], on: bool) -> list[str]:
 
 
 #: fixed before any GPU ran it; the estimator is never tuned on it
-HELD_OUT: Grid = [
-    (
-        "[32,64,128,256] group-norm 16-mixed b3 32x128x128, 8 classes",
-        [
-            "model.net.widths=[32,64,128,256]",
-            "model.net.norm=group",
-            "num_classes=8",
-            "data.batch_size=3",
-            "data.patch_size=[32,128,128]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "depth 6 [16..320] bf16-mixed b1 64x128x128, 3 classes",
-        [
-            "model.net.widths=[16,32,64,128,256,320]",
-            "num_classes=3",
-            "data.batch_size=1",
-            "data.patch_size=[64,128,128]",
-            "trainer.precision=bf16-mixed",
-        ],
-    ),
-    (
-        "unet_small pooling=auto anisotropic bf16-mixed b2 16x192x192, 2 classes",
-        [
-            "model=unet_small",
-            "model.net.pooling=auto",
-            "num_classes=2",
-            "data.batch_size=2",
-            "data.patch_size=[16,192,192]",
-            "trainer.precision=bf16-mixed",
-        ],
-    ),
-    (
-        "unet_large 16-mixed b1 32x128x128, 32 classes",
-        [
-            "model=unet_large",
-            "num_classes=32",
-            "data.batch_size=1",
-            "data.patch_size=[32,128,128]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "unet_large 16-true b4 16x96x96",
-        [
-            "model=unet_large",
-            "data.batch_size=4",
-            "data.patch_size=[16,96,96]",
-            "trainer.precision=16-true",
-        ],
-    ),
-    (
-        "unet_large NCDHW bf16-true b2 24x128x160",
-        [
-            "model=unet_large",
-            "model.channels_last=false",
-            "data.batch_size=2",
-            "data.patch_size=[24,128,160]",
-            "trainer.precision=bf16-true",
-        ],
-    ),
-    (
-        "unet_tiny fp32 b4 32x96x96",
-        ["data.batch_size=4", "data.patch_size=[32,96,96]", "trainer.precision=32"],
-    ),
-    (
-        "[24,48,96,192] instance-norm checkpointing=decoder 32 b2 48x96x96, 4 classes",
-        [
-            "model.net.widths=[24,48,96,192]",
-            "model.net.norm=instance",
-            "model.activation_checkpointing=decoder",
-            "num_classes=4",
-            "data.batch_size=2",
-            "data.patch_size=[48,96,96]",
-            "trainer.precision=32",
-        ],
-    ),
-    (
-        "unet_small_gn transposed 16-mixed b2 x2 accumulation 32x128x128, clip norm 1",
-        [
-            "model=unet_small_gn",
-            "model.net.upsampling=transposed",
-            "data.batch_size=2",
-            "trainer.accumulate_grad_batches=2",
-            "trainer.gradient_clip_val=1.0",
-            "data.patch_size=[32,128,128]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "seed: offload full resolution",
-        [*SEED, "trainer.precision=16-mixed", "model.offload_activations=full_resolution"],
-    ),
-    (
-        "seed: micro-batch 1 + checkpointing all + loss",
-        [
-            "model=unet_large",
-            "data.batch_size=1",
-            "trainer.accumulate_grad_batches=2",
-            "data.patch_size=[26,150,320]",
-            "trainer.precision=16-mixed",
-            "model.activation_checkpointing=all",
-            "model.checkpoint_loss=true",
-        ],
-    ),
-    (
-        "seed: cuDNN workspace capped at 0",
-        [*SEED, "trainer.precision=16-mixed", "model.cudnn_workspace_mib=0"],
-    ),
-    (
-        "seed: trainer.benchmark=true",
-        [*SEED, "trainer.precision=16-mixed", "trainer.benchmark=true"],
-    ),
-    (
-        "seed: bf16-mixed checkpointing=encoder",
-        [*SEED, "trainer.precision=bf16-mixed", "model.activation_checkpointing=encoder"],
-    ),
-    (
-        "seed: 16-true + micro-batch 1 + offload",
-        [
-            "model=unet_large",
-            "data.batch_size=1",
-            "trainer.accumulate_grad_batches=2",
-            "data.patch_size=[26,150,320]",
-            "trainer.precision=16-true",
-            "model.offload_activations=true",
-        ],
-    ),
-]
+HELD_OUT: Grid = _grid("held-out.json")
 
 #: written on 2026-12-02 before any GPU ran them, and never tuned on: configs of no recorded run
 #: (MONAI networks, another preset, other patches, bf16-mixed against the reference's 16-mixed,
 #: expandable segments on a config never measured without them)
-HELD_OUT_NEW: Grid = [
-    (
-        "unet_large bf16-mixed b2 26x150x320",
-        [*SEED, "trainer.precision=bf16-mixed"],
-    ),
-    (
-        "SegResNet 16-mixed b2 64x128x128",
-        [
-            "model/net=segresnet",
-            "data.batch_size=2",
-            "data.patch_size=[64,128,128]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "DynUNet (deep supervision) bf16-mixed b2 64x128x128, 3 classes",
-        [
-            "model/net=dynunet",
-            "num_classes=3",
-            "data.batch_size=2",
-            "data.patch_size=[64,128,128]",
-            "trainer.precision=bf16-mixed",
-        ],
-    ),
-    (
-        "unet_large_gn 16-mixed b2 48x160x160",
-        [
-            "model=unet_large_gn",
-            "data.batch_size=2",
-            "data.patch_size=[48,160,160]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "unet_large checkpointing=decoder 16-mixed b4 32x128x128, 8 classes",
-        [
-            "model=unet_large",
-            "model.activation_checkpointing=decoder",
-            "num_classes=8",
-            "data.batch_size=4",
-            "data.patch_size=[32,128,128]",
-            "trainer.precision=16-mixed",
-        ],
-    ),
-    (
-        "unet_small 16-mixed b1 64x192x192, expandable_segments on",
-        [
-            "model=unet_small",
-            "data.batch_size=1",
-            "data.patch_size=[64,192,192]",
-            "trainer.precision=16-mixed",
-            f"{EXPANDABLE}=true",
-        ],
-    ),
-]
+HELD_OUT_NEW: Grid = _grid("held-out-new.json")
 
 #: whole runs: 3 training steps, validation of ``volume`` (train.py's, with the monitor's
 #: ``mem/val_peak_*``), then predict.py of the same volume with the run's checkpoint
@@ -602,7 +427,7 @@ def train_args(job: Job, device: str, data_dir: Path, run_dir: Path, lock: Path)
         "trainer.log_every_n_steps=1",
         "memory.every_n_steps=1",
         "logger=csv",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         "extras.print_config=false",
         "callbacks.validation_overlays=null",
         STEP_TIMER,
@@ -815,7 +640,7 @@ def write_estimates(jobs: list[Job], argv: list[str]) -> Path:
         rows,
         script=__file__,
         argv=argv,
-        note="memory.plan_device=cuda, estimate.cuda_context_mib=0 (allocator figures), each "
+        note="memory.plan_device=cuda, memory.cuda_context_mib=0 (allocator figures), each "
         "config planned as train.py plans it; bytes",
     )
     return results_io.write(doc, results_io.DEFAULT)

@@ -42,7 +42,6 @@ plan=plan.yaml``) to see whether its measured peak stays under the budget.
     python -m benchmarks estimator_accuracy --grid networks \\
         --json-out benchmarks/results/cpu/estimator_networks.json
     python -m benchmarks estimator_accuracy --grid foreign-networks --budget-of-growth 0.6
-    python -m benchmarks estimator_accuracy --write-docs           # docs/networks.md's tables
     python -m benchmarks estimator_accuracy --device cuda          # on a GPU machine
     python -m benchmarks estimator_accuracy --device cuda --snapshot-dir DIR
 
@@ -58,6 +57,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import torch
@@ -307,9 +307,9 @@ SAMPLE: dict[str, str] = {
 #: of their step here: a budget of 75% has no answer for them
 BUDGET_FRACTION = 0.85
 
-#: docs/networks.md's tables lie between these lines: MONAI's networks and a user's file, and
-#: other projects' U-Nets (the networks extra)
-DOCS = REPO / "docs" / "networks.md"
+#: docs/benchmarks.md's networks tables lie between these lines: MONAI's networks and a user's
+#: file, and other projects' U-Nets (the networks extra)
+DOCS = REPO / "docs" / "benchmarks.md"
 TABLE_START = "<!-- networks-table: written by benchmarks/estimator_accuracy.py --grid networks -->"
 TABLE_END = "<!-- /networks-table -->"
 FOREIGN_START = (
@@ -352,17 +352,21 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
     versions = ", ".join(
         f"{name} {version}" for name, version in results.get("packages", {}).items()
     )
-    lines = [
+    caption = (
         f"Measured on {results.get('cpu_description') or results['cpu']}, {results['date']} "
         f"(torch {results['torch']}, MONAI {results['monai']}"
-        f"{', ' + versions if versions else ''}; `{results['command']}`, then `--write-docs`): "
+        f"{', ' + versions if versions else ''}; `{results['command']}`): "
         f"each row a real `python train.py` run of {results['steps']} optimizer steps on the "
         f"embedded dataset, the steady step's peak RSS rise (`{results['malloc']}`) against "
         f"`estimate(cfg).step_peak_growth`; then a budget of {_budget_rule(results)} given "
         "to `python plan.py <overrides> memory.budget=X`, and the plan trained with `python "
         "train.py plan=plan.yaml`: its peak counted as the CPU estimate counts a total (tensor "
         "bytes: parameters, gradients and optimizer state held at the step's start, plus the "
-        "step's measured rise).",
+        "step's measured rise)."
+    )
+    # a caption of short lines (a Markdown paragraph), the table after it
+    lines = [
+        textwrap.fill(caption, 100, break_long_words=False, break_on_hyphens=False),
         "",
         "| network | override | patch / batch | estimated MiB | measured MiB | error "
         "| budget MiB: the planner's answer | planned run: measured peak / budget MiB |",
@@ -400,11 +404,10 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
-    """Replace what lies between each table's markers in ``docs`` (:data:`DOCS_TABLES`) with
-    :func:`networks_table` of each results file that holds its grid, one after the other in the
-    order given; returns whether the file changed."""
-    text = original = docs.read_text()
+def networks_docs(text: str, results_paths: list[Path], docs: Path = DOCS) -> str:
+    """``text`` (of ``docs``) with what lies between each table's markers
+    (:data:`DOCS_TABLES`) replaced by :func:`networks_table` of each results file that holds its
+    grid, one after the other in the order given (``benchmarks/tables.py`` writes them)."""
     documents = [json.loads(path.read_text()) for path in results_paths]
     for grid_name, (start, end) in DOCS_TABLES.items():
         holding = [doc for doc in documents if grid_name in doc.get("grids", {})]
@@ -416,12 +419,10 @@ def write_docs(results_paths: list[Path], docs: Path = DOCS) -> bool:
             raise SystemExit(f"{docs}: no '{start}' ... '{end}' markers")
         tables = "\n".join(networks_table(doc, grid_name) for doc in holding)
         text = head + start + "\n" + tables + end + tail
-    if text != original:
-        docs.write_text(text)
-    return text != original
+    return text
 
 
-#: the results file of ``--grid networks`` that ``--write-docs`` reads by default
+#: the results file of ``--grid networks`` that docs/benchmarks.md's networks table reads
 NETWORKS_RESULTS = REPO / "benchmarks" / "results" / "cpu" / "estimator_networks.json"
 #: the dated results files of the planned network grids (``<date>_estimator_networks[-N].json``)
 NETWORKS_BENCHMARK = "estimator_networks"
@@ -450,66 +451,6 @@ def network_packages() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
-
-
-#: what must match between the CPU that measured a results file and the one re-estimating it
-SAME_KERNELS = ("cpu_flags", "cpu_capability", "onednn_max_cpu_isa", "aten_cpu_capability")
-
-
-def re_estimated(row: dict, work_dir: Path) -> dict:
-    """A measured row with its estimate made again by this estimator (its measured bytes
-    kept); a failed row as it was."""
-    row = {**row, "sample": samples.grid(row["grid"])[0]}
-    if "measured_bytes" not in row:
-        return row
-    predicted = grid.predict(row["overrides"], "cpu", work_dir)
-    return {
-        **row,
-        "estimated_bytes": int(predicted["growth"]),
-        "error": predicted["growth"] / row["measured_bytes"] - 1,
-        "estimated_process_total_bytes": int(predicted["process_total"]),
-    }
-
-
-def re_estimate(
-    path: Path, json_out: str, argv: list[str] | None, parser: argparse.ArgumentParser
-) -> None:
-    """``--re-estimate``: the file's measured configs estimated again, into a new results file
-    whose head names this machine, the file the measurements come from and its commit."""
-    earlier = results_io.load(path)
-    if earlier.get("benchmark") != "estimator_accuracy" or earlier.get("gpu"):
-        parser.error(f"--re-estimate {path}: not a CPU estimator_accuracy results file")
-    here = results_io.machine()
-    differ = [key for key in SAME_KERNELS if earlier.get(key) != here[key]]
-    if differ:
-        parser.error(
-            f"--re-estimate {path}: measured on another kind of CPU ({', '.join(differ)} "
-            "differ): the estimate depends on the kernels this CPU runs"
-        )
-    import monai
-
-    with tempfile.TemporaryDirectory(prefix="volseg-estimator-") as tmp:
-        rows = [re_estimated(row, Path(tmp)) for row in earlier["rows"]]
-    labels = dict.fromkeys(row["grid"] for row in rows)
-    keep = ("cpu_description", "malloc", "steps", "timeout_s", "complete")
-    doc = results_io.result(
-        "estimator_accuracy",
-        rows,
-        script=__file__,
-        argv=argv,
-        **{key: earlier.get(key) for key in keep},
-        monai=monai.__version__,
-        python=sys.version.split()[0],
-        measured_in=str(path),
-        measured_on=earlier["date"],
-        run_seconds=earlier.get("run_seconds"),
-        # the rows' sample now: a held-out grid that a change was judged on is in sample
-        samples={g: {"sample": samples.grid(g)[0], "frozen_in": grid.frozen_in(g)} for g in labels},
-        grids={g: [r for r in rows if r["grid"] == g] for g in labels},
-    )
-    for label, grid_rows in doc["grids"].items():
-        print(f"{label}: {grid.summary_line(grid_rows)}")
-    results_io.write(doc, json_out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -571,35 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         help="an earlier, incomplete results file of the same grid: its measured configs are "
         "kept, the others run, and the file is rewritten in place",
     )
-    parser.add_argument(
-        "--write-docs",
-        nargs="*",
-        type=Path,
-        default=None,
-        metavar="RESULTS",
-        help="regenerate docs/networks.md's tables from results files of the networks and "
-        f"foreign-networks grids (default {NETWORKS_RESULTS.relative_to(REPO)} and, for each "
-        f"kind of CPU, the newest <date>_{NETWORKS_BENCHMARK}.json holding foreign-networks; "
-        "several files of one grid: a table each) and run nothing else",
-    )
-    parser.add_argument(
-        "--re-estimate",
-        type=Path,
-        default=None,
-        metavar="RESULTS",
-        help="estimate again every measured config of an earlier CPU results file measured on "
-        "this kind of CPU (same ISA flags and kernels), keeping its measured bytes, into a new "
-        "results file; runs no training",
-    )
     args = parser.parse_args(argv)
-    if args.write_docs is not None:
-        paths = args.write_docs or [NETWORKS_RESULTS, *foreign_results()]
-        changed = write_docs(paths)
-        print(f"{DOCS.relative_to(REPO)}: {'rewritten' if changed else 'unchanged'}")
-        return
-    if args.re_estimate is not None:
-        re_estimate(args.re_estimate, args.json_out, argv, parser)
-        return
     if args.snapshot_dir:
         args.snapshot_dir.mkdir(parents=True, exist_ok=True)
 

@@ -61,7 +61,7 @@ if torch.cuda.is_available():
     mine = [int(l.split(",")[1]) for l in used.splitlines() if l.split(",")[0].strip() == str(os.getpid())]
     reserved = torch.cuda.memory_reserved() / 2**20
     print(f"nvidia-smi {mine} MiB for this process, reserved {reserved:.0f} MiB -> CUDA context "
-          f"~{(mine[0] - reserved) if mine else float('nan'):.0f} MiB (estimate.cuda_context_mib)")
+          f"~{(mine[0] - reserved) if mine else float('nan'):.0f} MiB (memory.cuda_context_mib)")
 else:
     print("no CUDA device: GPU steps run as a dry run on the CPU")
 PY

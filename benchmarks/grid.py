@@ -211,7 +211,7 @@ def compose(overrides: list[str], device: str, data_dir: Path):
                     *run_overrides(overrides, device, data_dir),
                     f"memory.plan_device={device}",
                     # the allocator's figures that the monitor reads hold no CUDA context
-                    "estimate.cuda_context_mib=0",
+                    "memory.cuda_context_mib=0",
                 ],
             )
 

@@ -9,6 +9,8 @@ Every file has the same head, so that a table in docs can be regenerated from it
      "cpu": "AMD EPYC ...", "cpu_flags": {"avx2": true, ...}, "cpu_description": "...",
      "cpu_capability": "AVX512", "cores": 2, "torch": "2.13.0+cpu",
      "gpu": null,                       # or {"name": ..., "cuda": ..., "memory_mib": ...}
+     "code": {"commit": "6acb177...", "dirty": false,
+              "sources": {"src/volseg/memory": "sha256:..."}},   # the code that made it
      "rows": [...],                     # the benchmark's own records, one per table row
      ...}                               # anything else the benchmark keeps (its settings)
 
@@ -28,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +46,52 @@ REPO = BENCHMARKS.parent
 RESULTS = BENCHMARKS / "results"
 DEFAULT = "default"  # --json-out's default: the dated file under RESULTS/<device>/
 HEAD = ("benchmark", "date", "command", "cpu", "cpu_flags", "torch", "rows")
+
+#: the source that decides a benchmark's figures, by benchmark (any other: the package): a file
+#: whose recorded hash of it is not today's was made by other code
+SOURCES: dict[str, tuple[str, ...]] = {
+    "estimator_accuracy": ("src/volseg/memory",),
+    "cuda_estimate_errors": ("src/volseg/memory",),
+    "levers_estimated": ("src/volseg/memory",),
+}
+PACKAGE = ("src/volseg",)
+
+
+def source_hash(path: str, repo: Path = REPO) -> str:
+    """``sha256:<hex>`` of every ``*.py`` file under ``repo/path`` (or of that one file): each
+    file's path relative to ``repo`` and its bytes, in path order. Equal hashes: the same code."""
+    root = repo / path
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    digest = hashlib.sha256()
+    for file in files:
+        if "__pycache__" in file.parts:
+            continue
+        digest.update(file.relative_to(repo).as_posix().encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _git(*args: str, repo: Path = REPO) -> str | None:
+    """``git <args>``'s output in ``repo`` (None: no git, or not a repository)."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=repo, capture_output=True, text=True, check=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def code(benchmark: str, repo: Path = REPO) -> dict[str, Any]:
+    """The code a run of ``benchmark`` ran: the commit, whether the work tree differed from it
+    (``dirty``: then the commit alone does not name the code), and :func:`source_hash` of each
+    source that decides its figures (:data:`SOURCES`)."""
+    status = _git("status", "--porcelain", "--untracked-files=no", repo=repo)
+    return {
+        "commit": _git("rev-parse", "HEAD", repo=repo),
+        "dirty": None if status is None else bool(status),
+        "sources": {path: source_hash(path, repo) for path in SOURCES.get(benchmark, PACKAGE)},
+    }
 
 
 def default_path(benchmark: str, device: str = "cpu", date: str | None = None) -> Path:
@@ -128,12 +178,14 @@ def result(
     device: str = "cpu",
     **extra: Any,
 ) -> dict[str, Any]:
-    """A results document: the head (:data:`HEAD`, the machine) then ``extra``."""
+    """A results document: the head (:data:`HEAD`, the machine, the :func:`code`) then
+    ``extra``."""
     return {
         "benchmark": benchmark,
         "date": datetime.date.today().isoformat(),
         "command": command(script or f"{benchmark}.py", argv),
         **machine(device),
+        "code": code(benchmark),
         **extra,
         "rows": rows,
     }
@@ -187,15 +239,20 @@ def latest(benchmark: str, device: str = "cpu", root: Path = RESULTS) -> Path | 
     return files[-1] if files else None
 
 
+#: the most characters of a command a table's caption quotes
+COMMAND_WIDTH = 80
+
+
 def machine_line(doc: dict[str, Any]) -> str:
     """One line naming the machine, torch, date and command of a results file, for a table's
     caption."""
-    flags = doc.get("cpu_flags") or {}
-    present = ", ".join(f for f, on in flags.items() if on) or "none of avx2/avx512f/bf16"
+    present = cpu_kind(doc)
     gpu = doc.get("gpu")
     where = f"{gpu['name']} (CUDA {gpu['cuda']}), host " if gpu else ""
     cores = f", {doc['cores']} cores" if doc.get("cores") else ""
+    command = doc["command"]
+    if len(command) > COMMAND_WIDTH:  # in full in the file; a caption stays one short line
+        command = command[: COMMAND_WIDTH - 1].rstrip() + "…"
     return (
-        f"{where}{doc['cpu']}{cores} ({present}), torch {doc['torch']}, {doc['date']}: "
-        f"`{doc['command']}`"
+        f"{where}{doc['cpu']}{cores} ({present}), torch {doc['torch']}, {doc['date']}: `{command}`"
     )

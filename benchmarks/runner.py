@@ -15,7 +15,8 @@ from typing import NamedTuple
 #: the kinds, in the order ``--list`` prints them
 KINDS = {
     "maintained": "maintained benchmarks (each guards a figure the docs state)",
-    "study": "finished studies (benchmarks/studies/: kept with their results files)",
+    "study": "archived studies (benchmarks/archive/: not maintained; they made the results files "
+    "that name them, and still run)",
     "tool": "tools (results files to docs tables, held-out grids)",
 }
 
@@ -33,7 +34,7 @@ def _maintained(name: str, measures: str) -> tuple[str, Benchmark]:
 
 
 def _study(name: str, measures: str) -> tuple[str, Benchmark]:
-    return name, Benchmark(f"benchmarks.studies.{name}", "study", measures)
+    return name, Benchmark(f"benchmarks.archive.{name}", "study", measures)
 
 
 def _tool(name: str, measures: str) -> tuple[str, Benchmark]:
@@ -50,33 +51,25 @@ BENCHMARKS: dict[str, Benchmark] = dict(
             "cuda_results",
             "GPU runs of train.py/predict.py (steps, validation, prediction, allocator, levers)",
         ),
-        _maintained("data_throughput", "the loader's samples/s beside the training step's"),
+        _study("data_throughput", "the loader's samples/s beside the training step's"),
         _maintained(
             "estimator_accuracy", "the memory estimate against real train.py runs, per grid"
         ),
-        _maintained("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
+        _study("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
         _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
-        _maintained("levers", "each memory lever's peak memory and step time on the CPU"),
+        _study("levers", "each memory lever's peak memory and step time on the CPU"),
         _maintained(
             "lever_time_factors", "each lever's predicted step-time factor against the measured"
         ),
-        _maintained(
-            "levers_estimated", "the memory levers estimated for a GPU beside what it measured"
-        ),
-        _maintained(
-            "memory_monitor_overhead", "seconds per training step with and without the monitor"
-        ),
-        _maintained(
-            "network_levers", "what each memory lever cuts on networks volseg did not write"
-        ),
-        _maintained("step_profile", "where a training step's time goes, by operator"),
-        _maintained(
-            "train_throughput", "Lightning's step beside a plain loop's, and FLOP/s vs the CPU"
-        ),
-        _maintained(
+        _study("levers_estimated", "the memory levers estimated for a GPU beside what it measured"),
+        _study("memory_monitor_overhead", "seconds per training step with and without the monitor"),
+        _study("network_levers", "what each memory lever cuts on networks volseg did not write"),
+        _study("step_profile", "where a training step's time goes, by operator"),
+        _study("train_throughput", "Lightning's step beside a plain loop's, and FLOP/s vs the CPU"),
+        _study(
             "training_overheads", "a run's time beside its steps: checkpoints, logging, overlays"
         ),
-        _maintained("validation_memory", "validation's memory in real train.py runs vs estimate"),
+        _study("validation_memory", "validation's memory in real train.py runs vs estimate"),
         _study("cpu_bf16_conv", "whether this CPU's bf16 3D convolutions get gradients right"),
         _study("cpu_bf16_memory", "bf16 ops' memory beyond torch's allocator, vs the estimate"),
         _study(
@@ -91,6 +84,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("real_data", "volseg's default against nnU-Net and a MONAI loop on MNI152 data"),
         _tool("cpu_margins", "the CPU planner's margin per CPU kind, from the estimator's results"),
         _tool("draw_grid", "draws a held-out grid of configs for estimator_accuracy"),
+        _tool("restamp", "estimates of every cited estimator file made again by today's code"),
         _tool("tables", "docs' tables regenerated from benchmarks/results/ (--check: unchanged)"),
     ]
 )

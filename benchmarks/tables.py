@@ -28,11 +28,12 @@ import functools
 import json
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import results_io, samples
-from benchmarks.grid import safe_text, summary_line
+from benchmarks.grid import summary_line
 from benchmarks.results_io import cpu_kind
 from volseg.utils.cpu import CPU_KINDS
 from volseg.utils.units import MIB
@@ -222,277 +223,6 @@ def cuda_estimate_errors(path: Path, doc: dict) -> str:
     return "\n".join(lines)
 
 
-@newest("validation_memory")
-def validation_memory(path: Path, doc: dict) -> str:
-    """Validation's memory on the CPU, measured against the estimate (``validation_memory.py``)."""
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}):",
-        "",
-        "| case | volume | precision | windows | measured rise MiB | estimated MiB | error |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for r in doc["rows"]:
-        lines.append(
-            f"| {r['case']} | {'×'.join(map(str, r['volume_shape']))} | {r['precision']} | "
-            f"{r['windows']} | {r['measured_growth'] / MIB:,.1f} | "
-            f"{r['estimated_growth'] / MIB:,.1f} | {_pct(r['error'])} |"
-        )
-    return "\n".join(lines)
-
-
-#: ``data_throughput.py --compare``'s loaders by their key (files of 2026-12-02 and -03 named
-#: them ``MONAI:`` and ``MONAI on volseg's terms:``)
-LOADER_NAMES = {
-    "monai": "a ten-line MONAI loader",
-    "monai_in_place": "the ten-line MONAI loader on volseg's terms",
-    "volseg": "volseg",
-}
-
-
-@every_file(
-    "loader_compare",
-    "| file | machine, command | loader (1 thread, 0 workers) | build + first batch (s) "
-    "| s/batch |",
-    "| --- | --- | --- | ---: | ---: |",
-)
-def loader_compare(path: Path, doc: dict) -> list[str]:
-    """volseg's loader against a ten-line MONAI loader, as written and on volseg's terms, per
-    results file (``data_throughput.py --compare``). A file whose rows do not record their
-    threads has the process's count before the comparison in ``settings.threads``: the
-    comparison itself ran on one thread, and the table says so."""
-    threads = doc.get("settings", {}).get("threads")
-    note = (
-        f" (its `settings.threads` of {threads} is wrong: the comparison ran on 1)"
-        if threads not in (None, 1) and all("threads" not in r for r in doc["rows"])
-        else ""
-    )
-    lines = []
-    for r in doc["rows"]:
-        what = r["label"].split(": ", 1)[-1]
-        name = LOADER_NAMES.get(r.get("loader"), r["label"].split(": ", 1)[0])
-        lines.append(
-            f"| {_rel(path)}{note} | {results_io.machine_line(doc)} | {name}: {what} | "
-            f"{r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |"
-        )
-    return lines
-
-
-@every_file(
-    "step_profile",
-    "| file | CPU | ISA | network | s/step | GFLOP/step | of fp32 GEMM peak | in convolutions "
-    "| next largest operators |",
-    "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
-)
-def step_profile(path: Path, doc: dict) -> list[str]:
-    """A float32 training step's self CPU time by operator, per network and results file
-    (``step_profile.py``): the share spent in convolutions (forward and backward) and the
-    three largest other operators."""
-    lines = []
-    for r in doc["rows"]:
-        total = r["profiled_self_s_per_step"]
-        conv = [o for o in r["ops"] if "convolution" in o["op"]]
-        others = [o for o in r["ops"] if "convolution" not in o["op"]][:3]
-        rest = ", ".join(f"{o['op']} {o['self_s_per_step'] / total:.1%}" for o in others)
-        lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['network']} | "
-            f"{r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e9:.1f} | "
-            f"{r['of_fp32_peak']:.2f} | {sum(o['self_s_per_step'] for o in conv) / total:.0%} | "
-            f"{rest} |"
-        )
-    return lines
-
-
-@newest("network_levers")
-def network_levers(path: Path, doc: dict) -> str:
-    """Each lever's cut per network: measured on the CPU, estimated for a GPU
-    (``network_levers.py``)."""
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
-        f"peak rise over {doc['steps']} optimizer steps; the GPU column: the estimator's peak "
-        f"allocated for {doc['gpu_estimate']}, not measured):",
-        "",
-        "| network | lever | CPU measured MiB | cut | CPU estimated MiB | GPU estimated MiB "
-        "| cut |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in doc["rows"]:
-        measured = r.get("cpu_measured_growth")
-        cpu = (
-            f"{measured / MIB:,.1f} | {r['cpu_measured_cut']:.2f}x | "
-            f"{r['cpu_estimated_growth'] / MIB:,.1f}"
-            if measured is not None
-            else "not on a CPU | | "
-        )
-        lines.append(
-            f"| {r['network'].split(' (')[0].split(' fp32')[0]} | {r['lever']} | {cpu} | "
-            f"{r['gpu_estimated_peak'] / MIB:,.1f} | {r['gpu_estimated_cut']:.2f}x |"
-        )
-    return "\n".join(lines)
-
-
-#: sides that a later ``real_data.py --sides ...`` file adds to a learning table
-LATER_SIDES = ("nnunet_nomirror", "nnunet_own_plan")
-
-#: nnU-Net v2's full schedule in optimizer steps: ``nnUNetTrainer``'s ``num_epochs`` (1000)
-#: times its ``num_iterations_per_epoch`` (250)
-NNUNET_SCHEDULE_STEPS = 1000 * 250
-
-
-def side_label(side: str, rows: list[dict]) -> str:
-    """What a learning table's side ran, by name: nnU-Net's rows say the share of its schedule
-    they got and whose patch and network they trained; the MONAI loop given volseg's recipe is
-    named as the equal-terms anchor."""
-    if side.startswith("nnunet"):
-        steps = sum(r["steps"] for r in rows) / len(rows)
-        share = 100 * steps / NNUNET_SCHEDULE_STEPS
-        # a handful of steps is still a share of the schedule, not 0.00%
-        shown = f"{share:.2f}" if share >= 0.01 else f"{share:.1g}"
-        plan = "its own plan" if side == "nnunet_own_plan" else "volseg's patch and network"
-        label = f"nnU-Net v2's trainer, {shown}% of its schedule, {plan}"
-        return label + (", no mirroring" if side == "nnunet_nomirror" else "")
-    if side == "monai_volseg":
-        return "MONAI loop, volseg's recipe (the equal-terms anchor)"
-    return rows[0]["method"].split(" (")[0]
-
-
-def _real_data_files(results: Path, data: str) -> list[Path]:
-    """The newest ``real_data.py`` file of ``data`` that ran nnU-Net's recipe beside volseg,
-    then the newest file of each of :data:`LATER_SIDES` run on the same terms after it: the same
-    data, budget, precision and mode on the same CPU and kernels (a wall-clock budget buys
-    different work on another CPU)."""
-    paths = results_io.runs("real_data", "cpu", results)
-    settings = {}
-    for path in paths:
-        doc = results_io.load(path)
-        machine = {"cpu": doc.get("cpu"), "cpu_capability": doc.get("cpu_capability")}
-        settings[path] = {**doc.get("settings", {}), **machine}
-    base = next(
-        (
-            p
-            for p in reversed(paths)
-            if settings[p].get("data") == data and "nnunet" in settings[p].get("sides", [])
-        ),
-        None,
-    )
-    if base is None:
-        return []
-    terms = ("data", "budget_s", "precision", "mode", "cpu", "cpu_capability")
-    later = []
-    for side in LATER_SIDES:
-        same = [
-            p
-            for p in paths[paths.index(base) + 1 :]
-            if side in settings[p].get("sides", [])
-            and all(settings[p].get(k) == settings[base].get(k) for k in terms)
-        ]
-        later += same[-1:]
-    return [base, *dict.fromkeys(later)]
-
-
-def learning(results: Path, data: str, per_class: bool = True) -> str | None:
-    """volseg, nnU-Net's recipe at equal compute and the MONAI loop (as its tutorials, and with
-    volseg's recipe) on ``data=<data>``: mean over the runs, then (``per_class``) per class
-    (``real_data.py``; the results file keeps every class either way)."""
-    paths = _real_data_files(results, data)
-    if not paths:
-        return None
-    doc = results_io.load(paths[0])
-    s = doc["settings"]
-    rows = list(doc["rows"])
-    for path in paths[1:]:
-        rows += [r for r in results_io.load(path)["rows"] if r["side"] in LATER_SIDES]
-    also = "".join(f" and {_rel(p)}" for p in paths[1:])
-    head = (
-        f"{_rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
-        f"{s['mode']}, precision {s['precision']} on every side, seeds "
-        f"{', '.join(map(str, s['seeds']))}):"
-    )
-    return f"{head}\n\n{learning_rows(rows, per_class)}"
-
-
-def learning_rows(rows: list[dict], per_class: bool = True) -> str:
-    """The learning table of ``real_data.py`` rows: per side the mean over its runs, then the
-    final Dice per class (what ``real_data.py`` prints, and :func:`learning` from its files)."""
-    sides = list(dict.fromkeys(r["side"] for r in rows))
-    runs = {side: [r for r in rows if r["side"] == side] for side in sides}
-    method = {side: side_label(side, runs[side]) for side in sides}
-    # files from before the predicted labels were counted: the table as it was
-    voxels = any("predicted_voxels_per_class" in r for r in rows)
-    lines = [
-        "| side | runs | steps (mean) | final val Dice (mean) | per run | best val Dice (mean) "
-        "| classes at 0 (final) |" + (" background, of the predicted voxels |" if voxels else ""),
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: |" + (" ---: |" if voxels else ""),
-    ]
-    for side in sides:
-        rs = runs[side]
-        mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("steps", "final_dice_mean")}
-        best = sum(r["dice_mean"] for r in rs) / len(rs)
-        each = ", ".join(f"{r['final_dice_mean']:.3f}" for r in rs)
-        zeros = ", ".join(str(r["final_zero_classes"]) for r in rs)
-        shares = ", ".join(background_share(r) for r in rs)
-        lines.append(
-            f"| {method[side]} | {len(rs)} | {mean['steps']:.0f} | {mean['final_dice_mean']:.3f} "
-            f"| {each} | {best:.3f} | {zeros} |" + (f" {shares} |" if voxels else "")
-        )
-    if not per_class:
-        return "\n".join(lines)
-    lines += ["", "Final validation Dice per class, mean over the runs:", ""]
-    lines.append("| class | " + " | ".join(method[side] for side in sides) + " |")
-    lines.append("| --- | " + " | ".join("---:" for _ in sides) + " |")
-    for c in rows[0]["per_class"]:
-        cells = []
-        for side in sides:
-            values = [r["final_per_class"][c] for r in runs[side]]
-            cells.append(f"{sum(values) / len(values):.3f}")
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def background_share(row: dict) -> str:
-    """The share of a run's predicted voxels (its ``predicted_voxels_per_class`` over the
-    scored validation cases, background first) that are background, e.g. ``97.31%`` (``100%``
-    only where every voxel is); ``-``
-    where the row has no count. 100.0% with a Dice of 0 on every class: a collapse to
-    background."""
-    counts = row.get("predicted_voxels_per_class")
-    if not counts:
-        return "-"
-    background, total = next(iter(counts.values())), sum(counts.values())
-    if background == total:  # all background: no rounding can say so by mistake
-        return "100%"
-    return f"{min(100 * background / total, 99.99):.2f}%"
-
-
-@newest("cross_entropy_weight")
-def cross_entropy_weight(path: Path, doc: dict) -> str:
-    """unet_tiny's cross-entropy weight 0.25 against 1.0 on few-class tasks
-    (``cross_entropy_weight.py``)."""
-    s = doc["settings"]
-    head = (
-        f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
-        f"weights at the same time, 1 thread each, {s['precision']}):"
-    )
-    return f"{head}\n\n{cross_entropy_rows(doc['rows'])}"
-
-
-def cross_entropy_rows(rows: list[dict]) -> str:
-    """The table of ``cross_entropy_weight.py`` rows: per dataset and weight, the mean over the
-    seeds (what the script prints, and :func:`cross_entropy_weight` from its file)."""
-    lines = [
-        "| data | lambda_ce | runs | best val Dice (mean) | final val Dice (mean) "
-        "| best, per run |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for data in dict.fromkeys(r["data"] for r in rows):
-        for weight in sorted({r["lambda_ce"] for r in rows if r["data"] == data}):
-            rs = [r for r in rows if (r["data"], r["lambda_ce"]) == (data, weight)]
-            best = sum(r["dice_mean"] for r in rs) / len(rs)
-            final = sum(r["final_dice_mean"] for r in rs) / len(rs)
-            each = ", ".join(f"{r['dice_mean']:.3f}" for r in rs)
-            lines.append(f"| {data} | {weight:g} | {len(rs)} | {best:.3f} | {final:.3f} | {each} |")
-    return "\n".join(lines)
-
-
 def _isa(doc: dict) -> str:
     """The ISA a results file's run was held to (``ONEDNN_MAX_CPU_ISA=...``), or 'native'."""
     keys = {
@@ -576,239 +306,6 @@ def _cell(row: dict) -> str:
     )
 
 
-@newest("data_throughput")
-def data_throughput(path: Path, doc: dict) -> str:
-    """The training loader's samples/s per dataset and worker count, the CPU step beside it, and
-    the workers a recorded GPU step needs (``data_throughput.py``)."""
-    rows = doc["rows"]
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch 2, cached in memory):",
-        "",
-        "| what | data | setting | first batch (s) | training samples/s |",
-        "| --- | --- | --- | ---: | ---: |",
-    ]
-    for r in rows:
-        if r["what"] == "loader":
-            data = f"{r['data']} {'x'.join(map(str, r['shape']))}, patch " + "x".join(
-                map(str, r["patch"])
-            )
-            auto = f" ({r['resolved_workers']})" if r["num_workers"] == "auto" else ""
-            lines.append(
-                f"| loader | {data} | `data.num_workers={r['num_workers']}`{auto} | "
-                f"{r['first_batch_s']:.2f} | {r['samples_per_s']:.1f} |"
-            )
-        elif r["what"] == "cpu_step":
-            lines.append(
-                f"| CPU training step | {r['shape']} | {r['model']}, {r['precision']} | | "
-                f"{r['samples_per_s']:.2f} |"
-            )
-    feed = [r for r in rows if r["what"] == "gpu_feed"]
-    if feed:
-        lines += [
-            "",
-            "| recorded GPU step | samples/s needed | one worker delivers | workers needed |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        for r in feed:
-            lines.append(
-                f"| {r['model']} {r['shape']}, {r['gpu']} ({r['recorded_in']}) | "
-                f"{r['samples_per_s_needed']:.1f} | {r['one_worker_samples_per_s']:.1f} | "
-                f"{r['workers_needed']} |"
-            )
-    return "\n".join(lines)
-
-
-#: training_overheads.py's timer items, in the table's order
-OVERHEADS = {
-    "checkpoint writes during training": "saves during training (loop held)",
-    "checkpoint writes at the end of fit (final save, waiting for writes)": "end of fit",
-    "background writes (beside the loop)": "writer thread (beside the loop)",
-    "logging": "logging",
-    "validation overlays": "validation overlays",
-    "memory monitor (per-step reads, charts written)": "memory monitor",
-}
-
-
-@newest("training_overheads")
-def training_overheads(path: Path, doc: dict) -> str:
-    """Wall time and what a run spends beside its steps, per ``async_checkpoint``
-    (``training_overheads.py``)."""
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}):",
-        "",
-        "| run | `async_checkpoint` | steps | wall (s) | " + " | ".join(OVERHEADS.values()) + " |",
-        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in OVERHEADS) + " |",
-    ]
-    for r in doc["rows"]:
-        cells = []
-        for item in OVERHEADS:
-            got = r["items"].get(item)
-            if got is None:
-                cells.append("–")
-                continue
-            share = got["seconds"] / r["wall_s"]
-            cells.append(f"{got['seconds']:.2f} s, {got['calls']} calls, {share:.1%}")
-        lines.append(
-            f"| {r['run']}, {r['epochs']} epochs, max_time_share {r['max_time_share']} | "
-            f"{r['async_checkpoint']} | {r['steps']} | {r['wall_s']:.1f} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-@newest("levers")
-def levers_cpu(path: Path, doc: dict) -> str:
-    """Each memory lever's step rise, activations kept and step time on a CPU
-    (``levers.py``)."""
-    s = doc["settings"]
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {s['batch']} of "
-        f"1×{'×'.join(map(str, s['shape']))}, best of {s['steps']} steps):",
-        "",
-        "| lever | step adds (MiB) | ratio | activations kept (MiB) | ratio | s/step | ratio |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    base = doc["rows"][0]
-    for r in doc["rows"]:
-        lines.append(
-            f"| {r['lever']} | {r['added_mib']:,.0f} | {r['added_mib'] / base['added_mib']:.2f} | "
-            f"{r['activations_mib']:,.0f} | "
-            f"{r['activations_mib'] / base['activations_mib']:.2f} | {r['seconds']:.2f} | "
-            f"{r['seconds'] / base['seconds']:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-@newest("train_throughput")
-def train_throughput(path: Path, doc: dict) -> str:
-    """Steps per second through Lightning and a plain loop, FLOPs and the fraction of the
-    dtype's matmul peak (``train_throughput.py``)."""
-    s = doc["settings"]
-    peaks = s["matmul_peak_flops_per_s"]
-    lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {'×'.join(map(str, s['batch']))}, "
-        f"best of {s['repeats']} after {s['warmup']} warm-up steps; matmul peak fp32 "
-        f"{peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f}):",
-        "",
-        "| network | variant | Lightning it/s | plain it/s | Lightning/plain | GFLOP/step "
-        "| GFLOP/s | of dtype peak | plain |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in doc["rows"]:
-        peak = peaks["bf16" if r["variant"].startswith("bf16") else "fp32"]
-        lightning, plain = r["lightning_s_per_step"], r["plain_s_per_step"]
-        lines.append(
-            f"| {r['model']} | {r['variant']} | {1 / lightning:.2f} | {1 / plain:.2f} | "
-            f"{plain / lightning:.2f} | {r['flops_per_step'] / 1e9:,.1f} | "
-            f"{r['flops_per_step'] / lightning / 1e9:,.0f} | {r['of_dtype_peak']:.2f} | "
-            f"{r['flops_per_step'] / plain / peak:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-@every_file(
-    "default_run",
-    "| file | CPU (cores) | ISA | precision `auto` chose | whole command | steps "
-    "| best `val/dice_mean` | reached 0.80 at epoch |",
-    "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
-)
-def default_run(path: Path, doc: dict) -> list[str]:
-    """``python train.py`` timed whole, one row per results file (``default_run.py``)."""
-    r = doc["rows"][0]
-    minutes, seconds = divmod(round(r["whole_command_s"]), 60)
-    return [
-        f"| {_rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {_isa(doc)} | "
-        f"{r['precision']} | {minutes} min {seconds} s | {r['steps']} | "
-        f"{r['best_val_dice_mean']:.3f} | {r['first_epoch_reaching']} |"
-    ]
-
-
-@every_file(
-    "cpu_precision",
-    "| file | CPU | ISA | work | float32 (s) | bf16 autocast (s) | bf16 / float32 |",
-    "| --- | --- | --- | --- | ---: | ---: | ---: |",
-)
-def cpu_precision(path: Path, doc: dict) -> list[str]:
-    """float32 against bf16 autocast per CPU and ISA setting (``cpu_precision.py``)."""
-    return [
-        f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['work']} | "
-        f"{r['float32_s']:.3f} | {r['bf16_s']:.3f} | {r['ratio']:.2f} |"
-        for r in doc["rows"]
-    ]
-
-
-@every_file(
-    "memory_monitor_overhead",
-    "| file | CPU | step without (ms) | with the monitor (ms) | difference | hooks (ms) "
-    "| hooks, share of the step |",
-    "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-)
-def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
-    """The memory monitor's hooks and a step with and without it, per results file
-    (``memory_monitor_overhead.py``)."""
-    lines = []
-    for r in doc["rows"]:
-        without, with_ = r["s_per_step_without"], r["s_per_step_with"]
-        lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
-            f"{_pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
-            f"{r['hooks_share']:.2%} |"
-        )
-    return lines
-
-
-#: the input depths docs/benchmarks.md shows of ``cpu_bf16_conv.py``'s files (they hold 1 to 4)
-BF16_CONV_DEPTHS = (2,)
-
-
-@every_file(
-    "cpu_bf16_conv",
-    "| file | CPU | ISA | layer | input (N, C, D, H, W) | output | input gradient "
-    "| weight gradient |",
-    "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
-)
-def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
-    """The largest relative error of bf16 convolutions against float32 per layer at the input
-    depths of :data:`BF16_CONV_DEPTHS`, per CPU and ISA setting (``cpu_bf16_conv.py``); a wrong
-    kernel's cell in bold."""
-    lines = []
-    for r in doc["rows"]:
-        if r["input_shape"][2] not in BF16_CONV_DEPTHS:
-            continue
-        cells = [
-            f"**{value:.2g}**" if wrong else f"{value:.4f}"
-            for value, wrong in zip(
-                (r["output"], r["input_gradient"], r["weight_gradient"]), r["wrong"], strict=True
-            )
-        ]
-        lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['layer']} | "
-            f"{tuple(r['input_shape'])} | " + " | ".join(cells) + " |"
-        )
-    return lines
-
-
-def nnunet_side_by_side(results: Path) -> str | None:
-    """nnU-Net's 3d_fullres plan beside volseg's for the same 8 GB target, and volseg's estimate
-    of nnU-Net's planned step on CUDA (``nnunet_side_by_side.py``,
-    ``benchmarks/results/nnunet/side_by_side.json``)."""
-    path = results / "nnunet" / "side_by_side.json"
-    if not path.exists():
-        return None
-    from benchmarks.studies import nnunet_side_by_side as side_by_side
-
-    doc = json.loads(path.read_text())
-    m = doc["machine"]
-    head = (
-        f"{_rel(path)} ({m['cpu']} ({', '.join(m['isa_flags'])}), torch {m['torch']}, nnU-Net v2 "
-        f"{m['nnunetv2']}, {m['date']}: `{doc['command']}`; the step's memory is estimated by "
-        f"volseg's estimator as of that date, not measured; the CUDA context is the estimator's "
-        f"figure of that date, not a GPU's):"
-    )
-    return f"{head}\n\n{side_by_side.format_table(doc['rows'])}"
-
-
 #: which recorded steps a CUDA margin covers, by the kinds that share it
 MARGIN_STEPS = {
     ("offload", "accumulation"): "with activation offload or gradient accumulation",
@@ -829,7 +326,7 @@ def cuda_margins(results: Path) -> str | None:
         f"{_rel(path)} (`{doc['command']}`, from {', '.join(doc['recorded'])} and "
         f"{doc['estimates']}; in sample: each margin is fitted on the runs it counts):",
         "",
-        "| steps | margin | from | recorded runs | their steps (estimated reserved) |",
+        "| steps | margin | worst run | recorded runs | their steps (estimated reserved) |",
         "| --- | ---: | --- | ---: | ---: |",
     ]
     seen = set()
@@ -841,18 +338,19 @@ def cuda_margins(results: Path) -> str | None:
         run, _, measured = margin["source"].split(", the worst of")[0].partition(" (reserved ")
         low, high = margin["step_mib_range"]
         lines.append(
-            f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | +{margin['fraction']:.0%} | "
+            f"| {MARGIN_STEPS.get(kinds, ', '.join(kinds))} | {_two_part(margin)} | "
             f"{run}: {measured.rstrip(')')} | {margin['runs']} | {low:,}–{high:,} MiB |"
         )
     loo = doc.get("leave_one_out")
-    if loo:
+    if loo and "covered_by_kind" in loo:
         kinds = ", ".join(
-            f"{kind} {v['overcommitted']} of {v['of']}" for kind, v in loo["by_kind"].items()
+            f"{kind} {loo['covered_by_kind'][kind]} of {v['of']}"
+            for kind, v in loo["by_kind"].items()
         )
         lines += [
             "",
-            "Leave-one-out (each run left out of its own margin's fit): the planner would have "
-            f"overcommitted {loo['overcommitted']} of the {loo['of']} recorded runs ({kinds}).",
+            "Leave-one-out (each run left out of its own margin's fit): the margin fitted "
+            f"without it covers {loo['covered']} of the {loo['of']} recorded runs ({kinds}).",
         ]
     return "\n".join(lines)
 
@@ -860,63 +358,53 @@ def cuda_margins(results: Path) -> str | None:
 CPU_MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cpu_margins.json"
 
 
-def _cpu_loo(loo: dict) -> str:
-    kinds = ", ".join(f"{kind} {v['safe']} of {v['of']}" for kind, v in loo["by_kind"].items())
-    return f"{loo['safe']} of the {loo['of']} runs still safe ({kinds})"
+def _two_part(margin: dict) -> str:
+    """``fixed MiB + share``, as the planner adds it."""
+    return f"{margin.get('fixed_mib', 0.0):,.1f} MiB + {margin.get('share', 0.0):.1%}"
 
 
 def cpu_margins(results: Path) -> str | None:
-    """The CPU planner's margin per CPU kind on a step's growth, each the least that puts the
-    estimate at or above every in-sample estimator run of that kind, and each run against the
-    margin fitted without it (``src/volseg/memory/estimate/cpu_margins.json``, written by
-    ``cpu_margins.py`` from the estimator's results files)."""
+    """The CPU planner's margin per CPU kind on a step's growth, a fixed part plus a share, the
+    two that put the estimate at or above every in-sample estimator run of that kind, and each
+    kind's worst run against the margin fitted without it (``src/volseg/memory/
+    cpu_margins.json``, written by ``cpu_margins.py`` from the estimator's results files)."""
+    from benchmarks.restamp import NOT_REPRODUCIBLE
+
     if not CPU_MARGINS.exists():
         return None
     doc = json.loads(CPU_MARGINS.read_text())
     lines = [
-        f"{_rel(CPU_MARGINS)} (`{doc['command']}`, from {', '.join(doc['files'])}):",
+        f"{_rel(CPU_MARGINS)} (`{doc['command']}`, from {len(doc['files'])} results files: "
+        "the newest of each grid and kind):",
         "",
-        "| CPU kind | margin | from | in-sample runs | safe without a margin | left out of its "
-        "own fit: safe |",
-        "| --- | ---: | --- | ---: | ---: | ---: |",
+        "| CPU kind | margin | worst run | in-sample runs | safe without a margin | "
+        "fitted without each run: covered | worst run covered without it | estimates |",
+        "| --- | ---: | --- | ---: | ---: | ---: | --- | --- |",
     ]
-    loo = doc["leave_one_out"]
+    loo = doc["leave_one_out"]["two_part_by_kind"]
     for kind, margin in doc["margins"].items():
         worst = margin["from"]
         source = (
             f"{worst['config']} ({worst['grid']}): {worst['measured'] / MIB:,.1f} MiB measured, "
             f"{worst['estimated'] / MIB:,.1f} estimated"
-            if margin["fraction"]
-            else "none needed"
         )
-        tally = loo["by_kind"][kind]
+        tally = loo[kind]
+        made = (
+            f"as recorded: {NOT_REPRODUCIBLE[kind]}"
+            if kind in NOT_REPRODUCIBLE
+            else "made again by the current estimator"
+        )
         lines.append(
-            f"| {kind} | +{margin['fraction']:.0%} | {source} | {margin['runs']} | "
-            f"{margin['safe_without_margin']} | {tally['safe']} of {tally['of']} |"
+            f"| {kind} | {_two_part(margin)} | {source} | {margin['runs']} | "
+            f"{margin['safe_without_margin']} | {tally['covered']} of {tally['of']} | "
+            f"{'yes' if tally['worst_covered'] else 'no'} | {made} |"
         )
     other = doc["unrecorded"]
-    lines += [
-        f"| any other (no recorded run) | +{other['fraction']:.0%} | the largest of any kind "
-        f"({other.get('kind', 'none')}) | 0 | | |",
-    ]
+    lines.append(
+        f"| any other (no recorded run) | {_two_part(other)} | each part the largest of any "
+        "kind's | 0 | | | | |"
+    )
     return "\n".join(lines)
-
-
-def benchmarks_cpu_margins(results: Path) -> str | None:
-    """docs/benchmarks.md's sentence on the CPU margins: each kind's margin and its
-    leave-one-out figure (``src/volseg/memory/estimate/cpu_margins.json``)."""
-    if not CPU_MARGINS.exists():
-        return None
-    doc = json.loads(CPU_MARGINS.read_text())
-    kinds = ", ".join(
-        f"{kind} +{m['fraction']:.0%} ({m['runs']} runs)" for kind, m in doc["margins"].items()
-    )
-    return (
-        f"The CPU planner's margins on a step's growth, fitted on these rows in sample "
-        f"(`{doc['command']}`, `{_rel(CPU_MARGINS)}`): {kinds}, any other kind "
-        f"+{doc['unrecorded']['fraction']:.0%}; left out of its own fit, "
-        f"{_cpu_loo(doc['leave_one_out'])}."
-    )
 
 
 FIGURE = re.compile(
@@ -929,144 +417,7 @@ def _sample(pair: tuple[str, str]) -> str:
     return f"{pair[0]}: {pair[1]}"
 
 
-def _isa_held(doc: dict) -> bool:
-    return bool(doc.get("onednn_max_cpu_isa") or doc.get("aten_cpu_capability"))
-
-
-def readme_default_run(results: Path) -> str | None:
-    """README's default-run line: the newest ``default_run.py`` file run at the CPU's own ISA."""
-    runs = results_io.runs("default_run", "cpu", results)
-    native = [p for p in runs if not _isa_held(results_io.load(p))]
-    if not native:
-        return None
-    doc = results_io.load(native[-1])
-    r = doc["rows"][0]
-    minutes, seconds = divmod(round(r["whole_command_s"]), 60)
-    return (
-        f"Default run (`python train.py`, embedded dataset; "
-        f"{_sample(samples.BENCHMARKS['default_run'])}): best `val/dice_mean` "
-        f"{r['best_val_dice_mean']:.3f} in {minutes} min {seconds} s, {r['precision']}, on a "
-        f"{doc.get('cores')}-core {doc['cpu']} ({cpu_kind(doc)}) ([file]({_rel(native[-1])}))."
-    )
-
-
 #: the held-out learning tasks as README names them
-TASK_NAMES = {"mni152_regions_lr": "83 brain regions, left and right apart"}
-
-
-def readme_held_out_task(results: Path) -> str | None:
-    """README's learning line: volseg's default and the MONAI loop given volseg's recipe on the
-    held-out task (``real_data.py``), final validation Dice, mean over the seeds."""
-    task = next(t for t, pair in samples.TASKS.items() if pair[0] == samples.OUT)
-    paths = _real_data_files(results, task)
-    if not paths:
-        return None
-    doc = results_io.load(paths[0])
-    s = doc["settings"]
-
-    def mean(side: str, key: str = "final_dice_mean") -> float:
-        rs = [r for r in doc["rows"] if r["side"] == side]
-        return sum(r[key] for r in rs) / len(rs)
-
-    precision = "float32" if s["precision"] in ("32", "32-true") else s["precision"]
-    # a wall-clock budget buys different work per CPU: the line says which, and how many steps
-    return (
-        f"{TASK_NAMES.get(task, task)} (`data={task}`; {_sample(samples.TASKS[task])}; "
-        f"{s['budget_s']} s a run, {precision}, {len(s['seeds'])} seeds, {doc['cpu']} "
-        f"({cpu_kind(doc)}), about {mean('volseg', 'steps'):.0f} steps): volseg's default "
-        f"{mean('volseg'):.3f} mean final Dice, a MONAI loop given volseg's recipe "
-        f"{mean('monai_volseg'):.3f} ([file]({_rel(paths[0])}))."
-    )
-
-
-def _newest_by_grid_and_kind(results: Path) -> dict[str, dict[str, tuple[Path, dict]]]:
-    """Per grid and CPU kind the newest ``estimator_accuracy.py`` file holding its rows."""
-    newest_of: dict[str, dict[str, tuple[Path, dict]]] = {}
-    for path in reversed(results_io.runs("estimator_accuracy", "cpu", results)):
-        doc = results_io.load(path)
-        for grid in dict.fromkeys(r["grid"] for r in doc["rows"]):
-            newest_of.setdefault(grid, {}).setdefault(cpu_kind(doc), (path, doc))
-    return newest_of
-
-
-def planned_safe_text(rows: list[dict], kind: str) -> str:
-    """``with the planner's margin for the kind (+4%), 11 of 11``: how often the estimate with
-    the packaged CPU margin of ``kind`` (:func:`volseg.memory.estimate.margins.cpu_margin`, fitted
-    on
-    in-sample rows only) is at or above the measured rise, what a plan counts on."""
-    from volseg.memory.estimate.margins import cpu_margin
-
-    margin = cpu_margin(kind).fraction
-    measured = [r for r in rows if r.get("error") is not None]
-    safe = sum(r["estimated_bytes"] * (1 + margin) >= r["measured_bytes"] for r in measured)
-    return f"with the planner's margin for the kind ({margin:+.0%}), {safe} of {len(measured)}"
-
-
-def _grid_figures(
-    grid: str, by_kind: dict[str, tuple[Path, dict]], configs: int, planned: bool = False
-) -> str:
-    """Per CPU kind (most instructions first): the newest file's mean and largest |error| over
-    the configs measured so far of a grid's ``configs``, how often the estimate was at or above
-    the measured rise (``planned``: also with the planner's margin, :func:`planned_safe_text`),
-    and how many were stopped or failed."""
-    runs = []
-    for kind in sorted(by_kind, key=_kind_order, reverse=True):
-        path, doc = by_kind[kind]
-        rows = [r for r in doc["rows"] if r["grid"] == grid]
-        errors = [abs(r["error"]) for r in rows if "failed" not in r]
-        failed = [_failure(r["failed"]) for r in rows if "failed" in r]
-        late = sum(f.startswith("train.py ran past") for f in failed)
-        tail = "".join(
-            f", {n} {what}"
-            for n, what in ((late, "ran past the time limit"), (len(failed) - late, "failed"))
-            if n
-        )
-        ran = "all" if len(rows) == configs else f"{len(rows)} run so far"
-        figure = (
-            f"mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%} of a "
-            f"step's measured rise over the {len(errors)} that finished, the estimate at or "
-            f"above it (safe) in {safe_text(rows).removeprefix('safe in ')}"
-            + (f", {planned_safe_text(rows, kind)}" if planned else "")
-            if errors
-            else "none finished yet"
-        )
-        runs.append(f"on {doc['cpu']} ({kind}), {ran}: {figure}{tail} ([file]({_rel(path)}))")
-    return "; ".join(runs)
-
-
-def readme_estimator_held_out(results: Path) -> str | None:
-    """README's estimator line: per frozen held-out grid and CPU kind, the newest file's mean
-    and largest |error| and its safety rate over the configs measured so far
-    (``estimator_accuracy.py``), with and without the planner's margin for the kind, or that it
-    has not run yet; then the same of each frozen grid that is in sample since
-    (``samples.JUDGED``), saying why, without the margin (fitted on them)."""
-    frozen = {
-        path.stem: len(json.loads(path.read_text())["configs"])
-        for path in sorted(samples.GRIDS_DIR.glob("*.json"))
-    }
-    if not frozen:
-        return None
-    newest_of = _newest_by_grid_and_kind(results)
-    held, judged = [], []
-    for grid, configs in frozen.items():
-        sample, why = samples.grid(grid)
-        drawn = f"grid `{grid}` ({configs} configs drawn and frozen before they ran)"
-        if sample == samples.OUT:
-            found = newest_of.get(grid)
-            held.append(
-                f"{drawn} " + _grid_figures(grid, found, configs, planned=True)
-                if found
-                else f"{drawn}: not run yet"
-            )
-        elif grid in newest_of:
-            figures = _grid_figures(grid, newest_of[grid], configs)
-            judged.append(f"grid `{grid}` ({why}) {figures}")
-    if not held:
-        return None
-    line = f"Estimator on a CPU, held out: {'; '.join(held)}."
-    return line + (f" In sample: {'; '.join(judged)}." if judged else "")
-
-
 def estimator_held_out_kinds(results: Path) -> str | None:
     """docs/benchmarks.md's sentence naming the CPU kinds each frozen held-out estimator grid
     has run on (``estimator_accuracy.py``'s files), or that it has not run yet."""
@@ -1107,21 +458,6 @@ def _reference_runs(results: Path) -> tuple[dict, dict, Path] | None:
     return small[0]["measured"], large[0]["measured"], small[1]
 
 
-def readme_fewer_parameters(results: Path) -> str | None:
-    """README's line on unet_small peaking above unet_large (the recorded GPU runs)."""
-    found = _reference_runs(results)
-    if found is None:
-        return None
-    small, large, path = found
-    gpu = json.loads(path.read_text())["gpu"]
-    return (
-        f"Fewer parameters, more memory ({gpu}, batch 2 of 1×26×150×320, 16-mixed; "
-        f"{_sample(samples.BENCHMARKS['cuda_recorded'])}): unet_small, a third of unet_large's "
-        f"parameters, peaks at {small['peak_allocated_mib']:,} against "
-        f"{large['peak_allocated_mib']:,} MiB allocated ([file]({_rel(path)}))."
-    )
-
-
 def memory_fewer_parameters(results: Path) -> str | None:
     """docs/memory.md's figures of unet_small against unet_large (the recorded GPU runs)."""
     found = _reference_runs(results)
@@ -1133,28 +469,6 @@ def memory_fewer_parameters(results: Path) -> str | None:
         f"{small['nvidia_smi_mib']:,} against {large['nvidia_smi_mib']:,} MiB in nvidia-smi "
         f"(`{_rel(path)}`, the `reference table` rows; "
         f"{_sample(samples.BENCHMARKS['cuda_recorded'])})"
-    )
-
-
-def readme_cuda_estimate(results: Path) -> str | None:
-    """README's CUDA-estimate line: how many recorded GPU runs the newest
-    ``cuda_estimate_errors.py`` file has outside its bounds."""
-    path = results_io.latest("cuda_estimate_errors", "cpu", results)
-    if path is None:
-        return None
-    doc = results_io.load(path)
-    bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
-    outside = sum(
-        abs(r["allocated_error"]) > bounds["allocated"]
-        or abs(r["reserved_error"]) > bounds["reserved"]
-        for r in doc["rows"]
-    )
-    gpus = ", ".join(sorted({doc["gpu"] for _, doc, _ in _recorded_gpu_runs(results).values()}))
-    return (
-        f"CUDA estimate against the {len(doc['rows'])} recorded {gpus} runs "
-        f"({_sample(samples.BENCHMARKS['cuda_estimate_errors'])}): {outside} outside "
-        f"{bounds['allocated']:.0%} allocated / {bounds['reserved']:.0%} reserved, so the planner "
-        f"adds a margin fitted on them ([file]({_rel(path)}))."
     )
 
 
@@ -1186,23 +500,38 @@ def networks_tight_budget(results: Path) -> str | None:
                 f"{check['measured_peak_bytes'] / MIB:,.1f} MiB ({verdict})"
             )
     share = doc.get("budget_of_growth")
-    return (
+    text = (
         f"Under a budget of the resident state plus {share:.0%} of the step's growth (float32, "
         f"batch 2 of 32×64×64; {doc.get('cpu_description') or doc['cpu']}; "
         f"{_sample(samples.grid('monai-unets'))}): " + "; ".join(answers) + f" (`{_rel(path)}`)."
     )
+    return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
+
+# the archived studies' tables: their readers live with the studies (they import this module's
+# helpers above, so they are imported here, after them)
+from benchmarks.archive.readers import (  # noqa: E402
+    cpu_bf16_conv,
+    cpu_precision,
+    cross_entropy_weight,
+    data_throughput,
+    default_run,
+    learning,
+    levers_cpu,
+    loader_compare,
+    memory_monitor_overhead,
+    network_levers,
+    nnunet_side_by_side,
+    step_profile,
+    train_throughput,
+    training_overheads,
+    validation_memory,
+)
 
 FIGURES: dict[str, Callable[[Path], str | None]] = {
-    "readme_default_run": readme_default_run,
-    "readme_held_out_task": readme_held_out_task,
-    "readme_estimator_held_out": readme_estimator_held_out,
-    "readme_fewer_parameters": readme_fewer_parameters,
-    "readme_cuda_estimate": readme_cuda_estimate,
     "memory_fewer_parameters": memory_fewer_parameters,
     "estimator_held_out_kinds": estimator_held_out_kinds,
     "networks_tight_budget": networks_tight_budget,
-    "benchmarks_cpu_margins": benchmarks_cpu_margins,
 }
 
 
@@ -1271,15 +600,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     parser.add_argument("--docs", type=Path, default=DOCS)
-    parser.add_argument("--readme", type=Path, default=results_io.REPO / "README.md")
     parser.add_argument("--results", type=Path, default=results_io.RESULTS)
     args = parser.parse_args(argv)
     stale = []
-    for doc in [*sorted(args.docs.glob("*.md")), args.readme]:
+    # the one writer of docs' tables; README's prose is written by hand (tests/test_docs.py
+    # checks each of its figures against the table it links to)
+    for doc in sorted(args.docs.glob("*.md")):
         if not doc.exists():
             continue
         text = doc.read_text()
         new, done = regenerate(text, args.results)
+        if doc.name == "benchmarks.md":  # the networks tables: a table per results file
+            from benchmarks import estimator_accuracy as networks
+
+            files = [networks.NETWORKS_RESULTS, *networks.foreign_results(args.results)]
+            new = networks.networks_docs(new, files, doc)
         if new != text:
             stale.append(doc.name)
             if not args.check:

@@ -22,7 +22,7 @@ CONFIGS = REPO / "configs"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The module of ``python -m benchmarks <name>`` (a study's under ``benchmarks/studies/``),
+    """The module of ``python -m benchmarks <name>`` (an archived study's: ``benchmarks/archive/``),
     or a shared module of the package (``results_io``, ``harness``, ...)."""
     from benchmarks.runner import BENCHMARKS
 
@@ -162,8 +162,8 @@ def tiny_train_overrides(data_root: Path) -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        # no estimate of the planned step (tests of it set estimate.plan_step=true)
-        "estimate.plan_step=false",
+        # no estimate of the planned step (tests of it set memory.plan_step=true)
+        "memory.plan_step=false",
     ]
 
 

@@ -69,7 +69,7 @@ def test_the_networks_grid_estimates_a_users_own_class_from_a_file(tmp_path, mon
 
 
 def test_docs_networks_table_is_the_committed_results_written_out():
-    """docs/networks.md's table between its markers is what ``--write-docs`` makes of the
+    """docs/benchmarks.md's networks table between its markers is what ``tables.py`` makes of the
     committed ``benchmarks/results/cpu/estimator_networks.json``."""
     bench = load_benchmark("estimator_accuracy")
     results = json.loads(bench.NETWORKS_RESULTS.read_text())
@@ -79,11 +79,12 @@ def test_docs_networks_table_is_the_committed_results_written_out():
     text = bench.DOCS.read_text()
     between = text.split(bench.TABLE_START + "\n", 1)[1].split(bench.TABLE_END, 1)[0]
     assert between == bench.networks_table(results)
-    assert results["cpu"] in between and results["date"] in between
+    flowing = " ".join(between.split())  # the caption is a paragraph of short lines
+    assert results["cpu"] in flowing and results["date"] in flowing
 
 
 def test_docs_foreign_networks_table_is_the_dated_results_files_written_out():
-    """docs/networks.md's table of other projects' U-Nets is what ``--write-docs`` makes of the
+    """docs/benchmarks.md's table of other projects' U-Nets is what ``tables.py`` makes of the
     newest complete ``<date>_estimator_networks.json`` holding the foreign-networks grid of each
     kind of CPU (a table each, oldest first), every network of the grid estimated, measured and
     planned in each."""
@@ -261,7 +262,7 @@ def test_tables_fill_markers_from_results_and_leave_the_others(tmp_path):
     doc = results_io.result("loader_compare", rows, argv=["--compare"], settings={"threads": 2})
     results_io.write(doc, results / "cpu" / "2026-01-02_loader_compare.json")
     table = tables.loader_compare(results)
-    assert "2026-01-02_loader_compare.json (its `settings.threads` of 2 is wrong" in table
+    assert "2026-01-02_loader_compare.json (ran on 1 thread, not its recorded 2)" in table
     assert "2026-01-01_loader_compare.json |" in table
 
 
@@ -368,7 +369,7 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     """nnU-Net's own-plan side is named for its plan; where rows count their predicted labels,
     a column gives each run's share of background (100% only where every voxel is); rows
     without counts (older files) leave the table as it was."""
-    tables = load_benchmark("tables")
+    tables = load_benchmark("archive.readers")
 
     def row(side, seed, voxels=None):
         r = {
@@ -386,7 +387,11 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
 
     label = tables.side_label("nnunet_own_plan", [row("nnunet_own_plan", 1)])
     assert label == "nnU-Net v2's trainer, 0.20% of its schedule, its own plan"
-    assert tables.side_label("nnunet", [row("nnunet", 1)]).endswith("volseg's patch and network")
+    assert (
+        load_benchmark("archive.readers")
+        .side_label("nnunet", [row("nnunet", 1)])
+        .endswith("volseg's patch and network")
+    )
     # ten steps of 250,000: a share to one figure, not 0.00%
     few = tables.side_label("nnunet_own_plan", [{**row("nnunet_own_plan", 1), "steps": 10}])
     assert few == "nnU-Net v2's trainer, 0.004% of its schedule, its own plan"
@@ -400,7 +405,11 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     assert table[0].endswith("| classes at 0 (final) | background, of the predicted voxels |")
     assert table[2] == f"| {label} | 2 | 500 | 0.000 | 0.000, 0.000 | 0.000 | 1, 1 | 100%, 99.99% |"
     assert table[3].endswith("| 1 | 75.00% |") and table[4].endswith("| 1 | - |")
-    old = tables.learning_rows([row("nnunet", 1)], per_class=False).splitlines()
+    old = (
+        load_benchmark("archive.readers")
+        .learning_rows([row("nnunet", 1)], per_class=False)
+        .splitlines()
+    )
     assert old[0].endswith("| classes at 0 (final) |") and old[2].endswith("| 0.000 | 1 |")
 
 
@@ -663,6 +672,7 @@ DESCRIPTIVE_TABLES = {
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],
     "docs/data.md": ["| `data=` | classes | cases (train / val) |"],
+    "docs/kernel-memory.md": [],
     "docs/memory.md": ["| key | meaning |", "| lever | config | what it does |"],
     "docs/networks.md": [
         "| `model/net=` | network | each patch side divides by | `model.activation_checkpointing` "
@@ -677,7 +687,7 @@ MEASURED_FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|GB|ms|it/s|s/step|s/batch|s)
 
 def _outside_generated_tables(text: str) -> str:
     """A doc's text without the tables that scripts write: ``<!-- table: NAME -->`` blocks
-    (``benchmarks/tables.py``) and the networks tables (``estimator_accuracy.py --write-docs``)."""
+    (``benchmarks/tables.py``) and the networks tables (also ``benchmarks/tables.py``)."""
     text = re.sub(r"<!-- table: ([\w-]+) -->.*?<!-- /table: \1 -->", "", text, flags=re.S)
     return re.sub(r"<!-- ((?:foreign-)?networks-table): .*?<!-- /\1 -->", "", text, flags=re.S)
 
@@ -703,60 +713,6 @@ def test_every_table_of_figures_in_the_docs_is_written_from_a_results_file(doc):
     assert figures == []
 
 
-def test_readmes_estimator_sentence_follows_the_newest_held_out_file(tmp_path, monkeypatch):
-    """The held-out sentence counts the frozen grid's configs, the ones run so far, their mean
-    |error| and the ones stopped, from the newest file per CPU kind, and how many a plan covers
-    with the kind's margin (+50% here: 100 MiB measured, 70 estimated, 105 planned); in-sample
-    grids stay out; its marker is rewritten and an unknown one refused."""
-    from volseg.memory.estimate import margins as residuals
-
-    monkeypatch.setattr(residuals, "cpu_margin", lambda kind: residuals.Margin(0.5, kind))
-    tables = load_benchmark("tables")
-    results_io = load_benchmark("results_io")
-    grid = "held-out-2026-12-06"
-    frozen = json.loads((REPO / "benchmarks" / "grids" / f"{grid}.json").read_text())["configs"]
-
-    def row(name, error, g=grid):
-        measured = 100 * 2**20
-        estimated = round(measured * (1 + error))
-        return {
-            "grid": g,
-            "name": name,
-            "error": error,
-            "estimated_bytes": estimated,
-            "measured_bytes": measured,
-        }
-
-    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
-    slow = {"grid": grid, "name": "slow", "failed": "Command '[...]' timed out after 900 seconds"}
-    for file, rows in (
-        ("2026-01-01_estimator_accuracy.json", [row("a", 0.5)]),
-        ("2026-01-02_estimator_accuracy.json", [row("a", 0.1), row("b", -0.3), slow]),
-        ("2026-01-03_estimator_accuracy.json", [row("t", 0.9, "tuned")]),
-    ):
-        doc = results_io.result("estimator_accuracy", rows, argv=[])
-        doc.update(cpu_flags=avx2, **NOT_HELD)
-        results_io.write(doc, tmp_path / "cpu" / file)
-    sentence = tables.readme_estimator_held_out(tmp_path)
-    assert sentence.startswith("Estimator on a CPU, held out: ")
-    assert f"`{grid}` ({len(frozen)} configs drawn and frozen before they ran)" in sentence
-    assert (
-        "(AVX2), 3 run so far: mean |error| 20.0%, max 30.0% of a step's measured rise over the 2 "
-        "that finished, the estimate at or above it (safe) in 1 of 2 (50%), with the planner's "
-        "margin for the kind (+50%), 2 of 2, 1 ran past the time limit" in sentence
-    )
-    # the grid judged on since has no rows here: nothing in sample is said
-    assert "In sample" not in sentence
-    assert "([file](" in sentence and "2026-01-02_estimator_accuracy.json))." in sentence
-    text = (
-        "- <!-- figure: readme_estimator_held_out -->old<!-- /figure: readme_estimator_held_out -->"
-    )
-    new, done = tables.regenerate(text, tmp_path)
-    assert done == ["readme_estimator_held_out"] and sentence in new and "old" not in new
-    with pytest.raises(KeyError, match="no such figure"):
-        tables.regenerate("<!-- figure: nothing -->x<!-- /figure: nothing -->", tmp_path)
-
-
 def test_the_tight_budget_sentence_names_each_networks_plan_and_its_trained_peak(tmp_path):
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
@@ -777,41 +733,13 @@ def test_the_tight_budget_sentence_names_each_networks_plan_and_its_trained_peak
     ]
     file = "estimator_monai_unets.json"
     _write_result(results_io, tmp_path, "estimator_accuracy", rows, file, budget_of_growth=0.6)
-    text = tables.networks_tight_budget(tmp_path)
+    text = " ".join(tables.networks_tight_budget(tmp_path).split())  # a paragraph of lines
     assert text.startswith("Under a budget of the resident state plus 60% of the step's growth")
     assert (
         "MONAI UNet at 117 MiB: `data.batch_size=2` `data.patch_size=[32,48,48]`, trained at "
         "113.8 MiB (under)" in text
     )
     assert "MONAI AttentionUnet: nothing fits 90 MiB" in text and "in sample" in text
-
-
-def test_readmes_held_out_task_line_names_the_cpu_kind_and_the_steps(tmp_path):
-    """README's learning line: volseg's default and the anchor on the held-out task, with the
-    CPU kind and volseg's steps (a wall-clock budget buys different work per CPU)."""
-    tables = load_benchmark("tables")
-    results_io = load_benchmark("results_io")
-
-    def row(side, steps, final):
-        return {"side": side, "steps": steps, "final_dice_mean": final}
-
-    rows = [row("volseg", 100, 0.2), row("volseg", 200, 0.4), row("nnunet", 150, 0.0)]
-    rows += [row("monai_volseg", 180, 0.1), row("monai_volseg", 180, 0.3)]
-    settings = {
-        "data": "mni152_regions_lr",
-        "budget_s": 600,
-        "precision": "32",
-        "mode": "two at a time, 1 thread each",
-        "sides": ["volseg", "nnunet", "monai_volseg"],
-        "seeds": [1, 2],
-    }
-    doc = results_io.result("real_data", rows, settings=settings)
-    doc.update(cpu="Some CPU", cpu_flags={"avx2": True, "avx512f": True}, **NOT_HELD)
-    results_io.write(doc, tmp_path / "cpu" / "2026-01-01_real_data.json")
-    line = tables.readme_held_out_task(tmp_path)
-    assert "2 seeds, Some CPU (AVX-512), about 150 steps):" in line
-    assert "volseg's default 0.300 mean final Dice" in line
-    assert "volseg's recipe 0.200 ([file](" in line
 
 
 def test_the_summary_line_counts_the_estimates_at_or_above_the_measured_rise():
@@ -833,41 +761,6 @@ def test_the_summary_line_counts_the_estimates_at_or_above_the_measured_rise():
     assert grid.safe_text([{"failed": "x"}]) == "none measured"
 
 
-def test_readmes_estimator_sentence_says_a_held_out_grid_has_not_run_and_gives_the_judged_grids(
-    tmp_path,
-):
-    """With no rows of the frozen held-out grid yet, the sentence says so; the frozen grid
-    judged on since (``samples.JUDGED``) follows as in sample, with its reason and, per CPU kind,
-    its safety rate: AVX512_BF16 2 of 3 (67%), AVX2 0 of 1 (0%)."""
-    tables = load_benchmark("tables")
-    results_io = load_benchmark("results_io")
-    samples = load_benchmark("samples")
-    judged = "held-out-2026-12-03-b"
-    avx2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
-    bf16 = {**avx2, "avx512f": True, "avx512_bf16": True}
-    for file, flags, errors in (
-        ("2026-01-01_estimator_accuracy.json", avx2, [-0.4]),
-        ("2026-01-02_estimator_accuracy.json", bf16, [0.02, -0.03, 0.0]),
-    ):
-        rows = [{"grid": judged, "name": f"c{i}", "error": e} for i, e in enumerate(errors)]
-        doc = results_io.result("estimator_accuracy", rows, argv=[])
-        doc.update(cpu_flags=flags, **NOT_HELD)
-        results_io.write(doc, tmp_path / "cpu" / file)
-    sentence = tables.readme_estimator_held_out(tmp_path)
-    assert sentence.startswith(
-        "Estimator on a CPU, held out: grid `held-out-2026-12-06` (12 configs drawn and frozen "
-        "before they ran): not run yet. In sample: grid `held-out-2026-12-03-b` ("
-        + samples.JUDGED[judged]
-        + ")"
-    )
-    # the kinds with the most instructions first
-    assert sentence.index("(AVX512_BF16)") < sentence.index("(AVX2)")
-    assert "the 3 that finished, the estimate at or above it (safe) in 2 of 3 (67%)" in sentence
-    assert "the 1 that finished, the estimate at or above it (safe) in 0 of 1 (0%)" in sentence
-    kinds = tables.estimator_held_out_kinds(tmp_path)
-    assert kinds == "The held-out grid `held-out-2026-12-06` has not run yet."
-
-
 def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function(monkeypatch):
     """One naming of CPU kinds: the tables' and the margins' (a results file's,
     ``results_io.cpu_kind``) and the planner's (this CPU's)."""
@@ -887,3 +780,18 @@ def test_the_tables_name_a_cpu_kind_with_the_cpu_modules_own_function(monkeypatc
     # a file from before cpu_flags were recorded: its CPU's description has them
     old = {"cpu": "Xeon (2 cores; avx2=yes avx512f=yes avx512_bf16=yes amx_bf16=no; bf16 native)"}
     assert tables.cpu_kind(old) == "AVX512_BF16"
+
+
+def test_an_unknown_marker_is_refused_and_a_grid_not_run_is_said_so(tmp_path):
+    """A marker tables.py does not know is refused by name; with no row of the frozen held-out
+    grid (only an in-sample grid's), its sentence says it has not run."""
+    tables = load_benchmark("tables")
+    results_io = load_benchmark("results_io")
+    with pytest.raises(KeyError, match="no such figure"):
+        tables.regenerate("<!-- figure: nothing -->x<!-- /figure: nothing -->", tmp_path)
+    rows = [{"grid": "held-out-2026-12-03-b", "name": "c", "error": 0.1}]
+    doc = results_io.result("estimator_accuracy", rows, argv=[])
+    doc.update(cpu_flags={"avx2": True}, **NOT_HELD)
+    results_io.write(doc, tmp_path / "cpu" / "2026-01-01_estimator_accuracy.json")
+    kinds = tables.estimator_held_out_kinds(tmp_path)
+    assert kinds == "The held-out grid `held-out-2026-12-06` has not run yet."

@@ -45,7 +45,7 @@ def test_the_documented_custom_override_trains_with_python_train_py(small_datase
         "trainer.precision=32",
         "callbacks.rich_progress_bar=null",
         "extras.print_config=false",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={run}",
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -330,7 +330,7 @@ TINY_JOB = [
     "trainer.limit_train_batches=1",
     "trainer.limit_val_batches=1",
     "callbacks.validation_overlays=null",
-    "estimate.plan_step=false",
+    "memory.plan_step=false",
 ]
 
 

@@ -95,7 +95,7 @@ def two_steps(root: Path, patch: str = "[32,32,32]") -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/studies/real_data.py: both sides in one precision, best and final validation,
+"""benchmarks/archive/real_data.py: both sides in one precision, best and final validation,
 classes at 0."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_final_validation_is_the_last_validation_row(tmp_path):
         writer.writerow({"step": 3, "val/dice_mean": 0.25, "val/dice_a": 0.0})
         writer.writerow({"step": 4, "train/loss": 0.9})
     rows = load_benchmark("harness").read(tmp_path / "run", 0.0).rows
-    final, per_class = load_benchmark("studies.mni152_runs").final_validation(rows, ["a"])
+    final, per_class = load_benchmark("archive.mni152_runs").final_validation(rows, ["a"])
     assert final == 0.25 and per_class == {"a": 0.0}
     assert bench.zero_classes({"a": 0.0, "b": 0.3, "c": 0.0}) == 2
 
@@ -47,7 +47,7 @@ class SteppedClock:
 
 @pytest.fixture
 def bench(monkeypatch):
-    """benchmarks/studies/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
+    """benchmarks/archive/real_data.py on a :class:`SteppedClock` (a quarter second a reading)."""
     module = load_benchmark("real_data")
     monkeypatch.setattr(module, "time", SteppedClock(0.25))
     return module
@@ -200,7 +200,7 @@ def test_nnunet_plans_are_held_to_volsegs_patch_batch_widths_and_pooling():
 def test_the_predicted_label_histogram_counts_each_class_over_the_cases():
     import torch
 
-    runs = load_benchmark("studies.mni152_runs")
+    runs = load_benchmark("archive.mni152_runs")
     preds = [torch.tensor([[0, 0, 2], [2, 0, 0]]), torch.tensor([[[0]], [[2]]])]
     assert runs.label_histogram(preds, ["background", "a", "b"]) == {
         "background": 5,
@@ -310,7 +310,7 @@ def test_volsegs_predicted_voxels_come_from_eval_of_its_final_weights(small_data
     from tests.conftest import compose_config, tiny_train_overrides
     from volseg.tasks.train import train
 
-    runs = load_benchmark("studies.mni152_runs")
+    runs = load_benchmark("archive.mni152_runs")
     run_dir = tmp_path / "run"
     train(compose_config("train", run_dir, tiny_train_overrides(small_dataset)))
     voxels = runs.volseg_predicted_voxels(run_dir, small_dataset)

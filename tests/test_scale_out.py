@@ -83,7 +83,7 @@ def train_args(data: Path, run_dir: Path) -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={run_dir}",
     ]
 

@@ -170,7 +170,7 @@ def test_a_diverging_run_stops_with_one_line_and_exit_1(small_dataset, tmp_path)
             "trainer.max_epochs=2",
             "trainer.limit_val_batches=1",
             "trainer.precision=32",
-            "estimate.plan_step=false",
+            "memory.plan_step=false",
             "callbacks.rich_progress_bar=null",
             f"hydra.run.dir={tmp_path}",
         ]
@@ -319,7 +319,7 @@ def test_ddp_sim_trains_in_two_processes_with_one_run_dir(small_dataset, tmp_pat
             "trainer.max_epochs=2",
             "trainer.check_val_every_n_epoch=1",
             "hydra.verbose=volseg.models.segmentation_module",
-            "estimate.plan_step=false",
+            "memory.plan_step=false",
             f"hydra.run.dir={run_dir}",
         ]
     )
@@ -355,7 +355,7 @@ def built(monkeypatch) -> list:
 def _reads_shapes(small_dataset: Path) -> list[str]:
     return [
         *tiny_train_overrides(small_dataset),
-        "estimate.plan_step=true",  # the plan reads the validation shapes
+        "memory.plan_step=true",  # the plan reads the validation shapes
         "data.check_only=true",
     ]
 

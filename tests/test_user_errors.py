@@ -111,9 +111,9 @@ TABLE = [
     ("train", ["in_channels=2"], "1 image channel(s) (case_000.nii.gz: "),
     ("estimate_memory", ["in_channels=2"], "but in_channels=2: set in_channels=1"),
     ("plan", ["in_channels=2"], "but in_channels=2: set in_channels=1"),
-    ("estimate_memory", ["estimate.json_out={dir}/no/such/e.json"], "estimate.json_out="),
-    ("estimate_memory", ["estimate.json_out={dir}"], "is a folder"),
-    ("estimate_memory", ["estimate.json_out={junk}"], "exists"),
+    ("estimate_memory", ["memory.json_out={dir}/no/such/e.json"], "memory.json_out="),
+    ("estimate_memory", ["memory.json_out={dir}"], "is a folder"),
+    ("estimate_memory", ["memory.json_out={junk}"], "exists"),
 ]
 
 

@@ -59,7 +59,7 @@ def _command(data_root: Path, run_dir: Path, *extra: str) -> list[str]:
         "callbacks.early_stopping=null",
         "callbacks.last_checkpoint.save_every_n_steps=1",
         "callbacks.last_checkpoint.save_every_minutes=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={run_dir}",
         *extra,
     ]

@@ -119,7 +119,7 @@ def test_a_resumed_fit_warms_up_from_its_checkpoint_step(monkeypatch):
     s = speed.summary()
     assert s["steps_measured"] == 3  # steps 42, 43 and 44
     assert s["step_s"] == pytest.approx(2.0)
-    # no FLOPs planned (estimate.plan_step=false), no peak on a CPU
+    # no FLOPs planned (memory.plan_step=false), no peak on a CPU
     assert s["tflops_per_s"] is None and s["mfu"] is None and s["peak_source"] == "cpu: no peak"
 
 
@@ -206,7 +206,7 @@ def test_lightning_fetches_batches_where_the_wait_is_counted(tmp_path):
 
 def test_train_py_reports_the_planned_steps_flops_rate(small_dataset, tmp_path, caplog):
     overrides = [
-        *[o for o in tiny_train_overrides(small_dataset) if not o.startswith("estimate.")],
+        *[o for o in tiny_train_overrides(small_dataset) if not o.startswith("memory.plan_step")],
         "callbacks.training_speed.warmup_steps=1",
     ]
     cfg = compose_config("train", tmp_path, overrides)

@@ -116,7 +116,7 @@ def test_training_speed_of_a_gpu_run_against_its_peak(small_dataset, tmp_path):
     _, run_dir = _run_dir_train(
         small_dataset,
         tmp_path,
-        "estimate.plan_step=true",  # the planned step's FLOPs
+        "memory.plan_step=true",  # the planned step's FLOPs
         "callbacks.training_speed.warmup_steps=1",
     )
     speed = json.loads((run_dir / "summary.json").read_text())["speed"]

@@ -128,7 +128,7 @@ def test_estimate_memory_prints_and_writes_the_host_section(small_dataset, tmp_p
     cfg = compose_config(
         "estimate_memory",
         tmp_path / "run",
-        [*tiny_train_overrides(small_dataset), "data.cache_rate=0.5", f"estimate.json_out={out}"],
+        [*tiny_train_overrides(small_dataset), "data.cache_rate=0.5", f"memory.json_out={out}"],
     )
     result = run_estimate(cfg)
     printed = capsys.readouterr().out

@@ -100,7 +100,7 @@ def test_unetr_is_built_for_the_planned_patch(tmp_path):
 
 @pytest.mark.slow
 def test_unetr_input_size_moves_with_the_planners_smaller_patch(tmp_path):
-    overrides = [*UNETR, "data.patch_size=[32,64,64]", "estimate.checkpointing_options=[none,all]"]
+    overrides = [*UNETR, "data.patch_size=[32,64,64]", "memory.checkpointing_options=[none,all]"]
     cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False).run_config()
     at_patch = [
         estimate(cfg, batch_size=b, activation_checkpointing=o)
@@ -128,7 +128,7 @@ def _pop_unet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "trainer.accelerator=cpu",
         "data.batch_size=2",
         "data.patch_size=[16,32,32]",
-        "estimate.val_shape=[16,32,32]",  # validation of one window: the step sets the budget
+        "memory.val_shape=[16,32,32]",  # validation of one window: the step sets the budget
     ]
 
 

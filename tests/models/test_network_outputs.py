@@ -84,7 +84,7 @@ def _overrides(data_root: Path, net: str, *more: str) -> list[str]:
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         *more,
     ]
 

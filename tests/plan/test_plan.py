@@ -112,8 +112,8 @@ def test_the_estimate_of_the_planned_step_is_in_the_plan(tmp_path):
 @pytest.mark.slow
 def test_a_budget_is_checked_or_fitted_by_the_planner(tmp_path):
     small = [*CPU, "model.net.widths=[4,8,16]", "data.patch_size=[16,32,32]"]
-    small += ["trainer.precision=32", "data.batch_size=8", "estimate.max_batch_size=8"]
-    small += ["estimate.val_shape=[16,32,32]"]
+    small += ["trainer.precision=32", "data.batch_size=8", "memory.max_batch_size=8"]
+    small += ["memory.val_shape=[16,32,32]"]
     configured = _plan(tmp_path, small, estimate_step=True)
     needed = planned_total(configured.estimate)  # as the planner counts it: the CPU margin in
     # 60% of the step, or what validating one window needs where that is more (on CPUs whose
@@ -167,7 +167,7 @@ def test_the_same_command_gives_the_same_plan_in_every_entry_point(small_dataset
     trained_plan = yaml.safe_load((tmp_path / "train" / "plan.yaml").read_text())
     trained = trained_plan["decisions"]
     assert trained["data.patch_size"]["source"] == "planned"
-    assert trained_plan["estimate"] == {}  # estimate.plan_step=false: the step is not estimated
+    assert trained_plan["estimate"] == {}  # memory.plan_step=false: the step is not estimated
 
     estimated = run_estimate(compose_config("estimate_memory", tmp_path / "est", overrides))
     assert _values(estimated["run_plan"]) == _values(trained)
@@ -243,7 +243,7 @@ def test_plan_py_on_the_embedded_data_and_train_from_the_plan(small_dataset, tmp
     # same command given to train.py directly
     # (train.py estimates the planned step as plan.py does: the same figures in its plan.yaml)
     direct = train(
-        compose_config("train", tmp_path / "direct", [*overrides, "estimate.plan_step=true"])
+        compose_config("train", tmp_path / "direct", [*overrides, "memory.plan_step=true"])
     )
     trained = yaml.safe_load((tmp_path / "direct" / "plan.yaml").read_text())["estimate"]
     assert trained == written["estimate"] and trained["peak_allocated"] > 0

@@ -108,7 +108,7 @@ def test_sixteen_mixed_runs_as_float32_where_bf16_is_emulated(small_dataset, tmp
         "trainer.max_steps=1",
         "trainer.limit_val_batches=1",
         "callbacks.rich_progress_bar=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={tmp_path}",
     ]
     result = subprocess.run(
@@ -126,11 +126,11 @@ def test_native_bf16_needs_the_bf16_instructions_not_only_onednn(monkeypatch):
     """oneDNN says yes from plain AVX-512 on; only AVX512_BF16/AMX make bf16 fast."""
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    without = {flag: False for flag in cpu.ISA_FLAGS} | {"avx2": True, "avx512f": True}
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: without)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert not cpu.cpu_bf16_native()  # AVX-512 without AVX512_BF16
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: without | {"avx512_bf16": True})
     assert cpu.cpu_bf16_native()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert not cpu.cpu_bf16_native()

@@ -41,7 +41,7 @@ def _multirun(
             "trainer.check_val_every_n_epoch=1",
             "trainer.limit_train_batches=2",
             "trainer.limit_val_batches=1",
-            "estimate.plan_step=false",
+            "memory.plan_step=false",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=REPO,

@@ -80,7 +80,7 @@ class TrainingSpeed(Callback):
       recomputation included) per step second, per process;
     - ``mfu``: that rate over the device's dense peak (``peak_tflops``; None looks the GPU up in
       :data:`DENSE_PEAK_TFLOPS`); None on a CPU, for a GPU not in the table, or without the
-      planned step's FLOPs (``estimate.plan_step=false``).
+      planned step's FLOPs (``memory.plan_step=false``).
 
     A data-wait share above ``data_wait_warning`` ends the fit with a warning that names the
     loader's settings.

@@ -167,7 +167,7 @@ class VolumeDataModule(LightningDataModule):
         in_channels: int = 1,
         patch_size: Sequence[int] = (32, 64, 64),
         batch_size: int = 2,
-        samples_per_volume: int = 2,
+        samples_per_volume: int = 4,
         val_fraction: float = 0.2,
         split_seed: int = 0,
         fold: int | None = None,

@@ -15,7 +15,7 @@ recomputation, so they equal those of a run without checkpointing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -50,16 +50,13 @@ def checkpoint_segment(
     fn: Callable[..., torch.Tensor], modules: Sequence[nn.Module], *args: Any
 ) -> torch.Tensor:
     """``fn(*args)`` as a non-reentrant checkpoint whose recomputation leaves ``modules``'
-    BatchNorm statistics untouched."""
+    BatchNorm statistics untouched (torch's ``context_fn``: the forward runs as it is, the
+    recomputation inside :func:`frozen_norm_statistics`)."""
 
-    def run(*inner: Any) -> torch.Tensor:
-        # a graph task is running only inside backward: this call is the recomputation
-        if torch._C._current_graph_task_id() != -1:
-            with frozen_norm_statistics(m for mod in modules for m in mod.modules()):
-                return fn(*inner)
-        return fn(*inner)
+    def contexts() -> tuple[Any, Any]:
+        return nullcontext(), frozen_norm_statistics(m for mod in modules for m in mod.modules())
 
-    return checkpoint(run, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
 
 
 def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[set[int], set[int]]:

@@ -34,12 +34,11 @@ class RunBudget:
                 return math.inf
 
         timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
-        duration = getattr(timer, "_duration", None)
-        if timer is None or duration is None:
+        remaining = None if timer is None else timer.time_remaining()
+        if remaining is None:  # no Timer, or one without a duration
             return cls(_count_steps=count_steps)
-        return cls(
-            max_time_s=float(duration), elapsed_s=timer.time_elapsed, _count_steps=count_steps
-        )
+        duration = remaining + timer.time_elapsed()  # what is left plus what has run: max_time
+        return cls(max_time_s=duration, elapsed_s=timer.time_elapsed, _count_steps=count_steps)
 
     def _steps(self) -> float:
         # counted on first use, not when the scheduler is built: counting sets up the train

@@ -33,7 +33,7 @@ from typing import Any
 import hydra
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.cases import image_problems
 from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
@@ -48,7 +48,7 @@ from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
-from volseg.utils.config import plain
+from volseg.utils.config import plain, set_key
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
@@ -73,11 +73,6 @@ def plan_device(cfg: DictConfig) -> Decision:
         why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
         return Decision("cuda" if here else "cpu", "planned", why)
     return Decision("cpu", "configured", f"trainer.accelerator={accelerator}")
-
-
-def _set(cfg: DictConfig, key: str, value: Any) -> None:
-    with open_dict(cfg):
-        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 class _Data:
@@ -145,8 +140,8 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
             found = int(getattr(opened.module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
-            _set(cfg, key, found)
-            _set(cfg, f"data.{key}", found)
+            set_key(cfg, key, found)
+            set_key(cfg, f"data.{key}", found)
         elif key in cfg:
             decisions[key] = Decision(int(cfg[key]), "configured")
     _check_channels(cfg, opened)
@@ -155,7 +150,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
         augment, sources = opened.augment()
         for key in ("flip_axes", "rotate90_planes"):
             decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
-        _set(cfg, "data.augment", augment)
+        set_key(cfg, "data.augment", augment)
     if "spacing" in data:
         decisions["data.spacing"] = Decision(
             plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
@@ -174,7 +169,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
-        _set(cfg, "data.patch_size", patch)
+        set_key(cfg, "data.patch_size", patch)
     elif "patch_size" in data:
         patch = plain(data.patch_size)
         if not (
@@ -215,7 +210,7 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(value, "planned", why)
         else:
             decisions[f"data.{key}"] = Decision(value, "configured")
-        _set(cfg, f"data.{key}", value)
+        set_key(cfg, f"data.{key}", value)
     for key in ("cache", "cache_rate"):
         if key in data:
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
@@ -252,7 +247,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     from volseg.memory.fit.step import largest_batch
 
     budget, what = _budget_for_batch(cfg, device)
-    limit = int(OmegaConf.select(cfg, "estimate.max_batch_size", default=256))
+    limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
     search = largest_batch(cfg, budget, limit)
     if search.batch_size < 1:
         least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
@@ -270,7 +265,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     if after is not None:
         why += f"; batch {after['batch_size']}: {after['with_margin'] / MIB:,.0f} MiB"
     else:
-        why += f" (estimate.max_batch_size={limit})"
+        why += f" (memory.max_batch_size={limit})"
     decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
     _set(cfg, "data.batch_size", search.batch_size)
     return {"budget": budget, "budget_of": what, "rows": search.rows}
@@ -394,7 +389,7 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
-    options = OmegaConf.select(cfg, "estimate") or {}
+    options = OmegaConf.select(cfg, "memory") or {}
     answer = search(
         cfg,
         budget,
@@ -417,7 +412,7 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     planned = {}
     for text in overrides:
         key, _, value = text.partition("=")
-        _set(cfg, key, yaml.safe_load(value))
+        set_key(cfg, key, yaml.safe_load(value))
         planned[key] = why
     log.info("memory.budget=%s: planned %s", budget_value, " ".join(overrides))
     return planned, estimate(cfg)  # the engine's, from the trace the search made of it
@@ -447,7 +442,7 @@ class _Built:
 def _validation_volume(
     cfg: DictConfig, estimate_step: bool, built: _Built
 ) -> tuple[list[int] | None, str]:
-    """The validation volume the plan estimates (``estimate.val_shape`` or the dataset's
+    """The validation volume the plan estimates (``memory.val_shape`` or the dataset's
     largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
     ``None`` where none is estimated."""
     from volseg.memory.estimate.inference import validation_shape
@@ -456,7 +451,7 @@ def _validation_volume(
         return None, ""
     if "model" not in cfg or "data" not in cfg:
         return None, ""
-    if OmegaConf.select(cfg, "estimate.val_shape") is not None:
+    if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
     try:
         datamodule = built.build(cfg)
@@ -520,7 +515,7 @@ def _plan_validation(
             )
             check_validation_fits(est, budget_value, source, "; ".join(fit.tried), hint)
         for key, value in fit.overrides.items():
-            _set(cfg, key, value)
+            set_key(cfg, key, value)
         planned, est = fit.reasons, fit.estimate
     total = check_validation_fits(est, budget_value, source)
     why = (
@@ -549,7 +544,7 @@ def make_plan(
     ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
     ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
     micro-batches (plan.py) instead of stopping the run (train.py), searched within
-    ``estimate.max_batch_size`` and ``estimate.checkpointing_options``.
+    ``memory.max_batch_size`` and ``memory.checkpointing_options``.
     Bad values raise one :class:`UserInputError` naming the key.
     """
     cfg = copy.deepcopy(cfg)
@@ -564,7 +559,7 @@ def make_plan(
     if "callbacks" in cfg and "trainer" in cfg:
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
         for name in dropped:
-            _set(cfg, f"callbacks.{name}", None)
+            set_key(cfg, f"callbacks.{name}", None)
         if dropped:
             decisions["callbacks"] = Decision(
                 sorted(k for k, v in cfg.callbacks.items() if v is not None),
@@ -584,18 +579,18 @@ def make_plan(
         allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
         decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
     if OmegaConf.select(cfg, "memory") is not None:
-        _set(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
-    requested = cfg.trainer.get("precision", "32")
+        set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
+    requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
     log_choice(choice)
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
-    _set(cfg, "trainer.precision", choice.precision)
+    set_key(cfg, "trainer.precision", choice.precision)
     if "async_checkpoint" in cfg and "trainer" in cfg:
         writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
         decisions["async_checkpoint"] = writes
-        _set(cfg, "async_checkpoint", writes.value)
+        set_key(cfg, "async_checkpoint", writes.value)
 
     found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
 

@@ -7,7 +7,6 @@ supervision. Nothing here reads a network's own keys; the adapters do."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -23,18 +22,13 @@ from volseg.models.networks.probe import (
     training_output,
 )
 from volseg.plan.run_plan import Decision
-from volseg.utils.config import plain
+from volseg.utils.config import plain, set_key
 from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.extras import import_failure
 from volseg.utils.instantiate import config_error
 
 #: MONAI's loss for networks with one output per decoder level
 DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
-
-
-def _set(cfg: DictConfig, key: str, value: Any) -> None:
-    with open_dict(cfg):
-        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def network_class(net: DictConfig) -> type:
@@ -105,7 +99,7 @@ def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision
     if str(loss.get("_target_")) == DEEP_SUPERVISION_LOSS:
         return Decision(DEEP_SUPERVISION_LOSS, "configured")
     inner = OmegaConf.to_container(loss, resolve=True)
-    _set(
+    set_key(
         cfg,
         "model.loss",
         {"_target_": DEEP_SUPERVISION_LOSS, "weight_mode": "exp", "weights": None, "loss": inner},
@@ -199,9 +193,9 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
     _rename_channels(cfg, cls, decisions)
     for planned in adapter.plan(cfg.model.net, patch):
         decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
-        _set(cfg, planned.key, planned.value)
+        set_key(cfg, planned.key, planned.value)
     decisions["model.divisible_by"] = divisible_by(cfg, patch)
-    _set(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
+    set_key(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
     check_patch_taken(cfg, patch, decisions["model.divisible_by"].value)
     check_output(cfg, adapter, patch)
     loss = _deep_supervision_loss(cfg, adapter)

@@ -153,7 +153,7 @@ def format_estimate(
     if cuda:
         rows_after = [
             ("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
-            (f"CUDA context ({context_source or 'estimate.cuda_context_mib'})", est.cuda_context),
+            (f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
         ]
         sums.append(("= process total (nvidia-smi)", est.process_total))
     else:

@@ -32,17 +32,6 @@ from volseg.utils.instantiate import build
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-PLANNED_FOR_BUDGET = (
-    "data.batch_size",
-    "data.patch_size",
-    "model.activation_checkpointing",
-    "model.checkpoint_loss",
-    "trainer.accumulate_grad_batches",
-    "model.net.img_size",
-    "model.inferer.sw_batch_size",
-    "model.inferer.device",
-    "model.inferer.roi_size",
-)
 
 
 def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
@@ -61,23 +50,23 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
 
 
 def check_json_out(path: Path, overwrite: bool) -> None:
-    """One clear error, before estimating, when ``estimate.json_out`` cannot or must not be
+    """One clear error, before estimating, when ``memory.json_out`` cannot or must not be
     written: a folder, a file in a folder that does not exist, or an existing file."""
     if path.is_dir():
         raise UserInputError(
-            f"estimate.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
+            f"memory.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
         )
     if not path.parent.is_dir():
-        raise UserInputError(f"estimate.json_out={path}: folder {path.parent} not found")
+        raise UserInputError(f"memory.json_out={path}: folder {path.parent} not found")
     if path.exists() and not overwrite:
         raise UserInputError(
-            f"estimate.json_out={path}: exists; nothing was written. Pass "
-            "estimate.overwrite=true to replace it, or choose another file"
+            f"memory.json_out={path}: exists; nothing was written. Pass "
+            "memory.overwrite=true to replace it, or choose another file"
         )
 
 
 def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]:
-    """Validation's and prediction's peaks for the validation shape (``estimate.val_shape`` or
+    """Validation's and prediction's peaks for the validation shape (``memory.val_shape`` or
     the dataset's largest validation case), printed with the run's peak by phase; JSON entries
     ``validation`` and ``prediction`` (``None`` and why not where no shape is known).
     Prediction is estimated as ``predict.py`` runs by default (float32, no flips) for both of
@@ -102,15 +91,15 @@ def _context_label(source: str) -> str:
     """Where the CUDA context's figure comes from, as measured or assumed."""
     if source.startswith("measured"):
         return source
-    if source == "estimate.cuda_context_mib":
-        return "as set: estimate.cuda_context_mib"
+    if source == "memory.cuda_context_mib":
+        return "as set: memory.cuda_context_mib"
     return "assumed: typical, not measured for this GPU"
 
 
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     """The memory report of the run ``plan.py`` plans with the same overrides (the same plan,
     fitted to ``memory.budget`` as plan.py fits it: :func:`volseg.plan.plan_run`); JSON out."""
-    options = cfg.estimate
+    options = cfg.memory
     json_out = Path(options.json_out) if options.json_out else None
     if json_out is not None:
         check_json_out(json_out, bool(options.get("overwrite", False)))

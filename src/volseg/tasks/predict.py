@@ -208,7 +208,8 @@ def plan_volumes(
         limit, source = None, ""
     settings = {
         "model.inferer": {**plain(cfg.inferer), "roi_size": list(roi_size)},
-        "estimate": {"device": device, "cuda_context_mib": "auto", "gpu": None},
+        "memory.cuda_context_mib": "auto",
+        "memory.gpu": None,
     }
     estimate_cfg = copy.deepcopy(cfg)
     with open_dict(estimate_cfg):

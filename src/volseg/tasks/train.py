@@ -98,9 +98,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     # every auto decided once (patch, network, precision, loader, shape from the data, budget);
     # from here on everything is built from the plan's config, which nothing edits
-    # estimate.plan_step=false: no estimate of the planned step for the log and plan.yaml
+    # memory.plan_step=false: no estimate of the planned step for the log and plan.yaml
     run_plan = plan_run(
-        cfg, estimate_step=bool(OmegaConf.select(cfg, "estimate.plan_step", default=True))
+        cfg, estimate_step=bool(OmegaConf.select(cfg, "memory.plan_step", default=True))
     )
     log.info("%s", run_plan.format())
     if is_global_zero():

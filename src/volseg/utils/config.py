@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
 def plain(value: Any) -> Any:
@@ -19,6 +19,13 @@ def plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [plain(v) for v in value]
     return value
+
+
+def set_key(cfg: DictConfig, key: str, value: Any) -> None:
+    """Set the dotted ``key`` of ``cfg`` to ``value``, replacing (not merging) what is there and
+    adding the key where the config's structure lacks it."""
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def compose_run_config(
@@ -57,6 +64,21 @@ RENAMED_KEYS = {
     "checkpointing, micro-batches, loss checkpointing and a smaller patch",
     "estimate.zero_grad": "nothing: only the benchmarks' hand-written loops need it, and they "
     "set it themselves (+estimate.zero_grad=...)",
+    # the estimate group joined memory: each key kept its name
+    **{
+        f"estimate.{key}": f"memory.{key}"
+        for key in (
+            "cuda_context_mib",
+            "gpu",
+            "max_batch_size",
+            "checkpointing_options",
+            "val_shape",
+            "plan_step",
+            "json_out",
+            "overwrite",
+            "top",
+        )
+    },
 }
 
 

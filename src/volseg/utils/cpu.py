@@ -71,7 +71,8 @@ def cpu_bf16_native() -> bool:
         return check is not None  # oneDNN's answer is the Arm BF16 extension itself
     if _onednn_isa_capped_below_bf16():
         return False
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    flags = cpu_flags()
+    return flags["avx512_bf16"] or flags["amx_bf16"]
 
 
 def cpu_description() -> str:

@@ -36,7 +36,7 @@ USAGE = {
     "train": "python train.py [key=value ...]",
     "eval": "python eval.py ckpt_path=PATH [data.root=DIR] [predictions_dir=DIR]",
     "predict": "python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR",
-    "estimate": "python estimate_memory.py [train.py overrides] [estimate.json_out=FILE]",
+    "estimate": "python estimate_memory.py [train.py overrides] [memory.json_out=FILE]",
     "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [memory.plan_device=cuda]",
 }
 

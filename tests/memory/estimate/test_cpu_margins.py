@@ -144,10 +144,10 @@ def test_the_packaged_margins_are_the_committed_files_own(tmp_path):
     written = BENCH.write_margins(RESULTS, tmp_path / "cpu_margins.json")
     assert json.loads(written.read_text()) == packaged
     kinds, other = residuals.packaged_cpu_margins()
-    assert {k: m.fraction for k, m in kinds.items()} == {
-        k: m["fraction"] for k, m in packaged["margins"].items()
+    assert {k: (m.share, m.fixed_mib) for k, m in kinds.items()} == {
+        k: (m["share"], m["fixed_mib"]) for k, m in packaged["margins"].items()
     }
-    assert other.fraction == max(m["fraction"] for m in packaged["margins"].values())
+    assert other.share == packaged["unrecorded"]["share"]
 
 
 def test_the_held_out_grid_is_never_fitted_on():
@@ -164,10 +164,11 @@ def test_a_kind_with_no_recorded_run_gets_a_stated_margin_never_zero():
     kinds, other = residuals.packaged_cpu_margins()
     assert "AVX-512" not in kinds
     margin = residuals.cpu_margin("AVX-512")
-    assert margin.fraction == other.fraction > 0
+    assert (margin.share, margin.fixed_mib) == (other.share, other.fixed_mib)
+    assert margin.share > 0 or margin.fixed_mib > 0
     assert margin.source.startswith("no in-sample estimator run on AVX-512: the largest margin")
     held = residuals.cpu_margin("AMX, held to AVX2")
-    assert held.fraction == other.fraction and "on AMX, held to AVX2" in held.source
+    assert held.share == other.share and "on AMX, held to AVX2" in held.source
     for kind, margin in kinds.items():
         assert residuals.cpu_margin(kind) == margin
 
@@ -288,5 +289,5 @@ def test_an_unrecorded_kind_plans_with_the_stated_margin(tmp_path):
     ):
         est = estimate(cfg)
     _, other = residuals.packaged_cpu_margins()
-    assert est.margin == other.fraction > 0
+    assert est.margin == other.share and est.margin_fixed_mib == other.fixed_mib
     assert est.margin_source.startswith("no in-sample estimator run on AVX-512")

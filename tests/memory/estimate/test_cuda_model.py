@@ -115,7 +115,7 @@ def test_cuda_context_by_gpu():
     if not torch.cuda.is_available():
         assert resolve_cuda_context("auto", "NVIDIA L4").nbytes == TYPICAL_MIB * MIB
     assert resolve_cuda_context(300).nbytes == 300 * MIB
-    with pytest.raises(UserInputError, match="estimate.cuda_context_mib=-1"):
+    with pytest.raises(UserInputError, match="memory.cuda_context_mib=-1"):
         resolve_cuda_context(-1)
 
 

@@ -25,7 +25,7 @@ SMALL = [
     "data.batch_size=2",
     "data.patch_size=[16,32,32]",
     "memory.plan_device=cuda",
-    "estimate.val_shape=[24,48,48]",
+    "memory.val_shape=[24,48,48]",
 ]
 
 

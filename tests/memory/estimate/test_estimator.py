@@ -77,7 +77,7 @@ def test_halving_parameters_barely_moves_the_peak(tmp_path):
 
 
 def test_cuda_estimate_rounds_and_caches(tmp_path):
-    cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "estimate.cuda_context_mib=300"])
+    cfg = _cfg(tmp_path, [*SMALL, "trainer.precision=16-mixed", "memory.cuda_context_mib=300"])
     est = estimate(cfg)
     assert est.device == "cuda"  # planned for a GPU (memory.plan_device=cuda)
     assert est.peak_reserved >= est.peak_allocated > 0
@@ -85,7 +85,8 @@ def test_cuda_estimate_rounds_and_caches(tmp_path):
     assert est.process_total == est.peak_reserved + 300 * 2**20
     # fitting counts the reserved peak with the planner's margin (volseg.memory.estimate.margins)
     assert est.margin > 0
-    planned = math.ceil(est.peak_reserved * (1 + est.margin)) + 300 * 2**20
+    added = math.ceil(est.margin_fixed_mib * 2**20 + est.margin * est.peak_reserved)
+    planned = est.peak_reserved + added + 300 * 2**20
     assert est.fits(planned + 1) and not est.fits(est.process_total)
     assert not est.fits(est.process_total // 4)
 

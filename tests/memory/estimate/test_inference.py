@@ -88,7 +88,7 @@ def test_estimate_matches_a_real_cpu_validation(tmp_path):
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
     rises = validation_rises(overrides, run_dir)
     assert len(rises) == 1  # one validation; the sanity check is not logged
@@ -103,17 +103,17 @@ def test_estimate_memory_json_and_plan_carry_validation(small_dataset, tmp_path)
     cfg = compose_config(
         "estimate_memory",
         tmp_path / "run",
-        [*tiny_train_overrides(small_dataset), f"estimate.json_out={out}"],
+        [*tiny_train_overrides(small_dataset), f"memory.json_out={out}"],
     )
     result = run_estimate(cfg)
     saved = json.loads(out.read_text())
     for phase in ("validation", "prediction"):
         assert saved[phase]["peak_allocated"] == result[phase]["peak_allocated"] > 0
         assert saved[phase]["peak_reserved"] >= saved[phase]["peak_allocated"]
-    # the dataset's largest validation case, unless estimate.val_shape says otherwise
+    # the dataset's largest validation case, unless memory.val_shape says otherwise
     assert saved["validation"]["volume_shape"] == SMALL_SHAPE
     planned = make_plan(compose_config("train", tmp_path / "plan", [
-        *tiny_train_overrides(small_dataset), "estimate.val_shape=[16,64,64]"
+        *tiny_train_overrides(small_dataset), "memory.val_shape=[16,64,64]"
     ]))  # fmt: skip
     assert planned.to_dict()["validation"]["volume_shape"] == [16, 64, 64]
     assert planned.to_dict()["validation"]["peak_allocated"] > 0

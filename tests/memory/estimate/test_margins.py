@@ -72,7 +72,7 @@ def test_the_packaged_margins_are_the_committed_files_own(tmp_path):
     packaged = json.loads(text)
     assert set(packaged["margins"]) == set(residuals.KINDS)
     assert residuals.packaged_margins() == {
-        kind: residuals.Margin(m["fraction"], m["source"])
+        kind: residuals.Margin(m["share"], m["source"], m["fixed_mib"])
         for kind, m in packaged["margins"].items()
     }
 
@@ -133,7 +133,8 @@ def test_every_margin_the_planner_uses_rests_on_three_runs_or_more():
         low = round(min(s["estimated"] for s in fitted))
         high = round(max(s["estimated"] for s in fitted))
         assert entry["step_mib_range"] == [low, high]
-        assert margin.fraction == _margin(fitted)
+        assert entry["fraction"] == _margin(fitted)
+        assert (margin.share, margin.fixed_mib) == (entry["share"], entry["fixed_mib"])
         # what the plan prints says so
         assert f"of {len(fitted)} recorded GPU runs" in margin.source
         assert f"steps of {low:,} to {high:,} MiB" in margin.source
@@ -186,17 +187,17 @@ def test_leave_one_out_by_hand():
 
 
 def test_the_docs_give_each_margin_its_runs_and_the_leave_one_out_figure():
-    """docs/memory.md's margins table and leave-one-out sentence are the packaged figures."""
+    """docs/benchmarks.md's CUDA margins table and leave-one-out sentence are the packaged
+    figures: each margin's fixed part and share, its runs and their step sizes."""
     packaged = json.loads((files("volseg.memory.estimate") / residuals.MARGINS_FILE).read_text())
-    text = " ".join((REPO / "docs" / "memory.md").read_text().split())
+    text = " ".join((REPO / "docs" / "benchmarks.md").read_text().split())
     loo = packaged["leave_one_out"]
     assert (
-        f"the planner would have overcommitted {loo['overcommitted']} of the {loo['of']} "
-        "recorded runs"
+        f"the margin fitted without it covers {loo['covered']} of the {loo['of']} recorded runs"
     ) in text
     for kind, margin in packaged["margins"].items():
         low, high = margin["step_mib_range"]
-        row = f"| +{margin['fraction']:.0%} | "
+        row = f"| {margin['fixed_mib']:,.1f} MiB + {margin['share']:.1%} | "
         assert row in text, kind
         assert f" | {margin['runs']} | {low:,}–{high:,} MiB |" in text, kind
 
@@ -259,7 +260,7 @@ def _installed_margins(site: Path, cwd: Path) -> tuple[dict, str]:
     ``site`` on its path for volseg, imports them; and its stderr."""
     code = (
         "import json, volseg.memory.estimate.margins as r; print(json.dumps({'file': r.__file__, "
-        "'margins': {k: {'fraction': m.fraction, 'source': m.source} for k, m in "
+        "'margins': {k: {'share': m.share, 'source': m.source} for k, m in "
         "[('offload', r.OFFLOAD), ('accumulation', r.ACCUMULATION), ('other', r.OTHER)]}}))"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PROJECT_ROOT")}
@@ -285,13 +286,13 @@ def test_the_wheel_ships_the_margins_and_an_install_plans_with_them(wheel, tmp_p
     _pip("install", "--no-deps", "--no-index", "--target", site, wheel)
     margins, _ = _installed_margins(site, tmp_path)
     assert margins == {
-        kind: {"fraction": m["fraction"], "source": m["source"]}
+        kind: {"share": m["share"], "source": m["source"]}
         for kind, m in BENCH.margins(RESULTS)["margins"].items()
     }
     # an install without the file plans with no margin, and says so
     (site / "volseg" / "memory" / "estimate" / residuals.MARGINS_FILE).unlink()
     margins, stderr = _installed_margins(site, tmp_path)
-    assert all(m["fraction"] == 0.0 and m["source"].startswith("none") for m in margins.values())
+    assert all(m["share"] == 0.0 and m["source"].startswith("none") for m in margins.values())
     assert "cuda_margins.json is missing" in stderr
 
 

@@ -149,7 +149,8 @@ def test_estimate_plans_with_the_margin_of_its_kind_of_step(run):
     packaged = json.loads((files("volseg.memory.estimate") / "cuda_margins.json").read_text())
     kind = _kind(run["overrides"])
     margin = packaged["margins"][kind]
-    assert (est.margin, est.margin_source) == (margin["fraction"], margin["source"]), kind
+    packaged_margin = (margin["share"], margin["fixed_mib"], margin["source"])
+    assert (est.margin, est.margin_fixed_mib, est.margin_source) == packaged_margin, kind
     assert margin["runs"] >= 3, margin
 
 

@@ -1,6 +1,5 @@
-"""torch's private MemTracker API, as volseg.memory.estimate.torch_private uses it: where torch
-moves or renames
-a piece, the test of that piece says what of volseg's estimate breaks."""
+"""torch's private APIs, as volseg.memory.estimate.torch_private holds them: where torch moves or
+renames a piece, the test of that piece says what of volseg's estimate breaks."""
 
 from __future__ import annotations
 
@@ -50,6 +49,27 @@ def test_the_private_names_the_trackers_subclass_are_where_torch_had_them():
         assert hasattr(tracker, name), f"MemTracker().{name}: {peaks}"
     assert hasattr(tracker._mod_tracker, "parents"), peaks
     assert {"mod_fqn", "snapshots", "local_peak"} <= set(vars(mem_tracker._ModMemStats("m"))), peaks
+
+
+def test_fake_tensors_and_the_autocast_hooks_are_where_torch_had_them():
+    """Fake tensors carry every traced shape; the autocast model replays ``backward``."""
+    from torch._subclasses import fake_tensor
+
+    from volseg.memory.estimate import torch_private
+
+    step = "every estimate: the traced step's tensors (FakeTensorMode)"
+    assert torch_private.FakeTensorMode is fake_tensor.FakeTensorMode, step
+    with torch_private.FakeTensorMode():
+        x = torch.empty(2, 3)
+        assert isinstance(x, fake_tensor.FakeTensor) and x.shape == (2, 3), step
+        with torch_private.unset_fake_temporarily():
+            real = "inference's window bookkeeping on real tensors (unset_fake_temporarily)"
+            assert not isinstance(torch.empty(1), fake_tensor.FakeTensor), real
+    backward = "CUDA's autocast model around backward (torch.autograd.graph._engine_run_backward)"
+    params = list(inspect.signature(torch_private.engine_run_backward).parameters)
+    assert params[:2] == ["t_outputs", "args"], backward
+    cast = "CUDA's autocast model's casts (torch.utils._pytree.tree_map)"
+    assert torch_private.tree_map(lambda v: v * 2, (1, [2])) == (2, [4]), cast
 
 
 def test_a_traced_step_gives_events_snapshots_and_flops():

@@ -27,8 +27,8 @@ SMALL = [
     "data.patch_size=[16,64,64]",
     "trainer.precision=32",
     "model.inferer.sw_batch_size=4",
-    "estimate.val_shape=[32,192,192]",
-    "estimate.plan_step=false",
+    "memory.val_shape=[32,192,192]",
+    "memory.plan_step=false",
 ]
 
 
@@ -72,7 +72,7 @@ def test_a_budget_no_validation_fits_is_one_line(small_dataset, tmp_path):
         *tiny_train_overrides(small_dataset),
         "trainer.precision=32",
         "model.inferer.sw_batch_size=4",
-        "estimate.val_shape=[32,192,192]",
+        "memory.val_shape=[32,192,192]",
     ]
     cfg = compose_config("train", tmp_path / "run", [*overrides, "memory.budget=60MiB"])
     assert estimate(planned_config("train", tmp_path / "est", overrides)).fits(60 * MIB)
@@ -114,7 +114,7 @@ def test_a_planned_cpu_run_validates_with_fewer_windows_within_its_budget(tmp_pa
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
     planned = planned_config("train", tmp_path / "est", overrides)
     configured = estimate_validation(planned, shape)
@@ -159,7 +159,8 @@ def test_predict_stitches_on_the_gpu_the_volumes_that_fit_there(tmp_path):
 
     on_gpu = {s: estimator(cfg, s, "device", (), "32-true") for s in (small, large)}
     host = estimator(cfg, large, "host", (), "32-true")
-    limit = (on_gpu[small].process_total + on_gpu[large].process_total) // 2
+    # between the two as the planner counts them (the margin on top of each)
+    limit = (planned_total(on_gpu[small]) + planned_total(on_gpu[large])) // 2
     assert on_gpu[small].fits(limit) and not on_gpu[large].fits(limit) and host.fits(limit)
 
     plan = plan_stitching(cfg, [large, small, small], "cuda", limit, "test", estimator=estimator)
@@ -198,7 +199,7 @@ WINDOWS = [
     "trainer.precision=32",
     "trainer.accelerator=cpu",
     "model.inferer.sw_batch_size=2",
-    "estimate.val_shape=[16,64,64]",
+    "memory.val_shape=[16,64,64]",
 ]
 
 
@@ -268,7 +269,7 @@ def test_a_users_unet_at_83_mib_plans_its_step_and_its_validation(tmp_path):
         "data.patch_size=[16,64,64]",
         "trainer.precision=32",
         "trainer.accelerator=cpu",
-        f"estimate.val_shape=[{','.join(map(str, shape))}]",
+        f"memory.val_shape=[{','.join(map(str, shape))}]",
         "memory.budget=83MiB",
     ]
     plan = make_plan(compose_config("train", tmp_path / "run", overrides), fit_budget=True)

@@ -23,7 +23,7 @@ SMALL = [
     "data.patch_size=[16,32,32]",
     "trainer.precision=32",
     "trainer.accelerator=cpu",
-    "estimate.val_shape=[16,32,32]",
+    "memory.val_shape=[16,32,32]",
 ]
 #: the generic choices, to keep the search short
 OPTIONS = ["none", "all"]
@@ -127,7 +127,7 @@ def test_a_smaller_patch_fits_where_no_batch_or_checkpointing_does(small, tmp_pa
     ).fits(budget)
 
     # plan.py's path: the patch is planned, with the lever that found it
-    overrides = [*SMALL, f"memory.budget={budget}", "estimate.checkpointing_options=[none,all]"]
+    overrides = [*SMALL, f"memory.budget={budget}", "memory.checkpointing_options=[none,all]"]
     planned = make_plan(compose_config("train", tmp_path, overrides), fit_budget=True)
     decision = planned.decisions["data.patch_size"]
     assert decision.value == patch and decision.source == "planned"

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+
+from volseg.memory.estimate.torch_private import engine_run_backward, tree_map
 
 LOWER_PRECISION = frozenset(
     {
@@ -139,7 +139,7 @@ class CudaAutocast(TorchFunctionMode):
         if func is torch.Tensor.backward and len(args) == 1 and not any(kwargs.values()):
             loss = args[0]
             with self:
-                _engine_run_backward(
+                engine_run_backward(
                     (loss,),
                     (torch.ones_like(loss),),
                     False,

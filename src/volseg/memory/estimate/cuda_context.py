@@ -2,10 +2,10 @@
 driver's context, loaded kernels, cuBLAS/cuDNN handles), what nvidia-smi shows on top of
 ``torch.cuda.memory_reserved()``.
 
-``estimate.cuda_context_mib``: a number (MiB) is taken as it is; ``auto`` measures it where a GPU
+``memory.cuda_context_mib``: a number (MiB) is taken as it is; ``auto`` measures it where a GPU
 is present (the process's own use that nvidia-smi reports, through NVML or the ``nvidia-smi``
 command, less what the caching allocator reserves, right after the context is created) and
-otherwise takes it from :data:`MEASURED` by ``estimate.gpu`` (a part of the GPU's name), else
+otherwise takes it from :data:`MEASURED` by ``memory.gpu`` (a part of the GPU's name), else
 :data:`TYPICAL_MIB`.
 """
 
@@ -92,7 +92,7 @@ def _measured_here() -> float | None:
 
 
 def resolve_cuda_context(value: object, gpu: object = None) -> CudaContext:
-    """``estimate.cuda_context_mib`` (a number or ``auto``) with ``estimate.gpu`` as bytes."""
+    """``memory.cuda_context_mib`` (a number or ``auto``) with ``memory.gpu`` as bytes."""
     if value is None or str(value) == "auto":
         if torch.cuda.is_available():
             measured = _measured_here()
@@ -105,6 +105,6 @@ def resolve_cuda_context(value: object, gpu: object = None) -> CudaContext:
         return CudaContext(int(TYPICAL_MIB * MIB), "typical, not measured for this GPU")
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise UserInputError(
-            f"estimate.cuda_context_mib={value}: must be auto or a number of MiB, 0 or more"
+            f"memory.cuda_context_mib={value}: must be auto or a number of MiB, 0 or more"
         )
-    return CudaContext(int(float(value) * MIB), "estimate.cuda_context_mib")
+    return CudaContext(int(float(value) * MIB), "memory.cuda_context_mib")

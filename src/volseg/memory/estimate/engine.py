@@ -41,6 +41,7 @@ from volseg.memory.estimate.step import (
     planned_precision,
     trace_steps,
 )
+from volseg.utils.config import set_key
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)
 CACHED_RUNS = 32
@@ -162,18 +163,11 @@ def estimate(
     return estimate_config(cfg, variant).step
 
 
-def step_flops(
-    cfg: DictConfig,
-    batch_size: int | None = None,
-    patch_size: Sequence[int] | None = None,
-    activation_checkpointing: Any = None,
-    accumulate_grad_batches: int | None = None,
-) -> int:
+def step_flops(cfg: DictConfig, **overrides: Any) -> int:
     """Floating-point operations of one optimizer step of ``cfg`` (all its micro-batches:
     forward, loss, backward with checkpointing's recomputation), counted in the estimate's own
-    trace (:func:`estimate`; the same overrides)."""
-    variant = Variant.of(batch_size, patch_size, activation_checkpointing, accumulate_grad_batches)
-    return estimate_config(cfg, variant).flops_per_step
+    trace; ``overrides``: :func:`estimate`'s."""
+    return estimate_config(cfg, Variant.of(**overrides)).flops_per_step
 
 
 def estimate_validation(
@@ -181,7 +175,7 @@ def estimate_validation(
 ) -> InferenceEstimate:
     """Predicted memory of validating one volume of ``volume_shape`` ``[D, H, W]`` in a
     ``train.py`` run of ``cfg`` (planned), after two training steps; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.estimate``). The engine's
+    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.memory``). The engine's
     (:func:`volseg.memory.estimate.engine.estimate_config`): the step's estimate is in the same
     trace."""
     validation = estimate_config(cfg, Variant(), whole_volume(volume_shape), settings).validation
@@ -200,15 +194,14 @@ def estimate_config(
 ) -> RunEstimate:
     """:func:`estimate_run` of a planned config (``memory.plan_device`` and ``trainer.precision``
     as the plan decided them); ``settings``: the ``estimate`` config's ``cuda_context_mib`` and
-    ``gpu`` (default: ``cfg.estimate``'s). The same run asked again (the same config once the
+    ``gpu`` (default: ``cfg.memory``'s). The same run asked again (the same config once the
     variant's keys are set) is answered from the trace already made; a trace with a validation
     answers for the step alone too."""
     cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        for key, value in variant.overrides().items():
-            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    for key, value in variant.overrides().items():
+        set_key(cfg, key, value)
     shape = None if validation_shape is None else tuple(int(v) for v in validation_shape)
-    settings = settings if settings is not None else (cfg.get("estimate") or {})
+    settings = settings if settings is not None else (cfg.get("memory") or {})
     if isinstance(settings, DictConfig):
         settings = OmegaConf.to_container(settings)
     run_key = (OmegaConf.to_yaml(cfg), repr(settings))

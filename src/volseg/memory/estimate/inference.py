@@ -51,19 +51,18 @@ import torch
 from monai.data.utils import dense_patch_slices
 from monai.metrics.meandice import DiceHelper
 from omegaconf import DictConfig, OmegaConf, open_dict
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
-from volseg.memory.estimate.cuda_context import resolve_cuda_context
+from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
 from volseg.memory.estimate.margins import margin_for, total_within, with_margin
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
+    phase_peaks,
     planned_precision,
     trace_steps,
 )
-from volseg.memory.estimate.torch_private import RecordingMemTracker
+from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
@@ -295,30 +294,6 @@ def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
     return rise
 
 
-def _peaks(
-    events: list[Event], start: int, device: str, settings: Any, allocator_settings: Any
-) -> dict[str, int]:
-    """Held at event ``start`` (the phase's mark), the phase's peak allocated after it, the
-    reserved peak (CUDA: the allocator model, with ``allocator_settings``, replayed over
-    everything before too)."""
-    if device == "cuda":
-        allocator = replay(events, settings=allocator_settings, phase_start=start)
-        resident = allocator.phase_resident
-        context = resolve_cuda_context(
-            settings.get("cuda_context_mib", 0), settings.get("gpu")
-        ).nbytes
-        return {
-            "resident": resident,
-            "peak_allocated": allocator.peak_allocated,
-            "peak_reserved": allocator.peak_reserved,
-            "cuda_context": context,
-        }
-    held = held_series(events)
-    resident = held[start - 1] if start > 0 else 0
-    peak = max(held[start:], default=resident)
-    return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
-
-
 def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
     """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
     return AllocatorSettings.from_conf(
@@ -333,10 +308,10 @@ def _host_device(device: str) -> str:
 
 
 def whole_volume(volume_shape: Sequence[int]) -> list[int]:
-    """A volume's ``[D, H, W]`` as ints; anything else is one error naming estimate.val_shape."""
+    """A volume's ``[D, H, W]`` as ints; anything else is one error naming memory.val_shape."""
     shape = [int(v) for v in volume_shape]
     if len(shape) != 3 or any(v < 1 for v in shape):
-        raise UserInputError(f"estimate.val_shape={list(volume_shape)}: expected [D, H, W] > 0")
+        raise UserInputError(f"memory.val_shape={list(volume_shape)}: expected [D, H, W] > 0")
     return shape
 
 
@@ -400,7 +375,7 @@ class Phase:
         channels, classes = self.step.image_shape[1], int(module.num_classes)
         events = trace.events
         # the phase's mark is the first event of ``then``
-        peaks = _peaks(events, trace.then_start + 1, device, settings or {}, allocator)
+        peaks = phase_peaks(events, device, settings or {}, allocator, trace.then_start + 1)
         rounding = round_size if device == "cuda" else None
         itemsize = torch.empty((), dtype=self.step.input_dtype).element_size()
         buffers = stitching_bytes(volume_shape, roi, classes, itemsize)
@@ -501,7 +476,7 @@ def estimate_prediction(
             out = predictor.predict_step({"image": image}, 0)
             del image, out
 
-    settings = settings if settings is not None else (cfg.get("estimate") or {})
+    settings = settings if settings is not None else (cfg.get("memory") or {})
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
     phase.prepare(mode)
     trace = trace_steps(step, mode, device, phase.then, steps=0)
@@ -512,13 +487,13 @@ def estimate_prediction(
 
 
 def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int] | None, str]:
-    """The validation volume to estimate: ``estimate.val_shape``, else the dataset's largest
+    """The validation volume to estimate: ``memory.val_shape``, else the dataset's largest
     validation case by voxels (from its headers); ``None`` and why where neither is known
     (nothing is generated or loaded here). ``datamodule``: the one built from ``cfg.data``
     (default: built here)."""
-    configured = OmegaConf.select(cfg, "estimate.val_shape")
+    configured = OmegaConf.select(cfg, "memory.val_shape")
     if configured is not None:
-        return whole_volume(list(configured)), "estimate.val_shape"
+        return whole_volume(list(configured)), "memory.val_shape"
     from pathlib import Path
 
     from volseg.utils.instantiate import build
@@ -526,13 +501,13 @@ def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int]
     try:
         datamodule = datamodule if datamodule is not None else build(cfg.data, "data")
         if not hasattr(datamodule, "validation_shapes"):
-            return None, f"{cfg.data._target_} lists no validation shapes; set estimate.val_shape"
+            return None, f"{cfg.data._target_} lists no validation shapes; set memory.val_shape"
         if not Path(datamodule.root).exists():
-            return None, f"data.root={datamodule.root} does not exist yet; set estimate.val_shape"
+            return None, f"data.root={datamodule.root} does not exist yet; set memory.val_shape"
         shapes = datamodule.validation_shapes()
     except UserInputError as err:
         return None, str(err).splitlines()[0]
     if not shapes:
-        return None, "no validation case; set estimate.val_shape"
+        return None, "no validation case; set memory.val_shape"
     largest = max(shapes, key=math.prod)
     return largest, f"the largest of {len(shapes)} validation case(s)"

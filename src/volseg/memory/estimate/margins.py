@@ -207,7 +207,13 @@ def total_within(est: Any, budget: int) -> int | None:
         total = planned_total(est)
         return total if total <= budget else None
     margin = _margin_of(_getter(est))
-    capacity = int((budget - est.cuda_context - margin.fixed_mib * MIB) / (1 + margin.share))
+    room = budget - est.cuda_context
+    capacity = int((room - margin.fixed_mib * MIB) / (1 + margin.share))
+    # the largest reserved peak whose planned total fits, whatever the float rounding above
+    while capacity > 0 and capacity + margin.bytes_on(capacity) > room:
+        capacity -= 1
+    while capacity + 1 + margin.bytes_on(capacity + 1) <= room:
+        capacity += 1
     try:
         allocator = replay(est.events, capacity=capacity, settings=est.allocator)
     except OutOfMemory:

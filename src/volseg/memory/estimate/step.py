@@ -52,15 +52,18 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
-from volseg.memory.estimate.events import Event, category_peak, held_peak
+from volseg.memory.estimate.events import Event, category_peak, held_peak, held_series
 from volseg.memory.estimate.layers import LayerTrace, block_activations
 from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
-from volseg.memory.estimate.torch_private import RecordingMemTracker
+from volseg.memory.estimate.torch_private import (
+    FakeTensorMode,
+    RecordingMemTracker,
+    unset_fake_temporarily,
+)
 from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
@@ -610,62 +613,60 @@ def trace_steps(
     return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
 
 
-def _peaks(
+def phase_peaks(
+    events: list[Event],
+    device: str,
+    settings: Any,
+    allocator_settings: AllocatorSettings,
+    start: int = 0,
+) -> dict[str, int]:
+    """What is held at event ``start`` (``resident``: a phase's mark; 0 for a training step),
+    the most held from there on (``peak_allocated``), the reserved peak (CUDA: the caching
+    allocator replayed with ``allocator_settings`` over every event, those before ``start``
+    too) and the CUDA context, in bytes; ``settings``: the ``estimate`` config
+    (``cuda_context_mib``, ``gpu``). The figures a step and an inference phase share."""
+    if device == "cuda":
+        allocator = replay(events, settings=allocator_settings, phase_start=start)
+        context = resolve_cuda_context(settings.get("cuda_context_mib"), settings.get("gpu"))
+        return {
+            "resident": allocator.phase_resident,
+            "peak_allocated": allocator.peak_allocated,
+            "peak_reserved": allocator.peak_reserved,
+            "cuda_context": context.nbytes,
+        }
+    held = held_series(events)
+    resident = held[start - 1] if start > 0 else 0
+    peak = max(held[start:], default=resident)
+    return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
+
+
+def _step_peaks(
     events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
 ) -> dict[str, int]:
-    """Peak allocated and reserved, the steady step's growth, the kernels' workspace and the CUDA
-    context (bytes) of a traced step's allocation ``events`` on ``device``; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``); ``allocator_settings``: the caching
-    allocator's (``memory.allocator``)."""
+    """A training step's :func:`phase_peaks`, with the steady step's growth and the kernels'
+    workspace (the part of the peak that kernels hold inside an op)."""
+    found = phase_peaks(events, device, settings, allocator_settings)
+    del found["resident"]
     if device == "cuda":
-        allocator = replay(events, settings=allocator_settings)
-        peak_allocated = allocator.peak_allocated
-        # cuDNN's workspaces are the allocations with negative handles
+        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
+        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
+        # above it: no workspace then
         tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
-        context = resolve_cuda_context(
-            settings.get("cuda_context_mib", 0), settings.get("gpu")
-        ).nbytes
-        return {
-            "peak_allocated": peak_allocated,
-            # the replays differ in how blocks split, so without workspaces the tensors' peak
-            # may come out a few blocks above it: no workspace then
-            "kernel_workspace": max(0, peak_allocated - tensors_peak),
-            "step_peak_growth": held_peak(events, after_last_mark=True, rounding=round_size),
-            "peak_reserved": allocator.peak_reserved,
-            "cuda_context": context,
-        }
-    peak_allocated = held_peak(events)
-    tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
-    return {
-        "peak_allocated": peak_allocated,
-        "kernel_workspace": peak_allocated - tensors_peak,
-        "step_peak_growth": held_peak(events, after_last_mark=True),
-        "peak_reserved": peak_allocated,
-        "cuda_context": 0,
-    }
+        growth = held_peak(events, after_last_mark=True, rounding=round_size)
+    else:
+        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
+        growth = held_peak(events, after_last_mark=True)
+    found["kernel_workspace"] = max(0, found["peak_allocated"] - tensors_peak)
+    found["step_peak_growth"] = growth
+    return found
 
 
-def fake_step(
-    cfg: DictConfig,
-    batch_size: int | None = None,
-    patch_size: Sequence[int] | None = None,
-    activation_checkpointing: Any = None,
-    accumulate_grad_batches: int | None = None,
-) -> tuple[str, FakeTensorMode, TrainingStep]:
+def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
     """The planned device, a fake-tensor mode and the planned config ``cfg``'s training step
-    with fake parameters in it (the overrides are :func:`build_training_step`'s)."""
+    with fake parameters in it."""
     device = planned_device(cfg)
     mode = FakeTensorMode()
-    step = build_training_step(
-        cfg,
-        device,
-        batch_size,
-        patch_size,
-        activation_checkpointing,
-        fake_mode=mode,
-        accumulate_grad_batches=accumulate_grad_batches,
-    )
-    return device, mode, step
+    return device, mode, build_training_step(cfg, device, fake_mode=mode)
 
 
 def estimate_step(
@@ -687,7 +688,7 @@ def estimate_step(
     trace = trace_steps(step, mode, device) if trace is None else trace
     events = trace.step_events
     allocator = allocator or AllocatorSettings()
-    peaks = _peaks(events, device, settings or {}, allocator)
+    found = _step_peaks(events, device, settings or {}, allocator)
     levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
@@ -697,8 +698,8 @@ def estimate_step(
         activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
         **{k: v for k, v in trace.by_category.items() if k != "other"},
-        **peaks,
-        process_total=peaks["peak_reserved"] + peaks["cuda_context"],
+        **found,
+        process_total=found["peak_reserved"] + found["cuda_context"],
         seconds=time.perf_counter() - started,
         modules=dict(trace.modules),
         accumulate_grad_batches=step.loop.accumulate_grad_batches,

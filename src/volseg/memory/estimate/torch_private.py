@@ -1,10 +1,13 @@
-"""torch's ``MemTracker``, adapted: optimizer state under Lightning's closure, and a record of
-every allocation and free for the allocator model (:mod:`volseg.memory.estimate.events`).
+"""torch's private APIs the estimate stands on, in one module: ``MemTracker``, adapted (optimizer
+state under Lightning's closure, and a record of every allocation and free for the allocator
+model, :mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
+``unset_fake_temporarily``) and what CUDA's autocast model hooks (``engine_run_backward``,
+``tree_map``).
 
-The one module that touches MemTracker's private API (``_MemRefType``, ``_ModState``,
-``_update_snap``, ``_update_peak_stats``, ``_pre_fw_hook``, ``_register_global_optimizer_hook``,
-``_track_optimizer_states``, ``_in_opt``, ``memory_tracking``, the snapshots):
-``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves it."""
+MemTracker's private API used here: ``_MemRefType``, ``_ModState``, ``_update_snap``,
+``_update_peak_stats``, ``_pre_fw_hook``, ``_register_global_optimizer_hook``,
+``_track_optimizer_states``, ``_in_opt``, ``memory_tracking``, the snapshots.
+``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
 
 from __future__ import annotations
 
@@ -12,12 +15,25 @@ from copy import deepcopy
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.autograd.graph import _engine_run_backward as engine_run_backward
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
 from volseg.memory.estimate.events import CATEGORIES, Event
 from volseg.memory.estimate.workspace import Workspace
+
+__all__ = [
+    "ClosureMemTracker",
+    "FakeTensorMode",
+    "RecordingMemTracker",
+    "engine_run_backward",
+    "module_snapshots",
+    "tree_map",
+    "unset_fake_temporarily",
+]
 
 #: MemTracker's reference types as :data:`volseg.memory.estimate.events.CATEGORIES` indices
 _CATEGORY = {

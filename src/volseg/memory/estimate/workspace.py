@@ -1,127 +1,18 @@
-"""Memory that kernels hold while they run, beyond their inputs and outputs.
+"""Memory that kernels hold while they run, beyond their inputs and outputs: MemTracker sees
+tensors, not a kernel's scratch memory, so each rule here adds it as a ``workspace`` allocation.
 
-MemTracker sees tensors; a kernel's scratch memory is invisible to it. On the CPU, oneDNN
-convolutions reorder their operands into blocked layouts, and these copies dominate: measured
-here (torch 2.13 CPU, 3D convolutions of a U-Net, float32 and bfloat16 autocast, by reading the
-process's peak resident memory around each op):
+On the CPU (:func:`cpu_workspace`): oneDNN's convolutions reorder their operands into blocked
+layouts, channels padded to the block (16 on AVX-512, 8 on AVX2); a convolution torch runs in
+channels-last takes channels-last copies instead (and on AVX2 a GEMM weight gradient's
+scratchpad); torch's native 3D convolution (a float32 batch of one with ``N x C x D x H`` at most
+20,480) unfolds a column buffer; where oneDNN has no 16-bit kernels, torch's own GEMM takes a
+float32 buffer of the whole product outside the allocator; softmax, log-softmax and upsampling
+of non-contiguous inputs, and a max pooling's backward across layouts, take contiguous copies.
+On CUDA (:class:`CudnnWorkspace`): cuDNN's convolutions take one workspace of about input plus
+output in forward and two of about grad-output plus input in backward, from the caching
+allocator, capped by ``model.cudnn_workspace_mib``.
 
-- forward convolution in float32 (oneDNN's ``jit:avx512_core`` / ``jit_1x1`` kernels, their
-  layouts read from ``ONEDNN_VERBOSE=1``): the output computed in the blocked layout, and the
-  input reordered into it where the kernel takes it blocked (always for a 1x1x1 kernel; a 3x3x3
-  kernel reads an input of fewer channels than the block as it is, oneDNN's "first
-  convolution": ``ic < 16`` in ``jit_avx512_common_conv_kernel.cpp``, ``ic < 8`` in
-  ``jit_avx2_conv_kernel_f32.cpp``), the two held together while it runs; then the input's copy
-  is freed and the blocked output reordered into the returned tensor (whose pages are first
-  touched then). Beyond the output: ``max(input copy + blocked output - output, blocked
-  output)``. Measured per op in a no-grad forward of windows of 32x64x64 (batch 2, 4, 8; the
-  same with a grad): a decoder's 24-channel concatenation into 8 channels at batch 8, 160 MiB
-  beyond its 32 MiB output (128 MiB blocked input + 64 MiB blocked output); the 1x1x1 head,
-  8 channels into 5, 108 MiB beyond its 20 MiB output (64 + 64 - 20). The larger of the two
-  alone, as counted before, left a float32 validation 17-19% short;
-- forward convolution in bfloat16 (oneDNN's ``brg_conv_fwd`` on AMX, channels-last operands,
-  unpadded): about the larger of input and output, the input in its dtype, the output in
-  float32 elements (it accumulates in float32: measured 16 MiB of scratch for a bfloat16
-  (2, 16, 32, 64, 64) output of 8 MiB, with a grad or without, from 1 or 16 input channels,
-  and 32 MiB from a 32 MiB input);
-  without AMX (oneDNN's ``jit_bf16:avx512_core_bf16``, blocked operands) the float32 rule above
-  in bfloat16 elements (measured on an AMD EPYC with AVX512_BF16: 8 MiB beyond a bfloat16
-  (2, 16, 32, 64, 64) output of 8 MiB from 1 or 16 input channels, 96 MiB from a 96 MiB input
-  of 48 channels at batch 8, and 54 MiB for a 1x1x1 head of 16 into 5 channels, 32 MiB of
-  input and 32 MiB of padded output beyond the 10 MiB returned);
-- backward convolution: about grad-output plus input, in float32 elements;
-- each with its channels padded to oneDNN's block (16 on AVX-512, 8 on AVX2: ``nCdhw16c`` /
-  ``nCdhw8c``): a reorder of an 8-channel map takes as much as one of 16 channels (measured on
-  an AVX-512 Xeon, float32, batch 2 of 32x64x64: 16 MiB beyond an 8-channel convolution's
-  8 MiB output in forward, its blocked output, as for 16 channels; without the padding
-  SegResNet's step, whose full-resolution layers have 8 channels, was estimated 10% short);
-- a float32 convolution that torch runs in channels-last (``channels_last_3d``, NDHWC: where its
-  input's or its weight's strides are channels-last, torch's ``mkldnn_conv_use_channels_last``)
-  takes no blocked copies: torch makes a channels-last copy of each operand that is not
-  channels-last already (``contiguous(channels_last_3d)``: in forward the input, in backward the
-  gradient and the input), held through the kernel. A channels-last network whose norm layer
-  returns NCDHW maps (instance norm) pays these copies at every convolution. On AVX2 kernels,
-  oneDNN computes a padded, non-transposed convolution's weight gradient in channels-last with
-  its GEMM convolution (``x64:gemm:jit``; AVX-512's ``jit:avx512_core`` takes none), whose
-  scratchpad holds, per thread it uses, the im2col columns of one output depth slice
-  (``C_in x k^3 x H_out x W_out``) and the input of one sample in NCDHW (``C_in x D x H x W``),
-  float32; it uses every thread where a slice has fewer than 256 voxels a thread and the batch
-  more than one sample, else one (``gemm_convolution_utils.cpp``). Every kind sums the weight
-  gradient from a float32 one a thread. Measured per op (torch 2.13.0+cpu, float32, the process's
-  peak resident memory beyond the op's inputs and outputs) on an AMD EPYC with AVX-512 and on
-  the same CPU held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``),
-  ``python -m benchmarks cpu_channels_last_memory``
-  (``benchmarks/results/cpu/2026-12-06_cpu_channels_last_memory.json``, ``-2.json`` held to
-  AVX2): a 16-channel 3x3x3 convolution of a batch of 3 of 16x48x48 (6.75 MiB maps) from an
-  NCDHW input takes 6.6 MiB in forward (the input's copy, counted 6.75) and 13.4 in backward
-  on AVX-512 (the gradient's and the input's, counted 13.55), 19.4 on AVX2 (counted 19.6);
-  from a channels-last input, none in forward and 6.0 in backward on AVX2 (the GEMM's, counted
-  6.1). Of 26 float32 convolution ops on each, one is short: a deep level's forward (64
-  channels of 4x6x6), 0.3-0.4 MiB beyond its outputs against 0.1 counted;
-  a bfloat16 one without AMX (``jit_bf16:avx512_core_bf16``) takes the same copies and, for its
-  weight gradient, reorders the gradient and the input once more into the blocked layout (their
-  channels padded to the block; measured on the AVX512_BF16 EPYC, ``--dtype bfloat16``,
-  ``-3.json``: 11.3 MiB for that backward, counted 13.5; one of 26 ops short, by 0.3 MiB);
-  AMX's keep the blocked rule above;
-- backward trilinear upsampling of a non-contiguous gradient (a slice of the concat's gradient):
-  a contiguous copy of it;
-- softmax and log-softmax (the loss's) of a non-contiguous input (a channels-last network's
-  logits): a contiguous copy of it (8.1 MiB for 8.2 MiB of float32 logits; 4.2 for 4.1 of
-  bfloat16 ones); the backward of a 3D max pooling whose gradient and input differ in layout (a
-  channels-last convolution's gradient into a pooling of NCDHW maps, as after an instance
-  norm): the gradient of its input and its indices once more (12.6 MiB beside 10.1 MiB of
-  input gradient and 2.5 MiB of indices; none where the layouts agree). The same study's
-  last two rows, on each kind and dtype.
-
-Not every CPU convolution runs on oneDNN: torch takes its native 3D convolution (``slow_conv3d``,
-im2col) for a float32 batch of one whose ``N x C x D x H`` is at most 20,480 (its rule in
-``ConvParams::use_mkldnn``, ``aten/src/ATen/native/Convolution.cpp``). That path unfolds the
-input into a column buffer of ``C_in x k^3`` rows by the output's voxels (27 times a 3x3x3
-convolution's input), in forward and again in backward: the deep levels of a batch of one, and
-every level's first convolution of a single-channel image.
-
-Where oneDNN has no kernels for a 16-bit dtype (bfloat16 on a CPU without AVX512_BF16 or AMX:
-``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is false, as on AVX2-only CPUs), torch runs its
-16-bit matrix products on its own GEMM (``cpublas::gemm``, ``BlasKernel.cpp``). With the second
-of its column-major operands transposed (``gemm_transb_``) that GEMM accumulates into a float32
-buffer of the whole product, ``m x n x 4`` bytes, taken with ``malloc`` outside torch's allocator
-(the profiler does not see it; the process's resident memory does) and held while it runs.
-Measured on an AVX2-only AMD EPYC (torch 2.13.0+cpu, peak resident memory beyond the allocator's
-peak, ``python -m benchmarks cpu_bf16_memory``,
-``benchmarks/results/cpu/2026-12-04_cpu_bf16_memory.json``):
-
-- ``torch.mm(a, b)`` whose first operand is column-major and second is not: the product in
-  float32 (15.83 and 15.88 MiB for the 16 MiB of a 1024x4096 product, inner sizes 64 and 512);
-  none in the other three orientations. ``torch.bmm``: one matrix of the product at a time
-  (3.89 MiB for 4). A linear layer's weight gradient is such a product (1.89 MiB for 2);
-- a native 3D convolution's backward (``slow_conv3d``) computes the input's gradient columns
-  (``C_in x k^3`` rows by the output's voxels, one sample at a time) as such a product, on top of
-  the batch's 16-bit columns: 52.85 MiB for 54 MiB of float32 columns (batch 2, 32 channels of
-  16x32x32, 3x3x3), 105.79 for 108 (batch 1, 64 channels);
-- a native transposed convolution's forward (``slow_conv_transpose3d``) computes its columns
-  (``C_out x k^3`` rows by the input's voxels, one sample at a time) the same way: 52.87 and
-  51.86 MiB for 54; its backward takes none.
-
-Each is counted as the whole float32 buffer. For a 1x1x1 kernel and 2x2x2 and 3x3x3 kernels of
-stride 2 (and a transposed 2x2x2 one's forward), the measured memory beyond the allocator was
-44-78% of that count: the estimate's safe side.
-
-On CUDA, cuDNN's convolutions take workspaces from PyTorch's caching allocator, allocated and
-freed around each call (:class:`CudnnWorkspace`). The rule is read from allocator snapshots of
-real steps on an NVIDIA H200 (torch 2.11.0+cu130, cuDNN's heuristic choice, ``cudnn.benchmark``
-off, NCDHW tensors in float32, float16 and bfloat16):
-
-- forward convolution: one workspace of about input plus output (32.03 MiB for a 16 MiB input
-  and a 16 MiB output);
-- backward convolution: two, one after the other, of about grad-output plus input each (the
-  gradient of the input, then of the weight; one where the input needs no gradient).
-
-CUDA's trilinear backward (``UpSampleTrilinear3d.cu``) runs on contiguous copies of a
-non-contiguous gradient and of a channels-last ``grad_input``, both held through the kernel
-(:meth:`CudnnWorkspace._trilinear_backward`).
-
-The workspace depends on the algorithm cuDNN picks for a GPU; ``CUDNN_CONV_WSCAP_DBG`` (MiB)
-caps what cuDNN may pick (the ``model.cudnn_workspace_mib`` lever), and the estimate caps each
-workspace the same way.
+Each rule, the kernel it follows and what it was measured against: ``docs/kernel-memory.md``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from volseg.memory.estimate.engine import Variant
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import margin_text
-from volseg.memory.fit.search import shrunk_patches
+from volseg.memory.fit.search import least, shrunk_patches
 from volseg.memory.fit.step import patch_divisor
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import shape_taker
@@ -111,14 +111,6 @@ def _most_windows(
     return good, est
 
 
-def _least(estimates: Sequence[tuple[str, InferenceEstimate]]) -> str:
-    """The least of a lever's estimates, as the refusal names it."""
-    if not estimates:
-        return "nothing estimated"
-    text, est = min(estimates, key=lambda pair: pair[1].process_total)
-    return f"the least: {_mib(est.process_total)} at {text or 'the configured settings'}"
-
-
 def _shape(values: Sequence[int]) -> str:
     return "x".join(map(str, values))
 
@@ -182,7 +174,11 @@ def fit_validation(
         return est if est.fits(budget) else None
 
     def tried(name: str) -> None:
-        fit.tried.append(f"{name} ({_least(lever)})")
+        candidates = [
+            (f"{_mib(e.process_total)} at {text or 'the configured settings'}", e.process_total)
+            for text, e in lever
+        ]
+        fit.tried.append(f"{name} ({least(candidates)})")
         lever.clear()
 
     def found(

@@ -91,3 +91,11 @@ def shrunk_patches(
             out.append(patch)
         else:
             stopped.add(unit)
+
+
+def least(candidates: Sequence[tuple[str, int]]) -> str:
+    """``the least: TEXT`` of the candidate that needs the fewest bytes, as a refusal names it:
+    ``candidates`` are ``(text, bytes)`` pairs, each what a setting needs and how it is said."""
+    if not candidates:
+        return "nothing estimated"
+    return "the least: " + min(candidates, key=lambda c: c[1])[0]

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, open_dict
 from volseg.memory.estimate.engine import estimate, step_flops
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import LoopSettings, MemoryEstimate
-from volseg.memory.fit.search import largest_fitting, shrunk_patches
+from volseg.memory.fit.search import largest_fitting, least, shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
 from volseg.utils.config import plain
@@ -135,7 +135,7 @@ def patch_divisor(cfg: DictConfig) -> list[int]:
 
 def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
     """The checkpointing settings a budget search tries, least recomputation first:
-    ``estimate.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
+    ``memory.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
     adapter's named choices."""
     configured = plain(configured)
     if configured is None or configured == "auto":
@@ -253,7 +253,13 @@ class Planner:
 
     def flops_per_sample(self, batch_size: int, checkpointing: Any, accumulate: int) -> float:
         """FLOPs of one optimizer step at the configured patch, per sample of the step."""
-        flops = step_flops(self.cfg, batch_size, self.base_patch, checkpointing, accumulate)
+        flops = step_flops(
+            self.cfg,
+            batch_size=batch_size,
+            patch_size=self.base_patch,
+            activation_checkpointing=checkpointing,
+            accumulate_grad_batches=accumulate,
+        )
         return flops / (batch_size * accumulate)
 
     def micro_batching(
@@ -444,9 +450,7 @@ def _candidate(est: MemoryEstimate) -> str:
 
 
 def _least(estimates: Sequence[MemoryEstimate]) -> str:
-    if not estimates:
-        return "nothing estimated"
-    return "the least: " + _candidate(min(estimates, key=lambda e: e.process_total))
+    return least([(_candidate(e), e.process_total) for e in estimates])
 
 
 def _overrides(choice: _Choice, search: str, configured: Any) -> list[str]:

@@ -1,12 +1,23 @@
 """Networks: the contract between a network and the plan, the planner and the memory levers.
 
 :func:`adapter_for` gives the :class:`NetworkAdapter` of a network class (by its ``_target_`` or
-a built module): a family's own adapter where one is registered in :data:`ADAPTERS`, else the
-generic one, right for any ``nn.Module``. docs/networks.md says what each offers.
+a built module): a family's own adapter where one is registered, else the generic one, right for
+any ``nn.Module``. docs/networks.md says what each offers.
+
+volseg's own are in :data:`ADAPTERS`. Another package registers one for its network without
+editing volseg, under the entry-point group :data:`ENTRY_POINTS` of its ``pyproject.toml``
+(the name: the network's class path; the value: its adapter class)::
+
+    [project.entry-points."volseg.network_adapters"]
+    "mypkg.nets.MyUNet" = "mypkg.adapters:MyUNetAdapter"
+
+A registered adapter wins over volseg's for the same class.
 """
 
 from __future__ import annotations
 
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Any
 
 from hydra.utils import get_class
@@ -25,6 +36,7 @@ from volseg.models.networks.unet3d import UNet3DAdapter
 
 __all__ = [
     "ADAPTERS",
+    "ENTRY_POINTS",
     "CheckpointSpec",
     "NetworkAdapter",
     "Planned",
@@ -52,6 +64,16 @@ ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (
     ("pytorch3dunet.unet3d.model.AbstractUNet", Pytorch3DUNetAdapter()),
 )
 GENERIC = NetworkAdapter()
+#: the entry-point group other packages register their network adapters under
+ENTRY_POINTS = "volseg.network_adapters"
+
+
+@cache
+def registered() -> tuple[tuple[str, NetworkAdapter], ...]:
+    """``(class path, adapter)`` of every adapter: those installed packages register under
+    :data:`ENTRY_POINTS` first, then :data:`ADAPTERS`."""
+    plugins = tuple((ep.name, ep.load()()) for ep in entry_points(group=ENTRY_POINTS))
+    return (*plugins, *ADAPTERS)
 
 
 def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
@@ -63,7 +85,7 @@ def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
         cls = get_class(network)
     else:
         cls = network
-    for path, adapter in ADAPTERS:
+    for path, adapter in registered():
         if not isinstance(cls, type) or not _same_package(cls, path):
             continue
         try:

@@ -37,7 +37,7 @@ import lightning as L
 import torch
 
 from benchmarks import results_io
-from benchmarks.steps import (
+from benchmarks.archive.steps import (
     BATCH_SHAPE,
     RepeatBatch,
     StepTimer,

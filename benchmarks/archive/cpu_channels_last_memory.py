@@ -34,7 +34,12 @@ import torch
 from torch import nn
 
 from benchmarks import results_io
-from benchmarks.harness import MMAP_THRESHOLD, largest_per_call, op_memory_reader, resident_peak
+from benchmarks.archive.op_memory import (
+    MMAP_THRESHOLD,
+    largest_per_call,
+    op_memory_reader,
+    resident_peak,
+)
 from volseg.memory.estimate.workspace import cpu_workspace
 from volseg.memory.monitor.readers import HostMemoryReader
 from volseg.utils.cpu import cpu_description

@@ -27,7 +27,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import results_io
-from benchmarks.steps import (
+from benchmarks.archive.steps import (
     BATCH_SHAPE,
     build_module,
     flops_per_step,

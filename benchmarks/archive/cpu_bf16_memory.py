@@ -32,7 +32,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import results_io
-from benchmarks.harness import MMAP_THRESHOLD, largest_per_call, op_memory_reader, resident_peak
+from benchmarks.archive.op_memory import (
+    MMAP_THRESHOLD,
+    largest_per_call,
+    op_memory_reader,
+    resident_peak,
+)
 from volseg.memory.estimate.workspace import gemm_float32_buffer
 from volseg.memory.monitor.readers import HostMemoryReader
 from volseg.utils.cpu import cpu_description

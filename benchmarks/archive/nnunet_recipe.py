@@ -99,8 +99,8 @@ def prepare(data: str, work: Path) -> dict[str, Any]:
     """nnU-Net's raw dataset (links to volseg's files), fingerprint, plans held to volseg's
     compute, 3d_fullres preprocessing and volseg's split as fold 0, under ``work``; returns the
     changed 3d_fullres fields. Done again only where volseg's compute has changed."""
-    from benchmarks.studies.mni152_runs import dataset_root, volseg_recipe
-    from benchmarks.studies.nnunet_raw import nnunet_plan, write_raw_from_folder
+    from benchmarks.archive.mni152_runs import dataset_root, volseg_recipe
+    from benchmarks.archive.nnunet_raw import nnunet_plan, write_raw_from_folder
 
     name = dataset_name(data)
     preprocessed = work / "preprocessed" / name
@@ -221,13 +221,13 @@ def score(
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Per-class Dice of the predicted label files in ``pred_dir`` against ``root/labels``, by
     volseg's validation rule (:mod:`volseg.models.dice`), and the predicted voxels per class
-    over those files (:func:`~benchmarks.studies.mni152_runs.predicted_voxels`); background
+    over those files (:func:`~benchmarks.archive.mni152_runs.predicted_voxels`); background
     included (first) in both."""
     import nibabel as nib
     import numpy as np
     import torch
 
-    from benchmarks.studies.mni152_runs import predicted_voxels
+    from benchmarks.archive.mni152_runs import predicted_voxels
     from volseg.models.dice import case_dice, mean_over_cases
 
     rows = []

@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 
 from benchmarks import results_io, tables
-from benchmarks.studies.mni152_runs import (
+from benchmarks.archive.mni152_runs import (
     DATA_CHOICES,
     PRECISIONS,
     cpu_line,

@@ -23,7 +23,7 @@ import lightning as L
 import torch
 
 from benchmarks import results_io
-from benchmarks.steps import RepeatBatch, StepTimer, build_module, make_batch
+from benchmarks.archive.steps import RepeatBatch, StepTimer, build_module, make_batch
 from volseg.memory.monitor.callback import MemoryMonitor
 
 

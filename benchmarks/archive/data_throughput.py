@@ -54,7 +54,7 @@ from benchmarks.cases import NUM_CLASSES, write_cases
 from volseg.plan import planned_config
 from volseg.utils.cpu import cpu_description
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: generated datasets: (cases, shape [D, H, W], patch [D, H, W], voxel size [z, y, x])

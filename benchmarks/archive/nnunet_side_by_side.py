@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.studies.nnunet_raw import nnunet_plan, write_raw_from_folder
+from benchmarks.archive.nnunet_raw import nnunet_plan, write_raw_from_folder
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))

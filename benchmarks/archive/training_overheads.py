@@ -41,7 +41,7 @@ from pathlib import Path
 
 from benchmarks import results_io
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 #: named runs: overrides of ``python train.py``

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import results_io, tables
-from benchmarks.studies import mni152_runs
+from benchmarks.archive import mni152_runs
 
 WEIGHTS = ("0.25", "1.0")
 

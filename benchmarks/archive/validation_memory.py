@@ -32,7 +32,7 @@ from benchmarks import harness, results_io
 from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
 from volseg.utils.units import MIB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu"
@@ -74,7 +74,7 @@ def overrides(data: Path) -> list[str]:
         "callbacks.rich_progress_bar=null",
         "callbacks.model_summary=null",
         "callbacks.validation_overlays=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
     ]
 
 

@@ -28,7 +28,7 @@ from volseg.memory.estimate.engine import estimate
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 SEED = [

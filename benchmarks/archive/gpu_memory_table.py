@@ -33,7 +33,7 @@ from volseg.models.segmentation_module import guard_fp16_eps
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
 

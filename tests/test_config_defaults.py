@@ -1,0 +1,167 @@
+"""One source for every default: a value a user can set has its default in the YAML. Composes
+every shipped entry config and fails where a volseg constructor's default disagrees with the
+value the YAML gives its argument, where a Python fallback (``cfg.get(key, value)``) for a key
+the YAML declares disagrees with it, or where a constructor argument the YAML sets is never
+read."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hydra.utils import get_method
+from omegaconf import DictConfig, OmegaConf
+
+from tests.conftest import REPO, compose_config
+from volseg.utils.config import renamed_key
+
+ENTRY_CONFIGS = ("train", "eval", "predict", "plan", "estimate_memory")
+SRC = REPO / "src" / "volseg"
+#: the packages that read the composed config (their ``.get(key, value)`` are config fallbacks)
+READERS = ("memory", "plan", "tasks")
+#: drifts not fixed yet, each with why: the network's and the module's defaults are what the
+#: tests and scripts that build them directly rely on (batch norm in the checkpointing tests, a
+#: check every step, a per-epoch schedule). An entry fixed must leave this list.
+NOT_YET = {
+    "model.net.activation": "UNet3D's direct callers build it with relu",
+    "model.net.norm": "UNet3D's direct callers (the BatchNorm checkpointing tests) use batch",
+    "model.net.widths": "UNet3D's direct callers pass their own widths or rely on four levels",
+    "model.nonfinite_check_every_n_steps": "SegmentationModule's direct callers check every step",
+    "model.scheduler_interval": "SegmentationModule's direct callers step the schedule per epoch",
+}
+
+
+def _targets(cfg: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig]]:
+    """Each config node with a volseg ``_target_``, with its dotted path."""
+    if cfg._is_none() or cfg._is_missing():
+        return
+    if str(cfg.get("_target_", "")).startswith("volseg."):
+        yield path, cfg
+    for key in cfg:
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            yield from _targets(node, f"{path}.{key}" if path else str(key))
+
+
+def _leaves(cfg: DictConfig, path: str = "") -> Iterator[tuple[str, object]]:
+    """Every scalar the config declares, ``(dotted key, value)``."""
+    if cfg._is_none() or cfg._is_missing():
+        return
+    for key in cfg:
+        node = cfg._get_node(key)
+        dotted = f"{path}.{key}" if path else str(key)
+        if isinstance(node, DictConfig):
+            yield from _leaves(node, dotted)
+        elif not OmegaConf.is_list(node) and not OmegaConf.is_missing(cfg, key):
+            try:
+                yield dotted, OmegaConf.select(cfg, str(key))
+            except Exception:  # an interpolation of something the test does not set
+                continue
+
+
+@pytest.fixture(scope="module")
+def composed(tmp_path_factory) -> dict[str, DictConfig]:
+    out = tmp_path_factory.mktemp("defaults")
+    return {name: compose_config(name, out / name) for name in ENTRY_CONFIGS}
+
+
+def _plain(value: object) -> object:
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_constructor_defaults_agree_with_the_yaml(composed):
+    drift = {}
+    for name, cfg in composed.items():
+        for path, node in _targets(cfg):
+            params = inspect.signature(get_method(node._target_)).parameters
+            for key in node:
+                param = params.get(str(key))
+                if param is None or param.default in (inspect.Parameter.empty, None):
+                    continue  # no default: the YAML's is the only one
+                value = _plain(OmegaConf.select(node, str(key)))
+                if _plain(param.default) != value:
+                    drift[f"{path}.{key}"] = (
+                        f"{name}: {value!r}, {node._target_} says {param.default!r}"
+                    )
+    assert sorted(drift) == sorted(NOT_YET), drift
+
+
+#: arguments the YAML sets that a constructor takes and does not read, each with why
+UNREAD_NOT_YET = {
+    "data.patch_voxels": "the planner's, read off the data config; the DataModule takes it only "
+    "so that building it from that config works",
+}
+
+
+def _names_read(target: object) -> set[str]:
+    """The names a constructor's (or a function's) body reads, its docstring aside."""
+    if inspect.isclass(target):  # the constructor that takes the arguments: the first defined
+        target = next(c.__init__ for c in target.__mro__ if "__init__" in vars(c))
+    if not inspect.isfunction(target):  # a builtin constructor (a dataclass without fields)
+        return set()
+    tree = ast.parse(textwrap.dedent(inspect.getsource(target))).body[0]
+    return {n.id for statement in tree.body for n in ast.walk(statement) if isinstance(n, ast.Name)}
+
+
+def test_constructor_arguments_the_yaml_sets_are_read(composed):
+    unread = set()
+    for cfg in composed.values():
+        for path, node in _targets(cfg):
+            target = get_method(node._target_)
+            params, read = inspect.signature(target).parameters, _names_read(target)
+            for key in node:
+                if str(key) in params and str(key) not in read:
+                    unread.add(f"{path}.{key}")
+    assert sorted(unread) == sorted(UNREAD_NOT_YET)
+
+
+def _fallbacks() -> Iterator[tuple[str, str, object]]:
+    """``(file:line, key, value)`` of each ``x.get("key", constant)`` in the package."""
+    for path in sorted(p for package in READERS for p in (SRC / package).rglob("*.py")):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "get"
+                and len(call.args) == 2
+                and isinstance(call.args[0], ast.Constant)
+                and isinstance(call.args[1], ast.Constant)
+                and isinstance(call.args[0].value, str)
+            ):
+                where = f"{path.relative_to(REPO)}:{call.lineno}"
+                yield where, call.args[0].value, call.args[1].value
+
+
+def test_python_fallbacks_agree_with_the_yaml(composed):
+    """A fallback for a key the YAML declares in one place only, under one name, is that
+    place's value (a key declared in several places is not matched by name)."""
+    declared: dict[str, set] = {}
+    for cfg in composed.values():
+        for dotted, value in _leaves(cfg):
+            declared.setdefault(dotted.rsplit(".", 1)[-1], set()).add((dotted, repr(_plain(value))))
+    drift = []
+    for where, key, value in _fallbacks():
+        places = {dotted for dotted, _ in declared.get(key, ())}
+        values = {v for _, v in declared.get(key, ())}
+        if len(places) == 1 and len(values) == 1 and repr(value) not in values:
+            yaml = f"the YAML's {places.pop()} is {values.pop()}"
+            drift.append(f"{where}: {key} falls back to {value!r}, {yaml}")
+    assert drift == []
+
+
+def test_an_estimate_key_names_its_memory_key():
+    """``estimate.*`` joined ``memory.*``: an old key is refused in one line with its new name
+    (the entry points exit 2 on it, before composing)."""
+    assert renamed_key(["data.batch_size=2", "estimate.gpu=H200"]) == (
+        "estimate.gpu=H200: estimate.gpu is gone; use memory.gpu"
+    )
+    assert renamed_key(["memory.gpu=H200", "memory.json_out=x.json"]) is None
+    composed = compose_config("train", Path(tempfile.mkdtemp()))
+    assert "estimate" not in composed and composed.memory.cuda_context_mib == "auto"
