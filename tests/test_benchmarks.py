@@ -667,7 +667,6 @@ DESCRIPTIVE_TABLES = {
     "docs/benchmarks.md": ["| side | what it is | what is held to volseg's |"],
     "docs/configs.md": [
         "| group | choices |",
-        "| default | config | what it is for |",
         "| device | `auto` runs | an explicit `16-mixed` runs "
         "| an explicit `bf16-mixed`/`bf16-true` |",
     ],

@@ -31,7 +31,7 @@ def test_cpu_trainer_and_callbacks_build(tmp_path):
     cfg = compose_config("train", tmp_path, ["trainer=cpu"])
     callbacks = instantiate_callbacks(cfg.callbacks)
     names = {type(c).__name__ for c in callbacks}
-    assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "RichModelSummary"} <= names
+    assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "ModelSummary"} <= names
     cfg.trainer.precision = resolve_precision(
         cfg.trainer.precision, "cpu"
     ).precision  # no `auto` in Lightning

@@ -83,14 +83,8 @@ def test_readme_is_a_front_door_of_few_short_lines():
     assert long == []
 
 
-#: docs whose lines may still run over 400 characters, with why (to be emptied)
-LONG_LINES = {"configs.md": "its table of defaults gives each default's reason in one row"}
-
-
 @pytest.mark.parametrize("doc", sorted((REPO / "docs").glob("*.md")), ids=lambda p: p.name)
 def test_no_docs_line_runs_over_400_characters(doc):
-    if doc.name in LONG_LINES:
-        pytest.xfail(LONG_LINES[doc.name])
     lines = doc.read_text().splitlines()
     long = [f"{i}: {len(line)} characters" for i, line in enumerate(lines, 1) if len(line) > 400]
     assert long == []

@@ -124,6 +124,9 @@ def test_refuses_to_overwrite_then_overwrites_with_overwrite_true(
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{existing}: exists" in result.stderr and "overwrite=true" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    # printed once, last, on stderr (and in predict.log, not the console's stdout)
+    assert (result.stdout + result.stderr).count(f"{existing}: exists") == 1
+    assert result.stderr.strip().endswith(f"{existing}: exists")
     assert existing.read_bytes() == b"keep me"
 
     _predict(checkpoint, source, out, "overwrite=true")

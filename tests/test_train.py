@@ -19,6 +19,7 @@ from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.models.unet import UNet3D
 from volseg.plan import make_plan
 from volseg.tasks.train import check_patch_fits_network, train
+from volseg.utils.errors import UserInputError
 from volseg.utils.precision import resolve_precision
 
 CLASSES = ["background", "blob", "tube", "shell", "granule"]
@@ -81,6 +82,27 @@ def test_checkpoint_loads_weights_only_and_carries_the_config(trained):
     assert ckpt["volseg"]["config"]["model"]["net"]["widths"] == [4, 8, 16]
     assert ckpt["volseg"]["config"]["data"]["patch_size"] == [16, 32, 32]
     assert set(ckpt["volseg"]["best_dice_per_class"]) == set(CLASSES)
+
+
+def test_a_finished_checkpoint_is_one_error_and_a_raised_limit_trains_on(
+    trained, small_dataset, tmp_path
+):
+    """The tiny run trained 2 epochs, 4 steps: resuming it at the same limits trains nothing."""
+    last = trained[0] / "checkpoints" / "last.ckpt"
+    common = [*tiny_train_overrides(small_dataset), f"ckpt_path={last}"]
+    for limit, fix in [
+        ("trainer.max_epochs=2", "trainer.max_epochs=2: nothing left to train; raise it"),
+        ("trainer.max_steps=4", "trainer.max_steps=4: nothing left to train; raise it"),
+    ]:
+        cfg = compose_config("train", tmp_path / limit, [*common, limit])
+        with pytest.raises(UserInputError, match="its run has trained 2 epoch") as raised:
+            train(cfg)
+        assert fix in str(raised.value)
+        assert not (tmp_path / limit / "checkpoints").exists()  # no work
+    # a raised limit trains on, as Lightning does: one more epoch of 2 steps
+    cfg = compose_config("train", tmp_path / "on", [*common, "trainer.max_epochs=3"])
+    train(cfg)
+    assert json.loads((tmp_path / "on" / "summary.json").read_text())["global_step"] == 6
 
 
 def test_test_true_evaluates_the_best_checkpoint_on_the_validation_split(
@@ -209,6 +231,50 @@ def test_used_by_command_runs_as_written(small_dataset, tmp_path):
     assert summary["precision"] == {"32": "32-true"}.get(runs, runs)
 
 
+class TrainStartMarker(Callback):
+    """Prints ``TRAINING STARTS`` when training starts (where the progress bar first shows)."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        print("TRAINING STARTS", flush=True)
+
+
+@pytest.mark.slow
+def test_at_most_40_lines_before_the_first_progress_bar(small_dataset, tmp_path):
+    """The default console (config tree in config_tree.log, the plan in train.log, no
+    third-party tips), at most 40 lines before training; a short epoch still logs train/loss
+    and the model summary has no FLOPs column it cannot fill."""
+    marker = "+callbacks.marker._target_=tests.test_train.TrainStartMarker"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            f"data.root={small_dataset}",
+            "data.patch_size=[16,32,32]",
+            "model.net.widths=[4,8]",
+            "trainer.max_epochs=1",
+            "trainer.limit_val_batches=1",
+            marker,
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    before = result.stdout.split("TRAINING STARTS")[0].splitlines()
+    assert len(before) <= 40, "\n".join(before)
+    assert "config_tree.log" in result.stdout and (tmp_path / "config_tree.log").is_file()
+    assert "Tip:" not in result.stdout and "FLOPs" not in result.stdout
+    assert "Run plan:" in (tmp_path / "train.log").read_text()
+    # 8 batches an epoch against log_every_n_steps=10: train/loss logged anyway
+    assert any(r["train/loss"] for r in _metrics_rows(tmp_path))
+    # an overlay at the one validation (epoch 0), whatever check_val_every_n_epoch says
+    assert sorted(p.name for p in (tmp_path / "overlays").glob("*.png"))
+
+
 @pytest.mark.slow
 def test_missing_data_root_is_one_clear_error(tmp_path):
     result = _run(
@@ -266,6 +332,17 @@ def test_bad_labels_stop_before_training_and_keep_files(small_dataset, tmp_path)
     assert "Traceback" not in result.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # the error once, last, on stderr; no config tree or run plan above it on the console
+    both = result.stdout + result.stderr
+    assert both.count("label values") == 1, both[-3000:]
+    lines = result.stderr.strip().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert all(line.startswith("  - ") for line in lines[at + 1 :]), lines  # its problems
+    assert f"{label_file}: label values" in "\n".join(lines[at:])
+    assert len(both.splitlines()) <= 20, both
+    # the run folder says how it ended
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "label values" in summary["error"]
 
 
 @pytest.mark.slow

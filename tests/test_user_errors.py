@@ -193,3 +193,40 @@ def test_an_old_key_is_one_line_naming_its_replacement(entry, old, replacement, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {old}: ")
     assert replacement in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arg", "line"),
+    [
+        (
+            "trainer.max_epoch=1",
+            "error: trainer.max_epoch=1: trainer.max_epoch is not a config key; did you mean "
+            "trainer.max_epochs",
+        ),
+        (
+            "model=unet_huge",
+            "error: model=unet_huge: no model named 'unet_huge' in configs/model/; did you mean "
+            "unet_large",
+        ),
+    ],
+)
+def test_a_typo_is_one_line_naming_the_closest_keys_or_options(arg, line, tmp_path):
+    result = _run(["train.py", arg], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), result.stderr
+    assert "+trainer" not in lines[0] and "base" not in lines[0]  # no key nothing reads
+
+
+def test_typos_are_answered_from_the_composed_config():
+    from volseg.utils.overrides import explain, group_options
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    # model/base.yaml is what every preset builds on, not a model to pick
+    assert "base" not in group_options(configs, "model")
+    assert "unet_tiny" in group_options(configs, "model")
+    assert explain(configs, "train", ["model.net.widht=[4,8]"]) == (
+        "model.net.widht=[4,8]: model.net.widht is not a config key; did you mean model.net.widths?"
+    )
+    assert explain(configs, "train", ["trainer.max_epochs=2"]) is None  # composes

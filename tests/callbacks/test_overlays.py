@@ -96,3 +96,24 @@ def test_overlays_and_memory_charts_reach_png_wandb_and_tensorboard(
     (overlay,) = events.Images("val/overlays/case_004")
     assert overlay.step == 4 and overlay.width > 300 and overlay.height > 300
     assert Path(run_dir / "memory_timeline.png").is_file()
+
+
+def test_overlays_at_every_validation_that_runs_and_train_loss_in_a_short_epoch(
+    small_dataset, tmp_path
+):
+    """One epoch with check_val_every_n_epoch=2: the validation budget still validates at its
+    end (epoch index 0, even); overlays are drawn there. 2 batches an epoch against
+    log_every_n_steps=10: train/loss is logged all the same."""
+    overrides = [
+        *tiny_train_overrides(small_dataset),
+        "trainer.max_epochs=1",
+        "trainer.check_val_every_n_epoch=2",
+        "trainer.log_every_n_steps=10",
+    ]
+    run_dir = tmp_path / "run"
+    train(compose_config("train", run_dir, overrides))
+    pngs = sorted(p.name for p in (run_dir / "overlays").glob("*.png"))
+    assert pngs == ["epoch_000_case_004.png", "epoch_000_case_005.png"]
+    metrics = (run_dir / "csv" / "metrics.csv").read_text().splitlines()
+    column = metrics[0].split(",").index("train/loss")
+    assert any(row.split(",")[column] for row in metrics[1:])

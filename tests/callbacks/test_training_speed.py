@@ -41,6 +41,12 @@ def _trainer(step: int = 0) -> SimpleNamespace:
     )
 
 
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    """This machine's load is whatever other work puts on it: the tests set it."""
+    monkeypatch.setattr(training_speed, "machine_load", lambda: (0.5, 2))
+
+
 def test_figures_count_steps_after_the_warmup_and_no_gap_between_epochs_or_validation(
     monkeypatch, caplog
 ):
@@ -240,3 +246,38 @@ def test_a_bad_value_is_one_error_naming_its_key(tmp_path, value, says):
     cfg = compose_config("train", tmp_path, [f"callbacks.training_speed.{value}"])
     with pytest.raises(UserInputError, match=rf"^callbacks\.training_speed\.{value}: .*{says}"):
         build(cfg.callbacks.training_speed, "callbacks.training_speed")
+
+
+def test_a_step_far_slower_than_the_recent_ones_is_warned_of_with_the_load(monkeypatch, caplog):
+    clock = _Clock()
+    monkeypatch.setattr(training_speed.time, "perf_counter", clock)
+    monkeypatch.setattr(training_speed, "machine_load", lambda: (5.1, 2))
+    module = SimpleNamespace(run_plan={})
+    speed = TrainingSpeed(warmup_steps=0, slow_step_factor=5.0, recent_steps=4)
+    trainer = _trainer()
+    speed.on_fit_start(trainer, module)
+    with caplog.at_level("WARNING", logger="volseg.callbacks.training_speed"):
+        speed.on_train_start(trainer, module)  # load 5.1 > 2 cores
+        for seconds in [0.24, 0.25, 0.23, 0.24, 2.32, 2.5, 0.24, 0.24, 0.24, 3.0]:
+            speed.on_train_batch_start(trainer, module, torch.zeros(2, 3), 0)
+            clock.now += seconds
+            trainer.global_step += 1
+            speed.on_train_batch_end(trainer, module, None, torch.zeros(2, 3), 0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("The load average is 5.1 on 2 core(s)")
+    # step 5 (2.32 s against a 0.24 s median); step 6 follows too soon to warn again; step 10
+    # (3.0 s) four batches later
+    assert [m.split(" took")[0] for m in messages[1:]] == ["Step 5", "Step 10"]
+    assert "2.32 s, 9.7x the median 0.24 s of the 4 before it" in messages[1]
+    assert "load average 5.1 on 2 core(s): other processes share the CPUs" in messages[1]
+    # null: no warning, whatever the times
+    caplog.clear()
+    quiet = TrainingSpeed(warmup_steps=0, slow_step_factor=None, recent_steps=4)
+    with caplog.at_level("WARNING", logger="volseg.callbacks.training_speed"):
+        quiet.on_train_start(trainer, module)
+        for seconds in [0.2, 0.2, 0.2, 0.2, 9.0]:
+            quiet.on_train_batch_start(trainer, module, torch.zeros(2, 3), 0)
+            clock.now += seconds
+            trainer.global_step += 1
+            quiet.on_train_batch_end(trainer, module, None, torch.zeros(2, 3), 0)
+    assert not caplog.records

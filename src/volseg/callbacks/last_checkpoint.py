@@ -20,6 +20,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from volseg.utils.checkpoint_io import TMP_SUFFIX, BackgroundCheckpointIO
+from volseg.utils.signals import StopRequest, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,11 @@ class LastCheckpoint(ModelCheckpoint):
     optimizer step another checkpoint callback saved its full checkpoint at (the best one,
     after the validation at an epoch's end) links ``last.ckpt`` to that file: the two differ
     only in this callback's own state (the previous save's step), which resuming does not use.
+
+    ``stop_on_signal``: a first SIGINT or SIGTERM during fit ends the run at the next
+    optimizer-step boundary, after this callback has saved there, by raising
+    :class:`~volseg.utils.signals.TrainingInterrupted` (the entry point turns it into the resume
+    command and exit code 130 or 143). ``False``: Lightning's own handling.
     """
 
     def __init__(
@@ -54,9 +60,12 @@ class LastCheckpoint(ModelCheckpoint):
         save_every_n_steps: int | None = None,
         save_every_minutes: float | None = None,
         max_time_share: float | None = None,
+        stop_on_signal: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.stop_on_signal = stop_on_signal
+        self._stop: StopRequest | None = None
         if max_time_share is not None and (
             isinstance(max_time_share, bool) or not 0 < max_time_share <= 1
         ):
@@ -113,9 +122,40 @@ class LastCheckpoint(ModelCheckpoint):
                 return str(callback._last_checkpoint_saved)
         return None
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Handle SIGINT and SIGTERM before the loaders fork their workers (they inherit the
+        handlers, so a terminal's Ctrl-C does not stop them under the main process)."""
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and self.stop_on_signal:
+            self._stop = StopRequest()
+            self._stop.install()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_save_time = time.monotonic()
+        if self._stop is not None:
+            # Lightning's own SIGTERM handler (set after setup) stops at an epoch's end or inside
+            # a validation, without a checkpoint: from here on SIGTERM is ours, as SIGINT is
+            self._stop.install()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        if self._stop is not None:
+            self._stop.restore()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if self._stop is not None:
+            self._stop.restore()
+
+    def stop_requested(self, trainer: L.Trainer) -> int:
+        """The signal that asked the run to stop (0: none); rank 0's, for every rank (a save is
+        collective: ranks that disagreed would wait for each other forever)."""
+        signum = (self._stop.signum or 0) if self._stop is not None else 0
+        if trainer.world_size > 1:
+            signum = int(trainer.strategy.broadcast(signum))
+        return signum
 
     @staticmethod
     def at_step_boundary(trainer: L.Trainer) -> bool:
@@ -169,9 +209,19 @@ class LastCheckpoint(ModelCheckpoint):
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if not self._due(trainer) or self._should_skip_saving_checkpoint(trainer):
+        if self._due(trainer) and not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self._stop is None or not self.at_step_boundary(trainer):
             return
-        self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        signum = self.stop_requested(trainer)
+        if not signum:
+            return
+        if not self._should_skip_saving_checkpoint(trainer):  # not saved at this step yet
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        saved = self._last_global_step_saved == trainer.global_step
+        raise TrainingInterrupted(
+            signum, self._last_checkpoint_saved if saved else None, trainer.global_step
+        )
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         started = time.monotonic()

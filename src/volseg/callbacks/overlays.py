@@ -125,14 +125,14 @@ class ValidationOverlays(Callback):
         max_volumes: int = 2,
         log_memory_charts: bool = True,
     ) -> None:
-        every_n_epochs = every_n_epochs or 1  # None (e.g. trainer.check_val_every_n_epoch=null)
-        if every_n_epochs < 1 or num_slices < 1 or max_volumes < 1:
+        if (every_n_epochs is not None and every_n_epochs < 1) or num_slices < 1 or max_volumes < 1:
             raise ValueError(
                 "callbacks.validation_overlays: every_n_epochs, num_slices and max_volumes must "
                 f"be >= 1; got {every_n_epochs}, {num_slices}, {max_volumes}"
             )
         self.output_dir = Path(output_dir)
-        self.every_n_epochs = int(every_n_epochs)
+        # None: every validation that runs (validation_budget moves the validation epochs)
+        self.every_n_epochs = None if every_n_epochs is None else int(every_n_epochs)
         self.num_slices = int(num_slices)
         self.max_volumes = int(max_volumes)
         self.log_memory_charts = log_memory_charts
@@ -145,7 +145,7 @@ class ValidationOverlays(Callback):
         return (
             trainer.is_global_zero
             and not trainer.sanity_checking
-            and (epoch + 1) % self.every_n_epochs == 0
+            and (self.every_n_epochs is None or (epoch + 1) % self.every_n_epochs == 0)
             and epoch != self._logged_epoch
         )
 

@@ -1,4 +1,5 @@
-"""Writes the run's ``summary.json`` at the end of fitting."""
+"""Writes the run's ``summary.json`` at the end of fitting, or when it stops on an error or a
+signal (``status``: ``completed``, ``interrupted`` or ``failed``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from volseg.utils.signals import TrainingInterrupted, resume_command
+
 
 class RunSummary(Callback):
-    """``summary.json``: best ``val/dice_mean``, per-class Dice at that epoch, best checkpoint,
-    parameter count, steps, epochs and wall time (seconds) of this fit.
+    """``summary.json``: ``status``, best ``val/dice_mean``, per-class Dice at that epoch, best
+    checkpoint, parameter count, steps, epochs and wall time (seconds) of this fit. A run stopped
+    by a signal (``status: interrupted``) adds the ``resume`` command; one stopped by an error
+    (``status: failed``) the ``error``.
     """
 
     def __init__(self, path: str) -> None:
@@ -23,6 +28,23 @@ class RunSummary(Callback):
         self._start = time.perf_counter()
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write(trainer, pl_module, {"status": "completed"})
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(exception, TrainingInterrupted):
+            status = {"status": "interrupted", "error": str(exception)}
+            if exception.checkpoint:
+                status["resume"] = resume_command(exception.checkpoint)
+        elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C: at once, no save
+            status = {"status": "interrupted", "error": "stopped at once by Ctrl-C, not saved"}
+        else:
+            status = {"status": "failed", "error": f"{type(exception).__name__}: {exception}"}
+        self.write(trainer, pl_module, status)
+
+    def write(self, trainer: Trainer, pl_module: LightningModule, status: dict) -> None:
+        """``summary.json`` with ``status`` (its first keys) and what this fit reached."""
         if not trainer.is_global_zero:
             return
         checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
@@ -30,6 +52,7 @@ class RunSummary(Callback):
         last = next((c.best_model_path for c in checkpoints if c.filename == "last"), None)
         best_dice = getattr(pl_module, "best_dice", None)
         summary = {
+            **status,
             "best_val_dice_mean": best_dice if best_dice not in (None, float("-inf")) else None,
             "best_val_dice_per_class": getattr(pl_module, "best_dice_per_class", {}),
             "best_checkpoint": best,

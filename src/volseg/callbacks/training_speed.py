@@ -11,8 +11,11 @@ fetched for one.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import statistics
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +68,19 @@ def batch_samples(batch: Any) -> int:
     return next((int(v.shape[0]) for v in values if isinstance(v, torch.Tensor)), 0)
 
 
+def machine_load() -> tuple[float | None, int]:
+    """(the 1-minute load average, or None where the OS has none; the cores this process may
+    run on)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cores
+    except (AttributeError, OSError):
+        return None, cores
+
+
 class TrainingSpeed(Callback):
     """Measures every optimizer step after ``warmup_steps`` of them and reports, in the log at
     the end of fit, under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at every
@@ -83,7 +99,11 @@ class TrainingSpeed(Callback):
       planned step's FLOPs (``memory.plan_step=false``).
 
     A data-wait share above ``data_wait_warning`` ends the fit with a warning that names the
-    loader's settings.
+    loader's settings. A training batch that takes more than ``slow_step_factor`` times the
+    median of the ``recent_steps`` before it is logged as a warning (at most once per
+    ``recent_steps`` batches) with the machine's load: a shared or throttled CPU, a swapping host,
+    another job on the GPU. A load average above the cores at the start of training is
+    warned of too.
     """
 
     summary_key = "speed"  # RunSummary puts summary() under this key of summary.json
@@ -93,7 +113,16 @@ class TrainingSpeed(Callback):
         warmup_steps: int = 5,
         peak_tflops: float | None = None,
         data_wait_warning: float = 0.1,
+        slow_step_factor: float | None = 5.0,
+        recent_steps: int = 20,
     ) -> None:
+        if slow_step_factor is not None and float(slow_step_factor) <= 1:
+            raise ValueError(f"{_KEY}.slow_step_factor={slow_step_factor}: must be > 1, or null")
+        if int(recent_steps) < 3:
+            raise ValueError(f"{_KEY}.recent_steps={recent_steps}: must be 3 or more")
+        self.slow_step_factor = None if slow_step_factor is None else float(slow_step_factor)
+        self._recent: deque[float] = deque(maxlen=int(recent_steps))
+        self._batches_since_warning = int(recent_steps)
         if not 0 <= float(data_wait_warning) <= 1:
             raise ValueError(f"{_KEY}.data_wait_warning={data_wait_warning}: must be in [0, 1]")
         self.data_wait_warning = float(data_wait_warning)
@@ -131,6 +160,44 @@ class TrainingSpeed(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # after a checkpoint's state is restored: a resumed fit warms up again from its step
         self._counted_from = trainer.global_step + self.warmup_steps
+        load, cores = machine_load()
+        if self.slow_step_factor is not None and load is not None and load > cores:
+            log.warning(
+                "The load average is %.1f on %d core(s): other processes share this machine's "
+                "CPUs, so steps will be slower and their times vary",
+                load,
+                cores,
+            )
+
+    def _check_slow(self, seconds: float, step: int) -> None:
+        """Warn of a batch far slower than the recent ones (the warm-up's are not recent)."""
+        recent = self._recent
+        self._batches_since_warning += 1
+        if self.slow_step_factor is not None and len(recent) >= 3:
+            usual = statistics.median(recent)
+            if (
+                seconds > self.slow_step_factor * usual
+                and self._batches_since_warning >= recent.maxlen
+            ):
+                self._batches_since_warning = 0
+                load, cores = machine_load()
+                shared = (
+                    f"; load average {load:.1f} on {cores} core(s)"
+                    + (": other processes share the CPUs" if load > cores else "")
+                    if load is not None
+                    else ""
+                )
+                log.warning(
+                    "Step %d took %.2f s, %.1fx the median %.2f s of the %d before it "
+                    "(a shared or throttled machine?)%s",
+                    step,
+                    seconds,
+                    seconds / usual,
+                    usual,
+                    len(recent),
+                    shared,
+                )
+        recent.append(seconds)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
@@ -149,6 +216,7 @@ class TrainingSpeed(Callback):
             self.busy_s += now - self._batch_start
             self.samples += batch_samples(batch)
             self.steps += trainer.global_step - self._step_at_start
+            self._check_slow(now - self._batch_start, trainer.global_step)
         self._batch_start = None
         self._last_end = now
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
+from volseg.utils.console import file_log
 from volseg.utils.entry import seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_loggers
@@ -55,8 +56,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "eval.py")
-    log.info("%s", run_plan.format())
-    run_plan.write(cfg.paths.output_dir)
+    file_log.info("%s", run_plan.format())  # every decision and why: eval.log, plan.yaml
+    log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
     data_cfg = cfg.data
     seed_everything(cfg)

@@ -42,6 +42,7 @@ from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.config import plain
+from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
 from volseg.utils.units import MIB, parse_bytes
@@ -275,8 +276,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         OmegaConf.update(cfg, "memory.budget", None)
     # the training run's plan, this command's overrides applied as train.py applies them
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
-    log.info("%s", run_plan.format())
-    run_plan.write(cfg.paths.output_dir)
+    file_log.info("%s", run_plan.format())  # every decision and why: predict.log, plan.yaml
+    log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
     model_cfg, data_cfg = cfg.model, cfg.data
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)

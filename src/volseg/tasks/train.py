@@ -18,8 +18,9 @@ from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.network import plan_network
-from volseg.utils.checkpoint import check_weights_fit, load_run_config
+from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.config import plain
+from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.extras import require_all
@@ -85,7 +86,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     :class:`UserInputError` before any training.
     """
     if cfg.extras.get("print_config"):
-        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+        print_config(
+            cfg,
+            save_to=Path(cfg.paths.output_dir) / "config_tree.log",
+            show=cfg.extras.print_config is True,
+        )
     # an earlier run in this process (multirun, notebook) may have left cycles holding its model
     # and optimizer: free them before this run measures memory and forks loader workers
     gc.collect()
@@ -93,6 +98,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
     checkpoint = load_run_config(cfg.ckpt_path)[0] if cfg.get("ckpt_path") else None
     loader_states = saved_loader_states(checkpoint) if checkpoint is not None else []
+    if checkpoint is not None:  # a finished run: one line naming the limit to raise, no work
+        check_work_left(checkpoint, cfg.trainer, cfg.ckpt_path)
     check_strategy_installed(cfg.trainer.get("strategy"))
     check_strategy_device(cfg.trainer)
 
@@ -102,9 +109,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_plan = plan_run(
         cfg, estimate_step=bool(OmegaConf.select(cfg, "memory.plan_step", default=True))
     )
-    log.info("%s", run_plan.format())
+    file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
     if is_global_zero():
-        log.info("Wrote %s", run_plan.write(cfg.paths.output_dir))
+        log.info(
+            "Wrote %s (the run plan: each value decided and why)",
+            run_plan.write(cfg.paths.output_dir),
+        )
     cfg = run_plan.run_config()
 
     # the plan's, where it built one from this data config to read the data

@@ -173,3 +173,30 @@ def check_weights_fit(
             f"({net.get('_target_')}): they are of {trained}; {fix}",
             shown,
         )
+
+
+def trained_epochs(checkpoint: dict[str, Any]) -> int:
+    """Whole epochs the checkpoint's run trained (and validated): Lightning's fit-loop count of
+    processed epochs (a mid-epoch checkpoint counts the epochs before its own)."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+    return int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
+
+
+def check_work_left(checkpoint: dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
+    """Raise :class:`UserInputError` when the checkpoint's run has already reached
+    ``trainer.max_epochs`` or ``trainer.max_steps``: Lightning would start, train nothing and
+    end. Naming the limit to raise is the answer the user wants."""
+    epochs, steps = trained_epochs(checkpoint), int(checkpoint.get("global_step", 0))
+    max_epochs = trainer_cfg.get("max_epochs")
+    max_steps = trainer_cfg.get("max_steps")
+    done = f"ckpt_path={ckpt_path}: its run has trained {epochs} epoch(s), {steps} step(s)"
+    if max_steps is not None and int(max_steps) > 0 and steps >= int(max_steps):
+        raise UserInputError(
+            f"{done}, trainer.max_steps={max_steps}: nothing left to train; raise it to train "
+            f"on (e.g. trainer.max_steps={steps * 2})"
+        )
+    if max_epochs is not None and int(max_epochs) >= 0 and epochs >= int(max_epochs):
+        raise UserInputError(
+            f"{done}, trainer.max_epochs={max_epochs}: nothing left to train; raise it to train "
+            f"on (e.g. trainer.max_epochs={max(epochs * 2, 1)})"
+        )

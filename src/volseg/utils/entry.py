@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,13 +15,16 @@ from typing import Any
 import lightning as L
 import rich.syntax
 import rich.tree
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
+from volseg.utils.console import quiet_third_party, report_error
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.extras import MissingPackage, check_plugin_choices
+from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
 from volseg.utils.sweep import (
     JobStopped,
     error_line,
@@ -44,6 +50,53 @@ USAGE = {
 _task_started = False
 
 
+class HeldStderr(io.TextIOBase):
+    """``sys.stderr`` while Hydra composes the config: what it writes is held back, so that an
+    override it cannot apply is answered by one line of ours (:mod:`volseg.utils.overrides`)
+    instead of its advice; :meth:`release` writes what was held and hands stderr back."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.held: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.held.append(text)
+        return len(text)
+
+    def release(self) -> None:
+        if sys.stderr is self:
+            sys.stderr = self.stream
+        self.stream.write("".join(self.held))
+        self.held.clear()
+        self.stream.flush()
+
+    def drop(self) -> None:
+        if sys.stderr is self:
+            sys.stderr = self.stream
+        self.held.clear()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+_held_stderr: HeldStderr | None = None
+
+
+def release_stderr() -> None:
+    """Hand stderr back (the task starts: its warnings and errors go out as they come)."""
+    global _held_stderr
+    if _held_stderr is not None:
+        _held_stderr.release()
+        _held_stderr = None
+
+
 def run_main(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function. Hydra reports a bad override (an unknown key, a value
     that does not parse, a missing config file) as one message, but with exit code 1: it becomes
@@ -60,20 +113,44 @@ def run_main(main: Callable[[], Any]) -> None:
     if renamed is not None:
         print(f"error: {renamed}", file=sys.stderr)
         sys.exit(2)
+    global _held_stderr
+    _held_stderr = held = HeldStderr(sys.stderr)
+    sys.stderr = held
     try:
         main()
     except SystemExit as done:
         if done.code == 1 and not _task_started:
-            name_unparsable_override(sys.argv[1:])
+            line = unparsable_override(sys.argv[1:]) or explain_override(sys.argv[1:])
+            if line is not None:
+                held.drop()
+                print(f"error: {line}", file=sys.stderr)
+            else:
+                held.release()  # Hydra's own message (a missing config file, ...)
             sys.exit(2)
         raise
+    finally:
+        held.release()
+        _held_stderr = None
     if failed_jobs:
         sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
 
 
-def name_unparsable_override(args: list[str]) -> None:
+def explain_override(args: list[str]) -> str | None:
+    """One line for an override Hydra could not apply (an unknown key or group option), from
+    the entry point's own config (``configs/<script name>.yaml``); ``None`` for other failures."""
+    from volseg.utils.overrides import explain
+
+    config_dir = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs"
+    name = Path(sys.argv[0]).stem
+    if not (config_dir / f"{name}.yaml").is_file():
+        return None
+    return explain(config_dir, name, args)
+
+
+def unparsable_override(args: list[str]) -> str | None:
     """Hydra's grammar error ("no viable alternative at input '[1'") does not say which
-    override it is about: name the first one that does not parse."""
+    override it is about: the line that names the first one that does not parse (``None``: all
+    parse)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -83,12 +160,11 @@ def name_unparsable_override(args: list[str]) -> None:
         try:
             parser.parse_override(arg)
         except Exception:
-            print(
-                f"error: {arg}: not a valid override (key=value; quote values with brackets, "
-                "commas or spaces, e.g. 'data.patch_size=[32,64,64]')",
-                file=sys.stderr,
+            return (
+                f"{arg}: not a valid override (key=value; quote values with brackets, "
+                "commas or spaces, e.g. 'data.patch_size=[32,64,64]')"
             )
-            return
+    return None
 
 
 def set_project_root(entry_file: str) -> Path:
@@ -98,19 +174,23 @@ def set_project_root(entry_file: str) -> Path:
     return root
 
 
-def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
-    """Print the composed config as a tree, one branch per top-level group."""
+def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:
+    """The composed config as a tree, one branch per top-level group: printed (``show``) and/or
+    written to ``save_to``; written only, one line says where."""
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
             OmegaConf.to_yaml(value, resolve=False) if isinstance(value, DictConfig) else str(value)
         )
         tree.add(str(key), style="bold").add(rich.syntax.Syntax(body, "yaml"))
-    rich.print(tree)
+    if show:
+        rich.print(tree)
     if save_to is not None:
         save_to.parent.mkdir(parents=True, exist_ok=True)
         with open(save_to, "w") as f:
             rich.print(tree, file=f)
+        if not show:
+            log.info("Config: %s (extras.print_config=true prints it here)", save_to)
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
@@ -124,19 +204,33 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
     such a job returns a :class:`~volseg.utils.sweep.JobStopped` (the Optuna sweeper records its
     trial as failed or pruned).
+
+    SIGINT or SIGTERM ends the run with the command that resumes it (:func:`stopped`, exit code
+    130 or 143); a run that ends in an error gets a ``summary.json`` saying so
+    (:func:`mark_failed`).
     """
     global _task_started
     _task_started = True
+    release_stderr()
+    quiet_third_party()
     multirun = in_multirun()
+    # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
+    restore_signals = raise_on()
     try:
         # first of all: memory.allocator into PYTORCH_CUDA_ALLOC_CONF, before anything starts
         # CUDA (torch reads it once, when its allocator starts; child processes inherit it)
         apply_allocator(run_allocator_node(cfg))
         check_mandatory(cfg)
         result = task(cfg)
+    except (KeyboardInterrupt, TrainingInterrupted, SIGTERMException) as raised:
+        restore_signals()
+        close_wandb()
+        stopped(raised, cfg)
     except Exception as raised:
+        restore_signals()
         err = user_error(raised) or missing_value_error(raised, cfg) or raised
         close_wandb()
+        mark_failed(cfg, err)
         if multirun:
             status = job_status(err)
             if status == "pruned":
@@ -148,14 +242,43 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
                 record_job(None, err)
             return JobStopped(status, error_line(err))
         if isinstance(err, UserInputError | TrainingDiverged):
-            log.error("%s", err)
-            print(f"error: {err}", file=sys.stderr)
+            report_error(str(err))
             sys.exit(2 if isinstance(err, UserInputError) else 1)
         raise
+    restore_signals()
     close_wandb()
     if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
+
+
+def stopped(raised: BaseException, cfg: DictConfig) -> None:
+    """A run stopped by SIGINT or SIGTERM: ``summary.json`` says so (where training had not
+    written it), the last line on stderr is the command that resumes, exit code 128 + the
+    signal's number."""
+    if not isinstance(raised, TrainingInterrupted):
+        # Ctrl-C outside training, or Lightning's SIGTERM stop before the first step
+        signum = signal.SIGINT if isinstance(raised, KeyboardInterrupt) else signal.SIGTERM
+        raised = TrainingInterrupted(signum)
+    mark_failed(cfg, raised, status="interrupted")
+    message = str(raised)
+    if raised.checkpoint:
+        message += f"\nresume with: {resume_command(raised.checkpoint)}"
+    report_error(message, prefix="")  # not an error: what the user asked for
+    sys.exit(raised.exit_code)
+
+
+def mark_failed(cfg: DictConfig, err: BaseException, status: str = "failed") -> None:
+    """``summary.json`` in the run folder of a run that ended without writing one (bad input, an
+    error before training): ``status`` and the error, so that it does not look like a run."""
+    try:
+        out = Path(str(cfg.paths.output_dir))
+    except Exception:  # no run folder (a config without paths)
+        return
+    summary = out / "summary.json"
+    if not out.is_dir() or summary.exists() or not is_global_zero():
+        return
+    summary.write_text(json.dumps({"status": status, "error": str(err)}, indent=2))
 
 
 def check_mandatory(cfg: DictConfig) -> None:

@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from volseg.utils.console import file_log
 from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.extras import import_failure, missing_package_error
 from volseg.utils.sweep import in_multirun
@@ -176,7 +177,7 @@ def _instantiate_group(
     objects = []
     for name, entry in (cfg or {}).items():
         if name not in skip and isinstance(entry, DictConfig) and "_target_" in entry:
-            log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
+            file_log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
             objects.append(build(entry, f"{group}.{name}", **_logger_defaults(kind, entry)))
     return objects
 

@@ -1,0 +1,42 @@
+"""What reaches the terminal: errors once and last on stderr, long reports only in the log file.
+
+``file_log`` is a logger whose records go to the run's log file only (``train.log``, ...: see
+``hydra.job_logging.loggers`` in configs/hydra/default.yaml); outside a Hydra job (a test, a
+notebook) it logs like any other logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+#: records for the run's log file, not the console
+file_log = logging.getLogger("volseg.file_only")
+
+
+def report_error(message: str, prefix: str = "error: ") -> None:
+    """``message`` once on stderr (``error: ...``), and in the run's log file."""
+    file_log.error("%s", message)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+
+
+#: third-party log lines that advertise or repeat what the run says itself (message prefixes)
+QUIET_PREFIXES = (
+    "💡 Tip:",  # Lightning's litlogger / litmodels advertisements
+    "Trainer already configured with model summary callbacks",  # callbacks.model_summary is ours
+)
+
+
+class _DropPrefixes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(QUIET_PREFIXES)
+
+
+def quiet_third_party() -> None:
+    """Drop the third-party tips in :data:`QUIET_PREFIXES` from the console and the log."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
+            logger.addFilter(_DropPrefixes())

@@ -1,0 +1,99 @@
+"""A command-line override Hydra cannot apply, as one line naming it and the closest valid keys
+or options: ``trainer.max_epoch=1`` (a key nothing reads; Hydra's advice to add it with
+``+trainer.max_epoch=1`` would train without it) or ``model=unet_huge`` (a file that is not in
+``configs/model/``)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+
+def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``choices`` closest to ``name`` (difflib's ratio, most alike first)."""
+    return difflib.get_close_matches(name, choices, n=n, cutoff=0.5)
+
+
+def group_options(config_dir: Path, group: str) -> list[str]:
+    """The options of a config group that a user picks (``configs/model/*.yaml``), without those
+    only other options build on (``model/base.yaml``, in every preset's defaults list)."""
+    folder = config_dir / group
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    bases: set[str] = set()
+    for name in options:
+        try:
+            loaded = yaml.safe_load((folder / f"{name}.yaml").read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        defaults = loaded.get("defaults", []) if isinstance(loaded, dict) else []
+        bases |= {d for d in defaults if isinstance(d, str) and d in options and d != name}
+    return [o for o in options if o not in bases]
+
+
+def _keys(cfg: DictConfig, parent: str) -> list[str]:
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return [str(k) for k in node] if isinstance(node, DictConfig) else []
+
+
+def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | None:
+    """Compose ``config_name`` with ``overrides`` as the entry point did; where that fails on an
+    unknown key or group option, the one line that names it and the closest valid ones. ``None``
+    for any other failure (Hydra's own message stands) or none."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    kept = [o for o in overrides if not o.startswith("-")]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+            try:
+                compose(config_name, overrides=kept)
+            except MissingConfigException as err:
+                return _missing_option(config_dir, err, kept)
+            except ConfigCompositionException as err:
+                cause = err.__cause__
+                if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not getattr(
+                    cause, "full_key", None
+                ):
+                    return None
+                key = str(cause.full_key)
+                bad = next((o for o in kept if o.split("=", 1)[0].lstrip("~") == key), None)
+                if bad is None:
+                    return None
+                parent, _, leaf = key.rpartition(".")
+                cfg = compose(config_name, overrides=[o for o in kept if o != bad])
+                keys = _keys(cfg, parent)
+                near = [f"{parent}.{k}" if parent else k for k in closest(leaf, keys)]
+                hint = f"did you mean {' or '.join(near)}?" if near else ""
+                if not near and keys:
+                    hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
+                return f"{bad}: {key} is not a config key; {hint}".rstrip("; ")
+            except Exception:
+                return None
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def _missing_option(config_dir: Path, err: Exception, overrides: list[str]) -> str | None:
+    """``model=unet_huge``: the group's options, the closest first."""
+    missing = getattr(err, "missing_cfg_file", None) or ""
+    group, _, option = str(missing).rpartition("/")
+    if not group or not (config_dir / group).is_dir():
+        return None
+    options = group_options(config_dir, group)
+    dotted = group.replace("/", ".")
+    bad = next(
+        (o for o in overrides if o.lstrip("+~").split("=", 1)[0] in (group, dotted)),
+        f"{group}={option}",
+    )
+    near = closest(option, options)
+    rest = [o for o in options if o not in near]
+    listed = ", ".join([*near, *rest])
+    lead = f"did you mean {' or '.join(near)}? " if near else ""
+    return f"{bad}: no {group} named {option!r} in configs/{group}/; {lead}options: {listed}"

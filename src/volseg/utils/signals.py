@@ -1,0 +1,130 @@
+"""Ctrl-C (SIGINT) and SIGTERM (``kill``, a SLURM preemption or time limit) during training.
+
+The first signal asks the run to stop: training goes on to the end of the optimizer step it is
+in, ``last.ckpt`` is written there (:class:`volseg.callbacks.last_checkpoint.LastCheckpoint`),
+``summary.json`` says ``interrupted``, the command that resumes is printed and the process exits
+with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once,
+without saving.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+#: the signals that stop a run cleanly
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_name(signum: int) -> str:
+    """``Ctrl-C (SIGINT)`` or ``SIGTERM``."""
+    name = signal.Signals(signum).name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
+
+
+class TrainingInterrupted(Exception):
+    """The run stopped on a signal; ``checkpoint`` is the file it resumes from (``None``: the
+    signal came before the first optimizer step, nothing was trained)."""
+
+    def __init__(self, signum: int, checkpoint: str | None = None, step: int = 0) -> None:
+        self.signum = int(signum)
+        self.checkpoint = checkpoint
+        self.step = step
+        where = (
+            f"at step {step}: saved {checkpoint}"
+            if checkpoint
+            else "before training: nothing to save"
+        )
+        super().__init__(f"stopped by {signal_name(self.signum)} {where}")
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process the signal ended."""
+        return 128 + self.signum
+
+
+class StopRequest:
+    """Signal handlers that record the first SIGINT/SIGTERM instead of raising, so that the
+    training loop stops at a step boundary of its choosing; a second SIGINT raises
+    :class:`KeyboardInterrupt` (stop now). Loader workers forked from this process inherit the
+    handlers and ignore the signal (a terminal's Ctrl-C reaches the whole process group): the
+    main process stops them."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._pid = os.getpid()
+        self._previous: dict[int, Any] = {}
+
+    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        """Handle ``signals`` from now on (only the main thread may set handlers)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in signals:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        """The handlers from before the first :meth:`install`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked loader worker: the main process decides
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
+        if self.signum is None:
+            self.signum = signum
+            # written straight to the terminal: a handler must not wait for logging's lock
+            os.write(
+                2,
+                f"\n{signal_name(signum)}: stopping after this optimizer step, with "
+                "checkpoints/last.ckpt written (Ctrl-C again: stop now, without saving)\n".encode(),
+            )
+
+
+def raise_on(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], None]:
+    """Until training starts, SIGTERM stops the run as Ctrl-C does (a
+    :class:`TrainingInterrupted` without a checkpoint) instead of killing it without a word.
+    Returns the function that restores the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    pid = os.getpid()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() == pid:
+            raise TrainingInterrupted(signum)
+
+    previous = {s: signal.signal(s, handle) for s in signals}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is handle:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    return restore
+
+
+def resume_command(checkpoint: str, entry_point: str = "train.py") -> str:
+    """The command line that resumes this run from ``checkpoint``: the same overrides (read from
+    Hydra's record of this job), ``ckpt_path`` replaced."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides: list[str] = []
+    if HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    else:
+        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "ckpt_path"]
+    words = ["python", entry_point, *kept, f"ckpt_path={Path(checkpoint).resolve()}"]
+    return " ".join(shlex.quote(w) for w in words)
