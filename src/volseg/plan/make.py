@@ -267,7 +267,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     else:
         why += f" (memory.max_batch_size={limit})"
     decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
-    _set(cfg, "data.batch_size", search.batch_size)
+    set_key(cfg, "data.batch_size", search.batch_size)
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
