@@ -58,7 +58,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
         _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
         _study("levers", "each memory lever's peak memory and step time on the CPU"),
-        _maintained(
+        _study(
             "lever_time_factors", "each lever's predicted step-time factor against the measured"
         ),
         _study("levers_estimated", "the memory levers estimated for a GPU beside what it measured"),
