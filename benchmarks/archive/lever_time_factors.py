@@ -4,7 +4,7 @@ For unet_small and MONAI's BasicUNet (a network of another project), each lever 
 ``estimate_memory.py``'s table whose price is recomputed FLOPs (each activation checkpointing
 setting the network's adapter offers, micro-batches) is timed here: the module ``train.py``
 builds (:func:`volseg.models.build.build_model`) runs forward, loss, backward and the optimizer
-step in float32, one warm-up step and ``--steps`` timed, and the lever's mean step time over the
+step in float32, one warm-up step and ``--steps`` timed, and the lever's fastest step time over the
 configured step's is its measured factor. The predicted factor is the table's
 (:func:`volseg.memory.fit.levers.lever_prices`: the step's FLOPs over the configured step's, from
 the estimate's trace). Levers whose price is not FLOPs (offload, the two-device split) or not
@@ -17,7 +17,6 @@ modelled on a CPU (half precision's kernels) are left out.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -46,8 +45,9 @@ def _overrides(setting: str) -> list[str]:
 
 
 def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
-    """Mean seconds of one optimizer step of the planned ``cfg`` (its micro-batches included) on
-    ``device``: forward, loss, backward, optimizer step; one warm-up step first."""
+    """The fastest of ``steps`` timings of one optimizer step of the planned ``cfg`` (its micro-batches included) on
+    ``device``: forward, loss, backward, optimizer step; one warm-up step first. The fastest,
+    not the mean: on a shared CPU a step another process slowed down says nothing of the lever."""
     from volseg.models.build import build_model
 
     module = build_model(cfg).to(device)
@@ -70,7 +70,7 @@ def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
             torch.cuda.synchronize()
         if step:
             times.append(time.perf_counter() - start)
-    return statistics.mean(times)
+    return min(times)
 
 
 def network_rows(
@@ -114,7 +114,7 @@ def network_rows(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks lever_time_factors")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per lever")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per lever")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     known, _ = parser.parse_known_args(argv)
     results_io.add_json_out(parser, "lever_time_factors", known.device)
