@@ -45,9 +45,10 @@ def _overrides(setting: str) -> list[str]:
 
 
 def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
-    """The fastest of ``steps`` timings of one optimizer step of the planned ``cfg`` (its micro-batches included) on
-    ``device``: forward, loss, backward, optimizer step; one warm-up step first. The fastest,
-    not the mean: on a shared CPU a step another process slowed down says nothing of the lever."""
+    """The fastest of ``steps`` timings of one optimizer step of the planned ``cfg`` (its
+    micro-batches included) on ``device``: forward, loss, backward, optimizer step; one warm-up
+    step first. The fastest, not the mean: on a shared CPU a step another process slowed down
+    says nothing of the lever."""
     from volseg.models.build import build_model
 
     module = build_model(cfg).to(device)
