@@ -109,7 +109,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
 
     shape, _ = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
-    context = resolve_cuda_context(options.get("cuda_context_mib", 0), options.get("gpu"))
+    context = resolve_cuda_context(options.get("cuda_context_mib", "auto"), options.get("gpu"))
     print(
         format_estimate(
             est, int(options.top), _context_label(context.source), unmodelled_levers(cfg)
