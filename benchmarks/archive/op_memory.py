@@ -7,7 +7,7 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-from volseg.memory.readers import HostMemoryReader
+from volseg.memory.monitor.readers import HostMemoryReader
 
 #: ``MALLOC_MMAP_THRESHOLD_`` (bytes) of the op-by-op memory studies: every allocation of 64 KiB
 #: or more is mmap-ed and goes back to the system when freed
@@ -19,7 +19,8 @@ def op_memory_reader(threads: int) -> HostMemoryReader | None:
     :data:`MMAP_THRESHOLD` or more mmap-ed (``mallopt``); the process's memory reader, or
     ``None`` (said in one line) where glibc's ``mallopt`` or ``/proc`` is missing."""
     import torch
-    from volseg.memory.readers import set_mmap_threshold
+
+    from volseg.memory.monitor.readers import set_mmap_threshold
 
     torch.set_num_threads(threads)
     if not set_mmap_threshold(MMAP_THRESHOLD) or not HostMemoryReader.available():

@@ -54,7 +54,7 @@ def _args(data: Path, run_dir: Path) -> list[str]:
         "callbacks.model_summary=null",
         "callbacks.early_stopping=null",
         "callbacks.validation_overlays=null",
-        "estimate.plan_step=false",
+        "memory.plan_step=false",
         f"hydra.run.dir={run_dir}",
     ]
 

@@ -120,7 +120,7 @@ class ValidationOverlays(Callback):
     def __init__(
         self,
         output_dir: str | Path,
-        every_n_epochs: int | None = 2,
+        every_n_epochs: int | None = None,
         num_slices: int = 3,
         max_volumes: int = 2,
         log_memory_charts: bool = True,
