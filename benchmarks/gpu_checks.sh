@@ -106,6 +106,13 @@ else
   step train_speed_dry_run.txt 240 python3 -m benchmarks gpu_train_speed --dry-run
 fi
 
+# each lever's predicted step-time factor (estimate_memory.py's table: FLOPs) against the measured
+# one, the CPU benchmark's rows on the GPU (unet_small and MONAI's BasicUNet, float32)
+if [ "$has_cuda" = 1 ]; then
+  step lever_time_factors.txt 120 python3 -m benchmarks lever_time_factors --device cuda \
+    --json-out "$OUT/lever_time_factors.json"
+fi
+
 # the host CPU's bf16 convolutions (another CPU model than the development machines'): whether
 # its oneDNN kernels get the weight gradient wrong at depth 2 (docs/benchmarks.md); a few seconds
 step cpu_bf16_conv.txt 20 python3 -m benchmarks cpu_bf16_conv

@@ -58,6 +58,9 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _study("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
         _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
         _study("levers", "each memory lever's peak memory and step time on the CPU"),
+        _study(
+            "lever_time_factors", "each lever's predicted step-time factor against the measured"
+        ),
         _study("levers_estimated", "the memory levers estimated for a GPU beside what it measured"),
         _study("memory_monitor_overhead", "seconds per training step with and without the monitor"),
         _study("network_levers", "what each memory lever cuts on networks volseg did not write"),

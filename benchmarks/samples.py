@@ -55,6 +55,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "memory_monitor_overhead": (IN, UNMARKED),
     "network_levers": (IN, UNMARKED),
     "selective_checkpointing": (IN, UNMARKED),
+    "lever_time_factors": (IN, UNMARKED),
     "step_profile": (IN, UNMARKED),
     "train_throughput": (IN, UNMARKED),
     "training_overheads": (IN, UNMARKED),

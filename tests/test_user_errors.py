@@ -18,6 +18,7 @@ import torch
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.tasks.estimate_memory import run_estimate
 from volseg.tasks.evaluate import evaluate
+from volseg.tasks.plan import plan_command
 from volseg.tasks.predict import predict
 from volseg.tasks.train import check_patch_fits_network, train
 from volseg.utils.config import RENAMED_KEYS, renamed_key
@@ -35,6 +36,7 @@ TASKS: dict[str, Callable[[Any], Any]] = {
     "eval": evaluate,
     "predict": predict,
     "estimate_memory": estimate_task,
+    "plan": plan_command,
 }
 
 
@@ -85,6 +87,12 @@ TABLE = [
         "model.activation_checkpointing",
     ),
     ("train", ["model.placement={{a:cpu}}"], "model.placement"),
+    (
+        "train",
+        ["model.placement={{encoder:cuda:7,decoder:cpu}}"],
+        "model.placement: encoder: cuda:7 is not a device of this machine",
+    ),
+    ("train", ["model.placement={{encoder:gpu0,decoder:cpu}}"], "'gpu0' is no device"),
     ("train", ["data.patch_size=[2,32,32]"], "data.patch_size=[2, 32, 32] is too thin"),
     ("train", ["trainer.precision=17"], "trainer.precision=17"),
     ("train", ["trainer.accelerator=tpux"], "trainer.accelerator=tpux"),
@@ -105,6 +113,9 @@ TABLE = [
     ("predict", ["ckpt_path={junk}", "input={data}"], "no value for output"),
     ("predict", ["ckpt_path={dir}/missing.ckpt", "input=x", "output=y"], "missing.ckpt"),
     ("estimate_memory", ["memory.budget=lots"], "memory.budget=lots"),
+    ("train", ["in_channels=2"], "1 image channel(s) (case_000.nii.gz: "),
+    ("estimate_memory", ["in_channels=2"], "but in_channels=2: set in_channels=1"),
+    ("plan", ["in_channels=2"], "but in_channels=2: set in_channels=1"),
     ("estimate_memory", ["memory.json_out={dir}/no/such/e.json"], "memory.json_out="),
     ("estimate_memory", ["memory.json_out={dir}"], "is a folder"),
     ("estimate_memory", ["memory.json_out={junk}"], "exists"),
@@ -120,7 +131,8 @@ def test_mistake_is_one_line_and_exit_2(
     entry, overrides, expected, files, small_dataset, tmp_path, capsys
 ):
     args = _fill(overrides, files, small_dataset)
-    base = tiny_train_overrides(small_dataset) if entry in ("train", "estimate_memory") else []
+    trains = ("train", "estimate_memory", "plan")
+    base = tiny_train_overrides(small_dataset) if entry in trains else []
     cfg = compose_config(entry, tmp_path / "run", [*base, *args])
     with pytest.raises(SystemExit) as stopped:
         run_task(TASKS[entry], cfg)

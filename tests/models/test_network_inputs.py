@@ -1,5 +1,5 @@
 """Networks with particular inputs: one whose constructor fixes the input size (MONAI's UNETR),
-and a user's U-Net whose decoder takes its skips as a list and pops them."""
+and a user's U-Net whose decoder takes its skips as a list and pops them (checkpointed too)."""
 
 from __future__ import annotations
 
@@ -132,20 +132,28 @@ def _pop_unet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ]
 
 
-def test_a_block_that_pops_a_list_is_found_before_any_run_and_said(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec", ["all", ["decoder"]])
+def test_a_decoder_popping_its_skips_from_a_list_is_checkpointed_with_the_same_gradients(
+    tmp_path, monkeypatch, spec
+):
     overrides = _pop_unet(tmp_path, monkeypatch)
     planned = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
-    decision = planned.decisions["model.activation_checkpointing.leaves_out"]
-    assert decision.value == ["decoder"] and "decoder (list)" in decision.why
-
-    # checkpointing all: the same gradients as without, the decoder run as it is
     torch.manual_seed(0)
     net = build(planned.run_config().model.net, "model.net")
     checkpointed = copy.deepcopy(net)
-    adapter_for(net).apply_checkpointing(checkpointed, "all")
+    adapter_for(net).apply_checkpointing(checkpointed, spec)
+    decoder = checkpointed.decoder._checkpoint_wrapped_module  # inside torch's wrapper
+    calls, forward = [], decoder.forward
+
+    def counted(x, skips):
+        calls.append(len(skips))
+        return forward(x, skips)
+
+    decoder.forward = counted  # (a recomputation runs no forward hooks)
     x = torch.randn(2, 1, 16, 32, 32)
     for module in (net, checkpointed):
         module(x).square().mean().backward()
+    assert calls == [2, 2]  # run again in backward, on the two skips as they were passed
     for (name, a), (_, b) in zip(
         net.named_parameters(), checkpointed.named_parameters(), strict=True
     ):
@@ -157,11 +165,10 @@ def test_a_decoder_popping_its_skips_plans_under_a_budget(tmp_path, monkeypatch)
     overrides = _pop_unet(tmp_path, monkeypatch)
     cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False).run_config()
     none, every = estimate(cfg), estimate(cfg, activation_checkpointing="all")  # no IndexError
-    assert every.process_total < none.process_total  # the encoder and bottom are checkpointed
+    assert every.process_total < none.process_total  # every block, the decoder too
     budget = (planned_total(none) + planned_total(every)) // 2  # as the planner counts them
     planned = make_plan(
         compose_config("train", tmp_path, [*overrides, f"memory.budget={budget}"]), fit_budget=True
     )
     assert planned.value("model.activation_checkpointing") == "all"
     assert planned.estimate["process_total"] <= budget
-    assert planned.value("model.activation_checkpointing.leaves_out") == ["decoder"]

@@ -368,6 +368,19 @@ def _label_problems(
     return problems
 
 
+def image_problems(
+    case: Case,
+    in_channels: int | None,
+    channels_fix: Callable[[int, int], str] = in_channels_fix,
+    orientation: str | None = None,
+) -> list[str]:
+    """The problems of ``case``'s image files alone, from their headers: readable 3-D volumes
+    of one shape holding ``in_channels`` channels (``channels_fix`` says what to change)."""
+    problems: list[str] = []
+    _image_geometry(case, in_channels, problems, channels_fix, orientation)
+    return problems
+
+
 def case_problems(
     cases: Sequence[Case],
     num_classes: int,

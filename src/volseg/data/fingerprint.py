@@ -70,6 +70,7 @@ def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]
     the files'."""
     options = OmegaConf.to_container(data_cfg, resolve=True)
     options["patch_size"] = [MIN_SIDE] * 3  # a placeholder: finding cases does not use it
+    options["batch_size"] = 1  # nor the batch (data.batch_size=auto is planned later)
     datamodule = hydra.utils.instantiate(options)
     datamodule.prepare_data()
     cases, _ = datamodule.find()

@@ -148,6 +148,31 @@ def _error(message: str) -> ValueError:
     return ValueError(f"model.{message}")
 
 
+def devices_here() -> list[str]:
+    """The devices this machine has, as ``model.placement`` names them: ``cpu``, ``cuda:0`` ..."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu", *(f"cuda:{i}" for i in range(count))]
+
+
+def check_placement_devices(placement: Mapping[str, str] | None) -> None:
+    """Raise ``ValueError`` naming ``model.placement`` when it names a device this machine does
+    not have (a split planned for another machine stops here, not in ``on_fit_start``)."""
+    here = devices_here()
+    for name, device in (plain(placement) or {}).items():
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise _error(
+                f"placement: {name}: {device!r} is no device; this machine has {', '.join(here)}"
+            ) from None
+        wanted = f"{parsed.type}:{parsed.index or 0}" if parsed.type == "cuda" else parsed.type
+        if wanted not in here:
+            raise _error(
+                f"placement: {name}: {device} is not a device of this machine (it has "
+                f"{', '.join(here)}); name those, or model.placement=null"
+            )
+
+
 def _flag(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _error(f"{key} must be true or false; got {value!r}")

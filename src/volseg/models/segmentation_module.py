@@ -14,6 +14,7 @@ from torch import nn
 
 from volseg.models.dice import case_dice, class_means
 from volseg.models.levers import MemoryLevers
+from volseg.models.networks.outputs import select_output
 from volseg.models.schedules import RunBudget
 from volseg.utils.errors import TrainingDiverged
 
@@ -85,6 +86,8 @@ class SegmentationModule(LightningModule):
         compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
         placement, cudnn_workspace_mib: the memory levers, validated and applied by
             :class:`volseg.models.levers.MemoryLevers` (see there).
+        net_output: which of what ``net`` returns is the logits (a dict's key, a tuple's index:
+            :func:`volseg.models.networks.outputs.select_output`); ``None``: all of it.
         stop_on_nonfinite_loss: raise :class:`~volseg.utils.errors.TrainingDiverged` when the
             training loss is NaN/Inf (a sweep records the job as failed) instead of training on.
         nonfinite_check_every_n_steps: read that test on the host every N steps (it stays on the
@@ -111,6 +114,7 @@ class SegmentationModule(LightningModule):
         checkpoint_loss: bool = False,
         placement: dict[str, str] | None = None,
         cudnn_workspace_mib: float | None = None,
+        net_output: str | int | None = None,
         stop_on_nonfinite_loss: bool = True,
         nonfinite_check_every_n_steps: int = 1,
     ) -> None:
@@ -124,6 +128,7 @@ class SegmentationModule(LightningModule):
         self._class_names = list(class_names) if class_names is not None else None
         self.inferer = inferer or SlidingWindowInferer(roi_size=(32, 64, 64), overlap=0.25)
         self.divisible_by = divisible_by
+        self.net_output = net_output
         self.levers = MemoryLevers(
             activation_checkpointing=activation_checkpointing,
             offload_activations=offload_activations,
@@ -171,7 +176,7 @@ class SegmentationModule(LightningModule):
         with deep supervision returns its outputs stacked, ``(B, S, num_classes, D, H, W)``
         (DynUNet), or as a list; out of training, a list's first (full-resolution) output alone
         (nnU-Net's U-Nets return the list in eval too)."""
-        out = self.levers.forward(self.net, x, self.training)
+        out = select_output(self.levers.forward(self.net, x, self.training), self.net_output)
         if not self.training and isinstance(out, list | tuple):
             return out[0]
         return out

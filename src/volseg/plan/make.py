@@ -35,11 +35,13 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from volseg.data.cases import image_problems
 from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
 from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_patch
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
+from volseg.models.levers import check_placement_devices
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.optimizer import apply_learning_rate
@@ -86,6 +88,8 @@ class _Data:
             options = OmegaConf.to_container(self.cfg, resolve=True)
             if str(options.get("patch_size")) == "auto":
                 options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
+            if str(options.get("batch_size")) == AUTO:
+                options["batch_size"] = 1  # planned after the network (_plan_batch)
             self._module = hydra.utils.instantiate(options)
             self._module.prepare_data()  # an embedded dataset is generated here, once
         return self._module
@@ -105,6 +109,25 @@ class _Data:
         return resolve_augment(plain(self.cfg.augment), root)
 
 
+def _check_channels(cfg: DictConfig, opened: _Data) -> None:
+    """One :class:`UserInputError` before any work when the first case's image holds another
+    number of channels than ``in_channels`` (headers only; the message is the dataset check's,
+    so plan.py, estimate_memory.py and train.py say the same). A dataset not there yet (the
+    embedded one before it is generated) is left to the run."""
+    data = cfg.data
+    if "in_channels" not in cfg or not Path(str(data.get("root"))).is_dir():
+        return
+    cases, problems = opened.module.find()
+    if problems or not cases:
+        return  # the layout's problems are the dataset check's
+    module = opened.module
+    found = image_problems(
+        cases[0], int(cfg.in_channels), module.channels_fix, getattr(module, "orientation", None)
+    )
+    if found:
+        raise UserInputError(found[0])
+
+
 def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool) -> Any:
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
@@ -121,6 +144,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
             set_key(cfg, f"data.{key}", found)
         elif key in cfg:
             decisions[key] = Decision(int(cfg[key]), "configured")
+    _check_channels(cfg, opened)
     # augmentations the config leaves null: the dataset folder's own defaults
     if "augment" in data:
         augment, sources = opened.augment()
@@ -194,7 +218,90 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
 
 #: what the step's planning decides, said in the plan whether planned or configured (the
 #: planner's later levers add the patch, loss checkpointing and what follows the patch)
+AUTO = "auto"
+
+
+def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
+    """The bytes ``data.batch_size=auto`` fills and what they are: ``memory.budget``, else the
+    memory of the GPU the run trains on. One :class:`UserInputError` where there is neither."""
+    budget_value = OmegaConf.select(cfg, "memory.budget")
+    if budget_value:
+        return parse_bytes(budget_value, "memory.budget"), f"memory.budget={budget_value}"
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(props.total_memory), f"the memory of this {props.name}"
+    raise UserInputError(
+        "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget=16GiB"
+        "); only a run on this machine's GPU has one of its own"
+    )
+
+
+def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
+    """``data.batch_size=auto``: the largest batch that fits the budget
+    (:func:`_budget_for_batch`) at the planned patch and levers, from estimates (no trial step:
+    :func:`volseg.memory.fit.step.largest_batch`); set in ``cfg``, its decision in
+    ``decisions``. Returns the table that decided it for ``plan.yaml`` (``None``: a configured
+    batch)."""
+    if str(cfg.data.get("batch_size")) != AUTO:
+        return None
+    from volseg.memory.fit.step import largest_batch
+
+    budget, what = _budget_for_batch(cfg, device)
+    limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
+    search = largest_batch(cfg, budget, limit)
+    if search.batch_size < 1:
+        least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
+        raise BudgetExceeded(
+            f"data.batch_size=auto: not even batch 1 fits {what} ({budget / MIB:,.0f} MiB; it "
+            f"needs {least:,.0f} MiB with the margin); python plan.py with memory.budget lists "
+            "the levers that do"
+        )
+    chosen = search.row(search.batch_size)
+    after = search.row(search.batch_size + 1)
+    why = (
+        f"the largest that fits {what}: {chosen['with_margin'] / MIB:,.0f} of "
+        f"{budget / MIB:,.0f} MiB with the margin"
+    )
+    if after is not None:
+        why += f"; batch {after['batch_size']}: {after['with_margin'] / MIB:,.0f} MiB"
+    else:
+        why += f" (memory.max_batch_size={limit})"
+    decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
+    set_key(cfg, "data.batch_size", search.batch_size)
+    return {"budget": budget, "budget_of": what, "rows": search.rows}
+
+
 STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
+
+
+def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
+    """One line where the planned effective batch (``data.batch_size`` x
+    ``trainer.accumulate_grad_batches``) differs from the configured one (``configured``:
+    ``(batch, accumulation)`` as composed), and a warning where a planned batch under 2 meets
+    BatchNorm."""
+    from volseg.models.networks.probe import has_batch_norm
+
+    notes = []
+    batch = int(cfg.data.batch_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    if str(configured[0]) != AUTO:
+        before = int(configured[0]) * int(configured[1] or 1)
+        if batch * accumulate != before:
+            notes.append(
+                f"effective batch {batch * accumulate} (data.batch_size={batch} x "
+                f"trainer.accumulate_grad_batches={accumulate}), not the configured {before}: "
+                "the configured one does not fit memory.budget"
+            )
+    planned = decisions.get("data.batch_size")
+    chosen = planned is not None and planned.source == "planned"
+    if batch < 2 and chosen and has_batch_norm(cfg.model.net):
+        notes.append(
+            f"data.batch_size={batch} with BatchNorm: each step normalizes with one "
+            "sample's statistics, which trains poorly; a network with GroupNorm or "
+            "InstanceNorm (model=unet_small_gn, model.net.norm=instance) does not depend "
+            "on the batch"
+        )
+    return notes
 
 
 def _plan_step(
@@ -211,7 +318,8 @@ def _plan_step(
     peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
     (bytes), ``the RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
-    from volseg.memory.fit.budget import check_estimate_fits, step_margin_note
+    from volseg.memory.estimate.margins import margin_text
+    from volseg.memory.fit.budget import check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -244,8 +352,8 @@ def _plan_step(
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
-        if est.margin:
-            why += "," + step_margin_note(est)
+        if est.margin:  # where the margin comes from is said once: estimate.margin_source
+            why += f" with a margin of {margin_text(est)} (estimate.margin_source)"
     if run is not None:
         result = {
             "device": run.step.device,
@@ -266,6 +374,8 @@ def _plan_step(
         value = OmegaConf.select(cfg, key)
         if key in planned:
             decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
+        elif key in decisions and decisions[key].source == "planned":  # data.batch_size=auto
+            continue
         elif value is not None:
             decisions[key] = Decision(plain(value), "configured", why)
     return result, run
@@ -440,6 +550,11 @@ def make_plan(
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
+    trainer = cfg.get("trainer") or {}
+    configured_batch = (
+        OmegaConf.select(cfg, "data.batch_size"),
+        trainer.get("accumulate_grad_batches", 1),
+    )
 
     if "callbacks" in cfg and "trainer" in cfg:
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
@@ -455,6 +570,11 @@ def make_plan(
 
     device = plan_device(cfg)
     decisions["device"] = device
+    if OmegaConf.select(cfg, "memory.plan_device") is None:  # a plan for this machine
+        try:
+            check_placement_devices(OmegaConf.select(cfg, "model.placement"))
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
     if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
         allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
         decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
@@ -481,6 +601,9 @@ def make_plan(
     net = OmegaConf.select(cfg, "model.net")
     if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:
         decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
+    batch_search = None
+    if "data" in cfg and "model" in cfg:
+        batch_search = _plan_batch(cfg, device.value, decisions)
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
     built = _Built()
@@ -488,6 +611,10 @@ def make_plan(
     estimate, run = {}, None
     if "model" in cfg:
         estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
+        if batch_search is not None:
+            estimate = {**estimate, "batch_size_auto": batch_search}
+        if "data" in cfg and "trainer" in cfg and configured_batch[0] is not None:
+            notes += _batch_notes(cfg, configured_batch, decisions)
     validation = {}
     if "model" in cfg and "data" in cfg:
         validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)

@@ -13,10 +13,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.models.networks import NetworkAdapter, adapter_for
+from volseg.models.networks.outputs import describe_output, select_output
 from volseg.models.networks.probe import (
-    blocks_taking_mutable_arguments,
     channel_names,
+    describe,
     network_divisibility,
+    shape_taker,
+    training_output,
 )
 from volseg.plan.run_plan import Decision
 from volseg.utils.config import plain, set_key
@@ -108,33 +111,76 @@ def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision
     return Decision(DEEP_SUPERVISION_LOSS, "planned", why)
 
 
-#: the plan's entry for the blocks activation checkpointing runs as they are
-CHECKPOINTING_LEAVES_OUT = "model.activation_checkpointing.leaves_out"
+def nearest_patches(patch: Sequence[int], multiple: Sequence[int]) -> list[list[int]]:
+    """The patches nearest ``patch`` ``[D, H, W]`` whose sides divide by ``multiple``: each side
+    rounded down (at least one multiple), and each rounded up."""
+    down = [max(m, p // m * m) for p, m in zip(patch, multiple, strict=True)]
+    up = [-(-p // m) * m for p, m in zip(patch, multiple, strict=True)]
+    return [down] if down == up else [down, up]
 
 
-def _blocks_not_checkpointed(
-    cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]
-) -> Decision | None:
-    """For a network checkpointed block by block (the generic ``all`` or names), the blocks
-    passed a list, dict or set, which checkpointing runs as they are (found on meta tensors,
-    before any run); ``None`` where there are none or the network checkpoints otherwise."""
-    if type(adapter).apply_checkpointing is not NetworkAdapter.apply_checkpointing:
-        return None
+def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[int]) -> None:
+    """One :class:`UserInputError` when the network does not take ``patch`` ``[D, H, W]``: a side
+    is no multiple of ``multiple`` and the network, run on meta tensors, does not keep the
+    patch's shape (a network that pads takes it). Names what each side must divide by and the
+    nearest patches that work."""
+    if all(int(p) % int(m) == 0 for p, m in zip(patch, multiple, strict=True)):
+        return
     try:
-        found = blocks_taking_mutable_arguments(
-            cfg.model.net, int(cfg.get("in_channels", 1)), patch
-        )
-    except Exception:  # a network the probe cannot run says nothing here; training will tell
-        return None
-    if not found:
-        return None
-    names = ", ".join(f"{name} ({' and '.join(kinds)})" for name, kinds in found.items())
-    why = (
-        f"passed a list, dict or set: {names}; its forward may change it (a decoder popping its "
-        "skips), which a recomputation in backward could not replay, so activation "
-        "checkpointing runs these blocks as they are"
+        taken = shape_taker(cfg.model.net, int(cfg.get("in_channels", 1)))(patch)
+    except Exception:  # a network the probe cannot build: the divisibility alone decides
+        taken = False
+    if taken:
+        return
+    listed = " or ".join(f"[{','.join(map(str, p))}]" for p in nearest_patches(patch, multiple))
+    raise UserInputError(
+        f"data.patch_size={list(patch)}: {network_class(cfg.model.net).__name__} needs each "
+        f"side [D, H, W] to divide by {describe(list(multiple))} (model.divisible_by); the "
+        f"nearest patches that work: data.patch_size={listed}"
     )
-    return Decision(sorted(found), "planned", why)
+
+
+#: MONAI's loss groups' choice for one loss per decoder level
+DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
+
+
+def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
+    """One :class:`UserInputError` when what the network returns in training cannot reach the
+    loss: a dict, or a tuple, with no ``model.net_output`` naming the logits; a
+    ``model.net_output`` the output has not; a list of outputs with a loss that is not deep
+    supervision. Found in one forward of ``patch`` on meta tensors."""
+    out = training_output(cfg.model.net, int(cfg.get("in_channels", 1)), patch)
+    if out is None:
+        return
+    name = network_class(cfg.model.net).__name__
+    key = plain(cfg.model.get("net_output"))
+    returns = f"{name} returns {describe_output(out)} in training"
+    if key is not None:
+        try:
+            out = select_output(out, key)
+        except (KeyError, IndexError, TypeError):
+            raise UserInputError(
+                f"model.net_output={key}: {returns}; name the logits by "
+                f"{'its key' if isinstance(out, dict) else 'their index'}"
+            ) from None
+        returns = f"{name}'s output {key!r} is {describe_output(out)}"
+    if isinstance(out, dict):
+        raise UserInputError(
+            f"model.net_output: {returns}; name the logits with model.net_output=KEY"
+        )
+    if not isinstance(out, list | tuple) or adapter.deep_supervision(cfg.model.net):
+        return
+    if str(cfg.model.get("loss", {}).get("_target_")) == DEEP_SUPERVISION_LOSS:
+        return
+    if isinstance(out, tuple):
+        raise UserInputError(
+            f"model.net_output: {returns}; name the logits' index with model.net_output=0 (one "
+            f"output per decoder level, full resolution first: {DEEP_SUPERVISION_CHOICE})"
+        )
+    raise UserInputError(
+        f"model.loss: {returns}; one output per decoder level (full resolution first) takes "
+        f"{DEEP_SUPERVISION_CHOICE}, or name the logits' index with model.net_output=0"
+    )
 
 
 def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
@@ -150,9 +196,8 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
         set_key(cfg, planned.key, planned.value)
     decisions["model.divisible_by"] = divisible_by(cfg, patch)
     set_key(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
-    left_out = _blocks_not_checkpointed(cfg, adapter, patch)
-    if left_out is not None:
-        decisions[CHECKPOINTING_LEAVES_OUT] = left_out
+    check_patch_taken(cfg, patch, decisions["model.divisible_by"].value)
+    check_output(cfg, adapter, patch)
     loss = _deep_supervision_loss(cfg, adapter)
     if loss is not None:
         decisions["model.loss._target_"] = loss

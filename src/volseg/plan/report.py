@@ -52,12 +52,31 @@ def format_run_plan(run_plan: Any) -> str:
         lines.append(_estimated(f"step on {est['device']}", est, flops))
     elif est:
         lines.append(f"  estimate: not made ({est.get('not_estimated')})")
+    if "batch_size_auto" in est:
+        lines += _batch_table(est["batch_size_auto"])
     val = dict(run_plan.validation)
     if "peak_allocated" in val:
         shape = "x".join(map(str, val["volume_shape"]))
         what = f"validation of a {shape} volume ({val['shape_from']})"
         lines.append(_estimated(what, val, f"stitched on the {val['stitch']}"))
+    lines += [f"  note: {note}" for note in run_plan.notes]
     return "\n".join(lines)
+
+
+def _batch_table(search: Mapping[str, Any]) -> list[str]:
+    """``data.batch_size=auto``'s table: each batch estimated, what it needs, whether it fits."""
+    lines = [
+        f"  data.batch_size=auto against {search['budget_of']} ({search['budget'] / MIB:,.0f} "
+        "MiB), at the planned patch and levers:",
+        f"    {'batch':>5}  {'peak allocated':>14}  {'process':>10}  {'with margin':>11}  fits",
+    ]
+    for row in search["rows"]:
+        lines.append(
+            f"    {row['batch_size']:>5}  {row['peak_allocated'] / MIB:>10,.0f} MiB  "
+            f"{row['process_total'] / MIB:>6,.0f} MiB  {row['with_margin'] / MIB:>7,.0f} MiB  "
+            f"{'yes' if row['fits'] else 'no'}"
+        )
+    return lines
 
 
 def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
@@ -76,44 +95,117 @@ def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
     )
 
 
-def format_estimate(est: MemoryEstimate, top: int = 10) -> str:
-    """The estimate as the text table ``estimate_memory.py`` prints (MiB)."""
+def unmodelled_levers(cfg: Any) -> list[str]:
+    """The settings of ``cfg`` (a planned ``train`` config) the step's estimate does not model,
+    each with what the estimate assumes instead (:mod:`volseg.memory.estimate.step`)."""
+    found = []
+    placement = OmegaConf.select(cfg, "model.placement")
+    if placement:
+        found.append(
+            f"model.placement={plain(placement)}: the estimate is for one device holding "
+            "everything; each device holds its part of it"
+        )
+    if OmegaConf.select(cfg, "model.compile"):
+        found.append("model.compile=true: the eager step is estimated, not compiled kernels")
+    strategy = str(OmegaConf.select(cfg, "trainer.strategy") or "auto")
+    if strategy not in ("auto", "single_device"):
+        found.append(
+            f"trainer.strategy={strategy}: one process's step, without communication buckets "
+            "or sharding"
+        )
+    return found
+
+
+def format_estimate(
+    est: MemoryEstimate, top: int = 10, context_source: str = "", unmodelled: Any = ()
+) -> str:
+    """The estimate as the text table ``estimate_memory.py`` prints (MiB): every byte of the
+    process total on a line (the categories at the step's peak, the kernels' workspace, the
+    allocator's cache, the CUDA context, ``context_source`` saying where its figure comes
+    from), the activations by module as shares of the activations line, and the settings the
+    estimate does not model (``unmodelled``: :func:`unmodelled_levers`)."""
     shape = "×".join(str(p) for p in est.patch_size)
     k = est.accumulate_grad_batches
     batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
+    cuda = est.device == "cuda"
     lines = [
         f"Estimated training step on {est.device}: {batch} of {shape} voxels, "
         f"precision {est.precision}, activation_checkpointing={est.activation_checkpointing} "
         f"({est.seconds:.1f} s)",
-        "  at the step's peak:",
+        f"  at the step's peak (% of the {'process total' if cuda else 'peak allocated'}):",
     ]
+    workspace = "cuDNN's, as modelled" if cuda else "oneDNN's and torch's, as modelled"
     rows = [
         ("params", est.params),
+        ("buffers", est.buffers),
         ("grads", est.grads),
         ("optimizer state", est.optimizer_state),
         ("activations", est.activations),
         ("temporaries", est.temporaries),
-        ("buffers", est.buffers),
-        ("peak allocated", est.peak_allocated),
+        (f"kernel workspace ({workspace})", est.kernel_workspace),
     ]
-    if est.device == "cuda":
-        rows += [
-            ("peak reserved", est.peak_reserved),
-            ("CUDA context", est.cuda_context),
-            ("process total (nvidia-smi)", est.process_total),
+    # what no category holds at the peak: the batch, allocator rounding between the replays
+    rest = est.peak_allocated - sum(n for _, n in rows)
+    if rest:
+        rows.append(("the batch and rounding", rest))
+    total = est.process_total if cuda else est.peak_allocated
+    sums = [("= peak allocated", est.peak_allocated)]
+    if cuda:
+        rows_after = [
+            ("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
+            (f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
         ]
+        sums.append(("= process total (nvidia-smi)", est.process_total))
+    else:
+        rows_after = []
+
+    def line(name: str, nbytes: int) -> str:
+        return f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / max(total, 1):6.1f}%"
+
+    lines += [line(n, b) for n, b in rows] + [line(*sums[0])]
+    lines += [line(n, b) for n, b in rows_after] + [line(*s) for s in sums[1:]]
     if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
-        rows += [
-            ("step's growth", est.step_peak_growth),
-            (f"planned ({margin_text(est)} of growth)", planned_total(est)),
-        ]
-    lines += [f"    {name:<28}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    if est.device == "cpu" and est.margin:
+        lines.append(f"    {'step growth':<52}{est.step_peak_growth / MIB:>12,.1f} MiB")
+        lines.append(
+            f"    {f'planned ({margin_text(est)} of growth)':<52}"
+            f"{planned_total(est) / MIB:>12,.1f} MiB"
+        )
         lines.append(f"  the CPU margin of its kind: {est.margin_source}")
-    total = sum(est.modules.values()) or 1
-    lines.append("  activations by module (what its forward keeps for backward):")
+    activations = max(est.activations, sum(est.modules.values()), 1)
+    lines.append(
+        f"  activations by module (what its forward keeps for backward; % of the "
+        f"{activations / MIB:,.1f} MiB of activations):"
+    )
     for name, nbytes in list(est.modules.items())[:top]:
-        lines.append(f"    {name:<28}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / total:6.1f}%")
+        lines.append(f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / activations:6.1f}%")
+    more = list(est.modules.values())[top:]
+    if more:
+        name = f"({len(more)} more modules)"
+        lines.append(
+            f"    {name:<52}{sum(more) / MIB:>12,.1f} MiB {100 * sum(more) / activations:6.1f}%"
+        )
+    outside = activations - sum(est.modules.values())
+    if outside > 0:
+        lines.append(
+            f"    {'(outside any module: the batch, autograd)':<52}{outside / MIB:>12,.1f} MiB "
+            f"{100 * outside / activations:6.1f}%"
+        )
+    lines += [f"  not modelled: {text}" for text in unmodelled]
+    return "\n".join(lines)
+
+
+def format_lever_prices(rows: Any) -> str:
+    """Every lever with its price (:func:`volseg.memory.fit.levers.lever_prices`): the predicted
+    peak (the margin included) and step-time factor of each, one line each."""
+    lines = [
+        "Every lever for this step (predicted peak with the margin; step time as a factor of the "
+        "configured step's, from its FLOPs):"
+    ]
+    for r in rows:
+        factor = f"{r.time_factor:5.2f}x" if r.time_factor is not None else "    ?"
+        moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
+        why = f"  ({r.why}{moved})" if r.why or moved else ""
+        lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factor}  {r.setting}{why}")
     return "\n".join(lines)
 
 

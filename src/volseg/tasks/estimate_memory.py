@@ -12,11 +12,20 @@ from typing import Any
 from omegaconf import DictConfig
 
 from volseg.data.host_memory import HostEstimate, format_host, local_processes
+from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
 from volseg.memory.estimate.inference import estimate_prediction, validation_shape
 from volseg.memory.estimate.step import MemoryEstimate, planned_device
+from volseg.memory.fit.levers import lever_prices
 from volseg.plan import plan_run
-from volseg.plan.report import format_estimate, format_inference, format_planned, format_run_peak
+from volseg.plan.report import (
+    format_estimate,
+    format_inference,
+    format_lever_prices,
+    format_planned,
+    format_run_peak,
+    unmodelled_levers,
+)
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build
 
@@ -78,6 +87,15 @@ def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]
     return {"validation": validation.to_dict(), "prediction": predicted}
 
 
+def _context_label(source: str) -> str:
+    """Where the CUDA context's figure comes from, as measured or assumed."""
+    if source.startswith("measured"):
+        return source
+    if source == "memory.cuda_context_mib":
+        return "as set: memory.cuda_context_mib"
+    return "assumed: typical, not measured for this GPU"
+
+
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     """The memory report of the run ``plan.py`` plans with the same overrides (the same plan,
     fitted to ``memory.budget`` as plan.py fits it: :func:`volseg.plan.plan_run`); JSON out."""
@@ -91,8 +109,17 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
 
     shape, _ = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
-    print(format_estimate(est, top=int(options.top)))
+    context = resolve_cuda_context(options.get("cuda_context_mib", "auto"), options.get("gpu"))
+    print(
+        format_estimate(
+            est, int(options.top), _context_label(context.source), unmodelled_levers(cfg)
+        )
+    )
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
+    if options.get("levers", True):
+        prices = lever_prices(cfg)
+        print(format_lever_prices(prices))
+        result["levers"] = [price.to_dict() for price in prices]
     result.update(inference_estimates(cfg, est))
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")

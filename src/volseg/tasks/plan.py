@@ -6,10 +6,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from volseg.plan import plan_run
-from volseg.plan.report import format_fingerprint
+from volseg.plan import plan_run, planned_config
+from volseg.plan.report import format_fingerprint, format_lever_prices
+from volseg.utils.errors import BudgetExceeded
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +19,29 @@ def plan_command(cfg: DictConfig) -> dict[str, Any]:
     """Fingerprint the dataset, plan the run (a step over ``memory.budget`` gets what the
     planner fits), print both and write ``plan.yaml`` into the run folder; returns the plan as
     plain data."""
-    run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
+    try:
+        run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
+    except BudgetExceeded:
+        print_lever_prices(cfg)
+        raise
     print(format_fingerprint(run_plan.fingerprint))
     print(run_plan.format())
     path = run_plan.write(Path(cfg.paths.output_dir))
     print(f"Wrote {path}; train it with: python train.py plan={path}")
     return run_plan.to_dict()
+
+
+def print_lever_prices(cfg: DictConfig) -> None:
+    """Nothing fits ``memory.budget``: every lever of the configured run with its price
+    (:func:`volseg.memory.fit.levers.lever_prices`), before the one-line refusal."""
+    from volseg.memory.fit.levers import lever_prices
+
+    unbounded = cfg.copy()
+    with open_dict(unbounded):
+        OmegaConf.update(unbounded, "memory.budget", None)
+        if str(OmegaConf.select(unbounded, "data.batch_size")) == "auto":
+            OmegaConf.update(unbounded, "data.batch_size", 1)
+    try:
+        print(format_lever_prices(lever_prices(planned_config(unbounded))))
+    except Exception as err:  # the refusal that follows is the answer; the table is a help
+        log.info("the lever table was not made: %s", err)

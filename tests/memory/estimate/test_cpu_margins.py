@@ -224,7 +224,7 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     from volseg.plan.report import format_estimate
 
     report = format_estimate(est)
-    assert f"planned (+50% of growth)    {enough / MIB:>12,.1f} MiB" in report
+    assert f"{'planned (+50% of growth)':<52}{enough / MIB:>12,.1f} MiB" in report
     assert "the CPU margin of its kind: a run of this kind (test)" in report
 
 
@@ -256,8 +256,9 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
 
 
 def test_the_run_plan_records_the_cpu_margin_and_its_source(tiny_cpu, tmp_path):
-    """``plan.yaml``'s estimate keeps the margin and its source; the budget's check names both in
-    the batch's ``why``; a budget between refuses the run before anything is built."""
+    """``plan.yaml``'s estimate keeps the margin and its source, said once; the batch's ``why``
+    names the margin and where its source is; a budget between refuses the run before anything
+    is built."""
     from volseg.memory.estimate.engine import estimate
     from volseg.plan import make_plan
 
@@ -268,7 +269,8 @@ def test_the_run_plan_records_the_cpu_margin_and_its_source(tiny_cpu, tmp_path):
     assert planned.estimate["margin"] == 0.5
     assert planned.estimate["margin_source"] == "a run of this kind (test)"
     why = planned.decisions["data.batch_size"].why
-    assert "plus a margin of +50% of its growth" in why and "a run of this kind (test)" in why
+    assert why.endswith("with a margin of +50% (estimate.margin_source)")
+    assert "a run of this kind" not in why  # the source is said once, in the estimate
     between = est.process_total + est.margin_bytes // 2
     with pytest.raises(BudgetExceeded, match="margin of"):
         make_plan(compose_config("train", tmp_path, [*overrides, f"memory.budget={between}B"]))

@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from volseg.memory.estimate.engine import estimate, step_flops
+from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import LoopSettings, MemoryEstimate
 from volseg.memory.fit.search import largest_fitting, least, shrunk_patches
 from volseg.models.networks import adapter_for
@@ -633,3 +634,51 @@ def _micro_batching(
         "flops_per_sample": planner.flops_per_sample(b, configured, accumulate) / reference,
     }
     return micro, flops
+
+
+@dataclass
+class BatchSearch:
+    """``data.batch_size=auto``'s answer: the largest batch at the configured patch and levers
+    that fits ``budget`` bytes (0: none does), and every batch the search estimated, ascending,
+    as ``{batch_size, peak_allocated, process_total, with_margin, fits}`` (bytes; ``with_margin``
+    is what the planner counts against the budget, the margin included)."""
+
+    budget: int
+    batch_size: int
+    rows: list[dict[str, Any]]
+
+    def row(self, batch: int) -> dict[str, Any] | None:
+        return next((r for r in self.rows if r["batch_size"] == batch), None)
+
+
+def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> BatchSearch:
+    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step, at its patch,
+    checkpointing and accumulation, whose estimate fits ``budget`` bytes: found from estimates
+    on fake tensors (a linear guess, then a walk: :meth:`Planner.largest_batch`), no trial step;
+    the batch after it is estimated too, so that the table shows where it stops fitting."""
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.data.batch_size = 1  # each estimate sets its own batch
+    planner = Planner(cfg, budget, max_batch_size)
+    checkpointing = plain(cfg.model.get("activation_checkpointing", "none"))
+    found, _ = planner.largest_batch(checkpointing)
+    if found < max_batch_size:
+        planner.estimate(found + 1, planner.base_patch, checkpointing)
+    made = [
+        e
+        for e in planner.estimates_made(base_patch=True)
+        if _key(e.activation_checkpointing) == _key(checkpointing)
+        and e.accumulate_grad_batches == planner.accumulate
+    ]
+    rows = [
+        {
+            "batch_size": e.batch_size,
+            "peak_allocated": e.peak_allocated,
+            "process_total": e.process_total,
+            # what the planner counts (CUDA within a budget: the allocator's replay decides)
+            "with_margin": e.total_within(budget) or planned_total(e),
+            "fits": e.fits(budget),
+        }
+        for e in sorted(made, key=lambda e: e.batch_size)
+    ]
+    return BatchSearch(budget=budget, batch_size=found, rows=rows)

@@ -65,25 +65,41 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
 
 
-#: arguments a block's forward may change (``skips.pop()``): a recomputation in backward would
-#: see them as the forward left them, not as they were passed
-MUTABLE = (list, dict, set)
+#: arguments that hold others, which a block's forward may change (``skips.pop()``): a
+#: recomputation in backward must not see them as the forward left them
+CONTAINERS = (list, tuple, dict)
 
 
-def mutable_arguments(args: tuple, kwargs: Mapping[str, Any]) -> list[str]:
-    """The type names of the arguments among ``args`` and ``kwargs`` that are :data:`MUTABLE`."""
-    return [type(v).__name__ for v in (*args, *kwargs.values()) if isinstance(v, MUTABLE)]
+def passes_containers(args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    """Whether any of ``args`` and ``kwargs`` is one of :data:`CONTAINERS`."""
+    return any(isinstance(v, CONTAINERS) for v in (*args, *kwargs.values()))
+
+
+def _fresh_containers(tree: Any) -> Any:
+    """``tree`` with every list, tuple and dict rebuilt, its tensors and other leaves the same
+    objects (a copy a forward may consume without touching the original)."""
+    return tree_map(lambda leaf: leaf, tree)
 
 
 def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
-    BatchNorm running statistics as the forward left them. A call that passes a list, dict or
-    set runs as it is, not checkpointed: the forward may consume it (a decoder popping its
-    skips) and the recomputation could not replay that (the plan says which blocks:
-    :func:`volseg.models.networks.probe.blocks_taking_mutable_arguments`)."""
-    if mutable_arguments(args, kwargs):
-        return module(*args, **kwargs)
-    return checkpoint_segment(partial(module, **kwargs), [module], *args)
+    BatchNorm running statistics as the forward left them. Arguments may be lists, tuples or
+    dicts of tensors (torch's non-reentrant checkpoint takes any pytree): the forward runs on
+    the caller's containers, so what it does to them (a decoder popping its skips) is what the
+    caller sees, and the recomputation in backward runs on a copy of them as they were passed."""
+    if not passes_containers(args, kwargs):
+        return checkpoint_segment(partial(module, **kwargs), [module], *args)
+    as_passed = _fresh_containers((args, kwargs))
+    calls = []
+
+    def run() -> Any:
+        calls.append(None)
+        if len(calls) == 1:  # the forward: on the caller's own containers
+            return module(*args, **kwargs)
+        again_args, again_kwargs = _fresh_containers(as_passed)
+        return module(*again_args, **again_kwargs)
+
+    return checkpoint_segment(run, [module])
 
 
 def _recompute_selectively(module: nn.Module, *args: Any, **kwargs: Any) -> Any:

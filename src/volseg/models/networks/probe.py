@@ -13,6 +13,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
 
 #: what constructors call the image channels and the classes, volseg's name first
 IN_CHANNEL_NAMES = (
@@ -62,14 +63,19 @@ def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str)
             out = net(torch.empty(1, in_channels, *shape, device=device))
     except Exception:  # any complaint about the shape: it does not take that shape
         return False
-    out = out[0] if isinstance(out, list | tuple) else out
+    # the first tensor a list, tuple or dict holds: the full-resolution output of deep
+    # supervision, a dict's logits (shapes only: which output is the logits is the contract's)
+    out = next((leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)), None)
     return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
 
 
-def _built_for_probing(net_cfg: DictConfig) -> tuple[torch.nn.Module, Any, str]:
-    """The network of ``net_cfg`` in eval mode (one output, as validation sees it), built on the
-    meta device, and the context and device to run it in: a constructor that reads a value
-    (``.item()``) is built for real and run on fake tensors."""
+def _built_for_probing(
+    net_cfg: DictConfig, training: bool = False
+) -> tuple[torch.nn.Module, Any, str]:
+    """The network of ``net_cfg`` built on the meta device, in eval mode (one output, as
+    validation sees it; ``training``: in training mode, as the loss sees it), and the context
+    and device to run it in: a constructor that reads a value (``.item()``) is built for real
+    and run on fake tensors."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     try:
         with torch.device("meta"):
@@ -80,7 +86,7 @@ def _built_for_probing(net_cfg: DictConfig) -> tuple[torch.nn.Module, Any, str]:
         net = hydra.utils.instantiate(options)
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         device = "cpu"
-    return net.eval(), fake, device
+    return net.train(training), fake, device
 
 
 def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
@@ -153,31 +159,24 @@ def network_divisibility(
     )
 
 
-def blocks_taking_mutable_arguments(
-    net_cfg: DictConfig, in_channels: int, patch: Sequence[int]
-) -> dict[str, list[str]]:
-    """The blocks (its adapter's :meth:`~volseg.models.networks.NetworkAdapter.blocks`) of the
-    network of ``net_cfg`` whose forward is passed a list, dict or set, found in one forward of a
-    ``patch`` ``[D, H, W]`` on meta tensors: ``{block name: the arguments' type names}``.
-    Activation checkpointing runs such a block as it is."""
-    from volseg.models.networks import adapter_for
-    from volseg.models.networks.contract import mutable_arguments
-
-    net, fake, device = _built_for_probing(net_cfg)
-    found: dict[str, list[str]] = {}
-    handles = []
-    for name, block in adapter_for(net).blocks(net):
-
-        def seen(module: Any, args: tuple, kwargs: dict, name: str = name) -> None:
-            kinds = mutable_arguments(args, kwargs)
-            if kinds:
-                found[name] = sorted(set(kinds))
-
-        handles.append(block.register_forward_pre_hook(seen, with_kwargs=True))
+def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int]) -> Any:
+    """What the network of ``net_cfg`` returns in training for one ``patch`` ``[D, H, W]``, as
+    meta (or fake) tensors in the structure it returns them in (a tensor, a list, a dict, ...);
+    ``None`` where it cannot be built or the forward fails (building it, the patch check and
+    training say why)."""
     try:
-        with fake:
-            _fits(net, in_channels, [int(s) for s in patch], device)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
+        net, fake, device = _built_for_probing(net_cfg, training=True)
+        with fake, torch.no_grad():
+            return net(torch.empty(1, in_channels, *[int(s) for s in patch], device=device))
+    except Exception:  # any complaint: not this probe's to report
+        return None
+
+
+def has_batch_norm(net_cfg: DictConfig) -> bool:
+    """Whether the network of ``net_cfg`` (built on the meta device) holds a BatchNorm layer:
+    a micro-batch of one sample then normalizes with that sample's statistics alone."""
+    try:
+        net, _, _ = _built_for_probing(net_cfg)
+    except Exception:  # not buildable here: building it for the run says why
+        return False
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())

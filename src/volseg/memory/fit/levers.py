@@ -1,0 +1,150 @@
+"""Every lever with its price: for the configured training step, each lever that applies to the
+network with its predicted peak and its predicted step-time factor, from the engine's estimates
+(one trace per variant: :func:`volseg.memory.estimate.engine.estimate_config`).
+
+The time factor of a lever that recomputes (activation checkpointing, a micro-batch's smaller
+kernels do not show) is its optimizer step's FLOPs over the configured step's, counted in the
+same trace; a lever that moves bytes instead (activation offload) names how many bytes it moves
+a step. The checkpointing rows are the network adapter's settings
+(:attr:`volseg.models.networks.NetworkAdapter.checkpointing_choices`): a new setting is a new
+row with no change here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from volseg.memory.estimate.engine import Variant, estimate_config
+from volseg.memory.estimate.margins import planned_total
+from volseg.memory.estimate.step import LoopSettings
+from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch
+from volseg.utils.config import plain
+
+
+@dataclass(frozen=True)
+class LeverPrice:
+    """One row: the ``lever``, the ``setting`` that pulls it, the predicted ``peak`` (bytes, as
+    the planner counts a budget: the margin included), ``time_factor`` (the step's FLOPs over
+    the configured step's; ``None``: not predicted, ``why`` says) and ``moved`` (bytes a step
+    copies between host and device, offload only)."""
+
+    lever: str
+    setting: str
+    peak: int
+    time_factor: float | None
+    moved: int = 0
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _setting(checkpointing: Any) -> str:
+    """A checkpointing setting as the command line writes it: ``all``, ``[0,1]``."""
+    value = plain(checkpointing)
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _with(cfg: DictConfig, change: Callable[[DictConfig], None]) -> DictConfig:
+    changed = copy.deepcopy(cfg)
+    with open_dict(changed):
+        change(changed)
+    return changed
+
+
+def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
+    """The configured step of the planned config ``cfg``, then each lever that applies to its
+    network, as :class:`LeverPrice` rows (estimates on fake tensors: no step runs)."""
+    batch = int(cfg.data.batch_size)
+    patch = [int(p) for p in cfg.data.patch_size]
+    accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
+    configured = plain(cfg.model.get("activation_checkpointing", "none"))
+
+    def run(config: DictConfig, **variant: Any) -> Any:
+        return estimate_config(config, Variant.of(**variant))
+
+    base = run(cfg)
+    base_flops = max(base.flops_per_step, 1)
+
+    def row(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> LeverPrice:
+        return LeverPrice(
+            lever, setting, planned_total(est.step), est.flops_per_step / base_flops, moved, why
+        )
+
+    rows = [row("as configured", "", base)]
+    if str(cfg.trainer.get("precision")) in ("32", "32-true"):
+        half = "bf16-mixed" if base.step.device == "cpu" else "16-mixed"
+        changed = _with(cfg, lambda c: c.trainer.__setitem__("precision", half))
+        rows.append(
+            row(
+                "mixed precision",
+                f"trainer.precision={half}",
+                run(changed),
+                "FLOPs alike: the speed of half-precision kernels is the device's, not modelled",
+            )
+        )
+    if batch >= 2:
+        half_batch = batch // 2 if batch % 2 == 0 else 1
+        times = batch // half_batch
+        micro = run(cfg, batch_size=half_batch, accumulate_grad_batches=accumulate * times)
+        rows.append(
+            row(
+                "micro-batches",
+                f"data.batch_size={half_batch} trainer.accumulate_grad_batches="
+                f"{accumulate * times}",
+                micro,
+                "the same samples a step; smaller kernels' efficiency not modelled",
+            )
+        )
+    for option in checkpointing_choices(cfg, "auto"):
+        if _setting(option) == _setting(configured):
+            continue
+        rows.append(
+            row(
+                "activation checkpointing",
+                f"model.activation_checkpointing={_setting(option)}",
+                run(cfg, activation_checkpointing=option),
+                "its recomputed forward",
+            )
+        )
+    if not cfg.model.get("offload_activations"):
+        offloaded = run(_with(cfg, lambda c: c.model.__setitem__("offload_activations", True)))
+        moved = 2 * max(base.step.activations - offloaded.step.activations, 0)
+        rows.append(
+            row(
+                "activation offload",
+                "model.offload_activations=true",
+                offloaded,
+                "FLOPs alike; the copies to the host and back are the price",
+                moved,
+            )
+        )
+    divisor = patch_divisor(cfg)
+    k = min(p // d for p, d in zip(patch, divisor, strict=True))
+    if k > 1:
+        smaller = scaled_patch(patch, k - 1, divisor)
+        if smaller != patch:
+            rows.append(
+                row(
+                    "a smaller patch",
+                    f"data.patch_size=[{','.join(map(str, smaller))}]",
+                    run(cfg, patch_size=smaller),
+                    "fewer voxels a step (less context per patch)",
+                )
+            )
+    split = LeverPrice(
+        "two-device split",
+        "model.placement={encoder: cuda:0, decoder: cuda:1}",
+        base.step.process_total,
+        None,
+        0,
+        "not modelled: each device holds its part of the configured step",
+    )
+    return [*rows, split]

@@ -1,0 +1,44 @@
+"""What a network returns, and which of it is the logits: ``model.net_output``.
+
+A network maps ``(B, C_in, D, H, W)`` to logits ``(B, K, D, H, W)``; one that returns more (a
+dict ``{"logits": ..., "aux": ...}``, a tuple ``(logits, features)``) names the logits with
+``model.net_output`` (a dict's key, a tuple's or list's index), and the LightningModule takes
+that entry from every forward (:func:`select_output`). A list or tuple of outputs with no
+``net_output`` is deep supervision: one output per decoder level, full resolution first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: a network output's key (a dict's) or index (a list's or tuple's); None: the output as it is
+OutputKey = str | int | None
+
+
+def select_output(out: Any, key: OutputKey) -> Any:
+    """``out[key]`` (``key``: a dict key or a sequence index), ``out`` itself for ``None``.
+    Raises ``KeyError``/``IndexError``/``TypeError`` for a key ``out`` does not have."""
+    if key is None:
+        return out
+    if isinstance(out, dict):
+        return out[key]
+    if isinstance(out, list | tuple):
+        if not isinstance(key, int) or isinstance(key, bool):
+            raise TypeError(f"an index (0 .. {len(out) - 1}) for a {type(out).__name__}")
+        return out[key]
+    raise TypeError(f"{type(out).__name__} has no entries")
+
+
+def describe_output(out: Any) -> str:
+    """``out``'s structure in words: ``a tensor``, ``a dict (keys logits, aux)``, ``a tuple of
+    2 (tensor, tensor)``."""
+    if isinstance(out, torch.Tensor):
+        return "a tensor"
+    if isinstance(out, dict):
+        return f"a dict (keys {', '.join(map(str, out))})"
+    if isinstance(out, list | tuple):
+        kinds = ", ".join(type(v).__name__.lower() for v in out)
+        return f"a {type(out).__name__} of {len(out)} ({kinds})"
+    return f"a {type(out).__name__}"

@@ -1,0 +1,33 @@
+"""Every lever with its price: the table lists each lever that applies to the network, every
+checkpointing setting its adapter offers among them, with its predicted peak and step-time
+factor from the estimate's FLOPs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import TINY, compose_config
+from volseg.memory.fit.levers import lever_prices
+from volseg.models.networks import adapter_for
+from volseg.plan import planned_config
+from volseg.plan.report import format_lever_prices
+
+
+@pytest.mark.slow  # one estimate per lever: ~20 s on 2 cores
+def test_the_table_prices_every_lever_that_applies(tmp_path):
+    overrides = [*TINY, "memory.plan_device=cpu", "trainer.precision=32", "data.batch_size=2"]
+    cfg = planned_config(compose_config("train", tmp_path, overrides))
+    rows = lever_prices(cfg)
+    by_setting = {r.setting: r for r in rows}
+    assert rows[0].lever == "as configured" and rows[0].time_factor == 1.0
+    offered = adapter_for(str(cfg.model.net._target_)).checkpointing_choices
+    listed = [r.setting for r in rows if r.lever == "activation checkpointing"]
+    assert listed == [f"model.activation_checkpointing={o}" for o in offered if o != "none"]
+    every = by_setting["model.activation_checkpointing=all"]
+    assert every.time_factor > 1.05 and every.peak < rows[0].peak  # recomputes, holds less
+    micro = by_setting["data.batch_size=1 trainer.accumulate_grad_batches=2"]
+    assert micro.time_factor == pytest.approx(1.0, abs=0.05)  # the same samples a step
+    assert by_setting["trainer.precision=bf16-mixed"].lever == "mixed precision"
+    assert rows[-1].lever == "two-device split" and rows[-1].time_factor is None
+    text = format_lever_prices(rows)
+    assert "model.activation_checkpointing=all" in text and "not modelled" in text
