@@ -81,14 +81,15 @@ def _fresh_containers(tree: Any) -> Any:
     return tree_map(lambda leaf: leaf, tree)
 
 
-def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+def _recompute(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], selective: bool) -> Any:
     """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
-    BatchNorm running statistics as the forward left them. Arguments may be lists, tuples or
-    dicts of tensors (torch's non-reentrant checkpoint takes any pytree): the forward runs on
-    the caller's containers, so what it does to them (a decoder popping its skips) is what the
+    BatchNorm running statistics as the forward left them; ``selective``: its convolution and
+    matmul outputs are kept, the rest recomputed. Arguments may be lists, tuples or dicts of
+    tensors (torch's non-reentrant checkpoint takes any pytree): the forward runs on the
+    caller's containers, so what it does to them (a decoder popping its skips) is what the
     caller sees, and the recomputation in backward runs on a copy of them as they were passed."""
     if not passes_containers(args, kwargs):
-        return checkpoint_segment(partial(module, **kwargs), [module], *args)
+        return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=selective)
     as_passed = _fresh_containers((args, kwargs))
     calls = []
 
@@ -99,15 +100,17 @@ def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: 
         again_args, again_kwargs = _fresh_containers(as_passed)
         return module(*again_args, **again_kwargs)
 
-    return checkpoint_segment(run, [module])
+    return checkpoint_segment(run, [module], selective=selective)
+
+
+def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """:func:`_recompute` of the whole block."""
+    return _recompute(module, args, kwargs, selective=False)
 
 
 def _recompute_selectively(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """:func:`_recompute_keeping_norm_statistics` with the selective policy: the module's
-    convolution and matmul outputs are kept, the rest is recomputed."""
-    if mutable_arguments(args, kwargs):
-        return module(*args, **kwargs)
-    return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=True)
+    """:func:`_recompute` with the selective policy."""
+    return _recompute(module, args, kwargs, selective=True)
 
 
 #: how :meth:`NetworkAdapter.apply_checkpointing` recomputes a block, by mode
