@@ -83,6 +83,11 @@ class _Data:
         self._module: Any = None
 
     @property
+    def unopened(self) -> bool:
+        """Whether no decision has needed the dataset yet."""
+        return self._module is None
+
+    @property
     def module(self) -> Any:
         if self._module is None:
             options = OmegaConf.to_container(self.cfg, resolve=True)
@@ -117,6 +122,8 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     data = cfg.data
     if "in_channels" not in cfg or not Path(str(data.get("root"))).is_dir():
         return
+    if opened.unopened and cfg.get("task_name") == "train":
+        return  # train.py builds it once, for the run, whose dataset check says the same line
     cases, problems = opened.module.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
@@ -282,6 +289,8 @@ def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) 
     from volseg.models.networks.probe import has_batch_norm
 
     notes = []
+    if not str(cfg.data.batch_size).isdigit():
+        return notes  # not a batch: the datamodule's check says so in one line
     batch = int(cfg.data.batch_size)
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     if str(configured[0]) != AUTO:

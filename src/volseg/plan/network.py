@@ -148,7 +148,11 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
     """One :class:`UserInputError` when what the network returns in training cannot reach the
     loss: a dict, or a tuple, with no ``model.net_output`` naming the logits; a
     ``model.net_output`` the output has not; a list of outputs with a loss that is not deep
-    supervision. Found in one forward of ``patch`` on meta tensors."""
+    supervision. Found in one forward of ``patch`` on meta tensors, for a network no adapter
+    of its own knows (a known network returns a tensor, or its deep-supervision list, and is
+    built once, for the run)."""
+    if type(adapter) is not NetworkAdapter:
+        return
     out = training_output(cfg.model.net, int(cfg.get("in_channels", 1)), patch)
     if out is None:
         return
