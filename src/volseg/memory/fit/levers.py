@@ -22,7 +22,7 @@ from omegaconf import DictConfig, open_dict
 from volseg.memory.estimate.engine import Variant, estimate_config
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import LoopSettings
-from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch
+from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch, written
 from volseg.utils.config import plain
 
 
@@ -42,14 +42,6 @@ class LeverPrice:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _setting(checkpointing: Any) -> str:
-    """A checkpointing setting as the command line writes it: ``all``, ``[0,1]``."""
-    value = plain(checkpointing)
-    if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value)
 
 
 def _with(cfg: DictConfig, change: Callable[[DictConfig], None]) -> DictConfig:
@@ -104,12 +96,12 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
             )
         )
     for option in checkpointing_choices(cfg, "auto"):
-        if _setting(option) == _setting(configured):
+        if written(option) == written(configured):
             continue
         rows.append(
             row(
                 "activation checkpointing",
-                f"model.activation_checkpointing={_setting(option)}",
+                f"model.activation_checkpointing={written(option)}",
                 run(cfg, activation_checkpointing=option),
                 "its recomputed forward",
             )
@@ -134,7 +126,7 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
             rows.append(
                 row(
                     "a smaller patch",
-                    f"data.patch_size=[{','.join(map(str, smaller))}]",
+                    f"data.patch_size={written(smaller)}",
                     run(cfg, patch_size=smaller),
                     "fewer voxels a step (less context per patch)",
                 )
