@@ -64,7 +64,13 @@ def oom_report(
     ``predict``); outside training the phases of the last training step are not the failure's.
     """
     if stage != "train":
-        return _inference_oom_report(reader, stage)
+        names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
+        lines = [
+            f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference).",
+            *_now_lines(reader),
+            *INFERENCE_LEVERS,
+        ]
+        return "\n".join(lines)
     lines = ["CUDA out of memory in a training step.", *_now_lines(reader)]
     if start is not None:
         lines.append(f"  at step start: allocated {start.allocated / MIB:.0f} MiB")
@@ -88,14 +94,4 @@ def oom_report(
                 f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB"
             )
     lines.extend(LEVERS)
-    return "\n".join(lines)
-
-
-def _inference_oom_report(reader, stage: str) -> str:
-    names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
-    lines = [
-        f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference).",
-        *_now_lines(reader),
-        *INFERENCE_LEVERS,
-    ]
     return "\n".join(lines)
