@@ -21,10 +21,9 @@ steps):
    configured window batch (on CUDA stitched on the host), tried from the largest down: the
    first that fits.
 
-The number of windows at once is searched from the most down, halving to 2 before 1: a window
-batch of one is not always the least (on a CPU, a float32 batch of one runs torch's own 3D
-convolution, whose column buffer is 27 times its input's). A refusal names each lever tried,
-with the least it needed.
+The number of windows at once is searched from the most down, halving to 2 before 1
+(:func:`volseg.memory.fit.search.most_windows`). A refusal names each lever tried, with the
+least it needed.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from omegaconf import DictConfig
 from volseg.memory.estimate.engine import Variant
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import margin_text
-from volseg.memory.fit.search import least, shrunk_patches
+from volseg.memory.fit.search import bisect, least, most_windows, shrunk_patches
 from volseg.memory.fit.step import patch_divisor
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import shape_taker
@@ -74,41 +73,6 @@ class InferenceFit:
     overrides: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)
-
-
-def windows_at_once(start: int) -> list[int]:
-    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
-    batch of one can need more than two; see the module docstring)."""
-    order, n = [], start
-    while n > 2:
-        order.append(n)
-        n = max(2, n // 2)
-    return order + [n for n in (2, 1) if n <= start]
-
-
-def _most_windows(
-    fits: Callable[[int], InferenceEstimate | None], start: int, above: int, bisect: bool = True
-) -> tuple[int, InferenceEstimate | None]:
-    """The largest ``sw_batch_size`` below ``above`` that ``fits``: :func:`windows_at_once` from
-    ``start`` to the first that fits, then (``bisect``) bisecting up to the last that did
-    not."""
-    bad = above
-    for n in windows_at_once(start):
-        est = fits(n)
-        if est is not None:
-            break
-        bad = n
-    else:
-        return 0, None
-    good = n
-    while bisect and bad - good > 1:
-        mid = (good + bad) // 2
-        found = fits(mid)
-        if found is not None:
-            good, est = mid, found
-        else:
-            bad = mid
-    return good, est
 
 
 def _shape(values: Sequence[int]) -> str:
@@ -215,13 +179,13 @@ def fit_validation(
 
     # 1. fewer windows at once: the window batch's forward shrinks with it
     if sw0 > 1:
-        sw, est = _most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
+        sw, est = most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
         if est is not None:
             return found(est, sw, False, roi0, "")
         tried(f"fewer windows at once: {SW_BATCH} 1 to {sw0 - 1} at {_shape(roi0)}")
     # 2. host stitching (a GPU run only), with the most windows at once that fit
     if host_possible:
-        sw, est = _most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
+        sw, est = most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
         if est is not None:
             why = (
                 "no number of windows at once fits with the whole volume stitched on the GPU"
@@ -245,11 +209,11 @@ def fit_validation(
         return fit
     voxels0 = sw0 * math.prod(roi0)
 
-    def most_windows(roi: list[int], bisect: bool = True) -> tuple[int, InferenceEstimate | None]:
+    def most_of(roi: list[int], bisected: bool = True) -> tuple[int, InferenceEstimate | None]:
         """The most windows of ``roi`` at once that fit, up to the configured window batch's
-        voxels (``bisect=False``: the first of :func:`windows_at_once` that fits)."""
+        voxels (``bisected=False``: the first of :func:`windows_at_once` that fits)."""
         cap = max(1, voxels0 // math.prod(roi))
-        return _most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisect)
+        return most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisected)
 
     name = (
         f"smaller windows: {ROI} {_shape(windows[0])} down to {_shape(windows[-1])}, each with "
@@ -257,14 +221,14 @@ def fit_validation(
     )
     # the smallest window first: where the whole-volume steps alone are over the budget, no
     # window fits, and this one search says so
-    if most_windows(windows[-1], bisect=False)[1] is None:
+    if most_of(windows[-1], bisected=False)[1] is None:
         tried(name)
         return fit
     # then from the largest down, as nnU-Net shrinks its patch: what a window needs does not
     # fall steadily with its size and count on every device (on a CPU the convolution's
     # algorithm changes with both), so no window is skipped by bisection
     for roi in windows:
-        k, est = most_windows(roi)
+        k, est = most_of(roi)
         if est is not None:
             break
     why = (
@@ -342,16 +306,14 @@ def plan_stitching(
         plan.estimates[ordered[-1]] = estimate(ordered[-1], where)
         plan.stitch = dict.fromkeys(ordered, where)
         return plan
-    # the largest shape stitched on the device that fits (bisection over the sorted shapes)
-    good, bad = -1, len(ordered)
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        est = estimate(ordered[mid], "device")
+
+    def on_device(i: int) -> bool:
+        est = estimate(ordered[i], "device")
         if fits(est):
-            good = mid
-            plan.estimates[ordered[mid]] = est
-        else:
-            bad = mid
+            plan.estimates[ordered[i]] = est
+        return fits(est)
+
+    good = bisect(on_device, -1, len(ordered))  # the largest shape that fits stitched there
     for i, shape in enumerate(ordered):
         plan.stitch[shape] = "device" if i <= good else "host"
     if good < len(ordered) - 1:

@@ -1,5 +1,6 @@
 """The searches both planners share: the largest setting that fits (a batch, a patch step, a
-window size) and the patches, or windows, below a configured one, largest first."""
+patch, a window count, a volume stitched on the device), by one bisection, and the patches, or
+windows, below a configured one, largest first."""
 
 from __future__ import annotations
 
@@ -9,6 +10,27 @@ from typing import TypeVar
 
 #: what a search's ``fits`` returns for a setting that fits (an estimate)
 Found = TypeVar("Found")
+
+
+def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
+    """The largest ``n`` below ``bad`` for which ``ok(n)`` holds, given that it holds at
+    ``good`` and not at ``bad`` (``ok`` monotone between them): ``log2(bad - good)`` calls."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good
+
+
+def _keeping(fits: Callable[[int], Found | None], found: dict[int, Found]) -> Callable[[int], bool]:
+    """``fits`` as a yes/no, keeping each estimate that fits in ``found``."""
+
+    def ok(n: int) -> bool:
+        est = fits(n)
+        if est is not None:
+            found[n] = est
+        return est is not None
+
+    return ok
 
 
 def largest_fitting(
@@ -21,13 +43,7 @@ def largest_fitting(
     costs two estimates.
     """
     found: dict[int, Found] = {}
-
-    def ok(n: int) -> bool:
-        est = fits(n)
-        if est is not None:
-            found[n] = est
-        return est is not None
-
+    ok = _keeping(fits, found)
     n = min(max(guess, lo), hi)
     step = 1
     if ok(n):
@@ -46,10 +62,36 @@ def largest_fitting(
                 good = n
                 break
             bad, step = n, step * 2
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    good = bisect(ok, good, bad)
     return good, found.get(good)
+
+
+def windows_at_once(start: int) -> list[int]:
+    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
+    window batch of one is not always the least: on a CPU, a float32 batch of one runs torch's
+    own 3D convolution, whose column buffer is 27 times its input's)."""
+    order, n = [], start
+    while n > 2:
+        order.append(n)
+        n = max(2, n // 2)
+    return order + [n for n in (2, 1) if n <= start]
+
+
+def most_windows(
+    fits: Callable[[int], Found | None], start: int, above: int, bisected: bool = True
+) -> tuple[int, Found | None]:
+    """The largest window count below ``above`` that ``fits``: :func:`windows_at_once` from
+    ``start`` to the first that fits, then (``bisected``) bisecting up to the last that did
+    not; ``(0, None)`` when none fits."""
+    found: dict[int, Found] = {}
+    ok = _keeping(fits, found)
+    bad = above
+    for n in windows_at_once(start):
+        if ok(n):
+            good = bisect(ok, n, bad) if bisected else n
+            return good, found[good]
+        bad = n
+    return 0, None
 
 
 def shrunk_patches(
