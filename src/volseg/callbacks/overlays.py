@@ -3,7 +3,7 @@
 PNGs always land in the run dir; W&B gets the slices with interactive masks and TensorBoard the
 same pictures as images, for whichever of those loggers are on. With ``log_memory_charts`` the
 memory monitor's charts go to the same loggers at fit end
-(:mod:`volseg.memory.monitor.charts`).
+(:func:`volseg.memory.monitor.callback.log_memory_charts`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.memory.monitor.charts import log_memory_charts  # noqa: E402
+from volseg.memory.monitor.callback import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
 
 log = logging.getLogger(__name__)

@@ -328,7 +328,7 @@ def _plan_step(
     (bytes), ``the RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
-    from volseg.memory.fit.budget import check_estimate_fits
+    from volseg.plan.report import check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -484,8 +484,8 @@ def _plan_validation(
     result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
     stops the run (:class:`BudgetExceeded`)."""
     from volseg.memory.estimate.engine import Variant, estimate_run
-    from volseg.memory.fit.budget import check_validation_fits
     from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
+    from volseg.plan.report import check_validation_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if not (budget_value or estimate_step):

@@ -1,29 +1,14 @@
-"""Fit whole-volume inference to a memory budget: validation inside a planned run, and where
-``predict.py`` stitches each volume.
+"""Fit whole-volume inference to a memory budget: validation inside a planned run
+(:func:`fit_validation`) and where ``predict.py`` stitches each volume (:func:`plan_stitching`).
 
-Validation's levers, cheapest in time first, each only where those before found nothing (every
-setting is asked of the engine, :func:`volseg.memory.estimate.engine.estimate_run`, as a
-:class:`~volseg.memory.estimate.engine.Variant` of the planned run: validation after its training
-steps):
-
-1. fewer windows at once (``model.inferer.sw_batch_size``): the same windows and the same
-   result, only less parallel work per forward; the largest that fits;
-2. host stitching (``model.inferer.device=cpu``, CUDA only): the whole-volume buffers (stitched
-   logits, count map) and what follows them (the float32 logits, argmax, loss and Dice) in host
-   memory; the windows still run on the GPU, each window batch's output is copied to the host;
-   again with the largest ``sw_batch_size`` that fits. On a CPU the host is the device: it
-   would save nothing and is not tried;
-3. smaller windows (``model.inferer.roi_size``): more windows, more overlap, less context per
-   window (the Dice a run selects its checkpoint by may change). The windows below the
-   configured one, one multiple of ``model.divisible_by`` off one side at a time, never below
-   what the network takes (:func:`volseg.memory.fit.search.shrunk_patches`, as the step's smaller
-   patch), each with the most windows at once that fit, up to as many voxels at once as the
-   configured window batch (on CUDA stitched on the host), tried from the largest down: the
-   first that fits.
-
-The number of windows at once is searched from the most down, halving to 2 before 1
-(:func:`volseg.memory.fit.search.most_windows`). A refusal names each lever tried, with the
-least it needed.
+Validation's levers, cheapest in time first, each only where those before found nothing
+(docs/memory.md, "Validation's levers"): fewer windows at once (``model.inferer.sw_batch_size``:
+the same windows, the same result); host stitching (``model.inferer.device=cpu``, CUDA only: on
+a CPU the host is the device); smaller windows (``model.inferer.roi_size``: one multiple of
+``model.divisible_by`` off one side at a time, as the step's smaller patch, each with the most
+windows at once that fit, up to the configured window batch's voxels, largest first). Every
+setting is a :class:`~volseg.memory.estimate.engine.Variant` of the planned run, asked of the
+engine; a refusal names each lever tried with the least it needed.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed,
-or the micro-batches that add up to the configured batch.
-
-The levers, in the order the batch search tries them (each only when those before found
-nothing): the batch with each activation checkpointing setting (least recomputation first) and
-micro-batches; then loss checkpointing (``model.checkpoint_loss``, searched only where one
-estimate shows it lowering the step: the loss is the forward's last call and the backward's
-first, so it rarely does); then a smaller patch, shrunk one axis at a time as nnU-Net's
-experiment planner shrinks its patch (the side that is largest relative to the configured patch
-loses one multiple of what it must divide by). Parameters, gradients and optimizer state no
-lever lowers: when they alone are over the budget the planner says so and searches nothing.
-
-Every answer is checked by an estimate (:func:`volseg.memory.estimate.engine.estimate`); the search
-starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
-takes a handful of estimates, not one per candidate. What an answer costs in time is estimated
-from FLOPs (:func:`volseg.memory.estimate.engine.step_flops`): per sample, relative to the
-configured step.
+"""The training step that fits a memory budget (:func:`fit_step`): the largest batch or patch,
+the activation checkpointing it needs, or micro-batches that add up to the configured batch;
+past those, loss checkpointing and a smaller patch. The levers' order and why: docs/memory.md,
+"The training step's levers". Every candidate is one estimate
+(:func:`volseg.memory.estimate.engine.estimate`), made once, each search starting from a linear
+guess (activations grow with batch and patch voxels); time is FLOPs per sample
+(:func:`volseg.memory.estimate.engine.step_flops`) against the configured step's.
 """
 
 from __future__ import annotations
@@ -400,16 +390,11 @@ def _search_smaller_patch(
 def _micro_batching(
     planner: Planner, choice: _Choice, batch: int, configured: Any
 ) -> tuple[dict[str, Any] | None, float | None]:
-    """The largest micro-batch ``b`` below a configured ``batch`` that does not fit, that
-    divides it and fits with ``accumulate_grad_batches`` raised ``batch / b`` times (the same
-    samples per optimizer step; ``None`` when even 1 does not fit), and the FLOPs per sample of
-    ``choice`` relative to the configured step's.
-
-    Step time is estimated from FLOPs: micro-batches do the same FLOPs per sample as the whole
-    batch (a ratio of 1.0; what they lose is kernel efficiency at small batches, which FLOPs do
-    not show), checkpointing adds its recomputation's. Where the GPU runs near its peak rate,
-    time per sample follows FLOPs per sample.
-    """
+    """For a configured ``batch`` that does not fit: the largest micro-batch ``b`` that divides
+    it and fits with ``accumulate_grad_batches`` raised ``batch / b`` times (``None``: not even
+    1), and ``choice``'s FLOPs per sample over the configured step's. Time follows FLOPs per
+    sample (near the GPU's peak rate): micro-batches keep it (1.0; the kernel efficiency they
+    lose FLOPs do not show), checkpointing adds its recomputation's."""
     reference = planner.flops_per_sample(batch, configured, planner.accumulate)
     flops = None
     if choice.estimate is not None:
@@ -436,18 +421,17 @@ def _micro_batching(
     return None, flops
 
 
-def _candidate(est: MemoryEstimate) -> str:
-    """An estimate's setting and what it needs, as the refusal names it."""
-    k = est.accumulate_grad_batches
-    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
-    return (
-        f"{est.process_total / MIB:,.1f} MiB at {batch} of {'x'.join(map(str, est.patch_size))}, "
-        f"activation_checkpointing={written(est.activation_checkpointing)}"
-    )
-
-
 def _least(estimates: Sequence[MemoryEstimate]) -> str:
-    return least([(_candidate(e), e.process_total) for e in estimates])
+    """The estimate that needs the fewest bytes, with its setting, as the refusal names it."""
+    named = []
+    for e in estimates:
+        k = e.accumulate_grad_batches
+        batch = f"{k} micro-batches of {e.batch_size}" if k > 1 else f"batch {e.batch_size}"
+        shape = "x".join(map(str, e.patch_size))
+        checkpointing = written(e.activation_checkpointing)
+        text = f"at {batch} of {shape}, activation_checkpointing={checkpointing}"
+        named.append((f"{e.process_total / MIB:,.1f} MiB {text}", e.process_total))
+    return least(named)
 
 
 def _fallback(
@@ -512,15 +496,12 @@ def fit_step(
     """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
 
     ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
-    network adapter's). ``search=batch``: the largest batch with the configured checkpointing;
-    when that is smaller than the configured batch, the options are tried cheapest first and the
-    first that fits the configured batch is taken (else the one that fits the largest batch);
-    when no batch fits with any option, nor micro-batches, loss checkpointing and then a smaller
-    patch at the configured batch (:func:`shrunk_patches`). ``search=patch``: the largest patch
-    at the configured batch, with the configured checkpointing or, if no patch fits with it,
-    the first option with which one does. When the parameters, gradients and optimizer state
-    alone are over the budget nothing is searched (``resident``, ``tried`` say so).
-    """
+    network adapter's). ``search=batch``: the first option with which the configured batch
+    fits, else the one that fits the largest batch, and where the configured batch does not fit,
+    micro-batches (:func:`_micro_batching`); where nothing does, :func:`_fallback`.
+    ``search=patch``: the largest patch at the configured batch with the first option with
+    which one fits. Where the resident state alone is over the budget nothing is searched
+    (``resident``, ``tried`` say so)."""
     if search not in ("batch", "patch"):
         raise ValueError(f"search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)

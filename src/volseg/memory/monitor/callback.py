@@ -1,4 +1,5 @@
-"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report.
+"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report; its charts
+sent to TensorBoard and W&B at fit end (:func:`log_memory_charts`).
 
 Phases of one training step (Lightning's automatic optimization): ``fwd`` (batch start ->
 ``on_before_backward``: forward and loss), ``bwd`` (-> ``on_after_backward``) and ``opt``
@@ -15,9 +16,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from volseg.memory.estimate.layers import LayerTrace
-from volseg.memory.monitor.charts import plot_timeline
+from volseg.memory.monitor.charts import plot_timeline, png_as_rgb
 from volseg.memory.monitor.oom_report import category_bytes, oom_report
 from volseg.memory.monitor.readers import (
     HostMemoryReader,
@@ -25,6 +27,7 @@ from volseg.memory.monitor.readers import (
     make_reader,
     set_mmap_threshold,
 )
+from volseg.utils.loggers import loggers_of
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -341,3 +344,31 @@ class MemoryMonitor(Callback):
             )
             log.error("%s", report)
             print(report, flush=True)
+
+
+# the files MemoryMonitor writes into its output_dir (timeline at fit end, layers at trace_step)
+MEMORY_CHARTS = {"mem/timeline": "memory_timeline.png", "mem/layers": "memory_layers.png"}
+
+
+def log_memory_charts(trainer: Trainer) -> dict[str, Path]:
+    """Log the memory monitor's charts that exist to TensorBoard (images) and W&B; returns them
+    by key (empty without a :class:`MemoryMonitor` among the callbacks)."""
+    monitor = next((c for c in trainer.callbacks if isinstance(c, MemoryMonitor)), None)
+    if monitor is None:
+        return {}
+    charts = {
+        key: monitor.output_dir / name
+        for key, name in MEMORY_CHARTS.items()
+        if (monitor.output_dir / name).is_file()
+    }
+    if not charts:
+        return charts
+    step = trainer.global_step
+    for logger in loggers_of(trainer, TensorBoardLogger):
+        for key, path in charts.items():
+            logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
+    for logger in loggers_of(trainer, WandbLogger):
+        import wandb
+
+        logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
+    return charts
