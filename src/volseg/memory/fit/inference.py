@@ -97,30 +97,23 @@ def fit_validation(
     )
 
     def settings(sw: int, host: bool, roi: list[int]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if sw != sw0:
-            out[SW_BATCH] = sw
-        if host and host_possible:
-            out[STITCH_DEVICE] = "cpu"
-        if roi != roi0:
-            out[ROI] = roi
-        return out
+        """The overrides that set ``sw`` windows at once, host stitching and ``roi``."""
+        changed = {SW_BATCH: sw != sw0, STITCH_DEVICE: host and host_possible, ROI: roi != roi0}
+        values = {SW_BATCH: sw, STITCH_DEVICE: "cpu", ROI: roi}
+        return {key: values[key] for key, on in changed.items() if on}
 
     def estimate(sw: int, host: bool, roi: list[int]) -> InferenceEstimate | None:
         key = (sw, host, tuple(roi))
         text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
         if key not in cache:
-            variant = Variant(
-                sw_batch_size=sw,
-                roi_size=tuple(roi),
-                stitch_device="cpu" if host and host_possible else None,
+            stitch = "cpu" if host and host_possible else None
+            cache[key] = estimator(
+                Variant(sw_batch_size=sw, roi_size=tuple(roi), stitch_device=stitch)
             )
-            cache[key] = estimator(variant)
             fits = " (fits)" if cache[key].fits(budget) else ""
             log.info("validation: %s %s%s", text, _mib(cache[key].process_total), fits)
-        est = cache[key]
-        lever.append((text, est))
-        return est if est.fits(budget) else None
+        lever.append((text, cache[key]))
+        return cache[key] if cache[key].fits(budget) else None
 
     def tried(name: str) -> None:
         candidates = [
@@ -133,28 +126,21 @@ def fit_validation(
     def found(
         est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
     ) -> InferenceFit:
-        fit.estimate = est
-        fit.overrides = settings(sw, host, roi)
+        fit.estimate, fit.overrides = est, settings(sw, host, roi)
         figures = f"{_mib(est.total_within(budget))} within the budget"
-        if SW_BATCH in fit.overrides:
-            fit.reasons[SW_BATCH] = (
-                f"{over}; {sw} window(s) at a time fit ({figures}): the same windows, fewer at "
-                f"once{same_memory}"
-                if ROI not in fit.overrides
-                else f"{over}; {sw} of the smaller windows at a time: the most that fit, up to "
-                f"the configured window batch's voxels{same_memory}"
-            )
-        if STITCH_DEVICE in fit.overrides:
-            fit.reasons[STITCH_DEVICE] = (
-                f"{over}; {why}: the stitched logits and count map "
-                f"({_mib(est.host_stitching)}) and the whole-volume steps after them in host "
-                f"memory, the windows on the GPU ({figures})"
-            )
-        if ROI in fit.overrides:
-            fit.reasons[ROI] = (
-                f"{over}; {why}: the largest window below {_shape(roi0)} that fits, one "
-                f"multiple of model.divisible_by off one side at a time ({figures})"
-            )
+        reasons = {
+            SW_BATCH: f"{sw} window(s) at a time fit ({figures}): the same windows, fewer at once"
+            if ROI not in fit.overrides
+            else f"{sw} of the smaller windows at a time: the most that fit, up to the "
+            "configured window batch's voxels",
+            STITCH_DEVICE: f"{why}: the stitched logits and count map ({_mib(est.host_stitching)})"
+            " and the whole-volume steps after them in host memory, the windows on the GPU "
+            f"({figures})",
+            ROI: f"{why}: the largest window below {_shape(roi0)} that fits, one multiple of "
+            f"model.divisible_by off one side at a time ({figures})",
+        }
+        reasons[SW_BATCH] += same_memory
+        fit.reasons = {key: f"{over}; {reasons[key]}" for key in fit.overrides}
         log.info(
             "validation: planned %s (%s)",
             " ".join(f"{k}={v}" for k, v in fit.overrides.items()),
@@ -248,9 +234,7 @@ class StitchPlan:
                 if est is not None
                 else "not estimated (smaller than one that fits)"
             )
-            out.append(
-                f"  {'x'.join(map(str, shape))}: stitched on the {where} ({figures}; {within})"
-            )
+            out.append(f"  {_shape(shape)}: stitched on the {where} ({figures}; {within})")
         return out
 
 
@@ -266,14 +250,11 @@ def plan_stitching(
     estimator: Callable[..., InferenceEstimate] | None = None,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device
-    where the estimate fits ``limit`` bytes there, else on the host; ``cfg``: the planned
-    config with the prediction's inferer as ``model.inferer``. A volume stitched on the device
-    needs no more than a larger one (fewer voxels, no more windows), so the shapes are bisected
-    by voxels: a few estimates for any number of volumes. On a CPU (host and device are one
-    memory) the largest is estimated, for the log and ``limit``. Without a limit (a GPU run
-    with neither ``memory.budget`` nor a known device total) nothing is planned: ``stitch=auto``
-    decides per volume at run time. ``stitch=device`` or ``host`` (predict.py's own choice): the
-    largest is estimated with it, nothing is chosen."""
+    where the estimate fits ``limit`` bytes there, else on the host (``cfg``: the planned
+    config with the prediction's inferer as ``model.inferer``). A smaller volume needs no more
+    than a larger one, so the shapes are bisected by voxels. On a CPU, or with predict.py's own
+    ``stitch=device``/``host``, only the largest is estimated (for the log); a GPU run without
+    a limit plans nothing (``stitch=auto`` decides per volume at run time)."""
     estimator = estimator or estimate_prediction
     plan = StitchPlan(device, limit, source)
     ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)
@@ -283,9 +264,6 @@ def plan_stitching(
     def estimate(shape: tuple[int, ...], stitch: str) -> InferenceEstimate:
         return estimator(cfg, list(shape), stitch=stitch, flip_axes=flip_axes, precision=precision)
 
-    def fits(est: InferenceEstimate) -> bool:
-        return limit is None or est.fits(limit)
-
     if device != "cuda" or stitch != "auto":
         where = "device" if device != "cuda" else stitch
         plan.estimates[ordered[-1]] = estimate(ordered[-1], where)
@@ -294,9 +272,9 @@ def plan_stitching(
 
     def on_device(i: int) -> bool:
         est = estimate(ordered[i], "device")
-        if fits(est):
+        if est.fits(limit):
             plan.estimates[ordered[i]] = est
-        return fits(est)
+        return est.fits(limit)
 
     good = bisect(on_device, -1, len(ordered))  # the largest shape that fits stitched there
     for i, shape in enumerate(ordered):

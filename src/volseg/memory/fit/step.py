@@ -196,10 +196,14 @@ class Planner:
         return self._cache[key]
 
     def fitting(
-        self, batch_size: int, patch_size: Sequence[int], checkpointing: Any, accumulate=None
+        self,
+        batch_size: int,
+        patch: Sequence[int],
+        checkpointing: Any,
+        accumulate: int | None = None,
     ) -> MemoryEstimate | None:
         """:meth:`estimate` where it fits the budget, else ``None`` (what a search asks)."""
-        est = self.estimate(batch_size, patch_size, checkpointing, accumulate)
+        est = self.estimate(batch_size, patch, checkpointing, accumulate)
         return est if est.fits(self.budget) else None
 
     def remember(self, est: MemoryEstimate) -> None:
@@ -536,11 +540,8 @@ def fit_step(
     fit.activation_checkpointing = choice.checkpointing
     fit.estimate, fit.total_within_budget = est.to_dict(), est.total_within(budget)
     fit.next_step_estimate = choice.next_estimate.to_dict() if choice.next_estimate else None
-    if search == "patch":
-        fit.overrides = [f"data.patch_size={written(choice.patch)}"]
-    else:
-        fit.overrides = [f"data.batch_size={choice.batch_size}"]
-    if fit.fallback == "a smaller patch":
+    fit.overrides = [] if search == "patch" else [f"data.batch_size={choice.batch_size}"]
+    if search == "patch" or fit.fallback == "a smaller patch":
         fit.overrides.append(f"data.patch_size={written(choice.patch)}")
     if written(choice.checkpointing) != written(configured):
         fit.overrides.append(f"model.activation_checkpointing={written(choice.checkpointing)}")

@@ -104,7 +104,6 @@ class MemoryMonitor(Callback):
         self._phase_peaks: dict[str, MemoryReading] = {}
         self._trace: LayerTrace | None = None
         self._snapshot_until: int | None = None
-        self.layer_rows: list[dict[str, Any]] = []
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -195,9 +194,9 @@ class MemoryMonitor(Callback):
             trace, self._trace = self._trace, None
             trace.stop()
             if trainer.is_global_zero:
-                self.layer_rows = trace.write(self.output_dir)
-        now = self._phase_peaks["opt"]
-        peaks = {p: self._phase_peaks[p] for p in PHASES if p in self._phase_peaks}
+                trace.write(self.output_dir)
+        peaks = self._phase_peaks  # fwd, bwd, opt: in the order they ended
+        now = peaks["opt"]
         metrics = {
             "mem/allocated_mib": now.allocated / MIB,
             "mem/reserved_mib": now.reserved / MIB,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from volseg.memory.monitor.readers import MemoryReading
@@ -20,18 +22,16 @@ def category_bytes(
     module: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
 ) -> dict[str, int]:
     """Bytes held now by parameters, gradients and optimizer state."""
+
+    def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     params = list(module.parameters())
-    state = [
-        t
-        for opt in optimizers
-        for per_param in opt.state.values()
-        for t in per_param.values()
-        if isinstance(t, torch.Tensor)
-    ]
+    state = (t for opt in optimizers for s in opt.state.values() for t in s.values())
     return {
-        "params": sum(p.numel() * p.element_size() for p in params),
-        "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-        "optimizer_state": sum(t.numel() * t.element_size() for t in state),
+        "params": nbytes(params),
+        "grads": nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state": nbytes(t for t in state if isinstance(t, torch.Tensor)),
     }
 
 
