@@ -1,11 +1,9 @@
 """Fit whole-volume inference to a memory budget: validation inside a planned run
 (:func:`fit_validation`) and where ``predict.py`` stitches each volume (:func:`plan_stitching`).
 
-Validation's levers, cheapest in time first, each only where those before found nothing
-(docs/memory.md, "Validation's levers"): fewer windows at once (``model.inferer.sw_batch_size``:
-the same windows, the same result); host stitching (``model.inferer.device=cpu``, CUDA only: on
-a CPU the host is the device); smaller windows (``model.inferer.roi_size``: one multiple of
-``model.divisible_by`` off one side at a time, as the step's smaller patch, each with the most
+Validation's levers (docs/memory.md, "Validation's levers"), cheapest in time first, each only
+where those before found nothing: fewer windows at once, host stitching (CUDA only: on a CPU the
+host is the device), smaller windows (shrunk as the step's smaller patch, each with the most
 windows at once that fit, up to the configured window batch's voxels, largest first). Every
 setting is a :class:`~volseg.memory.estimate.engine.Variant` of the planned run, asked of the
 engine; a refusal names each lever tried with the least it needed.
@@ -73,12 +71,10 @@ def fit_validation(
     smaller_windows: bool = True,
 ) -> InferenceFit:
     """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
-    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit (see the module
-    docstring for the order); ``estimator``: the validation of the planned run with a
-    :class:`Variant`'s keys changed (the engine's); ``smaller_windows=False`` stops before
-    trying smaller windows (``train.py``: it changes nothing that changes what it computes)."""
-    device = configured.device
-    sw0 = configured.sw_batch_size
+    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit; ``estimator``:
+    the engine's validation of the run with a :class:`Variant`'s keys changed.
+    ``smaller_windows=False`` (``train.py``) tries only what changes nothing computed."""
+    device, sw0 = configured.device, configured.sw_batch_size
     roi0 = [int(r) for r in configured.roi_size]
     host_possible = device == "cuda" and configured.stitch == "device"
     fit = InferenceFit(estimate=None)

@@ -1,13 +1,8 @@
-"""Every lever with its price: for the configured training step, each lever that applies to the
-network with its predicted peak and its predicted step-time factor, from the engine's estimates
-(one trace per variant: :func:`volseg.memory.estimate.engine.estimate_config`).
-
-The time factor of a lever that recomputes (activation checkpointing, a micro-batch's smaller
-kernels do not show) is its optimizer step's FLOPs over the configured step's, counted in the
-same trace; a lever that moves bytes instead (activation offload) names how many bytes it moves
-a step. The checkpointing rows are the network adapter's settings
-(:attr:`volseg.models.networks.NetworkAdapter.checkpointing_choices`): a new setting is a new
-row with no change here.
+"""Every lever with its price: each lever that applies to the configured step's network, its
+predicted peak and its step-time factor (its optimizer step's FLOPs over the configured step's,
+from the same trace: :func:`volseg.memory.estimate.engine.estimate_config`); activation offload
+names the bytes it moves instead. The checkpointing rows are the network adapter's
+``checkpointing_choices``: a new setting is a new row with no change here.
 """
 
 from __future__ import annotations

@@ -21,18 +21,6 @@ def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
     return good
 
 
-def _keeping(fits: Callable[[int], Found | None], found: dict[int, Found]) -> Callable[[int], bool]:
-    """``fits`` as a yes/no, keeping each estimate that fits in ``found``."""
-
-    def ok(n: int) -> bool:
-        est = fits(n)
-        if est is not None:
-            found[n] = est
-        return est is not None
-
-    return ok
-
-
 def largest_fitting(
     fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
 ) -> tuple[int, Found | None]:
@@ -42,8 +30,12 @@ def largest_fitting(
     Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
     costs two estimates.
     """
-    found: dict[int, Found] = {}
-    ok = _keeping(fits, found)
+    found: dict[int, Found | None] = {}
+
+    def ok(n: int) -> bool:
+        found[n] = fits(n)
+        return found[n] is not None
+
     n = min(max(guess, lo), hi)
     step = 1
     if ok(n):
@@ -83,8 +75,12 @@ def most_windows(
     """The largest window count below ``above`` that ``fits``: :func:`windows_at_once` from
     ``start`` to the first that fits, then (``bisected``) bisecting up to the last that did
     not; ``(0, None)`` when none fits."""
-    found: dict[int, Found] = {}
-    ok = _keeping(fits, found)
+    found: dict[int, Found | None] = {}
+
+    def ok(n: int) -> bool:
+        found[n] = fits(n)
+        return found[n] is not None
+
     bad = above
     for n in windows_at_once(start):
         if ok(n):
@@ -101,15 +97,11 @@ def shrunk_patches(
     tied: Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
     """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
-    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
-    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
-    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
-    side: an instance norm cannot normalise one), and a side stops where the network no longer
-    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least).
-
-    ``tied``: groups of axes that stay equal (the plane of a 90° turn augmentation, e.g.
-    ``[[1, 2]]``): such a group shrinks as one side, by a multiple of each of its divisors.
-    """
+    multiple of its divisor off the side largest relative to ``base`` (the larger on a tie), as
+    nnU-Net's experiment planner does. No side goes below twice its divisor (an instance norm
+    cannot normalise one voxel), and a side stops where the network no longer ``takes`` the
+    patch. ``tied``: groups of axes that stay equal (a 90° turn's plane, e.g. ``[[1, 2]]``),
+    shrunk as one side by a multiple of each of their divisors."""
     patch, out = [int(p) for p in base], []
     units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
     units += [(a,) for a in range(3) if not any(a in unit for unit in units)]

@@ -33,13 +33,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepFit:
-    """The planner's answer: what to set, and the estimates it rests on (bytes).
-
-    When the configured batch does not fit (``search=batch``): ``micro_batching``, the largest
-    micro-batch that divides it and fits with ``trainer.accumulate_grad_batches`` making up the
-    rest (same effective batch, same checkpointing); ``flops_per_sample``, the answer's FLOPs
-    per sample relative to the configured step's (its ``micro_batching`` entry has its own).
-    """
+    """The planner's answer: what to set, and the estimates it rests on (bytes). Where the
+    configured batch does not fit: ``micro_batching`` (:func:`_micro_batching`), and
+    ``flops_per_sample``, the answer's FLOPs per sample over the configured step's."""
 
     budget: int
     search: str
@@ -119,9 +115,8 @@ def patch_divisor(cfg: DictConfig) -> list[int]:
 
 
 def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
-    """The checkpointing settings a budget search tries, least recomputation first:
-    ``memory.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
-    adapter's named choices."""
+    """The checkpointing settings a budget search tries, least recomputation first: ``configured``
+    (``memory.checkpointing_options``), or for ``auto``/``None`` the network adapter's."""
     configured = plain(configured)
     if configured is None or configured == "auto":
         return list(adapter_for(str(cfg.model.net._target_)).checkpointing_choices)
@@ -143,9 +138,8 @@ def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
 
 
 class Planner:
-    """The estimates of one composed ``train`` config's step against ``budget`` bytes, each
-    made once, and the two searches every answer starts from: the largest batch at the
-    configured patch, and the patches below it that the network takes."""
+    """The estimates of one ``train`` config's step against ``budget`` bytes, each made once, and
+    what every search starts from: the largest batch, the smaller patches the network takes."""
 
     #: how many times a batch guess that does not fit is moved before the search walks from it
     GUESS_REFINEMENTS = 2
@@ -218,17 +212,6 @@ class Planner:
             e for e in self._cache.values() if (list(e.patch_size) == self.base_patch) == base_patch
         ]
 
-    def flops_per_sample(self, batch_size: int, checkpointing: Any, accumulate: int) -> float:
-        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
-        flops = step_flops(
-            self.cfg,
-            batch_size=batch_size,
-            patch_size=self.base_patch,
-            activation_checkpointing=checkpointing,
-            accumulate_grad_batches=accumulate,
-        )
-        return flops / (batch_size * accumulate)
-
     # -- patches --------------------------------------------------------------------------
     def config_at(self, patch: Sequence[int]) -> DictConfig:
         """The config with the network's settings that follow the patch (its adapter's
@@ -251,9 +234,7 @@ class Planner:
 
     def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
         """:func:`shrunk_patches` of the configured patch that the network takes (probed on
-        meta tensors, built for each patch where its constructor takes the patch's size), each
-        plane of the training patch's 90° turns (``data.augment.rotate90_planes``) kept square,
-        or the augmentation could not turn it."""
+        meta tensors), each plane of its 90° turns (``data.augment.rotate90_planes``) square."""
         if self._smaller is None:
             net = self.cfg.model.net
             channels = int(self.cfg.get("in_channels", 1))
@@ -275,10 +256,9 @@ class Planner:
         def fits(n: int) -> MemoryEstimate | None:
             return self.fitting(n, self.base_patch, checkpointing)
 
-        # the search needs memory to grow with the batch, which it does from batch 2 on; on a CPU
-        # a float32 batch of one can take more than two: torch runs a thin layer's convolutions
-        # on its native kernels, with a column buffer 27x the input, instead of on oneDNN
-        # (volseg.memory.estimate.workspace), so batch 1 not fitting does not rule out batch 2
+        # memory grows with the batch from batch 2 on: on a CPU a float32 batch of one can take
+        # more than two (torch's native convolution, a column buffer 27x its input: see
+        # volseg.memory.estimate.workspace), so batch 1 not fitting does not rule out batch 2
         lo = 1
         if fits(1) is None:
             if self.max_batch_size < 2 or fits(2) is None:
@@ -286,11 +266,9 @@ class Planner:
             lo = 2
         one = self.estimate(1, self.base_patch, checkpointing).process_total
         two = self.estimate(2, self.base_patch, checkpointing).process_total
-        # the step's memory grows about linearly with the batch: start where the line meets the
-        # budget. At batches 1 and 2 the peak can be one that does not grow with the batch (the
-        # optimizer's update over weights, gradients and moments), so that line can be too
-        # flat: a guess that does not fit moves to where the line through batch 2 and the guess
-        # meets the budget, from which the search walks
+        # memory grows about linearly with the batch: start where the line meets the budget. At
+        # batches 1 and 2 the peak can be the optimizer's update, which does not grow with it, so
+        # a guess that does not fit moves to where the line through batch 2 and it meets the budget
         guess = 1 + (self.budget - one) // max(two - one, 1)
         for _ in range(self.GUESS_REFINEMENTS):
             n = min(guess, self.max_batch_size)
@@ -399,13 +377,22 @@ def _micro_batching(
     1), and ``choice``'s FLOPs per sample over the configured step's. Time follows FLOPs per
     sample (near the GPU's peak rate): micro-batches keep it (1.0; the kernel efficiency they
     lose FLOPs do not show), checkpointing adds its recomputation's."""
-    reference = planner.flops_per_sample(batch, configured, planner.accumulate)
+
+    def per_sample(batch_size: int, checkpointing: Any, accumulate: int) -> float:
+        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
+        flops = step_flops(
+            planner.cfg,
+            batch_size=batch_size,
+            patch_size=planner.base_patch,
+            activation_checkpointing=checkpointing,
+            accumulate_grad_batches=accumulate,
+        )
+        return flops / (batch_size * accumulate)
+
+    reference = per_sample(batch, configured, planner.accumulate)
     flops = None
     if choice.estimate is not None:
-        per_sample = planner.flops_per_sample(
-            choice.batch_size, choice.checkpointing, planner.accumulate
-        )
-        flops = per_sample / reference
+        flops = per_sample(choice.batch_size, choice.checkpointing, planner.accumulate) / reference
     for b in sorted((d for d in range(1, batch) if batch % d == 0), reverse=True):
         accumulate = planner.accumulate * batch // b
         est = planner.fitting(b, planner.base_patch, configured, accumulate)
@@ -419,7 +406,7 @@ def _micro_batching(
                 ],
                 "estimate": est.to_dict(),
                 "total_within_budget": est.total_within(planner.budget),
-                "flops_per_sample": planner.flops_per_sample(b, configured, accumulate) / reference,
+                "flops_per_sample": per_sample(b, configured, accumulate) / reference,
             }
             return micro, flops
     return None, flops
@@ -452,10 +439,8 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        # searched only where it lowers the step: the loss is the forward's last call and the
-        # backward's first, so its recomputation re-creates what it saves at once, with every
-        # activation still held, and the checkpoint keeps its input (the logits) besides. One
-        # estimate says whether it lowers this step at all
+        # searched only where one estimate shows it lowering the step: the loss is the forward's
+        # last call and the backward's first, so it recomputes at once what it saved
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
         without = planner.estimate(batch, planner.base_patch, heaviest)

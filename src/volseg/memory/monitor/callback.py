@@ -1,10 +1,9 @@
 """MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report; its charts
 sent to TensorBoard and W&B at fit end (:func:`log_memory_charts`).
 
-Phases of one training step (Lightning's automatic optimization): ``fwd`` (batch start ->
-``on_before_backward``: forward and loss), ``bwd`` (-> ``on_after_backward``) and ``opt``
-(-> batch end: optimizer step, zero_grad). Each phase's peak is read and the peak
-counter reset at the phase boundary, so ``mem/peak_<phase>_mib`` is that phase's own peak.
+Phases of one training step: ``fwd`` (batch start -> ``on_before_backward``: forward and loss),
+``bwd`` (-> ``on_after_backward``), ``opt`` (-> batch end). The peak counter is read and reset
+at each boundary, so ``mem/peak_<phase>_mib`` is that phase's own peak.
 """
 
 from __future__ import annotations
@@ -64,9 +63,8 @@ class MemoryMonitor(Callback):
     +callbacks.memory_monitor.output_dir=DIR``), it logs the prediction's peaks (all volumes)
     and writes them to ``DIR/prediction_memory.json`` (bytes).
 
-    On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
-    process's resident host memory next to them; on a CPU all come from the process's resident
-    memory (host memory, labelled so in the log and in ``summary.json``).
+    On CUDA the numbers come from the caching allocator, with the process's resident host memory
+    as ``mem/host_rss_mib``; on a CPU all are the resident set (labelled host memory).
 
     Args:
         output_dir: run dir for ``memory_timeline.png``, ``memory_layers.{csv,png}`` and snapshots.
@@ -105,7 +103,6 @@ class MemoryMonitor(Callback):
         self._trace: LayerTrace | None = None
         self._snapshot_until: int | None = None
 
-    # -- set-up ---------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -134,7 +131,6 @@ class MemoryMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
 
-    # -- per step -------------------------------------------------------------------------
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -218,7 +214,6 @@ class MemoryMonitor(Callback):
         # the step that just ran (global_step was incremented)
         self._log(trainer, metrics, trainer.global_step - 1, self.history)
 
-    # -- validation -----------------------------------------------------------------------
     def _start_inference(self) -> None:
         """Whole-volume inference has a peak of its own (sliding windows, stitching buffers
         beside what is held): the counters are reset when it begins, and read when it ends."""
@@ -230,22 +225,28 @@ class MemoryMonitor(Callback):
         if self.reader is not None and not trainer.sanity_checking:
             self._start_inference()
 
+    def _end_inference(self) -> dict[str, int] | None:
+        """Bytes since :meth:`_start_inference`: ``peak_allocated``, ``peak_reserved`` and
+        ``start_allocated`` (held when it began); ``None`` where none was started."""
+        start, self._inference_start = self._inference_start, None
+        if start is None:
+            return None
+        end = self.reader.read()
+        return {
+            "peak_allocated": end.peak_allocated,
+            "peak_reserved": end.peak_reserved,
+            "start_allocated": start.allocated,
+        }
+
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # read here, not at on_validation_end: checkpoint callbacks save there (their memory is
         # the checkpoint's, not validation's)
-        start, self._inference_start = self._inference_start, None
-        if start is None:
-            return
-        end = self.reader.read()
-        metrics = {
-            "mem/val_peak_allocated_mib": end.peak_allocated / MIB,
-            "mem/val_peak_reserved_mib": end.peak_reserved / MIB,
-            "mem/val_start_allocated_mib": start.allocated / MIB,
-        }
-        # the next training step resets the counters itself; between them nothing is logged
-        self._log(trainer, metrics, trainer.global_step, self.val_history)
+        figures = self._end_inference()
+        if figures is not None:
+            metrics = {f"mem/val_{key}_mib": nbytes / MIB for key, nbytes in figures.items()}
+            # the next training step resets the counters itself; between them nothing is logged
+            self._log(trainer, metrics, trainer.global_step, self.val_history)
 
-    # -- prediction (predict.py) ----------------------------------------------------------
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """predict.py's inference of every volume (the network already on its device)."""
         self.reader = make_reader(trainer.strategy.root_device)
@@ -253,28 +254,20 @@ class MemoryMonitor(Callback):
             self._start_inference()
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        start, self._inference_start = self._inference_start, None
-        if start is None:
+        figures = self._end_inference()
+        if figures is None:
             return
-        end = self.reader.read()
-        figures = {
-            "device": self.reader.kind,
-            "peak_allocated": end.peak_allocated,
-            "peak_reserved": end.peak_reserved,
-            "start_allocated": start.allocated,
-        }
         log.info(
             "Prediction memory (%s): peak allocated %.1f MiB, peak reserved %.1f MiB, "
             "%.1f MiB held when it began",
             self.reader.kind,
-            *(figures[key] / MIB for key in ("peak_allocated", "peak_reserved", "start_allocated")),
+            *(nbytes / MIB for nbytes in figures.values()),
         )
         if trainer.is_global_zero:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             path = self.output_dir / "prediction_memory.json"
-            path.write_text(json.dumps(figures, indent=1) + "\n")
+            path.write_text(json.dumps({"device": self.reader.kind, **figures}, indent=1) + "\n")
 
-    # -- fit end --------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Peak allocated/reserved (MiB), the phase where the peak occurred, mean fragmentation."""
         if not self.history:
@@ -329,7 +322,6 @@ class MemoryMonitor(Callback):
         plot_timeline(self.history, self.output_dir / "memory_timeline.png", self.reader.kind)
         log.info("Memory summary: %s", json.dumps(self.summary()))
 
-    # -- out of memory --------------------------------------------------------------------
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
