@@ -56,8 +56,13 @@ from torch import nn
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
-from volseg.memory.estimate.events import Event, category_peak, held_peak, held_series
-from volseg.memory.estimate.layers import LayerTrace, block_activations
+from volseg.memory.estimate.events import (
+    Event,
+    category_peak,
+    held_peak,
+    held_series,
+    module_activations,
+)
 from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
 from volseg.memory.estimate.torch_private import (
     FakeTensorMode,
@@ -541,27 +546,14 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
 
 @dataclass
 class StepTrace:
-    """What one fake-tensor trace of the training steps (and of what ran after them) gives.
-
-    ``events``: every allocation and free, in order (:mod:`volseg.memory.estimate.events`), the
-    training
-    steps' first, then those of ``then`` from ``then_start`` on; ``by_category``: the training
-    steps' peak bytes by category (params, grads, optimizer state, activations, temporaries,
-    buffers); ``modules``: each block's own activations in the last micro-batch (bytes);
-    ``flops``: one optimizer step's floating-point operations (by the formulas of torch's
-    ``FlopCounterMode``: matrix products and convolutions, forward, backward and checkpointing's
-    recomputation)."""
+    """One fake-tensor trace of the training steps and of what ran after them (``then``, from
+    event ``then_start`` on): ``events``, the ledger (:mod:`volseg.memory.estimate.events`);
+    ``flops``, one optimizer step's floating-point operations (torch's ``FlopCounterMode``
+    formulas: matrix products and convolutions, forward, backward and recomputation)."""
 
     events: list[Event]
-    by_category: dict[str, int]
-    modules: dict[str, int]
     flops: int
     then_start: int
-
-    @property
-    def step_events(self) -> list[Event]:
-        """The training steps' events only."""
-        return self.events[: self.then_start]
 
 
 def trace_steps(
@@ -572,45 +564,32 @@ def trace_steps(
     steps: int = 2,
 ) -> StepTrace:
     """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
-    too (the first creates the optimizer state, the per-module table is the last's);
-    ``then(tracker)`` runs after them in the same trace (a validation or, after no ``steps``, a
-    prediction: :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
-    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
-    # volseg.memory.estimate.workspace)
+    too (the first creates the optimizer state); ``then(tracker)`` runs after them in the same
+    trace (a validation or, after no ``steps``, a prediction:
+    :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
+    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
     as_on_device = traced_for_cuda() if device == "cuda" else contextlib.nullcontext()
-    with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings():
+    tracker = RecordingMemTracker(workspace)
+    tracker.track_external(step.module, step.optimizer)
+    with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings(), tracker:
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
         warnings.filterwarnings("ignore", message="Module is None")
-        trace = LayerTrace(
-            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
-        )
-        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
-        trace.start()
-        try:
-            for n in range(steps):
-                tracker.count_flops = n == 0
-                step.run(
-                    1,
-                    on_step_start=tracker.mark,
-                    before_update=trace.optimizer_update_begins,
-                    # MemTracker follows one forward per module: the table is the last
-                    # micro-batch's
-                    on_micro_batch_start=tracker.reset_mod_stats,
-                )
-            tracker.count_flops = False
-            # read before ``then``, whose forwards would overwrite the modules' statistics
-            modules = {k: int(v * MIB) for k, v in block_activations(trace.rows()).items()}
-            then_start = len(tracker.events)
-            if then is not None:
-                then(tracker)
-        finally:
-            trace.stop()
-    # the bytes by category: a view of the steps' events (host copies on the meta device, of
-    # offloaded activations, are not among them)
-    by_category = category_peak(tracker.events[:then_start])
-    return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
+        for n in range(steps):
+            tracker.count_flops = n == 0
+            step.run(
+                1,
+                on_step_start=tracker.mark,
+                before_update=tracker.optimizer_update_begins,
+                # MemTracker follows one forward per module
+                on_micro_batch_start=tracker.reset_mod_stats,
+            )
+        tracker.count_flops = False
+        then_start = len(tracker.events)
+        if then is not None:
+            then(tracker)
+    return StepTrace(tracker.events, tracker.flops, then_start)
 
 
 def phase_peaks(
@@ -686,7 +665,8 @@ def estimate_step(
     (default: torch's)."""
     started = time.perf_counter() if started is None else started
     trace = trace_steps(step, mode, device) if trace is None else trace
-    events = trace.step_events
+    events = trace.events[: trace.then_start]
+    names = {id(m): name for name, m in step.module.named_modules() if name}
     allocator = allocator or AllocatorSettings()
     found = _step_peaks(events, device, settings or {}, allocator)
     levers = getattr(step.module, "levers", None)
@@ -697,11 +677,12 @@ def estimate_step(
         patch_size=list(step.image_shape[2:]),
         activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
-        **{k: v for k, v in trace.by_category.items() if k != "other"},
+        # host copies on the meta device (offloaded activations) are not in the ledger
+        **{k: v for k, v in category_peak(events).items() if k != "other"},
         **found,
         process_total=found["peak_reserved"] + found["cuda_context"],
         seconds=time.perf_counter() - started,
-        modules=dict(trace.modules),
+        modules=module_activations(events, names),
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
     offload = bool(getattr(levers, "offload_activations", False))

@@ -1,12 +1,13 @@
 """torch's private APIs the estimate stands on, in one module: ``MemTracker``, adapted (optimizer
-state under Lightning's closure, and a record of every allocation and free for the allocator
-model, :mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
+state under Lightning's closure, and the ledger of every allocation, free and module forward,
+:mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
 ``unset_fake_temporarily``) and what CUDA's autocast model hooks (``engine_run_backward``,
 ``tree_map``).
 
 MemTracker's private API used here: ``_MemRefType``, ``_ModState``, ``_update_snap``,
-``_update_peak_stats``, ``_pre_fw_hook``, ``_register_global_optimizer_hook``,
-``_track_optimizer_states``, ``_in_opt``, ``memory_tracking``, the snapshots.
+``_update_peak_stats``, ``_pre_fw_hook``, ``_post_fw_hook``, ``_mod_tracker.is_bw``,
+``_register_global_optimizer_hook``, ``_track_optimizer_states``, ``_in_opt``,
+``memory_tracking``, the snapshots (the monitor's per-module table, ``layers.py``).
 ``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
 
 from __future__ import annotations
@@ -129,6 +130,22 @@ class RecordingMemTracker(ClosureMemTracker):
     def mark(self) -> None:
         """Note where a training step starts."""
         self.events.append(("mark", 0, 0))
+
+    def reset_mod_stats(self) -> None:
+        super().reset_mod_stats()
+        self.events.append(("reset", 0, 0))
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        # MemTracker's PRE_FW state: a module's forward, not a recomputation in backward
+        forward = module not in self.memory_tracking or not self._mod_tracker.is_bw
+        super()._pre_fw_hook(module, inputs)
+        if forward:
+            self.events.append(("enter", id(module), 0))
+
+    def _post_fw_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+        super()._post_fw_hook(module, inputs, outputs)
+        if not self._mod_tracker.is_bw:
+            self.events.append(("leave", id(module), 0))
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:  # noqa: ANN001
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
