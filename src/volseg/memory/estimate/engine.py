@@ -225,8 +225,6 @@ def _trace(
     precision = planned_precision(cfg)
     allocator: AllocatorSettings = allocator_settings(cfg)
     phase = None if shape is None else validation_phase(cfg, step, device, shape)
-    if phase is not None:
-        phase.prepare(mode)
     trace = trace_steps(step, mode, device, None if phase is None else phase.then)
     est = estimate_step(step, mode, device, precision, settings, started, allocator, trace)
     validation = None

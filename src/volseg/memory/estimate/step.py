@@ -492,6 +492,8 @@ def trace_steps(
         tracker.count_flops = False
         then_start = len(tracker.events)
         if then is not None:
+            # a small host tensor there (torch.tensor(..., device="meta")) is real, not fake
+            mode.allow_non_fake_inputs = True
             then(tracker)
     return StepTrace(tracker.events, tracker.flops, then_start)
 
