@@ -112,8 +112,7 @@ def module_activations(events: list[Event], names: Mapping[int, str]) -> dict[st
     the activations held when its forward left minus those when it entered, in bytes, largest
     first. ``names``: ``{id(module): dotted name}`` of the root's submodules in
     ``named_modules()`` order (the root left out). A block is a called module inside exactly one
-    other called module (a network's levels, a loss's parts): the blocks' own activations add up
-    to the forward's."""
+    other called module (:func:`blocks`), whose own activations add up to the forward's."""
     activations = CATEGORIES.index("activations")
     start = next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "reset"), 0)
     entered: dict[int, int] = {}
@@ -123,11 +122,21 @@ def module_activations(events: list[Event], names: Mapping[int, str]) -> dict[st
             entered.setdefault(handle, totals[activations])
         elif i > start and kind == "leave":
             left.setdefault(handle, totals[activations])
-    called = {names[h] for h in entered if h in names}
-    own = {}
-    for handle, name in names.items():
-        parts = name.split(".")
-        ancestors = sum(".".join(parts[:i]) in called for i in range(1, len(parts)))
-        if name in called and ancestors == 1:
-            own[name] = max(left.get(handle, 0) - entered[handle], 0)
+    inside = blocks({names[h] for h in entered if h in names})
+    own = {
+        name: max(left.get(handle, 0) - entered[handle], 0)
+        for handle, name in names.items()
+        if name in inside
+    }
     return dict(sorted(own.items(), key=lambda kv: kv[1], reverse=True))
+
+
+def blocks(called: set[str]) -> set[str]:
+    """The blocks among the dotted names of called modules (the root's left out): those inside
+    exactly one other called module, e.g. ``net.inc``, ``net.ups.0``, ``loss.dice``."""
+    found = set()
+    for name in called:
+        parts = name.split(".")
+        if sum(".".join(parts[:i]) in called for i in range(1, len(parts))) == 1:
+            found.add(name)
+    return found

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
-from volseg.memory.estimate.margins import margin_for, total_within, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for, with_margin
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
@@ -42,14 +42,13 @@ from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
 
-PHASES = ("validation", "prediction")
 STITCH = ("device", "host")
 #: the precision ``predict.py`` runs at by default (configs/predict.yaml)
 PREDICT_PRECISION = "32-true"
 
 
 @dataclass
-class InferenceEstimate:
+class InferenceEstimate(Planned):
     """Predicted memory of one whole-volume inference on ``device``, in bytes.
 
     ``resident``: held when it starts (in validation, the training state too); ``volume``: the
@@ -92,13 +91,6 @@ class InferenceEstimate:
         out.pop("events")
         out.pop("allocator")
         return out
-
-    def total_within(self, budget: int) -> int | None:
-        """:func:`volseg.memory.estimate.margins.total_within`."""
-        return total_within(self, budget)
-
-    def fits(self, budget: int) -> bool:
-        return self.total_within(budget) is not None
 
     def summary(self) -> dict[str, int]:
         """The figures ``plan.yaml`` and the JSON keep (bytes)."""
@@ -356,14 +348,6 @@ class Phase:
         )
 
 
-def _configured_stitch(cfg: DictConfig, device: str) -> str:
-    """``host`` where ``model.inferer.device`` puts validation's stitching in host memory while
-    the windows run on a GPU; else ``device``."""
-    configured = OmegaConf.select(cfg, "model.inferer.device")
-    on_host = configured is not None and torch.device(str(configured)).type == "cpu"
-    return "host" if on_host and device == "cuda" else "device"
-
-
 def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
     """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
     planned config ``cfg``, after its training ``step``'s steps in the same trace."""
@@ -380,7 +364,10 @@ def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequ
             module._val_sums = None
             del image, label
 
-    stitch = _configured_stitch(cfg, device)
+    # model.inferer.device=cpu: a GPU run's stitching in host memory, its windows on the GPU
+    configured = OmegaConf.select(cfg, "model.inferer.device")
+    on_host = configured is not None and torch.device(str(configured)).type == "cpu"
+    stitch = "host" if on_host and device == "cuda" else "device"
     return Phase(step, device, "validation", whole_volume(volume_shape), stitch, run)
 
 

@@ -200,6 +200,24 @@ def total_within(est: Any, budget: int) -> int | None:
     return total if total <= budget else None
 
 
+class Planned:
+    """What a step's and an inference's estimate answer of a budget (their ``device``,
+    ``peak_reserved``, ``process_total``, ``cuda_context``, ``events``, ``allocator`` and
+    margin fields)."""
+
+    def total_within(self, budget: int) -> int | None:
+        """:func:`total_within`."""
+        return total_within(self, budget)
+
+    def fits(self, budget: int) -> bool:
+        return total_within(self, budget) is not None
+
+    @property
+    def margin_bytes(self) -> int:
+        """:func:`margin_bytes`."""
+        return margin_bytes(self)
+
+
 def whole_percent_above(ratio: float) -> float:
     """``ratio - 1`` (the worst run's measured / estimated) rounded up to a whole percent, so a
     margin fitted on that run covers it."""

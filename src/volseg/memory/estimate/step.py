@@ -34,7 +34,7 @@ from volseg.memory.estimate.events import (
     held_series,
     module_activations,
 )
-from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for, with_margin
 from volseg.memory.estimate.torch_private import (
     FakeTensorMode,
     RecordingMemTracker,
@@ -54,7 +54,7 @@ FULL = {"32", "32-true", "64", "64-true"}
 
 
 @dataclass
-class MemoryEstimate:
+class MemoryEstimate(Planned):
     """Predicted memory of one training step, in bytes.
 
     ``peak_allocated``: the most the step's tensors hold at once; ``step_peak_growth``: how far
@@ -97,18 +97,6 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def total_within(self, budget: int) -> int | None:
-        """:func:`volseg.memory.estimate.margins.total_within`."""
-        return total_within(self, budget)
-
-    def fits(self, budget: int) -> bool:
-        return self.total_within(budget) is not None
-
-    @property
-    def margin_bytes(self) -> int:
-        """:func:`volseg.memory.estimate.margins.margin_bytes`."""
-        return margin_bytes(self)
 
 
 def planned_device(cfg: DictConfig) -> str:

@@ -1,13 +1,9 @@
-"""torch's private APIs the estimate stands on, in one module: ``MemTracker``, adapted (optimizer
-state under Lightning's closure, and the ledger of every allocation, free and module forward,
-:mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
-``unset_fake_temporarily``) and what CUDA's autocast model hooks (``engine_run_backward``,
-``tree_map``).
-
-MemTracker's private API used here: ``_MemRefType``, ``_ModState``, ``_update_snap``,
-``_update_peak_stats``, ``_pre_fw_hook``, ``_post_fw_hook``, ``_mod_tracker.is_bw``,
-``_register_global_optimizer_hook``, ``_track_optimizer_states``, ``_in_opt``,
-``memory_tracking``, the snapshots (the monitor's per-module table, ``layers.py``).
+"""torch's private APIs, in one module: ``MemTracker`` adapted (optimizer state under Lightning's
+closure; the ledger, :mod:`volseg.memory.estimate.events`), fake tensors and the hooks of CUDA's
+autocast model. MemTracker's private API used here: ``_MemRefType``, ``_ModState``,
+``_update_snap``, ``_update_peak_stats``, ``_pre_fw_hook``, ``_post_fw_hook``,
+``_mod_tracker.is_bw``, ``_register_global_optimizer_hook``, ``_track_optimizer_states``,
+``_in_opt``, ``memory_tracking``, the snapshots (the monitor's per-module table, ``layers.py``).
 ``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
 
 from __future__ import annotations
@@ -52,13 +48,9 @@ _CATEGORY = {
 
 
 class ClosureMemTracker(MemTracker):
-    """MemTracker for optimizers stepped with a closure (as Lightning does).
-
-    MemTracker counts every tensor created between an optimizer's step pre- and post-hook as
-    optimizer state. With a closure, forward and backward run inside ``step()``, so they would all
-    count as optimizer state. Here only what follows :meth:`optimizer_update_begins` (called from
-    Lightning's ``on_before_optimizer_step``, after the closure) counts as optimizer state.
-    """
+    """MemTracker for optimizers stepped with a closure (Lightning's): forward and backward run
+    inside ``step()``, so only what follows :meth:`optimizer_update_begins` (Lightning's
+    ``on_before_optimizer_step``) counts as optimizer state."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,22 +100,18 @@ class ClosureMemTracker(MemTracker):
 
 
 class RecordingMemTracker(ClosureMemTracker):
-    """ClosureMemTracker that also records every allocation and free, in order; storages on the
-    ``meta`` device (activations offloaded to the host) are left out. ``workspace`` gives the
-    bytes a kernel holds while it runs (``None``: not modelled): an int is scratch memory outside
-    any allocator (a ``workspace`` event, the CPU's), a tuple the sizes of buffers taken one
-    after the other from the caching allocator (``malloc``/``free`` events with negative
-    handles, CUDA's; an inner tuple: buffers held at the same time)."""
+    """ClosureMemTracker that records the ledger (``events``; ``meta`` storages, host copies,
+    left out). ``workspace(func, args, out)``: a kernel's scratch bytes outside any allocator (an
+    int, the CPU's) or the buffers it takes from the caching allocator one after the other (a
+    tuple, CUDA's; an inner tuple: held together), events with negative handles."""
 
     def __init__(self, workspace: Workspace | None = None) -> None:
         super().__init__()
         self.events: list[Event] = []
         self.workspace = workspace
         self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
-        # floating-point operations of the ops run while ``count_flops``, by the formulas of
-        # torch's FlopCounterMode (matrix products, convolutions, attention): counted on the
-        # same ops as the bytes. FlopCounterMode itself is not entered: it decomposes ops it has
-        # no formula for, which would change what the trace allocates
+        # FLOPs while ``count_flops``, by FlopCounterMode's formulas on the traced ops (the mode
+        # itself would decompose ops it has no formula for, changing what the trace allocates)
         self.count_flops = False
         self.flops = 0
 
