@@ -75,10 +75,9 @@ class LayerTrace:
         module: nn.Module,
         optimizers: Iterable[torch.optim.Optimizer],
         batch: Any,
-        tracker: ClosureMemTracker | None = None,
     ) -> None:
         self.module = module
-        self.tracker = tracker or ClosureMemTracker()
+        self.tracker = ClosureMemTracker()
         self.tracker.track_external(module, *optimizers, *_tensors(batch))
         self._running = False
 
@@ -94,14 +93,9 @@ class LayerTrace:
             self.tracker.__exit__(None, None, None)
             self._running = False
 
-    def peak(self, skip_device_type: str | None = None) -> dict[str, int]:
-        """Peak bytes per category over the traced step, summed over devices (but those of
-        ``skip_device_type``, e.g. ``meta`` for the estimator's host copies)."""
-        snapshot = {
-            dev: per_device
-            for dev, per_device in self.tracker.get_tracker_snapshot("peak").items()
-            if dev.type != skip_device_type
-        }
+    def peak(self) -> dict[str, int]:
+        """Peak bytes per category over the traced step, summed over devices."""
+        snapshot = self.tracker.get_tracker_snapshot("peak")
         return {name: _device_sum(snapshot, key) for key, name in CATEGORIES.items()}
 
     def rows(self) -> list[dict[str, Any]]:

@@ -515,8 +515,8 @@ def phase_peaks(
 def _step_peaks(
     events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
 ) -> dict[str, int]:
-    """A training step's :func:`phase_peaks`, with ``step_peak_growth`` and
-    ``kernel_workspace``."""
+    """A training step's :func:`phase_peaks` (but ``resident``), with ``step_peak_growth`` and
+    ``kernel_workspace`` (what kernels hold inside an op at the peak)."""
     found = phase_peaks(events, device, settings, allocator_settings)
     del found["resident"]
     if device == "cuda":
