@@ -512,27 +512,6 @@ def phase_peaks(
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
 
 
-def _step_peaks(
-    events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
-) -> dict[str, int]:
-    """A training step's :func:`phase_peaks` (but ``resident``), with ``step_peak_growth`` and
-    ``kernel_workspace`` (what kernels hold inside an op at the peak)."""
-    found = phase_peaks(events, device, settings, allocator_settings)
-    del found["resident"]
-    if device == "cuda":
-        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
-        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
-        # above it: no workspace then
-        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
-        growth = held_peak(events, after_last_mark=True, rounding=round_size)
-    else:
-        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
-        growth = held_peak(events, after_last_mark=True)
-    found["kernel_workspace"] = max(0, found["peak_allocated"] - tensors_peak)
-    found["step_peak_growth"] = growth
-    return found
-
-
 def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
     """The planned device, a fake-tensor mode and ``cfg``'s training step with fake
     parameters."""
@@ -559,7 +538,17 @@ def estimate_step(
     events = trace.events[: trace.then_start]
     names = {id(m): name for name, m in step.module.named_modules() if name}
     allocator = allocator or AllocatorSettings()
-    found = _step_peaks(events, device, settings or {}, allocator)
+    found = phase_peaks(events, device, settings or {}, allocator)
+    del found["resident"]
+    if device == "cuda":
+        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
+        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
+        # above it: no workspace then
+        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
+        growth = held_peak(events, after_last_mark=True, rounding=round_size)
+    else:
+        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
+        growth = held_peak(events, after_last_mark=True)
     levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
@@ -571,6 +560,8 @@ def estimate_step(
         # host copies on the meta device (offloaded activations) are not in the ledger
         **{k: v for k, v in category_peak(events).items() if k != "other"},
         **found,
+        kernel_workspace=max(0, found["peak_allocated"] - tensors_peak),
+        step_peak_growth=growth,
         process_total=found["peak_reserved"] + found["cuda_context"],
         seconds=time.perf_counter() - started,
         modules=module_activations(events, names),
