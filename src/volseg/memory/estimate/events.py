@@ -114,7 +114,7 @@ def module_activations(events: list[Event], names: Mapping[int, str]) -> dict[st
     ``named_modules()`` order (the root left out). A block is a called module inside exactly one
     other called module (:func:`blocks`), whose own activations add up to the forward's."""
     activations = CATEGORIES.index("activations")
-    start = next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "reset"), 0)
+    start = next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "reset"), -1)
     entered: dict[int, int] = {}
     left: dict[int, int] = {}
     for i, (kind, handle, _, totals) in enumerate(_running(events)):
