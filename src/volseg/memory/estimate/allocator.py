@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from volseg.utils.units import MIB
 
+KIB = 2**10
+
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MIB  # kSmallSize: largest request served from the small pool
 SMALL_SEGMENT = 2 * MIB  # kSmallBuffer: segment size of the small pool

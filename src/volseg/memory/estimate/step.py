@@ -456,7 +456,7 @@ def trace_steps(
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     cuda = device == "cuda"
     offloaded = mock.patch.object(offload, "OffloadToHost", _SavedOnHost)
-    tracker = RecordingMemTracker(workspace)
+    tracker = RecordingMemTracker(workspace, peaks=False)
     tracker.track_external(step.module, step.optimizer)
     with (
         mode,

@@ -8,13 +8,12 @@ autocast model. MemTracker's private API used here: ``_MemRefType``, ``_ModState
 
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.autograd.graph import _engine_run_backward as engine_run_backward
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
@@ -52,11 +51,6 @@ class ClosureMemTracker(MemTracker):
     inside ``step()``, so only what follows :meth:`optimizer_update_begins` (Lightning's
     ``on_before_optimizer_step``) counts as optimizer state."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        # the tracked modules' statistics by name (None: to be gathered again)
-        self._by_name: dict[str, list[Any]] | None = None
-
     def _register_global_optimizer_hook(self) -> None:
         def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             self._track_optimizer_states(_MemRefType.OPT, optimizer)
@@ -67,37 +61,6 @@ class ClosureMemTracker(MemTracker):
     def optimizer_update_begins(self) -> None:
         self._in_opt = True
 
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        super()._pre_fw_hook(module, inputs)
-        self._by_name = None  # a module seen for the first time, or under another name
-
-    def reset_mod_stats(self) -> None:
-        super().reset_mod_stats()
-        self._by_name = None
-
-    def _update_peak_stats(self, peak_state: _ModState) -> None:
-        """MemTracker's, with the running modules' statistics looked up by name: torch's scans
-        every tracked module after every op (most of a traced step's time), for the same
-        updates."""
-        by_name = self._by_name
-        if by_name is None:
-            by_name = {}
-            for stats in self.memory_tracking.values():
-                by_name.setdefault(stats.mod_fqn, []).append(stats)
-            self._by_name = by_name
-        curr_snap = self._curr_mem_snap
-        for name in set(self._mod_tracker.parents):
-            for stats in by_name.get(name, ()):
-                if peak_state in stats.snapshots:
-                    for dev, dev_snap in curr_snap.items():
-                        if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                            stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
-                            stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
-        for dev, dev_snap in curr_snap.items():
-            if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = deepcopy(dev_snap)
-
 
 class RecordingMemTracker(ClosureMemTracker):
     """ClosureMemTracker that records the ledger (``events``; ``meta`` storages, host copies,
@@ -105,8 +68,10 @@ class RecordingMemTracker(ClosureMemTracker):
     int, the CPU's) or the buffers it takes from the caching allocator one after the other (a
     tuple, CUDA's; an inner tuple: held together), events with negative handles."""
 
-    def __init__(self, workspace: Workspace | None = None) -> None:
+    def __init__(self, workspace: Workspace | None = None, peaks: bool = True) -> None:
         super().__init__()
+        # MemTracker's own peak snapshots, after every op; the ledger has every figure without
+        self.peaks = peaks
         self.events: list[Event] = []
         self.workspace = workspace
         self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
@@ -122,6 +87,10 @@ class RecordingMemTracker(ClosureMemTracker):
     def reset_mod_stats(self) -> None:
         super().reset_mod_stats()
         self.events.append(("reset", 0, 0))
+
+    def _update_peak_stats(self, peak_state: _ModState) -> None:
+        if self.peaks:
+            super()._update_peak_stats(peak_state)
 
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
         # MemTracker's PRE_FW state: a module's forward, not a recomputation in backward
