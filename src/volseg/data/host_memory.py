@@ -323,38 +323,6 @@ def fitting_cache_rate(
     return None
 
 
-def format_host(est: HostEstimate) -> str:
-    """The host section of ``estimate_memory.py``'s output (MiB)."""
-    ranks = f" x {est.ranks} processes" if est.ranks > 1 else ""
-    workers = f"{est.num_workers} loader worker(s)" if est.num_workers else "loading in-process"
-    cached = (
-        f"data.cache=memory, cache_rate {est.cache_rate:g}"
-        if est.cache == "memory"
-        else f"data.cache={est.cache}: nothing cached in RAM"
-    )
-    lines = [
-        f"Host memory of the data side ({cached}; {workers}, pin_memory={est.pin_memory}, "
-        f"start method {est.start_method}){ranks}:",
-    ]
-    rows = [
-        (f"training cache ({est.train_cached}/{est.train_volumes} vol.)", est.train_cache),
-        (f"validation cache ({est.val_cached}/{est.val_volumes} vol.)", est.val_cache),
-        ("training loader copies+batches", est.train_loading),
-        ("validation loader copies+batches", est.val_loading),
-    ]
-    if est.spawned_copies:
-        rows.append((f"cache copies ({est.start_method} workers)", est.spawned_copies))
-    rows += [
-        ("data side total", est.data_total),
-        ("this process now (VmRSS)", est.process_rss),
-        ("host total", est.total),
-    ]
-    lines += [f"    {name:<36}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    if est.rejected:
-        lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
-    return "\n".join(lines)
-
-
 def log_host(host: HostEstimate | None) -> None:
     """The host side of the ``memory.budget`` check: one log line (MiB)."""
     if host is not None:
