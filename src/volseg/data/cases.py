@@ -385,23 +385,20 @@ def case_problems(
     cases: Sequence[Case],
     num_classes: int,
     patch_size: Sequence[int],
-    in_channels: int | None = 1,
+    in_channels: int | None = None,
     classes_from: str = "num_classes",
     spacing: Sequence[float] | None = None,
     orientation: str | None = None,
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     padded: dict[str, list[int]] | None = None,
 ) -> list[str]:
-    """Every problem of every case, one line each, naming the file.
-
-    Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
-    one case agreeing in shape and affine; ``channels_fix`` says what to change), finite image
-    values, image/label shape and affine agreement, integer labels in ``[0, num_classes)``, a
-    patch that fits the volume in at least one axis, and a NIfTI affine that can be reoriented
-    to ``orientation``. With a target ``spacing`` ``[z, y, x]``, the patch is compared with the
-    resampled shape (of the reoriented grid). ``padded``, when given, receives
-    ``{case name: [D, H, W]}`` of the volumes smaller than the patch in some axis (loading pads
-    them).
+    """Every problem of every case, one line each, naming the file: unreadable or truncated
+    files, not 3D, not ``in_channels`` channels (``None``: any; ``channels_fix`` says what to
+    change), channel files or image and label that disagree in shape or affine, NaN/Inf image
+    voxels, labels outside ``[0, num_classes)``, a patch larger than the volume (resampled to
+    ``spacing`` ``[z, y, x]``) in every axis, an affine that cannot be reoriented to
+    ``orientation``. ``padded`` receives ``{case: [D, H, W]}`` of volumes smaller than the
+    patch in some axis (loading pads them).
     """
     problems: list[str] = []
     for case in cases:

@@ -116,11 +116,12 @@ class VolumeDataModule(LightningDataModule):
         num_classes: classes including background; labels must lie in ``[0, num_classes)``;
             ``None``: as many as ``root/classes.json`` names.
         in_channels: image channels: 1 for 3-D files, ``C`` for 4-D NIfTI files that hold
-            ``C`` channels on their last axis.
+            ``C`` channels on their last axis; ``None``: any number (not checked).
         patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
             ``auto`` in the config is planned from the data by the run plan before this class
             is built (:func:`volseg.plan.make_plan`).
-        patch_voxels: the voxel budget of ``patch_size=auto`` (read by the planner).
+        patch_voxels: the voxel budget of ``patch_size=auto`` (the planner reads it from the
+            config; checked here, so a bad value is named whether or not the patch is auto).
         batch_size: patches per training step.
         samples_per_volume: patches drawn from each training volume per epoch (epoch length =
             ``len(train) * samples_per_volume / batch_size`` steps).
@@ -164,7 +165,7 @@ class VolumeDataModule(LightningDataModule):
         self,
         root: str,
         num_classes: int | None = 5,
-        in_channels: int = 1,
+        in_channels: int | None = None,
         patch_size: Sequence[int] = (32, 64, 64),
         batch_size: int = 2,
         samples_per_volume: int = 4,
@@ -234,7 +235,12 @@ class VolumeDataModule(LightningDataModule):
         self._seed = 0
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
-        for key, value in (("batch_size", batch_size), ("samples_per_volume", samples_per_volume)):
+        self.patch_voxels = patch_voxels
+        for key, value in (
+            ("batch_size", batch_size),
+            ("samples_per_volume", samples_per_volume),
+            ("patch_voxels", 1 if patch_voxels is None else patch_voxels),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserInputError(f"data.{key}={value}: expected a whole number >= 1")
         if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
