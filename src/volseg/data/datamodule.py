@@ -13,7 +13,7 @@ from typing import Any
 import monai
 import torch
 from lightning.pytorch import LightningDataModule
-from monai.data import CacheDataset, Dataset, PersistentDataset, list_data_collate
+from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.data.utils import pickle_hashing
 from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader
@@ -58,7 +58,6 @@ from volseg.data.sampling import (
 )
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
-from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError, raise_problems
 from volseg.utils.units import GIB, MIB
 
@@ -109,56 +108,28 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
 class VolumeDataModule(LightningDataModule):
     """Training patches and whole validation volumes from ``root``.
 
+    Every argument is a ``data.*`` key, documented with its default in
+    ``configs/data/folder.yaml``. Beyond it:
+
     Args:
-        root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names) and
-            optionally ``splits.json`` (``{"train": [names], "val": [names]}``) and
+        root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names),
+            optionally ``splits.json``, nnU-Net's ``splits_final.json`` (``fold``) and
             ``classes.json`` (class names, background first).
-        num_classes: classes including background; labels must lie in ``[0, num_classes)``;
-            ``None``: as many as ``root/classes.json`` names.
-        in_channels: image channels: 1 for 3-D files, ``C`` for 4-D NIfTI files that hold
-            ``C`` channels on their last axis; ``None``: any number (not checked).
-        patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
-            ``auto`` in the config is planned from the data by the run plan before this class
-            is built (:func:`volseg.plan.make_plan`).
+        num_classes: classes including background; ``None``: as ``root/classes.json`` names.
+        in_channels: image channels (a 4-D NIfTI file holds them on its last axis); ``None``:
+            any number (not checked).
+        patch_size: training patch ``[D, H, W]`` (voxels), also the sliding-window ROI; ``auto``
+            is planned by the run plan before this class is built (:func:`volseg.plan.make_plan`).
         patch_voxels: the voxel budget of ``patch_size=auto`` (the planner reads it from the
             config; checked here, so a bad value is named whether or not the patch is auto).
-        batch_size: patches per training step.
-        samples_per_volume: patches drawn from each training volume per epoch (epoch length =
-            ``len(train) * samples_per_volume / batch_size`` steps).
-        val_fraction, split_seed: the random split when there is no ``splits.json`` or
-            ``splits_final.json``.
-        fold: the fold of nnU-Net's ``splits_final.json`` (a list of folds) to train on
-            (``None``: ``splits.json`` if present, else fold 0).
-        class_ratios: sampling weight per class for patch centres (``None``: equal).
-        class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
-        num_workers, pin_memory, persistent_workers: loader settings, each a value or ``auto``
-            (from the device: see :func:`volseg.data.loader_options.resolve_loader_options`).
-        cache: where loaded volumes (after loading, resampling and normalization: the steps
-            before the random transforms) are kept: ``memory`` (MONAI ``CacheDataset``, the first
-            ``cache_rate`` of the volumes in host RAM; ``train.py`` refuses to start when they
-            would not fit), ``disk`` (MONAI ``PersistentDataset``: written once under
-            ``cache_dir``, read per sample, reused by later runs) or ``none`` (every sample
-            loaded from the files).
-        cache_rate: with ``cache=memory``, the fraction of the volumes kept in memory.
-        cache_dir: with ``cache=disk``, the folder of the caches (one subfolder per loading
-            setting: see :func:`disk_cache_dir`).
-        orientation: axis codes every NIfTI case is reoriented to when loaded (``RAS``, as MONAI
-            and nnU-Net users expect; ``None``: as stored); TIFF/HDF5 carry no orientation and
-            are read as stored. Predictions are written back in each input's own orientation.
-        max_locations_per_class: voxel locations kept per class for the class-balanced crop
-            (evenly spaced; ``None``: all), computed once per cached volume
-            (:func:`volseg.data.transforms.class_locations`).
-        synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
-            exist, the embedded synthetic dataset is generated there first.
-        mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
-            built from the MNI152 template (:func:`volseg.data.mni152.build_mni152_dataset`).
-        augment: training augmentations (:func:`volseg.data.transforms.augment_transforms`);
-            keys left ``None``: the folder's own (:mod:`volseg.data.dataset_defaults`), else
-            the defaults there.
+        cache: ``memory`` (MONAI ``CacheDataset``), ``disk`` (``PersistentDataset`` under
+            ``cache_dir``, one subfolder per loading setting: :func:`disk_cache_dir`) or
+            ``none``: where the volumes are kept after the steps before the random transforms.
+        synthetic, mni152: ``{"root": ..., **builder kwargs}``: if ``root`` is that folder and it
+            does not exist, the embedded dataset is built there first.
+        augment: :func:`volseg.data.transforms.augment_transforms`; keys left ``None``: the
+            folder's own (:mod:`volseg.data.dataset_defaults`), else the defaults there.
         check_only: for ``train.py``: check the cases and stop (read by the entry point).
-        spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
-            µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
-            of the resampled grid.
     """
 
     def __init__(
@@ -236,28 +207,23 @@ class VolumeDataModule(LightningDataModule):
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
         self.patch_voxels = patch_voxels
-        for key, value in (
-            ("batch_size", batch_size),
-            ("samples_per_volume", samples_per_volume),
-            ("patch_voxels", 1 if patch_voxels is None else patch_voxels),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserInputError(f"data.{key}={value}: expected a whole number >= 1")
+        whole = {"batch_size": batch_size, "samples_per_volume": samples_per_volume}
+        # null: no budget (a fixed patch) and every voxel location
+        optional = {
+            "patch_voxels": patch_voxels,
+            "max_locations_per_class": max_locations_per_class,
+        }
+        for key, value in [*whole.items(), *optional.items()]:
+            if (key in optional and value is None) or (type(value) is int and value >= 1):
+                continue
+            null = ", or null" if key in optional else ""
+            raise UserInputError(f"data.{key}={value}: expected a whole number >= 1{null}")
         if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
         if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
             raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
         if cache not in CACHE_MODES:
             raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
-        if max_locations_per_class is not None and (
-            isinstance(max_locations_per_class, bool)
-            or not isinstance(max_locations_per_class, int)
-            or max_locations_per_class < 1
-        ):
-            raise UserInputError(
-                f"data.max_locations_per_class={max_locations_per_class}: expected a whole "
-                "number >= 1, or null (every voxel)"
-            )
         if cache == "disk" and self.cache_dir is None:
             raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
         if str(patch_size) == "auto":
@@ -602,14 +568,9 @@ class VolumeDataModule(LightningDataModule):
             self._train_ds,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=options.num_workers,
-            pin_memory=options.pin_memory,
-            persistent_workers=options.persistent_workers,
-            multiprocessing_context=options.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
             generator=torch.Generator().manual_seed(self._seed),
+            **options.loader_kwargs(),
         )
         loader.progress = self._epoch_progress  # its position goes into every checkpoint
         return loader
@@ -623,15 +584,9 @@ class VolumeDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         """Whole validation volumes, batch 1, each with ``"counted"``: every case once across
         ranks, every rank the same number of batches (:class:`ShardedEvalSampler`)."""
-        options = self.loader_options()
         return DataLoader(
             EvalItems(self._val_ds),
             sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
             batch_size=1,
-            num_workers=options.num_workers,
-            pin_memory=options.pin_memory,
-            persistent_workers=options.persistent_workers,
-            multiprocessing_context=options.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
+            **self.loader_options().loader_kwargs(),
         )

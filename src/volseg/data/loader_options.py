@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from monai.data import list_data_collate
+
+from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError
 
 #: more workers than this rarely feed one GPU faster, and each holds its own copy of the batch
@@ -25,6 +28,18 @@ class LoaderOptions:
     multiprocessing_context: str | None = None
     #: where ``num_workers=auto`` took its cores from, for the log
     cores_from: str = field(default="", compare=False)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader`` arguments of every volseg loader: these settings, MONAI's collation
+        and :func:`volseg.data.workers.init_loader_worker`."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "multiprocessing_context": self.multiprocessing_context,
+            "collate_fn": list_data_collate,
+            "worker_init_fn": init_loader_worker,
+        }
 
 
 def available_cores() -> int:
