@@ -55,13 +55,22 @@ def require_h5py():
     return require("h5py", "HDF5 files")
 
 
-def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, float, float]:
+def _unsupported(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
+    )
+
+
+def _affine(spacing_zyx: Sequence[float]) -> np.ndarray:
+    """The 4x4 affine (file axes ``x, y, z``) of a grid of voxel size ``[z, y, x]``."""
+    sz, sy, sx = (float(v) for v in spacing_zyx)
+    return np.diag([sx, sy, sz, 1.0])
+
+
+def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, ...]:
     """``element_size_um`` of the dataset or its file (last three entries: z, y, x); else 1."""
     size = dataset.attrs.get(HDF5_SPACING_ATTR, dataset.file.attrs.get(HDF5_SPACING_ATTR))
-    if size is None or len(size) < 3:
-        return 1.0, 1.0, 1.0
-    sz, sy, sx = (float(v) for v in size[-3:])
-    return sz, sy, sx
+    return (1.0, 1.0, 1.0) if size is None or len(size) < 3 else tuple(size[-3:])
 
 
 def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
@@ -77,115 +86,90 @@ def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
     return file[key]
 
 
-def channels_of_files(loaded: Sequence[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
-    """The array and metadata MONAI's ``LoadImage`` expects from a reader's ``get_data``.
+def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
+    """Voxel spacing from ImageJ metadata and resolution tags; 1.0 where absent."""
 
-    One file: its array and header. Several (one per channel of a case): their arrays joined
-    on the channel axis (a new first axis for files without one), with the first file's header;
-    the case checks (:mod:`volseg.data.cases`) compare the files' shapes and affines first.
+    def per_pixel(tag_name: str) -> float:
+        tag = tif.pages[0].tags.get(tag_name)
+        num, den = tag.value if tag is not None else (0, 1)
+        return den / num if num else 1.0
+
+    sz = float((tif.imagej_metadata or {}).get("spacing", 1.0))
+    return sz, per_pixel("YResolution"), per_pixel("XResolution")
+
+
+class _StackReader(ImageReader):
+    """A MONAI reader of volumes stored ``(Z, Y, X)`` or ``(C, Z, Y, X)`` with a voxel size.
+
+    Returns arrays in file axis order ``(X, Y, Z)`` (channels first when present) like MONAI's
+    NIfTI reader, with an affine from the voxel size, so every format goes through the same
+    transforms. Several files (one per channel of a case) are joined on the channel axis (a new
+    first axis for files without one), with the first file's header; the case checks
+    (:mod:`volseg.data.cases`) compare the files' shapes and affines first.
     """
-    arrays = [array for array, _ in loaded]
-    meta = dict(loaded[0][1])
-    if len(arrays) == 1:
-        return arrays[0], meta
-    if meta.get(MetaKeys.ORIGINAL_CHANNEL_DIM) == 0:  # files with a channel axis of their own
-        return np.concatenate(arrays, axis=0), meta
-    meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
-    return np.stack(arrays, axis=0), meta
+
+    suffixes: tuple[str, ...] = ()
+
+    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
+        return is_supported_format(filename, list(self.suffixes))
+
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
+        raise NotImplementedError
+
+    def read(self, data: Sequence[str] | str, **kwargs: Any):
+        names = [data] if isinstance(data, str | Path) else list(data)
+        volumes = [self.read_one(str(name)) for name in names]
+        return volumes if len(volumes) > 1 else volumes[0]
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        arrays, meta = [], {}
+        for array, spacing in img if isinstance(img, list) else [img]:
+            channels = array.ndim == 4
+            if not meta:
+                meta = {
+                    MetaKeys.AFFINE: _affine(spacing),
+                    MetaKeys.ORIGINAL_AFFINE: _affine(spacing),
+                    MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[-3:][::-1]),
+                    MetaKeys.SPACE: SpaceKeys.RAS,
+                    MetaKeys.ORIGINAL_CHANNEL_DIM: 0 if channels else float("nan"),
+                }
+            axes = (0, 3, 2, 1) if channels else (2, 1, 0)
+            arrays.append(np.ascontiguousarray(array.transpose(axes)))
+        if len(arrays) == 1:
+            return arrays[0], meta
+        if meta[MetaKeys.ORIGINAL_CHANNEL_DIM] == 0:  # files with a channel axis of their own
+            return np.concatenate(arrays, axis=0), meta
+        meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
+        return np.stack(arrays, axis=0), meta
 
 
-class HDF5Reader(ImageReader):
-    """MONAI reader for one dataset ``key`` of HDF5 files: ``(Z, Y, X)`` or ``(C, Z, Y, X)``.
+class HDF5Reader(_StackReader):
+    """MONAI reader for one dataset ``key`` of HDF5 files (only that dataset is read)."""
 
-    Reads only that dataset. Returns arrays in file axis order ``(X, Y, Z)`` (channels first
-    when present) like MONAI's NIfTI reader, with an affine from ``element_size_um``.
-    """
+    suffixes = ("h5", "hdf5")
 
     def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
 
-    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        return is_supported_format(filename, ["h5", "hdf5"])
-
-    def read(self, data: Sequence[str] | str, **kwargs: Any):
-        names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = []
-        for name in names:
-            with require_h5py().File(name, "r") as f:
-                dataset = _hdf5_dataset(f, self.key, Path(name))
-                volumes.append((dataset[()], _hdf5_spacing_zyx(dataset)))
-        return volumes if len(volumes) > 1 else volumes[0]
-
-    def get_data(self, img) -> tuple[np.ndarray, dict]:
-        items = img if isinstance(img, list) else [img]
-        loaded: list[tuple[np.ndarray, dict]] = []
-        for array, (sz, sy, sx) in items:
-            channels = array.ndim == 4
-            header: dict = {
-                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
-                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[-3:][::-1]),
-                MetaKeys.SPACE: SpaceKeys.RAS,
-                MetaKeys.ORIGINAL_CHANNEL_DIM: 0 if channels else float("nan"),
-            }
-            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
-            axes = (0, 3, 2, 1) if channels else (2, 1, 0)
-            loaded.append((np.ascontiguousarray(array.transpose(axes)), header))
-        return channels_of_files(loaded)
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        with require_h5py().File(name, "r") as f:
+            dataset = _hdf5_dataset(f, self.key, Path(name))
+            return dataset[()], _hdf5_spacing_zyx(dataset)
 
 
-def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
-    """Voxel spacing from ImageJ metadata and resolution tags; 1.0 where absent."""
-    sz = float((tif.imagej_metadata or {}).get("spacing", 1.0))
-    page = tif.pages[0]
-    sy = sx = 1.0
-    for tag_name, axis in (("YResolution", "y"), ("XResolution", "x")):
-        tag = page.tags.get(tag_name)
-        if tag is not None:
-            num, den = tag.value
-            if num:
-                value = den / num
-                sy, sx = (value, sx) if axis == "y" else (sy, value)
-    return sz, sy, sx
+class TiffStackReader(_StackReader):
+    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included)."""
 
+    suffixes = ("tif", "tiff")
 
-class TiffStackReader(ImageReader):
-    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included).
-
-    Returns arrays ``(X, Y, Z)`` like MONAI's NIfTI reader, with an affine built from the ImageJ
-    voxel spacing, so TIFF and NIfTI datasets go through the same transforms.
-    """
-
-    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        return is_supported_format(filename, ["tif", "tiff"])
-
-    def read(self, data: Sequence[str] | str, **kwargs: Any):
-        names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = []
-        for name in names:
-            with tifffile.TiffFile(name) as tif:
-                array = tif.asarray()
-                spacing = _tiff_spacing_zyx(tif)
-            if array.ndim != 3:
-                raise ValueError(
-                    f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}"
-                )
-            volumes.append((array, spacing))
-        return volumes if len(volumes) > 1 else volumes[0]
-
-    def get_data(self, img) -> tuple[np.ndarray, dict]:
-        items = img if isinstance(img, list) else [img]
-        loaded: list[tuple[np.ndarray, dict]] = []
-        for array, (sz, sy, sx) in items:
-            header: dict = {
-                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
-                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[::-1]),
-                MetaKeys.SPACE: SpaceKeys.RAS,
-                MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan"),
-            }
-            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
-            loaded.append((np.ascontiguousarray(array.transpose(2, 1, 0)), header))
-        return channels_of_files(loaded)
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        with tifffile.TiffFile(name) as tif:
+            array, spacing = tif.asarray(), _tiff_spacing_zyx(tif)
+        if array.ndim != 3:
+            raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+        return array, spacing
 
 
 class NiftiReader(NibabelReader):
@@ -225,43 +209,29 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
         img = nib.load(str(path))
         stored = tuple(int(s) for s in img.shape)  # x, y, z (, channels)
         channels = stored[3] if len(stored) == 4 else 1
-        spatial = stored[:3] if len(stored) == 4 else stored
-        return {
-            "format": fmt,
-            "shape_zyx": spatial[::-1],
-            "affine": img.affine,
-            "channels": channels,
-            "stored_shape": stored,
-        }
-    if fmt == "tiff":
+        spatial, affine = (stored[:3] if len(stored) == 4 else stored)[::-1], img.affine
+    elif fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
-            series = tif.series[0]
-            sz, sy, sx = _tiff_spacing_zyx(tif)
-            shape = tuple(int(s) for s in series.shape)
-        affine = np.diag([sx, sy, sz, 1.0])
-        return {
-            "format": fmt,
-            "shape_zyx": shape,
-            "affine": affine,
-            "channels": 1,
-            "stored_shape": shape,
-        }
-    if fmt == "hdf5":
+            stored = tuple(int(s) for s in tif.series[0].shape)
+            spatial, channels, affine = stored, 1, _affine(_tiff_spacing_zyx(tif))
+    elif fmt == "hdf5":
         with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
-            shape = tuple(int(s) for s in dataset.shape)
-            sz, sy, sx = _hdf5_spacing_zyx(dataset)
-        channels = shape[0] if len(shape) == 4 else 1
-        return {
-            "format": fmt,
-            "shape_zyx": shape[1:] if len(shape) == 4 else shape,
-            "affine": np.diag([sx, sy, sz, 1.0]),
-            "channels": channels,
-            "stored_shape": shape,
-        }
-    raise ValueError(
-        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
-    )
+            stored, affine = (
+                tuple(int(s) for s in dataset.shape),
+                _affine(_hdf5_spacing_zyx(dataset)),
+            )
+        channels = stored[0] if len(stored) == 4 else 1
+        spatial = stored[1:] if len(stored) == 4 else stored
+    else:
+        raise _unsupported(path)
+    return {
+        "format": fmt,
+        "shape_zyx": spatial,
+        "affine": affine,
+        "channels": channels,
+        "stored_shape": stored,
+    }
 
 
 def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
@@ -311,8 +281,8 @@ def write_volume(
     if fmt is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     if affine is None:
-        sz, sy, sx = spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0)
-        affine = np.diag([sx, sy, sz, 1.0])
+        affine = _affine(spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0))
+    sz, sy, sx = (float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0))
     channels = array_zyx.ndim == 4
     if fmt == "nifti":
         axes = (3, 2, 1, 0) if channels else (2, 1, 0)
@@ -323,10 +293,8 @@ def write_volume(
             if key in f:
                 del f[key]
             dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
-            spacing = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
-            dataset.attrs[HDF5_SPACING_ATTR] = spacing
+            dataset.attrs[HDF5_SPACING_ATTR] = [sz, sy, sx]
     elif fmt == "tiff":
-        sx, sy, sz = (float(np.linalg.norm(affine[:3, i])) for i in range(3))
         tifffile.imwrite(
             path,
             array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
@@ -335,9 +303,7 @@ def write_volume(
             metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
     else:
-        raise ValueError(
-            f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
-        )
+        raise _unsupported(path)
     return path
 
 
