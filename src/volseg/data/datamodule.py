@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader
 from volseg.data.cases import (
     Case,
     case_problems,
-    check_inputs,
     find_cases,
     find_inputs,
     in_channels_fix,
+    input_problems,
     split_cases,
 )
 from volseg.data.dataset_defaults import (
@@ -451,7 +451,7 @@ class VolumeDataModule(LightningDataModule):
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""
         cases = find_inputs(path)
-        check_inputs(cases, in_channels, self.orientation)
+        raise_problems(input_problems(cases, in_channels, self.orientation), "the input")
         return cases
 
     def predict_transforms(self) -> Compose:

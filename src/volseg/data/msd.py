@@ -37,7 +37,7 @@ from typing import Any
 
 from monai.data import load_decathlon_datalist
 
-from volseg.data.cases import Case, find_inputs, input_problems, is_volume_file
+from volseg.data.cases import Case, find_inputs, input_problems, volume_files
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
@@ -160,15 +160,6 @@ def group_channel_files(
     return dict(sorted(groups.items())), plain
 
 
-def _volumes(folder: Path, endings: Sequence[str]) -> dict[str, Path]:
-    """``{name: path}`` of the volume files in ``folder`` (hidden files left out)."""
-    return {
-        p.name: p
-        for p in sorted(folder.iterdir())
-        if match_suffix(p.name, endings) and is_volume_file(p)
-    }
-
-
 def detect_layout(
     root: Path, dataset: dict[str, Any], images: dict[str, Path], labels: dict[str, Path]
 ) -> str:
@@ -220,7 +211,7 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     if missing:
         raise UserInputError(f"data.root={root}: not an msd dataset folder", missing)
     endings = [dataset["file_ending"]] if dataset["file_ending"] else list(VOLUME_SUFFIXES)
-    labels, images = _volumes(labels_dir, endings), _volumes(images_dir, endings)
+    labels, images = volume_files(labels_dir, endings), volume_files(images_dir, endings)
     layout = detect_layout(root, dataset, images, labels)
     groups, plain = group_channel_files(list(images.values()), endings)
     if layout == "decathlon":
