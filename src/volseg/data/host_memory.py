@@ -1,32 +1,19 @@
-"""Host memory of the data side of a training run, estimated from the files' headers.
+"""Host memory of the data side of a training run, estimated from the files' headers, per
+training process (a DDP rank has its own):
 
-What the loading side holds in host RAM, per training process (a DDP rank has its own):
+- caches (``data.cache=memory``): the first ``int(len * cache_rate)`` volumes of each split
+  (MONAI ``CacheDataset``'s count), float32 image and label (``LoadImaged`` reads labels as
+  float32 too) after ``data.spacing``; training volumes padded to the patch, with their class
+  locations (int64, up to ``max_locations_per_class`` per class);
+- loader copies: each loading process works on one volume: a volume cached in memory is read in
+  place (``copy_cache=False``: only its patch is copied), one on disk is read whole, an uncached
+  one read and converted (two copies) with its class locations found again;
+- batches in flight: ``PREFETCH_FACTOR`` per worker, as many pinned with ``pin_memory``;
+  validation batches are whole volumes. The two loaders never load at once: the larger counts.
 
-- the training cache (``data.cache=memory``): the first ``int(len(train) * cache_rate)`` training
-  volumes (MONAI ``CacheDataset`` caches that many, in order) after the loading transforms:
-  ``channels x voxels x 4`` bytes of float32 image plus ``voxels x 4`` bytes of label (MONAI's
-  ``LoadImaged`` reads labels as float32 too), voxels counted after resampling to
-  ``data.spacing`` and padding to the patch (the padding is cached with the volume);
-- the validation cache: the same for the validation volumes (unpadded);
-- the class locations cached with each training volume: up to ``max_locations_per_class``
-  int64 voxel indices per class (:func:`volseg.data.transforms.class_locations`);
-- loader copies: each process that loads (every loader worker, or the training process with
-  ``num_workers=0``) works on one volume at a time. A volume cached in memory is read in place
-  (``CacheDataset(copy_cache=False)``): only its patch is copied. One cached on disk is read
-  whole per sample (one copy); an uncached volume is read and converted (two copies) and its
-  class locations found again (an int64 index per voxel, at most);
-- batches in flight: each worker prefetches ``PREFETCH_FACTOR`` batches (in shared memory), and
-  with ``pin_memory`` as many pinned copies wait for the device. Validation batches are whole
-  volumes.
-
-Training and validation loaders do not load at once, so the larger of their in-flight parts is
-counted. Forked loader workers share the cache with the training process: the cached tensors are
-never written, so their pages stay shared (Python's reference counts touch the tensor objects,
-not their storage); ``ps``/``top`` count those pages again in every worker's RSS. Under another
-start method (``spawn``, ``forkserver``) each worker unpickles its own copy of the dataset, cache
-included, and that copy is counted. Not counted: each worker's interpreter and imported libraries
-(tens to hundreds of MiB of private pages), and the training step itself (on a CPU it is host
-memory too: see ``estimate_memory.py``'s step estimate).
+Forked workers share the cache's pages (never written; ``ps`` counts them in every worker's
+RSS); ``spawn``/``forkserver`` workers unpickle their own copy, which is counted. Not counted:
+each worker's interpreter and libraries, and the training step (``estimate_memory.py``).
 """
 
 from __future__ import annotations
@@ -83,15 +70,11 @@ def volume_bytes(
     locations: tuple[int, int | None] | None = None,
     orientation: str | None = None,
 ) -> VolumeBytes:
-    """Bytes of a case after loading (float32 image and label), from its headers only.
-
-    ``spacing``: the target voxel size ``[z, y, x]`` (``data.spacing``); ``pad_to``: the patch a
-    training volume is padded to before it is cached; ``locations``: ``(num_classes,
-    max_locations_per_class)`` of a training volume, whose class locations are cached with it
-    (int64; at most ``min(voxels, num_classes * max)``, exact when every class has more voxels
-    than the limit or the limit exceeds the volume); ``orientation``: ``data.orientation``
-    (a NIfTI volume's axes after reorienting).
-    """
+    """Bytes of a case after loading (float32 image and label), from its headers only:
+    resampled to ``spacing`` ``[z, y, x]`` after reorienting to ``orientation``, padded to
+    ``pad_to`` (a training volume's patch), with ``locations=(num_classes,
+    max_locations_per_class)``: its cached class locations (int64, at most ``min(voxels,
+    num_classes * max)``)."""
     channels = 0
     geometry: dict[str, Any] = {}
     for path in case.image_files:
@@ -118,14 +101,9 @@ def cached_count(num_items: int, cache_rate: float) -> int:
 
 @dataclass
 class HostEstimate:
-    """Host memory of the data side, in bytes, for all training processes of this machine.
-
-    ``train_cache``/``val_cache``: the cached volumes (``data.cache=memory``; 0 otherwise), per
-    process; ``train_loading``/``val_loading``: volume copies and batches in flight while that
-    loader runs, per process; ``spawned_copies``: the caches each non-forked worker holds again;
-    ``process_rss``: this process now (VmRSS); ``rejected``: cases the checks will reject
-    (unreadable headers: not counted; smaller than the patch in every axis).
-    """
+    """Host memory of the data side (bytes): caches, loaders' copies and batches
+    (``*_loading``) and the caches non-forked workers hold again (``spawned_copies``), per
+    process; ``process_rss``: this process now; ``rejected``: cases the checks will reject."""
 
     cache: str
     cache_rate: float
@@ -185,11 +163,8 @@ def estimate_host(
     start_method: str | None = None,
     rejected: Sequence[str] = (),
 ) -> HostEstimate:
-    """The data side's host memory (see the module docstring for what is counted and why).
-
-    ``train``: training volumes in the order the dataset holds them, padded to the patch;
-    ``val``: validation volumes; ``num_workers``/``pin_memory``: the resolved loader settings.
-    """
+    """The data side's host memory (the module docstring says what counts): ``train`` in the
+    dataset's order, padded to the patch; ``num_workers``/``pin_memory`` resolved."""
     start_method = start_method or multiprocessing.get_start_method()
     in_memory = cache == "memory"
     n_train = cached_count(len(train), cache_rate) if in_memory else 0

@@ -1,29 +1,9 @@
-"""The Medical Segmentation Decathlon's layout, as its archives ship it, and nnU-Net's.
-
-```
-ROOT/dataset.json   {"modality": {"0": "FLAIR", "1": "T1w", ...},   (or "channel_names")
-                     "labels": {"0": "background", "1": "edema"},    (or {"background": 0})
-                     "training": [{"image": "./imagesTr/BRATS_001.nii.gz",
-                                   "label": "./labelsTr/BRATS_001.nii.gz"}, ...],  (optional)
-                     "test": ["./imagesTs/BRATS_485.nii.gz", ...],                   (optional)
-                     "numTraining": 484, "file_ending": ".nii.gz"}   (optional, checked)
-```
-
-Two layouts of ``imagesTr/`` (and ``imagesTs/``), told apart from the files and
-``dataset.json`` (:func:`detect_layout`):
-
-- ``decathlon``, as the Decathlon's ``TaskNN_*.tar`` archives hold it: one file per case,
-  ``imagesTr/<id>.nii.gz``, named as its label; a 3-D volume, or a 4-D one with the modalities
-  on its last axis (``x, y, z, modality``: brain tumour 4, prostate 2);
-- ``nnunet``, nnU-Net's conversion of a task: one 3-D file per channel,
-  ``imagesTr/<id>_0000.nii.gz``, ``<id>_0001.nii.gz``, ...
-
-``labelsTr/<id>.nii.gz`` holds each case's label in both. ``num_classes`` and ``in_channels``
-come from ``dataset.json`` (``labels`` and ``modality`` / ``channel_names``); ``train.py``
-builds the network with them. The ``training`` list is read with MONAI's
-``load_decathlon_datalist`` and checked against the files; ``predict.py input=ROOT`` predicts
-the ``test`` list (else ``imagesTs/``). Hidden files (macOS ``._<name>`` files in the archives)
-are not cases.
+"""The Medical Segmentation Decathlon's layout, as its archives ship it, and nnU-Net's
+(``docs/data.md``): ``dataset.json`` (``labels``, ``modality`` or ``channel_names``, optional
+``training``/``test`` lists, ``numTraining``, ``file_ending``), ``imagesTr/``, ``labelsTr/``,
+``imagesTs/``. Images are one file per case in the ``decathlon`` layout (3-D, or 4-D with the
+modalities last), one ``<id>_NNNN`` file per channel in ``nnunet``'s (:func:`detect_layout`);
+``num_classes`` and ``in_channels`` come from ``dataset.json``.
 """
 
 from __future__ import annotations
