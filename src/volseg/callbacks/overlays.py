@@ -1,10 +1,5 @@
-"""Validation overlays (image, ground truth, prediction) as pictures.
-
-PNGs always land in the run dir; W&B gets the slices with interactive masks and TensorBoard the
-same pictures as images, for whichever of those loggers are on. With ``log_memory_charts`` the
-memory monitor's charts go to the same loggers at fit end
-(:mod:`volseg.memory.monitor.chart_logging`).
-"""
+"""Validation overlays (image, ground truth, prediction) as pictures in the run dir, W&B and
+TensorBoard."""
 
 from __future__ import annotations
 
@@ -105,16 +100,12 @@ def render_overlay(
 
 
 class ValidationOverlays(Callback):
-    """Every ``every_n_epochs`` epochs (``None``: every validation): ``num_slices`` z-slices of
-    the first ``max_volumes`` validation volumes as image + ground truth + prediction overlays.
-
-    Written as ``output_dir/epoch_<E>_<case>.png``, logged to W&B (``val/overlays``: images with
-    ground truth and prediction masks, class names as labels) and TensorBoard
-    (``val/overlays/<case>``). At fit end the memory monitor's timeline and per-layer chart (where
-    they exist) go to W&B and TensorBoard too. Only global rank 0 writes.
-
-    Uses the validation step's output ``{"pred": (B, D, H, W)}`` and the batch's ``image``
-    ``(B, C, D, H, W)`` (channel 0 is drawn), ``label`` ``(B, 1, D, H, W)`` and ``image_path``.
+    """Every ``every_n_epochs`` epochs (``None``: every validation), ``num_slices`` z-slices of
+    the first ``max_volumes`` validation volumes (the step's ``{"pred": (B, D, H, W)}``, the
+    batch's ``image`` ``(B, C, D, H, W)``, channel 0 drawn, and ``label`` ``(B, 1, D, H, W)``) as
+    ``output_dir/epoch_<E>_<case>.png``, W&B ``val/overlays`` (with masks) and TensorBoard
+    ``val/overlays/<case>``; with ``log_memory_charts``, the memory monitor's charts at fit end
+    (:mod:`volseg.memory.monitor.chart_logging`). Only global rank 0 writes.
     """
 
     def __init__(

@@ -18,11 +18,9 @@ def _sync(module: LightningModule) -> None:
 
 
 class StepTimer(Callback):
-    """Logs ``time/step_s``: wall seconds of each optimizer step, from its first micro-batch's
-    start to its last one's end (forward and backward of every micro-batch of
-    ``trainer.accumulate_grad_batches``, and the update), the device synchronized on both ends
-    so that queued CUDA work is counted in its own step. The synchronization costs a little:
-    add it for measurements only
+    """Logs ``time/step_s``: wall seconds of each optimizer step (all its micro-batches and the
+    update), the device synchronized on both ends so that queued CUDA work counts in its own
+    step; for measurements
     (``+callbacks.step_timer._target_=volseg.callbacks.step_timer.StepTimer``).
     """
 
@@ -51,12 +49,9 @@ class StepTimer(Callback):
 
 
 class GpuTurn(Callback):
-    """Uses the device only while holding an exclusive lock on ``lock_file`` (``flock``): from
-    the start of training (after set-up) to its end, validation included, and around
-    prediction. Benchmark runs started side by side then train one at a time, their start-up
-    (imports, data, the CUDA context) overlapping another's training
-    (``+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn
-    +callbacks.gpu_turn.lock_file=PATH``). The lock goes with the process if it dies.
+    """Trains (and predicts) only while holding an exclusive ``flock`` on ``lock_file``, so
+    benchmark runs started side by side train one at a time, their start-up overlapping
+    another's training. The lock goes with the process if it dies.
     """
 
     def __init__(self, lock_file: str | Path) -> None:

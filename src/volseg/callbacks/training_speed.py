@@ -82,28 +82,17 @@ def machine_load() -> tuple[float | None, int]:
 
 
 class TrainingSpeed(Callback):
-    """Measures every optimizer step after ``warmup_steps`` of them and reports, in the log at
-    the end of fit, under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at every
-    epoch's end:
+    """Measures every optimizer step after ``warmup_steps`` and reports in the log at fit end,
+    under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at each epoch's end:
+    ``step_s`` (wall seconds per optimizer step, fetching included), ``data_wait_share`` (of it,
+    between one batch's end and the next one's start), ``samples_per_s`` (all processes),
+    ``tflops_per_s`` (``plan.yaml``'s ``estimate.flops_per_step`` per step second, per process)
+    and ``mfu`` (that over ``peak_tflops``; None: :data:`DENSE_PEAK_TFLOPS`'s for the GPU).
 
-    - ``step_s``: mean wall seconds per optimizer step, the batches' fetching included;
-    - ``data_wait_share``: the share of it the loop spent between one batch's end and the next
-      one's start (fetching the batch; on a GPU ahead of the loop, an upper bound of what the
-      device waited);
-    - ``samples_per_s``: training samples per second, all processes together;
-    - ``tflops_per_s``: the planned step's FLOPs (``plan.yaml``'s ``estimate.flops_per_step``:
-      convolutions and matrix products of forward, loss and backward, checkpointing's
-      recomputation included) per step second, per process;
-    - ``mfu``: that rate over the device's dense peak (``peak_tflops``; None looks the GPU up in
-      :data:`DENSE_PEAK_TFLOPS`); None on a CPU, for a GPU not in the table, or without the
-      planned step's FLOPs (``memory.plan_step=false``).
-
-    A data-wait share above ``data_wait_warning`` ends the fit with a warning that names the
-    loader's settings. A training batch that takes more than ``slow_step_factor`` times the
-    median of the ``recent_steps`` before it is logged as a warning (at most once per
-    ``recent_steps`` batches) with the machine's load: a shared or throttled CPU, a swapping host,
-    another job on the GPU. A load average above the cores at the start of training is
-    warned of too.
+    Warns when the data wait exceeds ``data_wait_warning``, when a batch takes more than
+    ``slow_step_factor`` times the median of the ``recent_steps`` before it (at most once per
+    ``recent_steps``, with the machine's load), and when the load average exceeds the cores at
+    the start of training.
     """
 
     summary_key = "speed"  # RunSummary puts summary() under this key of summary.json

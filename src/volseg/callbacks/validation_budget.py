@@ -12,17 +12,10 @@ log = logging.getLogger(__name__)
 
 
 class ValidationBudget(Callback):
-    """Keep whole-volume validation to about ``max_fraction`` of the run's time.
-
-    After each validation, ``trainer.check_val_every_n_epoch`` is raised (never lowered below
-    its configured value) to ``ceil(validation time / (max_fraction × epoch time))``: a short
-    epoch with an expensive validation is validated less often. With ``trainer.max_time``, the
-    epoch that is the last to fit (its training and one validation) is validated and the run
-    stops after it, so the time budget does not end on unvalidated training; with
-    ``trainer.max_epochs``, the last epoch is always validated.
-
-    Args:
-        max_fraction: the share of the time spent validating to aim at (0 < f < 1).
+    """Keep whole-volume validation to about ``max_fraction`` (0 < f < 1) of the run's time:
+    ``trainer.check_val_every_n_epoch`` is raised (never below its configured value) to
+    ``ceil(validation time / (max_fraction × epoch time))``. The last epoch is validated: with
+    ``trainer.max_time``, the last whose training and validation fit (the run stops after it).
     """
 
     def __init__(self, max_fraction: float = 0.1) -> None:
