@@ -1,11 +1,8 @@
 """A dataset folder's own defaults: ``<root>/dataset_defaults.json``, written with the dataset.
 
-The embedded dataset's objects are rotation-free, so every mirroring and in-plane 90° turn is a
-valid view of them; on anatomy the same augmentations destroy the position cues the classes
-depend on. The choice belongs to the data, not to the config that points at them: the generator
-writes it into the folder (``{"augment": {"flip_axes": [0, 1, 2], ...}}``), so a copy or a
-symlink of the folder keeps it, and any other folder gets ``data=folder``'s anatomy defaults.
-An ``augment`` key left ``null`` in the config takes the folder's value; a value given wins.
+Mirroring and 90° turns are valid views of the embedded dataset's objects but destroy anatomy's
+position cues: the choice belongs to the data, so the generator writes it into the folder (a
+copy keeps it). An ``augment`` key left ``null`` in the config takes the folder's value.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ ROOT/vol_001.h5      (names: data.raw_key, data.label_key; voxel size: element_s
 ROOT/splits.json     optional, as in the folder layout
 ```
 
-Only the named datasets are read (checks read headers and the voxels they test; training reads
-each volume once into the cache). Predictions go into HDF5 files with a ``predictions`` dataset.
+Only the named datasets are read. Predictions go into HDF5 files with a ``predictions`` dataset.
 """
 
 from __future__ import annotations
@@ -51,12 +50,8 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
 
 
 class HDF5DataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for a folder of HDF5 files (see the module docstring).
-
-    Args:
-        raw_key, label_key: the image and label datasets inside each file.
-        **kw: as :class:`VolumeDataModule`; ``in_channels`` must match ``raw``'s channel axis.
-    """
+    """:class:`VolumeDataModule` for a folder of HDF5 files, ``raw_key`` and ``label_key`` the
+    image and label datasets inside each."""
 
     def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
         super().__init__(root, **kw)

@@ -120,13 +120,9 @@ def make_case(
     max_rotation_deg: float = 8.0,
     elastic_mm: float = 3.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One view of the template (see the module docstring).
-
-    Returns ``(image, label, affine)``: float32 ``(X, Y, Z)`` intensities, uint8 ``(X, Y, Z)``
-    labels in ``[0, len(task_classes(task)))`` and the 4×4 voxel-to-mm affine (file axis order,
-    as NIfTI stores it). The region tasks need ``template["atlas"]`` and ``template["lookup"]``
-    (:func:`load_atlas`).
-    """
+    """One view of the template: float32 ``(X, Y, Z)`` image, uint8 ``(X, Y, Z)`` labels of
+    ``task_classes(task)`` and the 4×4 voxel-to-mm affine. The region tasks need
+    ``template["atlas"]`` and ``template["lookup"]`` (:func:`load_atlas`)."""
     task_classes(task)  # an unknown task fails here, before any work
     ndimage = require("scipy.ndimage", f"data.mni152.task={task}")
     rng = np.random.default_rng(seed)
@@ -206,12 +202,8 @@ def build_mni152_dataset(
     seed: int = 0,
     template_resolution: int = 2,
 ) -> Path:
-    """Write ``num_cases`` views of the template into ``root/images``, ``root/labels``, with
-    ``splits.json`` (last ``num_val`` cases: validation) and ``classes.json``.
-
-    Deterministic for a given ``seed``. Written to a temporary folder and
-    renamed into place, so an interrupted run leaves no half-written dataset.
-    """
+    """Write ``num_cases`` views of the template (the last ``num_val``: validation) through
+    :func:`volseg.data.io.write_dataset`; deterministic for a given ``seed``."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)

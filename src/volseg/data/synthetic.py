@@ -1,11 +1,6 @@
-"""The embedded default dataset: deterministic synthetic multiclass microscopy-like stacks.
-
-Five classes: background and four object kinds that differ by shape and texture, not by intensity
-alone — ``blob`` and ``tube`` share one mean intensity, ``shell`` and ``granule`` another — so a
-per-voxel intensity classifier cannot separate them (see :mod:`volseg.data.baselines`). Stacks are
-anisotropic like microscopy (z spacing 2x the in-plane spacing, so objects are flat in z), blurred
-and noisy. Files are real NIfTI (``.nii.gz``) or TIFF stacks in the ``images/`` + ``labels/``
-layout with a ``splits.json``.
+"""The embedded default dataset: deterministic synthetic microscopy-like stacks
+(``docs/data.md``): four object classes that differ by shape and texture, not by intensity
+alone (:mod:`volseg.data.baselines`), anisotropic (z spacing 2x in-plane), blurred and noisy.
 """
 
 from __future__ import annotations
@@ -124,14 +119,8 @@ def generate_synthetic_dataset(
     seed: int = 0,
     file_format: str = "nii.gz",
 ) -> Path:
-    """Write ``num_volumes`` stacks into ``root/images``, ``root/labels`` and ``root/splits.json``.
-
-    Deterministic for a given ``seed``. The last ``num_val`` cases form the validation split.
-    The folder carries its own augmentation defaults (``dataset_defaults.json``: every mirroring
-    and in-plane turn, see :mod:`volseg.data.dataset_defaults`).
-    Files are written to a temporary folder and renamed into place, so an interrupted run never
-    leaves a half-written dataset behind.
-    """
+    """Write ``num_volumes`` stacks (the last ``num_val``: validation) with the folder's own
+    augmentation defaults (:mod:`volseg.data.dataset_defaults`) through :func:`write_dataset`."""
 
     def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label = make_volume(shape, seed=seed * 100_003 + i)
