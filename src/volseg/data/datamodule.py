@@ -7,6 +7,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +71,9 @@ DISK_CACHE_VERSION = 1
 def item_hash(item: dict[str, Any]) -> bytes:
     """``PersistentDataset``'s key of an item: its file paths plus each file's size and
     modification time, so that a file rewritten in place is loaded again, not read stale."""
-    files = item["image"] if isinstance(item["image"], list) else [item["image"]]
-    if item.get("label"):
-        files = [*files, item["label"]]
+    images = item["image"] if isinstance(item["image"], list) else [item["image"]]
     stats = []
-    for name in files:
-        path = Path(name).resolve()
+    for path in (Path(name).resolve() for name in [*images, item.get("label")] if name):
         stat = path.stat() if path.exists() else None
         stats.append((str(path), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1))
     return pickle_hashing({**item, "files": stats})
@@ -83,21 +81,12 @@ def item_hash(item: dict[str, Any]) -> bytes:
 
 def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str, Any]) -> Path:
     """The folder of one disk cache: ``root/<role>-<hash>``, the hash taken over what decides the
-    cached arrays (the deterministic transforms up to the first random one, the loading
-    options, the MONAI version), so a change of e.g. ``data.spacing`` starts a new cache and
-    the old one stays as it was. ``key.json`` inside says what the hash covers."""
-    names = []
-    for t in transform.transforms:
-        if isinstance(t, Randomizable):
-            break
-        names.append(type(t).__name__)
-    key = {
-        "role": role,
-        "transforms": names,
-        "settings": settings,
-        "monai": monai.__version__,
-        "version": DISK_CACHE_VERSION,
-    }
+    cached arrays (the transforms before the first random one, the loading settings, the MONAI
+    version), so a change of e.g. ``data.spacing`` starts a new cache; ``key.json`` says what."""
+    cached = takewhile(lambda t: not isinstance(t, Randomizable), transform.transforms)
+    names = [type(t).__name__ for t in cached]
+    key = {"role": role, "transforms": names, "settings": settings, "monai": monai.__version__}
+    key["version"] = DISK_CACHE_VERSION
     text = json.dumps(key, sort_keys=True, default=str)
     folder = root / f"{role}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -268,10 +257,8 @@ class VolumeDataModule(LightningDataModule):
             write_dataset_defaults(self.root, EMBEDDED_DEFAULTS)
 
     def find(self) -> tuple[list[Case], list[str]]:
-        """The dataset's complete cases, and problems of the layout itself (one line each).
-
-        ``num_classes=None`` takes the class count from ``root/classes.json``.
-        """
+        """The dataset's complete cases, and problems of the layout itself (one line each);
+        ``num_classes=None`` takes the classes from ``root/classes.json``."""
         if self.num_classes is None:
             names_file = self.root / "classes.json"
             if not names_file.is_file():
@@ -284,10 +271,8 @@ class VolumeDataModule(LightningDataModule):
         return find_cases(self.root), []
 
     def check(self) -> None:
-        """Find, split and check all cases; raises :class:`UserInputError` before any training.
-
-        All problems of the layout (:meth:`find`) and of the cases' files are reported together.
-        """
+        """Find, split and check all cases: one :class:`UserInputError` with every problem of
+        the layout and of the cases' files, before any training."""
         if self._checked:
             return
         cases, problems = self.split()
@@ -355,8 +340,7 @@ class VolumeDataModule(LightningDataModule):
         self, device: str, devices: int = 1, cache_rate: float | None = None
     ) -> HostEstimate:
         """The data side's host memory (:mod:`volseg.data.host_memory`) from the cases' headers,
-        for training on ``device`` with ``devices`` processes on this machine. Cases whose
-        headers cannot be read are left out (the check names them)."""
+        training on ``device`` with ``devices`` processes on this machine."""
         sizes, rejected = self._volume_sizes()
         options = resolve_loader_options(
             self.num_workers, self.pin_memory, self.persistent_workers, device, devices
@@ -376,9 +360,8 @@ class VolumeDataModule(LightningDataModule):
         )
 
     def _volume_sizes(self) -> tuple[dict[str, list[VolumeBytes]], list[str]]:
-        """Each split's volumes after loading (from headers, read once), and the cases the
-        check will reject: unreadable headers, or a patch larger than the volume in every axis
-        (padded to such a patch, a volume's bytes would say nothing of the data)."""
+        """Each split's volumes after loading (from headers, read once), and the cases the check
+        will reject (unreadable, or smaller than the patch in every axis): left out."""
         if self._sizes is None:
             self.split()
             sizes: dict[str, list[VolumeBytes]] = {"train": [], "val": []}
@@ -402,13 +385,12 @@ class VolumeDataModule(LightningDataModule):
         return self._sizes
 
     def validation_shapes(self) -> list[list[int]]:
-        """``[D, H, W]`` of each validation volume as validation sees it (after spacing and
-        orientation; from the headers): what the inference memory estimate is made for."""
+        """``[D, H, W]`` of each validation volume as validation sees it (from the headers)."""
         return [list(size.shape_zyx) for size in self._volume_sizes()[0]["val"]]
 
     def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
         """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
-        the cache (and the loaders' copies) would not fit the RAM available; says what fits."""
+        the data side would not fit the RAM available, saying what fits."""
         if self.cache != "memory" or self.split()[1] or self._volume_sizes()[1]:
             return None  # a problem of the layout or of a case: the check reports it first
         est = self.host_estimate(device, devices)
@@ -481,8 +463,8 @@ class VolumeDataModule(LightningDataModule):
             )
 
     def _dataset(self, cases: Sequence[Case], transform: Compose, role: str) -> Dataset:
-        """The MONAI dataset ``data.cache`` asks for; each applies ``transform`` in
-        ``__getitem__`` from its first random transform on (the seeded sampling relies on it)."""
+        """The MONAI dataset ``data.cache`` asks for (each applies ``transform``'s random part in
+        ``__getitem__``: the seeded sampling relies on it)."""
         items = [c.as_dict() for c in cases]
         if self.cache == "memory":
             # copy_cache=False: a sample reads its cached volume in place instead of deep-copying
@@ -510,8 +492,7 @@ class VolumeDataModule(LightningDataModule):
         return Dataset(items, transform)
 
     def _log_uncached_cost(self) -> None:
-        """What ``data.cache=none`` costs: every sample reads, normalizes and indexes its whole
-        volume (from the headers: the largest training volume against one patch)."""
+        """What ``data.cache=none`` costs: the largest training volume against one patch."""
         sizes = self._volume_sizes()[0]["train"]
         largest = max(sizes, key=lambda v: v.voxels, default=None)
         if largest is None:
@@ -543,12 +524,9 @@ class VolumeDataModule(LightningDataModule):
         )
 
     def shard(self) -> tuple[int | None, int | None]:
-        """``(rank, world size)`` of this process among all training processes (every node's):
-        the trainer's, so that volseg's samplers shard as the strategy launched the ranks."""
+        """``(rank, world size)`` of this process: the trainer's (``None``: torch.distributed's)."""
         trainer = self.trainer
-        if trainer is None:
-            return None, None  # no trainer: torch.distributed's, if initialized
-        return trainer.global_rank, trainer.world_size
+        return (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
 
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSeededSampler(len(self._train_ds), self._seed, *self.shard())
@@ -582,8 +560,7 @@ class VolumeDataModule(LightningDataModule):
         return int(done), int(trainer.num_training_batches)
 
     def val_dataloader(self) -> DataLoader:
-        """Whole validation volumes, batch 1, each with ``"counted"``: every case once across
-        ranks, every rank the same number of batches (:class:`ShardedEvalSampler`)."""
+        """Whole validation volumes, batch 1, sharded by :class:`ShardedEvalSampler`."""
         return DataLoader(
             EvalItems(self._val_ds),
             sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
