@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from volseg.data.loader_options import available_cores
 from volseg.utils.precision import HALF
 
 log = logging.getLogger(__name__)
@@ -44,23 +45,17 @@ def dense_peak_tflops(device_name: str, precision: str) -> float | None:
     """The dense peak (TFLOP/s) of a GPU named ``device_name`` (``torch.cuda.get_device_name``)
     at Lightning's ``precision``; None for a GPU not in :data:`DENSE_PEAK_TFLOPS` and for
     float32 without TF32."""
-    if str(precision) in HALF:
-        kind = "half"
-    elif torch.backends.cudnn.allow_tf32:
-        kind = "tf32"
-    else:
+    kind = "half" if str(precision) in HALF else "tf32"
+    if kind == "tf32" and not torch.backends.cudnn.allow_tf32:
         return None
-    for pattern, peaks in DENSE_PEAK_TFLOPS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return peaks[kind]
-    return None
+    found = (p for name, p in DENSE_PEAK_TFLOPS if re.search(name, device_name, flags=re.I))
+    return next((peaks[kind] for peaks in found), None)
 
 
 def batch_samples(batch: Any) -> int:
-    """Samples in a training batch: the first dimension of its first tensor (0 without one).
-
-    Not Lightning's ``extract_batch_size``: it also reads the batch's lists of case names and
-    paths, and warns of an "ambiguous collection" for every volseg batch."""
+    """Samples in a training batch: the first dimension of its first tensor (0 without one);
+    not Lightning's ``extract_batch_size``, which warns of an "ambiguous collection" for every
+    volseg batch (it reads the lists of case names and paths too)."""
     if isinstance(batch, Mapping):
         values = list(batch.values())
     else:
@@ -72,13 +67,9 @@ def machine_load() -> tuple[float | None, int]:
     """(the 1-minute load average, or None where the OS has none; the cores this process may
     run on)."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        return os.getloadavg()[0], cores
+        return os.getloadavg()[0], available_cores()
     except (AttributeError, OSError):
-        return None, cores
+        return None, available_cores()
 
 
 class TrainingSpeed(Callback):

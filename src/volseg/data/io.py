@@ -1,11 +1,9 @@
-"""Volume file IO: NIfTI (``.nii``, ``.nii.gz``), TIFF stacks (``.tif``, ``.tiff``) and HDF5
-datasets (``.h5``, ``.hdf5``; a ``key`` names the dataset, ``(Z, Y, X)`` or ``(C, Z, Y, X)``,
-voxel size in the ``element_size_um`` attribute as ilastik and pytorch-3dunet write it).
+"""Volume file IO: NIfTI, TIFF stacks and HDF5 datasets (``(Z, Y, X)`` or ``(C, Z, Y, X)``,
+voxel size in ``element_size_um`` as ilastik and pytorch-3dunet write it).
 
-Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, k`` ~ ``x, y, z``);
-:class:`TiffStackReader` follows it, so one transpose (``(C, x, y, z) -> (C, z, y, x)``, see
-:mod:`volseg.data.transforms`) gives the network's ``(C, D, H, W)`` for every format. Writers take
-``(D, H, W)`` arrays and undo that transpose, so predictions land with the input's geometry.
+Readers return spatial axes in file order (NIfTI ``x, y, z``), as MONAI's do, so one transpose
+(:mod:`volseg.data.transforms`) gives the network's ``(C, D, H, W)`` for every format; writers
+take ``(D, H, W)`` arrays and undo it, so predictions land with the input's geometry.
 """
 
 from __future__ import annotations
@@ -99,14 +97,10 @@ def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
 
 
 class _StackReader(ImageReader):
-    """A MONAI reader of volumes stored ``(Z, Y, X)`` or ``(C, Z, Y, X)`` with a voxel size.
-
-    Returns arrays in file axis order ``(X, Y, Z)`` (channels first when present) like MONAI's
-    NIfTI reader, with an affine from the voxel size, so every format goes through the same
-    transforms. Several files (one per channel of a case) are joined on the channel axis (a new
-    first axis for files without one), with the first file's header; the case checks
-    (:mod:`volseg.data.cases`) compare the files' shapes and affines first.
-    """
+    """A MONAI reader of volumes stored ``(Z, Y, X)`` or ``(C, Z, Y, X)`` with a voxel size:
+    arrays in file axis order ``(X, Y, Z)`` (channels first) like MONAI's NIfTI reader, with an
+    affine from the voxel size. The files of a case's channels are joined on the channel axis,
+    with the first file's header (the case checks compared their shapes and affines)."""
 
     suffixes: tuple[str, ...] = ()
 
@@ -173,12 +167,9 @@ class TiffStackReader(_StackReader):
 
 
 class NiftiReader(NibabelReader):
-    """MONAI's ``NibabelReader``, safe in threads (``CacheDataset`` loads in a thread pool).
-
-    ``NibabelReader.read`` keeps the file names on the instance for ``get_data``; a label read
-    by another thread in between truncated a multi-channel image (one file per channel) to its
-    first channel. Here the names are kept per thread (``read`` and ``get_data`` run in one).
-    """
+    """MONAI's ``NibabelReader`` with its file names kept per thread (``CacheDataset`` loads in a
+    thread pool: a label read by another thread between ``read`` and ``get_data`` truncated a
+    multi-channel image to its first channel)."""
 
     _local = threading.local()
 
@@ -192,17 +183,11 @@ class NiftiReader(NibabelReader):
 
 
 def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
-    """Geometry of a volume file without loading its voxels.
-
-    Returns ``{"format", "shape_zyx", "affine", "channels", "stored_shape"}``: ``shape_zyx``
-    is ``[D, H, W]`` as loading orders the file's axes before any reorientation (NIfTI: its
-    ``z, y, x``; TIFF stacks and HDF5 datasets: as stored), with more than 3 entries for a
-    file of more axes than it reads; ``affine`` is 4x4 in file axis order ``x, y, z``;
-    ``stored_shape`` is the shape as the file stores it (NIfTI ``x, y, z[, c]`` as nibabel
-    reads it, TIFF ``Z, Y, X``, HDF5 ``[C,] Z, Y, X``). A 4-D NIfTI file holds its channels
-    on its last axis (the Decathlon's multi-modal volumes): ``channels`` counts them.
-    ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
-    """
+    """Geometry of a volume file (HDF5: dataset ``key``) without loading its voxels:
+    ``{"format", "shape_zyx", "affine", "channels", "stored_shape"}``, ``shape_zyx`` the
+    ``[D, H, W]`` loading sees before reorientation (more entries for a file of more axes),
+    ``affine`` 4x4 in file axes ``x, y, z``, ``channels`` those of a 4-D NIfTI file (its last
+    axis: the Decathlon's modalities) or an HDF5 dataset (its first)."""
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
@@ -269,13 +254,9 @@ def write_volume(
     affine: np.ndarray | None = None,
     key: str | None = None,
 ) -> Path:
-    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI, TIFF or HDF5 (by the suffix).
-
-    Geometry comes from ``affine`` (4x4, file axes ``x, y, z``) if given, else ``spacing_zyx``.
-    Channels go last in NIfTI (``x, y, z, c``) and into an ImageJ ``ZCYX`` hyperstack in TIFF.
-    HDF5: the dataset ``key`` (default ``predictions``) is added to the file (replaced if
-    present), gzip-compressed, with ``element_size_um`` ``(z, y, x)``.
-    """
+    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI (channels last), TIFF (an ImageJ
+    ``ZCYX`` hyperstack) or HDF5 (dataset ``key``, default ``predictions``, replaced if present)
+    by the suffix, with ``affine`` (4x4, file axes ``x, y, z``), else ``spacing_zyx``."""
     path = Path(path)
     fmt = volume_format(path)
     if fmt is not None:
@@ -316,13 +297,9 @@ def write_dataset(
     defaults: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a folder-layout dataset: ``write_case(i, image_path, label_path)`` for each of
-    ``names``, ``splits.json`` (the last ``num_val`` cases: validation), ``classes.json`` and,
-    given ``defaults``, the dataset's own defaults (``dataset_defaults.json``).
-
-    Written to a folder of its own beside ``root`` (``<root>.partial-*``) and renamed into
-    place, so an interrupted run never leaves a half-written dataset behind, and processes that
-    generate the same dataset at once (the jobs of a sweep on first use) each write their own
-    copy: the first rename wins and the others discard theirs.
+    ``names``, ``splits.json`` (the last ``num_val``: validation), ``classes.json`` and
+    ``defaults`` (``dataset_defaults.json``). Written beside ``root`` and renamed into place, so
+    no half-written dataset is left, and of processes writing it at once the first rename wins.
     """
     root = Path(root)
     root.parent.mkdir(parents=True, exist_ok=True)
