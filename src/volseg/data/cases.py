@@ -54,11 +54,29 @@ def volume_files(folder: Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> dic
     }
 
 
-def find_cases(root: str | Path) -> list[Case]:
-    """Pair ``root/images/NAME`` with ``root/labels/NAME`` (NIfTI or TIFF).
+def pairing_problems(
+    images: dict[str, Path],
+    labels: dict[str, Path],
+    labels_dir: Path,
+    images_dir: Path,
+    note: str = "",
+) -> list[str]:
+    """An image without a label of its name and a label without an image (``images_dir/<name>``,
+    ``note`` added), each named with the file expected."""
+    return [
+        f"{path}: image has no label (expected {labels_dir / name})"
+        for name, path in images.items()
+        if name not in labels
+    ] + [
+        f"{path}: label has no image (expected {images_dir / name}{note})"
+        for name, path in labels.items()
+        if name not in images
+    ]
 
-    Raises :class:`UserInputError` naming every unpaired file, or a missing/empty folder.
-    """
+
+def find_cases(root: str | Path) -> list[Case]:
+    """Pair ``root/images/NAME`` with ``root/labels/NAME`` (NIfTI or TIFF); one
+    :class:`UserInputError` names every unpaired file, or a missing/empty folder."""
     root = Path(root)
     if not root.is_dir():
         raise UserInputError(
@@ -70,15 +88,7 @@ def find_cases(root: str | Path) -> list[Case]:
     if missing:
         raise UserInputError(f"data.root={root}: not a dataset folder", missing)
     images, labels = (volume_files(path) for path in folders.values())
-    problems = [
-        f"{folders['images'] / n}: image has no label (expected {folders['labels'] / n})"
-        for n in images
-        if n not in labels
-    ] + [
-        f"{folders['labels'] / n}: label has no image (expected {folders['images'] / n})"
-        for n in labels
-        if n not in images
-    ]
+    problems = pairing_problems(images, labels, folders["labels"], folders["images"])
     if problems:
         raise UserInputError(f"data.root={root}: images and labels do not pair up", problems)
     if not images:

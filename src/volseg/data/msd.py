@@ -17,7 +17,7 @@ from typing import Any
 
 from monai.data import load_decathlon_datalist
 
-from volseg.data.cases import Case, find_inputs, input_problems, volume_files
+from volseg.data.cases import Case, find_inputs, input_problems, pairing_problems, volume_files
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
@@ -194,8 +194,9 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     labels, images = volume_files(labels_dir, endings), volume_files(images_dir, endings)
     layout = detect_layout(root, dataset, images, labels)
     groups, plain = group_channel_files(list(images.values()), endings)
-    if layout == "decathlon":
-        cases, problems = _decathlon_cases(images, labels, images_dir, labels_dir)
+    if layout == "decathlon":  # one image file per label, of the same name
+        problems = pairing_problems(images, labels, labels_dir, images_dir, ", one file per case")
+        cases = [Case(name, images[name], path) for name, path in labels.items() if name in images]
     else:
         cases, problems = _nnunet_cases(dataset, root, groups, plain, labels, labels_dir)
     problems += _training_list_problems(root, dataset, layout, groups)
@@ -208,23 +209,6 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     if not labels and not problems:
         raise UserInputError(f"data.root={root}: no labels found in {labels_dir}")
     return cases, problems, layout
-
-
-def _decathlon_cases(
-    images: dict[str, Path], labels: dict[str, Path], images_dir: Path, labels_dir: Path
-) -> tuple[list[Case], list[str]]:
-    """One image file per label, of the same name."""
-    problems = [
-        f"{label}: label has no image (expected {images_dir / name}, one file per case)"
-        for name, label in labels.items()
-        if name not in images
-    ] + [
-        f"{image}: image has no label (expected {labels_dir / name})"
-        for name, image in images.items()
-        if name not in labels
-    ]
-    cases = [Case(name, images[name], label) for name, label in labels.items() if name in images]
-    return cases, problems
 
 
 def _nnunet_cases(
