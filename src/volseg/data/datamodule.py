@@ -95,30 +95,12 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
 
 
 class VolumeDataModule(LightningDataModule):
-    """Training patches and whole validation volumes from ``root``.
-
-    Every argument is a ``data.*`` key, documented with its default in
-    ``configs/data/folder.yaml``. Beyond it:
-
-    Args:
-        root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names),
-            optionally ``splits.json``, nnU-Net's ``splits_final.json`` (``fold``) and
-            ``classes.json`` (class names, background first).
-        num_classes: classes including background; ``None``: as ``root/classes.json`` names.
-        in_channels: image channels (a 4-D NIfTI file holds them on its last axis); ``None``:
-            any number (not checked).
-        patch_size: training patch ``[D, H, W]`` (voxels), also the sliding-window ROI; ``auto``
-            is planned by the run plan before this class is built (:func:`volseg.plan.make_plan`).
-        patch_voxels: the voxel budget of ``patch_size=auto`` (the planner reads it from the
-            config; checked here, so a bad value is named whether or not the patch is auto).
-        cache: ``memory`` (MONAI ``CacheDataset``), ``disk`` (``PersistentDataset`` under
-            ``cache_dir``, one subfolder per loading setting: :func:`disk_cache_dir`) or
-            ``none``: where the volumes are kept after the steps before the random transforms.
-        synthetic, mni152: ``{"root": ..., **builder kwargs}``: if ``root`` is that folder and it
-            does not exist, the embedded dataset is built there first.
-        augment: :func:`volseg.data.transforms.augment_transforms`; keys left ``None``: the
-            folder's own (:mod:`volseg.data.dataset_defaults`), else the defaults there.
-        check_only: for ``train.py``: check the cases and stop (read by the entry point).
+    """Training patches and whole validation volumes from ``root``. Every argument is a
+    ``data.*`` key, explained with its default in ``configs/data/folder.yaml``; beyond it:
+    ``num_classes=None`` takes the classes ``root/classes.json`` names; ``in_channels=None``
+    takes any number of image channels; ``synthetic``/``mni152``: ``{"root": ..., **builder
+    kwargs}``, the embedded dataset built when ``root`` is that missing folder; ``patch_voxels``
+    is the planner's (checked here); ``check_only`` is read by ``train.py``.
     """
 
     def __init__(

@@ -232,8 +232,9 @@ def _nnunet_cases(
             expected = images_dir / f"{stem}_0000{ending}"
             problems.append(f"{label}: label has no image (expected {expected})")
             continue
-        absent = [images_dir / f"{stem}_{c:04d}{ending}" for c in range(len(channels))]
-        absent = [p for c, p in enumerate(absent) if c not in found]
+        absent = [
+            images_dir / f"{stem}_{c:04d}{ending}" for c in range(len(channels)) if c not in found
+        ]
         extra = [found[c] for c in sorted(found) if c >= len(channels)]
         problems += [f"{p}: missing; {listed}" for p in absent]
         problems += [f"{p}: an extra channel; {listed}" for p in extra]
@@ -248,16 +249,12 @@ def _nnunet_cases(
 
 
 class MSDDataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for the Decathlon / nnU-Net layout (see the module docstring).
+    """:class:`VolumeDataModule` for the Decathlon / nnU-Net layout: ``num_classes`` and
+    ``in_channels`` ``None`` (``data=msd``'s) are read from ``dataset.json``; given, they must
+    agree with it."""
 
-    ``num_classes`` and ``in_channels`` may be ``None`` (the default in ``data=msd``): they are
-    read from ``dataset.json`` in :meth:`find`. Given explicitly, they must agree with it.
-    """
-
-    def __init__(
-        self, root: str, num_classes: int | None = None, in_channels: int | None = None, **kw: Any
-    ) -> None:
-        super().__init__(root, num_classes=num_classes, in_channels=in_channels, **kw)
+    def __init__(self, root: str, num_classes: int | None = None, **kw: Any) -> None:
+        super().__init__(root, num_classes=num_classes, **kw)
         self.channel_names: list[str] | None = None
         self.channels_key = "modality"
         self.layout: str | None = None
@@ -344,19 +341,15 @@ class MSDDataModule(VolumeDataModule):
         else:
             files = [c.image_files[0] for c in find_inputs(path)]
         if self._training_layout() == "decathlon":
-            cases = [Case(p.name, p, None) for p in files]
-            raise_problems(
-                problems + input_problems(cases, in_channels, self.orientation), "the input"
-            )
-            return cases
-        if path.is_file():
-            split = match_suffix(path.name, VOLUME_SUFFIXES)
+            files, groups = list(files), {}
+        else:
+            split = match_suffix(path.name, VOLUME_SUFFIXES) if path.is_file() else None
             match = CHANNEL_FILE.match(split[0]) if split else None
             if match is not None:
                 siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
                 files = [p for p in siblings if p.name.endswith(split[1])]
-        groups, plain = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
-        cases = [Case(p.name, p, None) for p in plain]  # one file per case
+            groups, files = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
+        cases = [Case(p.name, p, None) for p in files]  # one file per case
         for name, channels in groups.items():
             if sorted(channels) != list(range(len(channels))):
                 problems.append(
@@ -365,6 +358,5 @@ class MSDDataModule(VolumeDataModule):
                 )
                 continue
             cases.append(Case(name, tuple(channels[c] for c in sorted(channels)), None))
-        problems += input_problems(cases, in_channels, self.orientation)
-        raise_problems(problems, "the input")
+        raise_problems(problems + input_problems(cases, in_channels, self.orientation), "the input")
         return cases
