@@ -18,7 +18,6 @@ each worker's interpreter and libraries, and the training step (``estimate_memor
 
 from __future__ import annotations
 
-import logging
 import math
 import multiprocessing
 import re
@@ -33,9 +32,6 @@ from volseg.data.cases import Case
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
 from volseg.data.spacing import resampled_shape
-from volseg.utils.units import MIB
-
-log = logging.getLogger(__name__)
 
 FLOAT32 = 4
 INDEX = 8  # int64 voxel index of a class location
@@ -296,17 +292,3 @@ def fitting_cache_rate(
             return round(rate, 4)
         rate -= step
     return None
-
-
-def log_host(host: HostEstimate | None) -> None:
-    """The host side of the ``memory.budget`` check: one log line (MiB)."""
-    if host is not None:
-        log.info(
-            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
-            "this process holds %s MiB now",
-            f"{host.data_total / MIB:,.0f}",
-            host.cache,
-            f"{host.cache_bytes / MIB:,.0f}",
-            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
-            f"{host.process_rss / MIB:,.0f}",
-        )

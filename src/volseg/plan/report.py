@@ -7,6 +7,7 @@ prediction's, the run's peak by phase, the data side's host memory, and the plan
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -346,3 +347,17 @@ def format_host(est: HostEstimate) -> str:
     if est.rejected:
         lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
     return "\n".join(lines)
+
+
+def log_host(host: HostEstimate | None) -> None:
+    """The host side of the ``memory.budget`` check: one log line (MiB)."""
+    if host is not None:
+        logging.getLogger(__name__).info(
+            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
+            "this process holds %s MiB now",
+            f"{host.data_total / MIB:,.0f}",
+            host.cache,
+            f"{host.cache_bytes / MIB:,.0f}",
+            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
+            f"{host.process_rss / MIB:,.0f}",
+        )
