@@ -3,7 +3,6 @@ TensorBoard."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from volseg.memory.monitor.chart_logging import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,16 +59,9 @@ def render_overlay(
     """One picture per volume: a row per slice with image | ground truth | prediction, and a
     legend of the class colours. Returns an RGB array ``(H, W, 3)`` uint8."""
     colours = class_colours(len(class_names))
-    rows = len(volume.z)
-    height, width = volume.image.shape[1:]
-    panel = 2.4
-    fig, axes = plt.subplots(
-        rows,
-        3,
-        figsize=(3 * panel, rows * panel * height / width + 0.9),
-        squeeze=False,
-        layout="constrained",
-    )
+    rows, (height, width), panel = len(volume.z), volume.image.shape[1:], 2.4  # inches
+    size = (3 * panel, rows * panel * height / width + 0.9)
+    fig, axes = plt.subplots(rows, 3, figsize=size, squeeze=False, layout="constrained")
     for row, z in enumerate(volume.z):
         grey = np.repeat(volume.image[row][..., None], 3, axis=-1)
         for col, (heading, mask) in enumerate(
@@ -79,13 +69,11 @@ def render_overlay(
         ):
             picture = grey
             if mask is not None:
-                tint = colours[mask]
-                shown = (mask > 0)[..., None]
-                picture = np.where(shown, (1 - alpha) * grey + alpha * tint, grey)
+                tinted = (1 - alpha) * grey + alpha * colours[mask]
+                picture = np.where((mask > 0)[..., None], tinted, grey)
             ax = axes[row, col]
             ax.imshow(picture, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
             if row == 0:
                 ax.set_title(heading, fontsize=9)
             if col == 0:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 
@@ -17,8 +16,6 @@ from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
 from volseg.data.spacing import resampled_shape
 from volseg.utils.errors import UserInputError
-
-log = logging.getLogger(__name__)
 
 #: the smallest patch side ``auto`` chooses (voxels)
 MIN_SIDE = 8
