@@ -54,15 +54,12 @@ def resolve_augment(
     given = dict(augment or {})
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    folder = f"the dataset's own ({Path(root) / DEFAULTS_FILE})"
     for key in dict.fromkeys([*DEFAULT_AUGMENT, *given]):
-        value = given.get(key)
-        if value is not None:
-            values[key], sources[key] = value, "configured"
+        if given.get(key) is not None:
+            values[key], sources[key] = given[key], "configured"
         elif key in own:
-            values[key], sources[key] = (
-                own[key],
-                f"the dataset's own ({Path(root) / DEFAULTS_FILE})",
-            )
+            values[key], sources[key] = own[key], folder
         else:
             values[key], sources[key] = DEFAULT_AUGMENT.get(key), "data=folder's default"
     return values, sources

@@ -107,8 +107,7 @@ def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, P
     source = root / "dataset.json"
     wanted = ("image", "label") if key == "training" else ("image",)
     expected = '{"image": "./imagesTr/<file>", "label": "./labelsTr/<file>"}'
-    if key == "test":
-        expected = '"./imagesTs/<file>"'
+    expected = '"./imagesTs/<file>"' if key == "test" else expected
     raw = json.loads(source.read_text())[key]
     written = [entry if isinstance(entry, dict) else {"image": entry} for entry in raw]
     bad = [e for e in written if not all(isinstance(e.get(k), str) for k in wanted)]

@@ -279,14 +279,11 @@ def augment_transforms(
                 f"size in data.patch_size={list(patch_size)} (a 90° turn keeps the shape)"
             )
         out.append(RandRotate90d(keys, prob=prob, max_k=3, spatial_axes=(a, b)))
-    if options["intensity_scale"]:
-        out.append(
-            RandScaleIntensityd("image", factors=float(options["intensity_scale"]), prob=prob)
-        )
-    if options["intensity_shift"]:
-        out.append(
-            RandShiftIntensityd("image", offsets=float(options["intensity_shift"]), prob=prob)
-        )
+    factor, offset = float(options["intensity_scale"]), float(options["intensity_shift"])
+    if factor:
+        out.append(RandScaleIntensityd("image", factors=factor, prob=prob))
+    if offset:
+        out.append(RandShiftIntensityd("image", offsets=offset, prob=prob))
     return out
 
 
