@@ -223,45 +223,35 @@ def local_processes(trainer_cfg: Any, device: str) -> int:
         return 1  # a malformed value is the trainer's error, named there
 
 
-def process_rss() -> int:
-    """This process's resident set now (VmRSS, bytes); 0 where /proc is missing."""
-    status = Path("/proc/self/status")
-    if not status.exists():
-        return 0
-    match = re.search(r"^VmRSS:\s+(\d+) kB", status.read_text(), re.M)
-    return int(match.group(1)) * 1024 if match else 0
-
-
-def _read_int(path: Path) -> int | None:
+def _field(path: Path, pattern: str) -> int | None:
+    """The integer of ``pattern``'s group in the file ``path``; None without the file or a match."""
     try:
-        text = path.read_text().strip()
+        match = re.search(pattern, path.read_text(), re.M)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(match.group(1)) if match else None
+
+
+def process_rss() -> int:
+    """This process's resident set now (VmRSS, bytes); 0 where /proc is missing."""
+    kib = _field(Path("/proc/self/status"), r"^VmRSS:\s+(\d+) kB")
+    return 1024 * kib if kib else 0
 
 
 def _cgroup_available() -> int | None:
     """Bytes the memory cgroup still allows (limit − usage, page cache that can be dropped not
     counted as used); ``None`` without a limit."""
-    v2 = Path("/sys/fs/cgroup")
-    limit = _read_int(v2 / "memory.max")
-    usage = _read_int(v2 / "memory.current")
-    stat = v2 / "memory.stat"
+    folder, number = Path("/sys/fs/cgroup"), r"^(\d+)$"
+    limit, usage = _field(folder / "memory.max", number), _field(folder / "memory.current", number)
     if limit is None:  # cgroup v1
-        v1 = v2 / "memory"
-        limit = _read_int(v1 / "memory.limit_in_bytes")
-        usage = _read_int(v1 / "memory.usage_in_bytes")
-        stat = v1 / "memory.stat"
+        folder = folder / "memory"
+        limit = _field(folder / "memory.limit_in_bytes", number)
+        usage = _field(folder / "memory.usage_in_bytes", number)
         if limit is not None and limit >= 2**60:  # v1 writes "no limit" as a huge number
             return None
     if limit is None or usage is None:
         return None
-    reclaimable = 0
-    try:
-        match = re.search(r"^(?:total_)?inactive_file (\d+)", stat.read_text(), re.M)
-        reclaimable = int(match.group(1)) if match else 0
-    except OSError:
-        pass
+    reclaimable = _field(folder / "memory.stat", r"^(?:total_)?inactive_file (\d+)") or 0
     return max(0, limit - max(0, usage - reclaimable))
 
 
@@ -269,12 +259,9 @@ def available_ram() -> tuple[int | None, str]:
     """RAM a new allocation can get without swapping (bytes), and where the figure comes from:
     MemAvailable of /proc/meminfo, or the memory cgroup's room when that is lower."""
     available, source = None, "unknown"
-    try:
-        match = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-        if match:
-            available, source = int(match.group(1)) * 1024, "MemAvailable in /proc/meminfo"
-    except OSError:
-        pass
+    kib = _field(Path("/proc/meminfo"), r"^MemAvailable:\s+(\d+) kB")
+    if kib is not None:
+        available, source = 1024 * kib, "MemAvailable in /proc/meminfo"
     room = _cgroup_available()
     if room is not None and (available is None or room < available):
         available, source = room, "the memory cgroup's limit"
