@@ -162,8 +162,7 @@ class LastCheckpoint(ModelCheckpoint):
         return due
 
     def _epoch_save_affordable(self, trainer: L.Trainer) -> bool:
-        """Whether an epoch-end save keeps writing within ``max_time_share`` of training time
-        (rank 0 decides for every rank: a save is collective)."""
+        """Whether an epoch-end save keeps within ``max_time_share`` (rank 0's, for every rank)."""
         if self.max_time_share is None:
             return True
         trained = time.monotonic() - self._last_save_time

@@ -64,8 +64,7 @@ def batch_samples(batch: Any) -> int:
 
 
 def machine_load() -> tuple[float | None, int]:
-    """(the 1-minute load average, or None where the OS has none; the cores this process may
-    run on)."""
+    """(the 1-minute load average, None where the OS has none; this process's cores)."""
     try:
         return os.getloadavg()[0], available_cores()
     except (AttributeError, OSError):

@@ -321,8 +321,7 @@ class VolumeDataModule(LightningDataModule):
     def host_estimate(
         self, device: str, devices: int = 1, cache_rate: float | None = None
     ) -> HostEstimate:
-        """The data side's host memory (:mod:`volseg.data.host_memory`) from the cases' headers,
-        training on ``device`` with ``devices`` processes on this machine."""
+        """The data side's host memory from the headers, ``devices`` processes on ``device``."""
         sizes, rejected = self._volume_sizes()
         options = resolve_loader_options(
             self.num_workers, self.pin_memory, self.persistent_workers, device, devices
@@ -371,8 +370,7 @@ class VolumeDataModule(LightningDataModule):
         return [list(size.shape_zyx) for size in self._volume_sizes()[0]["val"]]
 
     def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
-        """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
-        the data side would not fit the RAM available, saying what fits."""
+        """One :class:`UserInputError`, saying what fits, when ``cache=memory`` exceeds RAM."""
         if self.cache != "memory" or self.split()[1] or self._volume_sizes()[1]:
             return None  # a problem of the layout or of a case: the check reports it first
         est = self.host_estimate(device, devices)

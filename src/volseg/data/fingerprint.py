@@ -99,8 +99,8 @@ def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
 def plan_auto_patch(
     data_cfg: DictConfig, multiple: int, median: Sequence[int]
 ) -> tuple[list[int], str]:
-    """``data.patch_size=auto``: the patch for the dataset's median case shape ``median`` within
-    ``data.patch_voxels`` voxels, sides multiples of ``multiple``; and why, in words."""
+    """``data.patch_size=auto`` for the ``median`` case shape, sides multiples of ``multiple``,
+    within ``data.patch_voxels``; and why, in words."""
     max_voxels = int(data_cfg.get("patch_voxels") or 0)
     if max_voxels < MIN_SIDE**3:
         raise UserInputError(

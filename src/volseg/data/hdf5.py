@@ -50,8 +50,7 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
 
 
 class HDF5DataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for a folder of HDF5 files, ``raw_key`` and ``label_key`` the
-    image and label datasets inside each."""
+    """:class:`VolumeDataModule` for HDF5 files holding datasets ``raw_key`` and ``label_key``."""
 
     def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
         super().__init__(root, **kw)

@@ -159,8 +159,7 @@ def estimate_host(
     start_method: str | None = None,
     rejected: Sequence[str] = (),
 ) -> HostEstimate:
-    """The data side's host memory (the module docstring says what counts): ``train`` in the
-    dataset's order, padded to the patch; ``num_workers``/``pin_memory`` resolved."""
+    """The data side's host memory (see the module docstring); ``train`` padded, in order."""
     start_method = start_method or multiprocessing.get_start_method()
     in_memory = cache == "memory"
     n_train = cached_count(len(train), cache_rate) if in_memory else 0

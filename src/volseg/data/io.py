@@ -220,8 +220,7 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
 
 
 def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
-    """All voxels of a volume file as ``(D, H, W)`` (z, y, x), or ``(C, D, H, W)`` as written
-    by :func:`write_volume`."""
+    """All voxels of a volume file, ``(D, H, W)`` or ``(C, D, H, W)`` as :func:`write_volume`'s."""
     path = Path(path)
     if volume_format(path) == "hdf5":
         with require_h5py().File(path, "r") as f:

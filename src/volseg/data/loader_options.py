@@ -30,8 +30,7 @@ class LoaderOptions:
     cores_from: str = field(default="", compare=False)
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """``DataLoader`` arguments of every volseg loader: these settings, MONAI's collation
-        and :func:`volseg.data.workers.init_loader_worker`."""
+        """``DataLoader`` arguments of every volseg loader: these, collation and worker init."""
         return {
             "num_workers": self.num_workers,
             "pin_memory": self.pin_memory,

@@ -202,8 +202,7 @@ def build_mni152_dataset(
     seed: int = 0,
     template_resolution: int = 2,
 ) -> Path:
-    """Write ``num_cases`` views of the template (the last ``num_val``: validation) through
-    :func:`volseg.data.io.write_dataset`; deterministic for a given ``seed``."""
+    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation)."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)

@@ -123,8 +123,7 @@ def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, P
 def group_channel_files(
     files: Sequence[Path], endings: Sequence[str]
 ) -> tuple[dict[str, dict[int, Path]], list[Path]]:
-    """``{"<id><ending>": {channel: file}}`` from ``<id>_NNNN<ending>`` files, and the files
-    without a channel suffix."""
+    """``{"<id><ending>": {channel: file}}`` of ``<id>_NNNN<ending>`` files, and the others."""
     groups: dict[str, dict[int, Path]] = {}
     plain = []
     for path in files:

@@ -45,8 +45,7 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         self._resume: tuple[int, int] | None = None  # (epoch, positions to skip)
 
     def resume_at(self, epoch: int, skip: int) -> None:
-        """Make the next pass over ``epoch`` start at position ``skip`` of this rank's share
-        (the items a resumed run has trained on already)."""
+        """Start the next pass over ``epoch`` at position ``skip`` of this rank's share."""
         self.epoch = epoch
         self._resume = (epoch, skip)
 

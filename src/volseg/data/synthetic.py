@@ -119,8 +119,7 @@ def generate_synthetic_dataset(
     seed: int = 0,
     file_format: str = "nii.gz",
 ) -> Path:
-    """Write ``num_volumes`` stacks (the last ``num_val``: validation) with the folder's own
-    augmentation defaults (:mod:`volseg.data.dataset_defaults`) through :func:`write_dataset`."""
+    """Write ``num_volumes`` stacks (the last ``num_val``: validation) and the folder's defaults."""
 
     def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label = make_volume(shape, seed=seed * 100_003 + i)

@@ -213,8 +213,7 @@ class RandCropWithContextd(Randomizable, MapTransform):
 
 
 def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys; an unknown key is
-    a :class:`UserInputError`."""
+    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys, checked."""
     options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
     unknown = set(options) - set(DEFAULT_AUGMENT)
     if unknown:
@@ -321,8 +320,7 @@ def train_transforms(
 
 
 def eval_transforms(with_label: bool = True, **load_options: Any) -> Compose:
-    """Loading only: whole volumes for sliding-window inference (options: see
-    :func:`load_transforms`)."""
+    """Loading only (:func:`load_transforms`): whole volumes for sliding-window inference."""
     keys = ["image", "label"] if with_label else ["image"]
     return Compose(load_transforms(keys, **load_options))
 
