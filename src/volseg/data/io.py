@@ -38,14 +38,8 @@ HDF5_PROBABILITIES_KEY = "probabilities"
 
 def volume_format(path: str | Path) -> str | None:
     """``"nifti"``, ``"tiff"``, ``"hdf5"`` or ``None`` for an unsupported file name."""
-    name = str(path).lower()
-    if name.endswith(NIFTI_SUFFIXES):
-        return "nifti"
-    if name.endswith(TIFF_SUFFIXES):
-        return "tiff"
-    if name.endswith(HDF5_SUFFIXES):
-        return "hdf5"
-    return None
+    formats = {"nifti": NIFTI_SUFFIXES, "tiff": TIFF_SUFFIXES, "hdf5": HDF5_SUFFIXES}
+    return next((fmt for fmt, ends in formats.items() if match_suffix(str(path), ends)), None)
 
 
 def require_h5py():

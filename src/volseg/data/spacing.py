@@ -1,9 +1,5 @@
-"""The shape of a volume after ``data.spacing``: the one rule checks, fingerprint and plan use.
-
-Loading resamples with MONAI's ``Spacing`` (:class:`volseg.data.transforms.Resampled`);
-:func:`resampled_shape` asks MONAI the same question from a header, so a check, a fingerprint
-or a plan never disagrees with the volume the loader produces.
-"""
+"""The shape of a volume after ``data.spacing``, asked of MONAI's ``Spacing`` (which loading
+uses) from a header, so checks, fingerprint and plan never disagree with the loaded volume."""
 
 from __future__ import annotations
 

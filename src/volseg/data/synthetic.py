@@ -20,7 +20,7 @@ SPACING_ZYX: tuple[float, float, float] = (1.0, 0.5, 0.5)
 _Z_SCALE = SPACING_ZYX[1] / SPACING_ZYX[0]  # object radii in z voxels = in-plane radii * this
 
 
-def _grid(shape: Sequence[int], center: np.ndarray, radius: float, rng: np.random.Generator):
+def _grid(shape: Sequence[int], center: np.ndarray, radius: float) -> tuple[tuple, tuple]:
     """Anisotropy-corrected offsets (in in-plane voxel units) inside a bounding box."""
     half = np.array([radius * _Z_SCALE + 2, radius + 2, radius + 2])
     lo = np.maximum(np.floor(center - half).astype(int), 0)
@@ -46,7 +46,7 @@ def _paint_ellipsoid(
 ) -> None:
     r = rng.uniform(*radius_range)
     axes = r * rng.uniform(0.8, 1.2, size=3)
-    box, (dz, dy, dx) = _grid(image.shape, _random_center(image.shape, rng), axes.max(), rng)
+    box, (dz, dy, dx) = _grid(image.shape, _random_center(image.shape, rng), axes.max())
     dist = np.sqrt((dz / axes[0]) ** 2 + (dy / axes[1]) ** 2 + (dx / axes[2]) ** 2)
     mask = dist <= 1.0
     if wall > 0:
@@ -74,7 +74,7 @@ def _paint_tube(
     direction = rng.normal(size=3) * np.array([0.25, 1.0, 1.0])  # mostly in-plane, like neurites
     direction /= np.linalg.norm(direction)
     center = _random_center(image.shape, rng)
-    box, (dz, dy, dx) = _grid(image.shape, center, length / 2 + radius, rng)
+    box, (dz, dy, dx) = _grid(image.shape, center, length / 2 + radius)
     pts = np.stack([dz, dy, dx], axis=-1)
     along = np.clip(pts @ direction, -length / 2, length / 2)
     dist = np.linalg.norm(pts - along[..., None] * direction, axis=-1)
