@@ -85,8 +85,13 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
     version), so a change of e.g. ``data.spacing`` starts a new cache; ``key.json`` says what."""
     cached = takewhile(lambda t: not isinstance(t, Randomizable), transform.transforms)
     names = [type(t).__name__ for t in cached]
-    key = {"role": role, "transforms": names, "settings": settings, "monai": monai.__version__}
-    key["version"] = DISK_CACHE_VERSION
+    key = {
+        "role": role,
+        "transforms": names,
+        "settings": settings,
+        "monai": monai.__version__,
+        "version": DISK_CACHE_VERSION,
+    }
     text = json.dumps(key, sort_keys=True, default=str)
     folder = root / f"{role}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
