@@ -58,32 +58,20 @@ class GpuTurn(Callback):
         self.lock_file = Path(lock_file)
         self._held: IO[str] | None = None
 
-    def _take(self) -> None:
+    def _take(self, *_: Any) -> None:
+        """Block until the lock is this process's (every hook that starts using the device)."""
         if self._held is None:
             self.lock_file.parent.mkdir(parents=True, exist_ok=True)
             held = self.lock_file.open("a")
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)
             self._held = held
 
-    def _give(self) -> None:
+    def _give(self, *_: Any) -> None:
+        """Release the lock (every hook that ends using the device, an exception too)."""
         held, self._held = self._held, None
         if held is not None:
             fcntl.flock(held.fileno(), fcntl.LOCK_UN)
             held.close()
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take()
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._give()
-
-    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take()
-
-    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._give()
-
-    def on_exception(
-        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
-    ) -> None:
-        self._give()
+    on_train_start = on_predict_start = _take
+    on_train_end = on_predict_end = on_exception = _give
