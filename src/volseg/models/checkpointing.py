@@ -24,6 +24,7 @@ recomputation, so they equal those of a run without checkpointing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -66,8 +67,35 @@ SAVED_OPS = frozenset(
 )
 
 
+#: a convolution summing fewer products than this into each output value is recomputed by a
+#: selective segment, not kept: a network's input convolution of one or two channels (27 or 54
+#: products with a 3x3x3 kernel, where a 64-channel one sums 1,728) or a transposed
+#: convolution of few channels (nnU-Net's full-resolution one: 32) costs about what a norm
+#: does, and its output is a full-resolution map
+CHEAP_CONVOLUTION = 64
+
+
+def cheap_convolution(
+    weight: torch.Tensor, transposed: bool = False, stride: Sequence[int] = (), groups: int = 1
+) -> bool:
+    """Whether a convolution with ``weight`` (``(C_out, C_in / groups, *kernel)``; transposed:
+    ``(C_in, C_out / groups, *kernel)``) sums fewer than :data:`CHEAP_CONVOLUTION` products
+    into each output value: ``C_in / groups x kernel volume``; transposed, divided by the
+    stride's volume (each output value takes that share of the kernel's taps)."""
+    if transposed:
+        products = weight.shape[0] // groups * math.prod(weight.shape[2:]) / math.prod(stride)
+    else:
+        products = math.prod(weight.shape[1:])
+    return products < CHEAP_CONVOLUTION
+
+
 def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """The selective policy: keep the outputs of :data:`SAVED_OPS`, recompute the rest."""
+    """The selective policy: keep the outputs of :data:`SAVED_OPS` but cheap convolutions
+    (:func:`cheap_convolution`), recompute the rest."""
+    if op is aten.convolution.default and cheap_convolution(
+        args[1], bool(args[6]), args[3], args[8]
+    ):
+        return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -169,6 +197,75 @@ def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str],
             f"activation_checkpointing={list(spec)}: levels must lie in 0..{depth - 1}"
         )
     return dict.fromkeys(levels, "full"), dict.fromkeys(levels & decoder, "full")
+
+
+def kept_convolution(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a convolution whose output a selective segment keeps (any but a
+    :func:`cheap_convolution`)."""
+    return isinstance(layer, nn.modules.conv._ConvNd) and not cheap_convolution(
+        layer.weight, layer.transposed, layer.stride, layer.groups
+    )
+
+
+def chain_pieces(layers: Sequence[nn.Module]) -> list[list[nn.Module]]:
+    """``layers`` (a chain: each takes the previous one's output) cut after each
+    :func:`kept_convolution`; the last piece (possibly empty) follows the last of them."""
+    pieces: list[list[nn.Module]] = [[]]
+    for layer in layers:
+        pieces[-1].append(layer)
+        if kept_convolution(layer):
+            pieces.append([])
+    return pieces
+
+
+def selective_chain(
+    layers: Sequence[nn.Module],
+    *args: Any,
+    before: Callable[..., torch.Tensor] | None = None,
+    before_modules: Sequence[nn.Module] = (),
+) -> torch.Tensor:
+    """``layers(before(*args))`` as selective segments, one per piece of :func:`chain_pieces`.
+
+    A segment starting at a kept convolution's output keeps nothing that selective
+    checkpointing would not keep anyway, and each recomputes its own norm's and activation's
+    outputs in backward: one map at a time, where one segment over the chain recomputes them
+    all at once at the start of its backward (and the step's peak with them). Two pieces run
+    as they are, where a segment would keep the same and recompute for nothing: a first piece
+    that is one convolution (without ``before``), and a last piece after the last kept
+    convolution that is a norm and an in-place activation, no convolution (norm -> ReLU keeps
+    the norm's input, a kept convolution output, and its own output, which is the chain's
+    output, kept by what uses it; a segment would rebuild a second copy of it in backward). ``before`` (a decoder's
+    upsampling and concatenation, a max pooling; its modules ``before_modules``) joins the
+    first segment, so its outputs are recomputed, not kept.
+    """
+    x: Any = None
+    pieces = chain_pieces(layers)
+    tail = pieces[-1]
+    if (
+        len(pieces) > 1
+        and any(getattr(layer, "inplace", False) for layer in tail)
+        and not any(isinstance(layer, nn.modules.conv._ConvNd) for layer in tail)
+    ):
+        *pieces, last = pieces
+    else:
+        last = []
+    for n, piece in enumerate(p for p in pieces if p):
+        run = nn.Sequential(*piece)
+        if n == 0 and before is not None:
+            x = checkpoint_segment(
+                lambda *a, run=run: run(before(*a)),
+                [*before_modules, *piece],
+                *args,
+                selective=True,
+            )
+            continue
+        if n == 0:
+            (x,) = args
+        if n == 0 and len(piece) == 1:
+            x = run(x)
+        else:
+            x = checkpoint_segment(run, piece, x, selective=True)
+    return nn.Sequential(*last)(x)
 
 
 def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> None:
