@@ -226,17 +226,16 @@ def selective_chain(
 ) -> torch.Tensor:
     """``layers(before(*args))`` as selective segments, one per piece of :func:`chain_pieces`.
 
-    A segment starting at a kept convolution's output keeps nothing that selective
-    checkpointing would not keep anyway, and each recomputes its own norm's and activation's
-    outputs in backward: one map at a time, where one segment over the chain recomputes them
-    all at once at the start of its backward (and the step's peak with them). Two pieces run
-    as they are, where a segment would keep the same and recompute for nothing: a first piece
-    that is one convolution (without ``before``), and a last piece after the last kept
-    convolution that is a norm and an in-place activation, no convolution (norm -> ReLU keeps
-    the norm's input, a kept convolution output, and its own output, which is the chain's
-    output, kept by what uses it; a segment would rebuild a second copy of it in backward). ``before`` (a decoder's
-    upsampling and concatenation, a max pooling; its modules ``before_modules``) joins the
-    first segment, so its outputs are recomputed, not kept.
+    A segment that starts at a kept convolution's output keeps nothing that selective
+    checkpointing would not keep anyway, and recomputes only its own norm's and activation's
+    outputs in backward: one map at a time, where one segment over the chain would recompute
+    them all at once at the start of its backward (and bring the step's peak back). Two
+    pieces run as they are, where a segment would keep the same and recompute for nothing: a
+    first piece that is one convolution (without ``before``), and a last piece of norm and
+    in-place activation (it keeps the norm's input, a kept convolution output, and its own
+    output, the chain's, which what uses it keeps anyway). ``before`` (a decoder's upsampling
+    and concatenation, a max pooling; its modules ``before_modules``) joins the first
+    segment, so its outputs are recomputed, not kept.
     """
     x: Any = None
     pieces = chain_pieces(layers)
