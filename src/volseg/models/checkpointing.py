@@ -10,12 +10,16 @@ largest of the level) is never kept.
 A *selective* segment (``selective``: torch's selective activation checkpointing,
 :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) keeps the outputs of its
 convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides its inputs and
-recomputes everything else (norms, activations, upsampling, concatenation) in backward, so no
-convolution runs twice. A selective segment spans a whole block (both units of a DoubleConv; a
-decoder level's merge, both units and the head): inside it only the convolution outputs are
-kept. What that saves depends on what a unit keeps without it: conv -> norm -> activation keeps
-three tensors, selective one; with an in-place activation (UNet3D's ReLU) two, written over
-the norm's output (BatchNorm keeps its input, the ReLU its output).
+recomputes everything else (norms, activations, upsampling, concatenation, pooling) in
+backward, so no convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`: a
+network's one-channel input convolution). A block runs as a chain of such segments, cut after
+each kept convolution (:func:`selective_chain`): a cut there keeps nothing more, and each
+segment rebuilds one norm's output in backward, where a segment over the whole block rebuilt
+all of them, and the decoder's concatenation, at once, which set the step's peak. A decoder
+level's upsampling and concatenation, and a ``Down``'s pooling, run in the first segment, so
+they are not kept. Without it conv -> norm -> in-place activation keeps two maps per
+convolution and a level's concatenation; with it one, and the block's output where the next
+block needs it.
 
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the

@@ -161,7 +161,8 @@ class DoubleConv(nn.Sequential):
 
     With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
     each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
-    ``selective``, the block runs as one selective segment (its convolutions' outputs kept).
+    ``selective``, as selective segments cut after each convolution (its output kept:
+    :func:`volseg.models.checkpointing.selective_chain`).
     """
 
     checkpointed: bool | str = False

@@ -163,8 +163,10 @@ class NetworkAdapter:
 
     Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
     unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
-    :func:`child_blocks`, ``selective`` wraps every block with the selective policy (its
-    convolution outputs kept, the rest recomputed), a list of submodule names wraps those, a
+    :func:`child_blocks`, ``selective`` wraps every block but a lone convolution with the
+    selective policy (its convolution outputs kept, the rest recomputed; a block that is a chain,
+    :meth:`chain`, as segments cut after each kept convolution), a list of submodule names wraps
+    those, a
     mapping ``{submodule name: full|selective}`` wraps each so, with torch's
     ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
     by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
