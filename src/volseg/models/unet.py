@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from volseg.models.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+from volseg.models.checkpointing import (
+    CheckpointSpec,
+    checkpoint_levels,
+    checkpoint_segment,
+    selective_chain,
+)
 from volseg.models.conv import Conv3d
 from volseg.utils.config import plain
 
@@ -156,7 +161,8 @@ class DoubleConv(nn.Sequential):
 
     With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
     each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
-    ``selective``, the block runs as one selective segment (its convolutions' outputs kept).
+    ``selective``, as selective segments cut after each convolution (its output kept:
+    :func:`volseg.models.checkpointing.selective_chain`).
     """
 
     checkpointed: bool | str = False
@@ -195,7 +201,7 @@ class DoubleConv(nn.Sequential):
         if not checkpointing_now(self):
             return super().forward(x)
         if self.checkpointed == "selective":
-            return checkpoint_segment(super().forward, [self], x, selective=True)
+            return selective_chain(list(self), x)
         first, second = self.units()
         x = checkpoint_segment(first, [first], x)
         return checkpoint_segment(second, [second], x)
@@ -214,6 +220,13 @@ class Down(nn.Sequential):
         super().__init__(
             nn.MaxPool3d(tuple(factors)), DoubleConv(in_channels, out_channels, **conv_kwargs)
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pool, conv = self
+        if checkpointing_now(conv) and conv.checkpointed == "selective":
+            # the pooling joins the first segment: its output and indices are not kept
+            return selective_chain(list(conv), x, before=pool, before_modules=[pool])
+        return super().forward(x)
 
 
 class Up(nn.Module):
@@ -267,14 +280,10 @@ class Up(nn.Module):
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
         if self.checkpointed == "selective":
-            # one selective segment: merge, both units and the tail; convolutions kept
-            return checkpoint_segment(
-                lambda x, skip: tail(nn.Sequential.forward(self.conv, self.merge(x, skip))),
-                [self.up, self.conv, tail],
-                x,
-                skip,
-                selective=True,
-            )
+            # the merge joins the first segment, the tail the last: neither the concatenated
+            # map (the level's largest) nor, at level 0, the block's output is kept
+            layers = [*self.conv, *([] if isinstance(tail, nn.Identity) else [tail])]
+            return selective_chain(layers, x, skip, before=self.merge, before_modules=[self.up])
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
         y = checkpoint_segment(

@@ -53,7 +53,7 @@ class UNet3DAdapter(NetworkAdapter):
     """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by
     the per-axis product of its poolings; checkpointing ``none``/``selective``/``decoder``/
     ``encoder``/``all``, level indices, or ``{encoder: MODE, decoder: MODE}`` (MODE ``full``:
-    per-conv-unit segments; ``selective``: one segment per block, convolution outputs kept);
+    per-conv-unit segments; ``selective``: segments cut after each kept convolution);
     placement ``{encoder, decoder}``."""
 
     family = "volseg UNet3D"
