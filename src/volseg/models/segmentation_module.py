@@ -101,7 +101,7 @@ class SegmentationModule(LightningModule):
         loss: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., Any] | None = None,
-        scheduler_interval: str = "epoch",
+        scheduler_interval: str = "step",
         num_classes: int = 5,
         include_background: bool = False,
         class_names: Sequence[str] | None = None,
@@ -116,7 +116,8 @@ class SegmentationModule(LightningModule):
         cudnn_workspace_mib: float | None = None,
         net_output: str | int | None = None,
         stop_on_nonfinite_loss: bool = True,
-        nonfinite_check_every_n_steps: int = 1,
+        *,
+        nonfinite_check_every_n_steps: int,
     ) -> None:
         super().__init__()
         self.loss = loss

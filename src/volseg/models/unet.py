@@ -311,11 +311,11 @@ class UNet3D(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        num_classes: int = 5,
-        widths: Sequence[int] = (16, 32, 64, 128),
+        in_channels: int,
+        num_classes: int,
+        widths: Sequence[int],
         decoder_widths: Sequence[int] | None = None,
-        norm: Norm = "batch",
+        norm: Norm = "instance",
         num_groups: int = 8,
         upsampling: Upsampling = "trilinear",
         bias: bool = True,
@@ -323,7 +323,7 @@ class UNet3D(nn.Module):
         pooling: Pooling = None,
         patch_size: Sequence[int] | None = None,
         depth: int | str | None = None,
-        activation: Activation = "relu",
+        activation: Activation = "leaky_relu",
     ) -> None:
         super().__init__()
         widths = list(widths)

@@ -79,7 +79,7 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
             )
         return Decision(value, "configured")
     try:
-        found, why = network_divisibility(cfg.model.net, patch, int(cfg.get("in_channels", 1)))
+        found, why = network_divisibility(cfg.model.net, patch, int(cfg.in_channels))
     except ValueError as err:
         raise at_config_key(str(err), "model") from None
     except Exception as err:  # building it to probe: its constructor refused an argument
@@ -127,7 +127,7 @@ def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[
     if all(int(p) % int(m) == 0 for p, m in zip(patch, multiple, strict=True)):
         return
     try:
-        taken = shape_taker(cfg.model.net, int(cfg.get("in_channels", 1)))(patch)
+        taken = shape_taker(cfg.model.net, int(cfg.in_channels))(patch)
     except Exception:  # a network the probe cannot build: the divisibility alone decides
         taken = False
     if taken:
@@ -153,7 +153,7 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
     built once, for the run)."""
     if type(adapter) is not NetworkAdapter:
         return
-    out = training_output(cfg.model.net, int(cfg.get("in_channels", 1)), patch)
+    out = training_output(cfg.model.net, int(cfg.in_channels), patch)
     if out is None:
         return
     name = network_class(cfg.model.net).__name__

@@ -281,8 +281,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     cfg = run_plan.run_config()
     model_cfg, data_cfg = cfg.model, cfg.data
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
-    in_channels = int(OmegaConf.select(model_cfg, "net.in_channels", default=1))
-    num_classes = int(OmegaConf.select(model_cfg, "net.num_classes", default=model.num_classes))
+    in_channels, num_classes = int(cfg.in_channels), int(model.num_classes)
 
     datamodule = build(data_cfg, "data")
     cases = datamodule.predict_cases(cfg.input, in_channels)
