@@ -30,7 +30,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -76,55 +75,65 @@ def plan_device(cfg: DictConfig) -> Decision:
 
 
 class _Data:
-    """The dataset, opened once and only when a decision needs it (headers, never voxels)."""
+    """The datamodule the plan reads the data through (headers, never voxels): built once, when
+    a decision first needs it, and handed to the run where the plan's final ``data`` is still
+    the config it was built from."""
 
-    def __init__(self, data_cfg: DictConfig) -> None:
-        self.cfg = data_cfg
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
         self._module: Any = None
-
-    @property
-    def unopened(self) -> bool:
-        """Whether no decision has needed the dataset yet."""
-        return self._module is None
+        self._built_from: Any = None
+        self._prepared = False
 
     @property
     def module(self) -> Any:
         if self._module is None:
-            options = OmegaConf.to_container(self.cfg, resolve=True)
-            if str(options.get("patch_size")) == "auto":
+            options = OmegaConf.to_container(self.cfg.data, resolve=True)
+            self._built_from = copy.deepcopy(options)
+            if str(options.get("patch_size")) == AUTO:
                 options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
             if str(options.get("batch_size")) == AUTO:
                 options["batch_size"] = 1  # planned after the network (_plan_batch)
-            self._module = hydra.utils.instantiate(options)
-            self._module.prepare_data()  # an embedded dataset is generated here, once
+            self._module = build(OmegaConf.create(options), "data")
         return self._module
+
+    def find(self) -> tuple[list, list[str]]:
+        """The dataset's cases and layout problems (an embedded dataset is generated first)."""
+        if not self._prepared:
+            self.module.prepare_data()
+            self._prepared = True
+        return self.module.find()
+
+    def for_run(self) -> Any:
+        """The datamodule where the plan's final ``data`` is what it was built from, else
+        ``None`` (the planner changed a key of it since: a patch, a batch, the loader)."""
+        final = OmegaConf.to_container(self.cfg.data, resolve=True)
+        return self._module if self._module is not None and final == self._built_from else None
 
     def augment(self) -> tuple[dict[str, Any], dict[str, str]]:
         """``data.augment`` with null keys from the folder's own defaults. An embedded dataset
         not generated yet gets those it will be generated with (nothing is generated for it)."""
-        root = Path(str(self.cfg.root))
-        pending = self.cfg.get("synthetic") and not root.exists()
-        if pending and Path(str(self.cfg.synthetic.root)).resolve() == root.resolve():
-            values, sources = resolve_augment(plain(self.cfg.augment), root)
+        data = self.cfg.data
+        root = Path(str(data.root))
+        pending = data.get("synthetic") and not root.exists()
+        if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
+            values, sources = resolve_augment(plain(data.augment), root)
             for key, value in EMBEDDED_DEFAULTS["augment"].items():
                 if sources.get(key) != "configured":
                     values[key] = value
                     sources[key] = "the embedded dataset's own (written when it is generated)"
             return values, sources
-        return resolve_augment(plain(self.cfg.augment), root)
+        return resolve_augment(plain(data.augment), root)
 
 
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
-    """One :class:`UserInputError` before any work when the first case's image holds another
-    number of channels than ``in_channels`` (headers only; the message is the dataset check's,
-    so plan.py, estimate_memory.py and train.py say the same). A dataset not there yet (the
-    embedded one before it is generated) is left to the run."""
-    data = cfg.data
-    if "in_channels" not in cfg or not Path(str(data.get("root"))).is_dir():
+    """One :class:`UserInputError` when the first case's image holds another number of channels
+    than ``in_channels`` (headers only; the message is the dataset check's, so every entry point
+    says the same). A dataset not there yet (the embedded one before it is generated) is left
+    to the run."""
+    if "in_channels" not in cfg or not Path(str(cfg.data.get("root"))).is_dir():
         return
-    if opened.unopened and cfg.get("task_name") == "train":
-        return  # train.py builds it once, for the run, whose dataset check says the same line
-    cases, problems = opened.module.find()
+    cases, problems = opened.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
     module = opened.module
@@ -135,15 +144,16 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
         raise UserInputError(found[0])
 
 
-def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool) -> Any:
+def _plan_data(
+    cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool, opened: _Data
+) -> Any:
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
-    opened = _Data(data)
     fingerprint = None
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
-            opened.module.find()  # dataset.json: sets them, or one error naming the file
+            opened.find()  # dataset.json: sets them, or one error naming the file
             found = int(getattr(opened.module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
@@ -151,7 +161,6 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
             set_key(cfg, f"data.{key}", found)
         elif key in cfg:
             decisions[key] = Decision(int(cfg[key]), "configured")
-    _check_channels(cfg, opened)
     # augmentations the config leaves null: the dataset folder's own defaults
     if "augment" in data:
         augment, sources = opened.augment()
@@ -427,33 +436,12 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     return planned, estimate(cfg)  # the engine's, from the trace the search made of it
 
 
-class _Built:
-    """The datamodule the plan built to read the data, and the resolved ``data`` config it was
-    built from: the run uses it where the plan's final ``data`` is still that config."""
-
-    def __init__(self) -> None:
-        self.module: Any = None
-        self.data: Any = None
-
-    def build(self, cfg: DictConfig) -> Any:
-        self.module = build(cfg.data, "data")
-        self.data = OmegaConf.to_container(cfg.data, resolve=True)
-        return self.module
-
-    def for_run(self, cfg: DictConfig) -> Any:
-        """The built datamodule where ``cfg.data`` (the plan's final) is what it was built
-        from; ``None`` where the planner changed a key of it since (a batch, a patch)."""
-        if self.module is None or OmegaConf.to_container(cfg.data, resolve=True) != self.data:
-            return None
-        return self.module
-
-
 def _validation_volume(
-    cfg: DictConfig, estimate_step: bool, built: _Built
+    cfg: DictConfig, estimate_step: bool, opened: _Data
 ) -> tuple[list[int] | None, str]:
     """The validation volume the plan estimates (``memory.val_shape`` or the dataset's
-    largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
-    ``None`` where none is estimated."""
+    largest validation case, read by the plan's datamodule), and where it comes from; ``None``
+    where none is estimated."""
     from volseg.memory.estimate.inference import validation_shape
 
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
@@ -463,7 +451,7 @@ def _validation_volume(
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
     try:
-        datamodule = built.build(cfg)
+        datamodule = opened.module
     except UserInputError as err:
         return None, str(err).splitlines()[0]
     return validation_shape(cfg, datamodule)
@@ -601,7 +589,8 @@ def make_plan(
         decisions["async_checkpoint"] = writes
         set_key(cfg, "async_checkpoint", writes.value)
 
-    found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
+    opened = _Data(cfg)
+    found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
 
     lr = apply_learning_rate(cfg)
     if lr is not None:
@@ -615,8 +604,8 @@ def make_plan(
         batch_search = _plan_batch(cfg, device.value, decisions)
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
-    built = _Built()
-    volume = _validation_volume(cfg, estimate_step, built)
+        _check_channels(cfg, opened)  # with the data config final: the run's datamodule
+    volume = _validation_volume(cfg, estimate_step, opened)
     estimate, run = {}, None
     if "model" in cfg:
         estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
@@ -635,5 +624,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),
-        datamodule=built.for_run(cfg) if "data" in cfg else None,
+        datamodule=opened.for_run() if "data" in cfg else None,
     )
