@@ -2,26 +2,17 @@
 once, in this order (each step may read what the ones before decided):
 
 1. callbacks that contradict other options (:mod:`volseg.plan.reconcile`);
-2. the device the run trains on, and ``trainer.precision`` for it; ``async_checkpoint`` for the
-   strategy;
-3. from the data, where asked (``null``/``auto``): ``num_classes``/``in_channels`` (``data=msd``:
-   dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
-   dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
-4. ``model.optimizer.lr`` (``auto``: from the number of foreground classes) and the network
-   for the patch, through its adapter (:mod:`volseg.plan.network`): the constructor's channel
-   names, the family's own settings (UNet3D: ``depth``, ``widths``, ``pooling``),
-   ``model.divisible_by``, and the deep-supervision loss where the network has it;
-5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
-6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: one
-   build, one trace): the peak memory and FLOPs of one optimizer step and the validation of
-   the largest validation volume;
-8. that validation checked against ``memory.budget`` (fewer windows at once, host stitching,
-   smaller windows where it does not fit: :mod:`volseg.memory.fit.inference`, one trace for
-   each setting it tries).
+2. the device, ``trainer.precision`` for it, ``async_checkpoint`` for the strategy;
+3. from the data where asked: ``num_classes``/``in_channels``, ``data.augment``,
+   ``data.patch_size`` (the dataset's fingerprint);
+4. ``model.optimizer.lr`` and the network for the patch, through its adapter
+   (:mod:`volseg.plan.network`);
+5. the batch (``auto``: for ``memory.budget``), the loader for the device; the channels checked;
+6. the engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`:
+   one trace) fitted to ``memory.budget``: the step (batch, checkpointing, accumulation) and the
+   validation of the largest volume (:mod:`volseg.memory.fit.inference`).
 
-Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
-"""
+Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it."""
 
 from __future__ import annotations
 
@@ -57,8 +48,7 @@ log = logging.getLogger(__name__)
 
 
 def plan_device(cfg: DictConfig) -> Decision:
-    """Where the run trains: ``memory.plan_device`` when set (a plan for a GPU this machine may
-    lack), else ``trainer.accelerator`` on this machine (``auto``: CUDA when it has it)."""
+    """Where the run trains: ``memory.plan_device`` when set, else ``trainer.accelerator`` here."""
     wanted = OmegaConf.select(cfg, "memory.plan_device")
     if wanted is not None:
         if wanted not in ("cuda", "cpu"):
@@ -76,8 +66,7 @@ def plan_device(cfg: DictConfig) -> Decision:
 
 class _Data:
     """The datamodule the plan reads the data through (headers, never voxels): built once, when
-    a decision first needs it, and handed to the run where the plan's final ``data`` is still
-    the config it was built from."""
+    first needed; the run gets it where the final ``data`` is what it was built from."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -105,8 +94,7 @@ class _Data:
         return self.module.find()
 
     def for_run(self) -> Any:
-        """The datamodule where the plan's final ``data`` is what it was built from, else
-        ``None`` (the planner changed a key of it since: a patch, a batch, the loader)."""
+        """The datamodule where the final ``data`` is what it was built from."""
         final = OmegaConf.to_container(self.cfg.data, resolve=True)
         return self._module if self._module is not None and final == self._built_from else None
 
@@ -127,10 +115,8 @@ class _Data:
 
 
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
-    """One :class:`UserInputError` when the first case's image holds another number of channels
-    than ``in_channels`` (headers only; the message is the dataset check's, so every entry point
-    says the same). A dataset not there yet (the embedded one before it is generated) is left
-    to the run."""
+    """One :class:`UserInputError` (the dataset check's line) when the first case's image holds
+    another number of channels than ``in_channels``; a dataset not there yet is the run's."""
     if "in_channels" not in cfg or not Path(str(cfg.data.get("root"))).is_dir():
         return
     cases, problems = opened.find()
@@ -177,8 +163,7 @@ def _plan_data(
     if auto_patch or want_fingerprint:
         fingerprint = dataset_fingerprint(data)
     if auto_patch:
-        # the patch must divide by what the network needs (its adapter's, or probed), on the
-        # axis that needs most
+        # what the network needs on the axis that needs most
         multiple = 8
         if OmegaConf.select(cfg, "model.net") is not None:
             multiple = max(divisible_by(cfg, None).value)
@@ -216,11 +201,8 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
     options = resolve_loader_options(*asked.values(), device, devices)
-    for key, value in (
-        ("num_workers", options.num_workers),
-        ("pin_memory", options.pin_memory),
-        ("persistent_workers", options.persistent_workers),
-    ):
+    for key in asked:
+        value = getattr(options, key)
         if asked[key] == "auto":
             why = f"for {device} with {devices} process(es) on this machine"
             decisions[f"data.{key}"] = Decision(value, "planned", why)
@@ -232,14 +214,11 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
-#: what the step's planning decides, said in the plan whether planned or configured (the
-#: planner's later levers add the patch, loss checkpointing and what follows the patch)
 AUTO = "auto"
 
 
 def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
-    """The bytes ``data.batch_size=auto`` fills and what they are: ``memory.budget``, else the
-    memory of the GPU the run trains on. One :class:`UserInputError` where there is neither."""
+    """The bytes ``data.batch_size=auto`` fills: ``memory.budget``, else the GPU's memory."""
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if budget_value:
         return parse_bytes(budget_value, "memory.budget"), f"memory.budget={budget_value}"
@@ -253,11 +232,8 @@ def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
 
 
 def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
-    """``data.batch_size=auto``: the largest batch that fits the budget
-    (:func:`_budget_for_batch`) at the planned patch and levers, from estimates (no trial step:
-    :func:`volseg.memory.fit.step.largest_batch`); set in ``cfg``, its decision in
-    ``decisions``. Returns the table that decided it for ``plan.yaml`` (``None``: a configured
-    batch)."""
+    """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
+    levers, from estimates; returns the table that decided it (``None``: a configured batch)."""
     if str(cfg.data.get("batch_size")) != AUTO:
         return None
     from volseg.memory.fit.step import largest_batch
@@ -287,14 +263,13 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
+#: what the step's planning decides, said in the plan whether planned or configured
 STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
 
 
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
-    """One line where the planned effective batch (``data.batch_size`` x
-    ``trainer.accumulate_grad_batches``) differs from the configured one (``configured``:
-    ``(batch, accumulation)`` as composed), and a warning where a planned batch under 2 meets
-    BatchNorm."""
+    """A line where the planned effective batch differs from the configured one, and a warning where
+    a planned batch under 2 meets BatchNorm."""
     from volseg.models.networks.probe import has_batch_norm
 
     notes = []
@@ -329,12 +304,9 @@ def _plan_step(
     fit_budget: bool,
     validation_shape: list[int] | None,
 ) -> tuple[dict, Any]:
-    """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
-    engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: the
-    step,
-    its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
-    peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
-    (bytes), ``the RunEstimate or None)``."""
+    """Batch, checkpointing and accumulation checked against ``memory.budget``, and the engine's
+    answer for the planned run (step, FLOPs and the validation of ``validation_shape`` in one
+    trace): ``(summary in bytes, the RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
     from volseg.memory.fit.budget import check_estimate_fits
@@ -380,15 +352,11 @@ def _plan_step(
             "process_total": run.step.process_total,
             "step_peak_growth": run.step.step_peak_growth,
             "flops_per_step": run.flops_per_step,
-            # what the planner adds when it checks a budget (CUDA: on the reserved peak; a CPU:
-            # on the step's growth), and where it comes from
+            # what the planner adds when it checks a budget, and where it comes from
             "margin": run.step.margin,
             "margin_source": run.step.margin_source,
         }
-    for key in (
-        *STEP_KEYS,
-        *sorted(set(planned) - set(STEP_KEYS)),
-    ):
+    for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)
         if key in planned:
             decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
@@ -400,10 +368,9 @@ def _plan_step(
 
 
 def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
-    """The configured step does not fit ``memory.budget``: the planner's answer
-    (:func:`volseg.memory.fit.fit_step`), set in ``cfg``: micro-batches that add up to the
-    configured batch where they fit (the same samples per optimizer step), else its batch and
-    checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
+    """The configured step does not fit ``memory.budget``: the planner's micro-batches (the same
+    samples per step) where they fit, else its batch and checkpointing, set in ``cfg``. Returns
+    ``({key: why}, its estimate)``."""
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
@@ -439,9 +406,7 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
 def _validation_volume(
     cfg: DictConfig, estimate_step: bool, opened: _Data
 ) -> tuple[list[int] | None, str]:
-    """The validation volume the plan estimates (``memory.val_shape`` or the dataset's
-    largest validation case, read by the plan's datamodule), and where it comes from; ``None``
-    where none is estimated."""
+    """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
@@ -466,11 +431,9 @@ def _plan_validation(
     volume: tuple[list[int] | None, str],
     run: Any,
 ) -> dict:
-    """The planned run's validation of its largest volume (``plan.yaml``'s ``validation``),
-    from the engine's trace of the planned run (``run``), fitted to ``memory.budget``: fewer
-    windows at once and host stitching wherever a budget is set (the same windows, the same
-    result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
-    stops the run (:class:`BudgetExceeded`)."""
+    """The validation of the largest volume (``plan.yaml``'s ``validation``) fitted to
+    ``memory.budget``: fewer windows at once and host stitching, smaller windows only with
+    ``fit_budget``; what fits with none stops the run."""
     from volseg.memory.estimate.engine import Variant, estimate_run
     from volseg.memory.fit.budget import check_validation_fits
     from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
@@ -529,21 +492,14 @@ def _plan_validation(
 
 
 def make_plan(
-    cfg: DictConfig,
-    estimate_step: bool = True,
-    fingerprint: bool = False,
-    fit_budget: bool = False,
+    cfg: DictConfig, estimate_step: bool = True, fingerprint: bool = False, fit_budget: bool = False
 ) -> RunPlan:
-    """The plan of the run ``cfg`` (a composed ``train`` config, or eval/predict's config
-    merged onto the training run's) describes; ``cfg`` itself is not changed.
+    """The plan of the run ``cfg`` describes (``cfg`` itself is not changed).
 
-    ``estimate_step``: also estimate the planned training step (peak memory, FLOPs);
-    ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
-    ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
-    micro-batches (plan.py) instead of stopping the run (train.py), searched within
-    ``memory.max_batch_size`` and ``memory.checkpointing_options``.
-    Bad values raise one :class:`UserInputError` naming the key.
-    """
+    ``estimate_step``: also estimate the planned training step; ``fingerprint``: read the dataset's
+    fingerprint even when no ``auto`` needs it; ``fit_budget``: a step over ``memory.budget`` gets
+    the planner's answer (plan.py) instead of stopping the run (train.py). Bad values raise one
+    :class:`UserInputError` naming the key."""
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []

@@ -1,8 +1,6 @@
-"""The network planned for the training patch, through its adapter
-(:func:`volseg.models.networks.adapter_for`): the constructor's names for the channel counts,
-the family's own settings (UNet3D: depth and per-level pooling, planned as nnU-Net plans its
-networks), the patch divisibility (``model.divisible_by``), and the loss for a network with deep
-supervision. Nothing here reads a network's own keys; the adapters do."""
+"""The network planned for the training patch, through its adapter: the constructor's channel names,
+the family's own settings, ``model.divisible_by``, the deep-supervision loss. Nothing here reads a
+network's own keys."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
 
 
 def network_class(net: DictConfig) -> type:
-    """The class ``model.net._target_`` names; one :class:`UserInputError` when it is missing
-    or does not import."""
+    """The class ``model.net._target_`` names; one error where it does not import."""
     try:
         target = net._target_
     except MissingMandatoryValue:
@@ -65,8 +62,8 @@ def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision])
 
 
 def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
-    """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed. ``patch``:
-    the training patch; ``None``: before one is planned (for ``data.patch_size=auto``)."""
+    """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed (``patch``: ``None``
+    before one is planned)."""
     configured = plain(cfg.model.get("divisible_by", "auto"))
     if configured not in (None, "auto"):
         value = [configured] * 3 if isinstance(configured, int) else configured
@@ -91,8 +88,7 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
 
 
 def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision | None:
-    """For a network with one output per decoder level in training, the configured loss inside
-    MONAI's ``DeepSupervisionLoss`` (unless it already is one)."""
+    """The loss inside MONAI's ``DeepSupervisionLoss`` where needed."""
     if not adapter.deep_supervision(cfg.model.net) or "loss" not in cfg.model:
         return None
     loss = cfg.model.loss
@@ -112,18 +108,15 @@ def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision
 
 
 def nearest_patches(patch: Sequence[int], multiple: Sequence[int]) -> list[list[int]]:
-    """The patches nearest ``patch`` ``[D, H, W]`` whose sides divide by ``multiple``: each side
-    rounded down (at least one multiple), and each rounded up."""
+    """The patches nearest ``patch`` whose sides divide by ``multiple``: rounded down and up."""
     down = [max(m, p // m * m) for p, m in zip(patch, multiple, strict=True)]
     up = [-(-p // m) * m for p, m in zip(patch, multiple, strict=True)]
     return [down] if down == up else [down, up]
 
 
 def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[int]) -> None:
-    """One :class:`UserInputError` when the network does not take ``patch`` ``[D, H, W]``: a side
-    is no multiple of ``multiple`` and the network, run on meta tensors, does not keep the
-    patch's shape (a network that pads takes it). Names what each side must divide by and the
-    nearest patches that work."""
+    """One :class:`UserInputError` when a side of ``patch`` is no multiple of ``multiple`` and the
+    network (on meta tensors) does not keep its shape; names the nearest patches that work."""
     if all(int(p) % int(m) == 0 for p, m in zip(patch, multiple, strict=True)):
         return
     try:
@@ -145,12 +138,9 @@ DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
 
 
 def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
-    """One :class:`UserInputError` when what the network returns in training cannot reach the
-    loss: a dict, or a tuple, with no ``model.net_output`` naming the logits; a
-    ``model.net_output`` the output has not; a list of outputs with a loss that is not deep
-    supervision. Found in one forward of ``patch`` on meta tensors, for a network no adapter
-    of its own knows (a known network returns a tensor, or its deep-supervision list, and is
-    built once, for the run)."""
+    """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
+    reach the loss: a dict or tuple without ``model.net_output``, a key it has not, a list without
+    deep supervision."""
     if type(adapter) is not NetworkAdapter:
         return
     out = training_output(cfg.model.net, int(cfg.in_channels), patch)
@@ -188,9 +178,7 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
 
 
 def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
-    """The network of ``cfg.model.net`` planned for the training patch ``patch`` ([D, H, W]
-    voxels); ``cfg`` is updated with every planned value. One :class:`UserInputError` naming
-    the key for a value the network cannot take."""
+    """The network planned for ``patch`` ([D, H, W] voxels), every planned value set in ``cfg``."""
     cls = network_class(cfg.model.net)
     adapter = adapter_for(cls)
     decisions: dict[str, Decision] = {}
