@@ -1,6 +1,5 @@
-"""``build_model(cfg)``: the LightningModule of a composed config, built in one place: ``train.py``
-trains and the memory estimator estimates what this returns, so the estimate cannot drift from the
-run."""
+"""``build_model(cfg)``: the LightningModule ``train.py`` trains and the memory estimator estimates,
+built in one place so that the two cannot drift."""
 
 from __future__ import annotations
 

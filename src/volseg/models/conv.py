@@ -1,10 +1,7 @@
-"""The U-Net's 3D convolution: :class:`torch.nn.Conv3d`, with its weight gradient kept right on a
-CPU in bfloat16.
-
-oneDNN's AVX-512 kernels (torch 2.13.0+cpu) return a wrong bf16 weight gradient (up to inf and NaN)
-for a kernel deeper than 1 over an input of depth exactly 2, common at a U-Net's deep levels;
-``python -m benchmarks cpu_bf16_conv`` checks each case (docs/benchmarks.md, "Precision on a CPU").
-Such a call runs in float32 here."""
+"""The U-Net's 3D convolution: :class:`torch.nn.Conv3d`, but in float32 where oneDNN's AVX-512
+kernels (torch 2.13.0+cpu) return a wrong bf16 weight gradient (up to inf and NaN): a kernel deeper
+than 1 over an input of depth exactly 2, common at deep levels (``python -m benchmarks
+cpu_bf16_conv``; docs/benchmarks.md, "Precision on a CPU")."""
 
 from __future__ import annotations
 

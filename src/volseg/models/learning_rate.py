@@ -66,9 +66,8 @@ def learning_rate(
 
 
 def resolve_learning_rate(cfg: DictConfig) -> LearningRate | None:
-    """Set ``cfg.model.optimizer.lr`` in place and take the rule out of the optimizer's arguments;
-    ``None`` without an optimizer with a learning rate. The plan and the estimator (given an
-    unplanned config) call it."""
+    """Set ``cfg.model.optimizer.lr`` in place, the rule taken out of the optimizer's arguments;
+    ``None`` without an optimizer with a learning rate."""
     optimizer = OmegaConf.select(cfg, "model.optimizer")
     if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
         return None

@@ -1,11 +1,5 @@
-"""The memory levers of a training step: each one config value, validated and applied here.
-
-:class:`MemoryLevers` validates the ``model.*`` levers (errors name the key) and applies them:
-:meth:`~MemoryLevers.apply` those that change the network, in one stated order;
-:meth:`~MemoryLevers.forward` and :meth:`~MemoryLevers.loss` those that act while a step runs.
-:data:`LEVERS` lists every lever a user can pull, in the order to try them (the OOM report and
-docs/memory.md read it). It sits in ``models/`` because the LightningModule applies the levers and
-``models/`` imports nothing from ``memory/``."""
+"""The memory levers of a training step, each one config value: :class:`MemoryLevers` validates and
+applies them in one stated order; :data:`LEVERS` lists them all in the order to try them."""
 
 from __future__ import annotations
 
@@ -160,12 +154,6 @@ def check_placement_devices(placement: Mapping[str, str] | None) -> None:
             )
 
 
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _error(f"{key} must be true or false; got {value!r}")
-    return value
-
-
 def _checkpointing(value: Any) -> CheckpointSpec:
     """The setting's form; whether the network takes it is its adapter's to say."""
     value = plain(value)
@@ -189,16 +177,13 @@ class MemoryLevers:
     Args:
         activation_checkpointing: which blocks recompute their activations in backward, as the
             network's adapter offers it (:func:`volseg.models.networks.adapter_for`).
-        offload_activations: keep tensors saved for backward in host memory during forward
-            (:class:`volseg.models.offload.OffloadToHost`); ``full_resolution``: only those at the
-            input's resolution (most of the bytes, a fraction of the copies).
-        cudnn_workspace_mib: cap (MiB) on cuDNN's convolution workspace (``CUDNN_CONV_WSCAP_DBG``,
-            set at set-up; ``None``: no cap); smaller workspaces can mean slower algorithms.
+        offload_activations: keep tensors saved for backward in host memory during forward;
+            ``full_resolution``: only those at the input's resolution (most of the bytes).
+        cudnn_workspace_mib: cap (MiB) on cuDNN's convolution workspace (``None``: no cap).
         checkpoint_loss: recompute the loss in backward: fewer activations kept, not a lower peak.
         channels_last: weights and inputs in ``channels_last_3d`` (NDHWC).
         placement: ``{name: device}``: the network split over devices by its adapter.
-        compile: ``torch.compile`` the network for fit.
-    """
+        compile: ``torch.compile`` the network for fit."""
 
     activation_checkpointing: CheckpointSpec = None
     offload_activations: bool | str = False
@@ -213,7 +198,8 @@ class MemoryLevers:
         set_ = object.__setattr__
         set_(self, "activation_checkpointing", _checkpointing(self.activation_checkpointing))
         for key in ("checkpoint_loss", "channels_last", "compile"):
-            _flag(key, getattr(self, key))
+            if not isinstance(getattr(self, key), bool):
+                raise _error(f"{key} must be true or false; got {getattr(self, key)!r}")
         offload_value = self.offload_activations
         if not (isinstance(offload_value, bool) or offload_value == FULL_RESOLUTION):
             raise _error(

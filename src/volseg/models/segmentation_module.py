@@ -57,9 +57,8 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
 
 
 def deep_supervision_heads(logits: Any, label: torch.Tensor) -> list[torch.Tensor] | None:
-    """Deep-supervision outputs as a list (full resolution first): a list or tuple as it is, a
-    stacked ``(B, S, K, D, H, W)`` tensor (DynUNet) split along ``S``; ``None`` for plain logits
-    ``(B, K, D, H, W)``."""
+    """Deep-supervision outputs as a list (a stacked ``(B, S, K, D, H, W)`` tensor split along
+    ``S``); ``None`` for plain logits ``(B, K, D, H, W)``."""
     if isinstance(logits, list | tuple):
         return list(logits)
     if logits.dim() == label.dim() + 1:
@@ -73,19 +72,14 @@ class SegmentationModule(LightningModule):
     Args:
         net: maps ``(B, C_in, D, H, W)`` to logits ``(B, num_classes, D, H, W)``.
         loss: ``loss(logits, labels)``, labels ``(B, 1, D, H, W)`` class indices.
-        optimizer, scheduler: partial optimizer (takes ``params``) and LR scheduler (takes
-            ``optimizer``; ``None``: none), stepped every ``scheduler_interval``.
-        include_background: average background into ``val/dice_mean`` too.
+        optimizer, scheduler: partial optimizer and LR scheduler (``None``: none).
         class_names: names for ``val/dice_<name>``; default: the datamodule's.
-        inferer: validation inferer (MONAI ``SlidingWindowInferer``, roi = patch).
-        divisible_by: what each patch side must divide by, ``[D, H, W]`` (the plan's, kept with
-            the run's hyperparameters).
-        compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
-        placement, cudnn_workspace_mib: the memory levers (:class:`MemoryLevers`).
+        inferer: validation inferer (MONAI ``SlidingWindowInferer``).
+        divisible_by: the plan's ``[D, H, W]`` patch divisor, kept with the hyperparameters.
+        compile ... cudnn_workspace_mib: the memory levers (:class:`MemoryLevers`).
         net_output: which of what ``net`` returns is the logits (:func:`select_output`).
-        stop_on_nonfinite_loss: raise :class:`TrainingDiverged` on a NaN/Inf training loss.
-        nonfinite_check_every_n_steps: read that test on the host every N steps only (a read
-            makes a CUDA step wait for the GPU)."""
+        nonfinite_check_every_n_steps: read the NaN/Inf loss test on the host every N steps only
+            (a read makes a CUDA step wait for the GPU)."""
 
     def __init__(
         self,
@@ -161,9 +155,8 @@ class SegmentationModule(LightningModule):
     on_validation_start = on_predict_start = on_fit_start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``; in training a
-        deep-supervision network's outputs (stacked or a list), out of training a list's first
-        (full-resolution) output alone."""
+        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)`` (in training, deep
+        supervision's outputs; out of it, the full-resolution one)."""
         out = select_output(self.levers.forward(self.net, x, self.training), self.net_output)
         if not self.training and isinstance(out, list | tuple):
             return out[0]
@@ -215,9 +208,8 @@ class SegmentationModule(LightningModule):
         return self.inferer(image, self)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
-        """Whole-volume inference: ``{"pred": (B, D, H, W) class indices}`` of the counted cases
-        (``{}`` for a padding batch of :class:`ShardedEvalSampler`); loss and Dice are summed per
-        rank and reduced at the epoch's end (:meth:`reduced_validation`)."""
+        """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,
+        ``{}`` for a padding batch; loss and Dice summed per rank."""
         counted = batch.get("counted")
         keep = torch.ones(batch["image"].shape[0], dtype=torch.bool)
         if counted is not None:
@@ -229,9 +221,8 @@ class SegmentationModule(LightningModule):
         return {"pred": self.validate_cases(image, label)[:, 0]}
 
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``image`` ``(B, C, D, H, W)``;
-        their loss and Dice against ``label`` added to this rank's sums (what the memory estimator
-        traces)."""
+        """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``(B, C, D, H, W)``, their loss
+        and Dice added to this rank's sums (what the estimator traces)."""
         logits = self.predict_volume(image).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
         label = label.to(logits.device)
@@ -243,8 +234,7 @@ class SegmentationModule(LightningModule):
         self, pred: torch.Tensor, label: torch.Tensor, loss: torch.Tensor
     ) -> None:
         """Add the cases of ``pred``/``label`` (``(B, 1, D, H, W)`` class indices) and their mean
-        ``loss`` to this rank's sums; a class absent from a case's label is left out of its mean
-        Dice."""
+        ``loss`` to this rank's sums."""
         per_case = case_dice(pred, label, self.num_classes)  # (B, K), NaN: class absent
         cases = per_case.shape[0]
         sums = torch.cat(
@@ -258,9 +248,8 @@ class SegmentationModule(LightningModule):
         self._val_sums = sums if self._val_sums is None else self._val_sums + sums
 
     def reduced_validation(self) -> tuple[torch.Tensor, float, int]:
-        """Per-class Dice ``(K,)`` over all ranks' cases (0 for a class in none), the mean loss per
-        case and the number of cases; then starts over. A collective: sums are reduced, not means
-        (Lightning's ``sync_dist`` mean of uneven counts would round)."""
+        """Per-class Dice ``(K,)``, mean loss and case count over all ranks (a collective: sums
+        reduced, not means, which would round uneven counts); then starts over."""
         k = self.num_classes
         local = self._val_sums if self._val_sums is not None else torch.zeros(2 * k + 2)
         self._val_sums = None
@@ -283,12 +272,12 @@ class SegmentationModule(LightningModule):
         # the same values on every rank already (reduced above): no sync_dist
         self.log_dict(scores)
         self.log("val/dice_mean", mean, prog_bar=True)
-        if not self.trainer.sanity_checking and mean.item() > self.best_dice:
-            self.best_dice = mean.item()
-            self.best_dice_per_class = {
-                k.removeprefix("val/dice_"): v.item() for k, v in scores.items()
-            }
         if not self.trainer.sanity_checking:
+            if mean.item() > self.best_dice:
+                self.best_dice = mean.item()
+                self.best_dice_per_class = {
+                    k.removeprefix("val/dice_"): v.item() for k, v in scores.items()
+                }
             self.log("val/dice_mean_best", max(self.best_dice, mean.item()))
             self.warn_zero_dice(per_class)
 

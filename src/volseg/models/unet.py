@@ -33,6 +33,11 @@ AUTO_MIN_POOLED = 4
 LEAKY_SLOPE = 0.01
 
 
+def halvings(patch_size: Sequence[int]) -> list[int]:
+    """Per axis, how often ``pooling=auto`` halves it: while it keeps ``AUTO_MIN_POOLED`` voxels."""
+    return [max(0, (int(p) // AUTO_MIN_POOLED).bit_length() - 1) for p in patch_size]
+
+
 def pooling_factors(
     widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
 ) -> list[list[int]]:
@@ -50,13 +55,7 @@ def pooling_factors(
             )
         if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
             raise ValueError(f"pooling=auto needs patch_size=[D, H, W]; got {patch_size}")
-        extent = [int(p) for p in patch_size]
-        factors = []
-        for _ in range(levels):
-            level = [2 if e >= 2 * AUTO_MIN_POOLED else 1 for e in extent]
-            extent = [e // f for e, f in zip(extent, level, strict=True)]
-            factors.append(level)
-        return factors
+        return [[2 if n > level else 1 for n in halvings(patch_size)] for level in range(levels)]
     kernels = plain(pooling)
     valid = isinstance(kernels, list) and all(
         isinstance(k, list) and len(k) == 3 and all(f in (1, 2) for f in k) for k in kernels
@@ -96,9 +95,8 @@ def check_patch_poolable(
     patch_size: Sequence[int],
     names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """``ValueError`` when a patch axis is thinner than the network pools it, naming the values and
-    the fix; ``names`` maps ``patch_size``/``widths``/``pooling`` to the names the message uses
-    (config keys at the config boundary)."""
+    """``ValueError`` naming the values and the fix when a patch axis is thinner than the network
+    pools it (``names``: the names the message uses)."""
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
@@ -262,17 +260,12 @@ class UNet3D(nn.Module):
 
     Args:
         widths: feature maps per encoder level, full resolution first.
-        decoder_widths: each decoder block's output feature maps above the bottom
-            (``len(widths) - 1``, full resolution first); ``None``: ``widths[:-1]``.
+        decoder_widths: each decoder level's output maps; ``None``: ``widths[:-1]``.
         norm: ``batch``, ``instance`` or ``group`` (``num_groups`` groups).
         upsampling: ``trilinear`` or ``transposed`` (ConvTranspose3d, kernel = stride = factors).
-        dropout: Dropout3d probability inside every DoubleConv (0: none).
-        pooling: ``None`` or one ``[z, y, x]`` kernel of 1s and 2s per level
-            (:func:`pooling_factors`; ``auto`` is planned by :mod:`volseg.plan.network`).
+        pooling: ``None`` or a ``[z, y, x]`` kernel of 1s and 2s a level (:func:`pooling_factors`).
         patch_size: training patch ``[D, H, W]`` voxels, checked against the pooling.
-        activation: ``relu`` or ``leaky_relu`` (slope 0.01).
-        depth: ``None``: ``len(widths)``; an int cuts or extends ``widths``
-            (:func:`widths_for_depth`).
+        depth: an int cuts or extends ``widths`` (:func:`widths_for_depth`).
     """
 
     def __init__(

@@ -21,20 +21,14 @@ def strategy_name(strategy: Any) -> str:
     return str(strategy if strategy is not None else "auto")
 
 
-def writes_through_checkpoint_io(strategy: Any) -> bool:
+def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
+    """``async_checkpoint`` (``auto``, ``true``, ``false``) for ``trainer.strategy``; one error for
+    another value, or ``true`` where the strategy writes its own."""
     name = strategy_name(strategy)
     lowered = name.lower()
-    return name in IO_STRATEGY_CLASSES or any(
+    supported = name in IO_STRATEGY_CLASSES or any(
         lowered == s or lowered.startswith(f"{s}_") for s in IO_STRATEGIES
     )
-
-
-def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
-    """``async_checkpoint`` (``auto``, ``true``, ``false``) for ``trainer.strategy``; one
-    :class:`UserInputError` for another value, or ``true`` with a strategy that writes its
-    checkpoints itself."""
-    supported = writes_through_checkpoint_io(strategy)
-    name = strategy_name(strategy)
     if value == "auto":
         if supported:
             return Decision(True, "planned", f"trainer.strategy={name} saves through CheckpointIO")

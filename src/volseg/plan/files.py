@@ -1,6 +1,5 @@
-"""Plans that come from somewhere: a plan file (``train.py plan=PATH``) or a checkpoint's run
-(``eval.py``, ``predict.py``), laid over this command's config and planned again; each decision the
-earlier plan made keeps its source."""
+"""Plans that come from a plan file (``train.py plan=PATH``) or a checkpoint's run (``eval.py``,
+``predict.py``), laid over this command's config and planned again."""
 
 from __future__ import annotations
 
@@ -113,9 +112,8 @@ RUN_OWN = ("data", "model", "num_classes", "in_channels")
 
 
 def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConfig:
-    """``cfg`` with the training run's ``data``, ``model``, ``num_classes`` and ``in_channels``, and
-    this command's overrides of them applied as train.py applies them (a group choice replaces the
-    run's node); ``num_classes``/``in_channels`` overrides stop with one line."""
+    """``cfg`` with the run's ``data``, ``model``, ``num_classes``, ``in_channels`` and this
+    command's overrides of them applied as train.py applies them."""
     overrides = command_line()
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -132,7 +130,9 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
     with open_dict(merged):
         for key in RUN_OWN:
             if key not in chosen and key in run_cfg:
-                merged[key] = copy_node(run_cfg[key])
+                node = run_cfg[key]
+                is_node = isinstance(node, DictConfig)
+                merged[key] = OmegaConf.create(OmegaConf.to_container(node)) if is_node else node
         dotted = [
             (text, o)
             for text, o in parsed
@@ -145,10 +145,6 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
                 raise UserInputError(f"{text}: {task} cannot delete a key of the trained run")
             OmegaConf.update(merged, o.key_or_group, o.value(), merge=False, force_add=True)
     return merged
-
-
-def copy_node(node: Any) -> Any:
-    return OmegaConf.create(OmegaConf.to_container(node)) if isinstance(node, DictConfig) else node
 
 
 def plan_from_run(

@@ -1,18 +1,10 @@
 """``make_plan(cfg)``: the composed config in, one :class:`RunPlan` out, every ``auto`` resolved
-once, in this order (each step may read what the ones before decided):
-
-1. callbacks that contradict other options (:mod:`volseg.plan.reconcile`);
-2. the device, ``trainer.precision`` for it, ``async_checkpoint`` for the strategy;
-3. from the data where asked: ``num_classes``/``in_channels``, ``data.augment``,
-   ``data.patch_size`` (the dataset's fingerprint);
-4. ``model.optimizer.lr`` and the network for the patch, through its adapter
-   (:mod:`volseg.plan.network`);
-5. the batch (``auto``: for ``memory.budget``), the loader for the device; the channels checked;
-6. the engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`:
-   one trace) fitted to ``memory.budget``: the step (batch, checkpointing, accumulation) and the
-   validation of the largest volume (:mod:`volseg.memory.fit.inference`).
-
-Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it."""
+once, in this order: the callbacks reconciled; the device, its precision, ``async_checkpoint``;
+from the data where asked (classes, channels, augmentation, patch); the learning rate and the
+network for the patch (:mod:`volseg.plan.network`); the batch and the loader, the channels
+checked; the engine's answer for the planned run (one trace) fitted to ``memory.budget``: the
+step, then the validation of the largest volume. Building happens after this, from
+:meth:`RunPlan.run_config`; nothing edits the config after it."""
 
 from __future__ import annotations
 
@@ -38,7 +30,7 @@ from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import is_voxels, plain, set_key
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
@@ -173,11 +165,7 @@ def _plan_data(
         set_key(cfg, "data.patch_size", patch)
     elif "patch_size" in data:
         patch = plain(data.patch_size)
-        if not (
-            isinstance(patch, list)
-            and len(patch) == 3
-            and all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)
-        ):
+        if not is_voxels(patch):
             raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
         decisions["data.patch_size"] = Decision(patch, "configured")
     return fingerprint
@@ -304,9 +292,8 @@ def _plan_step(
     fit_budget: bool,
     validation_shape: list[int] | None,
 ) -> tuple[dict, Any]:
-    """Batch, checkpointing and accumulation checked against ``memory.budget``, and the engine's
-    answer for the planned run (step, FLOPs and the validation of ``validation_shape`` in one
-    trace): ``(summary in bytes, the RunEstimate or None)``."""
+    """The step checked against ``memory.budget`` and the engine's answer for the planned run (step,
+    FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
     from volseg.memory.fit.budget import check_estimate_fits
@@ -368,9 +355,8 @@ def _plan_step(
 
 
 def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
-    """The configured step does not fit ``memory.budget``: the planner's micro-batches (the same
-    samples per step) where they fit, else its batch and checkpointing, set in ``cfg``. Returns
-    ``({key: why}, its estimate)``."""
+    """The planner's answer for a step over ``memory.budget`` (micro-batches, else batch and
+    checkpointing), set in ``cfg``: ``({key: why}, its estimate)``."""
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
@@ -431,9 +417,8 @@ def _plan_validation(
     volume: tuple[list[int] | None, str],
     run: Any,
 ) -> dict:
-    """The validation of the largest volume (``plan.yaml``'s ``validation``) fitted to
-    ``memory.budget``: fewer windows at once and host stitching, smaller windows only with
-    ``fit_budget``; what fits with none stops the run."""
+    """Validation of the largest volume fitted to ``memory.budget`` (fewer windows at once, host
+    stitching; smaller windows with ``fit_budget``), else the run stops."""
     from volseg.memory.estimate.engine import Variant, estimate_run
     from volseg.memory.fit.budget import check_validation_fits
     from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation

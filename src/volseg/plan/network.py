@@ -1,6 +1,5 @@
-"""The network planned for the training patch, through its adapter: the constructor's channel names,
-the family's own settings, ``model.divisible_by``, the deep-supervision loss. Nothing here reads a
-network's own keys."""
+"""The network planned for the training patch through its adapter: channel names, the family's
+settings, ``model.divisible_by``, the deep-supervision loss."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from volseg.models.networks.probe import (
     training_output,
 )
 from volseg.plan.run_plan import Decision
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import is_voxels, plain, set_key
 from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.extras import import_failure
 from volseg.utils.instantiate import config_error
@@ -67,10 +66,7 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
     configured = plain(cfg.model.get("divisible_by", "auto"))
     if configured not in (None, "auto"):
         value = [configured] * 3 if isinstance(configured, int) else configured
-        ok = isinstance(value, list) and len(value) == 3
-        if not (
-            ok and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-        ):
+        if not is_voxels(value):
             raise UserInputError(
                 f"model.divisible_by={configured}: expected auto, an int > 0 or [D, H, W] > 0"
             )
@@ -139,8 +135,7 @@ DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
 
 def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
     """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
-    reach the loss: a dict or tuple without ``model.net_output``, a key it has not, a list without
-    deep supervision."""
+    reach the loss (names ``model.net_output`` or the loss)."""
     if type(adapter) is not NetworkAdapter:
         return
     out = training_output(cfg.model.net, int(cfg.in_channels), patch)

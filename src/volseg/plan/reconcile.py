@@ -1,6 +1,5 @@
-"""Options that contradict each other, reconciled once before anything is built: a progress-bar
-callback with ``trainer.enable_progress_bar=false`` is left out; ``memory.*`` monitor options
-without a memory monitor get one warning."""
+"""Options that contradict each other, reconciled before anything is built: a progress bar with
+``trainer.enable_progress_bar=false``; monitor options without a monitor."""
 
 from __future__ import annotations
 

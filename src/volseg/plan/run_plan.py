@@ -34,9 +34,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The plan of one run: ``config`` (a copy for each reader: no builder can change it),
-    ``decisions`` by config key, the ``estimate`` of the step, ``validation``, the dataset's
-    ``fingerprint``."""
+    """The plan of one run: ``config`` (a copy for each reader), ``decisions`` by key, the step's
+    ``estimate``, ``validation``, the dataset's ``fingerprint``."""
 
     config: DictConfig
     decisions: Mapping[str, Decision]

@@ -46,9 +46,8 @@ def check_predictions_dir(
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Validate a checkpoint and write its predicted label volumes, ``plan.yaml`` and
-    ``eval_summary.json``; model and data from the run's plan with this command's overrides
-    (:func:`plan_from_run`). Returns the metrics."""
+    """Validate a checkpoint with the run's plan and this command's overrides; writes predictions,
+    ``plan.yaml`` and ``eval_summary.json``; returns the metrics."""
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "eval.py")
     file_log.info("%s", run_plan.format())  # every decision and why: eval.log, plan.yaml

@@ -1,11 +1,7 @@
 """``memory.allocator``: PyTorch's CUDA caching-allocator settings as config values, written into
-``PYTORCH_CUDA_ALLOC_CONF`` by the entry point before anything can start CUDA (torch reads it once;
-child processes inherit it).
-
-The keys and checks are those of torch 2.13's parser (``c10/cuda/CUDAAllocatorConfig.cpp``): a bad
-one is one :class:`UserInputError` naming ``memory.allocator.<key>``. ``backend`` is refused (torch
-reads it at import). Any key set replaces the environment's value (with a warning); none set keeps
-it."""
+``PYTORCH_CUDA_ALLOC_CONF`` before anything can start CUDA (torch reads it once). Keys and checks
+are torch 2.13's (``c10/cuda/CUDAAllocatorConfig.cpp``); ``backend`` is refused (torch reads it at
+import). Any key set replaces the environment's value; none set keeps it."""
 
 from __future__ import annotations
 

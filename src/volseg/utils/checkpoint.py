@@ -165,15 +165,12 @@ def check_weights_fit(
         )
 
 
-def trained_epochs(checkpoint: dict[str, Any]) -> int:
-    """Whole epochs the checkpoint's run trained (Lightning's fit-loop count)."""
-    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
-    return int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
-
-
 def check_work_left(checkpoint: dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
     """:class:`UserInputError` when the checkpoint's run reached its epoch or step limit."""
-    epochs, steps = trained_epochs(checkpoint), int(checkpoint.get("global_step", 0))
+    # whole epochs trained: Lightning's fit-loop count
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+    epochs = int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
+    steps = int(checkpoint.get("global_step", 0))
     max_epochs = trainer_cfg.get("max_epochs")
     max_steps = trainer_cfg.get("max_steps")
     done = f"ckpt_path={ckpt_path}: its run has trained {epochs} epoch(s), {steps} step(s)"

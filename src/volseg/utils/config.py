@@ -20,6 +20,15 @@ def plain(value: Any) -> Any:
     return value
 
 
+def is_voxels(value: Any) -> bool:
+    """Whether ``value`` is ``[D, H, W]``: three whole numbers > 0."""
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+
+
 def set_key(cfg: DictConfig, key: str, value: Any) -> None:
     """Set the dotted ``key`` of ``cfg`` to ``value``, replacing it, added where missing."""
     with open_dict(cfg):

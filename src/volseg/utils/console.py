@@ -24,14 +24,13 @@ QUIET_PREFIXES = (
 )
 
 
-class _DropPrefixes(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(QUIET_PREFIXES)
+def _keep(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(QUIET_PREFIXES)
 
 
 def quiet_third_party() -> None:
     """Drop Lightning's tips (:data:`QUIET_PREFIXES`) from the console and the log."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
-            logger.addFilter(_DropPrefixes())
+        if _keep not in logger.filters:
+            logger.addFilter(_keep)

@@ -86,9 +86,8 @@ def kind_of(
     onednn_max_cpu_isa: str | None = None,
     aten_cpu_capability: str | None = None,
 ) -> str:
-    """A CPU's kind by its bf16 and vector instructions (``AMX``, ``AVX512_BF16``, ``AVX-512``,
-    ``AVX2``, ``other``), with the ISA its kernels were held to (a kind of its own: other kernels,
-    other memory)."""
+    """A CPU's kind by its instructions (``AMX``, ``AVX512_BF16``, ``AVX-512``, ``AVX2``,
+    ``other``), with the ISA its kernels were held to (other kernels, other memory)."""
     flags = flags or {}
     kind = next(
         (name for flag, name in CPU_KINDS if flags.get(flag)),

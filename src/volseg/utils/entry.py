@@ -85,9 +85,8 @@ _held_stderr: HeldStderr | None = None
 
 
 def run_main(main: Callable[[], Any]) -> None:
-    """Call a ``@hydra.main`` function: a bad override (Hydra's exit code 1) exits 2 with one line,
-    as does a Hydra plugin choice whose extra is missing (before Hydra composes); a multirun in
-    which a job failed exits 1."""
+    """Call a ``@hydra.main`` function: a bad override or a missing plugin's extra exits 2 with one
+    line; a multirun in which a job failed exits 1."""
     try:
         check_plugin_choices(sys.argv[1:])
     except MissingPackage as err:
@@ -175,13 +174,9 @@ def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment: a
-    :class:`UserInputError` becomes one stderr line and exit code 2, a :class:`TrainingDiverged`
-    exit code 1.
-
-    In a Hydra multirun a failed job (or one that raises :class:`TrialPruned`) gets its row in
-    ``sweep_summary.csv`` and returns a :class:`JobStopped`, and the sweep goes on. SIGINT or
-    SIGTERM ends the run with the command that resumes it (:func:`stopped`); a run that ends in an
-    error gets a ``summary.json`` saying so."""
+    :class:`UserInputError` is one stderr line and exit code 2, a :class:`TrainingDiverged` exit
+    code 1; SIGINT/SIGTERM end with the command that resumes (:func:`stopped`). In a multirun a
+    failed or pruned job is recorded and returns a :class:`JobStopped`: the sweep goes on."""
     global _task_started, _held_stderr
     _task_started = True
     if _held_stderr is not None:  # the task's warnings and errors go out as they come

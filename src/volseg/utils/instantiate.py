@@ -169,16 +169,11 @@ def _instantiate_group(
     return objects
 
 
-def sweep_group() -> str | None:
-    """In a Hydra multirun, the sweep's folder name."""
-    return Path(HydraConfig.get().sweep.dir).name if in_multirun() else None
-
-
 def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
-    # every job of a multirun is its own W&B run; grouping them by sweep keeps them together
+    # every job of a multirun is its own W&B run; grouped by the sweep's folder name
     is_wandb = kind == "logger" and str(entry._target_).endswith("WandbLogger")
-    if is_wandb and not entry.get("group") and (group := sweep_group()) is not None:
-        return {"group": group}
+    if is_wandb and not entry.get("group") and in_multirun():
+        return {"group": Path(HydraConfig.get().sweep.dir).name}
     return {}
 
 

@@ -1,6 +1,5 @@
-"""``trainer.precision``: ``auto`` and the CPU rules, resolved once for the device that will run,
-with the reason logged. Lightning knows no ``auto``, and on a CPU runs ``16-mixed`` as bf16
-autocast, which CPUs without AVX512_BF16/AMX emulate in software."""
+"""``trainer.precision``: ``auto`` and the CPU rules (Lightning runs ``16-mixed`` as bf16 autocast
+on a CPU, emulated without AVX512_BF16/AMX), resolved once, the reason logged."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Ctrl-C (SIGINT) and SIGTERM (``kill``, SLURM preemption) during training: the first signal stops
-the run at the end of its optimizer step with ``last.ckpt`` written, prints the command that
-resumes, and exits 128 + the signal's number; a second Ctrl-C stops at once."""
+"""Ctrl-C and SIGTERM during training: the run stops after its optimizer step with ``last.ckpt``
+written and the command that resumes, exit 128 + the signal; a second Ctrl-C stops at once."""
 
 from __future__ import annotations
 

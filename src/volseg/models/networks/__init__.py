@@ -1,8 +1,6 @@
-"""Networks: :func:`adapter_for` gives the :class:`NetworkAdapter` of a network class (a family's
-own where registered, else the generic one, right for any ``nn.Module``; docs/networks.md).
-
-Another package registers an adapter, which wins over volseg's, under the entry-point group
-:data:`ENTRY_POINTS`::
+"""Networks: :func:`adapter_for` gives a network class's :class:`NetworkAdapter` (its family's, else
+the generic one, right for any ``nn.Module``). Another package registers its own (which wins) under
+the entry-point group :data:`ENTRY_POINTS`::
 
     [project.entry-points."volseg.network_adapters"]
     "mypkg.nets.MyUNet" = "mypkg.adapters:MyUNetAdapter"

@@ -1,6 +1,5 @@
-"""Adapters for nnU-Net's ``PlainConvUNet``/``ResidualEncoderUNet``
-(``dynamic-network-architectures``) and pytorch-3dunet's U-Nets; neither package is imported
-here."""
+"""Adapters for nnU-Net's ``dynamic-network-architectures`` U-Nets and pytorch-3dunet's (neither
+imported here)."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def _per_axis(value: Any, stages: int) -> list[list[int]]:
 
 
 class DynamicUNetAdapter(NetworkAdapter):
-    """nnU-Net's U-Nets: divisible by the per-axis product of their ``strides``; deep supervision in
-    training and eval (validation takes the first output). The decoder holds the encoder, so blocks
-    are named one level down."""
+    """nnU-Net's U-Nets: divisible by the product of their ``strides``; deep supervision; blocks
+    named one level down (the decoder holds the encoder)."""
 
     family = "nnU-Net's dynamic-network-architectures U-Net"
     checkpointing_list = "submodule names (encoder.stages.0, decoder.stages.1, ...)"

@@ -1,6 +1,5 @@
-"""What a network returns, and which of it is the logits (``model.net_output``: a dict's key, a
-tuple's or list's index). A list or tuple with no ``net_output`` is deep supervision, full
-resolution first."""
+"""Which of what a network returns is the logits (``model.net_output``: a dict's key, a tuple's
+index); a list or tuple without one is deep supervision."""
 
 from __future__ import annotations
 

@@ -41,8 +41,7 @@ MAX_POWER = 6
 
 def channel_names(cls: type) -> dict[str, str]:
     """``{"in_channels": name, "num_classes": name}``: the first of :data:`IN_CHANNEL_NAMES` /
-    :data:`CLASS_NAMES` the constructor names; volseg's name where it takes ``**kwargs`` and names
-    none."""
+    :data:`CLASS_NAMES` the constructor takes (volseg's where it takes ``**kwargs``)."""
     params = inspect.signature(cls.__init__).parameters
     var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     out = {}
@@ -68,9 +67,8 @@ def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str)
 def _built_for_probing(
     net_cfg: DictConfig, training: bool = False
 ) -> tuple[torch.nn.Module, Any, str]:
-    """``net_cfg``'s network on the meta device, in eval (``training``: train) mode, and the context
-    and device to run it in (a constructor that reads a value is built for real and run on fake
-    tensors)."""
+    """The network on the meta device (in train mode with ``training``), and the context and device
+    to run it in (fake tensors where the constructor reads a value)."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     try:
         with torch.device("meta"):

@@ -13,6 +13,7 @@ from volseg.models.unet import (
     AUTO_MIN_POOLED,
     Pooling,
     check_patch_poolable,
+    halvings,
     pooling_factors,
     total_pooling,
     widths_for_depth,
@@ -29,23 +30,15 @@ PATCH_CONFIG_KEYS = {
 
 
 def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
-    """Levels for ``depth=auto``: pool until no axis of ``patch_size`` can be pooled again
-    (``pooling=auto``: the axis pooled most decides; ``null``: the thinnest), as nnU-Net plans its
-    networks."""
-    counts = []
-    for extent in (int(p) for p in patch_size):
-        n = 0
-        while extent >= 2 * AUTO_MIN_POOLED:
-            extent //= 2
-            n += 1
-        counts.append(n)
+    """Levels for ``depth=auto``: pool until no axis can be pooled again (``pooling=auto``: the axis
+    pooled most decides; ``null``: the thinnest)."""
+    counts = halvings(patch_size)
     return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
 
 
 class UNet3DAdapter(NetworkAdapter):
-    """UNet3D: ``depth``/``widths``/``pooling`` planned for the patch; divisible by the product of
-    its poolings; checkpointing by name, level or ``{encoder, decoder}`` mode; placement ``{encoder,
-    decoder}``."""
+    """UNet3D: depth, widths and pooling planned for the patch; checkpointing by name, level or
+    ``{encoder, decoder}`` mode; placement ``{encoder, decoder}``."""
 
     family = "volseg UNet3D"
     checkpointing_choices = CHECKPOINTING_CHOICES
