@@ -1,11 +1,5 @@
-"""``checkpoints/last.ckpt``: at epoch ends (as often as ``max_time_share`` of training time
-allows), every few minutes or steps within an epoch and at the end of training, replaced
-atomically, so that a run killed at any moment resumes from a whole checkpoint. With
-``async_checkpoint=true`` the trainer's
-:class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO` writes and renames it in the
-background; a save of the state another checkpoint callback has just saved (the best
-checkpoint, at the same step and batch) is then a second name of that file, not a second
-write."""
+"""``checkpoints/last.ckpt``, saved often and replaced atomically, so that a run killed at any
+moment resumes from a whole checkpoint."""
 
 from __future__ import annotations
 
@@ -26,32 +20,20 @@ log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """A :class:`ModelCheckpoint` (``monitor=None``: one file, e.g. ``last.ckpt``) that also saves
-    within an epoch, every ``save_every_n_steps`` optimizer steps and/or every
-    ``save_every_minutes`` of training (at the next optimizer-step boundary), and writes each
-    checkpoint to ``<file>.tmp`` first and renames it over the previous one (a kill while
-    writing leaves the previous checkpoint whole).
+    """A :class:`ModelCheckpoint` (``monitor=None``: one file) that also saves within an epoch,
+    every ``save_every_n_steps`` optimizer steps and/or ``save_every_minutes`` (at the next
+    optimizer-step boundary), writing ``<file>.tmp`` and renaming it over the previous one.
+    Such a checkpoint holds the loader's position (:class:`volseg.data.sampling.ResumableLoader`):
+    the resumed run ends with the weights of an uninterrupted one.
 
-    A checkpoint saved within an epoch holds the training loader's position (see
-    :class:`volseg.data.sampling.ResumableLoader`): the resumed run draws the epoch's remaining
-    patches, so it ends with the weights of an uninterrupted run.
-
-    ``max_time_share``: the epoch-end save is skipped while writing would take more than this
-    share of the training time: the seconds the previous save held the training loop (the
-    whole write; in the background, the copy to host memory) must be at most
-    ``max_time_share`` x the seconds trained since it ended (short epochs with a large
-    checkpoint: every few epochs; long ones: every epoch). The end of training always saves.
-    ``None``: every epoch end.
-
-    With :class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO`, a save at the batch and
-    optimizer step another checkpoint callback saved its full checkpoint at (the best one,
-    after the validation at an epoch's end) links ``last.ckpt`` to that file: the two differ
-    only in this callback's own state (the previous save's step), which resuming does not use.
-
-    ``stop_on_signal``: a first SIGINT or SIGTERM during fit ends the run at the next
-    optimizer-step boundary, after this callback has saved there, by raising
-    :class:`~volseg.utils.signals.TrainingInterrupted` (the entry point turns it into the resume
-    command and exit code 130 or 143). ``False``: Lightning's own handling.
+    ``max_time_share``: an epoch-end save is skipped while the previous save held the loop (the
+    write; in the background, the copy to host memory) longer than this share of the time
+    trained since (``None``: every epoch end); the end of training always saves. With
+    :class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO`, a save of the state another
+    checkpoint callback saved at the same step (the best one) links to that file instead.
+    ``stop_on_signal``: a first SIGINT or SIGTERM ends the run at the next optimizer-step
+    boundary after a save, raising :class:`~volseg.utils.signals.TrainingInterrupted` (exit 130
+    or 143 with the resume command); ``False``: Lightning's own handling.
     """
 
     def __init__(
@@ -180,8 +162,7 @@ class LastCheckpoint(ModelCheckpoint):
         return due
 
     def _epoch_save_affordable(self, trainer: L.Trainer) -> bool:
-        """Whether an epoch-end save keeps writing within ``max_time_share`` of training time
-        (rank 0 decides for every rank: a save is collective)."""
+        """Whether an epoch-end save keeps within ``max_time_share`` (rank 0's, for every rank)."""
         if self.max_time_share is None:
             return True
         trained = time.monotonic() - self._last_save_time
@@ -192,13 +173,16 @@ class LastCheckpoint(ModelCheckpoint):
         if self._epoch_save_affordable(trainer):
             super().on_train_epoch_end(trainer, pl_module)
 
+    def _save_now(self, trainer: L.Trainer) -> None:
+        """Save here, unless Lightning would not (sanity check, already saved at this step)."""
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The final weights, when the last epoch end's save was skipped."""
         super().on_train_end(trainer, pl_module)
-        if trainer.global_step != self._last_global_step_saved and not (
-            self._should_skip_saving_checkpoint(trainer)
-        ):
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        if trainer.global_step != self._last_global_step_saved:
+            self._save_now(trainer)
 
     def on_train_batch_end(
         self,
@@ -209,15 +193,14 @@ class LastCheckpoint(ModelCheckpoint):
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self._due(trainer) and not self._should_skip_saving_checkpoint(trainer):
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self._due(trainer):
+            self._save_now(trainer)
         if self._stop is None or not self.at_step_boundary(trainer):
             return
         signum = self.stop_requested(trainer)
         if not signum:
             return
-        if not self._should_skip_saving_checkpoint(trainer):  # not saved at this step yet
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._save_now(trainer)
         saved = self._last_global_step_saved == trainer.global_step
         raise TrainingInterrupted(
             signum, self._last_checkpoint_saved if saved else None, trainer.global_step

@@ -14,8 +14,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import (
 
 
 class ModelSummary(RichModelSummary):
-    """:class:`RichModelSummary` (a table of the modules to ``max_depth``, the parameter counts)
-    with no FLOPs column and no ``Total FLOPs`` line."""
+    """:class:`RichModelSummary` with no FLOPs column and no ``Total FLOPs`` line."""
 
     @staticmethod
     def summarize(

@@ -1,14 +1,8 @@
-"""Validation overlays (image, ground truth, prediction) as pictures.
-
-PNGs always land in the run dir; W&B gets the slices with interactive masks and TensorBoard the
-same pictures as images, for whichever of those loggers are on. With ``log_memory_charts`` the
-memory monitor's charts go to the same loggers at fit end
-(:mod:`volseg.memory.monitor.chart_logging`).
-"""
+"""Validation overlays (image, ground truth, prediction) as pictures in the run dir, W&B and
+TensorBoard."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +18,6 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from volseg.memory.monitor.chart_logging import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,16 +59,9 @@ def render_overlay(
     """One picture per volume: a row per slice with image | ground truth | prediction, and a
     legend of the class colours. Returns an RGB array ``(H, W, 3)`` uint8."""
     colours = class_colours(len(class_names))
-    rows = len(volume.z)
-    height, width = volume.image.shape[1:]
-    panel = 2.4
-    fig, axes = plt.subplots(
-        rows,
-        3,
-        figsize=(3 * panel, rows * panel * height / width + 0.9),
-        squeeze=False,
-        layout="constrained",
-    )
+    rows, (height, width), panel = len(volume.z), volume.image.shape[1:], 2.4  # inches
+    size = (3 * panel, rows * panel * height / width + 0.9)
+    fig, axes = plt.subplots(rows, 3, figsize=size, squeeze=False, layout="constrained")
     for row, z in enumerate(volume.z):
         grey = np.repeat(volume.image[row][..., None], 3, axis=-1)
         for col, (heading, mask) in enumerate(
@@ -84,13 +69,11 @@ def render_overlay(
         ):
             picture = grey
             if mask is not None:
-                tint = colours[mask]
-                shown = (mask > 0)[..., None]
-                picture = np.where(shown, (1 - alpha) * grey + alpha * tint, grey)
+                tinted = (1 - alpha) * grey + alpha * colours[mask]
+                picture = np.where((mask > 0)[..., None], tinted, grey)
             ax = axes[row, col]
             ax.imshow(picture, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
             if row == 0:
                 ax.set_title(heading, fontsize=9)
             if col == 0:
@@ -105,16 +88,12 @@ def render_overlay(
 
 
 class ValidationOverlays(Callback):
-    """Every ``every_n_epochs`` epochs (``None``: every validation): ``num_slices`` z-slices of
-    the first ``max_volumes`` validation volumes as image + ground truth + prediction overlays.
-
-    Written as ``output_dir/epoch_<E>_<case>.png``, logged to W&B (``val/overlays``: images with
-    ground truth and prediction masks, class names as labels) and TensorBoard
-    (``val/overlays/<case>``). At fit end the memory monitor's timeline and per-layer chart (where
-    they exist) go to W&B and TensorBoard too. Only global rank 0 writes.
-
-    Uses the validation step's output ``{"pred": (B, D, H, W)}`` and the batch's ``image``
-    ``(B, C, D, H, W)`` (channel 0 is drawn), ``label`` ``(B, 1, D, H, W)`` and ``image_path``.
+    """Every ``every_n_epochs`` epochs (``None``: every validation), ``num_slices`` z-slices of
+    the first ``max_volumes`` validation volumes (the step's ``{"pred": (B, D, H, W)}``, the
+    batch's ``image`` ``(B, C, D, H, W)``, channel 0 drawn, and ``label`` ``(B, 1, D, H, W)``) as
+    ``output_dir/epoch_<E>_<case>.png``, W&B ``val/overlays`` (with masks) and TensorBoard
+    ``val/overlays/<case>``; with ``log_memory_charts``, the memory monitor's charts at fit end
+    (:mod:`volseg.memory.monitor.chart_logging`). Only global rank 0 writes.
     """
 
     def __init__(

@@ -23,12 +23,9 @@ def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
 
 class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
-    as ``output_dir/<case name>`` (the input's file name; an msd case's ``<id><ending>``) with the
-    input's format, affine/spacing, orientation and grid (predictions made on a ``data.spacing``
-    grid are brought back to it; those of a volume reoriented to ``orientation``, the
-    ``data.orientation`` it was loaded in, are turned back to the input's own). Under DDP each
-    rank writes the cases it validated (each case on one rank,
-    :class:`volseg.data.sampling.ShardedEvalSampler`); ``written`` lists this process's.
+    as ``output_dir/<case name>`` in the input's format, geometry and grid (brought back from
+    ``data.spacing`` and from ``orientation``, the ``data.orientation`` it was loaded in). Each
+    rank writes the cases it validated; ``written`` lists this process's.
     """
 
     def __init__(self, output_dir: str | Path, orientation: str | None = None) -> None:

@@ -18,11 +18,9 @@ def _sync(module: LightningModule) -> None:
 
 
 class StepTimer(Callback):
-    """Logs ``time/step_s``: wall seconds of each optimizer step, from its first micro-batch's
-    start to its last one's end (forward and backward of every micro-batch of
-    ``trainer.accumulate_grad_batches``, and the update), the device synchronized on both ends
-    so that queued CUDA work is counted in its own step. The synchronization costs a little:
-    add it for measurements only
+    """Logs ``time/step_s``: wall seconds of each optimizer step (all its micro-batches and the
+    update), the device synchronized on both ends so that queued CUDA work counts in its own
+    step; for measurements
     (``+callbacks.step_timer._target_=volseg.callbacks.step_timer.StepTimer``).
     """
 
@@ -51,44 +49,29 @@ class StepTimer(Callback):
 
 
 class GpuTurn(Callback):
-    """Uses the device only while holding an exclusive lock on ``lock_file`` (``flock``): from
-    the start of training (after set-up) to its end, validation included, and around
-    prediction. Benchmark runs started side by side then train one at a time, their start-up
-    (imports, data, the CUDA context) overlapping another's training
-    (``+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn
-    +callbacks.gpu_turn.lock_file=PATH``). The lock goes with the process if it dies.
+    """Trains (and predicts) only while holding an exclusive ``flock`` on ``lock_file``, so
+    benchmark runs started side by side train one at a time, their start-up overlapping
+    another's training. The lock goes with the process if it dies.
     """
 
     def __init__(self, lock_file: str | Path) -> None:
         self.lock_file = Path(lock_file)
         self._held: IO[str] | None = None
 
-    def _take(self) -> None:
+    def _take(self, *_: Any) -> None:
+        """Block until the lock is this process's (every hook that starts using the device)."""
         if self._held is None:
             self.lock_file.parent.mkdir(parents=True, exist_ok=True)
             held = self.lock_file.open("a")
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)
             self._held = held
 
-    def _give(self) -> None:
+    def _give(self, *_: Any) -> None:
+        """Release the lock (every hook that ends using the device, an exception too)."""
         held, self._held = self._held, None
         if held is not None:
             fcntl.flock(held.fileno(), fcntl.LOCK_UN)
             held.close()
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take()
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._give()
-
-    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take()
-
-    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._give()
-
-    def on_exception(
-        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
-    ) -> None:
-        self._give()
+    on_train_start = on_predict_start = _take
+    on_train_end = on_predict_end = on_exception = _give

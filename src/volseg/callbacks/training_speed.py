@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from volseg.data.loader_options import available_cores
 from volseg.utils.precision import HALF
 
 log = logging.getLogger(__name__)
@@ -44,23 +45,17 @@ def dense_peak_tflops(device_name: str, precision: str) -> float | None:
     """The dense peak (TFLOP/s) of a GPU named ``device_name`` (``torch.cuda.get_device_name``)
     at Lightning's ``precision``; None for a GPU not in :data:`DENSE_PEAK_TFLOPS` and for
     float32 without TF32."""
-    if str(precision) in HALF:
-        kind = "half"
-    elif torch.backends.cudnn.allow_tf32:
-        kind = "tf32"
-    else:
+    kind = "half" if str(precision) in HALF else "tf32"
+    if kind == "tf32" and not torch.backends.cudnn.allow_tf32:
         return None
-    for pattern, peaks in DENSE_PEAK_TFLOPS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return peaks[kind]
-    return None
+    found = (p for name, p in DENSE_PEAK_TFLOPS if re.search(name, device_name, flags=re.I))
+    return next((peaks[kind] for peaks in found), None)
 
 
 def batch_samples(batch: Any) -> int:
-    """Samples in a training batch: the first dimension of its first tensor (0 without one).
-
-    Not Lightning's ``extract_batch_size``: it also reads the batch's lists of case names and
-    paths, and warns of an "ambiguous collection" for every volseg batch."""
+    """Samples in a training batch: the first dimension of its first tensor (0 without one);
+    not Lightning's ``extract_batch_size``, which warns of an "ambiguous collection" for every
+    volseg batch (it reads the lists of case names and paths too)."""
     if isinstance(batch, Mapping):
         values = list(batch.values())
     else:
@@ -69,41 +64,25 @@ def batch_samples(batch: Any) -> int:
 
 
 def machine_load() -> tuple[float | None, int]:
-    """(the 1-minute load average, or None where the OS has none; the cores this process may
-    run on)."""
+    """(the 1-minute load average, None where the OS has none; this process's cores)."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        return os.getloadavg()[0], cores
+        return os.getloadavg()[0], available_cores()
     except (AttributeError, OSError):
-        return None, cores
+        return None, available_cores()
 
 
 class TrainingSpeed(Callback):
-    """Measures every optimizer step after ``warmup_steps`` of them and reports, in the log at
-    the end of fit, under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at every
-    epoch's end:
+    """Measures every optimizer step after ``warmup_steps`` and reports in the log at fit end,
+    under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at each epoch's end:
+    ``step_s`` (wall seconds per optimizer step, fetching included), ``data_wait_share`` (of it,
+    between one batch's end and the next one's start), ``samples_per_s`` (all processes),
+    ``tflops_per_s`` (``plan.yaml``'s ``estimate.flops_per_step`` per step second, per process)
+    and ``mfu`` (that over ``peak_tflops``; None: :data:`DENSE_PEAK_TFLOPS`'s for the GPU).
 
-    - ``step_s``: mean wall seconds per optimizer step, the batches' fetching included;
-    - ``data_wait_share``: the share of it the loop spent between one batch's end and the next
-      one's start (fetching the batch; on a GPU ahead of the loop, an upper bound of what the
-      device waited);
-    - ``samples_per_s``: training samples per second, all processes together;
-    - ``tflops_per_s``: the planned step's FLOPs (``plan.yaml``'s ``estimate.flops_per_step``:
-      convolutions and matrix products of forward, loss and backward, checkpointing's
-      recomputation included) per step second, per process;
-    - ``mfu``: that rate over the device's dense peak (``peak_tflops``; None looks the GPU up in
-      :data:`DENSE_PEAK_TFLOPS`); None on a CPU, for a GPU not in the table, or without the
-      planned step's FLOPs (``memory.plan_step=false``).
-
-    A data-wait share above ``data_wait_warning`` ends the fit with a warning that names the
-    loader's settings. A training batch that takes more than ``slow_step_factor`` times the
-    median of the ``recent_steps`` before it is logged as a warning (at most once per
-    ``recent_steps`` batches) with the machine's load: a shared or throttled CPU, a swapping host,
-    another job on the GPU. A load average above the cores at the start of training is
-    warned of too.
+    Warns when the data wait exceeds ``data_wait_warning``, when a batch takes more than
+    ``slow_step_factor`` times the median of the ``recent_steps`` before it (at most once per
+    ``recent_steps``, with the machine's load), and when the load average exceeds the cores at
+    the start of training.
     """
 
     summary_key = "speed"  # RunSummary puts summary() under this key of summary.json

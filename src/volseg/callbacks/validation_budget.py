@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
@@ -13,17 +12,10 @@ log = logging.getLogger(__name__)
 
 
 class ValidationBudget(Callback):
-    """Keep whole-volume validation to about ``max_fraction`` of the run's time.
-
-    After each validation, ``trainer.check_val_every_n_epoch`` is raised (never lowered below
-    its configured value) to ``ceil(validation time / (max_fraction × epoch time))``: a short
-    epoch with an expensive validation is validated less often. With ``trainer.max_time``, the
-    epoch that is the last to fit (its training and one validation) is validated and the run
-    stops after it, so the time budget does not end on unvalidated training; with
-    ``trainer.max_epochs``, the last epoch is always validated.
-
-    Args:
-        max_fraction: the share of the time spent validating to aim at (0 < f < 1).
+    """Keep whole-volume validation to about ``max_fraction`` (0 < f < 1) of the run's time:
+    ``trainer.check_val_every_n_epoch`` is raised (never below its configured value) to
+    ``ceil(validation time / (max_fraction × epoch time))``. The last epoch is validated: with
+    ``trainer.max_time``, the last whose training and validation fit (the run stops after it).
     """
 
     def __init__(self, max_fraction: float = 0.1) -> None:
@@ -39,9 +31,16 @@ class ValidationBudget(Callback):
         self.last_validation_s: float | None = None
         self._final = False
 
-    def _timer(self, trainer: Trainer) -> Any:
+    @staticmethod
+    def _time_remaining(trainer: Trainer) -> float | None:
+        """Seconds left of ``trainer.max_time`` (Lightning's ``Timer``); None without one."""
         timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
-        return timer if timer is not None and getattr(timer, "_duration", None) else None
+        return None if timer is None else timer.time_remaining()
+
+    def _epoch_s(self) -> float:
+        """Mean seconds of the last three training epochs (call after one was timed)."""
+        recent = self._epoch_times[-3:]
+        return sum(recent) / len(recent)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._base_every = trainer.check_val_every_n_epoch
@@ -54,12 +53,11 @@ class ValidationBudget(Callback):
         final = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
             trainer.max_epochs
         )
-        timer = self._timer(trainer)
-        if not final and timer is not None and self._epoch_times:
-            epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
-            cycle_s = epoch_s + (self.last_validation_s or 0.0)  # one epoch and its validation
+        remaining = self._time_remaining(trainer)
+        if not final and remaining is not None and self._epoch_times:
+            cycle_s = self._epoch_s() + (self.last_validation_s or 0.0)  # an epoch, its validation
             # after this epoch and its validation, another such cycle would not fit
-            final = timer._duration - timer.time_elapsed() < 2 * cycle_s
+            final = remaining < 2 * cycle_s
         # each rank timed itself: rank 0 decides for all (ranks that disagreed on whether to
         # validate would wait for each other in the validation's collectives forever)
         final = bool(trainer.strategy.broadcast(final))
@@ -78,13 +76,13 @@ class ValidationBudget(Callback):
             return
         self.last_validation_s = time.perf_counter() - self._val_start
         if self._final:
-            if self._timer(trainer) is not None:
+            if self._time_remaining(trainer) is not None:
                 log.info("Last validation before trainer.max_time runs out; stopping")
                 trainer.should_stop = True
             return
         if not self._epoch_times:
             return
-        epoch_s = sum(self._epoch_times[-3:]) / len(self._epoch_times[-3:])
+        epoch_s = self._epoch_s()
         every = max(
             self._base_every,
             math.ceil(self.last_validation_s / (self.max_fraction * max(epoch_s, 1e-6))),

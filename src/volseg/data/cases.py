@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from volseg.data.io import VOLUME_SUFFIXES, read_array, read_geometry, split_suffix
+from volseg.data.io import VOLUME_SUFFIXES, match_suffix, read_array, read_geometry, split_suffix
 from volseg.data.orientation import orientation_problem, oriented_geometry
 from volseg.data.spacing import resampled_shape
-from volseg.utils.errors import UserInputError, raise_problems
+from volseg.utils.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -43,25 +43,40 @@ class Case:
         return item
 
 
-def is_volume_file(path: Path) -> bool:
-    """A file a dataset folder may hold as a volume: not hidden (macOS writes ``._<name>``
-    metadata files beside each file it copies or archives, e.g. in the Decathlon's tar files)."""
-    return path.is_file() and not path.name.startswith(".")
-
-
-def _volume_files(folder: Path) -> dict[str, Path]:
+def volume_files(folder: Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> dict[str, Path]:
+    """``{name: path}`` of the files in ``folder`` ending with one of ``suffixes`` (any case),
+    hidden ones left out (macOS writes ``._<name>`` metadata files beside each file it copies or
+    archives, e.g. in the Decathlon's tar files)."""
     return {
         p.name: p
         for p in sorted(folder.iterdir())
-        if p.name.lower().endswith(VOLUME_SUFFIXES) and is_volume_file(p)
+        if match_suffix(p.name, suffixes) and p.is_file() and not p.name.startswith(".")
     }
 
 
-def find_cases(root: str | Path) -> list[Case]:
-    """Pair ``root/images/NAME`` with ``root/labels/NAME`` (NIfTI or TIFF).
+def pairing_problems(
+    images: dict[str, Path],
+    labels: dict[str, Path],
+    labels_dir: Path,
+    images_dir: Path,
+    note: str = "",
+) -> list[str]:
+    """An image without a label of its name and a label without an image (``images_dir/<name>``,
+    ``note`` added), each named with the file expected."""
+    return [
+        f"{path}: image has no label (expected {labels_dir / name})"
+        for name, path in images.items()
+        if name not in labels
+    ] + [
+        f"{path}: label has no image (expected {images_dir / name}{note})"
+        for name, path in labels.items()
+        if name not in images
+    ]
 
-    Raises :class:`UserInputError` naming every unpaired file, or a missing/empty folder.
-    """
+
+def find_cases(root: str | Path) -> list[Case]:
+    """Pair ``root/images/NAME`` with ``root/labels/NAME`` (NIfTI or TIFF); one
+    :class:`UserInputError` names every unpaired file, or a missing/empty folder."""
     root = Path(root)
     if not root.is_dir():
         raise UserInputError(
@@ -72,16 +87,8 @@ def find_cases(root: str | Path) -> list[Case]:
     missing = [f"{path}: folder is missing" for path in folders.values() if not path.is_dir()]
     if missing:
         raise UserInputError(f"data.root={root}: not a dataset folder", missing)
-    images, labels = (_volume_files(path) for path in folders.values())
-    problems = [
-        f"{folders['images'] / n}: image has no label (expected {folders['labels'] / n})"
-        for n in images
-        if n not in labels
-    ] + [
-        f"{folders['labels'] / n}: label has no image (expected {folders['images'] / n})"
-        for n in labels
-        if n not in images
-    ]
+    images, labels = (volume_files(path) for path in folders.values())
+    problems = pairing_problems(images, labels, folders["labels"], folders["images"])
     if problems:
         raise UserInputError(f"data.root={root}: images and labels do not pair up", problems)
     if not images:
@@ -102,11 +109,7 @@ def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> 
             )
         files = [path]
     elif path.is_dir():
-        files = [
-            p
-            for p in sorted(path.iterdir())
-            if p.name.lower().endswith(tuple(suffixes)) and is_volume_file(p)
-        ]
+        files = list(volume_files(path, suffixes).values())
         if not files:
             raise UserInputError(
                 f"input={path}: no volume files in this folder (supported: {', '.join(suffixes)})"
@@ -141,12 +144,6 @@ def _named_split(
     return [by_key[n] for n in names["train"]], [by_key[n] for n in names["val"]]
 
 
-def case_id(name: str) -> str:
-    """``case_000`` for ``case_000.nii.gz``: a case's name without its volume ending (how
-    nnU-Net's ``splits_final.json`` names cases)."""
-    return split_suffix(name)[0]
-
-
 def split_cases(
     cases: Sequence[Case],
     root: str | Path,
@@ -163,7 +160,8 @@ def split_cases(
 
     Entries may be file names (``case_000.nii.gz``) or case ids (``case_000``).
     """
-    by_key = {case_id(c.name): c for c in cases} | {c.name: c for c in cases}
+    # case ids (case_000 of case_000.nii.gz) as nnU-Net's splits_final.json names cases
+    by_key = {split_suffix(c.name)[0]: c for c in cases} | {c.name: c for c in cases}
     root = Path(root)
     splits_file, folds_file = root / "splits.json", root / "splits_final.json"
     if fold is not None and not folds_file.is_file():
@@ -205,12 +203,9 @@ STORED_AXES = {"nifti": "x, y, z", "tiff": "Z, Y, X", "hdf5": "Z, Y, X"}
 
 
 def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> str:
-    """A volume's shape as the file stores it and as loading orders it, for messages.
-
-    NIfTI: ``(64, 64, 32) as stored (x, y, z), [D, H, W] = [32, 64, 64] after orientation to
-    RAS``; TIFF stacks and HDF5 datasets are read as stored: ``[D, H, W] = [32, 64, 64] (Z, Y,
-    X as stored)``.
-    """
+    """A volume's shape as the file stores it and as loading orders it, for messages: NIfTI
+    ``(64, 64, 32) as stored (x, y, z), [D, H, W] = [32, 64, 64] after orientation to RAS``,
+    TIFF/HDF5 ``[D, H, W] = [32, 64, 64] (Z, Y, X as stored)``."""
     fmt = geometry.get("format")
     try:
         loaded = oriented_geometry(geometry, orientation)
@@ -237,12 +232,10 @@ def _image_geometry(
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     orientation: str | None = None,
 ) -> dict[str, Any] | None:
-    """Geometry of the case's image (its first channel file); appends problems, ``None`` if bad.
-
-    Every channel file must be a readable 3D volume (a 4-D NIfTI file: its channels on the last
-    axis) of the same shape and affine, and the channels must add up to ``in_channels``
-    (``None``: any number); ``channels_fix(in_channels, found)`` says what to change when not.
-    """
+    """Geometry of the case's image (its first channel file); appends problems, ``None`` if bad:
+    channel files that are not readable 3D volumes (a 4-D NIfTI file: channels last) of one
+    shape and affine, or channels that do not add up to ``in_channels`` (``None``: any number;
+    ``channels_fix(in_channels, found)`` says what to change)."""
     geometries = []
     for path in case.image_files:
         try:
@@ -282,15 +275,6 @@ def _image_geometry(
     return first
 
 
-def check_inputs(cases: Sequence[Case], in_channels: int, orientation: str | None = None) -> None:
-    """Check images to predict from their headers: readable, 3D, ``in_channels`` channels,
-    an affine that can be reoriented to ``orientation`` (NIfTI).
-
-    Raises one :class:`UserInputError` listing every problem, before anything is predicted.
-    """
-    raise_problems(input_problems(cases, in_channels, orientation), "the input")
-
-
 def _network_channels(in_channels: int, channels: int) -> str:
     return (
         f"the checkpoint's network takes in_channels={in_channels} (give each input "
@@ -301,7 +285,8 @@ def _network_channels(in_channels: int, channels: int) -> str:
 def input_problems(
     cases: Sequence[Case], in_channels: int, orientation: str | None = None
 ) -> list[str]:
-    """Every problem of images to predict (see :func:`check_inputs`), one line each."""
+    """Every problem of images to predict, one line each, from their headers: readable, 3D,
+    ``in_channels`` channels, an affine that can be reoriented to ``orientation`` (NIfTI)."""
     problems: list[str] = []
     for case in cases:
         image = _image_geometry(case, in_channels, problems, _network_channels, orientation)
@@ -385,23 +370,20 @@ def case_problems(
     cases: Sequence[Case],
     num_classes: int,
     patch_size: Sequence[int],
-    in_channels: int | None = 1,
+    in_channels: int | None = None,
     classes_from: str = "num_classes",
     spacing: Sequence[float] | None = None,
     orientation: str | None = None,
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     padded: dict[str, list[int]] | None = None,
 ) -> list[str]:
-    """Every problem of every case, one line each, naming the file.
-
-    Checks: readable (and complete) files, 3D volumes, ``in_channels`` image channels (files of
-    one case agreeing in shape and affine; ``channels_fix`` says what to change), finite image
-    values, image/label shape and affine agreement, integer labels in ``[0, num_classes)``, a
-    patch that fits the volume in at least one axis, and a NIfTI affine that can be reoriented
-    to ``orientation``. With a target ``spacing`` ``[z, y, x]``, the patch is compared with the
-    resampled shape (of the reoriented grid). ``padded``, when given, receives
-    ``{case name: [D, H, W]}`` of the volumes smaller than the patch in some axis (loading pads
-    them).
+    """Every problem of every case, one line each, naming the file: unreadable or truncated
+    files, not 3D, not ``in_channels`` channels (``None``: any; ``channels_fix`` says what to
+    change), channel files or image and label that disagree in shape or affine, NaN/Inf image
+    voxels, labels outside ``[0, num_classes)``, a patch larger than the volume (resampled to
+    ``spacing`` ``[z, y, x]``) in every axis, an affine that cannot be reoriented to
+    ``orientation``. ``padded`` receives ``{case: [D, H, W]}`` of volumes smaller than the
+    patch in some axis (loading pads them).
     """
     problems: list[str] = []
     for case in cases:

@@ -7,13 +7,14 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
 import monai
 import torch
 from lightning.pytorch import LightningDataModule
-from monai.data import CacheDataset, Dataset, PersistentDataset, list_data_collate
+from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.data.utils import pickle_hashing
 from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader
@@ -21,10 +22,10 @@ from torch.utils.data import DataLoader
 from volseg.data.cases import (
     Case,
     case_problems,
-    check_inputs,
     find_cases,
     find_inputs,
     in_channels_fix,
+    input_problems,
     split_cases,
 )
 from volseg.data.dataset_defaults import (
@@ -58,7 +59,6 @@ from volseg.data.sampling import (
 )
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
-from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError, raise_problems
 from volseg.utils.units import GIB, MIB
 
@@ -71,12 +71,9 @@ DISK_CACHE_VERSION = 1
 def item_hash(item: dict[str, Any]) -> bytes:
     """``PersistentDataset``'s key of an item: its file paths plus each file's size and
     modification time, so that a file rewritten in place is loaded again, not read stale."""
-    files = item["image"] if isinstance(item["image"], list) else [item["image"]]
-    if item.get("label"):
-        files = [*files, item["label"]]
+    images = item["image"] if isinstance(item["image"], list) else [item["image"]]
     stats = []
-    for name in files:
-        path = Path(name).resolve()
+    for path in (Path(name).resolve() for name in [*images, item.get("label")] if name):
         stat = path.stat() if path.exists() else None
         stats.append((str(path), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1))
     return pickle_hashing({**item, "files": stats})
@@ -84,14 +81,10 @@ def item_hash(item: dict[str, Any]) -> bytes:
 
 def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str, Any]) -> Path:
     """The folder of one disk cache: ``root/<role>-<hash>``, the hash taken over what decides the
-    cached arrays (the deterministic transforms up to the first random one, the loading
-    options, the MONAI version), so a change of e.g. ``data.spacing`` starts a new cache and
-    the old one stays as it was. ``key.json`` inside says what the hash covers."""
-    names = []
-    for t in transform.transforms:
-        if isinstance(t, Randomizable):
-            break
-        names.append(type(t).__name__)
+    cached arrays (the transforms before the first random one, the loading settings, the MONAI
+    version), so a change of e.g. ``data.spacing`` starts a new cache; ``key.json`` says what."""
+    cached = takewhile(lambda t: not isinstance(t, Randomizable), transform.transforms)
+    names = [type(t).__name__ for t in cached]
     key = {
         "role": role,
         "transforms": names,
@@ -107,64 +100,19 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
 
 
 class VolumeDataModule(LightningDataModule):
-    """Training patches and whole validation volumes from ``root``.
-
-    Args:
-        root: dataset folder with ``images/`` and ``labels/`` (matching NIfTI/TIFF file names) and
-            optionally ``splits.json`` (``{"train": [names], "val": [names]}``) and
-            ``classes.json`` (class names, background first).
-        num_classes: classes including background; labels must lie in ``[0, num_classes)``;
-            ``None``: as many as ``root/classes.json`` names.
-        in_channels: image channels: 1 for 3-D files, ``C`` for 4-D NIfTI files that hold
-            ``C`` channels on their last axis.
-        patch_size: training patch ``[D, H, W]`` in voxels; also the sliding-window ROI.
-            ``auto`` in the config is planned from the data by the run plan before this class
-            is built (:func:`volseg.plan.make_plan`).
-        patch_voxels: the voxel budget of ``patch_size=auto`` (read by the planner).
-        batch_size: patches per training step.
-        samples_per_volume: patches drawn from each training volume per epoch (epoch length =
-            ``len(train) * samples_per_volume / batch_size`` steps).
-        val_fraction, split_seed: the random split when there is no ``splits.json`` or
-            ``splits_final.json``.
-        fold: the fold of nnU-Net's ``splits_final.json`` (a list of folds) to train on
-            (``None``: ``splits.json`` if present, else fold 0).
-        class_ratios: sampling weight per class for patch centres (``None``: equal).
-        class_names: names for metric keys; default from ``classes.json`` or ``class_<k>``.
-        num_workers, pin_memory, persistent_workers: loader settings, each a value or ``auto``
-            (from the device: see :func:`volseg.data.loader_options.resolve_loader_options`).
-        cache: where loaded volumes (after loading, resampling and normalization: the steps
-            before the random transforms) are kept: ``memory`` (MONAI ``CacheDataset``, the first
-            ``cache_rate`` of the volumes in host RAM; ``train.py`` refuses to start when they
-            would not fit), ``disk`` (MONAI ``PersistentDataset``: written once under
-            ``cache_dir``, read per sample, reused by later runs) or ``none`` (every sample
-            loaded from the files).
-        cache_rate: with ``cache=memory``, the fraction of the volumes kept in memory.
-        cache_dir: with ``cache=disk``, the folder of the caches (one subfolder per loading
-            setting: see :func:`disk_cache_dir`).
-        orientation: axis codes every NIfTI case is reoriented to when loaded (``RAS``, as MONAI
-            and nnU-Net users expect; ``None``: as stored); TIFF/HDF5 carry no orientation and
-            are read as stored. Predictions are written back in each input's own orientation.
-        max_locations_per_class: voxel locations kept per class for the class-balanced crop
-            (evenly spaced; ``None``: all), computed once per cached volume
-            (:func:`volseg.data.transforms.class_locations`).
-        synthetic: ``{"root": ..., **generator kwargs}``: if ``root`` is that folder and it does not
-            exist, the embedded synthetic dataset is generated there first.
-        mni152: ``{"root": ..., **builder kwargs}``: as ``synthetic``, for the brain MRI dataset
-            built from the MNI152 template (:func:`volseg.data.mni152.build_mni152_dataset`).
-        augment: training augmentations (:func:`volseg.data.transforms.augment_transforms`);
-            keys left ``None``: the folder's own (:mod:`volseg.data.dataset_defaults`), else
-            the defaults there.
-        check_only: for ``train.py``: check the cases and stop (read by the entry point).
-        spacing: resample every volume to this voxel size ``[z, y, x]`` (the files' units, e.g.
-            µm or mm) when loading; ``None`` keeps the files' grid. Patch sizes are in voxels
-            of the resampled grid.
+    """Training patches and whole validation volumes from ``root``. Every argument is a
+    ``data.*`` key, explained with its default in ``configs/data/folder.yaml``; beyond it:
+    ``num_classes=None`` takes the classes ``root/classes.json`` names; ``in_channels=None``
+    takes any number of image channels; ``synthetic``/``mni152``: ``{"root": ..., **builder
+    kwargs}``, the embedded dataset built when ``root`` is that missing folder; ``patch_voxels``
+    is the planner's (checked here); ``check_only`` is read by ``train.py``.
     """
 
     def __init__(
         self,
         root: str,
         num_classes: int | None = 5,
-        in_channels: int = 1,
+        in_channels: int | None = None,
         patch_size: Sequence[int] = (32, 64, 64),
         batch_size: int = 2,
         samples_per_volume: int = 4,
@@ -234,24 +182,24 @@ class VolumeDataModule(LightningDataModule):
         self._seed = 0
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
-        for key, value in (("batch_size", batch_size), ("samples_per_volume", samples_per_volume)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserInputError(f"data.{key}={value}: expected a whole number >= 1")
+        self.patch_voxels = patch_voxels
+        whole = {"batch_size": batch_size, "samples_per_volume": samples_per_volume}
+        # null: no budget (a fixed patch) and every voxel location
+        optional = {
+            "patch_voxels": patch_voxels,
+            "max_locations_per_class": max_locations_per_class,
+        }
+        for key, value in [*whole.items(), *optional.items()]:
+            if (key in optional and value is None) or (type(value) is int and value >= 1):
+                continue
+            null = ", or null" if key in optional else ""
+            raise UserInputError(f"data.{key}={value}: expected a whole number >= 1{null}")
         if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
             raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
         if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
             raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
         if cache not in CACHE_MODES:
             raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
-        if max_locations_per_class is not None and (
-            isinstance(max_locations_per_class, bool)
-            or not isinstance(max_locations_per_class, int)
-            or max_locations_per_class < 1
-        ):
-            raise UserInputError(
-                f"data.max_locations_per_class={max_locations_per_class}: expected a whole "
-                "number >= 1, or null (every voxel)"
-            )
         if cache == "disk" and self.cache_dir is None:
             raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
         if str(patch_size) == "auto":
@@ -296,10 +244,8 @@ class VolumeDataModule(LightningDataModule):
             write_dataset_defaults(self.root, EMBEDDED_DEFAULTS)
 
     def find(self) -> tuple[list[Case], list[str]]:
-        """The dataset's complete cases, and problems of the layout itself (one line each).
-
-        ``num_classes=None`` takes the class count from ``root/classes.json``.
-        """
+        """The dataset's complete cases, and problems of the layout itself (one line each);
+        ``num_classes=None`` takes the classes from ``root/classes.json``."""
         if self.num_classes is None:
             names_file = self.root / "classes.json"
             if not names_file.is_file():
@@ -312,10 +258,8 @@ class VolumeDataModule(LightningDataModule):
         return find_cases(self.root), []
 
     def check(self) -> None:
-        """Find, split and check all cases; raises :class:`UserInputError` before any training.
-
-        All problems of the layout (:meth:`find`) and of the cases' files are reported together.
-        """
+        """Find, split and check all cases: one :class:`UserInputError` with every problem of
+        the layout and of the cases' files, before any training."""
         if self._checked:
             return
         cases, problems = self.split()
@@ -382,9 +326,7 @@ class VolumeDataModule(LightningDataModule):
     def host_estimate(
         self, device: str, devices: int = 1, cache_rate: float | None = None
     ) -> HostEstimate:
-        """The data side's host memory (:mod:`volseg.data.host_memory`) from the cases' headers,
-        for training on ``device`` with ``devices`` processes on this machine. Cases whose
-        headers cannot be read are left out (the check names them)."""
+        """The data side's host memory from the headers, ``devices`` processes on ``device``."""
         sizes, rejected = self._volume_sizes()
         options = resolve_loader_options(
             self.num_workers, self.pin_memory, self.persistent_workers, device, devices
@@ -404,9 +346,8 @@ class VolumeDataModule(LightningDataModule):
         )
 
     def _volume_sizes(self) -> tuple[dict[str, list[VolumeBytes]], list[str]]:
-        """Each split's volumes after loading (from headers, read once), and the cases the
-        check will reject: unreadable headers, or a patch larger than the volume in every axis
-        (padded to such a patch, a volume's bytes would say nothing of the data)."""
+        """Each split's volumes after loading (from headers, read once), and the cases the check
+        will reject (unreadable, or smaller than the patch in every axis): left out."""
         if self._sizes is None:
             self.split()
             sizes: dict[str, list[VolumeBytes]] = {"train": [], "val": []}
@@ -430,13 +371,11 @@ class VolumeDataModule(LightningDataModule):
         return self._sizes
 
     def validation_shapes(self) -> list[list[int]]:
-        """``[D, H, W]`` of each validation volume as validation sees it (after spacing and
-        orientation; from the headers): what the inference memory estimate is made for."""
+        """``[D, H, W]`` of each validation volume as validation sees it (from the headers)."""
         return [list(size.shape_zyx) for size in self._volume_sizes()[0]["val"]]
 
     def check_host_memory(self, device: str, devices: int = 1) -> HostEstimate | None:
-        """With ``cache=memory``, one :class:`UserInputError` before any volume is loaded when
-        the cache (and the loaders' copies) would not fit the RAM available; says what fits."""
+        """One :class:`UserInputError`, saying what fits, when ``cache=memory`` exceeds RAM."""
         if self.cache != "memory" or self.split()[1] or self._volume_sizes()[1]:
             return None  # a problem of the layout or of a case: the check reports it first
         est = self.host_estimate(device, devices)
@@ -479,7 +418,7 @@ class VolumeDataModule(LightningDataModule):
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Checked images to predict (no labels): the volume file ``path`` or those in it."""
         cases = find_inputs(path)
-        check_inputs(cases, in_channels, self.orientation)
+        raise_problems(input_problems(cases, in_channels, self.orientation), "the input")
         return cases
 
     def predict_transforms(self) -> Compose:
@@ -509,8 +448,8 @@ class VolumeDataModule(LightningDataModule):
             )
 
     def _dataset(self, cases: Sequence[Case], transform: Compose, role: str) -> Dataset:
-        """The MONAI dataset ``data.cache`` asks for; each applies ``transform`` in
-        ``__getitem__`` from its first random transform on (the seeded sampling relies on it)."""
+        """The MONAI dataset ``data.cache`` asks for (each applies ``transform``'s random part in
+        ``__getitem__``: the seeded sampling relies on it)."""
         items = [c.as_dict() for c in cases]
         if self.cache == "memory":
             # copy_cache=False: a sample reads its cached volume in place instead of deep-copying
@@ -538,8 +477,7 @@ class VolumeDataModule(LightningDataModule):
         return Dataset(items, transform)
 
     def _log_uncached_cost(self) -> None:
-        """What ``data.cache=none`` costs: every sample reads, normalizes and indexes its whole
-        volume (from the headers: the largest training volume against one patch)."""
+        """What ``data.cache=none`` costs: the largest training volume against one patch."""
         sizes = self._volume_sizes()[0]["train"]
         largest = max(sizes, key=lambda v: v.voxels, default=None)
         if largest is None:
@@ -571,12 +509,9 @@ class VolumeDataModule(LightningDataModule):
         )
 
     def shard(self) -> tuple[int | None, int | None]:
-        """``(rank, world size)`` of this process among all training processes (every node's):
-        the trainer's, so that volseg's samplers shard as the strategy launched the ranks."""
+        """``(rank, world size)`` of this process: the trainer's (``None``: torch.distributed's)."""
         trainer = self.trainer
-        if trainer is None:
-            return None, None  # no trainer: torch.distributed's, if initialized
-        return trainer.global_rank, trainer.world_size
+        return (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
 
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSeededSampler(len(self._train_ds), self._seed, *self.shard())
@@ -596,14 +531,9 @@ class VolumeDataModule(LightningDataModule):
             self._train_ds,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=options.num_workers,
-            pin_memory=options.pin_memory,
-            persistent_workers=options.persistent_workers,
-            multiprocessing_context=options.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
             # the sampler seeds every item; a fixed generator keeps the loader off the global RNG
             generator=torch.Generator().manual_seed(self._seed),
+            **options.loader_kwargs(),
         )
         loader.progress = self._epoch_progress  # its position goes into every checkpoint
         return loader
@@ -615,17 +545,10 @@ class VolumeDataModule(LightningDataModule):
         return int(done), int(trainer.num_training_batches)
 
     def val_dataloader(self) -> DataLoader:
-        """Whole validation volumes, batch 1, each with ``"counted"``: every case once across
-        ranks, every rank the same number of batches (:class:`ShardedEvalSampler`)."""
-        options = self.loader_options()
+        """Whole validation volumes, batch 1, sharded by :class:`ShardedEvalSampler`."""
         return DataLoader(
             EvalItems(self._val_ds),
             sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
             batch_size=1,
-            num_workers=options.num_workers,
-            pin_memory=options.pin_memory,
-            persistent_workers=options.persistent_workers,
-            multiprocessing_context=options.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
+            **self.loader_options().loader_kwargs(),
         )

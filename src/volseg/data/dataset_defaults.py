@@ -1,11 +1,8 @@
 """A dataset folder's own defaults: ``<root>/dataset_defaults.json``, written with the dataset.
 
-The embedded dataset's objects are rotation-free, so every mirroring and in-plane 90° turn is a
-valid view of them; on anatomy the same augmentations destroy the position cues the classes
-depend on. The choice belongs to the data, not to the config that points at them: the generator
-writes it into the folder (``{"augment": {"flip_axes": [0, 1, 2], ...}}``), so a copy or a
-symlink of the folder keeps it, and any other folder gets ``data=folder``'s anatomy defaults.
-An ``augment`` key left ``null`` in the config takes the folder's value; a value given wins.
+Mirroring and 90° turns are valid views of the embedded dataset's objects but destroy anatomy's
+position cues: the choice belongs to the data, so the generator writes it into the folder (a
+copy keeps it). An ``augment`` key left ``null`` in the config takes the folder's value.
 """
 
 from __future__ import annotations
@@ -57,15 +54,12 @@ def resolve_augment(
     given = dict(augment or {})
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    folder = f"the dataset's own ({Path(root) / DEFAULTS_FILE})"
     for key in dict.fromkeys([*DEFAULT_AUGMENT, *given]):
-        value = given.get(key)
-        if value is not None:
-            values[key], sources[key] = value, "configured"
+        if given.get(key) is not None:
+            values[key], sources[key] = given[key], "configured"
         elif key in own:
-            values[key], sources[key] = (
-                own[key],
-                f"the dataset's own ({Path(root) / DEFAULTS_FILE})",
-            )
+            values[key], sources[key] = own[key], folder
         else:
             values[key], sources[key] = DEFAULT_AUGMENT.get(key), "data=folder's default"
     return values, sources

@@ -1,16 +1,10 @@
-"""``data.patch_size=auto``: the training patch from the dataset's fingerprint, like nnU-Net.
-
-nnU-Net starts from the median (resampled) shape of the training cases and shrinks the patch
-until it fits its memory target; the network then pools each axis while it keeps at least 4
-voxels, so the bottleneck sees a few voxels and the receptive field covers the structures. Here
-the target is a voxel budget (``data.patch_voxels``); the pooling is ``model.net.pooling=auto``.
-The run plan (:mod:`volseg.plan.make`) calls :func:`plan_auto_patch` with the fingerprint of
-:func:`dataset_fingerprint`.
+"""``data.patch_size=auto``: the training patch from the dataset's fingerprint, like nnU-Net
+(the median resampled case shape, shrunk to a target: here a voxel budget,
+``data.patch_voxels``). The run plan (:mod:`volseg.plan.make`) calls :func:`plan_auto_patch`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 
@@ -23,8 +17,6 @@ from volseg.data.orientation import oriented_geometry
 from volseg.data.spacing import resampled_shape
 from volseg.utils.errors import UserInputError
 
-log = logging.getLogger(__name__)
-
 #: the smallest patch side ``auto`` chooses (voxels)
 MIN_SIDE = 8
 
@@ -35,14 +27,9 @@ def median_shape(shapes_zyx: Sequence[Sequence[int]]) -> list[int]:
 
 
 def plan_patch(median_zyx: Sequence[int], max_voxels: int, multiple: int = 8) -> list[int]:
-    """The patch ``[D, H, W]`` for a median case shape and a voxel budget.
-
-    Each side starts at the median shape rounded up to ``multiple`` (so the U-Net's poolings
-    divide it); while the patch holds more than ``max_voxels`` voxels, the longest side (then
-    the one largest relative to the median shape) shrinks by ``multiple``, down to ``MIN_SIDE``;
-    then sides that fit grow back by ``multiple`` (most shrunk first). A dataset smaller than
-    the budget is taken whole (padded to the multiple).
-    """
+    """The patch ``[D, H, W]`` for a median case shape and a voxel budget: the median rounded up
+    to ``multiple`` (so the U-Net's poolings divide it), the longest side shrunk by ``multiple``
+    (down to ``MIN_SIDE``) while over ``max_voxels``, then sides grown back where they fit."""
     median = [max(int(m), 1) for m in median_zyx]
     cap = [max(MIN_SIDE, multiple * math.ceil(m / multiple)) for m in median]
     patch = list(cap)
@@ -64,10 +51,8 @@ def plan_patch(median_zyx: Sequence[int], max_voxels: int, multiple: int = 8) ->
 
 
 def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]:
-    """``([D, H, W], [z, y, x] spacing)`` of every case's image (headers only) of the dataset
-    ``data_cfg`` describes (any layout: its datamodule finds the cases; an embedded dataset is
-    generated first); the shape on the resampled grid when ``data.spacing`` is set, the spacing
-    the files'."""
+    """``([D, H, W] after data.spacing, the file's [z, y, x] spacing)`` of every case's image
+    (headers only), found by the datamodule of ``data_cfg`` (an embedded dataset built first)."""
     options = OmegaConf.to_container(data_cfg, resolve=True)
     options["patch_size"] = [MIN_SIDE] * 3  # a placeholder: finding cases does not use it
     options["batch_size"] = 1  # nor the batch (data.batch_size=auto is planned later)
@@ -89,11 +74,6 @@ def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]
             shape = resampled_shape(shape, geometry["affine"], spacing)
         found.append((shape, own))
     return found
-
-
-def case_shapes(data_cfg: DictConfig) -> list[list[int]]:
-    """``[D, H, W]`` of every case's image (:func:`case_geometries`)."""
-    return [shape for shape, _ in case_geometries(data_cfg)]
 
 
 def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
@@ -119,8 +99,8 @@ def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
 def plan_auto_patch(
     data_cfg: DictConfig, multiple: int, median: Sequence[int]
 ) -> tuple[list[int], str]:
-    """``data.patch_size=auto``: the patch for the dataset's median case shape ``median`` within
-    ``data.patch_voxels`` voxels, sides multiples of ``multiple``; and why, in words."""
+    """``data.patch_size=auto`` for the ``median`` case shape, sides multiples of ``multiple``,
+    within ``data.patch_voxels``; and why, in words."""
     max_voxels = int(data_cfg.get("patch_voxels") or 0)
     if max_voxels < MIN_SIDE**3:
         raise UserInputError(

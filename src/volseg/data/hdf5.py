@@ -1,13 +1,5 @@
-"""The HDF5 layout (as in pytorch-3dunet): one file per volume holding its image and label.
-
-```
-ROOT/vol_000.h5      datasets raw (Z, Y, X) or (C, Z, Y, X) and label (Z, Y, X)
-ROOT/vol_001.h5      (names: data.raw_key, data.label_key; voxel size: element_size_um)
-ROOT/splits.json     optional, as in the folder layout
-```
-
-Only the named datasets are read (checks read headers and the voxels they test; training reads
-each volume once into the cache). Predictions go into HDF5 files with a ``predictions`` dataset.
+"""The HDF5 layout (as in pytorch-3dunet, ``docs/data.md``): one file per volume holding datasets
+``data.raw_key`` ``(Z, Y, X)`` or ``(C, Z, Y, X)`` and ``data.label_key``; only those are read.
 """
 
 from __future__ import annotations
@@ -15,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from volseg.data.cases import Case, find_inputs, input_problems
+from volseg.data.cases import Case, find_inputs, input_problems, volume_files
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import HDF5_SUFFIXES, require_h5py
 from volseg.utils.errors import UserInputError, raise_problems
@@ -25,7 +17,7 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
     """One case per HDF5 file in ``root``; files that lack a dataset are problems."""
     if not root.is_dir():
         raise UserInputError(f"data.root={root}: folder does not exist")
-    files = [p for p in sorted(root.iterdir()) if p.name.lower().endswith(HDF5_SUFFIXES)]
+    files = list(volume_files(root, HDF5_SUFFIXES).values())
     if not files:
         raise UserInputError(
             f"data.root={root}: no HDF5 files (supported: {', '.join(HDF5_SUFFIXES)})"
@@ -51,12 +43,7 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
 
 
 class HDF5DataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for a folder of HDF5 files (see the module docstring).
-
-    Args:
-        raw_key, label_key: the image and label datasets inside each file.
-        **kw: as :class:`VolumeDataModule`; ``in_channels`` must match ``raw``'s channel axis.
-    """
+    """:class:`VolumeDataModule` for HDF5 files holding datasets ``raw_key`` and ``label_key``."""
 
     def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
         super().__init__(root, **kw)

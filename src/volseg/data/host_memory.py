@@ -1,37 +1,23 @@
-"""Host memory of the data side of a training run, estimated from the files' headers.
+"""Host memory of the data side of a training run, estimated from the files' headers, per
+training process (a DDP rank has its own):
 
-What the loading side holds in host RAM, per training process (a DDP rank has its own):
+- caches (``data.cache=memory``): the first ``int(len * cache_rate)`` volumes of each split
+  (MONAI ``CacheDataset``'s count), float32 image and label (``LoadImaged`` reads labels as
+  float32 too) after ``data.spacing``; training volumes padded to the patch, with their class
+  locations (int64, up to ``max_locations_per_class`` per class);
+- loader copies: each loading process works on one volume: a volume cached in memory is read in
+  place (``copy_cache=False``: only its patch is copied), one on disk is read whole, an uncached
+  one read and converted (two copies) with its class locations found again;
+- batches in flight: ``PREFETCH_FACTOR`` per worker, as many pinned with ``pin_memory``;
+  validation batches are whole volumes. The two loaders never load at once: the larger counts.
 
-- the training cache (``data.cache=memory``): the first ``int(len(train) * cache_rate)`` training
-  volumes (MONAI ``CacheDataset`` caches that many, in order) after the loading transforms:
-  ``channels x voxels x 4`` bytes of float32 image plus ``voxels x 4`` bytes of label (MONAI's
-  ``LoadImaged`` reads labels as float32 too), voxels counted after resampling to
-  ``data.spacing`` and padding to the patch (the padding is cached with the volume);
-- the validation cache: the same for the validation volumes (unpadded);
-- the class locations cached with each training volume: up to ``max_locations_per_class``
-  int64 voxel indices per class (:func:`volseg.data.transforms.class_locations`);
-- loader copies: each process that loads (every loader worker, or the training process with
-  ``num_workers=0``) works on one volume at a time. A volume cached in memory is read in place
-  (``CacheDataset(copy_cache=False)``): only its patch is copied. One cached on disk is read
-  whole per sample (one copy); an uncached volume is read and converted (two copies) and its
-  class locations found again (an int64 index per voxel, at most);
-- batches in flight: each worker prefetches ``PREFETCH_FACTOR`` batches (in shared memory), and
-  with ``pin_memory`` as many pinned copies wait for the device. Validation batches are whole
-  volumes.
-
-Training and validation loaders do not load at once, so the larger of their in-flight parts is
-counted. Forked loader workers share the cache with the training process: the cached tensors are
-never written, so their pages stay shared (Python's reference counts touch the tensor objects,
-not their storage); ``ps``/``top`` count those pages again in every worker's RSS. Under another
-start method (``spawn``, ``forkserver``) each worker unpickles its own copy of the dataset, cache
-included, and that copy is counted. Not counted: each worker's interpreter and imported libraries
-(tens to hundreds of MiB of private pages), and the training step itself (on a CPU it is host
-memory too: see ``estimate_memory.py``'s step estimate).
+Forked workers share the cache's pages (never written; ``ps`` counts them in every worker's
+RSS); ``spawn``/``forkserver`` workers unpickle their own copy, which is counted. Not counted:
+each worker's interpreter and libraries, and the training step (``estimate_memory.py``).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import multiprocessing
 import re
@@ -46,9 +32,6 @@ from volseg.data.cases import Case
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
 from volseg.data.spacing import resampled_shape
-from volseg.utils.units import MIB
-
-log = logging.getLogger(__name__)
 
 FLOAT32 = 4
 INDEX = 8  # int64 voxel index of a class location
@@ -83,15 +66,11 @@ def volume_bytes(
     locations: tuple[int, int | None] | None = None,
     orientation: str | None = None,
 ) -> VolumeBytes:
-    """Bytes of a case after loading (float32 image and label), from its headers only.
-
-    ``spacing``: the target voxel size ``[z, y, x]`` (``data.spacing``); ``pad_to``: the patch a
-    training volume is padded to before it is cached; ``locations``: ``(num_classes,
-    max_locations_per_class)`` of a training volume, whose class locations are cached with it
-    (int64; at most ``min(voxels, num_classes * max)``, exact when every class has more voxels
-    than the limit or the limit exceeds the volume); ``orientation``: ``data.orientation``
-    (a NIfTI volume's axes after reorienting).
-    """
+    """Bytes of a case after loading (float32 image and label), from its headers only:
+    resampled to ``spacing`` ``[z, y, x]`` after reorienting to ``orientation``, padded to
+    ``pad_to`` (a training volume's patch), with ``locations=(num_classes,
+    max_locations_per_class)``: its cached class locations (int64, at most ``min(voxels,
+    num_classes * max)``)."""
     channels = 0
     geometry: dict[str, Any] = {}
     for path in case.image_files:
@@ -118,14 +97,9 @@ def cached_count(num_items: int, cache_rate: float) -> int:
 
 @dataclass
 class HostEstimate:
-    """Host memory of the data side, in bytes, for all training processes of this machine.
-
-    ``train_cache``/``val_cache``: the cached volumes (``data.cache=memory``; 0 otherwise), per
-    process; ``train_loading``/``val_loading``: volume copies and batches in flight while that
-    loader runs, per process; ``spawned_copies``: the caches each non-forked worker holds again;
-    ``process_rss``: this process now (VmRSS); ``rejected``: cases the checks will reject
-    (unreadable headers: not counted; smaller than the patch in every axis).
-    """
+    """Host memory of the data side (bytes): caches, loaders' copies and batches
+    (``*_loading``) and the caches non-forked workers hold again (``spawned_copies``), per
+    process; ``process_rss``: this process now; ``rejected``: cases the checks will reject."""
 
     cache: str
     cache_rate: float
@@ -185,11 +159,7 @@ def estimate_host(
     start_method: str | None = None,
     rejected: Sequence[str] = (),
 ) -> HostEstimate:
-    """The data side's host memory (see the module docstring for what is counted and why).
-
-    ``train``: training volumes in the order the dataset holds them, padded to the patch;
-    ``val``: validation volumes; ``num_workers``/``pin_memory``: the resolved loader settings.
-    """
+    """The data side's host memory (see the module docstring); ``train`` padded, in order."""
     start_method = start_method or multiprocessing.get_start_method()
     in_memory = cache == "memory"
     n_train = cached_count(len(train), cache_rate) if in_memory else 0
@@ -252,45 +222,35 @@ def local_processes(trainer_cfg: Any, device: str) -> int:
         return 1  # a malformed value is the trainer's error, named there
 
 
-def process_rss() -> int:
-    """This process's resident set now (VmRSS, bytes); 0 where /proc is missing."""
-    status = Path("/proc/self/status")
-    if not status.exists():
-        return 0
-    match = re.search(r"^VmRSS:\s+(\d+) kB", status.read_text(), re.M)
-    return int(match.group(1)) * 1024 if match else 0
-
-
-def _read_int(path: Path) -> int | None:
+def _field(path: Path, pattern: str) -> int | None:
+    """The integer of ``pattern``'s group in the file ``path``; None without the file or a match."""
     try:
-        text = path.read_text().strip()
+        match = re.search(pattern, path.read_text(), re.M)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(match.group(1)) if match else None
+
+
+def process_rss() -> int:
+    """This process's resident set now (VmRSS, bytes); 0 where /proc is missing."""
+    kib = _field(Path("/proc/self/status"), r"^VmRSS:\s+(\d+) kB")
+    return 1024 * kib if kib else 0
 
 
 def _cgroup_available() -> int | None:
     """Bytes the memory cgroup still allows (limit − usage, page cache that can be dropped not
     counted as used); ``None`` without a limit."""
-    v2 = Path("/sys/fs/cgroup")
-    limit = _read_int(v2 / "memory.max")
-    usage = _read_int(v2 / "memory.current")
-    stat = v2 / "memory.stat"
+    folder, number = Path("/sys/fs/cgroup"), r"^(\d+)$"
+    limit, usage = _field(folder / "memory.max", number), _field(folder / "memory.current", number)
     if limit is None:  # cgroup v1
-        v1 = v2 / "memory"
-        limit = _read_int(v1 / "memory.limit_in_bytes")
-        usage = _read_int(v1 / "memory.usage_in_bytes")
-        stat = v1 / "memory.stat"
+        folder = folder / "memory"
+        limit = _field(folder / "memory.limit_in_bytes", number)
+        usage = _field(folder / "memory.usage_in_bytes", number)
         if limit is not None and limit >= 2**60:  # v1 writes "no limit" as a huge number
             return None
     if limit is None or usage is None:
         return None
-    reclaimable = 0
-    try:
-        match = re.search(r"^(?:total_)?inactive_file (\d+)", stat.read_text(), re.M)
-        reclaimable = int(match.group(1)) if match else 0
-    except OSError:
-        pass
+    reclaimable = _field(folder / "memory.stat", r"^(?:total_)?inactive_file (\d+)") or 0
     return max(0, limit - max(0, usage - reclaimable))
 
 
@@ -298,12 +258,9 @@ def available_ram() -> tuple[int | None, str]:
     """RAM a new allocation can get without swapping (bytes), and where the figure comes from:
     MemAvailable of /proc/meminfo, or the memory cgroup's room when that is lower."""
     available, source = None, "unknown"
-    try:
-        match = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-        if match:
-            available, source = int(match.group(1)) * 1024, "MemAvailable in /proc/meminfo"
-    except OSError:
-        pass
+    kib = _field(Path("/proc/meminfo"), r"^MemAvailable:\s+(\d+) kB")
+    if kib is not None:
+        available, source = 1024 * kib, "MemAvailable in /proc/meminfo"
     room = _cgroup_available()
     if room is not None and (available is None or room < available):
         available, source = room, "the memory cgroup's limit"
@@ -321,49 +278,3 @@ def fitting_cache_rate(
             return round(rate, 4)
         rate -= step
     return None
-
-
-def format_host(est: HostEstimate) -> str:
-    """The host section of ``estimate_memory.py``'s output (MiB)."""
-    ranks = f" x {est.ranks} processes" if est.ranks > 1 else ""
-    workers = f"{est.num_workers} loader worker(s)" if est.num_workers else "loading in-process"
-    cached = (
-        f"data.cache=memory, cache_rate {est.cache_rate:g}"
-        if est.cache == "memory"
-        else f"data.cache={est.cache}: nothing cached in RAM"
-    )
-    lines = [
-        f"Host memory of the data side ({cached}; {workers}, pin_memory={est.pin_memory}, "
-        f"start method {est.start_method}){ranks}:",
-    ]
-    rows = [
-        (f"training cache ({est.train_cached}/{est.train_volumes} vol.)", est.train_cache),
-        (f"validation cache ({est.val_cached}/{est.val_volumes} vol.)", est.val_cache),
-        ("training loader copies+batches", est.train_loading),
-        ("validation loader copies+batches", est.val_loading),
-    ]
-    if est.spawned_copies:
-        rows.append((f"cache copies ({est.start_method} workers)", est.spawned_copies))
-    rows += [
-        ("data side total", est.data_total),
-        ("this process now (VmRSS)", est.process_rss),
-        ("host total", est.total),
-    ]
-    lines += [f"    {name:<36}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
-    if est.rejected:
-        lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
-    return "\n".join(lines)
-
-
-def log_host(host: HostEstimate | None) -> None:
-    """The host side of the ``memory.budget`` check: one log line (MiB)."""
-    if host is not None:
-        log.info(
-            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
-            "this process holds %s MiB now",
-            f"{host.data_total / MIB:,.0f}",
-            host.cache,
-            f"{host.cache_bytes / MIB:,.0f}",
-            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
-            f"{host.process_rss / MIB:,.0f}",
-        )

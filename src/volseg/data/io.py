@@ -1,11 +1,9 @@
-"""Volume file IO: NIfTI (``.nii``, ``.nii.gz``), TIFF stacks (``.tif``, ``.tiff``) and HDF5
-datasets (``.h5``, ``.hdf5``; a ``key`` names the dataset, ``(Z, Y, X)`` or ``(C, Z, Y, X)``,
-voxel size in the ``element_size_um`` attribute as ilastik and pytorch-3dunet write it).
+"""Volume file IO: NIfTI, TIFF stacks and HDF5 datasets (``(Z, Y, X)`` or ``(C, Z, Y, X)``,
+voxel size in ``element_size_um`` as ilastik and pytorch-3dunet write it).
 
-Axis convention: MONAI readers return spatial axes in file order (NIfTI ``i, j, k`` ~ ``x, y, z``);
-:class:`TiffStackReader` follows it, so one transpose (``(C, x, y, z) -> (C, z, y, x)``, see
-:mod:`volseg.data.transforms`) gives the network's ``(C, D, H, W)`` for every format. Writers take
-``(D, H, W)`` arrays and undo that transpose, so predictions land with the input's geometry.
+Readers return spatial axes in file order (NIfTI ``x, y, z``), as MONAI's do, so one transpose
+(:mod:`volseg.data.transforms`) gives the network's ``(C, D, H, W)`` for every format; writers
+take ``(D, H, W)`` arrays and undo it, so predictions land with the input's geometry.
 """
 
 from __future__ import annotations
@@ -40,14 +38,8 @@ HDF5_PROBABILITIES_KEY = "probabilities"
 
 def volume_format(path: str | Path) -> str | None:
     """``"nifti"``, ``"tiff"``, ``"hdf5"`` or ``None`` for an unsupported file name."""
-    name = str(path).lower()
-    if name.endswith(NIFTI_SUFFIXES):
-        return "nifti"
-    if name.endswith(TIFF_SUFFIXES):
-        return "tiff"
-    if name.endswith(HDF5_SUFFIXES):
-        return "hdf5"
-    return None
+    formats = {"nifti": NIFTI_SUFFIXES, "tiff": TIFF_SUFFIXES, "hdf5": HDF5_SUFFIXES}
+    return next((fmt for fmt, ends in formats.items() if match_suffix(str(path), ends)), None)
 
 
 def require_h5py():
@@ -55,13 +47,22 @@ def require_h5py():
     return require("h5py", "HDF5 files")
 
 
-def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, float, float]:
+def _unsupported(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
+    )
+
+
+def _affine(spacing_zyx: Sequence[float]) -> np.ndarray:
+    """The 4x4 affine (file axes ``x, y, z``) of a grid of voxel size ``[z, y, x]``."""
+    sz, sy, sx = (float(v) for v in spacing_zyx)
+    return np.diag([sx, sy, sz, 1.0])
+
+
+def _hdf5_spacing_zyx(dataset: Any) -> tuple[float, ...]:
     """``element_size_um`` of the dataset or its file (last three entries: z, y, x); else 1."""
     size = dataset.attrs.get(HDF5_SPACING_ATTR, dataset.file.attrs.get(HDF5_SPACING_ATTR))
-    if size is None or len(size) < 3:
-        return 1.0, 1.0, 1.0
-    sz, sy, sx = (float(v) for v in size[-3:])
-    return sz, sy, sx
+    return (1.0, 1.0, 1.0) if size is None or len(size) < 3 else tuple(size[-3:])
 
 
 def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
@@ -77,124 +78,92 @@ def _hdf5_dataset(file: Any, key: str | None, path: Path) -> Any:
     return file[key]
 
 
-def channels_of_files(loaded: Sequence[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
-    """The array and metadata MONAI's ``LoadImage`` expects from a reader's ``get_data``.
+def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
+    """Voxel spacing from ImageJ metadata and resolution tags; 1.0 where absent."""
 
-    One file: its array and header. Several (one per channel of a case): their arrays joined
-    on the channel axis (a new first axis for files without one), with the first file's header;
-    the case checks (:mod:`volseg.data.cases`) compare the files' shapes and affines first.
-    """
-    arrays = [array for array, _ in loaded]
-    meta = dict(loaded[0][1])
-    if len(arrays) == 1:
-        return arrays[0], meta
-    if meta.get(MetaKeys.ORIGINAL_CHANNEL_DIM) == 0:  # files with a channel axis of their own
-        return np.concatenate(arrays, axis=0), meta
-    meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
-    return np.stack(arrays, axis=0), meta
+    def per_pixel(tag_name: str) -> float:
+        tag = tif.pages[0].tags.get(tag_name)
+        num, den = tag.value if tag is not None else (0, 1)
+        return den / num if num else 1.0
+
+    sz = float((tif.imagej_metadata or {}).get("spacing", 1.0))
+    return sz, per_pixel("YResolution"), per_pixel("XResolution")
 
 
-class HDF5Reader(ImageReader):
-    """MONAI reader for one dataset ``key`` of HDF5 files: ``(Z, Y, X)`` or ``(C, Z, Y, X)``.
+class _StackReader(ImageReader):
+    """A MONAI reader of volumes stored ``(Z, Y, X)`` or ``(C, Z, Y, X)`` with a voxel size:
+    arrays in file axis order ``(X, Y, Z)`` (channels first) like MONAI's NIfTI reader, with an
+    affine from the voxel size. The files of a case's channels are joined on the channel axis,
+    with the first file's header (the case checks compared their shapes and affines)."""
 
-    Reads only that dataset. Returns arrays in file axis order ``(X, Y, Z)`` (channels first
-    when present) like MONAI's NIfTI reader, with an affine from ``element_size_um``.
-    """
+    suffixes: tuple[str, ...] = ()
+
+    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
+        return is_supported_format(filename, list(self.suffixes))
+
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
+        raise NotImplementedError
+
+    def read(self, data: Sequence[str] | str, **kwargs: Any):
+        names = [data] if isinstance(data, str | Path) else list(data)
+        volumes = [self.read_one(str(name)) for name in names]
+        return volumes if len(volumes) > 1 else volumes[0]
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        arrays, meta = [], {}
+        for array, spacing in img if isinstance(img, list) else [img]:
+            channels = array.ndim == 4
+            if not meta:
+                meta = {
+                    MetaKeys.AFFINE: _affine(spacing),
+                    MetaKeys.ORIGINAL_AFFINE: _affine(spacing),
+                    MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[-3:][::-1]),
+                    MetaKeys.SPACE: SpaceKeys.RAS,
+                    MetaKeys.ORIGINAL_CHANNEL_DIM: 0 if channels else float("nan"),
+                }
+            axes = (0, 3, 2, 1) if channels else (2, 1, 0)
+            arrays.append(np.ascontiguousarray(array.transpose(axes)))
+        if len(arrays) == 1:
+            return arrays[0], meta
+        if meta[MetaKeys.ORIGINAL_CHANNEL_DIM] == 0:  # files with a channel axis of their own
+            return np.concatenate(arrays, axis=0), meta
+        meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
+        return np.stack(arrays, axis=0), meta
+
+
+class HDF5Reader(_StackReader):
+    """MONAI reader for one dataset ``key`` of HDF5 files (only that dataset is read)."""
+
+    suffixes = ("h5", "hdf5")
 
     def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
 
-    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        return is_supported_format(filename, ["h5", "hdf5"])
-
-    def read(self, data: Sequence[str] | str, **kwargs: Any):
-        names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = []
-        for name in names:
-            with require_h5py().File(name, "r") as f:
-                dataset = _hdf5_dataset(f, self.key, Path(name))
-                volumes.append((dataset[()], _hdf5_spacing_zyx(dataset)))
-        return volumes if len(volumes) > 1 else volumes[0]
-
-    def get_data(self, img) -> tuple[np.ndarray, dict]:
-        items = img if isinstance(img, list) else [img]
-        loaded: list[tuple[np.ndarray, dict]] = []
-        for array, (sz, sy, sx) in items:
-            channels = array.ndim == 4
-            header: dict = {
-                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
-                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[-3:][::-1]),
-                MetaKeys.SPACE: SpaceKeys.RAS,
-                MetaKeys.ORIGINAL_CHANNEL_DIM: 0 if channels else float("nan"),
-            }
-            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
-            axes = (0, 3, 2, 1) if channels else (2, 1, 0)
-            loaded.append((np.ascontiguousarray(array.transpose(axes)), header))
-        return channels_of_files(loaded)
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        with require_h5py().File(name, "r") as f:
+            dataset = _hdf5_dataset(f, self.key, Path(name))
+            return dataset[()], _hdf5_spacing_zyx(dataset)
 
 
-def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
-    """Voxel spacing from ImageJ metadata and resolution tags; 1.0 where absent."""
-    sz = float((tif.imagej_metadata or {}).get("spacing", 1.0))
-    page = tif.pages[0]
-    sy = sx = 1.0
-    for tag_name, axis in (("YResolution", "y"), ("XResolution", "x")):
-        tag = page.tags.get(tag_name)
-        if tag is not None:
-            num, den = tag.value
-            if num:
-                value = den / num
-                sy, sx = (value, sx) if axis == "y" else (sy, value)
-    return sz, sy, sx
+class TiffStackReader(_StackReader):
+    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included)."""
 
+    suffixes = ("tif", "tiff")
 
-class TiffStackReader(ImageReader):
-    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included).
-
-    Returns arrays ``(X, Y, Z)`` like MONAI's NIfTI reader, with an affine built from the ImageJ
-    voxel spacing, so TIFF and NIfTI datasets go through the same transforms.
-    """
-
-    def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        return is_supported_format(filename, ["tif", "tiff"])
-
-    def read(self, data: Sequence[str] | str, **kwargs: Any):
-        names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = []
-        for name in names:
-            with tifffile.TiffFile(name) as tif:
-                array = tif.asarray()
-                spacing = _tiff_spacing_zyx(tif)
-            if array.ndim != 3:
-                raise ValueError(
-                    f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}"
-                )
-            volumes.append((array, spacing))
-        return volumes if len(volumes) > 1 else volumes[0]
-
-    def get_data(self, img) -> tuple[np.ndarray, dict]:
-        items = img if isinstance(img, list) else [img]
-        loaded: list[tuple[np.ndarray, dict]] = []
-        for array, (sz, sy, sx) in items:
-            header: dict = {
-                MetaKeys.AFFINE: np.diag([sx, sy, sz, 1.0]),
-                MetaKeys.SPATIAL_SHAPE: np.asarray(array.shape[::-1]),
-                MetaKeys.SPACE: SpaceKeys.RAS,
-                MetaKeys.ORIGINAL_CHANNEL_DIM: float("nan"),
-            }
-            header[MetaKeys.ORIGINAL_AFFINE] = header[MetaKeys.AFFINE]
-            loaded.append((np.ascontiguousarray(array.transpose(2, 1, 0)), header))
-        return channels_of_files(loaded)
+    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        with tifffile.TiffFile(name) as tif:
+            array, spacing = tif.asarray(), _tiff_spacing_zyx(tif)
+        if array.ndim != 3:
+            raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+        return array, spacing
 
 
 class NiftiReader(NibabelReader):
-    """MONAI's ``NibabelReader``, safe in threads (``CacheDataset`` loads in a thread pool).
-
-    ``NibabelReader.read`` keeps the file names on the instance for ``get_data``; a label read
-    by another thread in between truncated a multi-channel image (one file per channel) to its
-    first channel. Here the names are kept per thread (``read`` and ``get_data`` run in one).
-    """
+    """MONAI's ``NibabelReader`` with its file names kept per thread (``CacheDataset`` loads in a
+    thread pool: a label read by another thread between ``read`` and ``get_data`` truncated a
+    multi-channel image to its first channel)."""
 
     _local = threading.local()
 
@@ -208,65 +177,44 @@ class NiftiReader(NibabelReader):
 
 
 def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
-    """Geometry of a volume file without loading its voxels.
-
-    Returns ``{"format", "shape_zyx", "affine", "channels", "stored_shape"}``: ``shape_zyx``
-    is ``[D, H, W]`` as loading orders the file's axes before any reorientation (NIfTI: its
-    ``z, y, x``; TIFF stacks and HDF5 datasets: as stored), with more than 3 entries for a
-    file of more axes than it reads; ``affine`` is 4x4 in file axis order ``x, y, z``;
-    ``stored_shape`` is the shape as the file stores it (NIfTI ``x, y, z[, c]`` as nibabel
-    reads it, TIFF ``Z, Y, X``, HDF5 ``[C,] Z, Y, X``). A 4-D NIfTI file holds its channels
-    on its last axis (the Decathlon's multi-modal volumes): ``channels`` counts them.
-    ``key``: the dataset inside an HDF5 file (ignored for NIfTI/TIFF).
-    """
+    """Geometry of a volume file (HDF5: dataset ``key``) without loading its voxels:
+    ``{"format", "shape_zyx", "affine", "channels", "stored_shape"}``, ``shape_zyx`` the
+    ``[D, H, W]`` loading sees before reorientation (more entries for a file of more axes),
+    ``affine`` 4x4 in file axes ``x, y, z``, ``channels`` those of a 4-D NIfTI file (its last
+    axis: the Decathlon's modalities) or an HDF5 dataset (its first)."""
     path = Path(path)
     fmt = volume_format(path)
     if fmt == "nifti":
         img = nib.load(str(path))
         stored = tuple(int(s) for s in img.shape)  # x, y, z (, channels)
         channels = stored[3] if len(stored) == 4 else 1
-        spatial = stored[:3] if len(stored) == 4 else stored
-        return {
-            "format": fmt,
-            "shape_zyx": spatial[::-1],
-            "affine": img.affine,
-            "channels": channels,
-            "stored_shape": stored,
-        }
-    if fmt == "tiff":
+        spatial, affine = (stored[:3] if len(stored) == 4 else stored)[::-1], img.affine
+    elif fmt == "tiff":
         with tifffile.TiffFile(path) as tif:
-            series = tif.series[0]
-            sz, sy, sx = _tiff_spacing_zyx(tif)
-            shape = tuple(int(s) for s in series.shape)
-        affine = np.diag([sx, sy, sz, 1.0])
-        return {
-            "format": fmt,
-            "shape_zyx": shape,
-            "affine": affine,
-            "channels": 1,
-            "stored_shape": shape,
-        }
-    if fmt == "hdf5":
+            stored = tuple(int(s) for s in tif.series[0].shape)
+            spatial, channels, affine = stored, 1, _affine(_tiff_spacing_zyx(tif))
+    elif fmt == "hdf5":
         with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
-            shape = tuple(int(s) for s in dataset.shape)
-            sz, sy, sx = _hdf5_spacing_zyx(dataset)
-        channels = shape[0] if len(shape) == 4 else 1
-        return {
-            "format": fmt,
-            "shape_zyx": shape[1:] if len(shape) == 4 else shape,
-            "affine": np.diag([sx, sy, sz, 1.0]),
-            "channels": channels,
-            "stored_shape": shape,
-        }
-    raise ValueError(
-        f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
-    )
+            stored, affine = (
+                tuple(int(s) for s in dataset.shape),
+                _affine(_hdf5_spacing_zyx(dataset)),
+            )
+        channels = stored[0] if len(stored) == 4 else 1
+        spatial = stored[1:] if len(stored) == 4 else stored
+    else:
+        raise _unsupported(path)
+    return {
+        "format": fmt,
+        "shape_zyx": spatial,
+        "affine": affine,
+        "channels": channels,
+        "stored_shape": stored,
+    }
 
 
 def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
-    """All voxels of a volume file as ``(D, H, W)`` (z, y, x), or ``(C, D, H, W)`` as written
-    by :func:`write_volume`."""
+    """All voxels of a volume file, ``(D, H, W)`` or ``(C, D, H, W)`` as :func:`write_volume`'s."""
     path = Path(path)
     if volume_format(path) == "hdf5":
         with require_h5py().File(path, "r") as f:
@@ -299,20 +247,16 @@ def write_volume(
     affine: np.ndarray | None = None,
     key: str | None = None,
 ) -> Path:
-    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI, TIFF or HDF5 (by the suffix).
-
-    Geometry comes from ``affine`` (4x4, file axes ``x, y, z``) if given, else ``spacing_zyx``.
-    Channels go last in NIfTI (``x, y, z, c``) and into an ImageJ ``ZCYX`` hyperstack in TIFF.
-    HDF5: the dataset ``key`` (default ``predictions``) is added to the file (replaced if
-    present), gzip-compressed, with ``element_size_um`` ``(z, y, x)``.
-    """
+    """Write a ``(D, H, W)`` or ``(C, D, H, W)`` array as NIfTI (channels last), TIFF (an ImageJ
+    ``ZCYX`` hyperstack) or HDF5 (dataset ``key``, default ``predictions``, replaced if present)
+    by the suffix, with ``affine`` (4x4, file axes ``x, y, z``), else ``spacing_zyx``."""
     path = Path(path)
     fmt = volume_format(path)
     if fmt is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     if affine is None:
-        sz, sy, sx = spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0)
-        affine = np.diag([sx, sy, sz, 1.0])
+        affine = _affine(spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0))
+    sz, sy, sx = (float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0))
     channels = array_zyx.ndim == 4
     if fmt == "nifti":
         axes = (3, 2, 1, 0) if channels else (2, 1, 0)
@@ -323,10 +267,8 @@ def write_volume(
             if key in f:
                 del f[key]
             dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
-            spacing = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
-            dataset.attrs[HDF5_SPACING_ATTR] = spacing
+            dataset.attrs[HDF5_SPACING_ATTR] = [sz, sy, sx]
     elif fmt == "tiff":
-        sx, sy, sz = (float(np.linalg.norm(affine[:3, i])) for i in range(3))
         tifffile.imwrite(
             path,
             array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
@@ -335,9 +277,7 @@ def write_volume(
             metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
     else:
-        raise ValueError(
-            f"{path}: unsupported file type (expected one of {', '.join(VOLUME_SUFFIXES)})"
-        )
+        raise _unsupported(path)
     return path
 
 
@@ -350,13 +290,9 @@ def write_dataset(
     defaults: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a folder-layout dataset: ``write_case(i, image_path, label_path)`` for each of
-    ``names``, ``splits.json`` (the last ``num_val`` cases: validation), ``classes.json`` and,
-    given ``defaults``, the dataset's own defaults (``dataset_defaults.json``).
-
-    Written to a folder of its own beside ``root`` (``<root>.partial-*``) and renamed into
-    place, so an interrupted run never leaves a half-written dataset behind, and processes that
-    generate the same dataset at once (the jobs of a sweep on first use) each write their own
-    copy: the first rename wins and the others discard theirs.
+    ``names``, ``splits.json`` (the last ``num_val``: validation), ``classes.json`` and
+    ``defaults`` (``dataset_defaults.json``). Written beside ``root`` and renamed into place, so
+    no half-written dataset is left, and of processes writing it at once the first rename wins.
     """
     root = Path(root)
     root.parent.mkdir(parents=True, exist_ok=True)

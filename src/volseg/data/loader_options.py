@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from monai.data import list_data_collate
+
+from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError
 
 #: more workers than this rarely feed one GPU faster, and each holds its own copy of the batch
@@ -26,6 +29,17 @@ class LoaderOptions:
     #: where ``num_workers=auto`` took its cores from, for the log
     cores_from: str = field(default="", compare=False)
 
+    def loader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader`` arguments of every volseg loader: these, collation and worker init."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "multiprocessing_context": self.multiprocessing_context,
+            "collate_fn": list_data_collate,
+            "worker_init_fn": init_loader_worker,
+        }
+
 
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, as a job scheduler sets it)."""
@@ -41,17 +55,10 @@ def _leading_int(value: str | None) -> int | None:
 
 
 def cores_per_process(devices_per_node: int = 1) -> tuple[int, str]:
-    """The CPU cores one training process may give its loader workers, and where that came
-    from (for the log).
-
-    - SLURM (``SLURM_CPUS_PER_TASK``): each task's own share, at most its affinity mask; shared
-      only when one task holds several training processes (fewer tasks per node,
-      ``SLURM_NTASKS_PER_NODE``, than devices: Lightning launched them inside the task). The
-      mask is not divided again: with one task per GPU it already is the task's share.
-    - torchrun (``LOCAL_WORLD_SIZE``): the mask, shared by the processes torchrun started on
-      this node.
-    - otherwise: the mask, shared by the ``devices_per_node`` processes Lightning starts.
-    """
+    """The CPU cores one training process may give its loader workers, and whence (for the
+    log): under SLURM the task's ``SLURM_CPUS_PER_TASK`` (at most its affinity mask), shared
+    only when a task holds several processes (fewer ``SLURM_NTASKS_PER_NODE`` than devices);
+    under torchrun the mask shared by ``LOCAL_WORLD_SIZE``; else by ``devices_per_node``."""
     mask = available_cores()
     devices = max(1, devices_per_node)
     slurm_cpus = _leading_int(os.environ.get("SLURM_CPUS_PER_TASK"))
@@ -69,11 +76,9 @@ def cores_per_process(devices_per_node: int = 1) -> tuple[int, str]:
 
 
 def worker_context(cuda_initialized: bool) -> str | None:
-    """``forkserver`` when CUDA was initialised in this process before its data were built
-    (an earlier run of a multirun sweep or a notebook): a forked worker inherits that run's
-    CUDA state, and freeing a tensor of it there fails ("CUDA error: initialization error").
-    Otherwise ``None``: fork, which shares the cached volumes with the workers instead of
-    pickling them to each (forkserver's cost)."""
+    """``forkserver`` when CUDA was initialised before the data were built (an earlier run of a
+    sweep, a notebook): a forked worker freeing a tensor of it fails ("CUDA error:
+    initialization error"). Otherwise ``None``: fork, which shares the cached volumes."""
     if cuda_initialized and "forkserver" in multiprocessing.get_all_start_methods():
         return "forkserver"
     return "spawn" if cuda_initialized else None
@@ -96,15 +101,10 @@ def resolve_loader_options(
     devices_per_node: int = 1,
     cuda_initialized: bool = False,
 ) -> LoaderOptions:
-    """The loader settings for ``device`` (``cuda`` or ``cpu``); explicit values win.
-
-    ``auto`` on CUDA: one worker per core of this process's share (:func:`cores_per_process`:
-    SLURM's task, torchrun's or Lightning's processes on the node), less one core for the
-    training process (at least 1, at most :data:`MAX_AUTO_WORKERS`); pinned batches;
-    persistent workers. On a CPU the training step itself uses every core, so ``auto`` loads
-    in the training process (0 workers, see ``benchmarks/data_throughput.py``). Workers start
-    by :func:`worker_context` (``cuda_initialized``: before the data were built).
-    """
+    """The loader settings for ``device`` (``cuda`` or ``cpu``); explicit values win. ``auto``
+    on CUDA: a worker per core of this process's share (:func:`cores_per_process`) less one
+    (1 to :data:`MAX_AUTO_WORKERS`), pinned, persistent; on a CPU the step uses every core, so
+    loading stays in the training process (0 workers)."""
     check_loader_options(num_workers, pin_memory, persistent_workers)
     on_cuda = device == "cuda"
     cores_from = ""

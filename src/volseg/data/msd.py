@@ -1,29 +1,9 @@
-"""The Medical Segmentation Decathlon's layout, as its archives ship it, and nnU-Net's.
-
-```
-ROOT/dataset.json   {"modality": {"0": "FLAIR", "1": "T1w", ...},   (or "channel_names")
-                     "labels": {"0": "background", "1": "edema"},    (or {"background": 0})
-                     "training": [{"image": "./imagesTr/BRATS_001.nii.gz",
-                                   "label": "./labelsTr/BRATS_001.nii.gz"}, ...],  (optional)
-                     "test": ["./imagesTs/BRATS_485.nii.gz", ...],                   (optional)
-                     "numTraining": 484, "file_ending": ".nii.gz"}   (optional, checked)
-```
-
-Two layouts of ``imagesTr/`` (and ``imagesTs/``), told apart from the files and
-``dataset.json`` (:func:`detect_layout`):
-
-- ``decathlon``, as the Decathlon's ``TaskNN_*.tar`` archives hold it: one file per case,
-  ``imagesTr/<id>.nii.gz``, named as its label; a 3-D volume, or a 4-D one with the modalities
-  on its last axis (``x, y, z, modality``: brain tumour 4, prostate 2);
-- ``nnunet``, nnU-Net's conversion of a task: one 3-D file per channel,
-  ``imagesTr/<id>_0000.nii.gz``, ``<id>_0001.nii.gz``, ...
-
-``labelsTr/<id>.nii.gz`` holds each case's label in both. ``num_classes`` and ``in_channels``
-come from ``dataset.json`` (``labels`` and ``modality`` / ``channel_names``); ``train.py``
-builds the network with them. The ``training`` list is read with MONAI's
-``load_decathlon_datalist`` and checked against the files; ``predict.py input=ROOT`` predicts
-the ``test`` list (else ``imagesTs/``). Hidden files (macOS ``._<name>`` files in the archives)
-are not cases.
+"""The Medical Segmentation Decathlon's layout, as its archives ship it, and nnU-Net's
+(``docs/data.md``): ``dataset.json`` (``labels``, ``modality`` or ``channel_names``, optional
+``training``/``test`` lists, ``numTraining``, ``file_ending``), ``imagesTr/``, ``labelsTr/``,
+``imagesTs/``. Images are one file per case in the ``decathlon`` layout (3-D, or 4-D with the
+modalities last), one ``<id>_NNNN`` file per channel in ``nnunet``'s (:func:`detect_layout`);
+``num_classes`` and ``in_channels`` come from ``dataset.json``.
 """
 
 from __future__ import annotations
@@ -37,7 +17,7 @@ from typing import Any
 
 from monai.data import load_decathlon_datalist
 
-from volseg.data.cases import Case, find_inputs, input_problems, is_volume_file
+from volseg.data.cases import Case, find_inputs, input_problems, pairing_problems, volume_files
 from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
@@ -127,8 +107,7 @@ def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, P
     source = root / "dataset.json"
     wanted = ("image", "label") if key == "training" else ("image",)
     expected = '{"image": "./imagesTr/<file>", "label": "./labelsTr/<file>"}'
-    if key == "test":
-        expected = '"./imagesTs/<file>"'
+    expected = '"./imagesTs/<file>"' if key == "test" else expected
     raw = json.loads(source.read_text())[key]
     written = [entry if isinstance(entry, dict) else {"image": entry} for entry in raw]
     bad = [e for e in written if not all(isinstance(e.get(k), str) for k in wanted)]
@@ -144,8 +123,7 @@ def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, P
 def group_channel_files(
     files: Sequence[Path], endings: Sequence[str]
 ) -> tuple[dict[str, dict[int, Path]], list[Path]]:
-    """``{"<id><ending>": {channel: file}}`` from ``<id>_NNNN<ending>`` files, and the files
-    without a channel suffix."""
+    """``{"<id><ending>": {channel: file}}`` of ``<id>_NNNN<ending>`` files, and the others."""
     groups: dict[str, dict[int, Path]] = {}
     plain = []
     for path in files:
@@ -158,15 +136,6 @@ def group_channel_files(
             continue
         groups.setdefault(match["id"] + split[1], {})[int(match["channel"])] = path
     return dict(sorted(groups.items())), plain
-
-
-def _volumes(folder: Path, endings: Sequence[str]) -> dict[str, Path]:
-    """``{name: path}`` of the volume files in ``folder`` (hidden files left out)."""
-    return {
-        p.name: p
-        for p in sorted(folder.iterdir())
-        if match_suffix(p.name, endings) and is_volume_file(p)
-    }
 
 
 def detect_layout(
@@ -220,11 +189,12 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     if missing:
         raise UserInputError(f"data.root={root}: not an msd dataset folder", missing)
     endings = [dataset["file_ending"]] if dataset["file_ending"] else list(VOLUME_SUFFIXES)
-    labels, images = _volumes(labels_dir, endings), _volumes(images_dir, endings)
+    labels, images = volume_files(labels_dir, endings), volume_files(images_dir, endings)
     layout = detect_layout(root, dataset, images, labels)
     groups, plain = group_channel_files(list(images.values()), endings)
-    if layout == "decathlon":
-        cases, problems = _decathlon_cases(images, labels, images_dir, labels_dir)
+    if layout == "decathlon":  # one image file per label, of the same name
+        problems = pairing_problems(images, labels, labels_dir, images_dir, ", one file per case")
+        cases = [Case(name, images[name], path) for name, path in labels.items() if name in images]
     else:
         cases, problems = _nnunet_cases(dataset, root, groups, plain, labels, labels_dir)
     problems += _training_list_problems(root, dataset, layout, groups)
@@ -237,23 +207,6 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
     if not labels and not problems:
         raise UserInputError(f"data.root={root}: no labels found in {labels_dir}")
     return cases, problems, layout
-
-
-def _decathlon_cases(
-    images: dict[str, Path], labels: dict[str, Path], images_dir: Path, labels_dir: Path
-) -> tuple[list[Case], list[str]]:
-    """One image file per label, of the same name."""
-    problems = [
-        f"{label}: label has no image (expected {images_dir / name}, one file per case)"
-        for name, label in labels.items()
-        if name not in images
-    ] + [
-        f"{image}: image has no label (expected {labels_dir / name})"
-        for name, image in images.items()
-        if name not in labels
-    ]
-    cases = [Case(name, images[name], label) for name, label in labels.items() if name in images]
-    return cases, problems
 
 
 def _nnunet_cases(
@@ -277,8 +230,9 @@ def _nnunet_cases(
             expected = images_dir / f"{stem}_0000{ending}"
             problems.append(f"{label}: label has no image (expected {expected})")
             continue
-        absent = [images_dir / f"{stem}_{c:04d}{ending}" for c in range(len(channels))]
-        absent = [p for c, p in enumerate(absent) if c not in found]
+        absent = [
+            images_dir / f"{stem}_{c:04d}{ending}" for c in range(len(channels)) if c not in found
+        ]
         extra = [found[c] for c in sorted(found) if c >= len(channels)]
         problems += [f"{p}: missing; {listed}" for p in absent]
         problems += [f"{p}: an extra channel; {listed}" for p in extra]
@@ -293,16 +247,12 @@ def _nnunet_cases(
 
 
 class MSDDataModule(VolumeDataModule):
-    """:class:`VolumeDataModule` for the Decathlon / nnU-Net layout (see the module docstring).
+    """:class:`VolumeDataModule` for the Decathlon / nnU-Net layout: ``num_classes`` and
+    ``in_channels`` ``None`` (``data=msd``'s) are read from ``dataset.json``; given, they must
+    agree with it."""
 
-    ``num_classes`` and ``in_channels`` may be ``None`` (the default in ``data=msd``): they are
-    read from ``dataset.json`` in :meth:`find`. Given explicitly, they must agree with it.
-    """
-
-    def __init__(
-        self, root: str, num_classes: int | None = None, in_channels: int | None = None, **kw: Any
-    ) -> None:
-        super().__init__(root, num_classes=num_classes, in_channels=in_channels, **kw)
+    def __init__(self, root: str, num_classes: int | None = None, **kw: Any) -> None:
+        super().__init__(root, num_classes=num_classes, **kw)
         self.channel_names: list[str] | None = None
         self.channels_key = "modality"
         self.layout: str | None = None
@@ -389,19 +339,15 @@ class MSDDataModule(VolumeDataModule):
         else:
             files = [c.image_files[0] for c in find_inputs(path)]
         if self._training_layout() == "decathlon":
-            cases = [Case(p.name, p, None) for p in files]
-            raise_problems(
-                problems + input_problems(cases, in_channels, self.orientation), "the input"
-            )
-            return cases
-        if path.is_file():
-            split = match_suffix(path.name, VOLUME_SUFFIXES)
+            files, groups = list(files), {}
+        else:
+            split = match_suffix(path.name, VOLUME_SUFFIXES) if path.is_file() else None
             match = CHANNEL_FILE.match(split[0]) if split else None
             if match is not None:
                 siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
                 files = [p for p in siblings if p.name.endswith(split[1])]
-        groups, plain = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
-        cases = [Case(p.name, p, None) for p in plain]  # one file per case
+            groups, files = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
+        cases = [Case(p.name, p, None) for p in files]  # one file per case
         for name, channels in groups.items():
             if sorted(channels) != list(range(len(channels))):
                 problems.append(
@@ -410,6 +356,5 @@ class MSDDataModule(VolumeDataModule):
                 )
                 continue
             cases.append(Case(name, tuple(channels[c] for c in sorted(channels)), None))
-        problems += input_problems(cases, in_channels, self.orientation)
-        raise_problems(problems, "the input")
+        raise_problems(problems + input_problems(cases, in_channels, self.orientation), "the input")
         return cases

@@ -1,12 +1,7 @@
-"""One orientation for every case (``data.orientation``), and predictions put back into each
-input's own.
-
-NIfTI volumes may be stored in any orientation (LPS, RAS, sagittal slices, ...). Loading
-reorients every case to ``data.orientation`` (MONAI ``Orientationd``, from the affine), so the
-network never sees mirrored anatomy; TIFF stacks and HDF5 datasets carry no orientation (their
-affine is the voxel size only) and are read as stored. Predictions made on the reoriented grid
-are flipped and transposed back with the inverse of the same transform (nibabel's orientation
-arithmetic, which MONAI's ``Orientation`` uses too), then written with the input's own affine.
+"""One orientation for every NIfTI case (``data.orientation``, MONAI ``Orientation`` from the
+affine), so the network never sees mirrored anatomy, and predictions put back into each input's
+own with the inverse of the same transform (nibabel's orientation arithmetic, which MONAI uses
+too). TIFF stacks and HDF5 datasets carry no orientation and are read as stored.
 """
 
 from __future__ import annotations
@@ -106,14 +101,8 @@ def to_input_orientation(
 
 
 class Reorientd(MapTransform):
-    """MONAI ``Orientation`` to ``axcodes`` for each key loaded from a NIfTI file (its
-    MetaTensor's affine); TIFF stacks and HDF5 datasets, which carry no orientation, pass as
-    stored.
-
-    Args:
-        keys: entries holding ``(C, x, y, z)`` MetaTensors as ``LoadImaged`` returns them.
-        axcodes: target orientation, e.g. ``RAS``.
-    """
+    """MONAI ``Orientation`` to ``axcodes`` (e.g. ``RAS``) of each key's ``(C, x, y, z)``
+    MetaTensor loaded from a NIfTI file; TIFF stacks and HDF5 datasets pass as stored."""
 
     def __init__(self, keys: Sequence[str], axcodes: str) -> None:
         super().__init__(keys)

@@ -27,19 +27,12 @@ def process_shard(rank: int | None = None, world: int | None = None) -> tuple[in
 
 
 class EpochSeededSampler(Sampler[tuple[int, int]]):
-    """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch; yields
-    ``(index, item_seed)``.
-
-    Lightning calls :meth:`set_epoch` before every training epoch (as for DistributedSampler).
-    Each item's seed is drawn from (seed, epoch) too and travels with its index to whichever
-    process loads it (this one, or a loader worker, persistent or not), where
-    :class:`SeededItems` seeds the random transforms with it. A patch and its augmentations are
-    thus a function of (seed, epoch, position) only: a run resumed at epoch ``e`` draws exactly
-    the patches an uninterrupted run draws there, with any number of loader workers. Under DDP
-    it shards itself by rank: rank ``r`` of ``world`` (the trainer's ``global_rank`` and
-    ``world_size``, nodes x devices) takes every ``world``-th item of the epoch's order. It is the
-    only sharding: every Trainer is built with ``use_distributed_sampler=False``
-    (:func:`volseg.utils.instantiate.build_trainer`).
+    """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch (Lightning
+    calls :meth:`set_epoch`); yields ``(index, item_seed)``, the seed drawn likewise, for
+    :class:`SeededItems` to seed the random transforms with in whichever process loads it. A
+    patch is thus a function of (seed, epoch, position) only: a resumed run draws the patches an
+    uninterrupted one draws, with any number of workers. Rank ``r`` of ``world`` takes every
+    ``world``-th item: the only sharding (every Trainer has ``use_distributed_sampler=False``).
     """
 
     def __init__(
@@ -52,8 +45,7 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         self._resume: tuple[int, int] | None = None  # (epoch, positions to skip)
 
     def resume_at(self, epoch: int, skip: int) -> None:
-        """Make the next pass over ``epoch`` start at position ``skip`` of this rank's share
-        (the items a resumed run has trained on already)."""
+        """Start the next pass over ``epoch`` at position ``skip`` of this rank's share."""
         self.epoch = epoch
         self._resume = (epoch, skip)
 
@@ -83,15 +75,10 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
 
 
 class ResumableLoader(DataLoader):
-    """The training loader, with a state Lightning keeps in every checkpoint: the epoch, how
-    many batches of it were trained on and the world size (processes) they were counted in. A
-    run resumed from a checkpoint saved within an epoch thus draws that epoch's remaining
-    patches, not its first ones again; on another world size the batches done mean other
-    patches (each rank's share is another), so such a resume stops with one error
-    (:func:`check_resume_world`).
-
-    ``progress`` (set by the datamodule) returns ``(batches trained on in this epoch, batches
-    in the epoch)`` from the trainer's loop; the sampler must be an :class:`EpochSeededSampler`.
+    """The training loader, with a state Lightning keeps in every checkpoint (the epoch, its
+    batches trained on, the world size), so a run resumed within an epoch draws its remaining
+    patches. ``progress`` (set by the datamodule) returns ``(batches trained on in this epoch,
+    batches in the epoch)``; the sampler must be an :class:`EpochSeededSampler`.
     """
 
     progress: Callable[[], tuple[int, int]] | None = None
@@ -113,12 +100,9 @@ class ResumableLoader(DataLoader):
 
 
 def check_resume_world(state: dict[str, Any], world: int, source: str) -> None:
-    """One :class:`UserInputError` when the loader ``state`` was saved within an epoch by
-    another number of processes than ``world``: its batches done count this rank's share of
-    that world, which another world splits otherwise. A state saved at an epoch end
-    (``batches_done == 0``) resumes on any world (the next epoch is sharded anew); a state
-    without ``"world"`` (an older checkpoint) is not checked. ``source`` names the checkpoint
-    in the message (``ckpt_path=...``)."""
+    """One :class:`UserInputError` (naming ``source``) when the loader ``state`` was saved within
+    an epoch by another number of processes than ``world``: its batches done count a share of
+    that world. A state saved at an epoch end, or without ``"world"``, resumes on any world."""
     saved = state.get("world")
     if saved is None or int(state.get("batches_done", 0)) == 0 or int(saved) == world:
         return
@@ -157,13 +141,9 @@ def seed_random_transforms(transform: Compose, seed: int) -> None:
 
 
 class SeededItems(Dataset):
-    """``dataset[indices[i]]`` for the key ``(i, seed)``, its random transforms seeded first.
-
-    Args:
-        dataset: a MONAI ``CacheDataset`` (or any dataset with a ``transform`` Compose applied
-            in ``__getitem__``).
-        indices: the dataset index of each position (a volume may appear several times).
-    """
+    """``dataset[indices[i]]`` for the key ``(i, seed)``, the random transforms of its
+    ``transform`` Compose (applied in ``__getitem__``) seeded first; a volume may appear at
+    several positions."""
 
     def __init__(self, dataset: Dataset, indices: Sequence[int]) -> None:
         self.dataset = dataset
@@ -179,14 +159,10 @@ class SeededItems(Dataset):
 
 
 class ShardedEvalSampler(Sampler[tuple[int, bool]]):
-    """Every index exactly once across ranks, the same number of keys on every rank.
-
-    Yields ``(index, counted)``: rank ``r`` of ``w`` takes ``r, r + w, ...`` (counted), then
-    pads its share to ``ceil(num_items / w)`` with keys ``(index, False)``, also when it has no
-    item of its own (more ranks than validation cases). Every rank thus runs the same number of
-    validation steps and joins every collective (DDP's buffer broadcast in each step, the
-    epoch-end reductions), while a padding key is neither scored nor written
-    (``DistributedSampler`` pads with repeated items that count twice).
+    """Every index exactly once across ranks, the same number of keys on every rank: yields
+    ``(index, counted)``, rank ``r`` of ``w`` taking ``r, r + w, ...``, padded to ``ceil(num_items
+    / w)`` with ``(index, False)`` keys, so every rank joins every collective while a padding key
+    is neither scored nor written (``DistributedSampler``'s repeated items count twice).
     """
 
     def __init__(self, num_items: int, rank: int | None = None, world: int | None = None) -> None:
@@ -204,8 +180,7 @@ class ShardedEvalSampler(Sampler[tuple[int, bool]]):
 
 class EvalItems(Dataset):
     """``dataset[index]`` for the key ``(index, counted)`` of :class:`ShardedEvalSampler`, with
-    ``"counted"`` added: ``False`` marks a padding item (loaded so that the batch has the shape
-    of a real one, then skipped by the validation and prediction steps)."""
+    ``"counted"`` added (``False``: a padding item, skipped by the steps)."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

@@ -1,9 +1,5 @@
-"""The shape of a volume after ``data.spacing``: the one rule checks, fingerprint and plan use.
-
-Loading resamples with MONAI's ``Spacing`` (:class:`volseg.data.transforms.Resampled`);
-:func:`resampled_shape` asks MONAI the same question from a header, so a check, a fingerprint
-or a plan never disagrees with the volume the loader produces.
-"""
+"""The shape of a volume after ``data.spacing``, asked of MONAI's ``Spacing`` (which loading
+uses) from a header, so checks, fingerprint and plan never disagree with the loaded volume."""
 
 from __future__ import annotations
 
@@ -16,17 +12,9 @@ from monai.data.utils import compute_shape_offset, zoom_affine
 def resampled_shape(
     shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
 ) -> list[int]:
-    """``[D, H, W]`` of a volume after MONAI's ``Spacing`` to ``spacing_zyx``.
-
-    Args:
-        shape_zyx: the volume's ``[D, H, W]`` (voxels; after orientation, as loading sees it).
-        affine: its 4x4 affine in file axis order ``x, y, z`` (after the same orientation).
-        spacing_zyx: the target voxel size ``[z, y, x]`` (the affine's units, e.g. mm).
-
-    MONAI keeps the first and last voxel centres' extent and adds one voxel, rounded half to
-    even (``compute_shape_offset`` with ``scale_extent=False``, ``Spacing``'s default), on the
-    grid ``zoom_affine`` builds (``Spacing``'s ``diagonal=False``: rotation kept).
-    """
+    """``[D, H, W]`` of a volume ``shape_zyx`` (after orientation) with a 4x4 ``affine`` (file
+    axes ``x, y, z``) after MONAI's ``Spacing`` to ``spacing_zyx`` ``[z, y, x]`` (the affine's
+    units), through ``Spacing``'s own ``zoom_affine`` and ``compute_shape_offset``."""
     shape_xyz = [int(s) for s in shape_zyx][::-1]
     target = zoom_affine(
         np.asarray(affine, dtype=float), [float(s) for s in spacing_zyx][::-1], diagonal=False

@@ -1,11 +1,6 @@
-"""The embedded default dataset: deterministic synthetic multiclass microscopy-like stacks.
-
-Five classes: background and four object kinds that differ by shape and texture, not by intensity
-alone — ``blob`` and ``tube`` share one mean intensity, ``shell`` and ``granule`` another — so a
-per-voxel intensity classifier cannot separate them (see :mod:`volseg.data.baselines`). Stacks are
-anisotropic like microscopy (z spacing 2x the in-plane spacing, so objects are flat in z), blurred
-and noisy. Files are real NIfTI (``.nii.gz``) or TIFF stacks in the ``images/`` + ``labels/``
-layout with a ``splits.json``.
+"""The embedded default dataset: deterministic synthetic microscopy-like stacks
+(``docs/data.md``): four object classes that differ by shape and texture, not by intensity
+alone (:mod:`volseg.data.baselines`), anisotropic (z spacing 2x in-plane), blurred and noisy.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ SPACING_ZYX: tuple[float, float, float] = (1.0, 0.5, 0.5)
 _Z_SCALE = SPACING_ZYX[1] / SPACING_ZYX[0]  # object radii in z voxels = in-plane radii * this
 
 
-def _grid(shape: Sequence[int], center: np.ndarray, radius: float, rng: np.random.Generator):
+def _grid(shape: Sequence[int], center: np.ndarray, radius: float) -> tuple[tuple, tuple]:
     """Anisotropy-corrected offsets (in in-plane voxel units) inside a bounding box."""
     half = np.array([radius * _Z_SCALE + 2, radius + 2, radius + 2])
     lo = np.maximum(np.floor(center - half).astype(int), 0)
@@ -51,7 +46,7 @@ def _paint_ellipsoid(
 ) -> None:
     r = rng.uniform(*radius_range)
     axes = r * rng.uniform(0.8, 1.2, size=3)
-    box, (dz, dy, dx) = _grid(image.shape, _random_center(image.shape, rng), axes.max(), rng)
+    box, (dz, dy, dx) = _grid(image.shape, _random_center(image.shape, rng), axes.max())
     dist = np.sqrt((dz / axes[0]) ** 2 + (dy / axes[1]) ** 2 + (dx / axes[2]) ** 2)
     mask = dist <= 1.0
     if wall > 0:
@@ -79,7 +74,7 @@ def _paint_tube(
     direction = rng.normal(size=3) * np.array([0.25, 1.0, 1.0])  # mostly in-plane, like neurites
     direction /= np.linalg.norm(direction)
     center = _random_center(image.shape, rng)
-    box, (dz, dy, dx) = _grid(image.shape, center, length / 2 + radius, rng)
+    box, (dz, dy, dx) = _grid(image.shape, center, length / 2 + radius)
     pts = np.stack([dz, dy, dx], axis=-1)
     along = np.clip(pts @ direction, -length / 2, length / 2)
     dist = np.linalg.norm(pts - along[..., None] * direction, axis=-1)
@@ -124,14 +119,7 @@ def generate_synthetic_dataset(
     seed: int = 0,
     file_format: str = "nii.gz",
 ) -> Path:
-    """Write ``num_volumes`` stacks into ``root/images``, ``root/labels`` and ``root/splits.json``.
-
-    Deterministic for a given ``seed``. The last ``num_val`` cases form the validation split.
-    The folder carries its own augmentation defaults (``dataset_defaults.json``: every mirroring
-    and in-plane turn, see :mod:`volseg.data.dataset_defaults`).
-    Files are written to a temporary folder and renamed into place, so an interrupted run never
-    leaves a half-written dataset behind.
-    """
+    """Write ``num_volumes`` stacks (the last ``num_val``: validation) and the folder's defaults."""
 
     def write_case(i: int, image_path: Path, label_path: Path) -> None:
         image, label = make_volume(shape, seed=seed * 100_003 + i)

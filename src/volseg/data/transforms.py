@@ -40,16 +40,9 @@ from volseg.utils.errors import UserInputError
 
 
 class Resampled(MapTransform):
-    """MONAI ``Spacing`` applied to each key with its own interpolation mode.
-
-    Not ``Spacingd``: it treats every ``<key>_*`` entry of the item as a metadata dict, and
-    ``image_path`` (read by the prediction writers) is a string.
-
-    Args:
-        keys: entries holding ``(C, x, y, z)`` MetaTensors (file axis order, with an affine).
-        spacing_zyx: target voxel size ``[z, y, x]``.
-        modes: one interpolation mode per key (``bilinear``; ``nearest`` for labels).
-    """
+    """MONAI ``Spacing`` to ``spacing_zyx`` ``[z, y, x]`` of each key's ``(C, x, y, z)``
+    MetaTensor, with its own interpolation mode. Not ``Spacingd``: it treats every ``<key>_*``
+    entry as a metadata dict, and ``image_path`` (read by the prediction writers) is a string."""
 
     def __init__(
         self, keys: Sequence[str], spacing_zyx: Sequence[float], modes: Sequence[str]
@@ -71,14 +64,10 @@ def load_transforms(
     spacing: Sequence[float] | None = None,
     orientation: str | None = None,
 ) -> list[MapTransform]:
-    """Read the files (a list of files: one per channel), reorient NIfTI volumes to
-    ``orientation`` (``None``: as stored; see :mod:`volseg.data.orientation`), optionally
-    resample, reorder to ``(C, D, H, W)``, z-score the image (per channel).
-
-    ``hdf5_keys``: ``{"image": dataset, "label": dataset}`` to read HDF5 files (one reader per
-    key); otherwise NIfTI or TIFF, chosen by the file suffix. ``spacing``: target voxel size
-    ``[z, y, x]`` (the files' units): images resampled linearly, labels by nearest neighbour.
-    """
+    """Read the files (NIfTI or TIFF by suffix; HDF5 datasets ``hdf5_keys[key]``; a list of
+    files: one per channel), reorient NIfTI volumes to ``orientation``, resample to ``spacing``
+    ``[z, y, x]`` (labels by nearest neighbour), reorder to ``(C, D, H, W)``, z-score the image
+    per channel."""
     if hdf5_keys is not None:
         loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
     else:
@@ -107,9 +96,7 @@ def load_transforms(
     ]
 
 
-#: augmentations when ``data.augment`` is not given, as ``configs/data/folder.yaml``: safe for
-#: anatomy (no mirroring, no 90° turns, which would destroy position cues: left/right,
-#: front/back, up/down), intensity jitter only
+#: augmentations when ``data.augment`` is not given, as ``configs/data/folder.yaml``
 DEFAULT_AUGMENT: dict[str, Any] = {
     "flip_axes": [],
     "rotate90_planes": [],
@@ -126,11 +113,10 @@ LOCATIONS_KEY = "label_cls_indices"
 
 
 def class_locations(num_classes: int, max_per_class: int | None) -> ClassesToIndicesd:
-    """Each class's voxel locations in the item's ``label`` ``(1, D, H, W)``: a list of
-    ``num_classes`` int64 tensors of flat indices under :data:`LOCATIONS_KEY`, at most
-    ``max_per_class`` per class (evenly spaced in raster order, as MONAI subsamples; ``None``:
-    every voxel). Deterministic, so a cached volume keeps them (``data.cache=memory``/``disk``):
-    computed once per volume instead of once per sample, like nnU-Net's ``class_locations``."""
+    """Each class's voxel locations in ``label`` ``(1, D, H, W)``: ``num_classes`` int64
+    tensors of flat indices under :data:`LOCATIONS_KEY`, at most ``max_per_class`` each (evenly
+    spaced; ``None``: all). Deterministic, so a cached volume keeps them: found once per volume,
+    not per sample, like nnU-Net's ``class_locations``."""
     return ClassesToIndicesd(
         "label",
         num_classes=num_classes,
@@ -161,12 +147,8 @@ def class_balanced_crop(
 
 class OwnPatchd(MapTransform):
     """A copy of each key's patch: a crop is a view into the volume, and with the cache used in
-    place (``CacheDataset(copy_cache=False)``, so that no sample copies its whole volume) no
-    later transform may write into the cached volume.
-
-    The copy is a plain tensor: cloning a ``MetaTensor`` would deep-copy its volume's metadata
-    for every sample, and the training pipeline drops the metadata at its end anyway
-    (``EnsureTyped(track_meta=False)``)."""
+    place (``CacheDataset(copy_cache=False)``) no later transform may write into it. A plain
+    tensor: cloning a ``MetaTensor`` would deep-copy its volume's metadata for every sample."""
 
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
         d = dict(data)
@@ -179,20 +161,11 @@ class OwnPatchd(MapTransform):
 
 
 class RandCropWithContextd(Randomizable, MapTransform):
-    """A class-balanced patch (``RandCropByLabelClassesd``'s choice of centre for ``patch_size``)
-    cut out with ``context`` extra voxels on each side, zero-padded beyond the volume.
-
-    The centre is drawn exactly as for a plain ``patch_size`` crop, so patches still reach every
-    part of the volume; a later ``RandAffined`` resamples the patch from the context without
-    padding its corners. Only the window's part beyond the volume is padded, per item, so the
-    cached volumes keep their size.
-
-    Args:
-        keys: ``image`` and ``label``, ``(C, D, H, W)``.
-        patch_size: the patch ``[D, H, W]`` (voxels) whose centre is drawn.
-        context: voxels added on each side per axis, ``[d, h, w]``.
-        num_classes, ratios: as ``RandCropByLabelClassesd``.
-    """
+    """A class-balanced ``patch_size`` patch (its centre drawn as ``RandCropByLabelClassesd``
+    draws it, so patches reach every part of the volume) cut out of ``(C, D, H, W)`` volumes
+    with ``context`` ``[d, h, w]`` extra voxels on each side, for a later ``RandAffined`` to
+    resample from without padding its corners. Only the window's part beyond the volume is
+    zero-padded, so the cached volumes keep their size."""
 
     def __init__(
         self,
@@ -240,8 +213,7 @@ class RandCropWithContextd(Randomizable, MapTransform):
 
 
 def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys; an unknown key is
-    a :class:`UserInputError`."""
+    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys, checked."""
     options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
     unknown = set(options) - set(DEFAULT_AUGMENT)
     if unknown:
@@ -257,13 +229,10 @@ def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def affine_crop_size(patch_size: Sequence[int], degrees: float, scale: float) -> list[int]:
-    """The crop ``[D, H, W]`` (voxels) from which a ``patch_size`` patch rotated by up to
-    ``degrees`` about each axis and zoomed by up to 1 ± ``scale`` is resampled without padding.
-
-    Each side grows by the other sides' share that a rotation turns into it (sin of the angle)
-    and by the zoom; the growth is even, so the patch sits on the crop's voxel grid when the
-    affine is not drawn (RandAffine then centre-crops).
-    """
+    """The crop ``[D, H, W]`` from which a ``patch_size`` patch rotated by up to ``degrees``
+    about each axis and zoomed by up to 1 ± ``scale`` is resampled without padding: each side
+    grows by what a rotation turns into it (sin of the angle) and by the zoom, evenly, so the
+    patch sits on the crop's grid when no affine is drawn."""
     spread = math.sin(math.radians(degrees))
     total = sum(patch_size)
     out = []
@@ -276,22 +245,9 @@ def affine_crop_size(patch_size: Sequence[int], degrees: float, scale: float) ->
 def augment_transforms(
     patch_size: Sequence[int], augment: Mapping[str, Any] | None = None
 ) -> list[MapTransform]:
-    """Random augmentations of a training patch, from ``data.augment``.
-
-    Keys (missing ones take :data:`DEFAULT_AUGMENT`'s value):
-
-    - ``flip_axes``: patch axes (0 = D/z, 1 = H/y, 2 = W/x) that may be mirrored, each with
-      probability ``prob``. Mirroring is only safe where the labels do not depend on the side.
-    - ``rotate90_planes``: planes such as ``[[1, 2]]`` in which the patch may turn by a multiple of
-      90° (probability ``prob``); a plane whose two sides differ is an error (the turn would
-      change the patch's shape).
-    - ``rotate_degrees``, ``scale``: a rotation by U(−r, r) degrees about each axis and a zoom by
-      1 + U(−s, s) per axis (probability ``prob``; labels nearest-neighbour), resampled from a
-      crop enlarged by :func:`affine_crop_size` so that no corner of the patch is padding;
-      0 and 0 disable. Small rotations and zooms keep position cues, unlike mirroring.
-    - ``intensity_scale``, ``intensity_shift``: image × (1 + U(−s, s)) and + U(−o, o) (z-score
-      units), each with probability ``prob``; 0 disables.
-    """
+    """Random augmentations of a training patch, from ``data.augment`` (its keys are explained
+    in ``configs/data/folder.yaml``; missing ones take :data:`DEFAULT_AUGMENT`'s value). Rotation
+    and zoom resample from a crop enlarged by :func:`affine_crop_size`."""
     options = augment_options(augment)
     keys = ["image", "label"]
     prob = float(options["prob"])
@@ -322,14 +278,11 @@ def augment_transforms(
                 f"size in data.patch_size={list(patch_size)} (a 90° turn keeps the shape)"
             )
         out.append(RandRotate90d(keys, prob=prob, max_k=3, spatial_axes=(a, b)))
-    if options["intensity_scale"]:
-        out.append(
-            RandScaleIntensityd("image", factors=float(options["intensity_scale"]), prob=prob)
-        )
-    if options["intensity_shift"]:
-        out.append(
-            RandShiftIntensityd("image", offsets=float(options["intensity_shift"]), prob=prob)
-        )
+    factor, offset = float(options["intensity_scale"]), float(options["intensity_shift"])
+    if factor:
+        out.append(RandScaleIntensityd("image", factors=factor, prob=prob))
+    if offset:
+        out.append(RandShiftIntensityd("image", offsets=offset, prob=prob))
     return out
 
 
@@ -341,16 +294,10 @@ def train_transforms(
     max_locations_per_class: int | None = 10000,
     **load_options: Any,
 ) -> Compose:
-    """Loading (options: see :func:`load_transforms`), then class-balanced patch sampling and
-    augmentation (:func:`augment_transforms`).
-
-    ``RandCropByLabelClassesd`` centres each patch on a voxel of a class drawn with
-    ``class_ratios`` (equal by default, so small classes are seen as often as background — like
-    nnU-Net's foreground oversampling), chosen among up to ``max_locations_per_class`` locations
-    per class (:func:`class_locations`). Volumes smaller than the patch are zero-padded first.
-    Every transform before the crop is deterministic: a cached volume holds its padding and its
-    class locations, and a sample costs one patch, whatever the volume's size.
-    """
+    """Loading (:func:`load_transforms`), zero-padding to the patch, then a patch centred on a
+    voxel of a class drawn with ``class_ratios`` (equal by default, so small classes are seen as
+    often as background, like nnU-Net's foreground oversampling) and its augmentations. All
+    before the crop is deterministic: a cached volume holds its padding and class locations."""
     keys = ["image", "label"]
     options = augment_options(augment)
     crop = affine_crop_size(patch_size, float(options["rotate_degrees"]), float(options["scale"]))
@@ -373,8 +320,7 @@ def train_transforms(
 
 
 def eval_transforms(with_label: bool = True, **load_options: Any) -> Compose:
-    """Loading only: whole volumes for sliding-window inference (options: see
-    :func:`load_transforms`)."""
+    """Loading only (:func:`load_transforms`): whole volumes for sliding-window inference."""
     keys = ["image", "label"] if with_label else ["image"]
     return Compose(load_transforms(keys, **load_options))
 

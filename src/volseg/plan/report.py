@@ -1,17 +1,19 @@
 """Every memory and plan report, as the commands print it: the run plan (``plan.py`` and every
 run's log), the dataset's fingerprint, a training step's estimate, validation's and
-prediction's, the run's peak by phase, and the planner's answer to ``memory.budget``
-(``estimate_memory.py``). Figures in MiB; the estimates themselves are
+prediction's, the run's peak by phase, the data side's host memory, and the planner's answer to
+``memory.budget`` (``estimate_memory.py``). Figures in MiB; the estimates themselves are
 :mod:`volseg.memory.estimate`'s, the planner's :mod:`volseg.memory.fit`'s.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from volseg.data.host_memory import HostEstimate
 from volseg.memory.estimate.inference import InferenceEstimate
 from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate
@@ -313,3 +315,49 @@ def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
         extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
         lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
     return "\n".join(lines)
+
+
+def format_host(est: HostEstimate) -> str:
+    """The host section of ``estimate_memory.py``'s output (MiB)."""
+    ranks = f" x {est.ranks} processes" if est.ranks > 1 else ""
+    workers = f"{est.num_workers} loader worker(s)" if est.num_workers else "loading in-process"
+    cached = (
+        f"data.cache=memory, cache_rate {est.cache_rate:g}"
+        if est.cache == "memory"
+        else f"data.cache={est.cache}: nothing cached in RAM"
+    )
+    lines = [
+        f"Host memory of the data side ({cached}; {workers}, pin_memory={est.pin_memory}, "
+        f"start method {est.start_method}){ranks}:",
+    ]
+    rows = [
+        (f"training cache ({est.train_cached}/{est.train_volumes} vol.)", est.train_cache),
+        (f"validation cache ({est.val_cached}/{est.val_volumes} vol.)", est.val_cache),
+        ("training loader copies+batches", est.train_loading),
+        ("validation loader copies+batches", est.val_loading),
+    ]
+    if est.spawned_copies:
+        rows.append((f"cache copies ({est.start_method} workers)", est.spawned_copies))
+    rows += [
+        ("data side total", est.data_total),
+        ("this process now (VmRSS)", est.process_rss),
+        ("host total", est.total),
+    ]
+    lines += [f"    {name:<36}{nbytes / MIB:>12,.1f} MiB" for name, nbytes in rows]
+    if est.rejected:
+        lines.append(f"  cases the checks will reject: {', '.join(est.rejected)}")
+    return "\n".join(lines)
+
+
+def log_host(host: HostEstimate | None) -> None:
+    """The host side of the ``memory.budget`` check: one log line (MiB)."""
+    if host is not None:
+        logging.getLogger(__name__).info(
+            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
+            "this process holds %s MiB now",
+            f"{host.data_total / MIB:,.0f}",
+            host.cache,
+            f"{host.cache_bytes / MIB:,.0f}",
+            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
+            f"{host.process_rss / MIB:,.0f}",
+        )

@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.data.host_memory import HostEstimate, format_host, local_processes
+from volseg.data.host_memory import HostEstimate, local_processes
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
 from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
 from volseg.memory.estimate.inference import estimate_prediction, validation_shape
@@ -18,6 +18,7 @@ from volseg.memory.fit.levers import lever_prices
 from volseg.plan import plan_run
 from volseg.plan.report import (
     format_estimate,
+    format_host,
     format_inference,
     format_lever_prices,
     format_planned,

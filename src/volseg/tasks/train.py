@@ -12,11 +12,12 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.data.host_memory import local_processes, log_host
+from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.network import plan_network
+from volseg.plan.report import log_host
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.config import plain
 from volseg.utils.console import file_log
