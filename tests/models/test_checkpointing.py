@@ -206,17 +206,21 @@ def _op_counts(net: torch.nn.Module, x, y) -> dict[str, int]:
     return counter.counts
 
 
-def test_selective_recomputes_norms_but_no_convolution():
-    """``selective`` runs each convolution once (kept), each norm twice (recomputed); ``all``
-    runs both twice."""
+@pytest.mark.parametrize(("in_channels", "recomputed_convolutions"), [(3, 0), (1, 1)])
+def test_selective_recomputes_norms_but_no_convolution(in_channels, recomputed_convolutions):
+    """``selective`` runs each convolution once (kept) but a cheap one (the input convolution
+    of one channel: 27 products per output value), and recomputes each block's first norm and
+    the last block's second norm (before the head); the other second norms feed the next
+    block, which keeps their output anyway. ``all`` recomputes convolutions too."""
     torch.manual_seed(0)
-    base = UNet3D(1, 5, [4, 8], norm="batch")
-    x, y = _batch((1, 1, 8, 16, 16))
+    base = UNet3D(in_channels, 5, [4, 8], norm="batch")
+    x, y = _batch((1, in_channels, 8, 16, 16))
     none = _op_counts(copy.deepcopy(base), x, y)
     selective = _op_counts(_with(base, "selective"), x, y)
     everything = _op_counts(_with(base, "all"), x, y)
-    assert selective["convolution"] == none["convolution"]
-    assert selective["norm"] == 2 * none["norm"]
+    assert selective["convolution"] == none["convolution"] + recomputed_convolutions
+    assert none["norm"] == 6  # inc, down, up: two each
+    assert selective["norm"] == none["norm"] + 3 + 1
     assert everything["convolution"] > none["convolution"]
 
 

@@ -132,8 +132,11 @@ def test_the_planner_tries_the_checkpointing_choices_the_network_knows(tmp_path)
     assert options.checkpointing_options == "auto"
     cfg = compose_config("train", tmp_path, [])
     assert checkpointing_choices(cfg, "auto") == list(CHECKPOINTING_CHOICES)
-    cfg = compose_config("train", tmp_path, ["model/net=segresnet"])
+    cfg = compose_config("train", tmp_path, ["model/net=basic_unet"])
     assert checkpointing_choices(cfg, "auto") == ["none", "selective", "all"]
+    # SegResNet's residual blocks add onto a kept convolution output in place: no selective
+    cfg = compose_config("train", tmp_path, ["model/net=segresnet"])
+    assert checkpointing_choices(cfg, "auto") == ["none", "all"]
 
 
 def test_cudnn_workspace_cap_is_set_for_cudnn_at_fit_setup(monkeypatch):

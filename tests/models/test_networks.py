@@ -182,7 +182,8 @@ def test_generic_selective_checkpointing_keeps_gradients_and_statistics(spec):
     plain_net = NetU(1, 3)
     wrapped = MemoryLevers(activation_checkpointing=spec).apply(copy.deepcopy(plain_net), "build")
     wrappers = [m for m in wrapped.modules() if "CheckpointWrapper" in type(m).__name__]
-    assert len(wrappers) == (6 if spec == "selective" else 2)
+    # selective: every block but outc, a lone convolution (a segment would keep its output)
+    assert len(wrappers) == (5 if spec == "selective" else 2)
     assert list(wrapped.state_dict()) == list(plain_net.state_dict())
     x = torch.randn(2, 1, 4, 8, 8)
     grads, stats = _grads_and_stats(plain_net, x)
@@ -249,3 +250,16 @@ def test_a_swin_unetr_patch_with_one_voxel_at_the_bottleneck_is_one_error(tmp_pa
         make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
     overrides = ["model/net=swin_unetr", "data.patch_size=[32,64,64]"]
     make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)  # 1x2x2: fine
+
+
+def test_segresnet_takes_no_selective_checkpointing_which_its_in_place_skips_would_break():
+    from monai.networks.nets import SegResNet
+
+    torch.manual_seed(0)
+    net = SegResNet(3, 8, 1, 3).train()
+    with pytest.raises(ValueError, match=r"SegResNet .MONAI SegResNet. takes none, all, a list"):
+        MemoryLevers(activation_checkpointing="selective").apply(copy.deepcopy(net), "build")
+    # why: its residual blocks add the skip onto a kept convolution output in place
+    NetworkAdapter().apply_checkpointing(net, "selective")
+    with pytest.raises(RuntimeError, match="selective activation checkpoint has been mutated"):
+        net(torch.randn(1, 1, 16, 16, 16)).sum().backward()

@@ -10,12 +10,16 @@ largest of the level) is never kept.
 A *selective* segment (``selective``: torch's selective activation checkpointing,
 :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) keeps the outputs of its
 convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides its inputs and
-recomputes everything else (norms, activations, upsampling, concatenation) in backward, so no
-convolution runs twice. A selective segment spans a whole block (both units of a DoubleConv; a
-decoder level's merge, both units and the head): inside it only the convolution outputs are
-kept. What that saves depends on what a unit keeps without it: conv -> norm -> activation keeps
-three tensors, selective one; with an in-place activation (UNet3D's ReLU) two, written over
-the norm's output (BatchNorm keeps its input, the ReLU its output).
+recomputes everything else (norms, activations, upsampling, concatenation, pooling) in
+backward, so no convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`: a
+network's one-channel input convolution). A block runs as a chain of such segments, cut after
+each kept convolution (:func:`selective_chain`): a cut there keeps nothing more, and each
+segment rebuilds one norm's output in backward, where a segment over the whole block rebuilt
+all of them, and the decoder's concatenation, at once, which set the step's peak. A decoder
+level's upsampling and concatenation, and a ``Down``'s pooling, run in the first segment, so
+they are not kept. Without it conv -> norm -> in-place activation keeps two maps per
+convolution and a level's concatenation; with it one, and the block's output where the next
+block needs it.
 
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
@@ -24,6 +28,7 @@ recomputation, so they equal those of a run without checkpointing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -66,8 +71,35 @@ SAVED_OPS = frozenset(
 )
 
 
+#: a convolution summing fewer products than this into each output value is recomputed by a
+#: selective segment, not kept: a network's input convolution of one or two channels (27 or 54
+#: products with a 3x3x3 kernel, where a 64-channel one sums 1,728) or a transposed
+#: convolution of few channels (nnU-Net's full-resolution one: 32) costs about what a norm
+#: does, and its output is a full-resolution map
+CHEAP_CONVOLUTION = 64
+
+
+def cheap_convolution(
+    weight: torch.Tensor, transposed: bool = False, stride: Sequence[int] = (), groups: int = 1
+) -> bool:
+    """Whether a convolution with ``weight`` (``(C_out, C_in / groups, *kernel)``; transposed:
+    ``(C_in, C_out / groups, *kernel)``) sums fewer than :data:`CHEAP_CONVOLUTION` products
+    into each output value: ``C_in / groups x kernel volume``; transposed, divided by the
+    stride's volume (each output value takes that share of the kernel's taps)."""
+    if transposed:
+        products = weight.shape[0] // groups * math.prod(weight.shape[2:]) / math.prod(stride)
+    else:
+        products = math.prod(weight.shape[1:])
+    return products < CHEAP_CONVOLUTION
+
+
 def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """The selective policy: keep the outputs of :data:`SAVED_OPS`, recompute the rest."""
+    """The selective policy: keep the outputs of :data:`SAVED_OPS` but cheap convolutions
+    (:func:`cheap_convolution`), recompute the rest."""
+    if op is aten.convolution.default and cheap_convolution(
+        args[1], bool(args[6]), args[3], args[8]
+    ):
+        return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -169,6 +201,74 @@ def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str],
             f"activation_checkpointing={list(spec)}: levels must lie in 0..{depth - 1}"
         )
     return dict.fromkeys(levels, "full"), dict.fromkeys(levels & decoder, "full")
+
+
+def kept_convolution(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a convolution whose output a selective segment keeps (any but a
+    :func:`cheap_convolution`)."""
+    return isinstance(layer, nn.modules.conv._ConvNd) and not cheap_convolution(
+        layer.weight, layer.transposed, layer.stride, layer.groups
+    )
+
+
+def chain_pieces(layers: Sequence[nn.Module]) -> list[list[nn.Module]]:
+    """``layers`` (a chain: each takes the previous one's output) cut after each
+    :func:`kept_convolution`; the last piece (possibly empty) follows the last of them."""
+    pieces: list[list[nn.Module]] = [[]]
+    for layer in layers:
+        pieces[-1].append(layer)
+        if kept_convolution(layer):
+            pieces.append([])
+    return pieces
+
+
+def selective_chain(
+    layers: Sequence[nn.Module],
+    *args: Any,
+    before: Callable[..., torch.Tensor] | None = None,
+    before_modules: Sequence[nn.Module] = (),
+) -> torch.Tensor:
+    """``layers(before(*args))`` as selective segments, one per piece of :func:`chain_pieces`.
+
+    A segment that starts at a kept convolution's output keeps nothing that selective
+    checkpointing would not keep anyway, and recomputes only its own norm's and activation's
+    outputs in backward: one map at a time, where one segment over the chain would recompute
+    them all at once at the start of its backward (and bring the step's peak back). Two
+    pieces run as they are, where a segment would keep the same and recompute for nothing: a
+    first piece that is one convolution (without ``before``), and a last piece of norm and
+    in-place activation (it keeps the norm's input, a kept convolution output, and its own
+    output, the chain's, which what uses it keeps anyway). ``before`` (a decoder's upsampling
+    and concatenation, a max pooling; its modules ``before_modules``) joins the first
+    segment, so its outputs are recomputed, not kept.
+    """
+    x: Any = None
+    pieces = chain_pieces(layers)
+    tail = pieces[-1]
+    if (
+        len(pieces) > 1
+        and any(getattr(layer, "inplace", False) for layer in tail)
+        and not any(isinstance(layer, nn.modules.conv._ConvNd) for layer in tail)
+    ):
+        *pieces, last = pieces
+    else:
+        last = []
+    for n, piece in enumerate(p for p in pieces if p):
+        run = nn.Sequential(*piece)
+        if n == 0 and before is not None:
+            x = checkpoint_segment(
+                lambda *a, run=run: run(before(*a)),
+                [*before_modules, *piece],
+                *args,
+                selective=True,
+            )
+            continue
+        if n == 0:
+            (x,) = args
+        if n == 0 and len(piece) == 1:
+            x = run(x)
+        else:
+            x = checkpoint_segment(run, piece, x, selective=True)
+    return nn.Sequential(*last)(x)
 
 
 def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> None:

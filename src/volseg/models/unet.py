@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from volseg.models.checkpointing import CheckpointSpec, checkpoint_levels, checkpoint_segment
+from volseg.models.checkpointing import (
+    CheckpointSpec,
+    checkpoint_levels,
+    checkpoint_segment,
+    selective_chain,
+)
 from volseg.models.conv import Conv3d
 from volseg.utils.config import plain
 
@@ -143,9 +148,11 @@ def checkpointing_now(block: nn.Module) -> bool:
 class DoubleConv(nn.Sequential):
     """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first.
 
-    ``checkpointed`` (:meth:`UNet3D.set_activation_checkpointing`): ``full``: each conv unit is its
-    own checkpoint segment; ``selective``: the block is one selective segment (convolution outputs
-    kept)."""
+    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
+    each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
+    ``selective``, as selective segments cut after each convolution (its output kept:
+    :func:`volseg.models.checkpointing.selective_chain`).
+    """
 
     checkpointed: bool | str = False
 
@@ -183,10 +190,32 @@ class DoubleConv(nn.Sequential):
         if not checkpointing_now(self):
             return super().forward(x)
         if self.checkpointed == "selective":
-            return checkpoint_segment(super().forward, [self], x, selective=True)
+            return selective_chain(list(self), x)
         first, second = self.units()
         x = checkpoint_segment(first, [first], x)
         return checkpoint_segment(second, [second], x)
+
+
+class Down(nn.Sequential):
+    """MaxPool3d(factors) -> DoubleConv: divides D, H, W by ``factors`` (each 1 or 2)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        factors: Sequence[int] = (2, 2, 2),
+        **conv_kwargs,
+    ) -> None:
+        super().__init__(
+            nn.MaxPool3d(tuple(factors)), DoubleConv(in_channels, out_channels, **conv_kwargs)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pool, conv = self
+        if checkpointing_now(conv) and conv.checkpointed == "selective":
+            # the pooling joins the first segment: its output and indices are not kept
+            return selective_chain(list(conv), x, before=pool, before_modules=[pool])
+        return super().forward(x)
 
 
 class Up(nn.Module):
@@ -238,14 +267,10 @@ class Up(nn.Module):
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
         if self.checkpointed == "selective":
-            # one selective segment: merge, both units and the tail; convolutions kept
-            return checkpoint_segment(
-                lambda x, skip: tail(nn.Sequential.forward(self.conv, self.merge(x, skip))),
-                [self.up, self.conv, tail],
-                x,
-                skip,
-                selective=True,
-            )
+            # the merge joins the first segment, the tail the last: neither the concatenated
+            # map (the level's largest) nor, at level 0, the block's output is kept
+            layers = [*self.conv, *([] if isinstance(tail, nn.Identity) else [tail])]
+            return selective_chain(layers, x, skip, before=self.merge, before_modules=[self.up])
         first, second = self.conv.units()
         # the concatenated map is rebuilt in backward instead of kept: segment 1 keeps x, skip
         y = checkpoint_segment(
@@ -313,10 +338,7 @@ class UNet3D(nn.Module):
 
         self.inc = DoubleConv(in_channels, widths[0], **conv_kwargs)
         self.downs = nn.ModuleList(
-            nn.Sequential(
-                nn.MaxPool3d(tuple(factors[i - 1])),
-                DoubleConv(widths[i - 1], widths[i], **conv_kwargs),
-            )
+            Down(widths[i - 1], widths[i], factors[i - 1], **conv_kwargs)
             for i in range(1, len(widths))
         )
         # ups[i] produces level i: index i is the level index

@@ -5,10 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from volseg.memory.estimate.events import CATEGORIES, category_peak, held_peak, held_series
+from volseg.memory.estimate.events import (
+    CATEGORIES,
+    category_peak,
+    held_peak,
+    held_series,
+    module_activations,
+)
 from volseg.memory.estimate.layers import CATEGORIES as TRACKER_NAMES
-from volseg.memory.estimate.torch_private import RecordingMemTracker
+from volseg.memory.estimate.torch_private import RecordingMemTracker, module_snapshots
 
+PHASES = ("Post-Forward", "Pre-Forward")
 PARAMS, ACTIVATIONS, GRADS = (CATEGORIES.index(c) for c in ("params", "activations", "grads"))
 
 
@@ -49,3 +56,26 @@ def test_the_category_view_is_memtrackers_peak():
     expected = {name: snapshot[key] for key, name in TRACKER_NAMES.items()}
     assert category_peak(tracker.events) == expected
     assert expected["optimizer_state"] > 0 and expected["activations"] > 0
+
+
+def test_the_module_view_is_memtrackers_own_activations():
+    """Each block's own activations read off the ledger are what MemTracker's snapshots say: its
+    activations after its forward less those before, in the last forward."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU()), nn.Conv3d(4, 2, 1))
+    root = nn.Sequential(net)
+    tracker = RecordingMemTracker()
+    tracker.track_external(root)
+    with tracker:
+        for _ in range(2):
+            tracker.reset_mod_stats()
+            root(torch.randn(1, 1, 4, 8, 8)).sum().backward()
+    names = {id(m): name for name, m in root.named_modules() if name}
+    table = module_activations(tracker.events, names)
+    expected = {}
+    for name in ("0.0", "0.1"):  # the blocks: inside exactly one other called module
+        snaps = module_snapshots(tracker, root.get_submodule(name))
+        post, pre = (sum(d["Activation"] for d in snaps[s].values()) for s in PHASES)
+        expected[name] = post - pre
+    assert table == expected
+    assert table["0.0"] > table["0.1"] > 0  # the convolution and ReLU keep more than the 1x1

@@ -1,36 +1,13 @@
-"""A model of PyTorch's CUDA caching allocator: from a sequence of allocations and frees to the
-peak of reserved memory.
+"""A model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``): a
+ledger's allocations and frees replayed to the peak of reserved memory.
 
-What is modelled (``c10/cuda/CUDACachingAllocator.cpp``): request sizes are rounded up to 512
-bytes; requests of at most 1 MiB come from a small pool, larger ones from a large pool; a request
-takes the smallest cached block that fits (best fit); a freed block merges with free neighbours
-of its segment and stays cached. Without a capacity nothing is given back, as when memory is
-plentiful. With a capacity (the GPU's memory less the CUDA context), memory that would not fit
-first makes the allocator give back its free cached memory and retry, as the real one does
-before it raises out-of-memory. Two modes, as :class:`AllocatorSettings` says:
-
-- default (one ``cudaMalloc`` per segment): small-pool segments are 2 MiB, large-pool ones 20 MiB
-  for requests under 10 MiB and the request rounded up to 2 MiB otherwise; the rest of a block is
-  split off when it is at least 512 bytes (small pool) or more than 1 MiB (large pool); reserved
-  is the sum of the segments. Released: every wholly free segment.
-- ``expandable_segments:True``: one segment per pool (and stream) that grows by mapping pages, 2
-  MiB in the small pool and 20 MiB in the large one; a request no free block fits takes the
-  lowest address where free and unmapped room add up to it, and maps the pages it lacks (rounded
-  up to whole pages); the rest of a block is split off when it is at least 512 bytes. Reserved is
-  the mapped pages: at the peak about the allocated bytes rounded up to pages, plus what free
-  holes between live blocks hold. Released (``empty_cache``, or before out-of-memory): the pages
-  wholly inside free blocks are unmapped.
-
-``max_split_size_mb`` is modelled in both modes: a request below it does not take a cached block
-of at least that size, a request of at least that size does not take a block 20 MiB or more
-larger than itself, and (default mode) a block of a request at least that size is not split;
-under a capacity the cached blocks of at least that size are released first, only as many as the
-request needs.
-
-Not modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold`` (it acts only with
-a per-process memory fraction), the other allocator settings (none of them changes reserved
-memory), streams other than the default one, and memory that libraries allocate outside
-PyTorch's allocator (cuDNN/cuBLAS handles live in the CUDA context).
+Requests are rounded up to 512 bytes and served best fit from a small (≤ 1 MiB) or a large pool;
+a freed block merges with its free neighbours and stays cached. Segments are one ``cudaMalloc``
+each (2 MiB small, 20 MiB large, or a large request rounded up to 2 MiB), or with
+``expandable_segments`` one per pool that grows by mapping pages. ``max_split_size_mb`` limits
+which cached blocks a request takes and which are split. Under a capacity, a request that does
+not fit first releases the free cached memory, as the real allocator does before out-of-memory.
+Not modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold``, other streams.
 """
 
 from __future__ import annotations

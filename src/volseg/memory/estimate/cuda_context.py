@@ -1,11 +1,6 @@
 """The CUDA context: device memory a process holds outside PyTorch's caching allocator (the
-driver's context, loaded kernels, cuBLAS/cuDNN handles), what nvidia-smi shows on top of
-``torch.cuda.memory_reserved()``.
-
-``memory.cuda_context_mib``: a number (MiB) is taken as it is; ``auto`` measures it where a GPU
-is present (the process's own use that nvidia-smi reports, through NVML or the ``nvidia-smi``
-command, less what the caching allocator reserves, right after the context is created) and
-otherwise takes it from :data:`MEASURED` by ``memory.gpu`` (a part of the GPU's name), else
+driver's context, kernels, cuBLAS/cuDNN handles). ``memory.cuda_context_mib``: a number of MiB,
+or ``auto``: measured on a GPU, else :data:`MEASURED` by ``memory.gpu``, else
 :data:`TYPICAL_MIB`.
 """
 
@@ -20,13 +15,8 @@ import torch
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
-#: context measured per GPU right after it is created, as ``auto`` measures it on a GPU:
-#: nvidia-smi's figure for a process holding 2 MiB of tensors, less those 2 MiB
-#: (``benchmarks/gpu_checks.sh``; the ``cuda_context_mib`` of
-#: benchmarks/results/cuda/2026-11-30_nvidia-h200.json, torch 2.11.0+cu130, driver 580.159.04,
-#: lazy loading). Kernels load as a run first calls them: in that file's four reference-table
-#: training runs nvidia-smi less peak reserved was 639 to 641 MiB, so a process total with this
-#: figure falls about 30 MiB short of nvidia-smi during training
+#: the context right after it is created, as ``auto`` measures it (the ``cuda_context_mib`` of
+#: benchmarks/results/cuda/2026-11-30_nvidia-h200.json); kernels loaded later add more
 MEASURED: dict[str, float] = {"H200": 610.0}
 #: a recent GPU with lazy module loading, where no measurement is known (not measured)
 TYPICAL_MIB = 500.0
@@ -34,7 +24,7 @@ TYPICAL_MIB = 500.0
 
 @dataclass(frozen=True)
 class CudaContext:
-    """The context's size in bytes and where the figure came from (for the estimate's output)."""
+    """The context's size in bytes and where the figure came from."""
 
     nbytes: int
     source: str
@@ -66,8 +56,7 @@ def _smi_used_mib() -> float | None:
 
 
 def _measured_here() -> float | None:
-    """MiB this process's context takes on the current GPU (through NVML, else nvidia-smi), or
-    ``None`` without either."""
+    """MiB of this process's context on the current GPU (NVML, else nvidia-smi), or ``None``."""
     torch.ones(1, device="cuda")  # creates the context
     torch.cuda.synchronize()
     try:

@@ -1,18 +1,12 @@
-"""``estimate_run(plan, variant)``: one build of the network and one fake-tensor trace answer a
-planned run's training step (peak by category, per module), its FLOPs and its validation.
+"""``estimate_run(plan, variant)``: one build and one fake-tensor trace of a planned run answer
+its training step (peak by category and module, FLOPs) and its validation.
 
-The input is the plan (:class:`volseg.plan.RunPlan`): its device, precision, learning rate,
-divisibility and loader are decided there, so nothing here resolves an ``auto``. A
-:class:`Variant` is what a planner searches (batch, patch, checkpointing, accumulation, windows
-at once, window size, stitching device): the plan's config with those keys changed. For each
-variant the module is built once (:func:`volseg.memory.estimate.step.fake_step`) and traced once
-(:func:`volseg.memory.estimate.step.trace_steps`): two training steps (the first under torch's FLOP
-counter), then, where a validation volume is given, the validation of that volume, so that what
-training leaves behind is what validation starts from. The step's figures are read off the
-events before validation's mark, validation's off those after it.
-
-Prediction is not in this trace: ``predict.py`` runs in its own process at its own precision,
-with no training state (:func:`volseg.memory.estimate.inference.estimate_prediction`).
+The plan (:class:`volseg.plan.RunPlan`) has decided device, precision, learning rate and loader:
+nothing here resolves an ``auto``. A :class:`Variant` is what a planner searches. The trace runs
+two training steps (the first under the FLOP count), then the validation of the given volume, so
+that validation starts from what training leaves; the step's figures are read off the events
+before validation's mark, validation's off those after it. Prediction has its own trace
+(:func:`volseg.memory.estimate.inference.estimate_prediction`).
 """
 
 from __future__ import annotations
@@ -63,6 +57,7 @@ def _frozen(value: Any) -> Any:
 
 
 def _thawed(value: Any) -> Any:
+    """A tuple (of a variant) as a list, for a config."""
     if isinstance(value, tuple):
         return [_thawed(v) for v in value]
     return value
@@ -70,10 +65,8 @@ def _thawed(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Variant:
-    """The keys a planner varies, each ``None`` where the plan's value stands: ``batch_size``
-    (of a micro-batch), ``patch_size`` ``(D, H, W)``, ``activation_checkpointing``,
-    ``accumulate_grad_batches``, validation's ``sw_batch_size`` (windows at once),
-    ``roi_size`` (window size) and ``stitch_device`` (``model.inferer.device``)."""
+    """The keys a planner varies (:attr:`KEYS`), each ``None`` where the plan's value stands;
+    ``batch_size`` is a micro-batch's, ``patch_size`` ``(D, H, W)``."""
 
     batch_size: int | None = None
     patch_size: tuple[int, ...] | None = None
@@ -120,9 +113,8 @@ class Variant:
 
 @dataclass
 class RunEstimate:
-    """One variant of a planned run, from one trace: ``step`` (the training step's memory, by
-    category and module), ``flops_per_step`` (one optimizer step's), ``validation`` (of the
-    given volume, after the training steps; ``None`` where no volume was given)."""
+    """One variant of a planned run, from one trace; ``validation``: ``None`` where no volume
+    was given."""
 
     variant: Variant
     step: MemoryEstimate
@@ -133,9 +125,8 @@ class RunEstimate:
 def estimate_run(
     plan: PlannedRun, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
 ) -> RunEstimate:
-    """The estimate of ``plan``'s run with ``variant``'s keys changed (default: as planned), its
-    validation of one ``validation_shape`` ``[D, H, W]`` volume where given: one build, one
-    trace."""
+    """The estimate of ``plan``'s run with ``variant``'s keys changed (default: as planned) and
+    its validation of one ``validation_shape`` ``[D, H, W]`` volume where given."""
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:
@@ -151,33 +142,23 @@ def estimate(
     activation_checkpointing: Any = None,
     accumulate_grad_batches: int | None = None,
 ) -> MemoryEstimate:
-    """Predicted memory of a training step of the planned config ``cfg`` (see
-    :func:`volseg.memory.estimate.engine.estimate_run`, whose step this is: asked again for the same
-    config and overrides, the engine answers from the same trace).
-
-    ``batch_size``, ``patch_size``, ``activation_checkpointing`` and ``accumulate_grad_batches``
-    override the config's ``data.batch_size``, ``data.patch_size``,
-    ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
-    """
+    """The training step of the planned config ``cfg`` with a :class:`Variant`'s keys changed
+    (:func:`estimate_config`)."""
     variant = Variant.of(batch_size, patch_size, activation_checkpointing, accumulate_grad_batches)
     return estimate_config(cfg, variant).step
 
 
 def step_flops(cfg: DictConfig, **overrides: Any) -> int:
-    """Floating-point operations of one optimizer step of ``cfg`` (all its micro-batches:
-    forward, loss, backward with checkpointing's recomputation), counted in the estimate's own
-    trace; ``overrides``: :func:`estimate`'s."""
+    """Floating-point operations of one optimizer step of ``cfg`` (every micro-batch, with
+    recomputation), from the estimate's trace; ``overrides``: :func:`estimate`'s."""
     return estimate_config(cfg, Variant.of(**overrides)).flops_per_step
 
 
 def estimate_validation(
     cfg: DictConfig, volume_shape: Sequence[int], settings: Any = None
 ) -> InferenceEstimate:
-    """Predicted memory of validating one volume of ``volume_shape`` ``[D, H, W]`` in a
-    ``train.py`` run of ``cfg`` (planned), after two training steps; ``settings``: the
-    ``estimate`` config (``cuda_context_mib``, ``gpu``; default ``cfg.memory``). The engine's
-    (:func:`volseg.memory.estimate.engine.estimate_config`): the step's estimate is in the same
-    trace."""
+    """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
+    planned ``cfg``, after its training steps (:func:`estimate_config`)."""
     validation = estimate_config(cfg, Variant(), whole_volume(volume_shape), settings).validation
     assert validation is not None  # a shape was given
     return validation
@@ -192,11 +173,9 @@ def estimate_config(
     validation_shape: Sequence[int] | None = None,
     settings: Any = None,
 ) -> RunEstimate:
-    """:func:`estimate_run` of a planned config (``memory.plan_device`` and ``trainer.precision``
-    as the plan decided them); ``settings``: the ``estimate`` config's ``cuda_context_mib`` and
-    ``gpu`` (default: ``cfg.memory``'s). The same run asked again (the same config once the
-    variant's keys are set) is answered from the trace already made; a trace with a validation
-    answers for the step alone too."""
+    """:func:`estimate_run` of a planned config; ``settings``: ``cuda_context_mib`` and ``gpu``
+    (default: ``cfg.memory``'s). The same run asked again is answered from its trace; a trace
+    with a validation answers for the step alone too."""
     cfg = copy.deepcopy(cfg)
     for key, value in variant.overrides().items():
         set_key(cfg, key, value)
@@ -219,14 +198,12 @@ def estimate_config(
 def _trace(
     cfg: DictConfig, variant: Variant, shape: tuple[int, ...] | None, settings: Any
 ) -> RunEstimate:
-    """One build and one trace of the planned config ``cfg`` (the variant's keys set)."""
+    """One build and one trace of ``cfg`` (the variant's keys set)."""
     started = time.perf_counter()
     device, mode, step = fake_step(cfg)
     precision = planned_precision(cfg)
     allocator: AllocatorSettings = allocator_settings(cfg)
     phase = None if shape is None else validation_phase(cfg, step, device, shape)
-    if phase is not None:
-        phase.prepare(mode)
     trace = trace_steps(step, mode, device, None if phase is None else phase.then)
     est = estimate_step(step, mode, device, precision, settings, started, allocator, trace)
     validation = None

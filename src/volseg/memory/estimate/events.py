@@ -1,19 +1,20 @@
-"""The allocations and frees of a traced step, in order: what the allocator model replays
-(:mod:`volseg.memory.estimate.allocator`) and :func:`held_peak` sums; recorded by
-:class:`volseg.memory.estimate.torch_private.RecordingMemTracker`.
+"""The ledger of a traced step: its allocations and frees, in order, recorded by
+:class:`volseg.memory.estimate.torch_private.RecordingMemTracker`. Every figure of a step or a
+window is a view of it: the peaks and growth (:func:`held_series`), the CUDA allocator's reserved
+bytes (:func:`volseg.memory.estimate.allocator.replay`), the bytes by category
+(:func:`category_peak`) and by module (:func:`module_activations`).
 
-An event is ``(kind, handle, bytes)``: ``malloc`` and ``free`` of a storage (``handle`` names it),
-``workspace`` for memory a kernel holds only while it runs (allocated and freed inside one op),
-``mark`` where a training step starts, ``category`` (the third field an index into
-:data:`CATEGORIES`) where a storage is counted in a category from then on, and ``op`` where an op
-ends. Every figure of a step or a window is a view of these events: the peaks and growth
-(:func:`held_series`), the CUDA allocator's (:mod:`volseg.memory.estimate.allocator`), the step's
-bytes by
-category (:func:`category_peak`).
+An event is ``(kind, handle, value)``: ``malloc`` and ``free`` of a storage (``handle`` names it,
+``value`` its bytes), ``workspace`` for memory a kernel holds only while it runs, ``category``
+(``value`` an index into :data:`CATEGORIES`) where a storage is counted in a category from then
+on, ``op`` where an op ends, ``mark`` where a training step starts, ``reset`` where a forward
+starts (a micro-batch's or a window batch's), ``enter`` and ``leave`` where a module's forward
+starts and ends (``handle``: ``id(module)``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 Event = tuple[str, int, int]
@@ -72,12 +73,12 @@ def held_at_last_mark(events: list[Event]) -> int:
     return held_series(events)[start] if start >= 0 else 0
 
 
-def category_peak(events: list[Event]) -> dict[str, int]:
-    """Bytes by category (:data:`CATEGORIES`) at the end of the op where the storages held
-    (workspaces aside) were most: what the step holds at its peak, by what it is."""
+def _running(events: list[Event]) -> Iterator[tuple[str, int, int, list[int]]]:
+    """After each event: its kind and handle, the storages' bytes held (workspaces aside) and
+    those bytes by category (:data:`CATEGORIES`; a list updated in place)."""
     live: dict[int, list[int]] = {}  # handle -> [bytes, category or -1]
     totals = [0] * len(CATEGORIES)
-    held, peak, at_peak = 0, 0, list(totals)
+    held = 0
     for kind, handle, value in events:
         if kind == "malloc":
             live[handle] = [value, -1]
@@ -93,6 +94,49 @@ def category_peak(events: list[Event]) -> dict[str, int]:
             held -= size
             if category >= 0:
                 totals[category] -= size
-        elif kind == "op" and held > peak:
+        yield kind, handle, held, totals
+
+
+def category_peak(events: list[Event]) -> dict[str, int]:
+    """Bytes by category (:data:`CATEGORIES`) at the end of the op where the storages held
+    (workspaces aside) were most: what the step holds at its peak, by what it is."""
+    peak, at_peak = 0, [0] * len(CATEGORIES)
+    for kind, _, held, totals in _running(events):
+        if kind == "op" and held > peak:
             peak, at_peak = held, list(totals)
     return dict(zip(CATEGORIES, at_peak, strict=True))
+
+
+def module_activations(events: list[Event], names: Mapping[int, str]) -> dict[str, int]:
+    """Each block's own activations in the last forward of ``events`` (from the last ``reset``):
+    the activations held when its forward left minus those when it entered, in bytes, largest
+    first. ``names``: ``{id(module): dotted name}`` of the root's submodules in
+    ``named_modules()`` order (the root left out). A block is a called module inside exactly one
+    other called module (:func:`blocks`), whose own activations add up to the forward's."""
+    activations = CATEGORIES.index("activations")
+    start = next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "reset"), -1)
+    entered: dict[int, int] = {}
+    left: dict[int, int] = {}
+    for i, (kind, handle, _, totals) in enumerate(_running(events)):
+        if i > start and kind == "enter":
+            entered.setdefault(handle, totals[activations])
+        elif i > start and kind == "leave":
+            left.setdefault(handle, totals[activations])
+    inside = blocks({names[h] for h in entered if h in names})
+    own = {
+        name: max(left.get(handle, 0) - entered[handle], 0)
+        for handle, name in names.items()
+        if name in inside
+    }
+    return dict(sorted(own.items(), key=lambda kv: kv[1], reverse=True))
+
+
+def blocks(called: set[str]) -> set[str]:
+    """The blocks among the dotted names of called modules (the root's left out): those inside
+    exactly one other called module, e.g. ``net.inc``, ``net.ups.0``, ``loss.dice``."""
+    found = set()
+    for name in called:
+        parts = name.split(".")
+        if sum(".".join(parts[:i]) in called for i in range(1, len(parts))) == 1:
+            found.add(name)
+    return found

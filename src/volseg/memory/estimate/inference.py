@@ -1,50 +1,25 @@
-"""Trace whole-volume inference before running it: validation inside ``train.py`` (in the
-engine's trace of the run, :mod:`volseg.memory.estimate.engine`), and ``predict.py``. The questions
-asked of a config are :mod:`volseg.memory.estimate.inference`'s.
+"""Whole-volume inference traced before it runs: validation in ``train.py`` (in the engine's
+trace, after the training steps, so that it starts from what training keeps resident) and
+``predict.py`` (its own trace, no training state).
 
-A training run's memory is not only its training step's: validation runs MONAI's
-``sliding_window_inference`` over each whole validation volume, beside what training keeps
-resident (parameters, gradients, optimizer state; on CUDA the caching allocator's blocks). The
-estimate runs it on fake tensors in the same trace as the training step
-(:func:`volseg.memory.estimate.step.trace_steps`: two fake training steps, then this; the
-engine, :mod:`volseg.memory.estimate.engine`, reads the step and validation off that one trace), so
-that what
-training leaves behind is what validation starts from:
-
-- the batch ``(1, C, D, H, W)`` and its label on the device (Lightning moves the batch there;
-  its fetcher prefetches nothing from a loader with a length, as volseg's validation loader);
-- ``SegmentationModule.validate_cases`` (what ``validation_step`` runs) in eval mode, without
-  grad, under the run's autocast: per window batch, the windows' copy (``sw_batch_size`` windows
-  of the training patch), their forward's maps and logits, weighted in place; for the whole
-  volume MONAI's buffers on the stitching device (``model.inferer.device``, ``null``: the
-  input's): the stitched logits ``(1, K, D, H, W)`` and the count map ``(1, 1, D, H, W)`` in the
-  input's dtype, the importance map of one window (``mode=gaussian``: computed once, on the
-  windows' device); then the float32 logits, ``argmax``, the loss and Dice on the full volume.
-
-With ``model.inferer.device=cpu`` on a CUDA estimate, the stitching buffers and what follows
-them live in host memory: they are made on the ``meta`` device in the trace, which the tracker
-leaves out of the device's count (the window batch's copy to the host too).
-
-Prediction (:class:`volseg.models.volume_predictor.VolumePredictor.predict_step`) is traced the
-same way on a module with no optimizer and no gradients, at ``predict.py``'s precision, with its
-flips (test-time augmentation) and the stitching device ``stitch=device`` or ``host`` picks
-(``auto`` decides per volume at run time from the free memory: both figures are given).
-
-Two MONAI steps cannot run on fake tensors and are stood in for with what they allocate: the
-Gaussian importance map (its value is read with ``.item()``) is computed for real and replaced by
-a fake map of its shape; Dice's per-class ``masked_select`` (a data-dependent size) allocates its
-largest possible size, one value per voxel (the background class's, nearly that).
+The trace runs ``SegmentationModule.validate_cases`` (or ``VolumePredictor.predict_step``) on a
+fake volume ``(1, C, D, H, W)``: MONAI's ``sliding_window_inference`` with its window batches,
+the stitched logits and count map on the stitching device (``meta``, left out of the ledger,
+when they are in host memory on a CUDA estimate), then the whole-volume steps. MONAI's two
+data-dependent steps stand in as what they allocate: the Gaussian importance map (computed for
+real, replaced by a fake map of its shape) and Dice's per-class ``masked_select`` (its largest
+size, one value per voxel).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from unittest import mock
 
 import monai.inferers.utils as sliding_window
 import torch
@@ -54,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
-from volseg.memory.estimate.margins import margin_for, total_within, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for, with_margin
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
@@ -67,27 +42,20 @@ from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
 
-PHASES = ("validation", "prediction")
 STITCH = ("device", "host")
 #: the precision ``predict.py`` runs at by default (configs/predict.yaml)
 PREDICT_PRECISION = "32-true"
 
 
 @dataclass
-class InferenceEstimate:
-    """Predicted memory of one whole-volume inference, in bytes, on ``device``.
+class InferenceEstimate(Planned):
+    """Predicted memory of one whole-volume inference on ``device``, in bytes.
 
-    ``resident``: held when it starts (parameters and buffers; in validation also the gradients
-    and optimizer state training keeps); ``volume``: the input (and label) on the device;
-    ``stitching``: MONAI's whole-volume buffers (stitched logits, count map) and the importance
-    map, on the stitching device; ``host_stitching``: those bytes when they are in host memory
-    instead (``stitch="host"``); ``window_batch``: the most one window batch's forward adds;
-    ``peak_allocated``: the most held at once, resident state included; ``peak_growth``: how far
-    that is above ``resident``; ``peak_reserved``: the CUDA caching allocator's peak, replayed
-    over the training steps before it (= ``peak_allocated`` on the CPU); ``process_total``:
-    reserved plus the CUDA context; ``margin``: on CUDA, the fraction the planner adds to the
-    reserved peak (the training step's, :mod:`volseg.memory.estimate.margins`: no GPU validation has
-    been recorded to take one of its own from).
+    ``resident``: held when it starts (in validation, the training state too); ``volume``: the
+    input (and label); ``stitching``: MONAI's whole-volume buffers and the importance map on the
+    device (``host_stitching``: in host memory, ``stitch="host"``); ``window_batch``: the most
+    one window batch's forward adds; ``peak_growth``: ``peak_allocated`` − ``resident``;
+    ``peak_reserved``: the allocator replayed over the training steps too.
     """
 
     phase: str
@@ -124,15 +92,6 @@ class InferenceEstimate:
         out.pop("allocator")
         return out
 
-    def total_within(self, budget: int) -> int | None:
-        """Predicted process total when ``budget`` bytes is all there is; ``None``: it does not
-        fit (on CUDA the allocator model releases its free cached segments first, as the real
-        one does before an out-of-memory, and gets what the ``margin`` leaves of the budget)."""
-        return total_within(self, budget)
-
-    def fits(self, budget: int) -> bool:
-        return self.total_within(budget) is not None
-
     def summary(self) -> dict[str, int]:
         """The figures ``plan.yaml`` and the JSON keep (bytes)."""
         keys = ("peak_allocated", "peak_reserved", "process_total", "resident", "stitching")
@@ -165,32 +124,22 @@ def stitching_bytes(
     return (batch * num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
 
 
-@contextlib.contextmanager
-def _fake_monai_stand_ins() -> Iterator[None]:
-    """MONAI's two data-dependent steps, as what they allocate (see the module docstring)."""
-    real_map = sliding_window.compute_importance_map
-    real_channel = DiceHelper.compute_channel
+def _importance_map(patch_size, mode="constant", sigma_scale=0.125, device="cpu", dtype=None):  # noqa: ANN001, ANN202
+    with unset_fake_temporarily():
+        real = _IMPORTANCE_MAP(patch_size, mode, sigma_scale, "cpu", dtype or torch.float32)
+    return torch.empty(real.shape, dtype=real.dtype, device=device)
 
-    def importance_map(patch_size, mode="constant", sigma_scale=0.125, device="cpu", dtype=None):  # noqa: ANN001, ANN202
-        with unset_fake_temporarily():
-            real = real_map(patch_size, mode, sigma_scale, "cpu", dtype or torch.float32)
-        return torch.empty(real.shape, dtype=real.dtype, device=device)
 
-    def channel(self, y_pred, y, mask=None):  # noqa: ANN001, ANN202
-        if mask is not None:
-            y_pred = y_pred * mask.to(dtype=y_pred.dtype)
-            y = y * mask
-        total = torch.sum(y)
-        selected = torch.empty(y.numel(), dtype=y.dtype, device=y.device)  # masked_select
-        return (2.0 * torch.sum(selected)) / (total + torch.sum(y_pred))
+def _dice_channel(self, y_pred, y, mask=None):  # noqa: ANN001, ANN202
+    if mask is not None:
+        y_pred = y_pred * mask.to(dtype=y_pred.dtype)
+        y = y * mask
+    total = torch.sum(y)
+    selected = torch.empty(y.numel(), dtype=y.dtype, device=y.device)  # masked_select
+    return (2.0 * torch.sum(selected)) / (total + torch.sum(y_pred))
 
-    sliding_window.compute_importance_map = importance_map
-    DiceHelper.compute_channel = channel
-    try:
-        yield
-    finally:
-        sliding_window.compute_importance_map = real_map
-        DiceHelper.compute_channel = real_channel
+
+_IMPORTANCE_MAP = sliding_window.compute_importance_map
 
 
 #: window batches of one shape whose forward is traced; the later ones replay the last of them
@@ -216,15 +165,11 @@ def _forward_template(span: list[Event], out: Any) -> tuple | None:
 
 
 class _CountedWindows:
-    """Stands in for the module's inferer in the trace: the real one, with each window batch's
-    forward bracketed (``spans``: event indices) and MemTracker's per-module statistics reset
-    before it (it follows one forward per module).
-
-    Every window batch of one shape runs the same forward, which frees all it allocates but its
-    output. After :data:`TRACED_WINDOW_BATCHES` of them (the first may fill caches the later
-    ones find), a batch's forward is the last traced one's events replayed in order, its output
-    an empty tensor of the traced output's shape: the same bytes at the same moments, in the
-    time of a few forwards instead of every window's (MONAI's loop around them runs in full)."""
+    """The module's inferer in the trace, each window batch's forward bracketed (``spans``:
+    event indices). Every window batch of one shape runs the same forward, which frees all it
+    allocates but its output: after :data:`TRACED_WINDOW_BATCHES` of them, a batch's forward is
+    the last traced one's events replayed, its output an empty tensor of that shape (the same
+    bytes at the same moments, in the time of a few forwards)."""
 
     _own = ("inferer", "tracker", "spans", "forwards")
 
@@ -302,8 +247,7 @@ def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
 
 
 def _host_device(device: str) -> str:
-    """Where host memory lives in the trace: ``meta`` (not counted) when the estimate is for
-    CUDA; on the CPU the host is the device."""
+    """Where host memory lives in the trace: ``meta`` (not in the ledger) for a CUDA estimate."""
     return "meta" if device == "cuda" else "cpu"
 
 
@@ -315,16 +259,10 @@ def whole_volume(volume_shape: Sequence[int]) -> list[int]:
     return shape
 
 
-def _inferer_settings(module: Any) -> tuple[list[int], int, Any]:
-    inferer = module.inferer
-    return [int(r) for r in inferer.roi_size], int(inferer.sw_batch_size), inferer.overlap
-
-
 @dataclass
 class Phase:
-    """A whole-volume inference to run after a trace's training steps: ``then`` (the trace's
-    callback: marks the phase's start, runs it with the module's inferer counting its windows)
-    and, once it ran, ``spans`` (each window batch's forward, event indices)."""
+    """A whole-volume inference run by ``then`` after a trace's training steps (``run(image
+    shape)`` with the module's inferer counting its windows); ``spans``: its window batches'."""
 
     step: Any
     device: str
@@ -346,17 +284,16 @@ class Phase:
         module.inferer = windows
         module.eval()
         try:
-            with _fake_monai_stand_ins(), torch.no_grad():
+            with (
+                # MONAI's data-dependent steps, as what they allocate (the module's docstring)
+                mock.patch.object(sliding_window, "compute_importance_map", _importance_map),
+                mock.patch.object(DiceHelper, "compute_channel", _dice_channel),
+                torch.no_grad(),
+            ):
                 self.run((1, self.step.image_shape[1], *self.volume_shape))
         finally:
             module.inferer, real.device = real, real_device
         self.spans = windows.spans
-
-    def prepare(self, mode: Any) -> None:
-        """Before the trace: torch.tensor(..., device="meta") (a small tensor on the host, in
-        the trace) is a real meta tensor, not a fake one: it holds no memory and may be mixed
-        with fake ones."""
-        mode.allow_non_fake_inputs = True
 
     def estimate(
         self,
@@ -371,7 +308,7 @@ class Phase:
         allocator = allocator or AllocatorSettings()
         started = time.perf_counter() if started is None else started
         module, device, volume_shape = self.step.module, self.device, self.volume_shape
-        roi, sw_batch, overlap = _inferer_settings(module)
+        roi = [int(r) for r in module.inferer.roi_size]
         channels, classes = self.step.image_shape[1], int(module.num_classes)
         events = trace.events
         # the phase's mark is the first event of ``then``
@@ -391,8 +328,8 @@ class Phase:
             in_channels=channels,
             num_classes=classes,
             roi_size=roi,
-            sw_batch_size=sw_batch,
-            windows=window_count(volume_shape, roi, overlap),
+            sw_batch_size=int(module.inferer.sw_batch_size),
+            windows=window_count(volume_shape, roi, module.inferer.overlap),
             stitch=self.stitch,
             flips=self.flips,
             resident=peaks["resident"],
@@ -411,14 +348,6 @@ class Phase:
         )
 
 
-def _configured_stitch(cfg: DictConfig, device: str) -> str:
-    """``host`` where ``model.inferer.device`` puts validation's stitching in host memory while
-    the windows run on a GPU; else ``device``."""
-    configured = OmegaConf.select(cfg, "model.inferer.device")
-    on_host = configured is not None and torch.device(str(configured)).type == "cpu"
-    return "host" if on_host and device == "cuda" else "device"
-
-
 def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
     """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
     planned config ``cfg``, after its training ``step``'s steps in the same trace."""
@@ -435,7 +364,10 @@ def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequ
             module._val_sums = None
             del image, label
 
-    stitch = _configured_stitch(cfg, device)
+    # model.inferer.device=cpu: a GPU run's stitching in host memory, its windows on the GPU
+    configured = OmegaConf.select(cfg, "model.inferer.device")
+    on_host = configured is not None and torch.device(str(configured)).type == "cpu"
+    stitch = "host" if on_host and device == "cuda" else "device"
     return Phase(step, device, "validation", whole_volume(volume_shape), stitch, run)
 
 
@@ -478,7 +410,6 @@ def estimate_prediction(
 
     settings = settings if settings is not None else (cfg.get("memory") or {})
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
-    phase.prepare(mode)
     trace = trace_steps(step, mode, device, phase.then, steps=0)
     est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
     if device == "cuda":  # a forward without training: a plain step's margin

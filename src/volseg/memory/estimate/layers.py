@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from volseg.memory.estimate.events import blocks
 from volseg.memory.estimate.torch_private import ClosureMemTracker, module_snapshots
 from volseg.utils.units import MIB
 
@@ -74,10 +75,9 @@ class LayerTrace:
         module: nn.Module,
         optimizers: Iterable[torch.optim.Optimizer],
         batch: Any,
-        tracker: ClosureMemTracker | None = None,
     ) -> None:
         self.module = module
-        self.tracker = tracker or ClosureMemTracker()
+        self.tracker = ClosureMemTracker()
         self.tracker.track_external(module, *optimizers, *_tensors(batch))
         self._running = False
 
@@ -93,38 +93,22 @@ class LayerTrace:
             self.tracker.__exit__(None, None, None)
             self._running = False
 
-    def peak(self, skip_device_type: str | None = None) -> dict[str, int]:
-        """Peak bytes per category over the traced step, summed over devices (but those of
-        ``skip_device_type``, e.g. ``meta`` for the estimator's host copies)."""
-        snapshot = {
-            dev: per_device
-            for dev, per_device in self.tracker.get_tracker_snapshot("peak").items()
-            if dev.type != skip_device_type
-        }
+    def peak(self) -> dict[str, int]:
+        """Peak bytes per category over the traced step, summed over devices."""
+        snapshot = self.tracker.get_tracker_snapshot("peak")
         return {name: _device_sum(snapshot, key) for key, name in CATEGORIES.items()}
-
-    def _blocks(self) -> set[str]:
-        """Called modules inside exactly one called module other than the root: the network's
-        levels (``net.inc``, ``net.downs.0``, ..., ``net.ups.0``, ``net.head``) and the loss's
-        parts, whose own activations add up to the step's activations.
-        """
-        called = {
-            name
-            for name, mod in self.module.named_modules()
-            if name and module_snapshots(self.tracker, mod) is not None
-        }
-        blocks = set()
-        for name in called:
-            parts = name.split(".")
-            ancestors = [".".join(parts[:i]) for i in range(1, len(parts))]
-            if sum(a in called for a in ancestors) == 1:
-                blocks.add(name)
-        return blocks
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (called module, phase): the step's memory by category at that moment,
         with the module's own parameters and activations."""
-        blocks = self._blocks()
+        # the network's levels and the loss's parts: their own activations add up to the step's
+        inside = blocks(
+            {
+                name
+                for name, mod in self.module.named_modules()
+                if name and module_snapshots(self.tracker, mod) is not None
+            }
+        )
         rows = []
         for name, mod in self.module.named_modules():
             snaps = module_snapshots(self.tracker, mod) if name else None
@@ -139,7 +123,7 @@ class LayerTrace:
                     continue
                 row = {
                     "module": name,
-                    "is_block": name in blocks,
+                    "is_block": name in inside,
                     "own_params_mib": own_params / MIB,
                     "own_activations_mib": max(own_act, 0) / MIB,
                     "phase": phase,
@@ -160,8 +144,8 @@ class LayerTrace:
             writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        blocks = block_activations(rows)
-        plot_layer_bars(blocks, output_dir / "memory_layers.png")
+        by_block = block_activations(rows)
+        plot_layer_bars(by_block, output_dir / "memory_layers.png")
         peak = self.peak()
         lines = [
             "Memory by module (one training step; activations a module's forward left alive). "
@@ -170,8 +154,8 @@ class LayerTrace:
             f"MiB, grads {peak['grads'] / MIB:.1f} MiB, optimizer state "
             f"{peak['optimizer_state'] / MIB:.1f} MiB:"
         ]
-        total = sum(blocks.values()) or 1.0
-        for name, mib in list(blocks.items())[:top]:
+        total = sum(by_block.values()) or 1.0
+        for name, mib in list(by_block.items())[:top]:
             lines.append(f"  {name:<28} {mib:10.1f} MiB  {100 * mib / total:5.1f}%")
         log.info("\n".join(lines))
         return rows

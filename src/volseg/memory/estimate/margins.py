@@ -1,20 +1,9 @@
-"""The planner's margins, and the one place they are applied: a CUDA step's, a CPU step's and
-a validation's estimate all get theirs from :func:`margin_for` and are counted against a budget by
-:func:`planned_total` and :func:`total_within`.
-
-A margin is ``fixed_mib`` MiB plus ``share`` of what it was fitted on: on CUDA the estimated peak
-reserved, per kind of step (:data:`KINDS`); on a CPU the step's growth
-(``step_peak_growth``), per kind of CPU (:func:`volseg.utils.cpu.cpu_kind`). What it adds is
-``ceil(fixed_mib x 2**20 + share x quantity)`` bytes. Validation on CUDA takes its step's
-margin (no GPU validation has been recorded to fit one of its own on); on a CPU it takes none.
-
-The margins ship with the package, beside this file: ``cuda_margins.json``, written by
-``python -m benchmarks cuda_estimate_errors`` from the recorded GPU runs
-(``--margins-only``: from the committed estimates), and ``cpu_margins.json``, written by
-``python -m benchmarks cpu_margins`` from the committed estimator results. Each holds how every
-margin was fitted (``rule``, ``source``) and each run against the margin fitted without it
-(``leave_one_out``). An entry with only the older ``fraction`` reads as ``share`` with no fixed
-part. Rewrite them when the estimator or the recorded runs change.
+"""The planner's margins, and the one place they are applied (:func:`margin_for`,
+:func:`planned_total`, :func:`total_within`): ``fixed_mib`` plus ``share`` of the CUDA peak
+reserved (per kind of step, :data:`KINDS`) or of a CPU step's growth (per kind of CPU).
+Validation on CUDA takes its step's margin; on a CPU none. The margins ship beside this file
+(``cuda_margins.json``, ``cpu_margins.json``), written by ``python -m benchmarks
+cuda_estimate_errors`` and ``cpu_margins`` with how each was fitted; see ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ KINDS = ("offload", "accumulation", "other")
 @dataclass(frozen=True)
 class Margin:
     """``share`` of the quantity the margin was fitted on, plus ``fixed_mib`` MiB; ``source``: the
-    run it came from, and how many runs it rests on."""
+    run it came from."""
 
     share: float
     source: str
@@ -66,8 +55,7 @@ def _packaged(name: str) -> dict:
 
 
 def step_kind(overrides: Iterable[str]) -> str:
-    """``offload``, ``accumulation`` or ``other``: the kind of step a run's ``train.py``
-    overrides make (offload wins over accumulation, as in :func:`cuda_margin`)."""
+    """The kind of step (:data:`KINDS`) a run's ``train.py`` overrides make (offload first)."""
     values = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
     if values.get("model.offload_activations", "false").lower() not in ("false", "null", "none"):
         return "offload"
@@ -89,8 +77,7 @@ def packaged_cpu_margins() -> tuple[dict[str, Margin], Margin]:
 
 
 def _missing(name: str, device: str, command: str) -> None:
-    # an install without its package data; failing here would also stop the benchmark that
-    # writes the file, so plan with no margin and say so (the plan's margin_source too)
+    # failing would also stop the benchmark that writes the file: plan with no margin, say so
     warnings.warn(
         f"volseg/memory/estimate/{name} is missing: the {device} planner plans with no margin "
         f"(python -m benchmarks {command} writes it)",
@@ -114,15 +101,14 @@ def _none(kind: str) -> Margin:
     return Margin(0.0, f"none: no recorded GPU run of this kind ({kind}) in {MARGINS_FILE}")
 
 
-#: the margins of the recorded runs with activation offload, with gradient accumulation, and
-#: of every other run (no margin, saying why, where no recorded run of the kind has one)
+#: each kind's margin (none, saying why, where no recorded run of the kind has one)
 OFFLOAD = _MARGINS.get("offload") or _none("offload")
 ACCUMULATION = _MARGINS.get("accumulation") or _none("accumulation")
 OTHER = _MARGINS.get("other") or _none("other")
 
 
 def cuda_margin(offload: object, accumulate_grad_batches: int) -> Margin:
-    """The margin for a CUDA step with activation offload set or not and that many
+    """The margin of a CUDA step with or without activation offload and with that many
     micro-batches."""
     if offload:
         return OFFLOAD
@@ -132,8 +118,7 @@ def cuda_margin(offload: object, accumulate_grad_batches: int) -> Margin:
 
 
 def cpu_margin(kind: str) -> Margin:
-    """The margin on a CPU step's growth for a CPU of ``kind`` (``cpu_kind()``'s name): its
-    own, else the stated margin of a kind with no recorded run."""
+    """The margin of a CPU of ``kind`` (``cpu_kind()``), else that of a kind with no runs."""
     if kind in _CPU_MARGINS:
         return _CPU_MARGINS[kind]
     named = _CPU_UNRECORDED.source.replace("this kind of CPU", kind, 1)
@@ -141,17 +126,15 @@ def cpu_margin(kind: str) -> Margin:
 
 
 def margin_for(device: str, offload: object, accumulate_grad_batches: int) -> Margin:
-    """The planner's margin for a step on ``device``: on CUDA its kind of step's, on a CPU this
-    process's kind of CPU's."""
+    """The margin of a step on ``device``: its kind of step's (CUDA) or this CPU kind's."""
     if device == "cpu":
         return cpu_margin(cpu_kind())
     return cuda_margin(offload, accumulate_grad_batches)
 
 
 def with_margin(est: Any, margin: Margin) -> Any:
-    """``est`` (a step's or a validation's estimate) planned with ``margin``: its ``margin``
-    (the share), ``margin_fixed_mib`` and ``margin_source`` set. The figures stay the bare
-    estimate; :func:`planned_total` and :func:`total_within` add the margin."""
+    """``est`` with ``margin`` (share), ``margin_fixed_mib`` and ``margin_source`` set; its
+    figures stay bare."""
     est.margin, est.margin_fixed_mib, est.margin_source = (
         margin.share,
         margin.fixed_mib,
@@ -161,8 +144,7 @@ def with_margin(est: Any, margin: Margin) -> Any:
 
 
 def margin_text(est: Any) -> str:
-    """``+29%`` (or ``+50 MiB +29%``): the margin an estimate (or its ``to_dict()``) is planned
-    with, as the reports say it."""
+    """``+29%`` (or ``+50 MiB +29%``): an estimate's (or its ``to_dict()``'s) margin."""
     margin = _margin_of(_getter(est))
     fixed = f"+{margin.fixed_mib:,.0f} MiB " if margin.fixed_mib else ""
     return f"{fixed}+{margin.share:.0%}"
@@ -179,18 +161,15 @@ def _getter(est: Any) -> Any:
 
 
 def margin_bytes(est: Any) -> int:
-    """What the margin adds to an estimate (or its ``to_dict()``) without a budget: on a CPU on
-    the step's growth, on CUDA on the reserved peak."""
+    """What the margin adds to an estimate (or its ``to_dict()``) without a budget."""
     get = _getter(est)
     quantity = get("step_peak_growth", 0) if get("device") == "cpu" else get("peak_reserved")
     return _margin_of(get).bytes_on(quantity or 0)
 
 
 def planned_total(est: Any) -> int:
-    """An estimate (a step's or a validation's, or its ``to_dict()``) as the planner counts it
-    against a budget: on a CPU the process total plus the margin on the step's growth; on CUDA
-    the reserved peak plus the margin on it, plus the CUDA context (the peak without a budget:
-    within one, the allocator's replay decides, :func:`total_within`)."""
+    """An estimate (or its ``to_dict()``) as the planner counts it against a budget: process
+    total plus margin (CPU), or peak reserved plus margin plus the CUDA context."""
     get = _getter(est)
     if get("device") == "cpu":
         return int(get("process_total") + margin_bytes(est))
@@ -198,11 +177,9 @@ def planned_total(est: Any) -> int:
 
 
 def total_within(est: Any, budget: int) -> int | None:
-    """The planned total of ``est`` (``device``, ``process_total``, ``events``, ``cuda_context``,
-    the margin, ``allocator``) when ``budget`` bytes is all there is; ``None``: it does not fit.
-    On CUDA the allocator model replays the events within what the margin and the context leave
-    of the budget, releasing its free cached segments before an out-of-memory as the real
-    allocator does."""
+    """The planned total of ``est`` when ``budget`` bytes is all there is; ``None``: it does not
+    fit. On CUDA the ledger is replayed within what the margin and the context leave of the
+    budget, the allocator releasing its cache before an out-of-memory as the real one does."""
     if est.device != "cuda":
         total = planned_total(est)
         return total if total <= budget else None
@@ -223,8 +200,25 @@ def total_within(est: Any, budget: int) -> int | None:
     return total if total <= budget else None
 
 
+class Planned:
+    """What a step's and an inference's estimate answer of a budget (their ``device``,
+    ``peak_reserved``, ``process_total``, ``cuda_context``, ``events``, ``allocator`` and
+    margin fields)."""
+
+    def total_within(self, budget: int) -> int | None:
+        """:func:`total_within`."""
+        return total_within(self, budget)
+
+    def fits(self, budget: int) -> bool:
+        return total_within(self, budget) is not None
+
+    @property
+    def margin_bytes(self) -> int:
+        """:func:`margin_bytes`."""
+        return margin_bytes(self)
+
+
 def whole_percent_above(ratio: float) -> float:
-    """``ratio - 1`` (measured / estimated, the worst run's) rounded up to a whole percent, so
-    that a margin fitted on that run still covers it; the CUDA and CPU margins are both fitted
-    by it (``benchmarks/cuda_estimate_errors.py``, ``benchmarks/cpu_margins.py``)."""
+    """``ratio - 1`` (the worst run's measured / estimated) rounded up to a whole percent, so a
+    margin fitted on that run covers it."""
     return math.ceil(round((ratio - 1) * 100, 6)) / 100

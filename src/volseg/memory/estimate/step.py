@@ -1,46 +1,16 @@
-"""Trace a training step before running it: fake tensors under torch's MemTracker. The engine
-(:mod:`volseg.memory.estimate.engine`) asks this module for a step's trace and estimate; the
-questions
-asked of a config are :mod:`volseg.memory.estimate`'s.
-
-The module is built by the function ``train.py`` builds it with
-(:func:`volseg.models.build.build_model`: network, loss, memory levers), with its own optimizer
-from ``configure_optimizers()``; the parameters are then swapped for fake tensors
-(``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and strides, no data) and two
-optimizer steps run on fake batches the way Lightning's automatic optimization runs them for the
-``trainer`` config (:class:`TrainingStep`): ``accumulate_grad_batches`` micro-batches of forward,
-loss (under autocast for the mixed precisions) and backward, the gradients kept between them,
-the GradScaler's scale and unscale (``16-mixed`` on CUDA), gradient clipping
-(``gradient_clip_val``), the optimizer update. No memory is allocated and no GPU is needed. The
-first step creates the optimizer state; the second is a steady step, and the per-module table
-comes from it.
-
-Fake tensors run on the CPU's kernels' shape rules. For a CUDA estimate the trace is the same with
-the CUDA differences applied: CUDA's autocast op lists (:mod:`volseg.memory.estimate.autocast`; the
-CPU's
-differ, e.g. for max-pooling and upsampling), cuDNN's convolution workspaces as allocations
-around each convolution (:class:`volseg.memory.estimate.workspace.CudnnWorkspace`), the foreach
-optimizer
-update and clipping (CUDA's default), requests rounded to 512 bytes, and the caching allocator
-replayed over the allocation sequence (:mod:`volseg.memory.estimate.allocator`) for the reserved
-peak; the
-CUDA context is measured or looked up (:mod:`volseg.memory.estimate.cuda_context`), and the
-planner's
-margin comes from recorded GPU runs (:mod:`volseg.memory.estimate.margins`). For a CPU estimate, the
-scratch memory of oneDNN's kernels and the column buffers of torch's native convolutions are
-added (:mod:`volseg.memory.estimate.workspace`).
-
-Not modelled: the GradScaler's inf check on the host (the update is estimated as when the
-gradients are finite), DDP/FSDP communication buckets, ``torch.compile``d kernels (the eager step is
-estimated), and ``model.placement`` over two devices (the estimate is for one device holding
-everything).
+"""A training step traced before it runs: the module as ``train.py`` builds it, its parameters
+fake tensors (``FakeTensorMode``: shapes, dtypes and strides, no data, no GPU), two optimizer
+steps as Lightning's automatic optimization runs them (:class:`TrainingStep`), recorded into one
+ledger (:mod:`volseg.memory.estimate.events`) that every figure is read from. For CUDA the trace
+takes CUDA's autocast lists (``autocast``), cuDNN's workspaces (``workspace``) and the foreach
+update and clipping, and the caching allocator is replayed over the ledger (``allocator``); on a
+CPU, the kernels' scratch memory (``workspace``). What is not modelled: ``docs/memory.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -56,9 +27,14 @@ from torch import nn
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
-from volseg.memory.estimate.events import Event, category_peak, held_peak, held_series
-from volseg.memory.estimate.layers import LayerTrace, block_activations
-from volseg.memory.estimate.margins import margin_bytes, margin_for, total_within, with_margin
+from volseg.memory.estimate.events import (
+    Event,
+    category_peak,
+    held_peak,
+    held_series,
+    module_activations,
+)
+from volseg.memory.estimate.margins import Planned, margin_for, with_margin
 from volseg.memory.estimate.torch_private import (
     FakeTensorMode,
     RecordingMemTracker,
@@ -71,8 +47,6 @@ from volseg.models.conv import traced_for_cuda
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
-log = logging.getLogger(__name__)
-
 DEVICES = ("cuda", "cpu")
 MIXED = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 TRUE = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
@@ -80,17 +54,14 @@ FULL = {"32", "32-true", "64", "64-true"}
 
 
 @dataclass
-class MemoryEstimate:
+class MemoryEstimate(Planned):
     """Predicted memory of one training step, in bytes.
 
-    ``peak_allocated``: the most the step's tensors hold at once (params, grads, optimizer state,
-    activations, temporaries, batch); ``step_peak_growth``: how far a steady step (not the first)
-    rises above what is held at its start; ``kernel_workspace``: the part of ``peak_allocated``
-    that kernels hold inside an op (modelled on the CPU only); ``peak_reserved``: what the CUDA
-    caching allocator holds at its peak (= ``peak_allocated`` on the CPU); ``process_total``:
-    reserved plus the CUDA context; ``modules``: each block's own activations (what its
-    forward keeps); ``batch_size`` is a micro-batch's, ``accumulate_grad_batches`` of them make
-    one optimizer step.
+    ``peak_allocated``: the most the step's tensors hold at once; ``step_peak_growth``: how far
+    a steady (second) step rises above what it starts with; ``kernel_workspace``: the part of
+    ``peak_allocated`` kernels hold inside an op; ``peak_reserved``: the CUDA caching
+    allocator's peak (= ``peak_allocated`` on the CPU); ``process_total``: reserved plus the CUDA
+    context; ``modules``: each block's own activations; ``batch_size``: a micro-batch's.
     """
 
     device: str
@@ -114,40 +85,23 @@ class MemoryEstimate:
     seconds: float
     modules: dict[str, int] = field(default_factory=dict)
     accumulate_grad_batches: int = 1
-    # the planner's margin (volseg.memory.estimate.margins): a share of the reserved peak
-    # (CUDA) or of the step's growth (CPU), plus a fixed part; the figures above stay bare
+    # the planner's margin (margins.py); the figures above stay bare
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
 
     def __post_init__(self) -> None:
-        # the step's allocations and frees, in order, for replays under a budget
-        self.events: list[tuple[str, int, int]] = []
-        # the allocator settings (memory.allocator) the reserved figures model
+        # the step's ledger and memory.allocator's settings, for replays under a budget
+        self.events: list[Event] = []
         self.allocator = AllocatorSettings()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def total_within(self, budget: int) -> int | None:
-        """Predicted process total, margin included, when ``budget`` bytes is all there is;
-        ``None``: it does not fit (:func:`volseg.memory.estimate.margins.total_within`)."""
-        return total_within(self, budget)
-
-    def fits(self, budget: int) -> bool:
-        return self.total_within(budget) is not None
-
-    @property
-    def margin_bytes(self) -> int:
-        """What the margin adds (:func:`volseg.memory.estimate.margins.margin_bytes`)."""
-        return margin_bytes(self)
-
 
 def planned_device(cfg: DictConfig) -> str:
-    """The device a planned config trains on: ``memory.plan_device`` as
-    :func:`volseg.plan.make_plan` wrote it (the plan's ``device``), else ``trainer.accelerator``
-    where it names one. Nothing is resolved here: a config whose device is still ``auto`` was not
-    planned."""
+    """The device a planned config trains on: ``memory.plan_device`` (the plan's ``device``),
+    else ``trainer.accelerator`` where it names one; nothing ``auto`` is resolved here."""
     device = OmegaConf.select(cfg, "memory.plan_device")
     if device is None:
         accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto").lower()
@@ -183,32 +137,21 @@ def _fake_parameters(module: nn.Module, mode: FakeTensorMode) -> None:
                 sub._buffers[name] = mode.from_tensor(buf)
 
 
-@contextlib.contextmanager
-def _constant_aranges() -> Iterator[None]:
-    """Evaluate ``torch.arange`` of plain ints for real.
+_ARANGE = torch.arange
 
-    MONAI's DiceLoss takes its reduction axes from ``torch.arange(2, ndim).tolist()``; a fake
-    tensor cannot give values, so such aranges (a few ints, no data) are made outside fake mode.
-    """
-    real_arange = torch.arange
 
-    def arange(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if not kwargs and all(isinstance(a, int) for a in args):
-            with unset_fake_temporarily():
-                return real_arange(*args)
-        return real_arange(*args, **kwargs)
-
-    torch.arange = arange
-    try:
-        yield
-    finally:
-        torch.arange = real_arange
+def _constant_arange(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``torch.arange`` of plain ints made for real: MONAI's DiceLoss reads its reduction axes
+    from ``torch.arange(2, ndim).tolist()``, which a fake tensor cannot give."""
+    if not kwargs and all(isinstance(a, int) for a in args):
+        with unset_fake_temporarily():
+            return _ARANGE(*args)
+    return _ARANGE(*args, **kwargs)
 
 
 class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
-    """``OffloadToHost`` for the estimate: saved tensors are packed to the ``meta`` device (host
-    memory, left out of the device's count) and unpacked, strides kept, as new device tensors
-    in backward."""
+    """``OffloadToHost`` in the trace: saved tensors packed to the ``meta`` device (host memory,
+    not in the ledger), unpacked as new device tensors in backward."""
 
     def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
         def pack(t: torch.Tensor) -> tuple[torch.device | None, torch.Tensor]:
@@ -225,63 +168,20 @@ class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
-@contextlib.contextmanager
-def _host_offload_modelled() -> Iterator[None]:
-    real = offload.OffloadToHost
-    offload.OffloadToHost = _SavedOnHost
-    try:
-        yield
-    finally:
-        offload.OffloadToHost = real
-
-
-def _step_config(
-    cfg: DictConfig,
-    batch_size: int | None,
-    patch_size: Sequence[int] | None,
-    activation_checkpointing: Any,
-) -> DictConfig:
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        if batch_size is not None:
-            cfg.data.batch_size = int(batch_size)
-        if patch_size is not None:
-            cfg.data.patch_size = [int(p) for p in patch_size]
-        if activation_checkpointing is not None:
-            cfg.model.activation_checkpointing = activation_checkpointing
-        # compiling is not run on fake tensors here: it changes kernels, not what the step keeps
-        cfg.model.compile = False
-    return cfg
-
-
 def _configured_optimizer(module: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer of the module's own ``configure_optimizers()``, as Lightning takes it from a
-    returned optimizer or ``{"optimizer": ..., "lr_scheduler": ...}`` (the scheduler holds no
-    tensors and is left out)."""
+    """The optimizer of the module's ``configure_optimizers()`` (a scheduler holds no tensors)."""
     configured = module.configure_optimizers()
     return configured["optimizer"] if isinstance(configured, dict) else configured
 
 
-def _as_on_device(optimizer: torch.optim.Optimizer, device: str) -> torch.optim.Optimizer:
-    """``optimizer`` updating as it would on ``device``: CUDA's default update is the foreach
-    one, which holds a temporary per state tensor."""
-    if device == "cuda":
-        for group in optimizer.param_groups:
-            if "foreach" in group and group["foreach"] is None:
-                group["foreach"] = True
-    return optimizer
-
-
 @dataclass(frozen=True)
 class LoopSettings:
-    """What Lightning's loop does around the module, from the ``trainer`` config (validated as
-    ``lightning.pytorch.Trainer`` validates it, errors naming the key)."""
+    """What Lightning's loop does around the module, from the ``trainer`` config."""
 
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
-    # where the gradients are set to None: "closure" (Lightning's), "after_update" or
-    # "before_forward" (plain PyTorch loops, e.g. nnU-Net's trainer)
+    # where the gradients are set to None (zero_grad_setting)
     zero_grad: str = "closure"
 
     @classmethod
@@ -304,26 +204,12 @@ class LoopSettings:
 
 @dataclass
 class TrainingStep:
-    """One optimizer step of ``train.py`` for a config, as Lightning's automatic optimization
-    runs it (``lightning.pytorch.loops.optimization.automatic``, ``plugins.precision``).
-
-    For each of ``accumulate_grad_batches`` micro-batches of ``image_shape``: forward and loss
-    (under autocast for the mixed precisions, on a cast network and batch for ``*-true``), the
-    loss divided by the number of micro-batches, the gradients set to ``None`` after the first
-    micro-batch's forward (Lightning zeroes them inside the closure, before backward: the last
-    step's gradients are held through that forward; with ``loop.zero_grad="after_update"``
-    they are set to ``None`` after the update instead, and with ``"before_forward"`` before the
-    first micro-batch's forward, as hand-written loops do), the loss
-    scaled by the GradScaler
-    (``16-mixed`` on CUDA), backward (the later micro-batches' gradients add up in place, their
-    forward runs with the gradients held). Then the GradScaler's unscale, gradient clipping
-    (``clip_grad_norm_``/``clip_grad_value_`` over the optimizer's parameters, foreach where
-    torch picks it for the device: on CUDA) and the optimizer update; the scaler's
-    ``update()`` last. Real or fake tensors alike.
-
-    ``GradScaler.step`` reads its inf check on the host, which fake tensors cannot give: the
-    update runs as ``optimizer.step()``, what ``GradScaler.step`` calls when the gradients are
-    finite.
+    """One optimizer step as Lightning's automatic optimization runs it (``loops.optimization.
+    automatic``, ``plugins.precision``), on real or fake tensors: per micro-batch of
+    ``image_shape``, forward and loss under ``autocast``, the loss divided by the micro-batches,
+    the gradients set to ``None`` where ``loop.zero_grad`` says, the GradScaler's scale, backward;
+    then unscale, clipping, the update (``optimizer.step()``, as ``GradScaler.step`` runs it for
+    finite gradients: fake tensors cannot give its inf check) and the scaler's ``update()``.
     """
 
     module: nn.Module
@@ -351,8 +237,8 @@ class TrainingStep:
         on_micro_batch_start: Any = None,
     ) -> None:
         """``steps`` optimizer steps; ``new_batch(image_shape, label_shape, dtype)`` makes each
-        micro-batch (default: ``torch.empty``, i.e. fake under a FakeTensorMode);
-        ``before_update`` runs where Lightning calls ``on_before_optimizer_step``."""
+        micro-batch (default: :attr:`make_batch`, else ``torch.empty``); ``before_update`` runs
+        where Lightning calls ``on_before_optimizer_step``."""
         for _ in range(steps):
             if on_step_start is not None:
                 on_step_start()
@@ -418,17 +304,23 @@ def build_training_step(
     fake_mode: FakeTensorMode | None = None,
     accumulate_grad_batches: int | None = None,
 ) -> TrainingStep:
-    """The module as ``train.py`` builds it (:func:`volseg.models.build.build_model`), its own
-    optimizer (``configure_optimizers()``) and Lightning's loop settings from ``cfg.trainer``
-    (gradient accumulation, clipping, the precision's casts and GradScaler), on the CPU.
-    ``device`` decides the autocast dtype of ``16-mixed`` (float16 and a GradScaler on CUDA; on a
-    CPU it is resolved to bfloat16 or float32) and the foreach updates. With ``fake_mode`` the
-    parameters are fake tensors of that mode (before the optimizer sees them). ``batch_size``
-    (of a micro-batch), ``patch_size``, ``activation_checkpointing`` and
-    ``accumulate_grad_batches`` override the config's values.
+    """``cfg``'s training step for ``device``: the module as ``train.py`` builds it
+    (:func:`volseg.models.build.build_model`), its ``configure_optimizers()`` and Lightning's
+    loop from ``cfg.trainer`` (:func:`module_training_step`). The other arguments override the
+    config's ``data.batch_size`` (a micro-batch's), ``data.patch_size``,
+    ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
     """
     precision = planned_precision(cfg)
-    cfg = _step_config(cfg, batch_size, patch_size, activation_checkpointing)
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        if batch_size is not None:
+            cfg.data.batch_size = int(batch_size)
+        if patch_size is not None:
+            cfg.data.patch_size = [int(p) for p in patch_size]
+        if activation_checkpointing is not None:
+            cfg.model.activation_checkpointing = activation_checkpointing
+        # compiling changes kernels, not what the step keeps: not run on fake tensors
+        cfg.model.compile = False
     loop = LoopSettings.from_config(cfg.trainer)
     if accumulate_grad_batches is not None:
         loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
@@ -455,22 +347,25 @@ def module_training_step(
     fake_mode: FakeTensorMode | None = None,
     **step_options: Any,
 ) -> TrainingStep:
-    """The training step of any ``module`` (in training mode) with the optimizer
-    ``make_optimizer(module)`` on batches of ``image_shape`` ``(B, C, D, H, W)``, at
-    ``precision`` (a Lightning precision string, resolved for ``device``) on ``device``: the
-    ``*-true`` casts, autocast, the GradScaler of ``16-mixed`` on CUDA and CUDA's foreach updates
-    as :func:`build_training_step` applies them. With ``fake_mode`` the parameters are fake
-    tensors of that mode before the optimizer sees them. ``step_options``: further
-    :class:`TrainingStep` fields (``loss``, ``make_batch``)."""
+    """The training step of any ``module`` with the optimizer ``make_optimizer(module)`` on
+    batches of ``image_shape`` ``(B, C, D, H, W)`` at ``precision`` (resolved for ``device``):
+    the ``*-true`` casts, autocast, ``16-mixed``'s GradScaler on CUDA and CUDA's foreach updates.
+    With ``fake_mode`` the parameters are its fake tensors before the optimizer sees them.
+    ``step_options``: further :class:`TrainingStep` fields (``loss``, ``make_batch``)."""
     module.train()
     if precision in TRUE:
         # HalfPrecision.convert_module: the whole module in the lower precision
         module = module.to(TRUE[precision])
     if fake_mode is not None:
         _fake_parameters(module, fake_mode)
+    optimizer = make_optimizer(module)
+    if device == "cuda":  # CUDA's default update is the foreach one (a temporary per state)
+        for group in optimizer.param_groups:
+            if "foreach" in group and group["foreach"] is None:
+                group["foreach"] = True
     step = TrainingStep(
         module=module,
-        optimizer=_as_on_device(make_optimizer(module), device),
+        optimizer=optimizer,
         image_shape=tuple(int(n) for n in image_shape),
         input_dtype=TRUE.get(precision, torch.float32),
         loop=loop or LoopSettings(),
@@ -513,16 +408,11 @@ ZERO_GRAD = ("closure", "after_update", "before_forward")
 
 
 def zero_grad_setting(cfg: DictConfig) -> str:
-    """``estimate.zero_grad``, which only the benchmarks set (``+estimate.zero_grad=...``; not in
-    the configs): where the training loop sets the gradients to ``None``.
-
-    ``closure`` (default): Lightning's automatic optimization, inside the first micro-batch's
-    closure after its forward, so the previous step's gradients are held through that forward.
-    ``after_update``: a hand-written loop's ``optimizer.step(); optimizer.zero_grad()``, whose
-    forward starts without gradients (``benchmarks/levers.py`` and ``gpu_memory_table.py``).
-    ``before_forward``: ``optimizer.zero_grad()`` first in each step (nnU-Net's trainer); the
-    gradients are held between steps but not in its forward.
-    """
+    """``estimate.zero_grad`` (only the benchmarks set it): where the loop sets the gradients to
+    ``None``. ``closure`` (default): Lightning's, after the first micro-batch's forward, which
+    runs with the last step's gradients held; ``after_update``: a hand-written loop's
+    ``optimizer.step(); optimizer.zero_grad()``; ``before_forward``: first in each step
+    (nnU-Net's trainer)."""
     value = str(cfg.get("estimate", {}).get("zero_grad") or "closure")
     if value not in ZERO_GRAD:
         raise UserInputError(f"estimate.zero_grad={value}: must be one of {', '.join(ZERO_GRAD)}")
@@ -541,27 +431,14 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
 
 @dataclass
 class StepTrace:
-    """What one fake-tensor trace of the training steps (and of what ran after them) gives.
-
-    ``events``: every allocation and free, in order (:mod:`volseg.memory.estimate.events`), the
-    training
-    steps' first, then those of ``then`` from ``then_start`` on; ``by_category``: the training
-    steps' peak bytes by category (params, grads, optimizer state, activations, temporaries,
-    buffers); ``modules``: each block's own activations in the last micro-batch (bytes);
-    ``flops``: one optimizer step's floating-point operations (by the formulas of torch's
-    ``FlopCounterMode``: matrix products and convolutions, forward, backward and checkpointing's
-    recomputation)."""
+    """One fake-tensor trace of the training steps and of what ran after them (``then``, from
+    event ``then_start`` on): ``events``, the ledger (:mod:`volseg.memory.estimate.events`);
+    ``flops``, one optimizer step's floating-point operations (torch's ``FlopCounterMode``
+    formulas: matrix products and convolutions, forward, backward and recomputation)."""
 
     events: list[Event]
-    by_category: dict[str, int]
-    modules: dict[str, int]
     flops: int
     then_start: int
-
-    @property
-    def step_events(self) -> list[Event]:
-        """The training steps' events only."""
-        return self.events[: self.then_start]
 
 
 def trace_steps(
@@ -572,45 +449,41 @@ def trace_steps(
     steps: int = 2,
 ) -> StepTrace:
     """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
-    too (the first creates the optimizer state, the per-module table is the last's);
-    ``then(tracker)`` runs after them in the same trace (a validation or, after no ``steps``, a
-    prediction: :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
-    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA (see
-    # volseg.memory.estimate.workspace)
+    too (the first creates the optimizer state); ``then(tracker)`` runs after them in the same
+    trace (a validation or, after no ``steps``, a prediction:
+    :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
+    # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
-    offloaded = _host_offload_modelled() if device == "cuda" else contextlib.nullcontext()
-    as_on_device = traced_for_cuda() if device == "cuda" else contextlib.nullcontext()
-    with mode, _constant_aranges(), offloaded, as_on_device, warnings.catch_warnings():
+    cuda = device == "cuda"
+    offloaded = mock.patch.object(offload, "OffloadToHost", _SavedOnHost)
+    tracker = RecordingMemTracker(workspace, peaks=False)
+    tracker.track_external(step.module, step.optimizer)
+    with (
+        mode,
+        mock.patch.object(torch, "arange", _constant_arange),
+        offloaded if cuda else contextlib.nullcontext(),
+        traced_for_cuda() if cuda else contextlib.nullcontext(),
+        warnings.catch_warnings(),
+        tracker,
+    ):
         # MemTracker's module tracker warns for modules it meets in backward only (the loss)
         warnings.filterwarnings("ignore", message="Module is None")
-        trace = LayerTrace(
-            step.module, [step.optimizer], [], tracker=RecordingMemTracker(workspace)
-        )
-        tracker: RecordingMemTracker = trace.tracker  # type: ignore[assignment]
-        trace.start()
-        try:
-            for n in range(steps):
-                tracker.count_flops = n == 0
-                step.run(
-                    1,
-                    on_step_start=tracker.mark,
-                    before_update=trace.optimizer_update_begins,
-                    # MemTracker follows one forward per module: the table is the last
-                    # micro-batch's
-                    on_micro_batch_start=tracker.reset_mod_stats,
-                )
-            tracker.count_flops = False
-            # read before ``then``, whose forwards would overwrite the modules' statistics
-            modules = {k: int(v * MIB) for k, v in block_activations(trace.rows()).items()}
-            then_start = len(tracker.events)
-            if then is not None:
-                then(tracker)
-        finally:
-            trace.stop()
-    # the bytes by category: a view of the steps' events (host copies on the meta device, of
-    # offloaded activations, are not among them)
-    by_category = category_peak(tracker.events[:then_start])
-    return StepTrace(tracker.events, by_category, modules, tracker.flops, then_start)
+        for n in range(steps):
+            tracker.count_flops = n == 0
+            step.run(
+                1,
+                on_step_start=tracker.mark,
+                before_update=tracker.optimizer_update_begins,
+                # MemTracker follows one forward per module
+                on_micro_batch_start=tracker.reset_mod_stats,
+            )
+        tracker.count_flops = False
+        then_start = len(tracker.events)
+        if then is not None:
+            # a small host tensor there (torch.tensor(..., device="meta")) is real, not fake
+            mode.allow_non_fake_inputs = True
+            then(tracker)
+    return StepTrace(tracker.events, tracker.flops, then_start)
 
 
 def phase_peaks(
@@ -620,11 +493,10 @@ def phase_peaks(
     allocator_settings: AllocatorSettings,
     start: int = 0,
 ) -> dict[str, int]:
-    """What is held at event ``start`` (``resident``: a phase's mark; 0 for a training step),
-    the most held from there on (``peak_allocated``), the reserved peak (CUDA: the caching
-    allocator replayed with ``allocator_settings`` over every event, those before ``start``
-    too) and the CUDA context, in bytes; ``settings``: the ``estimate`` config
-    (``cuda_context_mib``, ``gpu``). The figures a step and an inference phase share."""
+    """The figures a step and an inference phase share, in bytes: ``resident`` (held at event
+    ``start``), ``peak_allocated`` (the most from there on), ``peak_reserved`` (CUDA: the
+    allocator replayed over every event) and ``cuda_context``; ``settings``: ``memory.*``'s
+    ``cuda_context_mib`` and ``gpu``."""
     if device == "cuda":
         allocator = replay(events, settings=allocator_settings, phase_start=start)
         context = resolve_cuda_context(settings.get("cuda_context_mib"), settings.get("gpu"))
@@ -640,30 +512,9 @@ def phase_peaks(
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
 
 
-def _step_peaks(
-    events: list[Event], device: str, settings: Any, allocator_settings: AllocatorSettings
-) -> dict[str, int]:
-    """A training step's :func:`phase_peaks`, with the steady step's growth and the kernels'
-    workspace (the part of the peak that kernels hold inside an op)."""
-    found = phase_peaks(events, device, settings, allocator_settings)
-    del found["resident"]
-    if device == "cuda":
-        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
-        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
-        # above it: no workspace then
-        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
-        growth = held_peak(events, after_last_mark=True, rounding=round_size)
-    else:
-        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
-        growth = held_peak(events, after_last_mark=True)
-    found["kernel_workspace"] = max(0, found["peak_allocated"] - tensors_peak)
-    found["step_peak_growth"] = growth
-    return found
-
-
 def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
-    """The planned device, a fake-tensor mode and the planned config ``cfg``'s training step
-    with fake parameters in it."""
+    """The planned device, a fake-tensor mode and ``cfg``'s training step with fake
+    parameters."""
     device = planned_device(cfg)
     mode = FakeTensorMode()
     return device, mode, build_training_step(cfg, device, fake_mode=mode)
@@ -679,16 +530,25 @@ def estimate_step(
     allocator: AllocatorSettings | None = None,
     trace: StepTrace | None = None,
 ) -> MemoryEstimate:
-    """Predicted memory of ``step`` (its parameters fake tensors of ``mode``: see
-    :func:`module_training_step`) on ``device`` at ``precision``, read off its ``trace``
-    (:func:`trace_steps`; traced here where not given); ``settings``: the ``estimate`` config's
-    ``cuda_context_mib`` and ``gpu``; ``allocator``: the CUDA caching allocator's settings
-    (default: torch's)."""
+    """Predicted memory of ``step`` (fake parameters of ``mode``) on ``device``, read off its
+    ``trace`` (:func:`trace_steps`, traced here where not given); ``settings``: as
+    :func:`phase_peaks`; ``allocator``: ``memory.allocator``'s (default: torch's)."""
     started = time.perf_counter() if started is None else started
     trace = trace_steps(step, mode, device) if trace is None else trace
-    events = trace.step_events
+    events = trace.events[: trace.then_start]
+    names = {id(m): name for name, m in step.module.named_modules() if name}
     allocator = allocator or AllocatorSettings()
-    found = _step_peaks(events, device, settings or {}, allocator)
+    found = phase_peaks(events, device, settings or {}, allocator)
+    del found["resident"]
+    if device == "cuda":
+        # cuDNN's workspaces are the allocations with negative handles; the replays differ in
+        # how blocks split, so without workspaces the tensors' peak may come out a few blocks
+        # above it: no workspace then
+        tensors_peak = replay([e for e in events if e[1] >= 0]).peak_allocated
+        growth = held_peak(events, after_last_mark=True, rounding=round_size)
+    else:
+        tensors_peak = held_peak([e for e in events if e[0] != "workspace"])
+        growth = held_peak(events, after_last_mark=True)
     levers = getattr(step.module, "levers", None)
     result = MemoryEstimate(
         device=device,
@@ -697,11 +557,14 @@ def estimate_step(
         patch_size=list(step.image_shape[2:]),
         activation_checkpointing=getattr(levers, "activation_checkpointing", "none"),
         num_parameters=sum(p.numel() for p in step.module.parameters()),
-        **{k: v for k, v in trace.by_category.items() if k != "other"},
+        # host copies on the meta device (offloaded activations) are not in the ledger
+        **{k: v for k, v in category_peak(events).items() if k != "other"},
         **found,
+        kernel_workspace=max(0, found["peak_allocated"] - tensors_peak),
+        step_peak_growth=growth,
         process_total=found["peak_reserved"] + found["cuda_context"],
         seconds=time.perf_counter() - started,
-        modules=dict(trace.modules),
+        modules=module_activations(events, names),
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
     offload = bool(getattr(levers, "offload_activations", False))

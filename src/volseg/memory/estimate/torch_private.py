@@ -1,23 +1,19 @@
-"""torch's private APIs the estimate stands on, in one module: ``MemTracker``, adapted (optimizer
-state under Lightning's closure, and a record of every allocation and free for the allocator
-model, :mod:`volseg.memory.estimate.events`), fake tensors (``FakeTensorMode``,
-``unset_fake_temporarily``) and what CUDA's autocast model hooks (``engine_run_backward``,
-``tree_map``).
-
-MemTracker's private API used here: ``_MemRefType``, ``_ModState``, ``_update_snap``,
-``_update_peak_stats``, ``_pre_fw_hook``, ``_register_global_optimizer_hook``,
-``_track_optimizer_states``, ``_in_opt``, ``memory_tracking``, the snapshots.
+"""torch's private APIs, in one module: ``MemTracker`` adapted (optimizer state under Lightning's
+closure; the ledger, :mod:`volseg.memory.estimate.events`), fake tensors and the hooks of CUDA's
+autocast model. MemTracker's private API used here: ``_MemRefType``, ``_ModState``,
+``_update_snap``, ``_update_peak_stats``, ``_pre_fw_hook``, ``_post_fw_hook``,
+``_mod_tracker.is_bw``, ``_register_global_optimizer_hook``, ``_track_optimizer_states``,
+``_in_opt``, ``memory_tracking``, the snapshots (the monitor's per-module table, ``layers.py``).
 ``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
 
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.autograd.graph import _engine_run_backward as engine_run_backward
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _ModState
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
@@ -51,18 +47,9 @@ _CATEGORY = {
 
 
 class ClosureMemTracker(MemTracker):
-    """MemTracker for optimizers stepped with a closure (as Lightning does).
-
-    MemTracker counts every tensor created between an optimizer's step pre- and post-hook as
-    optimizer state. With a closure, forward and backward run inside ``step()``, so they would all
-    count as optimizer state. Here only what follows :meth:`optimizer_update_begins` (called from
-    Lightning's ``on_before_optimizer_step``, after the closure) counts as optimizer state.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        # the tracked modules' statistics by name (None: to be gathered again)
-        self._by_name: dict[str, list[Any]] | None = None
+    """MemTracker for optimizers stepped with a closure (Lightning's): forward and backward run
+    inside ``step()``, so only what follows :meth:`optimizer_update_begins` (Lightning's
+    ``on_before_optimizer_step``) counts as optimizer state."""
 
     def _register_global_optimizer_hook(self) -> None:
         def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -74,61 +61,48 @@ class ClosureMemTracker(MemTracker):
     def optimizer_update_begins(self) -> None:
         self._in_opt = True
 
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        super()._pre_fw_hook(module, inputs)
-        self._by_name = None  # a module seen for the first time, or under another name
-
-    def reset_mod_stats(self) -> None:
-        super().reset_mod_stats()
-        self._by_name = None
-
-    def _update_peak_stats(self, peak_state: _ModState) -> None:
-        """MemTracker's, with the running modules' statistics looked up by name: torch's scans
-        every tracked module after every op (most of a traced step's time), for the same
-        updates."""
-        by_name = self._by_name
-        if by_name is None:
-            by_name = {}
-            for stats in self.memory_tracking.values():
-                by_name.setdefault(stats.mod_fqn, []).append(stats)
-            self._by_name = by_name
-        curr_snap = self._curr_mem_snap
-        for name in set(self._mod_tracker.parents):
-            for stats in by_name.get(name, ()):
-                if peak_state in stats.snapshots:
-                    for dev, dev_snap in curr_snap.items():
-                        if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                            stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
-                            stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
-        for dev, dev_snap in curr_snap.items():
-            if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = deepcopy(dev_snap)
-
 
 class RecordingMemTracker(ClosureMemTracker):
-    """ClosureMemTracker that also records every allocation and free, in order; storages on the
-    ``meta`` device (activations offloaded to the host) are left out. ``workspace`` gives the
-    bytes a kernel holds while it runs (``None``: not modelled): an int is scratch memory outside
-    any allocator (a ``workspace`` event, the CPU's), a tuple the sizes of buffers taken one
-    after the other from the caching allocator (``malloc``/``free`` events with negative
-    handles, CUDA's; an inner tuple: buffers held at the same time)."""
+    """ClosureMemTracker that records the ledger (``events``; ``meta`` storages, host copies,
+    left out). ``workspace(func, args, out)``: a kernel's scratch bytes outside any allocator (an
+    int, the CPU's) or the buffers it takes from the caching allocator one after the other (a
+    tuple, CUDA's; an inner tuple: held together), events with negative handles."""
 
-    def __init__(self, workspace: Workspace | None = None) -> None:
+    def __init__(self, workspace: Workspace | None = None, peaks: bool = True) -> None:
         super().__init__()
+        # MemTracker's own peak snapshots, after every op; the ledger has every figure without
+        self.peaks = peaks
         self.events: list[Event] = []
         self.workspace = workspace
         self._workspaces = 0  # workspace buffers taken so far: their handles are -1, -2, ...
-        # floating-point operations of the ops run while ``count_flops``, by the formulas of
-        # torch's FlopCounterMode (matrix products, convolutions, attention): counted on the
-        # same ops as the bytes. FlopCounterMode itself is not entered: it decomposes ops it has
-        # no formula for, which would change what the trace allocates
+        # FLOPs while ``count_flops``, by FlopCounterMode's formulas on the traced ops (the mode
+        # itself would decompose ops it has no formula for, changing what the trace allocates)
         self.count_flops = False
         self.flops = 0
 
     def mark(self) -> None:
         """Note where a training step starts."""
         self.events.append(("mark", 0, 0))
+
+    def reset_mod_stats(self) -> None:
+        super().reset_mod_stats()
+        self.events.append(("reset", 0, 0))
+
+    def _update_peak_stats(self, peak_state: _ModState) -> None:
+        if self.peaks:
+            super()._update_peak_stats(peak_state)
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        # MemTracker's PRE_FW state: a module's forward, not a recomputation in backward
+        forward = module not in self.memory_tracking or not self._mod_tracker.is_bw
+        super()._pre_fw_hook(module, inputs)
+        if forward:
+            self.events.append(("enter", id(module), 0))
+
+    def _post_fw_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+        super()._post_fw_hook(module, inputs, outputs)
+        if not self._mod_tracker.is_bw:
+            self.events.append(("leave", id(module), 0))
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:  # noqa: ANN001
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)

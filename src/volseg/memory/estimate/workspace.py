@@ -1,18 +1,8 @@
-"""Memory that kernels hold while they run, beyond their inputs and outputs: MemTracker sees
-tensors, not a kernel's scratch memory, so each rule here adds it as a ``workspace`` allocation.
-
-On the CPU (:func:`cpu_workspace`): oneDNN's convolutions reorder their operands into blocked
-layouts, channels padded to the block (16 on AVX-512, 8 on AVX2); a convolution torch runs in
-channels-last takes channels-last copies instead (and on AVX2 a GEMM weight gradient's
-scratchpad); torch's native 3D convolution (a float32 batch of one with ``N x C x D x H`` at most
-20,480) unfolds a column buffer; where oneDNN has no 16-bit kernels, torch's own GEMM takes a
-float32 buffer of the whole product outside the allocator; softmax, log-softmax and upsampling
-of non-contiguous inputs, and a max pooling's backward across layouts, take contiguous copies.
-On CUDA (:class:`CudnnWorkspace`): cuDNN's convolutions take one workspace of about input plus
-output in forward and two of about grad-output plus input in backward, from the caching
-allocator, capped by ``model.cudnn_workspace_mib``.
-
-Each rule, the kernel it follows and what it was measured against: ``docs/kernel-memory.md``.
+"""Memory that kernels hold while they run, beyond their inputs and outputs (MemTracker sees
+tensors only): on the CPU, oneDNN's reorders, torch's im2col columns and its 16-bit GEMM's
+float32 product (:func:`cpu_workspace`); on CUDA, cuDNN's convolution workspaces
+(:class:`CudnnWorkspace`). Each rule, its kernel and what it was measured against:
+``docs/kernel-memory.md``.
 """
 
 from __future__ import annotations
@@ -48,7 +38,7 @@ _NATIVE_MAX_SLICE = 20480
 
 
 def _half_on_onednn(dtype: torch.dtype) -> bool:
-    """Whether oneDNN takes bfloat16/float16 convolutions on this CPU (else torch's native ones)."""
+    """Whether oneDNN takes bfloat16/float16 convolutions on this CPU."""
     check = {
         torch.bfloat16: "_is_mkldnn_bf16_supported",
         torch.float16: "_is_mkldnn_fp16_supported",
@@ -85,9 +75,8 @@ def runs_on_onednn(inputs: Any, weight: Any, stride: Any, dilation: Any, groups:
 
 
 def _native_columns(inputs: Any, weight: Any, outputs: Any, transposed: bool) -> int:
-    """The im2col buffer of torch's native 3D convolution (``slow_conv3d``: ``C_in x k^3`` rows by
-    the output's voxels, for the batch; ``slow_conv_transpose3d``: ``C_out x k^3`` rows by the
-    input's voxels, one sample at a time); none for a 1x1x1 kernel."""
+    """The im2col buffer of torch's native 3D convolution (``slow_conv3d``: ``C_in x k^3`` by the
+    output's voxels, the batch's; transposed: ``C_out x k^3`` by one sample's input voxels)."""
     kernel = math.prod(weight.shape[2:])
     if kernel == 1:
         return 0
@@ -108,28 +97,25 @@ _BACKWARD_ARGS = itemgetter(0, 1, 2, 4, 6, 7, 9)
 
 
 def _gemm_in_float32(dtype: torch.dtype) -> bool:
-    """Whether torch's own GEMM runs this dtype's products, accumulating in float32 (a 16-bit
-    dtype that oneDNN has no kernels for on this CPU)."""
+    """Whether torch's own GEMM runs this dtype's products in float32 (16-bit, no oneDNN)."""
     return dtype in (torch.bfloat16, torch.float16) and not _half_on_onednn(dtype)
 
 
 def _column_major(matrix: Any) -> bool:
-    """Whether a matrix (the last two dims) is stored transposed: column-major, not row-major."""
+    """Whether a matrix (the last two dims) is stored column-major."""
     return matrix.dim() >= 2 and matrix.stride(-2) == 1 and matrix.stride(-1) != 1
 
 
 def _product_buffer(a: Any, b: Any, out: Any) -> int:
-    """The float32 buffer of one matrix of ``a @ b`` where torch's own 16-bit GEMM takes one: the
-    first operand column-major and the second not (the module's docstring)."""
+    """The float32 buffer of one matrix of ``a @ b`` where torch's own 16-bit GEMM takes one."""
     if not _gemm_in_float32(a.dtype) or not _column_major(a) or _column_major(b):
         return 0
     return out.shape[-2] * out.shape[-1] * _FLOAT32_BYTES
 
 
 def _columns_in_float32(inputs: Any, weight: Any, outputs: Any, transposed: bool) -> int:
-    """The float32 buffer of one sample's columns that a native 16-bit convolution computes as a
-    GEMM product (forward of a transposed one, backward of a plain one; the module's
-    docstring)."""
+    """The float32 buffer of one sample's columns a native 16-bit convolution computes as a GEMM
+    product (forward of a transposed one, backward of a plain one)."""
     kernel = math.prod(weight.shape[2:])
     if transposed:
         return weight.shape[1] * kernel * math.prod(inputs.shape[2:]) * _FLOAT32_BYTES
@@ -146,8 +132,8 @@ _MATRIX_PRODUCTS = {
 
 
 def gemm_float32_buffer(func: Any, args: tuple, out: Any) -> int:
-    """Bytes of the float32 product buffer that torch's own 16-bit GEMM takes with ``malloc``
-    for this op, outside torch's allocator (0 where it takes none; the module's docstring)."""
+    """Bytes of the float32 product buffer torch's own 16-bit GEMM mallocs for this op, outside
+    torch's allocator (0: none)."""
     operands = _MATRIX_PRODUCTS.get(func)
     if operands is not None:
         return _product_buffer(*operands(args), out)
@@ -169,8 +155,7 @@ def gemm_float32_buffer(func: Any, args: tuple, out: Any) -> int:
 
 
 def onednn_channel_block() -> int:
-    """The channel block of oneDNN's blocked layouts on this CPU: 16 where torch dispatches to
-    AVX-512 kernels, else 8 (AVX2's)."""
+    """oneDNN's channel block on this CPU: 16 for AVX-512 kernels, 8 for AVX2's."""
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
@@ -183,10 +168,8 @@ def _blocked_numel(value: Any, block: int) -> int:
 
 
 def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
-    """A float32 (or, without AMX, bfloat16) oneDNN convolution's scratch beyond its output (the
-    rule of the module's docstring): the blocked output and, where the kernel takes the input
-    blocked, its reordered copy, held together while it runs; then the blocked output and the
-    output it is reordered into."""
+    """A float32 (or, without AMX, bfloat16) oneDNN convolution's scratch beyond its output: the
+    blocked output with the blocked input (held together), or with the output it becomes."""
     size = inputs.element_size()
     blocked_out = _blocked_numel(out, block) * size
     first_layer = math.prod(weight.shape[2:]) > 1 and inputs.shape[1] < block
@@ -196,13 +179,12 @@ def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
 
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     """Scratch bytes of one op on the CPU (0 where none is known): the kernel's own buffers and
-    a 16-bit GEMM's float32 product (:func:`gemm_float32_buffer`), held together."""
+    a 16-bit GEMM's float32 product, held together."""
     return _kernel_scratch(func, args, out) + gemm_float32_buffer(func, args, out)
 
 
 def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
-    """The buffers a CPU kernel holds while it runs (the im2col columns of torch's native
-    convolutions, oneDNN's reorders, a contiguous copy of a gradient)."""
+    """The buffers a CPU kernel holds while it runs."""
     if func is torch.ops.aten.convolution.default:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
@@ -262,9 +244,8 @@ def _same_layout(a: Any, b: Any) -> bool:
 
 
 def _strides_channels_last(tensor: Any) -> bool:
-    """Whether torch suggests ``channels_last_3d`` for a 5-D tensor: its strides rise from C
-    through W, H and D to N (c10's ``is_channels_last_strides_3d``, which also calls a
-    single-channel weight moved to channels-last one, where contiguity cannot tell)."""
+    """Whether torch suggests ``channels_last_3d`` for a 5-D tensor (c10's
+    ``is_channels_last_strides_3d``: strides rising from C through W, H and D to N)."""
     if not isinstance(tensor, torch.Tensor) or tensor.dim() != 5 or tensor.stride(1) == 0:
         return False
     least = 0
@@ -276,8 +257,8 @@ def _strides_channels_last(tensor: Any) -> bool:
 
 
 def _runs_channels_last(inputs: Any, weight: Any) -> bool:
-    """Whether torch runs a oneDNN convolution in channels-last: its input's or its weight's
-    strides are (``mkldnn_conv_use_channels_last``)."""
+    """Whether torch runs a oneDNN convolution in channels-last
+    (``mkldnn_conv_use_channels_last``)."""
     return _strides_channels_last(inputs) or _strides_channels_last(weight)
 
 
@@ -289,20 +270,17 @@ def _channels_last_copy(tensor: Any) -> int:
 
 
 def _copies_to_channels_last(dtype: torch.dtype) -> bool:
-    """Whether the channels-last rule (the module's docstring) holds for a oneDNN convolution of
-    this dtype on this CPU: float32, and bfloat16 without AMX (measured on AVX512_BF16); AMX's
-    16-bit kernels keep the blocked rule."""
+    """Whether a channels-last oneDNN convolution of this dtype takes channels-last copies:
+    float32, and bfloat16 without AMX (AMX's 16-bit kernels keep the blocked rule)."""
     return dtype == torch.float32 or not onednn_uses_amx()
 
 
 def _channels_last_backward(
     grad: Any, inputs: Any, weight: Any, weight_gradient: bool, padded: bool, transposed: bool
 ) -> int:
-    """A channels-last convolution's backward beyond its outputs: the channels-last copies of
-    the gradient and the input and, for the weight's gradient, a float32 one a thread summed
-    after and, on AVX2 kernels, the GEMM convolution's scratchpad (float32); a 16-bit one's
-    weight gradient reorders the gradient and the input once more, their channels padded to
-    oneDNN's block (its ``jit_bf16`` kernel takes them blocked)."""
+    """A channels-last convolution's backward beyond its outputs: channels-last copies of the
+    gradient and the input; for the weight's gradient, a float32 one per thread and (AVX2) the
+    GEMM scratchpad, or for 16-bit, the two reordered once more into oneDNN's blocks."""
     copies = _channels_last_copy(grad) + _channels_last_copy(inputs)
     if not weight_gradient:
         return copies
@@ -322,9 +300,8 @@ _GEMM_OUTER_THREADING_VOXELS = 256
 
 
 def _gemm_weight_gradient(inputs: Any, weight: Any, grad: Any) -> int:
-    """The scratchpad of oneDNN's GEMM convolution for a channels-last float32 weight gradient
-    on AVX2 kernels (0 elsewhere; the module's docstring): per thread it uses, one output depth
-    slice's im2col columns and one sample's input in NCDHW."""
+    """oneDNN's GEMM convolution scratchpad for a channels-last float32 weight gradient on AVX2
+    (0 elsewhere): per thread used, one output depth slice's columns and one sample's input."""
     if onednn_channel_block() != 8:
         return 0
     batch, channels = inputs.shape[:2]
@@ -348,14 +325,10 @@ def _channels_last(tensor: Any) -> bool:
 
 @dataclass(frozen=True)
 class CudnnWorkspace:
-    """cuDNN's convolution workspaces (and the trilinear backward's copies) on CUDA, as the
-    caching allocator sees them.
-
-    ``limit``: bytes a workspace may take at most (``CUDNN_CONV_WSCAP_DBG``; ``None``: no cap).
-    Returns, for a convolution, the sizes of the workspaces it takes one after the other:
-    forward, input plus output; backward, grad-output plus input for each of the input's and the
-    weight's gradient it computes (the rule of this module's docstring).
-    """
+    """cuDNN's convolution workspaces (and the trilinear backward's copies), as the caching
+    allocator sees them: for a convolution, the sizes it takes one after the other (forward,
+    input plus output; backward, grad-output plus input per gradient computed). ``limit``:
+    ``CUDNN_CONV_WSCAP_DBG`` in bytes (``None``: no cap)."""
 
     limit: int | None = None
     channels_last: bool = False
@@ -366,12 +339,9 @@ class CudnnWorkspace:
         return tuple(min(size, self.limit) for size in sizes if min(size, self.limit) > 0)
 
     def _trilinear_backward(self, grad: Any, grad_input: Any) -> tuple[tuple[int, ...], ...]:
-        """CUDA's ``upsample_trilinear3d_backward`` (``UpSampleTrilinear3d.cu``, the default,
-        non-deterministic kernel) runs on ``grad_output_.contiguous()`` and on
-        ``grad_input_.contiguous()`` (copied back into the channels-last gradient after), both
-        held through the kernel. The gradient from a concatenation is a channel slice of its
-        gradient: contiguous only for NCDHW maps of a batch of one; a channels-last network's
-        (which fake tensors keep NCDHW) is channels-last, so never."""
+        """``upsample_trilinear3d_backward`` (``UpSampleTrilinear3d.cu``) runs on contiguous
+        copies of the gradient (a concatenation's channel slice: contiguous only for NCDHW maps
+        of a batch of one) and, channels-last, of the input's gradient, both held through it."""
         copies = []
         if self.channels_last or not grad.is_contiguous():
             copies.append(_bytes(grad))

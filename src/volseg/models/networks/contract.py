@@ -17,7 +17,7 @@ levers, on the built network): :meth:`NetworkAdapter.check_checkpointing`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,7 +30,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils._pytree import tree_map
 
-from volseg.models.checkpointing import check_modes, checkpoint_segment
+from volseg.models.checkpointing import check_modes, checkpoint_segment, selective_chain
 
 #: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
 #: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
@@ -63,6 +63,19 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
     found = [(n, m) for n, m in found if any(True for _ in m.parameters())]
     ids = {id(m) for _, m in found}
     return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
+
+
+#: modules whose forward is one op a selective segment keeps the output of (a convolution, a
+#: linear layer): such a segment recomputes nothing and keeps that output besides its input
+SINGLE_SAVED_OP_MODULES = (nn.modules.conv._ConvNd, nn.Linear)
+
+
+def single_saved_op(module: nn.Module) -> bool:
+    """Whether ``module`` is one convolution or linear layer: ``selective`` leaves it alone,
+    since checkpointing it keeps its output (:data:`~volseg.models.checkpointing.SAVED_OPS`)
+    where without a segment the output may be freed as soon as it is used (nnU-Net's transposed
+    convolutions, consumed by a concatenation; its deep supervision heads)."""
+    return isinstance(module, SINGLE_SAVED_OP_MODULES)
 
 
 #: arguments that hold others, which a block's forward may change (``skips.pop()``): a
@@ -117,13 +130,43 @@ def _recompute_selectively(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
 RECOMPUTE = {"full": _recompute_keeping_norm_statistics, "selective": _recompute_selectively}
 
 
+def _recompute_chain_selectively(
+    layers: Sequence[nn.Module], module: nn.Module, *args: Any, **kwargs: Any
+) -> Any:
+    """A block whose forward is the chain ``layers``, called on one tensor: selective segments
+    cut after each kept convolution (:func:`~volseg.models.checkpointing.selective_chain`);
+    called otherwise, :func:`_recompute_selectively` of the whole block."""
+    if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
+        return _recompute_selectively(module, *args, **kwargs)
+    return selective_chain(layers, args[0])
+
+
+def sequential_inside(module: nn.Module) -> nn.Sequential | None:
+    """``module`` itself where it is an ``nn.Sequential`` whose forward is Sequential's (each
+    child on the previous one's output); ``None`` otherwise."""
+    return module if type(module).forward is nn.Sequential.forward else None
+
+
+def flatten_chain(
+    module: nn.Module, inside: Callable[[nn.Module], nn.Sequential | None] = sequential_inside
+) -> list[nn.Module]:
+    """The layers ``module`` runs one after the other, each on the previous one's output: the
+    leaves of the nested chains ``inside`` finds (``[module]`` where it finds none)."""
+    chain = inside(module)
+    if chain is None:
+        return [module]
+    return [leaf for child in chain for leaf in flatten_chain(child, inside)]
+
+
 class NetworkAdapter:
     """The generic adapter: any ``nn.Module``.
 
     Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
     unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
-    :func:`child_blocks`, ``selective`` wraps every block with the selective policy (its
-    convolution outputs kept, the rest recomputed), a list of submodule names wraps those, a
+    :func:`child_blocks`, ``selective`` wraps every block but a lone convolution with the
+    selective policy (its convolution outputs kept, the rest recomputed; a block that is a chain,
+    :meth:`chain`, as segments cut after each kept convolution), a list of submodule names wraps
+    those, a
     mapping ``{submodule name: full|selective}`` wraps each so, with torch's
     ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
     by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
@@ -172,6 +215,12 @@ class NetworkAdapter:
         """The blocks ``all`` checkpoints, by qualified name: :func:`child_blocks`."""
         return child_blocks(net)
 
+    def chain(self, block: nn.Module) -> list[nn.Module]:
+        """The layers ``block`` runs one after the other (:func:`flatten_chain` of the
+        ``nn.Sequential`` inside it); ``[block]`` where its forward is not known to be a chain.
+        ``selective`` cuts a chain after each kept convolution."""
+        return flatten_chain(block)
+
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         """Raise ``ValueError`` when ``spec`` is not a setting this network takes."""
         if spec is None or spec in self.checkpointing_choices:
@@ -208,9 +257,10 @@ class NetworkAdapter:
         """The modules ``spec`` checkpoints, each with its mode (``full`` or ``selective``)."""
         if spec is None or spec == "none":
             return []
-        if spec in ("all", "selective"):
-            mode = "selective" if spec == "selective" else "full"
-            return [(m, mode) for _, m in self.blocks(net)]
+        if spec == "all":
+            return [(m, "full") for _, m in self.blocks(net)]
+        if spec == "selective":
+            return [(m, "selective") for _, m in self.blocks(net) if not single_saved_op(m)]
         if isinstance(spec, Mapping):
             return [(net.get_submodule(name), mode) for name, mode in spec.items()]
         return [(net.get_submodule(name), "full") for name in spec]
@@ -230,6 +280,10 @@ class NetworkAdapter:
             return True
 
         def wrap(module: nn.Module) -> nn.Module:
+            layers = self.chain(module)
+            if modes[id(module)] == "selective" and len(layers) > 1:
+                recompute = partial(_recompute_chain_selectively, layers)
+                return checkpoint_wrapper(module, checkpoint_fn=recompute)
             return checkpoint_wrapper(module, checkpoint_fn=RECOMPUTE[modes[id(module)]])
 
         if modes:

@@ -6,12 +6,21 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
+import torch
 from hydra.utils import get_class
 from torch import nn
 
-from volseg.models.networks.contract import NetworkAdapter, Planned
+from volseg.models.checkpointing import selective_chain
+from volseg.models.networks.contract import (
+    CheckpointSpec,
+    NetworkAdapter,
+    Planned,
+    flatten_chain,
+    sequential_inside,
+)
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 
@@ -59,9 +68,70 @@ class DynamicUNetAdapter(NetworkAdapter):
                     found.append((f"{owner}.{name}", child))
         return [(n, m) for n, m in found if any(True for _ in m.parameters())]
 
+    def checkpointed_modes(
+        self, net: nn.Module, spec: CheckpointSpec
+    ) -> list[tuple[nn.Module, str]]:
+        """``selective``: the decoder's stages are left to :func:`_decoder_forward_selectively`
+        (see :meth:`apply_checkpointing`)."""
+        modes = super().checkpointed_modes(net, spec)
+        if spec != "selective":
+            return modes
+        stages = {id(m) for m in net.decoder.stages}
+        return [(m, mode) for m, mode in modes if id(m) not in stages]
+
+    def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
+        """``selective`` also runs the decoder's forward as :func:`_decoder_forward_selectively`
+        while training with grad: a stage's input is the concatenation of the transposed
+        convolution's output and the skip, the largest map of its level, which a checkpoint of
+        the stage alone would keep."""
+        super().apply_checkpointing(net, spec)
+        if spec == "selective":
+            decoder = net.decoder
+            decoder.forward = partial(_decoder_forward_selectively, self, decoder)
+
+    def chain(self, block: nn.Module) -> list[nn.Module]:
+        """Also through their stacked convolutions (``StackedConvBlocks.convs``) and each
+        conv -> dropout -> norm -> nonlinearity (``ConvDropoutNormReLU.all_modules``), whose
+        forwards run those ``nn.Sequential`` as they are."""
+        return flatten_chain(block, _dynamic_sequential_inside)
+
 
 #: the decoder's lists of blocks, in the order its forward runs them
 DECODER_LISTS = ("transpconvs", "stages", "seg_layers")
+#: dynamic-network-architectures' blocks whose forward is one ``nn.Sequential`` attribute's
+CHAINED_BY = {"StackedConvBlocks": "convs", "ConvDropoutNormReLU": "all_modules"}
+
+
+def _dynamic_sequential_inside(module: nn.Module) -> nn.Sequential | None:
+    name = CHAINED_BY.get(type(module).__name__)
+    return getattr(module, name) if name is not None else sequential_inside(module)
+
+
+def _decoder_forward_selectively(
+    adapter: DynamicUNetAdapter, decoder: nn.Module, skips: list[torch.Tensor]
+) -> Any:
+    """``UNetDecoder.forward`` (dynamic-network-architectures: ``skips`` in the order the
+    encoder made them, the bottleneck last; one output per level, full resolution first, with
+    deep supervision, else the last), each stage a selective chain whose first segment runs
+    the transposed convolution and concatenates its output with the skip: the concatenation
+    is recomputed in backward, and the transposed convolution's output (half of it) kept
+    unless the convolution is cheap (:func:`~volseg.models.checkpointing.cheap_convolution`).
+    Evaluation and forwards without grad run the decoder's own forward."""
+    if not (decoder.training and torch.is_grad_enabled()):
+        return type(decoder).forward(decoder, skips)
+    x, outputs = skips[-1], []
+    for s, stage in enumerate(decoder.stages):
+        up = decoder.transpconvs[s]
+
+        def merge(x: torch.Tensor, skip: torch.Tensor, up: nn.Module = up) -> torch.Tensor:
+            return torch.cat((up(x), skip), 1)
+
+        x = selective_chain(
+            adapter.chain(stage), x, skips[-(s + 2)], before=merge, before_modules=[up]
+        )
+        if decoder.deep_supervision or s == len(decoder.stages) - 1:
+            outputs.append(decoder.seg_layers[s if decoder.deep_supervision else -1](x))
+    return outputs[::-1] if decoder.deep_supervision else outputs[0]
 
 
 class Pytorch3DUNetAdapter(NetworkAdapter):

@@ -36,6 +36,9 @@ class SegResNetAdapter(NetworkAdapter):
     """MONAI's SegResNet: ``len(blocks_down) - 1`` stride-2 downsamplings."""
 
     family = "MONAI SegResNet"
+    #: no ``selective``: its residual blocks add the skip in place onto a convolution's output
+    #: (``x += identity``), which torch's selective checkpointing refuses (a kept output mutated)
+    checkpointing_choices = ("none", "all")
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
         levels = len(plain(net_cfg.get("blocks_down", [1, 2, 2, 4])))

@@ -37,8 +37,11 @@ def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
 
 
 class UNet3DAdapter(NetworkAdapter):
-    """UNet3D: depth, widths and pooling planned for the patch; checkpointing by name, level or
-    ``{encoder, decoder}`` mode; placement ``{encoder, decoder}``."""
+    """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by
+    the per-axis product of its poolings; checkpointing ``none``/``selective``/``decoder``/
+    ``encoder``/``all``, level indices, or ``{encoder: MODE, decoder: MODE}`` (MODE ``full``:
+    per-conv-unit segments; ``selective``: segments cut after each kept convolution);
+    placement ``{encoder, decoder}``."""
 
     family = "volseg UNet3D"
     checkpointing_choices = CHECKPOINTING_CHOICES
