@@ -94,9 +94,10 @@ def test_a_traced_step_gives_events_snapshots_and_flops():
     assert tracker.flops == first + second + first + 2 * second
 
 
-def test_the_peaks_are_torchs_own():
-    """ClosureMemTracker's faster peak bookkeeping gives what MemTracker's gives: the step's
-    peak by category and each module's snapshots (a nested network, forward and backward)."""
+def test_the_recording_hooks_leave_memtrackers_own_bookkeeping():
+    """RecordingMemTracker's hooks (the ledger's events) leave what MemTracker keeps as torch
+    keeps it: the step's peak by category and each module's snapshots, which the monitor's
+    per-module table reads (a nested network, forward and backward)."""
 
     def traced(tracker_class):
         torch.manual_seed(0)
