@@ -24,16 +24,8 @@ ENTRY_CONFIGS = ("train", "eval", "predict", "plan", "estimate_memory")
 SRC = REPO / "src" / "volseg"
 #: the packages that read the composed config (their ``.get(key, value)`` are config fallbacks)
 READERS = ("memory", "plan", "tasks")
-#: drifts not fixed yet, each with why: the network's and the module's defaults are what the
-#: tests and scripts that build them directly rely on (batch norm in the checkpointing tests, a
-#: check every step, a per-epoch schedule). An entry fixed must leave this list.
-NOT_YET = {
-    "model.net.activation": "UNet3D's direct callers build it with relu",
-    "model.net.norm": "UNet3D's direct callers (the BatchNorm checkpointing tests) use batch",
-    "model.net.widths": "UNet3D's direct callers pass their own widths or rely on four levels",
-    "model.nonfinite_check_every_n_steps": "SegmentationModule's direct callers check every step",
-    "model.scheduler_interval": "SegmentationModule's direct callers step the schedule per epoch",
-}
+#: drifts not fixed yet, each with why (an entry fixed must leave this list)
+NOT_YET: dict[str, str] = {}
 
 
 def _constructor(target: object) -> object:

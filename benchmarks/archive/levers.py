@@ -86,7 +86,9 @@ LAYOUTS = {
 def build(lever: dict, device: str = "cpu") -> SegmentationModule:
     torch.manual_seed(0)
     widths, decoder_widths = LAYOUTS[device]
-    net = UNet3D(1, 5, widths=widths, decoder_widths=decoder_widths)
+    net = UNet3D(
+        1, 5, widths=widths, decoder_widths=decoder_widths, norm="batch", activation="relu"
+    )
     return SegmentationModule(
         net,
         DiceCELoss(to_onehot_y=True, softmax=True, include_background=False),
@@ -94,6 +96,7 @@ def build(lever: dict, device: str = "cpu") -> SegmentationModule:
         activation_checkpointing=lever.get("activation_checkpointing"),
         checkpoint_loss=lever.get("checkpoint_loss", False),
         offload_activations=lever.get("offload_activations", False),
+        nonfinite_check_every_n_steps=1,
     ).to(device)
 
 

@@ -64,12 +64,13 @@ def _run_dir_train(small_dataset: Path, tmp_path: Path, *extra: str) -> tuple[di
 
 def _module(**levers) -> SegmentationModule:
     torch.manual_seed(0)
-    net = UNet3D(1, 3, widths=[8, 16, 32])
+    net = UNet3D(1, 3, widths=[8, 16, 32], norm="batch", activation="relu")
     return SegmentationModule(
         net,
         DiceCELoss(to_onehot_y=True, softmax=True),
         lambda params: torch.optim.SGD(params, lr=0.1),
         num_classes=3,
+        nonfinite_check_every_n_steps=1,
         **levers,
     )
 

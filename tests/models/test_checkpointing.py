@@ -98,7 +98,7 @@ def _kept_activations_mib(net: torch.nn.Module, x, y) -> float:
 @pytest.mark.slow
 def test_checkpointing_all_cuts_kept_activations_by_more_than_60_percent():
     torch.manual_seed(0)
-    base = UNet3D(1, 5, [16, 32, 64, 128])
+    base = UNet3D(1, 5, [16, 32, 64, 128], norm="batch", activation="relu")
     x, y = _batch((2, 1, 32, 64, 64))
     none = _kept_activations_mib(copy.deepcopy(base), x, y)
     everything = _kept_activations_mib(_with(base, "all"), x, y)
@@ -121,7 +121,11 @@ def test_offload_gives_the_same_gradients():
 
     def module(offload: bool) -> SegmentationModule:
         return SegmentationModule(
-            copy.deepcopy(net), LOSS, torch.optim.SGD, offload_activations=offload
+            copy.deepcopy(net),
+            LOSS,
+            torch.optim.SGD,
+            offload_activations=offload,
+            nonfinite_check_every_n_steps=1,
         )
 
     reference, offloaded = _step(module(False), x, y), _step(module(True), x, y)
@@ -147,7 +151,13 @@ def test_checkpointed_loss_gives_the_same_loss_and_gradients():
     x, y = _batch()
     results = []
     for flag in (False, True):
-        module = SegmentationModule(copy.deepcopy(net), LOSS, torch.optim.SGD, checkpoint_loss=flag)
+        module = SegmentationModule(
+            copy.deepcopy(net),
+            LOSS,
+            torch.optim.SGD,
+            checkpoint_loss=flag,
+            nonfinite_check_every_n_steps=1,
+        )
         loss = module.compute_loss(module(x), y)
         loss.backward()
         results.append((loss.detach(), [p.grad for p in module.parameters()]))
@@ -235,7 +245,7 @@ def test_selective_trains_under_autocast_with_the_gradients_of_no_checkpointing(
 @pytest.mark.slow
 def test_selective_keeps_at_most_60_percent_of_the_activations_of_none():
     torch.manual_seed(0)
-    base = UNet3D(1, 5, [16, 32, 64, 128])
+    base = UNet3D(1, 5, [16, 32, 64, 128], norm="batch", activation="relu")
     x, y = _batch((2, 1, 32, 64, 64))
     none = _kept_activations_mib(copy.deepcopy(base), x, y)
     selective = _kept_activations_mib(_with(base, "selective"), x, y)

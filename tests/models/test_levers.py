@@ -39,7 +39,11 @@ def test_a_bad_lever_names_its_key(levers, key):
 def test_levels_beyond_the_network_name_the_key():
     with pytest.raises(ValueError, match=r"model.activation_checkpointing=\[3\].*0..1"):
         SegmentationModule(
-            UNet3D(1, 5, [4, 8]), DiceCELoss(), torch.optim.SGD, activation_checkpointing=[3]
+            UNet3D(1, 5, [4, 8]),
+            DiceCELoss(),
+            torch.optim.SGD,
+            activation_checkpointing=[3],
+            nonfinite_check_every_n_steps=1,
         )
 
 

@@ -53,4 +53,10 @@ def test_placement_is_applied_after_lightning_moves_the_module(
 
 def test_bad_placement_names_the_key():
     with pytest.raises(ValueError, match="model.placement must be"):
-        SegmentationModule(UNet3D(1, 5, [4, 8]), DiceCELoss(), torch.optim.SGD, placement={"a": 1})
+        SegmentationModule(
+            UNet3D(1, 5, [4, 8]),
+            DiceCELoss(),
+            torch.optim.SGD,
+            placement={"a": 1},
+            nonfinite_check_every_n_steps=1,
+        )

@@ -29,6 +29,7 @@ def _module(net, num_classes=3):
         num_classes=num_classes,
         class_names=["bg", "a", "b"],
         inferer=SlidingWindowInferer(roi_size=(8, 8, 8)),
+        nonfinite_check_every_n_steps=1,
     )
 
 
@@ -110,6 +111,7 @@ def test_channels_last_gives_the_same_logits_and_gradients():
         optimizer=reference.optimizer_factory,
         num_classes=3,
         channels_last=True,
+        nonfinite_check_every_n_steps=1,
     )
     assert fast.net.inc[0].weight.is_contiguous(memory_format=torch.channels_last_3d)
     x = torch.randn(2, 1, 8, 12, 10)

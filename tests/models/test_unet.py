@@ -12,7 +12,9 @@ def _count(net: torch.nn.Module) -> int:
 @pytest.mark.parametrize("shape", [(26, 150, 320), (33, 47, 65), (16, 17, 31)])
 def test_odd_sizes_keep_shape_on_meta(shape):
     with torch.device("meta"):
-        net = UNet3D(1, 5, widths=[64, 128, 256, 512, 512], decoder_widths=[64, 64, 128, 256])
+        net = UNet3D(
+            1, 5, [64, 128, 256, 512, 512], [64, 64, 128, 256], norm="batch", activation="relu"
+        )
         out = net(torch.empty(2, 1, *shape))
     assert out.shape == (2, 5, *shape)
 

@@ -1,17 +1,7 @@
-"""The U-Net's 3D convolution: :class:`torch.nn.Conv3d`, with its weight gradient kept right on
-a CPU in bfloat16.
-
-oneDNN, which computes PyTorch's CPU convolutions (torch 2.13.0+cpu bundles oneDNN 3.12),
-returns a wrong weight gradient in bfloat16 from its AVX-512 kernels (with or without the
-AVX512_BF16 instructions; its AVX2 kernels are right) for a kernel deeper than 1 over an input
-of depth exactly 2: relative errors of 1e30 up to inf and NaN, under bf16 autocast and with bf16
-tensors alike, at every channel count and in-plane size tried; the forward pass and the input's
-gradient are right, as are depths 1 and 3 to 8 and transposed convolutions
-(``python -m benchmarks cpu_bf16_conv`` checks each case on the CPU it runs on). A U-Net level
-of depth 2 is common: with ``[2, 2, 2]`` pooling a patch of depth 16-23 has it at the fourth
-level, 32-47 at the fifth, and training can diverge (docs/benchmarks.md, "Precision on a
-CPU"). Such a call runs in float32 here; every other one is a plain ``nn.Conv3d`` call.
-"""
+"""The U-Net's 3D convolution: :class:`torch.nn.Conv3d`, but in float32 where oneDNN's AVX-512
+kernels (torch 2.13.0+cpu) return a wrong bf16 weight gradient (up to inf and NaN): a kernel deeper
+than 1 over an input of depth exactly 2, common at deep levels (``python -m benchmarks
+cpu_bf16_conv``; docs/benchmarks.md, "Precision on a CPU")."""
 
 from __future__ import annotations
 
@@ -31,8 +21,7 @@ _traced_for_cuda = False
 
 @contextlib.contextmanager
 def traced_for_cuda() -> Iterator[None]:
-    """CPU tensors stand for CUDA ones here (the estimator's trace of a CUDA step): every
-    convolution runs as a plain ``nn.Conv3d`` call, as on CUDA."""
+    """CPU tensors stand for CUDA ones (the estimator's trace of a CUDA step): plain calls only."""
     global _traced_for_cuda
     previous, _traced_for_cuda = _traced_for_cuda, True
     try:
@@ -42,8 +31,7 @@ def traced_for_cuda() -> Iterator[None]:
 
 
 def runs_in_cpu_bf16(x: torch.Tensor) -> bool:
-    """Whether a convolution of ``x`` would run in bfloat16 on the CPU (bf16 input, or CPU
-    autocast to bf16)."""
+    """Whether a convolution of ``x`` would run in bfloat16 on the CPU (bf16 input or autocast)."""
     if x.device.type != "cpu" or _traced_for_cuda:
         return False
     if x.dtype == torch.bfloat16:
@@ -52,10 +40,7 @@ def runs_in_cpu_bf16(x: torch.Tensor) -> bool:
 
 
 class Conv3d(nn.Conv3d):
-    """:class:`torch.nn.Conv3d` (same parameters, same state dict) that runs in float32 where a
-    CPU bf16 call would get its weight gradient wrong (see the module docstring): input
-    ``(B, C_in, 2, H, W)`` with a kernel deeper than 1. The output keeps the dtype the bf16
-    call would have given, so the layers after it are unchanged."""
+    """``nn.Conv3d`` that runs in float32 where CPU bf16 would get its weight gradient wrong."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-3] != BROKEN_BF16_DEPTH or self.kernel_size[0] == 1 or not runs_in_cpu_bf16(x):

@@ -1,15 +1,7 @@
-"""``model.optimizer.lr=auto``: the learning rate from the number of foreground classes.
-
-Few-class tasks train best at a low rate; many-class tasks learn their regions one after
-another, and within a short budget they need a rate several times higher
-(docs/benchmarks.md, "Learning"). The rule is ``model.optimizer.lr_by_classes``:
-``lr_few`` up to ``few_classes`` foreground classes, ``lr_many`` from ``many_classes``, and
-log-linear in the class count between them.
-
-The rule belongs to the optimizer's settings, so it lives with the model: the run plan
-(:mod:`volseg.plan.optimizer`) records the rate as a decision, and the memory estimator, given a
-config that was not planned, resolves it here without loading the plan.
-"""
+"""``model.optimizer.lr=auto``: the learning rate from the number of foreground classes, by the rule
+``model.optimizer.lr_by_classes``: ``lr_few`` up to ``few_classes``, ``lr_many`` from
+``many_classes``, log-linear between. Many-class tasks learn their regions one after another and
+need a higher rate in a short budget (docs/benchmarks.md, "Learning")."""
 
 from __future__ import annotations
 
@@ -27,8 +19,7 @@ RULE_FIELDS = ("few_classes", "lr_few", "many_classes", "lr_many")
 
 
 class LearningRate(NamedTuple):
-    """A resolved ``model.optimizer.lr``: ``why`` says from what for a rate from the rule and is
-    empty for a configured number."""
+    """A resolved ``model.optimizer.lr``; ``why``: from what, empty for a configured number."""
 
     value: float
     why: str = ""
@@ -63,9 +54,7 @@ def lr_for_classes(foreground_classes: int, rule: Mapping[str, Any]) -> float:
 def learning_rate(
     lr: Any, rule: Mapping[str, Any] | None, num_classes: int, include_background: bool
 ) -> LearningRate:
-    """``model.optimizer.lr``: a configured number as it is, ``auto`` from the rule for the
-    task's foreground classes (``num_classes`` counts background; with ``include_background``
-    every class counts)."""
+    """A configured number as it is; ``auto`` from the rule for the foreground classes."""
     if str(lr) != "auto":
         return LearningRate(_positive(lr, "model.optimizer.lr"))
     if rule is None:
@@ -77,11 +66,8 @@ def learning_rate(
 
 
 def resolve_learning_rate(cfg: DictConfig) -> LearningRate | None:
-    """Set ``cfg.model.optimizer.lr`` in place (:func:`learning_rate` for ``cfg``'s
-    ``num_classes``) and take the rule out of the optimizer's arguments; ``None`` when ``cfg``
-    has no optimizer with a learning rate. The run plan calls it
-    (:func:`volseg.plan.optimizer.apply_learning_rate`), and so does the memory estimator given a
-    config that was not planned (the rate changes no byte, but the optimizer must build)."""
+    """Set ``cfg.model.optimizer.lr`` in place, the rule taken out of the optimizer's arguments;
+    ``None`` without an optimizer with a learning rate."""
     optimizer = OmegaConf.select(cfg, "model.optimizer")
     if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
         return None

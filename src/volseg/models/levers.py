@@ -1,16 +1,5 @@
-"""The memory levers of a training step: each one config value, validated and applied here.
-
-:class:`MemoryLevers` holds the ``model.*`` levers; building it validates every one, with errors
-naming its config key. :meth:`MemoryLevers.apply` applies the ones that change the network, in
-one stated order; :meth:`MemoryLevers.forward` and :meth:`MemoryLevers.loss` apply the ones that
-act while a step runs. :data:`LEVERS` lists every lever a user can pull (these, the trainer's,
-the data's and the inferer's), in the order to try them: the OOM report and the table of
-docs/memory.md read it.
-
-This module sits in ``models/`` (not ``memory/``) because the LightningModule applies the levers
-and ``models/`` imports nothing from ``memory/``; the estimator and planner read it from there.
-The mechanisms live beside it: :mod:`volseg.models.checkpointing`, :mod:`volseg.models.offload`.
-"""
+"""The memory levers of a training step, each one config value: :class:`MemoryLevers` validates and
+applies them in one stated order; :data:`LEVERS` lists them all in the order to try them."""
 
 from __future__ import annotations
 
@@ -28,15 +17,13 @@ from volseg.models.checkpointing import CHECKPOINTING_CHOICES
 from volseg.models.networks import CheckpointSpec, adapter_for
 from volseg.utils.config import plain
 
-#: when :meth:`MemoryLevers.apply` runs: at construction; at Lightning's ``setup`` (per stage);
-#: at the start of every stage, after Lightning has moved the module to its device
+#: when :meth:`MemoryLevers.apply` runs: at construction, at ``setup``, at every stage's start
 When = Literal["build", "setup", "start"]
 
 
 @dataclass(frozen=True)
 class Lever:
-    """One thing a user can set to cut memory: its name, the setting to write, what it does, and
-    whether it acts on a training step (``train``) or on whole-volume inference (``inference``)."""
+    """One thing a user can set to cut memory, and when it acts (train or inference)."""
 
     name: str
     setting: str
@@ -148,16 +135,10 @@ def _error(message: str) -> ValueError:
     return ValueError(f"model.{message}")
 
 
-def devices_here() -> list[str]:
-    """The devices this machine has, as ``model.placement`` names them: ``cpu``, ``cuda:0`` ..."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return ["cpu", *(f"cuda:{i}" for i in range(count))]
-
-
 def check_placement_devices(placement: Mapping[str, str] | None) -> None:
-    """Raise ``ValueError`` naming ``model.placement`` when it names a device this machine does
-    not have (a split planned for another machine stops here, not in ``on_fit_start``)."""
-    here = devices_here()
+    """``ValueError`` naming ``model.placement`` for a device this machine does not have."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = ["cpu", *(f"cuda:{i}" for i in range(count))]
     for name, device in (plain(placement) or {}).items():
         try:
             parsed = torch.device(device)
@@ -173,15 +154,8 @@ def check_placement_devices(placement: Mapping[str, str] | None) -> None:
             )
 
 
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _error(f"{key} must be true or false; got {value!r}")
-    return value
-
-
 def _checkpointing(value: Any) -> CheckpointSpec:
-    """The setting's form (a name, or a list of level indices or submodule names); whether the
-    network takes it is its adapter's to say (:meth:`MemoryLevers.check_network`)."""
+    """The setting's form; whether the network takes it is its adapter's to say."""
     value = plain(value)
     if value is None or isinstance(value, str):
         return value
@@ -201,28 +175,15 @@ class MemoryLevers:
     """The ``model.*`` memory levers of :class:`~volseg.models.SegmentationModule`.
 
     Args:
-        activation_checkpointing: ``none``, ``encoder``, ``decoder``, ``all`` or a list of level
-            indices (0 = full resolution): recompute those levels' activations in backward
-            instead of keeping them; the settings and how they are applied are the network's
-            adapter's (:func:`volseg.models.networks.adapter_for`): UNet3D's levels, any other
-            network's ``all`` (every block) or submodule names.
-        offload_activations: keep the tensors saved for backward in host memory during forward
-            (:class:`volseg.models.offload.OffloadToHost`, pinned on CUDA, strides kept);
-            ``full_resolution``: only those at the input's resolution (most of the bytes, a
-            fraction of the copies).
-        cudnn_workspace_mib: cap (MiB) on the workspace of the convolution algorithms cuDNN may
-            pick (``CUDNN_CONV_WSCAP_DBG``, set at fit's set-up, before the first convolution;
-            ``None``: no cap). Smaller workspaces can mean slower algorithms.
-        checkpoint_loss: recompute the loss in backward. It lowers the activations kept, not the
-            step's peak: the recomputation runs first in backward, while every activation is
-            still held, and the checkpoint keeps the logits besides.
-        channels_last: weights and inputs in ``channels_last_3d`` (NDHWC) memory format:
-            oneDNN's CPU convolutions and cuDNN's tensor-core kernels run faster.
-        placement: ``{name: device}``: split the network over devices (UNet3D:
-            ``encoder``/``decoder``; any other network: its submodules by name), as its adapter
-            applies it.
-        compile: ``torch.compile`` the network for fit (kernels, not what a step keeps).
-    """
+        activation_checkpointing: which blocks recompute their activations in backward, as the
+            network's adapter offers it (:func:`volseg.models.networks.adapter_for`).
+        offload_activations: keep tensors saved for backward in host memory during forward;
+            ``full_resolution``: only those at the input's resolution (most of the bytes).
+        cudnn_workspace_mib: cap (MiB) on cuDNN's convolution workspace (``None``: no cap).
+        checkpoint_loss: recompute the loss in backward: fewer activations kept, not a lower peak.
+        channels_last: weights and inputs in ``channels_last_3d`` (NDHWC).
+        placement: ``{name: device}``: the network split over devices by its adapter.
+        compile: ``torch.compile`` the network for fit."""
 
     activation_checkpointing: CheckpointSpec = None
     offload_activations: bool | str = False
@@ -237,7 +198,8 @@ class MemoryLevers:
         set_ = object.__setattr__
         set_(self, "activation_checkpointing", _checkpointing(self.activation_checkpointing))
         for key in ("checkpoint_loss", "channels_last", "compile"):
-            _flag(key, getattr(self, key))
+            if not isinstance(getattr(self, key), bool):
+                raise _error(f"{key} must be true or false; got {getattr(self, key)!r}")
         offload_value = self.offload_activations
         if not (isinstance(offload_value, bool) or offload_value == FULL_RESOLUTION):
             raise _error(
@@ -288,8 +250,7 @@ class MemoryLevers:
             if self.channels_last:
                 net = net.to(memory_format=torch.channels_last_3d)
         elif when == "setup":
-            # Module.compile() compiles in place: state_dict keys stay those of the plain
-            # network, so checkpoints load with or without compile
+            # in place: state_dict keys stay the plain network's (checkpoints load either way)
             if self.compile and stage == "fit":
                 net.compile()
             if self.cudnn_workspace_mib is not None:
@@ -300,8 +261,7 @@ class MemoryLevers:
         return net
 
     def forward(self, net: nn.Module, x: torch.Tensor, training: bool) -> torch.Tensor:
-        """``net(x)`` with the levers that act during forward: the input's memory format, and
-        saved tensors kept in host memory (training with grad only)."""
+        """``net(x)`` with the memory format and, in training, host offload."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         if self.offload_activations and training and torch.is_grad_enabled():

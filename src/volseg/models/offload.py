@@ -20,21 +20,12 @@ def worth_offloading(tensor: torch.Tensor, min_voxels: int) -> bool:
 
 
 class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
-    """Keep every tensor saved for backward in (pinned) host memory; each returns to its device
-    for its own backward op.
+    """Keep every tensor saved for backward in (pinned) host memory until its backward op.
 
-    Unlike ``torch.autograd.graph.save_on_cpu(pin_memory=True)``, whose pinned buffers are
-    contiguous (NCDHW), the host copy keeps the saved tensor's strides: ``channels_last_3d``
-    activations come back channels-last, so backward does not convert each one (a copy of the
-    tensor's size and the time it takes) to match its channels-last gradients. Tensors already
-    on the host are kept as they are.
-
-    Args:
-        pin_memory: page-locked host buffers (CUDA: faster copies back in backward).
-        min_voxels: offload only tensors of at least this many voxels per channel (the product
-            of the dimensions after the second; 0: every tensor). The full-resolution maps hold
-            most of a U-Net's activations; the small deep ones stay and save their copies' time.
-    """
+    Unlike ``torch.autograd.graph.save_on_cpu``, whose buffers are contiguous, the host copy keeps
+    the tensor's strides: ``channels_last_3d`` activations come back channels-last, so backward
+    converts none. ``min_voxels``: offload only tensors of at least that many voxels per channel (0:
+    all; the full-resolution maps hold most of a U-Net's activations)."""
 
     def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
         def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:

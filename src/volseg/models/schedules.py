@@ -13,8 +13,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 @dataclass
 class RunBudget:
-    """What bounds a run: ``total_steps`` (optimizer steps; ``inf``: no step bound) and
-    ``max_time_s`` with ``elapsed_s()`` (seconds of training so far; ``None``: no time bound)."""
+    """What bounds a run: ``total_steps`` (optimizer steps; ``inf``: none) and ``max_time_s`` with
+    ``elapsed_s()`` (seconds trained so far; ``None``: no time bound)."""
 
     total_steps: float = math.inf
     max_time_s: float | None = None
@@ -23,9 +23,7 @@ class RunBudget:
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> RunBudget:
-        """From a Lightning trainer: ``max_steps`` or ``max_epochs`` × steps per epoch
-        (``estimated_stepping_batches``) and ``max_time`` (its ``Timer`` callback, which also
-        counts validation and survives a resume)."""
+        """From a trainer: its step count and its ``Timer``'s ``max_time``."""
 
         def count_steps() -> float:
             try:
@@ -41,16 +39,14 @@ class RunBudget:
         return cls(max_time_s=duration, elapsed_s=timer.time_elapsed, _count_steps=count_steps)
 
     def _steps(self) -> float:
-        # counted on first use, not when the scheduler is built: counting sets up the train
-        # loader, and a loader set up inside configure_optimizers misses the sampler state a
-        # resumed run restores afterwards (the resumed run would see other patches)
+        # counted on first use: counting sets up the train loader, which inside
+        # configure_optimizers would miss the sampler state a resumed run restores afterwards
         if self._count_steps is not None:
             self.total_steps, self._count_steps = self._count_steps(), None
         return self.total_steps
 
     def progress(self, step: int) -> float:
-        """Fraction of the budget used after ``step`` optimizer steps, in ``[0, 1]``: the larger
-        of the step fraction and the time fraction (whichever bound comes first ends the run)."""
+        """Budget used after ``step`` steps, ``[0, 1]``: the step or time fraction."""
         if step <= 0:
             return 0.0
         total = self._steps()
@@ -61,21 +57,11 @@ class RunBudget:
 
 
 class BudgetCosineLR(LRScheduler):
-    """Cosine decay from each group's initial LR to ``eta_min`` over the run's budget.
-
-    Stepped every optimizer step (``scheduler_interval: step``). The LR at step ``t`` is
-    ``eta_min + (lr0 - eta_min) * (1 + cos(pi * p)) / 2`` with ``p = budget.progress(t)``: the step
-    fraction for ``trainer.max_steps``/``max_epochs``, the elapsed fraction of ``trainer.max_time``
-    (time spent validating counts, as it does for the trainer), whichever is further. Following
-    time directly needs no estimate of the step rate, which varies with validation and with a
-    shared machine. With neither bound (``max_epochs=-1`` and no time), the LR stays constant.
-
-    Args:
-        optimizer: the wrapped optimizer.
-        budget: the run's bounds (:meth:`RunBudget.from_trainer`); ``None``: constant LR.
-        eta_min: the LR at the end of the budget.
-        warmup_steps: linear warm-up from 0 over the first steps (0: none).
-    """
+    """Cosine decay from each group's initial LR to ``eta_min`` over the run's budget, stepped every
+    optimizer step: ``eta_min + (lr0 - eta_min) * (1 + cos(pi * p)) / 2`` with ``p =
+    budget.progress(t)`` (the step or the elapsed time fraction, whichever is further: no estimate
+    of the step rate is needed). Without a bound the LR stays constant; ``warmup_steps``: linear
+    warm-up from 0."""
 
     #: the LightningModule passes ``budget=RunBudget.from_trainer(trainer)`` to such schedulers
     follows_budget = True

@@ -57,9 +57,8 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
 
 
 def deep_supervision_heads(logits: Any, label: torch.Tensor) -> list[torch.Tensor] | None:
-    """A network's deep-supervision outputs as a list (full resolution first): a list or tuple
-    as it is, a stacked ``(B, S, K, D, H, W)`` tensor (DynUNet) split along ``S``; ``None`` for
-    plain logits ``(B, K, D, H, W)`` (as many dimensions as the labels)."""
+    """Deep-supervision outputs as a list (a stacked ``(B, S, K, D, H, W)`` tensor split along
+    ``S``); ``None`` for plain logits ``(B, K, D, H, W)``."""
     if isinstance(logits, list | tuple):
         return list(logits)
     if logits.dim() == label.dim() + 1:
@@ -72,28 +71,15 @@ class SegmentationModule(LightningModule):
 
     Args:
         net: maps ``(B, C_in, D, H, W)`` to logits ``(B, num_classes, D, H, W)``.
-        loss: ``loss(logits, labels)`` with labels ``(B, 1, D, H, W)`` class indices
-            (e.g. MONAI ``DiceCELoss(to_onehot_y=True, softmax=True)``).
-        optimizer: partial optimizer; called with ``params``.
-        scheduler: partial LR scheduler (called with ``optimizer``) or ``None``.
-        scheduler_interval: ``epoch`` or ``step``.
-        num_classes: classes incl. background.
-        include_background: average background into ``val/dice_mean`` too.
-        class_names: names for ``val/dice_<name>``; default taken from the datamodule.
-        inferer: validation inferer, e.g. MONAI ``SlidingWindowInferer`` with roi = patch size.
-        divisible_by: what each patch side must divide by for ``net``, ``[D, H, W]`` voxels (the
-            plan's ``model.divisible_by``; kept with the run's hyperparameters).
-        compile, channels_last, activation_checkpointing, offload_activations, checkpoint_loss,
-        placement, cudnn_workspace_mib: the memory levers, validated and applied by
-            :class:`volseg.models.levers.MemoryLevers` (see there).
-        net_output: which of what ``net`` returns is the logits (a dict's key, a tuple's index:
-            :func:`volseg.models.networks.outputs.select_output`); ``None``: all of it.
-        stop_on_nonfinite_loss: raise :class:`~volseg.utils.errors.TrainingDiverged` when the
-            training loss is NaN/Inf (a sweep records the job as failed) instead of training on.
-        nonfinite_check_every_n_steps: read that test on the host every N steps (it stays on the
-            device in between: reading it every step would make each CUDA step wait for the
-            GPU); the configs use ``trainer.log_every_n_steps``, when the logged loss is read.
-    """
+        loss: ``loss(logits, labels)``, labels ``(B, 1, D, H, W)`` class indices.
+        optimizer, scheduler: partial optimizer and LR scheduler (``None``: none).
+        class_names: names for ``val/dice_<name>``; default: the datamodule's.
+        inferer: validation inferer (MONAI ``SlidingWindowInferer``).
+        divisible_by: the plan's ``[D, H, W]`` patch divisor, kept with the hyperparameters.
+        compile ... cudnn_workspace_mib: the memory levers (:class:`MemoryLevers`).
+        net_output: which of what ``net`` returns is the logits (:func:`select_output`).
+        nonfinite_check_every_n_steps: read the NaN/Inf loss test on the host every N steps only
+            (a read makes a CUDA step wait for the GPU)."""
 
     def __init__(
         self,
@@ -101,7 +87,7 @@ class SegmentationModule(LightningModule):
         loss: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., Any] | None = None,
-        scheduler_interval: str = "epoch",
+        scheduler_interval: str = "step",
         num_classes: int = 5,
         include_background: bool = False,
         class_names: Sequence[str] | None = None,
@@ -116,7 +102,8 @@ class SegmentationModule(LightningModule):
         cudnn_workspace_mib: float | None = None,
         net_output: str | int | None = None,
         stop_on_nonfinite_loss: bool = True,
-        nonfinite_check_every_n_steps: int = 1,
+        *,
+        nonfinite_check_every_n_steps: int,
     ) -> None:
         super().__init__()
         self.loss = loss
@@ -165,17 +152,11 @@ class SegmentationModule(LightningModule):
     def on_fit_start(self) -> None:
         self.net = self.levers.apply(self.net, "start")
 
-    def on_validation_start(self) -> None:
-        self.net = self.levers.apply(self.net, "start")
-
-    def on_predict_start(self) -> None:
-        self.net = self.levers.apply(self.net, "start")
+    on_validation_start = on_predict_start = on_fit_start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``; in training, a network
-        with deep supervision returns its outputs stacked, ``(B, S, num_classes, D, H, W)``
-        (DynUNet), or as a list; out of training, a list's first (full-resolution) output alone
-        (nnU-Net's U-Nets return the list in eval too)."""
+        """``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)`` (in training, deep
+        supervision's outputs; out of it, the full-resolution one)."""
         out = select_output(self.levers.forward(self.net, x, self.training), self.net_output)
         if not self.training and isinstance(out, list | tuple):
             return out[0]
@@ -210,9 +191,7 @@ class SegmentationModule(LightningModule):
             )
 
     def compute_loss(self, logits: Any, label: torch.Tensor) -> torch.Tensor:
-        """Training loss of logits ``(B, K, D, H, W)`` (as float32), labels ``(B, 1, D, H, W)``.
-        Deep-supervision outputs (stacked ``(B, S, K, D, H, W)`` or a list, full resolution
-        first) reach the loss as a list, as MONAI's ``DeepSupervisionLoss`` takes them."""
+        """Training loss (float32) of logits ``(B, K, D, H, W)``, labels ``(B, 1, D, H, W)``."""
         device = (logits[0] if isinstance(logits, list | tuple) else logits).device
         return self.levers.loss(self._float_loss, logits, label.to(device))
 
@@ -229,12 +208,8 @@ class SegmentationModule(LightningModule):
         return self.inferer(image, self)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
-        """Whole-volume inference; returns ``{"pred": (B, D, H, W) class indices}`` of the counted
-        cases (``{}`` for a padding batch: see :class:`volseg.data.sampling.ShardedEvalSampler`).
-
-        The loss and Dice are summed per rank and reduced once at the epoch's end
-        (:meth:`reduced_validation`), where every rank joins whatever its number of cases.
-        """
+        """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,
+        ``{}`` for a padding batch; loss and Dice summed per rank."""
         counted = batch.get("counted")
         keep = torch.ones(batch["image"].shape[0], dtype=torch.bool)
         if counted is not None:
@@ -246,10 +221,8 @@ class SegmentationModule(LightningModule):
         return {"pred": self.validate_cases(image, label)[:, 0]}
 
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """Whole-volume inference of ``image`` ``(B, C, D, H, W)``, its loss and Dice against
-        ``label`` ``(B, 1, D, H, W)`` added to this rank's sums; returns the predicted classes
-        ``(B, 1, D, H, W)`` (what the memory estimator traces:
-        :mod:`volseg.memory.estimate.inference`)."""
+        """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``(B, C, D, H, W)``, their loss
+        and Dice added to this rank's sums (what the estimator traces)."""
         logits = self.predict_volume(image).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
         label = label.to(logits.device)
@@ -260,9 +233,8 @@ class SegmentationModule(LightningModule):
     def accumulate_validation(
         self, pred: torch.Tensor, label: torch.Tensor, loss: torch.Tensor
     ) -> None:
-        """Add the cases of ``pred``/``label`` (``(B, 1, D, H, W)`` class indices) and their
-        mean ``loss`` to this rank's sums; a class absent from a case's label is left out of
-        that class's mean Dice."""
+        """Add the cases of ``pred``/``label`` (``(B, 1, D, H, W)`` class indices) and their mean
+        ``loss`` to this rank's sums."""
         per_case = case_dice(pred, label, self.num_classes)  # (B, K), NaN: class absent
         cases = per_case.shape[0]
         sums = torch.cat(
@@ -276,12 +248,8 @@ class SegmentationModule(LightningModule):
         self._val_sums = sums if self._val_sums is None else self._val_sums + sums
 
     def reduced_validation(self) -> tuple[torch.Tensor, float, int]:
-        """Per-class Dice ``(K,)`` over the cases of all ranks (0 for a class in no case), the
-        mean loss per case (NaN without a case) and the number of cases; then starts over.
-
-        A collective: every rank calls it once per validation. Sums are reduced, not means
-        (Lightning's ``sync_dist`` mean of per-rank counts rounds an uneven count down).
-        """
+        """Per-class Dice ``(K,)``, mean loss and case count over all ranks (a collective: sums
+        reduced, not means, which would round uneven counts); then starts over."""
         k = self.num_classes
         local = self._val_sums if self._val_sums is not None else torch.zeros(2 * k + 2)
         self._val_sums = None
@@ -304,21 +272,17 @@ class SegmentationModule(LightningModule):
         # the same values on every rank already (reduced above): no sync_dist
         self.log_dict(scores)
         self.log("val/dice_mean", mean, prog_bar=True)
-        if not self.trainer.sanity_checking and mean.item() > self.best_dice:
-            self.best_dice = mean.item()
-            self.best_dice_per_class = {
-                k.removeprefix("val/dice_"): v.item() for k, v in scores.items()
-            }
         if not self.trainer.sanity_checking:
+            if mean.item() > self.best_dice:
+                self.best_dice = mean.item()
+                self.best_dice_per_class = {
+                    k.removeprefix("val/dice_"): v.item() for k, v in scores.items()
+                }
             self.log("val/dice_mean_best", max(self.best_dice, mean.item()))
             self.warn_zero_dice(per_class)
 
     def warn_zero_dice(self, per_class: torch.Tensor) -> list[str]:
-        """Warn (once per validation) about classes at Dice 0; returns their names.
-
-        A class at 0 after training has begun is never predicted where it lies: too rare in the
-        patches, lost to augmentation, or too short a run.
-        """
+        """Warn about the classes at Dice 0; returns their names."""
         first = 0 if self.include_background else 1
         scores = zip(self.class_names[first:], per_class[first:].tolist(), strict=True)
         zero = [name for name, dice in scores if dice == 0.0]
@@ -339,8 +303,7 @@ class SegmentationModule(LightningModule):
         kwargs = {}
         target = getattr(self.scheduler_factory, "func", self.scheduler_factory)
         if getattr(target, "follows_budget", False) and self._trainer is not None:
-            # the run's horizon (max_steps / max_epochs / max_time) is known only to the trainer;
-            # without one (e.g. the memory estimator's fake steps) the LR stays constant
+            # the run's horizon is the trainer's (without one the LR stays constant)
             kwargs["budget"] = RunBudget.from_trainer(self.trainer)
         return {
             "optimizer": optimizer,

@@ -1,10 +1,8 @@
-"""A configurable 3D U-Net.
+"""A configurable 3D U-Net on ``(B, C, D, H, W)`` tensors.
 
-Tensors are ``(B, C, D, H, W)``. Any spatial size works, also sizes not divisible by the product
-of the poolings (e.g. 26x150x320): the upsampled decoder map is zero-padded to its skip's size
-before the concatenation, as the classic U-Net ports do. Each level pools every axis by 2 or 1
-(``pooling``), so a thin stack can keep z unpooled at the deep levels.
-"""
+Any spatial size works: the upsampled decoder map is zero-padded to its skip's size before the
+concatenation. Each level pools every axis by 2 or 1 (``pooling``), so a thin stack can keep z
+unpooled at the deep levels."""
 
 from __future__ import annotations
 
@@ -40,17 +38,18 @@ AUTO_MIN_POOLED = 4
 LEAKY_SLOPE = 0.01
 
 
+def halvings(patch_size: Sequence[int]) -> list[int]:
+    """Per axis, how often ``pooling=auto`` halves it: while it keeps ``AUTO_MIN_POOLED`` voxels."""
+    return [max(0, (int(p) // AUTO_MIN_POOLED).bit_length() - 1) for p in patch_size]
+
+
 def pooling_factors(
     widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` entries, full
-    resolution first; each factor 1 or 2) for the setting ``pooling``.
-
-    ``None``: 2 on every axis at every level. ``"auto"``: from ``patch_size`` (voxels, [D, H, W]):
-    an axis is pooled while its extent at that level is at least ``2 * AUTO_MIN_POOLED`` voxels,
-    so it never drops below 4. A list: the kernels as given. Raises ``ValueError`` naming
-    ``pooling`` for anything else.
-    """
+    """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` levels, full
+    resolution first) for ``pooling``: ``None``: 2 everywhere; ``"auto"``: an axis of ``patch_size``
+    ([D, H, W] voxels) pooled while it keeps ``AUTO_MIN_POOLED`` voxels; a list: as given.
+    ``ValueError`` naming ``pooling`` otherwise."""
     levels = len(widths) - 1
     if pooling is None:
         return [[2, 2, 2] for _ in range(levels)]
@@ -61,13 +60,7 @@ def pooling_factors(
             )
         if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
             raise ValueError(f"pooling=auto needs patch_size=[D, H, W]; got {patch_size}")
-        extent = [int(p) for p in patch_size]
-        factors = []
-        for _ in range(levels):
-            level = [2 if e >= 2 * AUTO_MIN_POOLED else 1 for e in extent]
-            extent = [e // f for e, f in zip(extent, level, strict=True)]
-            factors.append(level)
-        return factors
+        return [[2 if n > level else 1 for n in halvings(patch_size)] for level in range(levels)]
     kernels = plain(pooling)
     valid = isinstance(kernels, list) and all(
         isinstance(k, list) and len(k) == 3 and all(f in (1, 2) for f in k) for k in kernels
@@ -107,10 +100,8 @@ def check_patch_poolable(
     patch_size: Sequence[int],
     names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """Raise ``ValueError`` when a patch axis is thinner than the network pools it (a pooling
-    would reach 0 voxels): one message naming the values and the fix. ``names`` maps
-    ``patch_size``/``widths``/``pooling`` to the names the message uses (the config boundary
-    passes its keys, e.g. ``data.patch_size``)."""
+    """``ValueError`` naming the values and the fix when a patch axis is thinner than the network
+    pools it (``names``: the names the message uses)."""
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
@@ -148,16 +139,14 @@ def make_activation(kind: Activation) -> nn.Module:
 
 
 def checkpointing_now(block: nn.Module) -> bool:
-    """Whether ``block`` (flagged ``checkpointed``: ``full`` or ``selective``) checkpoints this
-    call: training with grad."""
+    """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
     return (
         bool(getattr(block, "checkpointed", False)) and block.training and torch.is_grad_enabled()
     )
 
 
 class DoubleConv(nn.Sequential):
-    """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first one
-    (:class:`volseg.models.conv.Conv3d`: a CPU bf16 call at depth 2 runs in float32).
+    """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first.
 
     With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
     each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
@@ -192,7 +181,7 @@ class DoubleConv(nn.Sequential):
         super().__init__(*layers)
 
     def units(self) -> tuple[nn.Sequential, nn.Sequential]:
-        """The two conv -> norm -> ReLU (-> dropout) units, as views on the same layers."""
+        """The two conv -> norm -> activation (-> dropout) units, as views on the same layers."""
         layers = list(self)
         split = 4 if isinstance(layers[3], nn.Dropout3d) else 3
         return nn.Sequential(*layers[:split]), nn.Sequential(*layers[split:])
@@ -249,9 +238,7 @@ class Up(nn.Module):
         factors = tuple(int(f) for f in factors)
         if upsampling == "trilinear":
             self.up: nn.Module = nn.Upsample(
-                scale_factor=tuple(float(f) for f in factors),
-                mode="trilinear",
-                align_corners=True,
+                scale_factor=tuple(float(f) for f in factors), mode="trilinear", align_corners=True
             )
         elif upsampling == "transposed":
             self.up = nn.ConvTranspose3d(
@@ -274,8 +261,8 @@ class Up(nn.Module):
     def forward(
         self, x: torch.Tensor, skip: torch.Tensor, tail: nn.Module | None = None
     ) -> torch.Tensor:
-        """``tail`` (the network's head, at level 0) runs after the block; when checkpointed,
-        inside the block's last segment, so the block's output need not be kept for it."""
+        """``tail`` (the head, at level 0) runs after the block; when checkpointed, inside its last
+        segment, so the block's output need not be kept for it."""
         tail = tail if tail is not None else nn.Identity()
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
@@ -293,38 +280,26 @@ class Up(nn.Module):
 
 
 class UNet3D(nn.Module):
-    """3D U-Net with ``len(widths)`` resolution levels.
+    """3D U-Net with ``len(widths)`` levels: ``(B, in_channels, D, H, W)`` -> logits
+    ``(B, num_classes, D, H, W)``.
 
     Args:
-        in_channels: image channels C_in.
-        num_classes: output channels (logits), one per class incl. background.
-        widths: feature maps per encoder level, full resolution first; depth = ``len(widths)``.
-        decoder_widths: output feature maps of the decoder block at each level above the bottom
-            (``len(widths) - 1`` entries, full resolution first). Default: ``widths[:-1]``.
-        norm: ``batch``, ``instance`` or ``group`` normalization.
-        num_groups: groups for GroupNorm.
-        upsampling: ``trilinear`` (align_corners=True) or ``transposed`` (ConvTranspose3d k=2 s=2).
-        bias: conv bias.
-        dropout: Dropout3d probability inside every DoubleConv (0 disables it).
-        pooling: ``None`` (2 on every axis at every level) or one ``[z, y, x]`` kernel of 1s and
-            2s per pooling; see :func:`pooling_factors` (``auto`` is planned from the patch by
-            :func:`volseg.plan.network.plan_network`, not here).
-        patch_size: training patch ``[D, H, W]`` in voxels, checked against the pooling (see
-            :func:`check_patch_poolable`).
-        activation: ``relu`` or ``leaky_relu`` (slope 0.01) after every norm.
-        depth: levels; ``None``: ``len(widths)``; an int cuts or extends ``widths`` (doubling,
-            at most 320).
-
-    Input ``(B, in_channels, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``.
+        widths: feature maps per encoder level, full resolution first.
+        decoder_widths: each decoder level's output maps; ``None``: ``widths[:-1]``.
+        norm: ``batch``, ``instance`` or ``group`` (``num_groups`` groups).
+        upsampling: ``trilinear`` or ``transposed`` (ConvTranspose3d, kernel = stride = factors).
+        pooling: ``None`` or a ``[z, y, x]`` kernel of 1s and 2s a level (:func:`pooling_factors`).
+        patch_size: training patch ``[D, H, W]`` voxels, checked against the pooling.
+        depth: an int cuts or extends ``widths`` (:func:`widths_for_depth`).
     """
 
     def __init__(
         self,
-        in_channels: int = 1,
-        num_classes: int = 5,
-        widths: Sequence[int] = (16, 32, 64, 128),
+        in_channels: int,
+        num_classes: int,
+        widths: Sequence[int],
         decoder_widths: Sequence[int] | None = None,
-        norm: Norm = "batch",
+        norm: Norm = "instance",
         num_groups: int = 8,
         upsampling: Upsampling = "trilinear",
         bias: bool = True,
@@ -332,13 +307,11 @@ class UNet3D(nn.Module):
         pooling: Pooling = None,
         patch_size: Sequence[int] | None = None,
         depth: int | str | None = None,
-        activation: Activation = "relu",
+        activation: Activation = "leaky_relu",
     ) -> None:
         super().__init__()
         widths = list(widths)
         if pooling == "auto" or depth == "auto":
-            # the patch decides them: the run plan does (volseg.plan.network), once, for every
-            # entry point; the network is built with what it decided
             raise ValueError(
                 f"pooling={pooling!r}, depth={depth!r}: auto is planned by the run plan "
                 "(volseg.plan.make_plan); UNet3D takes explicit pooling kernels and depth"
@@ -368,8 +341,7 @@ class UNet3D(nn.Module):
             Down(widths[i - 1], widths[i], factors[i - 1], **conv_kwargs)
             for i in range(1, len(widths))
         )
-        # ups[i] produces level i (i = depth-2 is just above the bottleneck); stored top-down so
-        # that index i is the level index.
+        # ups[i] produces level i: index i is the level index
         below = [*decoder_widths[1:], widths[-1]]
         self.ups = nn.ModuleList(
             Up(below[i], widths[i], decoder_widths[i], upsampling, factors[i], **conv_kwargs)
@@ -384,11 +356,7 @@ class UNet3D(nn.Module):
         return len(self.widths)
 
     def place(self, encoder: str | torch.device, decoder: str | torch.device) -> None:
-        """Put the encoder (``inc``, ``downs``) and decoder (``ups``, ``head``) on two devices.
-
-        Forward moves the bottom features and every skip connection to the decoder's device;
-        ``Tensor.to`` is differentiable, so backward flows through both devices.
-        """
+        """Put the encoder and the decoder on two devices (skips cross with ``Tensor.to``)."""
         self.encoder_device, self.decoder_device = torch.device(encoder), torch.device(decoder)
         self.inc.to(self.encoder_device)
         self.downs.to(self.encoder_device)
@@ -396,8 +364,7 @@ class UNet3D(nn.Module):
         self.head.to(self.decoder_device)
 
     def set_activation_checkpointing(self, spec: CheckpointSpec) -> None:
-        """Checkpoint the blocks chosen by ``spec`` (see :func:`checkpoint_levels`), each
-        ``full`` or ``selective``."""
+        """Checkpoint the blocks ``spec`` chooses (:func:`checkpoint_levels`)."""
         encoder, decoder = checkpoint_levels(spec, self.depth)
         for level in range(self.depth):
             block = self.inc if level == 0 else self.downs[level - 1][1]

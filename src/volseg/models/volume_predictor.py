@@ -1,6 +1,4 @@
-"""``VolumePredictor``: the LightningModule ``predict.py`` runs, whole volumes to class
-probabilities by sliding windows, stitched on the device or the host, averaged over mirrorings.
-Here, below ``memory/``, so that the estimator traces the same module that predicts."""
+"""``VolumePredictor``: the LightningModule ``predict.py`` runs (and the estimator traces)."""
 
 from __future__ import annotations
 
@@ -16,16 +14,13 @@ from monai.inferers import SlidingWindowInferer
 from volseg.utils.errors import UserInputError
 
 STITCH_CHOICES = ("auto", "host", "device")
-# auto stitching: keep the whole volume on the device while its stitching buffers take at most
-# this share of the device's free memory (the windows' activations need the rest)
+# stitch=auto keeps a volume on the device while its buffers take at most this share of the free
+# memory (the windows' activations need the rest)
 DEVICE_STITCH_SHARE = 0.5
 
 
 def flip_combinations(axes: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every subset of the spatial ``axes`` (0 = D, 1 = H, 2 = W) as dims of ``(B, C, D, H, W)``.
-
-    ``[]`` gives ``[()]`` (no flip); ``[0, 1, 2]`` gives all 8 mirrorings, identity first.
-    """
+    """Every subset of the spatial ``axes`` as dims of ``(B, C, D, H, W)``."""
     dims = sorted({int(a) + 2 for a in axes})
     if any(d not in (2, 3, 4) for d in dims):
         raise UserInputError(f"flip_axes={list(axes)}: spatial axes are 0 (D), 1 (H) and 2 (W)")
@@ -33,15 +28,10 @@ def flip_combinations(axes: Sequence[int]) -> list[tuple[int, ...]]:
 
 
 class VolumePredictor(L.LightningModule):
-    """Class probabilities ``(B, K, D, H, W)`` of whole volumes ``(B, C, D, H, W)``.
-
-    Windows of ``inferer`` (e.g. MONAI ``SlidingWindowInferer`` with overlap and Gaussian
-    weighting) run on this module's device. The volume and its stitched probabilities stay on the
-    host when ``stitch="host"``, or with ``"auto"`` when the stitching buffers (``3K + 1`` float32
-    per voxel: logits, window count, softmax and the flip average) would take more than half of
-    the device's free memory; so a large volume bounds GPU memory by the windows alone.
-    The softmax is averaged over the mirrorings of ``flip_axes`` (test-time augmentation).
-    """
+    """Class probabilities ``(B, K, D, H, W)`` of whole volumes ``(B, C, D, H, W)`` by sliding
+    windows on this module's device, averaged over the mirrorings of ``flip_axes``. The volume is
+    stitched on the host with ``stitch="host"``, or with ``"auto"`` where its buffers (``3K + 1``
+    float32 a voxel) would take over half the device's free memory."""
 
     def __init__(
         self,
@@ -60,8 +50,7 @@ class VolumePredictor(L.LightningModule):
         self.num_classes = num_classes
         self.flips = flip_combinations(flip_axes)
         self.stitch = stitch
-        # stitch=auto: (D, H, W) -> device | host, planned before the first volume
-        # (volseg.memory.fit.inference.plan_stitching); a shape not in it is decided here
+        # stitch=auto: (D, H, W) -> device | host, planned; a shape not in it is decided here
         self.planned = dict(planned or {})
 
     def stitch_device(self, spatial_shape: Sequence[int]) -> torch.device:
@@ -79,8 +68,7 @@ class VolumePredictor(L.LightningModule):
 
     @torch.no_grad()
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
-        """Mean softmax over the flips, on the host: ``(B, K, D, H, W)`` float32; ``None`` for
-        a padding batch (:class:`volseg.data.sampling.ShardedEvalSampler`)."""
+        """Mean softmax over the flips ``(B, K, D, H, W)`` on the host; ``None``: padding."""
         counted = batch.get("counted")
         if counted is not None and not torch.as_tensor(counted, dtype=torch.bool).all():
             return None  # batch size 1: a padding volume, predicted by another rank

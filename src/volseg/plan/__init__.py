@@ -1,8 +1,4 @@
-"""The run plan: the composed config in, every ``auto`` resolved once, one frozen plan out.
-
-:func:`plan_run` is what every entry point calls first; :func:`make_plan` the planning itself
-(:mod:`volseg.plan.make`), :class:`RunPlan` its result (:mod:`volseg.plan.run_plan`).
-"""
+"""The run plan: every ``auto`` resolved once (:func:`plan_run`, every entry point)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ __all__ = ["PLAN_FILE", "Decision", "RunPlan", "make_plan", "plan_run", "planned
 def plan_run(
     cfg: DictConfig, estimate_step: bool = True, fingerprint: bool = False, fit_budget: bool = False
 ) -> RunPlan:
-    """The plan of the command ``cfg`` was composed from: ``plan=PATH`` trains the plan file
-    (this command's dotted overrides on top), otherwise :func:`make_plan`."""
+    """The command's plan: ``plan=PATH``'s with this command's overrides, else made."""
     if cfg.get("plan"):
         laid, saved = plan_from_file(cfg)
         planned = make_plan(laid, estimate_step, fingerprint, fit_budget)
@@ -28,6 +23,5 @@ def plan_run(
 
 
 def planned_config(cfg: DictConfig) -> DictConfig:
-    """The config the builders read for the composed ``cfg``: every ``auto`` resolved (no step
-    estimate), for scripts that build a module or estimate a step themselves (benchmarks)."""
+    """The config the builders read (every ``auto`` resolved, no step estimate), for scripts."""
     return make_plan(cfg, estimate_step=False).run_config()

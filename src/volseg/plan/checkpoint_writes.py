@@ -1,5 +1,4 @@
-"""``async_checkpoint``: whether checkpoints are written in the background
-(:class:`volseg.utils.checkpoint_io.BackgroundCheckpointIO`), decided from the strategy."""
+"""``async_checkpoint``: whether checkpoints are written in the background, from the strategy."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from omegaconf import DictConfig
 from volseg.plan.run_plan import Decision
 from volseg.utils.errors import UserInputError
 
-#: strategies whose checkpoints go through Lightning's CheckpointIO as one file from rank 0
-#: (named, or their class); DeepSpeed and FSDP write (sharded) checkpoints themselves
+#: strategies that save through Lightning's CheckpointIO (DeepSpeed and FSDP write their own)
 IO_STRATEGIES = ("auto", "single_device", "ddp")
 IO_STRATEGY_CLASSES = ("SingleDeviceStrategy", "DDPStrategy")
 
@@ -23,20 +21,14 @@ def strategy_name(strategy: Any) -> str:
     return str(strategy if strategy is not None else "auto")
 
 
-def writes_through_checkpoint_io(strategy: Any) -> bool:
+def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
+    """``async_checkpoint`` (``auto``, ``true``, ``false``) for ``trainer.strategy``; one error for
+    another value, or ``true`` where the strategy writes its own."""
     name = strategy_name(strategy)
     lowered = name.lower()
-    return name in IO_STRATEGY_CLASSES or any(
+    supported = name in IO_STRATEGY_CLASSES or any(
         lowered == s or lowered.startswith(f"{s}_") for s in IO_STRATEGIES
     )
-
-
-def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
-    """``async_checkpoint`` (``auto``, ``true`` or ``false``) for ``trainer.strategy``;
-    one :class:`UserInputError` for another value, or ``true`` with a strategy that writes its
-    checkpoints itself."""
-    supported = writes_through_checkpoint_io(strategy)
-    name = strategy_name(strategy)
     if value == "auto":
         if supported:
             return Decision(True, "planned", f"trainer.strategy={name} saves through CheckpointIO")

@@ -1,7 +1,5 @@
-"""Plans that come from somewhere: a plan file (``python train.py plan=PATH``) or the training
-run a checkpoint belongs to (``eval.py``/``predict.py``). Either is laid over this command's
-composed config and planned again: explicit values stay, and each decision the earlier plan made
-keeps its source, naming where it came from."""
+"""Plans that come from a plan file (``train.py plan=PATH``) or a checkpoint's run (``eval.py``,
+``predict.py``), laid over this command's config and planned again."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from volseg.utils.errors import UserInputError
 
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:
-    """``plan.yaml`` as written by :meth:`RunPlan.write`; a file that is not one: one error."""
+    """``plan.yaml`` as :meth:`RunPlan.write` writes it; anything else: one error."""
     file = Path(path)
     if not file.is_file():
         raise UserInputError(f"plan={path}: file not found (plan.py writes one: plan.yaml)")
@@ -46,8 +44,7 @@ def command_line(prefixes: tuple[str, ...] = ()) -> list[str]:
 def lay_over(
     cfg: DictConfig, saved: Mapping[str, Any], keep: tuple[str, ...] = RUN_NODES
 ) -> DictConfig:
-    """``cfg`` with each top-level node of the ``saved`` config replacing its own (a saved
-    ``data`` node replaces, not merges: another group choice has other keys), but ``keep``."""
+    """``cfg`` with each top-level node of ``saved`` replacing its own, but ``keep``."""
     out = cfg.copy()
     with open_dict(out):
         for key, value in saved.items():
@@ -57,9 +54,8 @@ def lay_over(
 
 
 def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig:
-    """``key=value`` overrides applied to ``cfg`` as Hydra applies them; a group choice
-    (``data=msd``), an added or deleted key (``+key``, ``~key``) stops with one line naming
-    it, followed by ``what``."""
+    """``key=value`` overrides applied as Hydra applies them; a group choice or an added or deleted
+    key stops with one line naming it and ``what``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -75,8 +71,8 @@ def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig
 
 
 def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunPlan:
-    """``plan`` with each decision that equals the ``saved`` plan's and was not simply
-    configured there named after it: source ``where`` and the earlier source and reason."""
+    """``plan`` with each decision that equals the ``saved`` plan's, and was not configured there,
+    named after it (source ``where``)."""
     earlier = saved.get("decisions") or {}
     decisions: dict[str, Decision] = {}
     for key, decision in plan.decisions.items():
@@ -98,9 +94,8 @@ def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunP
 
 
 def plan_from_file(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
-    """``python train.py plan=PATH [key=value ...]``: this command's config with the plan
-    file's laid over it and this command's dotted overrides applied again on top, and the
-    saved plan (its decisions name their sources)."""
+    """``train.py plan=PATH``: this command's config with the file's laid over it and this command's
+    dotted overrides on top, and the saved plan."""
     path = str(cfg.plan)
     saved = read_plan_file(path)
     laid = lay_over(cfg, saved["config"])
@@ -117,12 +112,8 @@ RUN_OWN = ("data", "model", "num_classes", "in_channels")
 
 
 def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConfig:
-    """eval.py's/predict.py's composed ``cfg`` with the training run's ``data``, ``model``,
-    ``num_classes`` and ``in_channels`` (``run_cfg``, from the checkpoint), and this command's
-    overrides of them applied as train.py applies them: ``data.*``/``model.*`` onto the run's
-    values, a group choice (``data=msd``) replacing the run's node with that group's config
-    (with this command's ``data.*`` on it); ``num_classes``/``in_channels`` stop with one line
-    (they are the trained network's)."""
+    """``cfg`` with the run's ``data``, ``model``, ``num_classes``, ``in_channels`` and this
+    command's overrides of them applied as train.py applies them."""
     overrides = command_line()
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -139,7 +130,9 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
     with open_dict(merged):
         for key in RUN_OWN:
             if key not in chosen and key in run_cfg:
-                merged[key] = copy_node(run_cfg[key])
+                node = run_cfg[key]
+                is_node = isinstance(node, DictConfig)
+                merged[key] = OmegaConf.create(OmegaConf.to_container(node)) if is_node else node
         dotted = [
             (text, o)
             for text, o in parsed
@@ -154,16 +147,10 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
     return merged
 
 
-def copy_node(node: Any) -> Any:
-    return OmegaConf.create(OmegaConf.to_container(node)) if isinstance(node, DictConfig) else node
-
-
 def plan_from_run(
     cfg: DictConfig, run_cfg: DictConfig, saved_plan: Mapping[str, Any] | None, task: str
 ) -> RunPlan:
-    """The plan of ``eval.py``/``predict.py``: the training run's (``run_cfg``, its plan
-    ``saved_plan`` from the checkpoint) with this command's overrides (:func:`config_from_run`),
-    planned again; decisions the training run planned say so."""
+    """eval.py's/predict.py's plan: the run's with this command's overrides."""
     from volseg.plan.make import make_plan
 
     planned = make_plan(config_from_run(cfg, run_cfg, task), estimate_step=False)

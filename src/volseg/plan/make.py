@@ -1,27 +1,10 @@
 """``make_plan(cfg)``: the composed config in, one :class:`RunPlan` out, every ``auto`` resolved
-once, in this order (each step may read what the ones before decided):
-
-1. callbacks that contradict other options (:mod:`volseg.plan.reconcile`);
-2. the device the run trains on, and ``trainer.precision`` for it; ``async_checkpoint`` for the
-   strategy;
-3. from the data, where asked (``null``/``auto``): ``num_classes``/``in_channels`` (``data=msd``:
-   dataset.json), ``data.augment`` (the folder's own defaults), ``data.patch_size`` (the
-   dataset's fingerprint); ``data.spacing`` and ``data.orientation`` as configured;
-4. ``model.optimizer.lr`` (``auto``: from the number of foreground classes) and the network
-   for the patch, through its adapter (:mod:`volseg.plan.network`): the constructor's channel
-   names, the family's own settings (UNet3D: ``depth``, ``widths``, ``pooling``),
-   ``model.divisible_by``, and the deep-supervision loss where the network has it;
-5. the loader (workers, pinning, persistent workers) for the device, the cache placement;
-6. batch, activation checkpointing, gradient accumulation, checked against ``memory.budget``;
-7. the engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: one
-   build, one trace): the peak memory and FLOPs of one optimizer step and the validation of
-   the largest validation volume;
-8. that validation checked against ``memory.budget`` (fewer windows at once, host stitching,
-   smaller windows where it does not fit: :mod:`volseg.memory.fit.inference`, one trace for
-   each setting it tries).
-
-Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it.
-"""
+once, in this order: the callbacks reconciled; the device, its precision, ``async_checkpoint``;
+from the data where asked (classes, channels, augmentation, patch); the learning rate and the
+network for the patch (:mod:`volseg.plan.network`); the batch and the loader, the channels
+checked; the engine's answer for the planned run (one trace) fitted to ``memory.budget``: the
+step, then the validation of the largest volume. Building happens after this, from
+:meth:`RunPlan.run_config`; nothing edits the config after it."""
 
 from __future__ import annotations
 
@@ -30,7 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -48,7 +30,7 @@ from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import is_voxels, plain, set_key
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
@@ -58,8 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def plan_device(cfg: DictConfig) -> Decision:
-    """Where the run trains: ``memory.plan_device`` when set (a plan for a GPU this machine may
-    lack), else ``trainer.accelerator`` on this machine (``auto``: CUDA when it has it)."""
+    """Where the run trains: ``memory.plan_device`` when set, else ``trainer.accelerator`` here."""
     wanted = OmegaConf.select(cfg, "memory.plan_device")
     if wanted is not None:
         if wanted not in ("cuda", "cpu"):
@@ -76,55 +57,61 @@ def plan_device(cfg: DictConfig) -> Decision:
 
 
 class _Data:
-    """The dataset, opened once and only when a decision needs it (headers, never voxels)."""
+    """The datamodule the plan reads the data through (headers, never voxels): built once, when
+    first needed; the run gets it where the final ``data`` is what it was built from."""
 
-    def __init__(self, data_cfg: DictConfig) -> None:
-        self.cfg = data_cfg
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
         self._module: Any = None
-
-    @property
-    def unopened(self) -> bool:
-        """Whether no decision has needed the dataset yet."""
-        return self._module is None
+        self._built_from: Any = None
+        self._prepared = False
 
     @property
     def module(self) -> Any:
         if self._module is None:
-            options = OmegaConf.to_container(self.cfg, resolve=True)
-            if str(options.get("patch_size")) == "auto":
+            options = OmegaConf.to_container(self.cfg.data, resolve=True)
+            self._built_from = copy.deepcopy(options)
+            if str(options.get("patch_size")) == AUTO:
                 options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
             if str(options.get("batch_size")) == AUTO:
                 options["batch_size"] = 1  # planned after the network (_plan_batch)
-            self._module = hydra.utils.instantiate(options)
-            self._module.prepare_data()  # an embedded dataset is generated here, once
+            self._module = build(OmegaConf.create(options), "data")
         return self._module
+
+    def find(self) -> tuple[list, list[str]]:
+        """The dataset's cases and layout problems (an embedded dataset is generated first)."""
+        if not self._prepared:
+            self.module.prepare_data()
+            self._prepared = True
+        return self.module.find()
+
+    def for_run(self) -> Any:
+        """The datamodule where the final ``data`` is what it was built from."""
+        final = OmegaConf.to_container(self.cfg.data, resolve=True)
+        return self._module if self._module is not None and final == self._built_from else None
 
     def augment(self) -> tuple[dict[str, Any], dict[str, str]]:
         """``data.augment`` with null keys from the folder's own defaults. An embedded dataset
         not generated yet gets those it will be generated with (nothing is generated for it)."""
-        root = Path(str(self.cfg.root))
-        pending = self.cfg.get("synthetic") and not root.exists()
-        if pending and Path(str(self.cfg.synthetic.root)).resolve() == root.resolve():
-            values, sources = resolve_augment(plain(self.cfg.augment), root)
+        data = self.cfg.data
+        root = Path(str(data.root))
+        pending = data.get("synthetic") and not root.exists()
+        if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
+            values, sources = resolve_augment(plain(data.augment), root)
             for key, value in EMBEDDED_DEFAULTS["augment"].items():
                 if sources.get(key) != "configured":
                     values[key] = value
                     sources[key] = "the embedded dataset's own (written when it is generated)"
             return values, sources
-        return resolve_augment(plain(self.cfg.augment), root)
+        return resolve_augment(plain(data.augment), root)
 
 
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
-    """One :class:`UserInputError` before any work when the first case's image holds another
-    number of channels than ``in_channels`` (headers only; the message is the dataset check's,
-    so plan.py, estimate_memory.py and train.py say the same). A dataset not there yet (the
-    embedded one before it is generated) is left to the run."""
-    data = cfg.data
-    if "in_channels" not in cfg or not Path(str(data.get("root"))).is_dir():
+    """One :class:`UserInputError` (the dataset check's line) when the first case's image holds
+    another number of channels than ``in_channels``; a dataset not there yet is the run's."""
+    if "in_channels" not in cfg or not Path(str(cfg.data.get("root"))).is_dir():
         return
-    if opened.unopened and cfg.get("task_name") == "train":
-        return  # train.py builds it once, for the run, whose dataset check says the same line
-    cases, problems = opened.module.find()
+    cases, problems = opened.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
     module = opened.module
@@ -135,15 +122,16 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
         raise UserInputError(found[0])
 
 
-def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool) -> Any:
+def _plan_data(
+    cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool, opened: _Data
+) -> Any:
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
-    opened = _Data(data)
     fingerprint = None
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
-            opened.module.find()  # dataset.json: sets them, or one error naming the file
+            opened.find()  # dataset.json: sets them, or one error naming the file
             found = int(getattr(opened.module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
@@ -151,7 +139,6 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
             set_key(cfg, f"data.{key}", found)
         elif key in cfg:
             decisions[key] = Decision(int(cfg[key]), "configured")
-    _check_channels(cfg, opened)
     # augmentations the config leaves null: the dataset folder's own defaults
     if "augment" in data:
         augment, sources = opened.augment()
@@ -168,8 +155,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
     if auto_patch or want_fingerprint:
         fingerprint = dataset_fingerprint(data)
     if auto_patch:
-        # the patch must divide by what the network needs (its adapter's, or probed), on the
-        # axis that needs most
+        # what the network needs on the axis that needs most
         multiple = 8
         if OmegaConf.select(cfg, "model.net") is not None:
             multiple = max(divisible_by(cfg, None).value)
@@ -179,11 +165,7 @@ def _plan_data(cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint
         set_key(cfg, "data.patch_size", patch)
     elif "patch_size" in data:
         patch = plain(data.patch_size)
-        if not (
-            isinstance(patch, list)
-            and len(patch) == 3
-            and all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)
-        ):
+        if not is_voxels(patch):
             raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
         decisions["data.patch_size"] = Decision(patch, "configured")
     return fingerprint
@@ -207,11 +189,8 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
     options = resolve_loader_options(*asked.values(), device, devices)
-    for key, value in (
-        ("num_workers", options.num_workers),
-        ("pin_memory", options.pin_memory),
-        ("persistent_workers", options.persistent_workers),
-    ):
+    for key in asked:
+        value = getattr(options, key)
         if asked[key] == "auto":
             why = f"for {device} with {devices} process(es) on this machine"
             decisions[f"data.{key}"] = Decision(value, "planned", why)
@@ -223,14 +202,11 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
-#: what the step's planning decides, said in the plan whether planned or configured (the
-#: planner's later levers add the patch, loss checkpointing and what follows the patch)
 AUTO = "auto"
 
 
 def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
-    """The bytes ``data.batch_size=auto`` fills and what they are: ``memory.budget``, else the
-    memory of the GPU the run trains on. One :class:`UserInputError` where there is neither."""
+    """The bytes ``data.batch_size=auto`` fills: ``memory.budget``, else the GPU's memory."""
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if budget_value:
         return parse_bytes(budget_value, "memory.budget"), f"memory.budget={budget_value}"
@@ -244,11 +220,8 @@ def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
 
 
 def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
-    """``data.batch_size=auto``: the largest batch that fits the budget
-    (:func:`_budget_for_batch`) at the planned patch and levers, from estimates (no trial step:
-    :func:`volseg.memory.fit.step.largest_batch`); set in ``cfg``, its decision in
-    ``decisions``. Returns the table that decided it for ``plan.yaml`` (``None``: a configured
-    batch)."""
+    """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
+    levers, from estimates; returns the table that decided it (``None``: a configured batch)."""
     if str(cfg.data.get("batch_size")) != AUTO:
         return None
     from volseg.memory.fit.step import largest_batch
@@ -278,14 +251,13 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
+#: what the step's planning decides, said in the plan whether planned or configured
 STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
 
 
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
-    """One line where the planned effective batch (``data.batch_size`` x
-    ``trainer.accumulate_grad_batches``) differs from the configured one (``configured``:
-    ``(batch, accumulation)`` as composed), and a warning where a planned batch under 2 meets
-    BatchNorm."""
+    """A line where the planned effective batch differs from the configured one, and a warning where
+    a planned batch under 2 meets BatchNorm."""
     from volseg.models.networks.probe import has_batch_norm
 
     notes = []
@@ -320,12 +292,8 @@ def _plan_step(
     fit_budget: bool,
     validation_shape: list[int] | None,
 ) -> tuple[dict, Any]:
-    """Batch, checkpointing and accumulation (checked against ``memory.budget``) and the
-    engine's answer for the planned run (:func:`volseg.memory.estimate.engine.estimate_run`: the
-    step,
-    its FLOPs and the validation of ``validation_shape`` in one trace): ``({device,
-    peak_allocated, process_total, step_peak_growth, flops_per_step, margin, margin_source}``
-    (bytes), ``the RunEstimate or None)``."""
+    """The step checked against ``memory.budget`` and the engine's answer for the planned run (step,
+    FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
     from volseg.plan.report import check_estimate_fits
@@ -371,15 +339,11 @@ def _plan_step(
             "process_total": run.step.process_total,
             "step_peak_growth": run.step.step_peak_growth,
             "flops_per_step": run.flops_per_step,
-            # what the planner adds when it checks a budget (CUDA: on the reserved peak; a CPU:
-            # on the step's growth), and where it comes from
+            # what the planner adds when it checks a budget, and where it comes from
             "margin": run.step.margin,
             "margin_source": run.step.margin_source,
         }
-    for key in (
-        *STEP_KEYS,
-        *sorted(set(planned) - set(STEP_KEYS)),
-    ):
+    for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)
         if key in planned:
             decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
@@ -391,10 +355,8 @@ def _plan_step(
 
 
 def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
-    """The configured step does not fit ``memory.budget``: the planner's answer
-    (:func:`volseg.memory.fit.fit_step`), set in ``cfg``: micro-batches that add up to the
-    configured batch where they fit (the same samples per optimizer step), else its batch and
-    checkpointing. Returns ``({key: why}, the answer's estimate)``; nothing fits: unchanged."""
+    """The planner's answer for a step over ``memory.budget`` (micro-batches, else batch and
+    checkpointing), set in ``cfg``: ``({key: why}, its estimate)``."""
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
@@ -427,33 +389,10 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     return planned, estimate(cfg)  # the engine's, from the trace the search made of it
 
 
-class _Built:
-    """The datamodule the plan built to read the data, and the resolved ``data`` config it was
-    built from: the run uses it where the plan's final ``data`` is still that config."""
-
-    def __init__(self) -> None:
-        self.module: Any = None
-        self.data: Any = None
-
-    def build(self, cfg: DictConfig) -> Any:
-        self.module = build(cfg.data, "data")
-        self.data = OmegaConf.to_container(cfg.data, resolve=True)
-        return self.module
-
-    def for_run(self, cfg: DictConfig) -> Any:
-        """The built datamodule where ``cfg.data`` (the plan's final) is what it was built
-        from; ``None`` where the planner changed a key of it since (a batch, a patch)."""
-        if self.module is None or OmegaConf.to_container(cfg.data, resolve=True) != self.data:
-            return None
-        return self.module
-
-
 def _validation_volume(
-    cfg: DictConfig, estimate_step: bool, built: _Built
+    cfg: DictConfig, estimate_step: bool, opened: _Data
 ) -> tuple[list[int] | None, str]:
-    """The validation volume the plan estimates (``memory.val_shape`` or the dataset's
-    largest validation case, read by the datamodule ``built`` keeps), and where it comes from;
-    ``None`` where none is estimated."""
+    """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
@@ -463,7 +402,7 @@ def _validation_volume(
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
     try:
-        datamodule = built.build(cfg)
+        datamodule = opened.module
     except UserInputError as err:
         return None, str(err).splitlines()[0]
     return validation_shape(cfg, datamodule)
@@ -478,11 +417,8 @@ def _plan_validation(
     volume: tuple[list[int] | None, str],
     run: Any,
 ) -> dict:
-    """The planned run's validation of its largest volume (``plan.yaml``'s ``validation``),
-    from the engine's trace of the planned run (``run``), fitted to ``memory.budget``: fewer
-    windows at once and host stitching wherever a budget is set (the same windows, the same
-    result), smaller windows only where ``fit_budget`` (plan.py); what fits with none of them
-    stops the run (:class:`BudgetExceeded`)."""
+    """Validation of the largest volume fitted to ``memory.budget`` (fewer windows at once, host
+    stitching; smaller windows with ``fit_budget``), else the run stops."""
     from volseg.memory.estimate.engine import Variant, estimate_run
     from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
     from volseg.plan.report import check_validation_fits
@@ -541,21 +477,14 @@ def _plan_validation(
 
 
 def make_plan(
-    cfg: DictConfig,
-    estimate_step: bool = True,
-    fingerprint: bool = False,
-    fit_budget: bool = False,
+    cfg: DictConfig, estimate_step: bool = True, fingerprint: bool = False, fit_budget: bool = False
 ) -> RunPlan:
-    """The plan of the run ``cfg`` (a composed ``train`` config, or eval/predict's config
-    merged onto the training run's) describes; ``cfg`` itself is not changed.
+    """The plan of the run ``cfg`` describes (``cfg`` itself is not changed).
 
-    ``estimate_step``: also estimate the planned training step (peak memory, FLOPs);
-    ``fingerprint``: read the dataset's fingerprint even when no ``auto`` needs it (plan.py);
-    ``fit_budget``: a step over ``memory.budget`` gets the planner's batch, checkpointing or
-    micro-batches (plan.py) instead of stopping the run (train.py), searched within
-    ``memory.max_batch_size`` and ``memory.checkpointing_options``.
-    Bad values raise one :class:`UserInputError` naming the key.
-    """
+    ``estimate_step``: also estimate the planned training step; ``fingerprint``: read the dataset's
+    fingerprint even when no ``auto`` needs it; ``fit_budget``: a step over ``memory.budget`` gets
+    the planner's answer (plan.py) instead of stopping the run (train.py). Bad values raise one
+    :class:`UserInputError` naming the key."""
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
@@ -601,7 +530,8 @@ def make_plan(
         decisions["async_checkpoint"] = writes
         set_key(cfg, "async_checkpoint", writes.value)
 
-    found = _plan_data(cfg, decisions, fingerprint) if "data" in cfg else None
+    opened = _Data(cfg)
+    found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
 
     lr = apply_learning_rate(cfg)
     if lr is not None:
@@ -615,8 +545,8 @@ def make_plan(
         batch_search = _plan_batch(cfg, device.value, decisions)
     if "data" in cfg:
         _plan_loader(cfg, device.value, decisions)
-    built = _Built()
-    volume = _validation_volume(cfg, estimate_step, built)
+        _check_channels(cfg, opened)  # with the data config final: the run's datamodule
+    volume = _validation_volume(cfg, estimate_step, opened)
     estimate, run = {}, None
     if "model" in cfg:
         estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
@@ -635,5 +565,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),
-        datamodule=built.for_run(cfg) if "data" in cfg else None,
+        datamodule=opened.for_run() if "data" in cfg else None,
     )

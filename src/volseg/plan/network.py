@@ -1,8 +1,5 @@
-"""The network planned for the training patch, through its adapter
-(:func:`volseg.models.networks.adapter_for`): the constructor's names for the channel counts,
-the family's own settings (UNet3D: depth and per-level pooling, planned as nnU-Net plans its
-networks), the patch divisibility (``model.divisible_by``), and the loss for a network with deep
-supervision. Nothing here reads a network's own keys; the adapters do."""
+"""The network planned for the training patch through its adapter: channel names, the family's
+settings, ``model.divisible_by``, the deep-supervision loss."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from volseg.models.networks.probe import (
     training_output,
 )
 from volseg.plan.run_plan import Decision
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import is_voxels, plain, set_key
 from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.extras import import_failure
 from volseg.utils.instantiate import config_error
@@ -32,8 +29,7 @@ DEEP_SUPERVISION_LOSS = "monai.losses.DeepSupervisionLoss"
 
 
 def network_class(net: DictConfig) -> type:
-    """The class ``model.net._target_`` names; one :class:`UserInputError` when it is missing
-    or does not import."""
+    """The class ``model.net._target_`` names; one error where it does not import."""
     try:
         target = net._target_
     except MissingMandatoryValue:
@@ -65,21 +61,18 @@ def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision])
 
 
 def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
-    """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed. ``patch``:
-    the training patch; ``None``: before one is planned (for ``data.patch_size=auto``)."""
+    """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed (``patch``: ``None``
+    before one is planned)."""
     configured = plain(cfg.model.get("divisible_by", "auto"))
     if configured not in (None, "auto"):
         value = [configured] * 3 if isinstance(configured, int) else configured
-        ok = isinstance(value, list) and len(value) == 3
-        if not (
-            ok and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-        ):
+        if not is_voxels(value):
             raise UserInputError(
                 f"model.divisible_by={configured}: expected auto, an int > 0 or [D, H, W] > 0"
             )
         return Decision(value, "configured")
     try:
-        found, why = network_divisibility(cfg.model.net, patch, int(cfg.get("in_channels", 1)))
+        found, why = network_divisibility(cfg.model.net, patch, int(cfg.in_channels))
     except ValueError as err:
         raise at_config_key(str(err), "model") from None
     except Exception as err:  # building it to probe: its constructor refused an argument
@@ -91,8 +84,7 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
 
 
 def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision | None:
-    """For a network with one output per decoder level in training, the configured loss inside
-    MONAI's ``DeepSupervisionLoss`` (unless it already is one)."""
+    """The loss inside MONAI's ``DeepSupervisionLoss`` where needed."""
     if not adapter.deep_supervision(cfg.model.net) or "loss" not in cfg.model:
         return None
     loss = cfg.model.loss
@@ -112,22 +104,19 @@ def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision
 
 
 def nearest_patches(patch: Sequence[int], multiple: Sequence[int]) -> list[list[int]]:
-    """The patches nearest ``patch`` ``[D, H, W]`` whose sides divide by ``multiple``: each side
-    rounded down (at least one multiple), and each rounded up."""
+    """The patches nearest ``patch`` whose sides divide by ``multiple``: rounded down and up."""
     down = [max(m, p // m * m) for p, m in zip(patch, multiple, strict=True)]
     up = [-(-p // m) * m for p, m in zip(patch, multiple, strict=True)]
     return [down] if down == up else [down, up]
 
 
 def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[int]) -> None:
-    """One :class:`UserInputError` when the network does not take ``patch`` ``[D, H, W]``: a side
-    is no multiple of ``multiple`` and the network, run on meta tensors, does not keep the
-    patch's shape (a network that pads takes it). Names what each side must divide by and the
-    nearest patches that work."""
+    """One :class:`UserInputError` when a side of ``patch`` is no multiple of ``multiple`` and the
+    network (on meta tensors) does not keep its shape; names the nearest patches that work."""
     if all(int(p) % int(m) == 0 for p, m in zip(patch, multiple, strict=True)):
         return
     try:
-        taken = shape_taker(cfg.model.net, int(cfg.get("in_channels", 1)))(patch)
+        taken = shape_taker(cfg.model.net, int(cfg.in_channels))(patch)
     except Exception:  # a network the probe cannot build: the divisibility alone decides
         taken = False
     if taken:
@@ -145,15 +134,11 @@ DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
 
 
 def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
-    """One :class:`UserInputError` when what the network returns in training cannot reach the
-    loss: a dict, or a tuple, with no ``model.net_output`` naming the logits; a
-    ``model.net_output`` the output has not; a list of outputs with a loss that is not deep
-    supervision. Found in one forward of ``patch`` on meta tensors, for a network no adapter
-    of its own knows (a known network returns a tensor, or its deep-supervision list, and is
-    built once, for the run)."""
+    """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
+    reach the loss (names ``model.net_output`` or the loss)."""
     if type(adapter) is not NetworkAdapter:
         return
-    out = training_output(cfg.model.net, int(cfg.get("in_channels", 1)), patch)
+    out = training_output(cfg.model.net, int(cfg.in_channels), patch)
     if out is None:
         return
     name = network_class(cfg.model.net).__name__
@@ -188,9 +173,7 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
 
 
 def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
-    """The network of ``cfg.model.net`` planned for the training patch ``patch`` ([D, H, W]
-    voxels); ``cfg`` is updated with every planned value. One :class:`UserInputError` naming
-    the key for a value the network cannot take."""
+    """The network planned for ``patch`` ([D, H, W] voxels), every planned value set in ``cfg``."""
     cls = network_class(cfg.model.net)
     adapter = adapter_for(cls)
     decisions: dict[str, Decision] = {}

@@ -1,7 +1,4 @@
-"""``model.optimizer.lr=auto`` in the run plan: the rate from the foreground class count
-(the rule, ``model.optimizer.lr_by_classes``, is :mod:`volseg.models.learning_rate`'s), recorded
-as a :class:`~volseg.plan.run_plan.Decision`: ``configured`` for a number, ``planned`` from the
-rule."""
+"""``model.optimizer.lr`` in the run plan (the rule: :mod:`volseg.models.learning_rate`)."""
 
 from __future__ import annotations
 
@@ -10,17 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.models.learning_rate import (
-    RULE_FIELDS,
-    RULE_KEY,
-    LearningRate,
-    learning_rate,
-    lr_for_classes,
-    resolve_learning_rate,
-)
+from volseg.models.learning_rate import LearningRate, learning_rate, resolve_learning_rate
 from volseg.plan.run_plan import Decision
-
-__all__ = ["RULE_FIELDS", "RULE_KEY", "apply_learning_rate", "lr_for_classes", "plan_learning_rate"]
 
 
 def _decision(rate: LearningRate) -> Decision:
@@ -37,8 +25,6 @@ def plan_learning_rate(
 
 
 def apply_learning_rate(cfg: DictConfig) -> Decision | None:
-    """Plan ``cfg.model.optimizer.lr`` in place and take the rule out of the optimizer's
-    arguments (:func:`volseg.models.learning_rate.resolve_learning_rate`); ``None`` when ``cfg``
-    has no optimizer with a learning rate."""
+    """Plan ``cfg.model.optimizer.lr`` in place; ``None`` without one."""
     rate = resolve_learning_rate(cfg)
     return None if rate is None else _decision(rate)

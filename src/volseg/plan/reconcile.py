@@ -1,10 +1,5 @@
-"""Options that contradict each other, reconciled once before anything is built.
-
-- ``trainer.enable_progress_bar=false`` with a progress-bar callback in ``callbacks``: Lightning
-  refuses the pair; the user's ``false`` wins and the callback is left out.
-- ``memory.*`` monitor options (``trace_step``, ``snapshot_steps``, ...) set while no memory
-  monitor is among the callbacks (``callbacks=none``): nothing would read them; one warning says so.
-"""
+"""Options that contradict each other, reconciled before anything is built: a progress bar with
+``trainer.enable_progress_bar=false``; monitor options without a monitor."""
 
 from __future__ import annotations
 
@@ -27,30 +22,25 @@ MONITOR_OPTIONS: dict[str, Any] = {
 MONITOR_TARGET = "volseg.memory.monitor.callback.MemoryMonitor"
 
 
-def _callback_class(entry: Any) -> type | None:
-    if not isinstance(entry, DictConfig) or "_target_" not in entry:
-        return None
-    try:
-        found = hydra.utils.get_class(str(entry._target_))
-    except Exception:
-        return None  # building it names the bad _target_
-    return found if isinstance(found, type) else None
-
-
 def progress_bar_entries(callbacks: DictConfig | None) -> list[str]:
     """Names of the ``callbacks`` entries that are Lightning progress bars."""
-    return [
-        str(name)
-        for name, entry in (callbacks or {}).items()
-        if (cls := _callback_class(entry)) is not None and issubclass(cls, ProgressBar)
-    ]
+    names = []
+    for name, entry in (callbacks or {}).items():
+        if not isinstance(entry, DictConfig) or "_target_" not in entry:
+            continue
+        try:
+            found = hydra.utils.get_class(str(entry._target_))  # a class, else ValueError
+        except Exception:
+            continue  # building it names the bad _target_
+        if issubclass(found, ProgressBar):
+            names.append(str(name))
+    return names
 
 
 def reconcile_callbacks(
     callbacks: DictConfig | None, trainer: DictConfig, memory: DictConfig | None
 ) -> tuple[list[str], list[str]]:
-    """The ``callbacks`` entries to leave out, and one line per reconciliation made (logged:
-    an info line for a left-out callback, a warning for options nothing reads)."""
+    """The ``callbacks`` entries to leave out, and one logged line per reconciliation."""
     dropped: list[str] = []
     notes: list[str] = []
     if trainer.get("enable_progress_bar") is False:

@@ -1,11 +1,5 @@
-"""``RunPlan``: every value a run derives, decided once, with where each came from.
-
-A plan holds the planned config (the composed config with every ``auto`` replaced by its value,
-``num_classes``/``in_channels`` from the data, the loader and precision settings for the device)
-and one :class:`Decision` per derived key, with its source (``configured``, ``planned``, ``the
-data``, or a plan file) and why. ``plan.yaml`` in the run folder is this object; ``python
-train.py plan=PATH`` trains from it.
-"""
+"""``RunPlan``: the planned config (every ``auto`` replaced) and one :class:`Decision` per derived
+key, with its source and why. ``plan.yaml`` is this object; ``train.py plan=PATH`` trains it."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ RUN_NODES = ("hydra", "paths", "plan", "task_name")
 
 @dataclass(frozen=True)
 class Decision:
-    """One planned key: its value, ``source`` (``configured``, ``planned``, ``the data``, ...)
-    and ``why`` (for a planned value, from what)."""
+    """One planned key: its value, ``source`` and ``why``."""
 
     value: Any
     source: str
@@ -41,24 +34,19 @@ class Decision:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The plan of one run. ``config`` is a copy for each reader (:meth:`run_config`), so that no
-    builder can change what the plan says; ``decisions`` maps config keys (``data.patch_size``)
-    and a few run facts (``device``) to :class:`Decision`; ``estimate`` is the estimator's
-    training step (``peak_allocated``/``process_total`` bytes, ``flops_per_step``) or why not;
-    ``fingerprint`` the dataset's (case count, median shape) where the plan read the data."""
+    """The plan of one run: ``config`` (a copy for each reader), ``decisions`` by key, the step's
+    ``estimate``, ``validation``, the dataset's ``fingerprint``."""
 
     config: DictConfig
     decisions: Mapping[str, Decision]
     estimate: Mapping[str, Any] = field(default_factory=dict)
-    #: the planned run's validation of its largest volume (volseg.memory.estimate.inference), or
-    # why not
+    #: the planned run's validation of its largest volume, or why not
     validation: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     #: trainer.precision: what was asked, what runs, on which device, why
     precision: Mapping[str, str] = field(default_factory=dict)
-    #: the datamodule the plan built from its final ``data`` config to read the data (``None``
-    #: where it built none, or the planner changed a key of it since): the run's, not rebuilt
+    #: the datamodule the plan read the data with, where built from the final ``data``
     datamodule: Any = field(default=None, compare=False, repr=False)
 
     def run_config(self) -> DictConfig:
@@ -82,10 +70,6 @@ class RunPlan:
             "notes": list(self.notes),
             "config": config,
         }
-
-    def comparable(self) -> dict[str, Any]:
-        """The decisions only (value and source): what two entry points must agree on."""
-        return {k: (plain(d.value), d.source) for k, d in self.decisions.items()}
 
     def write(self, folder: str | Path) -> Path:
         """Write ``<folder>/plan.yaml``; returns the file."""

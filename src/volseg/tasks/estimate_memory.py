@@ -1,6 +1,4 @@
-"""``run_estimate(cfg)``: what ``python estimate_memory.py`` runs: the memory report of the plan
-``plan.py`` makes (the engine is :mod:`volseg.memory.estimate`; the plan, and its search within
-``memory.budget``, :mod:`volseg.plan`)."""
+"""``run_estimate(cfg)``: the memory report ``python estimate_memory.py`` prints."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ SCHEMA_VERSION = 1
 
 
 def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
-    """The data side's host memory for ``cfg`` (from the dataset's headers), or ``None`` and
-    why not (e.g. a dataset not generated yet: nothing is generated or loaded here)."""
+    """The data side's host memory (from the headers), or ``None`` and why not."""
     try:
         datamodule = build(cfg.data, "data")
         if not hasattr(datamodule, "host_estimate"):
@@ -51,8 +48,7 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
 
 
 def check_json_out(path: Path, overwrite: bool) -> None:
-    """One clear error, before estimating, when ``memory.json_out`` cannot or must not be
-    written: a folder, a file in a folder that does not exist, or an existing file."""
+    """One error, before any work, for a ``memory.json_out`` that cannot be written."""
     if path.is_dir():
         raise UserInputError(
             f"memory.json_out={path}: is a folder; give a file, e.g. {path / 'estimate.json'}"
@@ -67,11 +63,8 @@ def check_json_out(path: Path, overwrite: bool) -> None:
 
 
 def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]:
-    """Validation's and prediction's peaks for the validation shape (``memory.val_shape`` or
-    the dataset's largest validation case), printed with the run's peak by phase; JSON entries
-    ``validation`` and ``prediction`` (``None`` and why not where no shape is known).
-    Prediction is estimated as ``predict.py`` runs by default (float32, no flips) for both of
-    its stitching places: on the device, and (``host_stitching``) in host memory."""
+    """Validation's and prediction's peaks (prediction as ``predict.py`` runs by default, stitched
+    on the device and on the host) for the validation shape, printed; their JSON entries."""
     shape, source = validation_shape(cfg)
     if shape is None:
         print(f"Validation and prediction: not estimated ({source})")
@@ -98,8 +91,7 @@ def _context_label(source: str) -> str:
 
 
 def run_estimate(cfg: DictConfig) -> dict[str, Any]:
-    """The memory report of the run ``plan.py`` plans with the same overrides (the same plan,
-    fitted to ``memory.budget`` as plan.py fits it: :func:`volseg.plan.plan_run`); JSON out."""
+    """The memory report of the run ``plan.py`` plans with the same overrides; JSON out."""
     options = cfg.memory
     json_out = Path(options.json_out) if options.json_out else None
     if json_out is not None:

@@ -23,9 +23,8 @@ log = logging.getLogger(__name__)
 def check_predictions_dir(
     predictions_dir: Path, datamodule: L.LightningDataModule, overwrite: bool, data_root: str
 ) -> None:
-    """One error, before any prediction, when ``predictions_dir`` lies inside the dataset (the
-    files written there would change it) or holds predictions of these cases (unless
-    ``overwrite``)."""
+    """One error, before any prediction, when ``predictions_dir`` lies inside the dataset or holds
+    predictions of these cases (unless ``overwrite``)."""
     root = Path(datamodule.root).resolve()
     target = predictions_dir.resolve()
     if target == root or root in target.parents:
@@ -47,13 +46,8 @@ def check_predictions_dir(
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Validate a checkpoint on the validation split and write its predicted label volumes.
-
-    Model and data come from the training run's plan (the checkpoint's); overrides on the
-    command line apply as in train.py (``data.*``, ``model.*``, a group such as ``data=msd``),
-    see :func:`volseg.plan.files.plan_from_run`. Writes ``plan.yaml``, ``predictions/`` and
-    ``eval_summary.json`` into the run dir and returns the validation metrics.
-    """
+    """Validate a checkpoint with the run's plan and this command's overrides; writes predictions,
+    ``plan.yaml`` and ``eval_summary.json``; returns the metrics."""
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "eval.py")
     file_log.info("%s", run_plan.format())  # every decision and why: eval.log, plan.yaml

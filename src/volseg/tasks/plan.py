@@ -16,9 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def plan_command(cfg: DictConfig) -> dict[str, Any]:
-    """Fingerprint the dataset, plan the run (a step over ``memory.budget`` gets what the
-    planner fits), print both and write ``plan.yaml`` into the run folder; returns the plan as
-    plain data."""
+    """Fingerprint, plan (fitted to ``memory.budget``), print, write ``plan.yaml``."""
     try:
         run_plan = plan_run(cfg, estimate_step=True, fingerprint=True, fit_budget=True)
     except BudgetExceeded:
@@ -32,8 +30,7 @@ def plan_command(cfg: DictConfig) -> dict[str, Any]:
 
 
 def print_lever_prices(cfg: DictConfig) -> None:
-    """Nothing fits ``memory.budget``: every lever of the configured run with its price
-    (:func:`volseg.memory.fit.levers.lever_prices`), before the one-line refusal."""
+    """Nothing fits ``memory.budget``: every lever with its price, before the refusal."""
     from volseg.memory.fit.levers import lever_prices
 
     unbounded = cfg.copy()

@@ -1,9 +1,6 @@
-"""``predict(cfg)``: what ``python predict.py ckpt_path=PATH input=DIR_OR_FILE output=DIR`` runs.
-
-Every check (checkpoint, model config against the weights, input files, existing outputs) runs
-before the first volume is predicted; then Lightning's predict loop runs :class:`VolumePredictor`
-over the volumes and :class:`VolumeWriter` writes each one as it is done.
-"""
+"""``predict(cfg)``: what ``python predict.py`` runs. Every check runs before the first volume; then
+Lightning's predict loop runs :class:`VolumePredictor` and :class:`VolumeWriter` writes each volume
+as it is done."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset, list_data_collate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from volseg.callbacks.prediction_writer import label_dtype
@@ -41,7 +38,7 @@ from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
-from volseg.utils.config import plain
+from volseg.utils.config import plain, set_key
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
@@ -54,11 +51,8 @@ Target = tuple[Path, str | None]
 
 
 def output_targets(name: str, output_dir: Path, probabilities: bool) -> list[Target]:
-    """Where the prediction of input ``name`` goes: the labels, then the probabilities.
-
-    NIfTI/TIFF: ``<name>`` and ``<stem>_probabilities<suffix>``; HDF5: the datasets
-    ``predictions`` and ``probabilities`` of one file ``<name>``.
-    """
+    """Where input ``name``'s labels, then probabilities, go: NIfTI/TIFF ``<name>`` and
+    ``<stem>_probabilities<suffix>``; HDF5 two datasets of ``<name>``."""
     if volume_format(name) == "hdf5":
         keys = [HDF5_PREDICTION_KEY, HDF5_PROBABILITIES_KEY][: 1 + probabilities]
         return [(output_dir / name, key) for key in keys]
@@ -72,8 +66,8 @@ def output_targets(name: str, output_dir: Path, probabilities: bool) -> list[Tar
 def check_outputs(
     cases: Sequence[Case], targets: dict[str, list[Target]], output_dir: Path, overwrite: bool
 ) -> None:
-    """One error listing every output that two inputs would share, that would hit an input, or
-    that exists (unless ``overwrite``)."""
+    """One error listing every output two inputs would share, that would hit an input, or that
+    exists (unless ``overwrite``)."""
     inputs = {Path(p).resolve() for c in cases for p in c.image_files}
     planned = list(dict.fromkeys(path for files in targets.values() for path, _ in files))
     owners: dict[Path, list[str]] = {}
@@ -106,8 +100,7 @@ def check_outputs(
 
 
 class VolumeWriter(BasePredictionWriter):
-    """Writes each volume's labels (and probabilities) in its input's format, orientation and
-    geometry (``orientation``: the ``data.orientation`` the volumes were loaded in)."""
+    """Writes each volume in its input's format, orientation and geometry."""
 
     def __init__(
         self,
@@ -151,10 +144,7 @@ class VolumeWriter(BasePredictionWriter):
 
 
 class VolumeData(L.LightningDataModule):
-    """The volumes to predict, batch 1, each volume on one rank only: built in every process
-    after the strategy launched it, with the trainer's rank and world size
-    (:class:`ShardedEvalSampler`: every rank the same number of batches, the padding ones
-    skipped)."""
+    """The volumes to predict, batch 1, each on one rank (:class:`ShardedEvalSampler`)."""
 
     def __init__(
         self,
@@ -181,8 +171,7 @@ class VolumeData(L.LightningDataModule):
         )
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
-        # the volume stays on the host until VolumePredictor.predict_step knows where it is
-        # stitched
+        # on the host until VolumePredictor.predict_step knows where it is stitched
         return batch
 
 
@@ -194,12 +183,10 @@ def plan_volumes(
     roi_size: Sequence[int],
     budget: Any = None,
 ) -> StitchPlan | None:
-    """Each input volume's prediction estimated before the first one runs, from its header's
-    shape (after ``data.spacing`` and orientation), and logged; with ``stitch=auto`` on a GPU,
-    whether it is stitched on the device or the host, for ``memory.budget`` or else the GPU's
-    total memory. ``None`` where no estimate could be made (``stitch=auto`` then decides from
-    the free memory at run time). A volume that fits ``memory.budget`` in neither way stops
-    here, in one line."""
+    """Each volume's prediction estimated from its header before the first runs, and logged; with
+    ``stitch=auto`` on a GPU, where each is stitched for ``memory.budget`` (else the GPU's
+    memory). ``None`` where no estimate could be made; a volume that fits the budget neither way
+    stops here."""
     if budget is not None:
         limit, source = parse_bytes(budget, "memory.budget"), f"memory.budget={budget}"
     elif device == "cuda" and torch.cuda.is_available():
@@ -213,27 +200,14 @@ def plan_volumes(
         "memory.gpu": None,
     }
     estimate_cfg = copy.deepcopy(cfg)
-    with open_dict(estimate_cfg):
-        for key, value in settings.items():
-            OmegaConf.update(estimate_cfg, key, value, merge=False, force_add=True)
+    for key, value in settings.items():
+        set_key(estimate_cfg, key, value)
     try:
-        shapes = [
-            volume_bytes(
-                case,
-                getattr(datamodule, "spacing", None),
-                orientation=getattr(datamodule, "orientation", None),
-            ).shape_zyx
-            for case in cases
-        ]
+        spacing, orientation = (getattr(datamodule, k, None) for k in ("spacing", "orientation"))
+        shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]
+        precision = str(cfg.trainer.precision)
         plan = plan_stitching(
-            estimate_cfg,
-            shapes,
-            device,
-            limit,
-            source,
-            cfg.flip_axes,
-            str(cfg.trainer.precision),
-            cfg.stitch,
+            estimate_cfg, shapes, device, limit, source, cfg.flip_axes, precision, cfg.stitch
         )
     except UserInputError:
         raise
@@ -262,12 +236,9 @@ def plan_volumes(
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
-    """Predict every volume of ``cfg.input`` with the checkpoint ``cfg.ckpt_path``.
-
-    Writes ``cfg.output/<input name>`` (labels, same format and geometry as the input) and, with
-    ``write_probabilities``, the softmax (``K`` channels, float32); see :func:`output_targets`.
-    Returns ``{"written": [paths]}``.
-    """
+    """Predict every volume of ``cfg.input`` with ``cfg.ckpt_path`` into ``cfg.output`` (labels in
+    the input's format and geometry; ``write_probabilities``: the softmax too). Returns
+    ``{"written": [paths]}``."""
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     # predict.py's memory.budget is the prediction's (each volume, below), not a training step's
     budget = OmegaConf.select(cfg, "memory.budget")
@@ -281,8 +252,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     cfg = run_plan.run_config()
     model_cfg, data_cfg = cfg.model, cfg.data
     model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
-    in_channels = int(OmegaConf.select(model_cfg, "net.in_channels", default=1))
-    num_classes = int(OmegaConf.select(model_cfg, "net.num_classes", default=model.num_classes))
+    in_channels, num_classes = int(cfg.in_channels), int(model.num_classes)
 
     datamodule = build(data_cfg, "data")
     cases = datamodule.predict_cases(cfg.input, in_channels)

@@ -7,7 +7,6 @@ import gc
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -36,27 +35,20 @@ from volseg.utils.sweep import is_global_zero
 log = logging.getLogger(__name__)
 
 
-# strategies that need a package torch and Lightning do not bring: the module they import
+#: strategies that need a package torch and Lightning do not bring: the module they import
 OPTIONAL_STRATEGIES = {"deepspeed": "deepspeed"}
-
-
-def check_strategy_installed(strategy: Any) -> None:
-    """One clear error, before any work, when ``trainer.strategy`` needs a missing package."""
-    name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-    for key, module in OPTIONAL_STRATEGIES.items():
-        if key in name.lower():
-            require_all([module], f"trainer.strategy={name}")
-
-
 #: strategies that shard the model across CUDA GPUs: Lightning runs them on CUDA only
 CUDA_ONLY_STRATEGIES = ("fsdp", "deepspeed")
 
 
-def check_strategy_device(trainer_cfg: DictConfig) -> None:
-    """One clear error, before any work, for ``trainer=fsdp``/``trainer=deepspeed`` where the run
-    has no CUDA GPU (``trainer.accelerator=cpu``, or none on this machine)."""
+def check_strategy(trainer_cfg: DictConfig) -> None:
+    """One clear error for a ``trainer.strategy`` whose package is missing, or that needs CUDA
+    where the run has no CUDA GPU."""
     strategy = trainer_cfg.get("strategy")
     name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
+    for key, module in OPTIONAL_STRATEGIES.items():
+        if key in name.lower():
+            require_all([module], f"trainer.strategy={name}")
     if not any(key in name.lower() for key in CUDA_ONLY_STRATEGIES):
         return
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
@@ -71,9 +63,7 @@ def check_strategy_device(trainer_cfg: DictConfig) -> None:
 
 
 def check_patch_fits_network(cfg: DictConfig) -> None:
-    """One clear error, before any work, when ``data.patch_size`` does not fit the network (a
-    UNet3D axis thinner than its poolings, an invalid pooling setting, a network class that
-    does not import): what the plan checks, :func:`volseg.plan.network.plan_network`."""
+    """One clear error when ``data.patch_size`` does not fit the network (what the plan checks)."""
     patch = cfg.data.get("patch_size")
     if cfg.model.get("net") is None or patch is None or len(patch) != 3 or patch == "auto":
         return  # a malformed patch is the datamodule's error
@@ -81,19 +71,14 @@ def check_patch_fits_network(cfg: DictConfig) -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Train a model from the composed config; returns the final ``callback_metrics`` as floats.
-
-    Data are found and checked before the trainer is built, so bad input stops the run with one
-    :class:`UserInputError` before any training.
-    """
+    """Train a model from the composed config; returns the final ``callback_metrics`` as floats."""
     if cfg.extras.get("print_config"):
         print_config(
             cfg,
             save_to=Path(cfg.paths.output_dir) / "config_tree.log",
             show=cfg.extras.print_config is True,
         )
-    # an earlier run in this process (multirun, notebook) may have left cycles holding its model
-    # and optimizer: free them before this run measures memory and forks loader workers
+    # an earlier run in this process may have left cycles holding its model and optimizer
     gc.collect()
     seed_everything(cfg)
     # a resumed run's checkpoint is read first: not a file, not a checkpoint -> one error, no work
@@ -101,12 +86,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     loader_states = saved_loader_states(checkpoint) if checkpoint is not None else []
     if checkpoint is not None:  # a finished run: one line naming the limit to raise, no work
         check_work_left(checkpoint, cfg.trainer, cfg.ckpt_path)
-    check_strategy_installed(cfg.trainer.get("strategy"))
-    check_strategy_device(cfg.trainer)
+    check_strategy(cfg.trainer)
 
-    # every auto decided once (patch, network, precision, loader, shape from the data, budget);
-    # from here on everything is built from the plan's config, which nothing edits
-    # memory.plan_step=false: no estimate of the planned step for the log and plan.yaml
+    # every auto decided once; everything is built from the plan's config, which nothing edits
     run_plan = plan_run(
         cfg, estimate_step=bool(OmegaConf.select(cfg, "memory.plan_step", default=True))
     )
@@ -127,8 +109,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_only = getattr(datamodule, "check_only", False)
     host = None
     if hasattr(datamodule, "check_host_memory") and not check_only:
-        # from the headers, before the checks read any voxel: a cache too big for the RAM stops
-        # the run here, not when the machine swaps or the kernel kills it mid-load
+        # from the headers: a cache too big for the RAM stops the run before any voxel is read
         device = run_plan.value("device")
         host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
     datamodule.check()
@@ -185,11 +166,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def evaluate_best(
     trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule
 ) -> dict[str, float]:
-    """``test=true``: the best checkpoint (the final weights without one) evaluated after fit.
-
-    The data layouts have no test split, so this is the validation split (said in the log);
-    the metrics come back as ``test/<name>`` (``test/dice_mean``, ...).
-    """
+    """``test=true``: the best checkpoint (else the final weights) validated after fit, on the
+    validation split (the layouts have none for test); ``test/<name>`` metrics."""
     callback = trainer.checkpoint_callback
     best = getattr(callback, "best_model_path", "") or None
     log.info(

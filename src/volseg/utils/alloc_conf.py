@@ -1,18 +1,7 @@
 """``memory.allocator``: PyTorch's CUDA caching-allocator settings as config values, written into
-``PYTORCH_CUDA_ALLOC_CONF`` by the entry point before anything can start CUDA.
-
-torch reads the variable once, when its CUDA allocator starts (the first CUDA tensor), so a value
-set later has no effect; loader workers and DDP processes (forked, or launched again with this
-environment) inherit it. The keys are those torch 2.13's parser knows
-(``c10/core/AllocatorConfig.cpp``, ``c10/cuda/CUDAAllocatorConfig.cpp``), checked as it checks
-them: a bad key or value is one :class:`UserInputError` naming ``memory.allocator.<key>``, before
-any work, instead of torch's error when CUDA starts. ``backend`` is refused: torch reads it when
-it is imported, before any config is read, and the estimator models the native allocator only.
-
-Which value wins: with any key set, the config's replace a value already in the environment (a
-warning names the value replaced); with none set, the environment's value stays as the user set
-it. Either way :func:`resolve_allocator` says which, and the plan records it.
-"""
+``PYTORCH_CUDA_ALLOC_CONF`` before anything can start CUDA (torch reads it once). Keys and checks
+are torch 2.13's (``c10/cuda/CUDAAllocatorConfig.cpp``); ``backend`` is refused (torch reads it at
+import). Any key set replaces the environment's value; none set keeps it."""
 
 from __future__ import annotations
 
@@ -29,8 +18,7 @@ from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
-#: the variable torch reads; torch >= 2.9 also reads PYTORCH_ALLOC_CONF (2.13 takes the CUDA one
-#: first, later versions the other): both are written, with the same value
+#: the variables torch reads (>= 2.9 reads both, in either order): both are written
 ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ENV_GENERIC = "PYTORCH_ALLOC_CONF"
 NODE = "memory.allocator"
@@ -68,8 +56,7 @@ def _fraction(include_one: bool) -> Callable:
 
 
 def _divisions(value: Any) -> str:
-    """A power of 2 for every size, or ``{MiB: divisions, '>': divisions}`` (MiB a power of 2,
-    divisions 0 or a power of 2): torch's ``[256:1,512:2,>:4]``."""
+    """A power of 2, or ``{MiB: divisions, '>': divisions}`` (torch's ``[256:1,512:2,>:4]``)."""
     if isinstance(value, Mapping):
         parts = []
         for size, divisions in value.items():
@@ -103,8 +90,7 @@ OPTIONS: dict[str, Callable[[Any], str]] = {
 
 
 def alloc_conf(node: Any) -> str | None:
-    """The ``PYTORCH_CUDA_ALLOC_CONF`` value of a ``memory.allocator`` node (its keys that are
-    not null, in order), ``None`` when none is set. A bad key or value: one error naming it."""
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` value of a node; ``None`` when it sets none."""
     if node is None:
         return None
     if isinstance(node, DictConfig):
@@ -136,15 +122,14 @@ def alloc_conf(node: Any) -> str | None:
 
 
 def environment_conf(environ: Mapping[str, str] | None = None) -> str | None:
-    """The allocator settings in the environment, as torch 2.13 reads them (``ENV`` first)."""
+    """The allocator settings in the environment, as torch 2.13 reads them."""
     environ = os.environ if environ is None else environ
     return environ.get(ENV) or environ.get(ENV_GENERIC) or None
 
 
 @dataclass(frozen=True)
 class AllocatorChoice:
-    """The allocator settings a run uses: ``value`` (``PYTORCH_CUDA_ALLOC_CONF``; ``None``:
-    torch's defaults), ``source`` (``configured``, ``the environment``, ``default``), ``why``."""
+    """The allocator settings a run uses (``None``: torch's defaults), their source and why."""
 
     value: str | None
     source: str
@@ -152,8 +137,7 @@ class AllocatorChoice:
 
 
 def resolve_allocator(node: Any, environ: Mapping[str, str] | None = None) -> AllocatorChoice:
-    """Which allocator settings a run with ``memory.allocator`` = ``node`` uses: the config's
-    when it sets any key, else the environment's, else torch's defaults."""
+    """The config's settings where it sets a key, else the environment's, else torch's defaults."""
     configured = alloc_conf(node)
     present = environment_conf(environ)
     if configured is not None:
@@ -167,9 +151,7 @@ def resolve_allocator(node: Any, environ: Mapping[str, str] | None = None) -> Al
 
 
 def apply_allocator(node: Any, environ: MutableMapping[str, str] | None = None) -> AllocatorChoice:
-    """Write the config's allocator settings into the environment (``ENV`` and ``ENV_GENERIC``)
-    for this process and every process it starts; a value there already that they replace is
-    named in a warning. Call it before anything creates a CUDA tensor."""
+    """Write the config's settings into the environment; call it before CUDA starts."""
     environ = os.environ if environ is None else environ
     choice = resolve_allocator(node, environ)
     if choice.source != "configured":
@@ -192,9 +174,7 @@ def apply_allocator(node: Any, environ: MutableMapping[str, str] | None = None) 
 
 
 def run_allocator_node(cfg: DictConfig) -> Any:
-    """The ``memory.allocator`` node the run of ``cfg`` uses: with ``plan=PATH`` the plan file's,
-    with this command's keys that are not null on top (as the plan is laid over the config
-    later); a plan file that cannot be read is left to the plan's own error."""
+    """The run's ``memory.allocator``: with ``plan=PATH`` the file's, this command's on top."""
     node = OmegaConf.select(cfg, NODE)
     if not cfg.get("plan"):
         return node
@@ -206,14 +186,7 @@ def run_allocator_node(cfg: DictConfig) -> Any:
         planned = dict(saved["config"]["memory"]["allocator"] or {})
     except Exception:
         return node
-    command = alloc_conf_items(node)
-    return {**planned, **command}
-
-
-def alloc_conf_items(node: Any) -> dict[str, Any]:
-    """The keys of a ``memory.allocator`` node that are not null."""
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=True)
-    if not isinstance(node, Mapping):
-        return {}
-    return {k: v for k, v in node.items() if v is not None}
+    command = node if isinstance(node, Mapping) else {}
+    return {**planned, **{k: v for k, v in command.items() if v is not None}}

@@ -1,9 +1,4 @@
-"""Loading a trained run back: the checkpoint, the train config saved in it, its network.
-
-Shared by ``eval.py`` and ``predict.py``: both rebuild the model from the checkpoint's own config
-and plan (:func:`volseg.plan.files.plan_from_run` applies the command line's overrides) and load
-the weights, turning any mismatch into one :class:`UserInputError` that names it.
-"""
+"""Loading a trained run back for ``eval.py`` and ``predict.py``."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ MAX_LISTED = 6
 
 
 def load_run_config(ckpt_path: str | Path) -> tuple[dict[str, Any], DictConfig]:
-    """The checkpoint (loaded with ``weights_only=True``) and the train config saved in it."""
+    """The checkpoint (``weights_only=True``) and the train config saved in it."""
     path = Path(ckpt_path)
     if path.is_dir():
         raise UserInputError(
@@ -58,8 +53,7 @@ def weight_mismatches(
 def load_model(
     checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
 ) -> LightningModule:
-    """Build ``model_cfg`` and load the checkpoint's weights into it (see
-    :func:`check_weights_fit` for the error when they do not fit)."""
+    """``model_cfg`` built, the checkpoint's weights loaded into it (:func:`check_weights_fit`)."""
     model: LightningModule = build(model_cfg, "model")
     check_weights_fit(model, checkpoint, model_cfg, ckpt_path)
     model.load_state_dict(checkpoint.get("state_dict", {}))
@@ -92,8 +86,7 @@ def _yaml_net(folder: Path, name: str) -> dict[str, Any]:
 
 
 def _literal_match(config_net: dict[str, Any], saved_net: dict[str, Any]) -> bool:
-    """Whether a network config file builds the saved network: the same ``_target_`` and the
-    same value of every literal (not interpolated) argument that shapes the weights."""
+    """Whether a network config file builds the saved network (literal arguments)."""
     if config_net.get("_target_") != saved_net.get("_target_"):
         return False
     return all(
@@ -104,9 +97,7 @@ def _literal_match(config_net: dict[str, Any], saved_net: dict[str, Any]) -> boo
 
 
 def config_choice_of(saved_net: dict[str, Any]) -> str | None:
-    """The command-line choice that builds ``saved_net``: ``model=NAME`` (a model group whose
-    network matches), else ``model/net=NAME``; ``None`` outside a composed Hydra config or
-    when no config file matches."""
+    """The choice that builds ``saved_net`` (``model=NAME``, ``model/net=NAME``) or ``None``."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -144,9 +135,8 @@ def _differences(saved_net: dict[str, Any], config_net: dict[str, Any]) -> list[
 def check_weights_fit(
     model: LightningModule, checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
 ) -> None:
-    """Raise :class:`UserInputError` when ``model`` is a different network than the one whose
-    weights ``checkpoint`` holds: the checkpoint's network, the arguments that differ, the
-    config choice that builds it (``model=NAME``), and the mismatched tensors."""
+    """:class:`UserInputError` when ``model`` is another network than the checkpoint's: its network,
+    the arguments that differ, the choice that builds it, the mismatched tensors."""
     state = checkpoint.get("state_dict", {})
     problems = weight_mismatches(model.state_dict(), state)
     if problems:
@@ -175,18 +165,12 @@ def check_weights_fit(
         )
 
 
-def trained_epochs(checkpoint: dict[str, Any]) -> int:
-    """Whole epochs the checkpoint's run trained (and validated): Lightning's fit-loop count of
-    processed epochs (a mid-epoch checkpoint counts the epochs before its own)."""
-    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
-    return int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
-
-
 def check_work_left(checkpoint: dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
-    """Raise :class:`UserInputError` when the checkpoint's run has already reached
-    ``trainer.max_epochs`` or ``trainer.max_steps``: Lightning would start, train nothing and
-    end. Naming the limit to raise is the answer the user wants."""
-    epochs, steps = trained_epochs(checkpoint), int(checkpoint.get("global_step", 0))
+    """:class:`UserInputError` when the checkpoint's run reached its epoch or step limit."""
+    # whole epochs trained: Lightning's fit-loop count
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+    epochs = int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
+    steps = int(checkpoint.get("global_step", 0))
     max_epochs = trainer_cfg.get("max_epochs")
     max_steps = trainer_cfg.get("max_steps")
     done = f"ckpt_path={ckpt_path}: its run has trained {epochs} epoch(s), {steps} step(s)"

@@ -1,24 +1,13 @@
 """Checkpoints written in a background thread from a host copy (``async_checkpoint=true``): the
-training loop pays for copying the state to host memory, not for serializing and writing it.
+loop pays for the copy, not the write. Lightning's :class:`AsyncCheckpointIO`, with:
 
-Built on Lightning's :class:`~lightning.pytorch.plugins.io.AsyncCheckpointIO` (one writer
-thread, errors raised at the next save or at teardown, teardown waits for the writes), with
-what volseg's checkpoints guarantee added:
-
-- the state is copied to host memory on the caller's thread before the next optimizer step can
-  change it (tensors to CPU, everything else deep-copied): no GPU memory is held while a file is
-  written, and a loader position or RNG state updated in place later is not written half-new;
-- each file is written to ``<file>.tmp`` and renamed over the previous one (a kill while
-  writing leaves the previous file whole);
-- removing a file (the previous best checkpoint) waits, in the writer's queue, for the writes
-  submitted before it: a kill never leaves the run with no best checkpoint;
-- at most :data:`MAX_PENDING` writes are in flight: a save waits for the oldest first, so the
-  host holds at most that many copies of the state;
-- a checkpoint of the state another file was just saved from (``last.ckpt`` and the best
-  checkpoint at the same step, see :class:`volseg.callbacks.last_checkpoint.LastCheckpoint`)
-  is a second name of that file, made in the writer's queue once the file is written
-  (:meth:`BackgroundCheckpointIO.link_checkpoint`): one write instead of two.
-"""
+- the state copied to host memory before the next optimizer step can change it (no GPU memory
+  held while writing, nothing written half-new);
+- each file written to ``<file>.tmp`` and renamed (a kill leaves the previous file whole);
+- a removal (the previous best) queued behind the writes before it: never no best checkpoint;
+- at most :data:`MAX_PENDING` writes in flight (host copies of the state);
+- a checkpoint of the state another file was just saved from (``last.ckpt`` beside the best)
+  made a second name of that file (:meth:`BackgroundCheckpointIO.link_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -46,11 +35,7 @@ MAX_PENDING = 2
 
 
 class HostBuffers:
-    """Host tensors kept from one save to the next and reused for the next snapshot (a thread
-    hands a write's tensors back when it is done). A fresh host allocation of a large
-    checkpoint's size is paged in on first touch, which costs several times the copy into memory
-    already mapped; a GPU tensor is copied into page-locked memory, the fast transfer. Holds at
-    most as many copies of the state as writes are in flight (:data:`MAX_PENDING`)."""
+    """Host tensors reused from one snapshot to the next (no page-in on each save)."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[tuple[int, ...], torch.dtype, bool], list[torch.Tensor]] = {}
@@ -61,7 +46,7 @@ class HostBuffers:
         return tuple(tensor.shape), tensor.dtype, pinned
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
-        """A contiguous host tensor of ``like``'s shape and dtype (its values undefined)."""
+        """A contiguous host tensor of ``like``'s shape and dtype (values undefined)."""
         pinned = like.is_cuda
         with self._lock:
             free = self._free.get(self._key(like, pinned))
@@ -83,9 +68,8 @@ class HostBuffers:
 def host_snapshot(
     checkpoint: dict[str, Any], buffers: HostBuffers | None = None
 ) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """A copy of ``checkpoint`` that nothing in the training loop shares, and the host tensors
-    taken from ``buffers`` for it (to hand back once it is written): every tensor copied to host
-    memory (CPU tensors too), every other object deep-copied."""
+    """A copy of ``checkpoint`` nothing in the loop shares (every tensor copied to the host, the
+    rest deep-copied), and the host tensors taken from ``buffers`` for it."""
     copies: dict[int, torch.Tensor] = {}
     taken: list[torch.Tensor] = []
 
@@ -106,10 +90,8 @@ def host_snapshot(
 
 
 def link_checkpoint(source: str, path: str) -> None:
-    """``path`` as a second name of the written file ``source`` (a hard link; a copy where the
-    file system has none), made as ``<path>.tmp`` and renamed over ``path``. Both names stay
-    whole when either is replaced or removed later, as long as neither file is rewritten in
-    place: :class:`BackgroundCheckpointIO` writes every file to a ``.tmp`` and renames it."""
+    """``path`` as a second name of the written ``source`` (a hard link, else a copy), made as
+    ``<path>.tmp`` and renamed; both stay whole as long as no file is rewritten in place."""
     tmp = path + TMP_SUFFIX
     if os.path.lexists(tmp):
         os.remove(tmp)
@@ -122,7 +104,7 @@ def link_checkpoint(source: str, path: str) -> None:
 
 
 def describe(checkpoint: dict[str, Any]) -> str:
-    """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint (the log's words)."""
+    """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
     batch = progress.get("current", {}).get("processed", 0)
     return (
@@ -132,9 +114,7 @@ def describe(checkpoint: dict[str, Any]) -> str:
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
-    """:class:`AsyncCheckpointIO` writing a host snapshot to ``<file>.tmp`` and renaming it (see the
-    module docstring). ``blocked_seconds``: the time saves and removals held the caller (the
-    copy, and waiting for a previous write); ``written_seconds``: the writer thread's time."""
+    """:class:`AsyncCheckpointIO` writing host snapshots (the module docstring)."""
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
@@ -147,7 +127,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self._logged_writes = 0  # teardown follows every stage: say each write once
 
     def _wait_for_writes(self, most: int) -> None:
-        """Until at most ``most`` writes are queued or running (a removal holds no copy)."""
+        """Until at most ``most`` writes are queued or running."""
         while self._pending and self._pending[0].done():
             self._pending.popleft()
         while len(self._pending) > most:
@@ -201,8 +181,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             self._buffers.give_back(taken)
 
     def link_checkpoint(self, source: str, path: str) -> None:
-        """``path`` as a second name of ``source`` once the writes submitted before it (the
-        write of ``source``) are done (:func:`link_checkpoint`); the caller does not wait."""
+        """``path`` as a second name of ``source`` once the writes before it are done; no wait."""
         started = time.monotonic()
         if self._error:
             raise self._error
@@ -217,7 +196,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self.blocked_seconds += time.monotonic() - started
 
     def teardown(self) -> None:
-        """Waits for the writes in flight (counted in ``blocked_seconds``)."""
+        """Waits for the writes in flight."""
         started = time.monotonic()
         try:
             super().teardown()

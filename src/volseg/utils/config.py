@@ -10,8 +10,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
 def plain(value: Any) -> Any:
-    """``value`` with every ``ListConfig``/``DictConfig`` (and other sequence) made a plain list or
-    dict, e.g. for a message, a JSON file or an ``==``; strings and scalars as they are."""
+    """``value`` with every config node or sequence made a plain list or dict."""
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
@@ -21,9 +20,17 @@ def plain(value: Any) -> Any:
     return value
 
 
+def is_voxels(value: Any) -> bool:
+    """Whether ``value`` is ``[D, H, W]``: three whole numbers > 0."""
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+
+
 def set_key(cfg: DictConfig, key: str, value: Any) -> None:
-    """Set the dotted ``key`` of ``cfg`` to ``value``, replacing (not merging) what is there and
-    adding the key where the config's structure lacks it."""
+    """Set the dotted ``key`` of ``cfg`` to ``value``, replacing it, added where missing."""
     with open_dict(cfg):
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
@@ -31,10 +38,7 @@ def set_key(cfg: DictConfig, key: str, value: Any) -> None:
 def compose_run_config(
     config_dir: Path | str, config_name: str, overrides: Sequence[str], run_dir: Path | str
 ) -> DictConfig:
-    """``config_dir/<config_name>.yaml`` composed with ``overrides`` as its entry point composes
-    it, outside a Hydra app (benchmarks, tests, notebooks): the Hydra config is included and
-    registered, and the run writes into ``run_dir`` (created) instead of a new folder under
-    ``logs/``."""
+    """``config_name`` composed as its entry point does, writing into ``run_dir``."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -83,9 +87,7 @@ RENAMED_KEYS = {
 
 
 def renamed_key(overrides: Sequence[str]) -> str | None:
-    """The first command-line override of a key in :data:`RENAMED_KEYS`, as one line naming its
-    replacement; ``None`` when there is none (``+estimate.zero_grad=...`` adds the key on
-    purpose and is not one)."""
+    """The first override of a key in :data:`RENAMED_KEYS`, as one line, or ``None``."""
     for override in overrides:
         if override.startswith("+"):
             continue

@@ -1,9 +1,4 @@
-"""What reaches the terminal: errors once and last on stderr, long reports only in the log file.
-
-``file_log`` is a logger whose records go to the run's log file only (``train.log``, ...: see
-``hydra.job_logging.loggers`` in configs/hydra/default.yaml); outside a Hydra job (a test, a
-notebook) it logs like any other logger.
-"""
+"""What reaches the terminal: errors once on stderr, long reports in the log file only."""
 
 from __future__ import annotations
 
@@ -29,14 +24,13 @@ QUIET_PREFIXES = (
 )
 
 
-class _DropPrefixes(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(QUIET_PREFIXES)
+def _keep(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(QUIET_PREFIXES)
 
 
 def quiet_third_party() -> None:
-    """Drop the third-party tips in :data:`QUIET_PREFIXES` from the console and the log."""
+    """Drop Lightning's tips (:data:`QUIET_PREFIXES`) from the console and the log."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
-            logger.addFilter(_DropPrefixes())
+        if _keep not in logger.filters:
+            logger.addFilter(_keep)

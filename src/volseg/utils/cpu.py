@@ -47,23 +47,16 @@ def _onednn_isa_capped_below_bf16() -> bool:
 
 
 def onednn_uses_amx() -> bool:
-    """Whether oneDNN runs bfloat16 convolutions on AMX (its ``brg_conv`` kernels, channels-last
-    operands): the CPU has AMX and ``ONEDNN_MAX_CPU_ISA`` does not hold oneDNN below it."""
+    """Whether oneDNN runs bf16 convolutions on AMX."""
     cap = _onednn_max_isa()
     return cpu_flags()["amx_bf16"] and ("ALL" in cap or "AMX" in cap)
 
 
 def cpu_bf16_native() -> bool:
-    """Whether this CPU runs bfloat16 convolutions natively: oneDNN has bf16 kernels for it and
-    the CPU has the bf16 instructions they need (AVX512_BF16 or AMX on x86; Arm's BF16).
-
-    oneDNN reports bf16 support from plain AVX-512 on, but without AVX512_BF16 it converts in
-    software; with oneDNN's AVX2 kernels one Conv3d 32->32 ran 15x to 39x and the default
-    network's training step 60x to 65x slower than in float32
-    (``python -m benchmarks cpu_precision``;
-    ``benchmarks/results/cpu/2026-12-02_cpu_precision-2.json`` and ``-4.json``).
-    ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN (and this check) behave as on a CPU without AVX-512.
-    """
+    """Whether this CPU runs bfloat16 convolutions natively: oneDNN has bf16 kernels and the CPU
+    their instructions (AVX512_BF16 or AMX on x86; Arm's BF16). Without them oneDNN converts in
+    software (``python -m benchmarks cpu_precision``); ``ONEDNN_MAX_CPU_ISA=AVX2`` behaves as a CPU
+    without AVX-512."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if check is not None and not check():
         return False
@@ -93,11 +86,8 @@ def kind_of(
     onednn_max_cpu_isa: str | None = None,
     aten_cpu_capability: str | None = None,
 ) -> str:
-    """The kind of a CPU by its bf16 and vector instructions (``AMX``, ``AVX512_BF16``,
-    ``AVX-512``, ``AVX2``, else ``other``), and the ISA its kernels were held to:
-    ``AVX512_BF16, held to AVX2`` under ``ONEDNN_MAX_CPU_ISA=AVX2``, ``..., ATen held to
-    avx2`` under ``ATEN_CPU_CAPABILITY=avx2``. A held CPU is a kind of its own: its kernels,
-    and so its memory, are not the unheld CPU's."""
+    """A CPU's kind by its instructions (``AMX``, ``AVX512_BF16``, ``AVX-512``, ``AVX2``,
+    ``other``), with the ISA its kernels were held to (other kernels, other memory)."""
     flags = flags or {}
     kind = next(
         (name for flag, name in CPU_KINDS if flags.get(flag)),
@@ -111,10 +101,7 @@ def kind_of(
 
 
 def cpu_kind() -> str:
-    """:func:`kind_of` this CPU, with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` as this
-    process has them: the kind the CPU planner's margin is looked up by
-    (:func:`volseg.memory.estimate.margins.cpu_margin`), named as ``benchmarks/tables.py`` names the
-    CPU of a results file."""
+    """:func:`kind_of` this CPU, as the CPU margins name it."""
     return kind_of(
         cpu_flags(),
         os.environ.get("ONEDNN_MAX_CPU_ISA") or None,

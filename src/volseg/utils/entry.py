@@ -51,9 +51,7 @@ _task_started = False
 
 
 class HeldStderr(io.TextIOBase):
-    """``sys.stderr`` while Hydra composes the config: what it writes is held back, so that an
-    override it cannot apply is answered by one line of ours (:mod:`volseg.utils.overrides`)
-    instead of its advice; :meth:`release` writes what was held and hands stderr back."""
+    """``sys.stderr`` held while Hydra composes (its advice replaced by one line)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -63,16 +61,13 @@ class HeldStderr(io.TextIOBase):
         self.held.append(text)
         return len(text)
 
-    def release(self) -> None:
+    def release(self, write: bool = True) -> None:
+        """Hand stderr back, writing what was held (``write``) or dropping it."""
         if sys.stderr is self:
             sys.stderr = self.stream
-        self.stream.write("".join(self.held))
-        self.held.clear()
-        self.stream.flush()
-
-    def drop(self) -> None:
-        if sys.stderr is self:
-            sys.stderr = self.stream
+        if write:
+            self.stream.write("".join(self.held))
+            self.stream.flush()
         self.held.clear()
 
     def fileno(self) -> int:
@@ -89,21 +84,9 @@ class HeldStderr(io.TextIOBase):
 _held_stderr: HeldStderr | None = None
 
 
-def release_stderr() -> None:
-    """Hand stderr back (the task starts: its warnings and errors go out as they come)."""
-    global _held_stderr
-    if _held_stderr is not None:
-        _held_stderr.release()
-        _held_stderr = None
-
-
 def run_main(main: Callable[[], Any]) -> None:
-    """Call a ``@hydra.main`` function. Hydra reports a bad override (an unknown key, a value
-    that does not parse, a missing config file) as one message, but with exit code 1: it becomes
-    2 like every other user mistake; a failure inside the task keeps its own code. A multirun
-    in which any job failed exits with code 1 (pruned jobs are no failure). A choice whose Hydra
-    plugin is not installed (``hparams_search=optuna`` without the ``sweeps`` extra) is one line
-    naming the extra, exit code 2, before Hydra composes anything."""
+    """Call a ``@hydra.main`` function: a bad override or a missing plugin's extra exits 2 with one
+    line; a multirun in which a job failed exits 1."""
     try:
         check_plugin_choices(sys.argv[1:])
     except MissingPackage as err:
@@ -122,7 +105,7 @@ def run_main(main: Callable[[], Any]) -> None:
         if done.code == 1 and not _task_started:
             line = unparsable_override(sys.argv[1:]) or explain_override(sys.argv[1:])
             if line is not None:
-                held.drop()
+                held.release(write=False)
                 print(f"error: {line}", file=sys.stderr)
             else:
                 held.release()  # Hydra's own message (a missing config file, ...)
@@ -136,8 +119,7 @@ def run_main(main: Callable[[], Any]) -> None:
 
 
 def explain_override(args: list[str]) -> str | None:
-    """One line for an override Hydra could not apply (an unknown key or group option), from
-    the entry point's own config (``configs/<script name>.yaml``); ``None`` for other failures."""
+    """One line for an unknown key or group option among ``args``, or ``None``."""
     from volseg.utils.overrides import explain
 
     config_dir = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs"
@@ -148,9 +130,7 @@ def explain_override(args: list[str]) -> str | None:
 
 
 def unparsable_override(args: list[str]) -> str | None:
-    """Hydra's grammar error ("no viable alternative at input '[1'") does not say which
-    override it is about: the line that names the first one that does not parse (``None``: all
-    parse)."""
+    """The line naming the first override that does not parse, or ``None``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -175,8 +155,7 @@ def set_project_root(entry_file: str) -> Path:
 
 
 def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:
-    """The composed config as a tree, one branch per top-level group: printed (``show``) and/or
-    written to ``save_to``; written only, one line says where."""
+    """The config as a tree: printed (``show``) and/or written to ``save_to``."""
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
@@ -194,31 +173,21 @@ def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment
-    (:func:`volseg.utils.alloc_conf.apply_allocator`); a :class:`UserInputError` becomes one
-    stderr message and exit code 2,
-    a :class:`TrainingDiverged` (NaN/Inf loss) one message and exit code 1.
-
-    In a Hydra multirun every job gets a row in the sweep's ``sweep_summary.csv``, and a job that
-    fails (bad input, an exception, CUDA out of memory) is recorded as failed, or one that raises
-    :class:`~volseg.utils.errors.TrialPruned` as pruned, while the sweep goes on to the next job;
-    such a job returns a :class:`~volseg.utils.sweep.JobStopped` (the Optuna sweeper records its
-    trial as failed or pruned).
-
-    SIGINT or SIGTERM ends the run with the command that resumes it (:func:`stopped`, exit code
-    130 or 143); a run that ends in an error gets a ``summary.json`` saying so
-    (:func:`mark_failed`).
-    """
-    global _task_started
+    """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment: a
+    :class:`UserInputError` is one stderr line and exit code 2, a :class:`TrainingDiverged` exit
+    code 1; SIGINT/SIGTERM end with the command that resumes (:func:`stopped`). In a multirun a
+    failed or pruned job is recorded and returns a :class:`JobStopped`: the sweep goes on."""
+    global _task_started, _held_stderr
     _task_started = True
-    release_stderr()
+    if _held_stderr is not None:  # the task's warnings and errors go out as they come
+        _held_stderr.release()
+        _held_stderr = None
     quiet_third_party()
     multirun = in_multirun()
     # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
     restore_signals = raise_on()
     try:
-        # first of all: memory.allocator into PYTORCH_CUDA_ALLOC_CONF, before anything starts
-        # CUDA (torch reads it once, when its allocator starts; child processes inherit it)
+        # first of all: torch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts
         apply_allocator(run_allocator_node(cfg))
         check_mandatory(cfg)
         result = task(cfg)
@@ -253,9 +222,8 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 
 def stopped(raised: BaseException, cfg: DictConfig) -> None:
-    """A run stopped by SIGINT or SIGTERM: ``summary.json`` says so (where training had not
-    written it), the last line on stderr is the command that resumes, exit code 128 + the
-    signal's number."""
+    """A run stopped by SIGINT or SIGTERM: ``summary.json`` says so, the last line on stderr is the
+    command that resumes, exit code 128 + the signal's number."""
     if not isinstance(raised, TrainingInterrupted):
         # Ctrl-C outside training, or Lightning's SIGTERM stop before the first step
         signum = signal.SIGINT if isinstance(raised, KeyboardInterrupt) else signal.SIGTERM
@@ -269,8 +237,7 @@ def stopped(raised: BaseException, cfg: DictConfig) -> None:
 
 
 def mark_failed(cfg: DictConfig, err: BaseException, status: str = "failed") -> None:
-    """``summary.json`` in the run folder of a run that ended without writing one (bad input, an
-    error before training): ``status`` and the error, so that it does not look like a run."""
+    """``summary.json`` (status and error) for a run that ended without one."""
     try:
         out = Path(str(cfg.paths.output_dir))
     except Exception:  # no run folder (a config without paths)
@@ -292,8 +259,7 @@ def check_mandatory(cfg: DictConfig) -> None:
 
 
 def missing_value_error(err: BaseException, cfg: DictConfig) -> UserInputError | None:
-    """OmegaConf's ``MissingMandatoryValue`` (a ``???`` value read by the task, e.g. ``data.root``
-    of ``data=folder``) as a :class:`UserInputError` naming the key."""
+    """A ``???`` value the task read, as a :class:`UserInputError` naming it."""
     while err is not None and not isinstance(err, MissingMandatoryValue):
         err = err.__cause__ or err.__context__
     if err is None:
@@ -304,7 +270,7 @@ def missing_value_error(err: BaseException, cfg: DictConfig) -> UserInputError |
 
 
 def seed_everything(cfg: DictConfig) -> None:
-    """Seed Python, NumPy and torch (and loader workers) with ``seed`` unless it is null."""
+    """Seed Python, NumPy, torch and loader workers with ``seed`` unless it is null."""
     seed = cfg.get("seed")
     if seed is None:
         return
@@ -314,8 +280,7 @@ def seed_everything(cfg: DictConfig) -> None:
 
 
 def user_error(err: BaseException) -> UserInputError | None:
-    """The :class:`UserInputError` behind ``err``: Hydra's ``instantiate`` wraps what a
-    constructor raises in its own InstantiationException."""
+    """The :class:`UserInputError` behind ``err`` (Hydra's ``instantiate`` wraps it)."""
     while err is not None:
         if isinstance(err, UserInputError):
             return err

@@ -1,10 +1,4 @@
-"""Optional features and the packages they need: one clear line, before any work, when missing.
-
-A bare ``pip install -e .`` brings what the default run imports. Each feature below needs an
-extra of ``pyproject.toml``; the package it needs is imported where the feature runs
-(:func:`require`), and an import that fails inside volseg for a package nobody installed is
-reported as that package (:func:`missing_package_error`), not as the user's config.
-"""
+"""Optional features and the packages they need: one line, before any work, when missing."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ EXTRA_OF = {
     "skimage": "networks",
 }
 
-#: extras whose packages require torchvision or timm, which pull a torch of their own unless the
-#: torch that is installed is pinned on the same command line
+#: extras whose packages pull a torch of their own unless the installed one is pinned
 PIN_TORCH = ("networks",)
 
 #: the distribution (what ``pip install`` takes) where it differs from the import name
@@ -45,9 +38,8 @@ DISTRIBUTION_OF = {
     "skimage": "scikit-image",
 }
 
-#: command-line choices that need a Hydra plugin or a package of one: Hydra itself would only say
-#: that the config group has no such option, or fail once the sweep starts (volseg's own Optuna
-#: sweeper, in ``hydra_plugins.volseg_sweepers``, registers only where Optuna is installed)
+#: command-line choices that need a Hydra plugin or its package (Hydra would only say the group
+#: has no such option, or fail once the sweep starts)
 PLUGIN_CHOICES = {
     "hparams_search=optuna": "optuna",
     "hydra/sweeper=optuna": "optuna",
@@ -106,17 +98,15 @@ def require(module: str, feature: str) -> ModuleType:
 
 
 def require_all(modules: Sequence[str], feature: str) -> None:
-    """:func:`require` each of ``modules`` without importing them: a check before any work."""
+    """:func:`require` each of ``modules`` without importing them."""
     for module in modules:
         if not is_installed(module):
             raise missing(module, feature)
 
 
 def import_failure(err: BaseException, path: str, feature: str) -> UserInputError:
-    """Why the class ``path`` (a config's ``_target_`` or a ``get_class`` path) did not import,
-    from the error ``err`` that Hydra raised, as one :class:`UserInputError` for ``feature``
-    (the key, e.g. ``model.net._target_=...``): a package that is not installed names its extra,
-    else the longest importable part of ``path`` and the name it lacks."""
+    """Why the class ``path`` did not import, as one :class:`UserInputError` for ``feature`` (a
+    config key): a missing package names its extra, else the part of ``path`` that is missing."""
     chain: list[BaseException] = []
     while err is not None and err not in chain:
         chain.append(err)
@@ -152,9 +142,7 @@ def check_plugin_choices(overrides: Sequence[str]) -> None:
 
 
 def missing_package_error(err: BaseException, feature: str) -> MissingPackage | None:
-    """The :class:`MissingPackage` for ``feature`` when ``err`` is a ``ModuleNotFoundError`` for
-    a third-party package (``err.name``) that is not installed; ``None`` otherwise (a module of
-    volseg's own that is missing is a bug, and keeps its traceback)."""
+    """:class:`MissingPackage` for a missing third-party package, else ``None``."""
     if not isinstance(err, ModuleNotFoundError) or not err.name:
         return None
     if err.name.split(".")[0] == "volseg":

@@ -35,12 +35,8 @@ CONFIG_VALUE_ERRORS = (
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate(cfg, **kwargs)`` for the config node at ``key`` (e.g. ``model``).
-
-    A constructor's complaint about a value (``ValueError``, ``TypeError``, Lightning's
-    ``MisconfigurationException``, a ``_target_`` that does not import) becomes one
-    :class:`UserInputError` naming the key, so that the entry point reports it in one line.
-    """
+    """``hydra.utils.instantiate(cfg, **kwargs)`` for the node at ``key`` (e.g. ``model``); a
+    constructor's complaint about a value becomes one :class:`UserInputError` naming the key."""
     try:
         return hydra.utils.instantiate(cfg, **kwargs)
     except Exception as err:
@@ -51,17 +47,10 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
 
 
 def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any) -> Any:
-    """The ``lightning.Trainer`` of ``cfg`` (the ``trainer`` node) for every entry point.
-
-    ``async_checkpoint`` (the plan's ``async_checkpoint``): checkpoints written in the background
-    by :class:`volseg.utils.checkpoint_io.BackgroundCheckpointIO`.
-
-    Built with ``use_distributed_sampler=False`` whatever the trainer config: volseg's samplers
-    (:mod:`volseg.data.sampling`) shard every loader by the trainer's rank and world size
-    (nodes x devices), and Lightning's would shard them a second time (each rank would see
-    1/world of its share) and replace the resumable training loader. ``true`` in the config
-    is one clear error.
-    """
+    """The ``lightning.Trainer`` of the ``trainer`` node; ``async_checkpoint``: checkpoints
+    written in the background (:class:`BackgroundCheckpointIO`). Always
+    ``use_distributed_sampler=False``: volseg's samplers shard every loader by rank themselves,
+    and Lightning's would shard them twice."""
     if cfg.get("use_distributed_sampler"):
         raise UserInputError(
             f"trainer.use_distributed_sampler={cfg.use_distributed_sampler}: volseg's samplers "
@@ -77,8 +66,7 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
 def config_error(
     err: BaseException, key: str, cfg: DictConfig | None = None
 ) -> UserInputError | None:
-    """The :class:`UserInputError` for ``err`` raised while building the node ``cfg`` at ``key``;
-    ``None`` when it is not about a config value (a bug, out of memory: left as it is)."""
+    """The :class:`UserInputError` for ``err``; ``None`` when not about a config value."""
     chain: list[BaseException] = []
     while err is not None and err not in chain:
         if isinstance(err, UserInputError):
@@ -155,9 +143,8 @@ def config_error(
 
 
 def _argument_assertion(err: BaseException) -> bool:
-    """An ``AssertionError`` raised outside volseg while a component was built: another
-    project's constructor checking its arguments (pytorch-3dunet's and nnU-Net's networks
-    assert on them); one raised in volseg's own code is a bug, and keeps its traceback."""
+    """An ``AssertionError`` raised outside volseg (another project's constructor checking its
+    arguments); one of volseg's own is a bug and keeps its traceback."""
     if not isinstance(err, AssertionError) or err.__traceback__ is None:
         return False
     last = err.__traceback__
@@ -182,26 +169,19 @@ def _instantiate_group(
     return objects
 
 
-def sweep_group() -> str | None:
-    """In a Hydra multirun, the sweep's name (its folder's name, e.g. ``2026-01-31_12-00-00``)."""
-    return Path(HydraConfig.get().sweep.dir).name if in_multirun() else None
-
-
 def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
-    # every job of a multirun is its own W&B run; grouping them by sweep keeps them together
+    # every job of a multirun is its own W&B run; grouped by the sweep's folder name
     is_wandb = kind == "logger" and str(entry._target_).endswith("WandbLogger")
-    if is_wandb and not entry.get("group") and (group := sweep_group()) is not None:
-        return {"group": group}
+    if is_wandb and not entry.get("group") and in_multirun():
+        return {"group": Path(HydraConfig.get().sweep.dir).name}
     return {}
 
 
 def instantiate_callbacks(cfg: DictConfig | None, skip: Sequence[str] = ()) -> list[Callback]:
-    """One callback per entry of the ``callbacks`` group that has a ``_target_`` (but those
-    named in ``skip``)."""
+    """One callback per entry of ``callbacks`` with a ``_target_``, but those in ``skip``."""
     return _instantiate_group(cfg, "callback", "callbacks", skip)
 
 
 def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:
-    """One logger per entry of the ``logger`` group that has a ``_target_``; a W&B logger without
-    a ``group`` gets the sweep's name as its group in a multirun."""
+    """One logger per entry of ``logger`` with a ``_target_`` (W&B: grouped by sweep)."""
     return _instantiate_group(cfg, "logger", "logger")

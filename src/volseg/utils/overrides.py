@@ -1,7 +1,4 @@
-"""A command-line override Hydra cannot apply, as one line naming it and the closest valid keys
-or options: ``trainer.max_epoch=1`` (a key nothing reads; Hydra's advice to add it with
-``+trainer.max_epoch=1`` would train without it) or ``model=unet_huge`` (a file that is not in
-``configs/model/``)."""
+"""An override Hydra cannot apply, as one line naming the closest valid keys or options."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
 
 
 def group_options(config_dir: Path, group: str) -> list[str]:
-    """The options of a config group that a user picks (``configs/model/*.yaml``), without those
-    only other options build on (``model/base.yaml``, in every preset's defaults list)."""
+    """A group's options a user picks, without those only others build on (``model/base``)."""
     folder = config_dir / group
     options = sorted(p.stem for p in folder.glob("*.yaml"))
     bases: set[str] = set()
@@ -39,9 +35,8 @@ def _keys(cfg: DictConfig, parent: str) -> list[str]:
 
 
 def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | None:
-    """Compose ``config_name`` with ``overrides`` as the entry point did; where that fails on an
-    unknown key or group option, the one line that names it and the closest valid ones. ``None``
-    for any other failure (Hydra's own message stands) or none."""
+    """The line naming the unknown key or group option among ``overrides`` and the closest valid
+    ones; ``None`` for any other failure (Hydra's message stands)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import ConfigCompositionException, MissingConfigException

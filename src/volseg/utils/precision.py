@@ -1,11 +1,5 @@
-"""``trainer.precision``: ``auto`` and the CPU rules, resolved once from the device that will run.
-
-Lightning knows no ``auto`` precision, and on a CPU it runs ``16-mixed`` as bfloat16 autocast,
-which CPUs without bf16 instructions (AVX512_BF16, AMX) run in software: with oneDNN's AVX2
-kernels a training step took 60x to 65x as long as in float32. Every entry point resolves the
-requested precision here before it builds a Trainer, so the choice and its reason are made and
-logged in one place.
-"""
+"""``trainer.precision``: ``auto`` and the CPU rules (Lightning runs ``16-mixed`` as bf16 autocast
+on a CPU, emulated without AVX512_BF16/AMX), resolved once, the reason logged."""
 
 from __future__ import annotations
 
@@ -54,59 +48,39 @@ def cuda_bf16_supported() -> bool:
 
 
 def resolve_precision(
-    requested: Any,
-    device: str,
-    bf16_native: bool | None = None,
-    cuda_bf16: bool | None = None,
+    requested: Any, device: str, bf16_native: bool | None = None, cuda_bf16: bool | None = None
 ) -> PrecisionChoice:
-    """The precision that runs for ``requested`` on ``device`` (``cuda`` or ``cpu``).
-
-    ``auto``: CUDA -> ``bf16-mixed`` where the GPU supports bfloat16, else ``16-mixed``;
-    CPU -> ``bf16-mixed`` where it runs bf16 natively (:func:`cpu_bf16_native`), else ``32``.
-    On a CPU, ``16-mixed`` runs as ``bf16-mixed`` where that is native (fp16 autocast needs
-    CUDA) and as ``32`` where it is not; other explicit values run as asked.
-    ``bf16_native``/``cuda_bf16`` default to asking this machine (:func:`cpu_bf16_native`,
-    :func:`cuda_bf16_supported`).
-    """
+    """The precision that runs for ``requested`` on ``device``: ``auto`` is ``bf16-mixed`` on a GPU
+    with bfloat16 (else ``16-mixed``) and on a CPU with native bf16 (else ``32``); on a CPU
+    ``16-mixed`` runs as ``bf16-mixed`` or ``32`` likewise. ``bf16_native``/``cuda_bf16``: default
+    this machine's."""
     asked = str(requested)
+    runs, why = asked, "as configured"
     if device == "cuda":
-        if asked != "auto":
-            return PrecisionChoice(asked, asked, device, "as configured")
-        supported = cuda_bf16_supported() if cuda_bf16 is None else cuda_bf16
-        if supported:
-            return PrecisionChoice(asked, "bf16-mixed", device, "the GPU supports bfloat16")
-        return PrecisionChoice(
-            asked, "16-mixed", device, "the GPU has no bfloat16 (older than Ampere): float16 AMP"
-        )
+        if asked == "auto" and (cuda_bf16_supported() if cuda_bf16 is None else cuda_bf16):
+            runs, why = "bf16-mixed", "the GPU supports bfloat16"
+        elif asked == "auto":
+            runs, why = "16-mixed", "the GPU has no bfloat16 (older than Ampere): float16 AMP"
+        return PrecisionChoice(asked, runs, device, why)
     native = cpu_bf16_native() if bf16_native is None else bf16_native
-    if asked == "auto":
-        if native:
-            reason = "this CPU runs bf16 natively (AVX512_BF16/AMX)"
-            return PrecisionChoice(asked, "bf16-mixed", device, reason)
-        return PrecisionChoice(
-            asked, "32", device, "no native bf16 on this CPU (no AVX512_BF16/AMX): float32"
-        )
-    if asked in FP16_MIXED:
-        if native:
-            return PrecisionChoice(
-                asked, "bf16-mixed", device, "fp16 autocast needs CUDA; bf16 is native here"
-            )
-        return PrecisionChoice(
-            asked,
-            "32",
-            device,
+    if asked == "auto" and native:
+        runs, why = "bf16-mixed", "this CPU runs bf16 natively (AVX512_BF16/AMX)"
+    elif asked == "auto":
+        runs, why = "32", "no native bf16 on this CPU (no AVX512_BF16/AMX): float32"
+    elif asked in FP16_MIXED and native:
+        runs, why = "bf16-mixed", "fp16 autocast needs CUDA; bf16 is native here"
+    elif asked in FP16_MIXED:
+        runs = "32"
+        why = (
             "fp16 autocast needs CUDA and this CPU has no native bf16 (bf16 autocast measured "
-            f"{EMULATED_BF16_SLOWDOWN}): float32",
+            f"{EMULATED_BF16_SLOWDOWN}): float32"
         )
-    if asked in BF16 and not native:
-        return PrecisionChoice(
-            asked,
-            asked,
-            device,
+    elif asked in BF16 and not native:
+        why = (
             "as configured, but this CPU has no native bf16 (no AVX512_BF16/AMX): measured "
-            f"{EMULATED_BF16_SLOWDOWN} (trainer.precision=auto picks 32)",
+            f"{EMULATED_BF16_SLOWDOWN} (trainer.precision=auto picks 32)"
         )
-    return PrecisionChoice(asked, asked, device, "as configured")
+    return PrecisionChoice(asked, runs, device, why)
 
 
 def log_choice(choice: PrecisionChoice) -> None:

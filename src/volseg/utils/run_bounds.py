@@ -10,12 +10,8 @@ RESOLVER = "epochs_unless_timed"
 
 
 def epochs_unless_timed(epochs: Any, max_time: Any) -> int:
-    """``epochs`` for a run without ``trainer.max_time``; -1 (no epoch bound) for a run with one.
-
-    The default epoch count is sized for the embedded dataset (40 steps an epoch); on a small
-    dataset an epoch is a few steps, and a run given five minutes would stop after one. A run
-    given a time budget trains for it; an explicit ``trainer.max_epochs`` still bounds it too.
-    """
+    """``epochs`` for a run without ``trainer.max_time``; -1 (no epoch bound) with one: a run given
+    a time budget trains for it, not for the default epoch count."""
     if max_time is None or str(max_time).strip().lower() in ("", "null", "none"):
         return int(epochs)
     return -1

@@ -1,9 +1,4 @@
-"""Run and sweep folders of their own: ``${unique_dir:PATH}`` in ``configs/hydra/default.yaml``.
-
-Folders are named by the second they start (``2026-01-31_12-00-00``); a second run started in
-the same second gets ``<name>_1`` (then ``_2``, ...) instead of sharing, and overwriting, the
-first one's files.
-"""
+"""``${unique_dir:PATH}``: run and sweep folders of their own (``_1``, ``_2``, ...)."""
 
 from __future__ import annotations
 
@@ -18,12 +13,8 @@ SHARED_RUN_ENV = "SLURM_NTASKS"
 
 
 def unique_dir(path: str) -> str:
-    """``path``, or ``path_1``, ``path_2``, ... : the first that this call creates.
-
-    Creating the folder claims it (``mkdir`` fails for all but one of two processes), so two
-    runs started together cannot end up in one folder. Within one job every resolution returns
-    the same folder: Hydra's resolver cache is copied into each job's config.
-    """
+    """``path``, or ``path_1``, ``path_2``, ...: the first this call creates (``mkdir`` claims it,
+    so two runs cannot share one). The tasks of one SLURM job share it."""
     if int(os.environ.get(SHARED_RUN_ENV, "1") or 1) > 1:
         return path
     base = Path(path)

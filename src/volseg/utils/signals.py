@@ -1,11 +1,5 @@
-"""Ctrl-C (SIGINT) and SIGTERM (``kill``, a SLURM preemption or time limit) during training.
-
-The first signal asks the run to stop: training goes on to the end of the optimizer step it is
-in, ``last.ckpt`` is written there (:class:`volseg.callbacks.last_checkpoint.LastCheckpoint`),
-``summary.json`` says ``interrupted``, the command that resumes is printed and the process exits
-with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once,
-without saving.
-"""
+"""Ctrl-C and SIGTERM during training: the run stops after its optimizer step with ``last.ckpt``
+written and the command that resumes, exit 128 + the signal; a second Ctrl-C stops at once."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ def signal_name(signum: int) -> str:
 
 
 class TrainingInterrupted(Exception):
-    """The run stopped on a signal; ``checkpoint`` is the file it resumes from (``None``: the
-    signal came before the first optimizer step, nothing was trained)."""
+    """The run stopped on a signal; ``checkpoint``: the file to resume from."""
 
     def __init__(self, signum: int, checkpoint: str | None = None, step: int = 0) -> None:
         self.signum = int(signum)
@@ -51,11 +44,8 @@ class TrainingInterrupted(Exception):
 
 
 class StopRequest:
-    """Signal handlers that record the first SIGINT/SIGTERM instead of raising, so that the
-    training loop stops at a step boundary of its choosing; a second SIGINT raises
-    :class:`KeyboardInterrupt` (stop now). Loader workers forked from this process inherit the
-    handlers and ignore the signal (a terminal's Ctrl-C reaches the whole process group): the
-    main process stops them."""
+    """Handlers that record the first SIGINT/SIGTERM (the loop stops at a step boundary); a second
+    SIGINT raises :class:`KeyboardInterrupt`. Forked loader workers ignore the signal."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -94,9 +84,7 @@ class StopRequest:
 
 
 def raise_on(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], None]:
-    """Until training starts, SIGTERM stops the run as Ctrl-C does (a
-    :class:`TrainingInterrupted` without a checkpoint) instead of killing it without a word.
-    Returns the function that restores the previous handlers."""
+    """Until training starts, SIGTERM stops as Ctrl-C; returns the restorer."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     pid = os.getpid()
@@ -116,8 +104,7 @@ def raise_on(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], None]
 
 
 def resume_command(checkpoint: str, entry_point: str = "train.py") -> str:
-    """The command line that resumes this run from ``checkpoint``: the same overrides (read from
-    Hydra's record of this job), ``ckpt_path`` replaced."""
+    """The command that resumes from ``checkpoint``: the same overrides."""
     from hydra.core.hydra_config import HydraConfig
 
     overrides: list[str] = []

@@ -39,9 +39,7 @@ COLUMNS = [
 
 @dataclass(frozen=True)
 class JobStopped:
-    """What a multirun job that did not finish returns to the sweeper: ``status`` (``failed`` or
-    ``pruned``) and the error's first 500 characters (the Optuna sweeper records the trial as
-    failed or pruned, with that error)."""
+    """A multirun job's ``failed`` or ``pruned`` status and error, for the sweeper."""
 
     status: str
     error: str
@@ -50,9 +48,7 @@ class JobStopped:
 def objective(
     result: dict[str, float] | JobStopped | None, optimized_metric: str | Sequence[str] | None
 ) -> float | list[float | None] | JobStopped | None:
-    """What a training job returns to the sweeper: the value of ``optimized_metric`` among the
-    run's metrics (a list of values for a list of metric names: one per objective), or the
-    :class:`JobStopped` of a job that did not finish."""
+    """What a job returns to the sweeper: its metric value(s), or its :class:`JobStopped`."""
     if isinstance(result, JobStopped) or not optimized_metric:
         return result
     metrics = result or {}
@@ -73,8 +69,7 @@ def in_multirun() -> bool:
 
 
 def is_global_zero() -> bool:
-    """Rank 0 of a distributed job, or not distributed. On SLURM every task of a DDP job runs the
-    whole Hydra job; only rank 0 may add the job's row."""
+    """Rank 0 of a distributed job, or not distributed (only rank 0 adds the job's row)."""
     return getattr(rank_zero_only, "rank", 0) == 0
 
 
@@ -86,7 +81,7 @@ def job_status(error: BaseException | None) -> str:
 
 
 def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> Path:
-    """Append this job's row to ``<sweep dir>/sweep_summary.csv`` and return the file's path."""
+    """Append this job's row to ``<sweep dir>/sweep_summary.csv``; returns the file."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     summary_file = run_dir / "summary.json"
@@ -104,8 +99,7 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
     path = Path(hydra_cfg.sweep.dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="") as f, _locked(f):
-        # parallel launchers (joblib, SLURM) run jobs in separate processes: one writer at a time,
-        # and the header only from whoever finds the file empty
+        # parallel launchers run jobs in separate processes: one writer at a time
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if f.tell() == 0:
             writer.writeheader()
@@ -120,7 +114,7 @@ def error_line(error: BaseException) -> str:
 
 @contextmanager
 def _locked(f: IO[str]) -> Iterator[None]:
-    """An exclusive ``flock`` on an open file (POSIX; on other systems no lock)."""
+    """An exclusive ``flock`` on an open file (POSIX; elsewhere no lock)."""
     try:
         import fcntl
     except ImportError:  # Windows
@@ -163,9 +157,7 @@ def format_summary(rows: list[dict[str, str]], sweep_dir: Path) -> str:
 
 
 class SweepSummary(Callback):
-    """Hydra callback (``hydra.callbacks``): at the end of a multirun, print the table of its jobs
-    from ``sweep_summary.csv`` and note failed jobs, so that the entry point exits with code 1
-    (pruned jobs are no failure)."""
+    """Hydra callback: the table of a multirun; failed jobs make the exit code 1."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -14,20 +14,13 @@ GIB = 2**30
 UNITS = {
     "": 1,
     "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    **{f"{p}b": 10 ** (3 * n) for n, p in enumerate("kmgt", start=1)},
+    **{f"{p}ib": 2 ** (10 * n) for n, p in enumerate("kmgt", start=1)},
 }
 
 
 def parse_bytes(value: Any, key: str) -> int:
-    """``16GiB``, ``24 GB``, ``12000MiB`` or a number of bytes -> bytes; ``key`` names the
-    config value in the error."""
+    """``16GiB``, ``24 GB``, ``12000MiB`` or bytes -> bytes; ``key`` named in errors."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if match is None or match.group(2).lower() not in UNITS:
         raise UserInputError(

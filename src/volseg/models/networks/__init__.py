@@ -1,17 +1,9 @@
-"""Networks: the contract between a network and the plan, the planner and the memory levers.
-
-:func:`adapter_for` gives the :class:`NetworkAdapter` of a network class (by its ``_target_`` or
-a built module): a family's own adapter where one is registered, else the generic one, right for
-any ``nn.Module``. docs/networks.md says what each offers.
-
-volseg's own are in :data:`ADAPTERS`. Another package registers one for its network without
-editing volseg, under the entry-point group :data:`ENTRY_POINTS` of its ``pyproject.toml``
-(the name: the network's class path; the value: its adapter class)::
+"""Networks: :func:`adapter_for` gives a network class's :class:`NetworkAdapter` (its family's, else
+the generic one, right for any ``nn.Module``). Another package registers its own (which wins) under
+the entry-point group :data:`ENTRY_POINTS`::
 
     [project.entry-points."volseg.network_adapters"]
     "mypkg.nets.MyUNet" = "mypkg.adapters:MyUNetAdapter"
-
-A registered adapter wins over volseg's for the same class.
 """
 
 from __future__ import annotations
@@ -53,14 +45,8 @@ ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (
     ("monai.networks.nets.BasicUNet", BasicUNetAdapter()),
     ("monai.networks.nets.UNETR", UNETRAdapter()),
     # optional packages (the networks extra): an adapter whose class does not import is skipped
-    (
-        "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-        DynamicUNetAdapter(),
-    ),
-    (
-        "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet",
-        DynamicUNetAdapter(),
-    ),
+    ("dynamic_network_architectures.architectures.unet.PlainConvUNet", DynamicUNetAdapter()),
+    ("dynamic_network_architectures.architectures.unet.ResidualEncoderUNet", DynamicUNetAdapter()),
     ("pytorch3dunet.unet3d.model.AbstractUNet", Pytorch3DUNetAdapter()),
 )
 GENERIC = NetworkAdapter()
@@ -70,15 +56,13 @@ ENTRY_POINTS = "volseg.network_adapters"
 
 @cache
 def registered() -> tuple[tuple[str, NetworkAdapter], ...]:
-    """``(class path, adapter)`` of every adapter: those installed packages register under
-    :data:`ENTRY_POINTS` first, then :data:`ADAPTERS`."""
+    """``(class path, adapter)`` of every adapter, the registered ones first."""
     plugins = tuple((ep.name, ep.load()()) for ep in entry_points(group=ENTRY_POINTS))
     return (*plugins, *ADAPTERS)
 
 
 def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
-    """The adapter of ``network``: a class path (a config's ``_target_``), a class or a module.
-    A path that does not import raises ``ImportError``."""
+    """The adapter of ``network``: a class path, a class or a module."""
     if isinstance(network, nn.Module):
         cls: Any = type(network)
     elif isinstance(network, str):
@@ -98,7 +82,6 @@ def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
 
 
 def _same_package(cls: type, path: str) -> bool:
-    """Whether a class of ``cls``'s MRO comes from ``path``'s top-level package (a class of
-    another package cannot subclass it: it is not imported to find out)."""
+    """Whether a class of ``cls``'s MRO is from ``path``'s top-level package."""
     top = path.split(".")[0]
     return any(klass.__module__.split(".")[0] == top for klass in cls.__mro__)

@@ -1,8 +1,5 @@
-"""Adapters for other projects' 3D U-Nets: nnU-Net's ``PlainConvUNet`` and
-``ResidualEncoderUNet`` (``dynamic-network-architectures``) and pytorch-3dunet's ``UNet3D`` and
-``ResidualUNet3D`` (``pytorch3dunet``). Neither package is imported here: the adapters read the
-config, and the built module's own attributes. Checkpointing and placement otherwise as for any
-network (:class:`~volseg.models.networks.contract.NetworkAdapter`)."""
+"""Adapters for nnU-Net's ``dynamic-network-architectures`` U-Nets and pytorch-3dunet's (neither
+imported here)."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ from volseg.utils.errors import UserInputError
 
 
 def _per_axis(value: Any, stages: int) -> list[list[int]]:
-    """dynamic-network-architectures' ``strides``: an int (every stage), or one entry per stage,
-    each an int or ``[z, y, x]``; as ``[[z, y, x], ...]``, one per stage."""
+    """``strides`` (an int, or one int or ``[z, y, x]`` per stage) as ``[[z, y, x], ...]``."""
     value = plain(value)
     entries = value if isinstance(value, list | tuple) else [value] * stages
     return [
@@ -40,19 +36,14 @@ def _per_axis(value: Any, stages: int) -> list[list[int]]:
 
 
 class DynamicUNetAdapter(NetworkAdapter):
-    """nnU-Net's ``PlainConvUNet`` and ``ResidualEncoderUNet``: divisible by the per-axis product
-    of their ``strides``; ``deep_supervision: true`` returns one output per decoder level (full
-    resolution first), in training and in eval (validation takes the first). Their decoder holds
-    the encoder as a submodule, so the blocks are named one level down: the encoder's stem and
-    stages, the decoder's transposed convolutions, stages and segmentation heads."""
+    """nnU-Net's U-Nets: divisible by the product of their ``strides``; deep supervision; blocks
+    named one level down (the decoder holds the encoder)."""
 
     family = "nnU-Net's dynamic-network-architectures U-Net"
     checkpointing_list = "submodule names (encoder.stages.0, decoder.stages.1, ...)"
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
-        """``_convert_: all``: their constructors take lists (``[1, 2, 2]`` strides, kernel
-        sizes) where Hydra would pass its own ``ListConfig``, which torch's tensor shapes do
-        not take."""
+        """``_convert_: all``: their constructors take lists, not ``ListConfig``."""
         if net_cfg.get("_convert_") in (None, "none"):
             why = "its constructor takes plain lists (strides, kernel sizes), not ListConfig"
             return [Planned("model.net._convert_", "all", "planned", why)]
@@ -144,12 +135,8 @@ def _decoder_forward_selectively(
 
 
 class Pytorch3DUNetAdapter(NetworkAdapter):
-    """pytorch-3dunet's ``UNet3D``, ``ResidualUNet3D`` (any ``AbstractUNet``). Their forward
-    applies the final sigmoid or softmax in training too unless ``is_segmentation`` is false,
-    and volseg's loss takes logits: the plan sets it false, and refuses true. Their constructors
-    take ``**kwargs`` and drop them: an argument none of them names is refused here (a
-    misspelt one would otherwise be ignored). Divisibility: probed (their upsampling follows
-    the skip's size)."""
+    """pytorch-3dunet's ``AbstractUNet``s: ``is_segmentation`` must be false (volseg's loss takes
+    logits); an argument their ``**kwargs`` would drop is refused; divisibility probed."""
 
     #: no ``selective``: the residual blocks add the skip in place onto a convolution's output
     #: (``out += residual``), which torch's selective checkpointing refuses (a kept output mutated)

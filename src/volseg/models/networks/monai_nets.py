@@ -1,6 +1,4 @@
-"""Adapters for MONAI's 3D segmentation networks: their divisibility from their own settings,
-DynUNet's deep supervision, SwinUNETR's own checkpointing flag. Checkpointing and placement
-otherwise as for any network (:class:`~volseg.models.networks.contract.NetworkAdapter`)."""
+"""Adapters for MONAI's 3D segmentation networks."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ def _per_axis(value: Any) -> list[int]:
 
 
 class DynUNetAdapter(NetworkAdapter):
-    """MONAI's DynUNet (nnU-Net's plain-conv U-Net): divisible by the per-axis product of its
-    ``strides``; ``deep_supervision: true`` returns ``1 + deep_supr_num`` outputs in training."""
+    """MONAI's DynUNet: divisible by the per-axis product of its ``strides``; deep supervision."""
 
     family = "MONAI DynUNet"
 
@@ -58,9 +55,7 @@ class BasicUNetAdapter(NetworkAdapter):
 
 
 class SwinUNETRAdapter(NetworkAdapter):
-    """MONAI's SwinUNETR: a patch embedding of ``patch_size`` then four 2x patch mergings (sides
-    divisible by ``patch_size * 16``, 32 by default); checkpointing ``all`` is MONAI's own
-    ``use_checkpoint`` on every Swin block, ``selective`` wraps every block as for any network."""
+    """MONAI's SwinUNETR: sides divide by ``patch_size * 16``; ``all``: its use_checkpoint."""
 
     family = "MONAI SwinUNETR"
     checkpointing_list = "nothing (SwinUNETR's own flag checkpoints every Swin block)"
@@ -69,8 +64,7 @@ class SwinUNETRAdapter(NetworkAdapter):
         return [int(net_cfg.get("patch_size", 2)) * 16] * 3
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
-        """Checks that the deepest level keeps more than one voxel: its instance norm cannot
-        normalize a single voxel in training (a 32^3 patch fails, [32, 64, 64] trains)."""
+        """The deepest level must keep more than one voxel (instance norm)."""
         divisor = self.divisibility(net_cfg, patch)
         deepest = [int(p) // d for p, d in zip(patch, divisor, strict=True)]
         if math.prod(deepest) <= 1:
@@ -96,9 +90,7 @@ class SwinUNETRAdapter(NetworkAdapter):
 
 
 class UNETRAdapter(NetworkAdapter):
-    """MONAI's UNETR: a ViT over 16^3 patches of the input (sides divisible by 16), built for
-    one input size: ``img_size`` is the training patch (:meth:`sized_for`), planned from it and
-    moved with it."""
+    """MONAI's UNETR: built for one input size, ``img_size``: the training patch."""
 
     family = "MONAI UNETR"
     #: MONAI's UNETR embeds 16^3 patches, whatever its settings
@@ -111,8 +103,7 @@ class UNETRAdapter(NetworkAdapter):
         return {"img_size": [int(p) for p in patch]}
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
-        """``img_size``: the training patch where it is ``auto`` (or null); a configured one
-        must be the patch (the network takes no other size)."""
+        """``img_size``: the training patch where ``auto``; a configured one must be the patch."""
         configured = plain(net_cfg.get("img_size", "auto"))
         wanted = [int(p) for p in patch]
         if configured in (None, "auto"):

@@ -1,11 +1,5 @@
-"""What a network returns, and which of it is the logits: ``model.net_output``.
-
-A network maps ``(B, C_in, D, H, W)`` to logits ``(B, K, D, H, W)``; one that returns more (a
-dict ``{"logits": ..., "aux": ...}``, a tuple ``(logits, features)``) names the logits with
-``model.net_output`` (a dict's key, a tuple's or list's index), and the LightningModule takes
-that entry from every forward (:func:`select_output`). A list or tuple of outputs with no
-``net_output`` is deep supervision: one output per decoder level, full resolution first.
-"""
+"""Which of what a network returns is the logits (``model.net_output``: a dict's key, a tuple's
+index); a list or tuple without one is deep supervision."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ OutputKey = str | int | None
 
 
 def select_output(out: Any, key: OutputKey) -> Any:
-    """``out[key]`` (``key``: a dict key or a sequence index), ``out`` itself for ``None``.
-    Raises ``KeyError``/``IndexError``/``TypeError`` for a key ``out`` does not have."""
+    """``out[key]``; ``out`` itself for ``None``."""
     if key is None:
         return out
     if isinstance(out, dict):
@@ -32,8 +25,7 @@ def select_output(out: Any, key: OutputKey) -> Any:
 
 
 def describe_output(out: Any) -> str:
-    """``out``'s structure in words: ``a tensor``, ``a dict (keys logits, aux)``, ``a tuple of
-    2 (tensor, tensor)``."""
+    """``out``'s structure in words (``a tensor``, ``a dict (keys logits, aux)``, ...)."""
     if isinstance(out, torch.Tensor):
         return "a tensor"
     if isinstance(out, dict):

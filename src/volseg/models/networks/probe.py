@@ -1,6 +1,4 @@
-"""What the plan learns about a network it has no adapter knowledge of: the constructor's names
-for the channel counts, and the patch divisibility, probed on meta tensors (shapes only: no
-memory is allocated and no arithmetic is done)."""
+"""What the plan learns of a network no adapter knows, on meta tensors."""
 
 from __future__ import annotations
 
@@ -42,10 +40,8 @@ MAX_POWER = 6
 
 
 def channel_names(cls: type) -> dict[str, str]:
-    """``{"in_channels": name, "num_classes": name}``: the names ``cls``'s constructor takes
-    the channel counts by (the first of :data:`IN_CHANNEL_NAMES` / :data:`CLASS_NAMES` it names,
-    even where it also takes ``**kwargs``: pytorch-3dunet's ``out_channels``); a count it names
-    by none of them goes by volseg's name where it takes ``**kwargs``, else is left out."""
+    """``{"in_channels": name, "num_classes": name}``: the first of :data:`IN_CHANNEL_NAMES` /
+    :data:`CLASS_NAMES` the constructor takes (volseg's where it takes ``**kwargs``)."""
     params = inspect.signature(cls.__init__).parameters
     var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     out = {}
@@ -63,8 +59,7 @@ def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str)
             out = net(torch.empty(1, in_channels, *shape, device=device))
     except Exception:  # any complaint about the shape: it does not take that shape
         return False
-    # the first tensor a list, tuple or dict holds: the full-resolution output of deep
-    # supervision, a dict's logits (shapes only: which output is the logits is the contract's)
+    # the first tensor it holds: deep supervision's full-resolution output, a dict's logits
     out = next((leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)), None)
     return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
 
@@ -72,10 +67,8 @@ def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str)
 def _built_for_probing(
     net_cfg: DictConfig, training: bool = False
 ) -> tuple[torch.nn.Module, Any, str]:
-    """The network of ``net_cfg`` built on the meta device, in eval mode (one output, as
-    validation sees it; ``training``: in training mode, as the loss sees it), and the context
-    and device to run it in: a constructor that reads a value (``.item()``) is built for real
-    and run on fake tensors."""
+    """The network on the meta device (in train mode with ``training``), and the context and device
+    to run it in (fake tensors where the constructor reads a value)."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     try:
         with torch.device("meta"):
@@ -90,8 +83,7 @@ def _built_for_probing(
 
 
 def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
-    """Whether the network of ``net_cfg`` maps a patch ``[D, H, W]`` to logits of the same
-    shape, on meta tensors (the network is built once)."""
+    """Whether the network maps a patch ``[D, H, W]`` to logits of its shape."""
     net, fake, device = _built_for_probing(net_cfg)
 
     def takes(shape: Sequence[int]) -> bool:
@@ -102,10 +94,8 @@ def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int
 
 
 def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
-    """Per axis ``[D, H, W]``, the smallest ``2^k`` such that the network built from
-    ``net_cfg`` (on the meta device) keeps every side ``3 * 2^j`` (``k <= j <=`` :data:`MAX_POWER`)
-    of that axis, the others at ``3 * 2^MAX_POWER``. Raises ``ValueError`` when even the largest
-    side is not kept."""
+    """Per axis, the smallest ``2^k`` such that the network keeps every side ``3 * 2^j`` (``k <= j
+    <= MAX_POWER``); ``ValueError`` when it keeps none."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     net, fake, device = _built_for_probing(net_cfg)
     large = 3 * 2**MAX_POWER
@@ -139,8 +129,8 @@ def describe(value: Any) -> str:
 def network_divisibility(
     net_cfg: DictConfig, patch: Sequence[int] | None, in_channels: int
 ) -> tuple[list[int], str]:
-    """What each patch side ``[D, H, W]`` must divide by for the network ``net_cfg`` and why:
-    its adapter's (at the training ``patch``; ``None``: before one is planned), else probed."""
+    """What each patch side must divide by and why: the adapter's (``patch``: the training patch;
+    ``None``: before one is planned), else probed."""
     from volseg.models.networks import adapter_for
 
     adapter = adapter_for(str(net_cfg._target_))
@@ -160,10 +150,7 @@ def network_divisibility(
 
 
 def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int]) -> Any:
-    """What the network of ``net_cfg`` returns in training for one ``patch`` ``[D, H, W]``, as
-    meta (or fake) tensors in the structure it returns them in (a tensor, a list, a dict, ...);
-    ``None`` where it cannot be built or the forward fails (building it, the patch check and
-    training say why)."""
+    """What the network returns in training for ``patch``; ``None`` where it fails."""
     try:
         net, fake, device = _built_for_probing(net_cfg, training=True)
         with fake, torch.no_grad():
@@ -173,8 +160,7 @@ def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int])
 
 
 def has_batch_norm(net_cfg: DictConfig) -> bool:
-    """Whether the network of ``net_cfg`` (built on the meta device) holds a BatchNorm layer:
-    a micro-batch of one sample then normalizes with that sample's statistics alone."""
+    """Whether the network of ``net_cfg`` holds a BatchNorm layer (built on the meta device)."""
     try:
         net, _, _ = _built_for_probing(net_cfg)
     except Exception:  # not buildable here: building it for the run says why

@@ -1,6 +1,4 @@
-"""volseg's :class:`~volseg.models.unet.UNet3D`: depth and per-level pooling planned from the
-patch as nnU-Net plans its networks (pool an axis while it keeps a few voxels), checkpointing by
-level, and its own encoder/decoder split."""
+"""Adapter of volseg's :class:`~volseg.models.unet.UNet3D`."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from volseg.models.unet import (
     AUTO_MIN_POOLED,
     Pooling,
     check_patch_poolable,
+    halvings,
     pooling_factors,
     total_pooling,
     widths_for_depth,
@@ -31,22 +30,10 @@ PATCH_CONFIG_KEYS = {
 
 
 def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
-    """Levels for ``depth=auto``: pool until no axis of ``patch_size`` can be pooled
-    again (with ``pooling=auto`` an axis is pooled while it keeps >= ``AUTO_MIN_POOLED`` voxels;
-    with ``null`` all axes are pooled together, so the thinnest decides), so the bottleneck sees
-    a few voxels and the receptive field spans the patch, as nnU-Net plans its networks."""
-    counts = []
-    for extent in (int(p) for p in patch_size):
-        n = 0
-        while extent >= 2 * AUTO_MIN_POOLED:
-            extent //= 2
-            n += 1
-        counts.append(n)
+    """Levels for ``depth=auto``: pool until no axis can be pooled again (``pooling=auto``: the axis
+    pooled most decides; ``null``: the thinnest)."""
+    counts = halvings(patch_size)
     return max(2, 1 + (max(counts) if pooling == "auto" else min(counts)))
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class UNet3DAdapter(NetworkAdapter):
@@ -62,8 +49,7 @@ class UNet3DAdapter(NetworkAdapter):
     checkpointing_mapping = "encoder/decoder"
 
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
-        """``depth=auto`` and ``pooling=auto`` planned, explicit values checked against the
-        patch (one error naming the keys when an axis would pool to nothing)."""
+        """``auto`` depth and pooling planned, explicit values checked against the patch."""
         patch = [int(p) for p in patch]
         widths = [int(w) for w in net_cfg.widths]
         pooling: Any = plain(net_cfg.get("pooling"))
@@ -105,8 +91,7 @@ class UNet3DAdapter(NetworkAdapter):
         return total_pooling(factors)
 
     def patch_multiple(self, net_cfg: Any) -> list[int]:
-        """Explicit kernels: their product; ``null`` or ``auto``: ``2^(levels - 1)`` on every
-        axis (``auto`` pools an axis at most that often)."""
+        """Explicit kernels: their product; ``null``/``auto``: ``2^(levels - 1)`` on every axis."""
         pooling = plain(net_cfg.get("pooling"))
         if isinstance(pooling, list):
             return self.divisibility(net_cfg, None)
