@@ -16,7 +16,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.memory.monitor.chart_logging import log_memory_charts  # noqa: E402
+from volseg.memory.monitor.callback import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
 
 

@@ -296,7 +296,7 @@ def _plan_step(
     FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
-    from volseg.memory.fit.budget import check_estimate_fits
+    from volseg.plan.report import check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -420,8 +420,8 @@ def _plan_validation(
     """Validation of the largest volume fitted to ``memory.budget`` (fewer windows at once, host
     stitching; smaller windows with ``fit_budget``), else the run stops."""
     from volseg.memory.estimate.engine import Variant, estimate_run
-    from volseg.memory.fit.budget import check_validation_fits
     from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
+    from volseg.plan.report import check_validation_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if not (budget_value or estimate_step):

@@ -206,7 +206,7 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     """The margin goes on the step's growth: a budget that holds the bare estimate but not the
     estimate plus half its growth is refused, naming the margin; one that holds both fits."""
     from volseg.memory.estimate.engine import estimate
-    from volseg.memory.fit.budget import check_estimate_fits
+    from volseg.plan.report import check_estimate_fits
 
     est = estimate(tiny_cpu)
     assert (est.device, est.margin) == ("cpu", 0.5)

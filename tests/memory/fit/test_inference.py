@@ -14,8 +14,8 @@ from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimate.engine import Variant, estimate, estimate_run, estimate_validation
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.fit.inference import fit_validation, plan_stitching, windows_at_once
-from volseg.memory.fit.search import shrunk_patches
+from volseg.memory.fit.inference import fit_validation, plan_stitching
+from volseg.memory.fit.search import shrunk_patches, windows_at_once
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB

@@ -1,8 +1,6 @@
-"""The largest run that fits a budget: :func:`fit_step` searches the training step's batch,
-patch and checkpointing, ``inference.fit_validation`` validation's windows, both through the
-one search in ``search``; ``budget`` checks a configured run against ``memory.budget``. Every
-candidate is answered by :mod:`volseg.memory.estimate`.
-"""
+"""The largest run that fits a budget: :func:`fit_step` the training step's, ``inference``
+validation's and prediction's, both through the searches in ``search``; ``levers`` prices each
+lever. Every candidate is answered by :mod:`volseg.memory.estimate`."""
 
 from volseg.memory.fit.step import fit_step
 

@@ -1,30 +1,12 @@
-"""Fit whole-volume inference to a memory budget: validation inside a planned run, and where
-``predict.py`` stitches each volume.
+"""Fit whole-volume inference to a memory budget: validation inside a planned run
+(:func:`fit_validation`) and where ``predict.py`` stitches each volume (:func:`plan_stitching`).
 
-Validation's levers, cheapest in time first, each only where those before found nothing (every
-setting is asked of the engine, :func:`volseg.memory.estimate.engine.estimate_run`, as a
-:class:`~volseg.memory.estimate.engine.Variant` of the planned run: validation after its training
-steps):
-
-1. fewer windows at once (``model.inferer.sw_batch_size``): the same windows and the same
-   result, only less parallel work per forward; the largest that fits;
-2. host stitching (``model.inferer.device=cpu``, CUDA only): the whole-volume buffers (stitched
-   logits, count map) and what follows them (the float32 logits, argmax, loss and Dice) in host
-   memory; the windows still run on the GPU, each window batch's output is copied to the host;
-   again with the largest ``sw_batch_size`` that fits. On a CPU the host is the device: it
-   would save nothing and is not tried;
-3. smaller windows (``model.inferer.roi_size``): more windows, more overlap, less context per
-   window (the Dice a run selects its checkpoint by may change). The windows below the
-   configured one, one multiple of ``model.divisible_by`` off one side at a time, never below
-   what the network takes (:func:`volseg.memory.fit.search.shrunk_patches`, as the step's smaller
-   patch), each with the most windows at once that fit, up to as many voxels at once as the
-   configured window batch (on CUDA stitched on the host), tried from the largest down: the
-   first that fits.
-
-The number of windows at once is searched from the most down, halving to 2 before 1: a window
-batch of one is not always the least (on a CPU, a float32 batch of one runs torch's own 3D
-convolution, whose column buffer is 27 times its input's). A refusal names each lever tried,
-with the least it needed.
+Validation's levers (docs/memory.md, "Validation's levers"), cheapest in time first, each only
+where those before found nothing: fewer windows at once, host stitching (CUDA only: on a CPU the
+host is the device), smaller windows (shrunk as the step's smaller patch, each with the most
+windows at once that fit, up to the configured window batch's voxels, largest first). Every
+setting is a :class:`~volseg.memory.estimate.engine.Variant` of the planned run, asked of the
+engine; a refusal names each lever tried with the least it needed.
 """
 
 from __future__ import annotations
@@ -40,7 +22,7 @@ from omegaconf import DictConfig
 from volseg.memory.estimate.engine import Variant
 from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import margin_text
-from volseg.memory.fit.search import least, shrunk_patches
+from volseg.memory.fit.search import bisect, least, most_windows, shrunk_patches
 from volseg.memory.fit.step import patch_divisor
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import shape_taker
@@ -76,41 +58,6 @@ class InferenceFit:
     tried: list[str] = field(default_factory=list)
 
 
-def windows_at_once(start: int) -> list[int]:
-    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
-    batch of one can need more than two; see the module docstring)."""
-    order, n = [], start
-    while n > 2:
-        order.append(n)
-        n = max(2, n // 2)
-    return order + [n for n in (2, 1) if n <= start]
-
-
-def _most_windows(
-    fits: Callable[[int], InferenceEstimate | None], start: int, above: int, bisect: bool = True
-) -> tuple[int, InferenceEstimate | None]:
-    """The largest ``sw_batch_size`` below ``above`` that ``fits``: :func:`windows_at_once` from
-    ``start`` to the first that fits, then (``bisect``) bisecting up to the last that did
-    not."""
-    bad = above
-    for n in windows_at_once(start):
-        est = fits(n)
-        if est is not None:
-            break
-        bad = n
-    else:
-        return 0, None
-    good = n
-    while bisect and bad - good > 1:
-        mid = (good + bad) // 2
-        found = fits(mid)
-        if found is not None:
-            good, est = mid, found
-        else:
-            bad = mid
-    return good, est
-
-
 def _shape(values: Sequence[int]) -> str:
     return "x".join(map(str, values))
 
@@ -124,12 +71,10 @@ def fit_validation(
     smaller_windows: bool = True,
 ) -> InferenceFit:
     """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
-    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit (see the module
-    docstring for the order); ``estimator``: the validation of the planned run with a
-    :class:`Variant`'s keys changed (the engine's); ``smaller_windows=False`` stops before
-    trying smaller windows (``train.py``: it changes nothing that changes what it computes)."""
-    device = configured.device
-    sw0 = configured.sw_batch_size
+    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit; ``estimator``:
+    the engine's validation of the run with a :class:`Variant`'s keys changed.
+    ``smaller_windows=False`` (``train.py``) tries only what changes nothing computed."""
+    device, sw0 = configured.device, configured.sw_batch_size
     roi0 = [int(r) for r in configured.roi_size]
     host_possible = device == "cuda" and configured.stitch == "device"
     fit = InferenceFit(estimate=None)
@@ -148,30 +93,23 @@ def fit_validation(
     )
 
     def settings(sw: int, host: bool, roi: list[int]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if sw != sw0:
-            out[SW_BATCH] = sw
-        if host and host_possible:
-            out[STITCH_DEVICE] = "cpu"
-        if roi != roi0:
-            out[ROI] = roi
-        return out
+        """The overrides that set ``sw`` windows at once, host stitching and ``roi``."""
+        changed = {SW_BATCH: sw != sw0, STITCH_DEVICE: host and host_possible, ROI: roi != roi0}
+        values = {SW_BATCH: sw, STITCH_DEVICE: "cpu", ROI: roi}
+        return {key: values[key] for key, on in changed.items() if on}
 
     def estimate(sw: int, host: bool, roi: list[int]) -> InferenceEstimate | None:
         key = (sw, host, tuple(roi))
         text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
         if key not in cache:
-            variant = Variant(
-                sw_batch_size=sw,
-                roi_size=tuple(roi),
-                stitch_device="cpu" if host and host_possible else None,
+            stitch = "cpu" if host and host_possible else None
+            cache[key] = estimator(
+                Variant(sw_batch_size=sw, roi_size=tuple(roi), stitch_device=stitch)
             )
-            cache[key] = estimator(variant)
             fits = " (fits)" if cache[key].fits(budget) else ""
             log.info("validation: %s %s%s", text, _mib(cache[key].process_total), fits)
-        est = cache[key]
-        lever.append((text, est))
-        return est if est.fits(budget) else None
+        lever.append((text, cache[key]))
+        return cache[key] if cache[key].fits(budget) else None
 
     def tried(name: str) -> None:
         candidates = [
@@ -184,28 +122,21 @@ def fit_validation(
     def found(
         est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
     ) -> InferenceFit:
-        fit.estimate = est
-        fit.overrides = settings(sw, host, roi)
+        fit.estimate, fit.overrides = est, settings(sw, host, roi)
         figures = f"{_mib(est.total_within(budget))} within the budget"
-        if SW_BATCH in fit.overrides:
-            fit.reasons[SW_BATCH] = (
-                f"{over}; {sw} window(s) at a time fit ({figures}): the same windows, fewer at "
-                f"once{same_memory}"
-                if ROI not in fit.overrides
-                else f"{over}; {sw} of the smaller windows at a time: the most that fit, up to "
-                f"the configured window batch's voxels{same_memory}"
-            )
-        if STITCH_DEVICE in fit.overrides:
-            fit.reasons[STITCH_DEVICE] = (
-                f"{over}; {why}: the stitched logits and count map "
-                f"({_mib(est.host_stitching)}) and the whole-volume steps after them in host "
-                f"memory, the windows on the GPU ({figures})"
-            )
-        if ROI in fit.overrides:
-            fit.reasons[ROI] = (
-                f"{over}; {why}: the largest window below {_shape(roi0)} that fits, one "
-                f"multiple of model.divisible_by off one side at a time ({figures})"
-            )
+        reasons = {
+            SW_BATCH: f"{sw} window(s) at a time fit ({figures}): the same windows, fewer at once"
+            if ROI not in fit.overrides
+            else f"{sw} of the smaller windows at a time: the most that fit, up to the "
+            "configured window batch's voxels",
+            STITCH_DEVICE: f"{why}: the stitched logits and count map ({_mib(est.host_stitching)})"
+            " and the whole-volume steps after them in host memory, the windows on the GPU "
+            f"({figures})",
+            ROI: f"{why}: the largest window below {_shape(roi0)} that fits, one multiple of "
+            f"model.divisible_by off one side at a time ({figures})",
+        }
+        reasons[SW_BATCH] += same_memory
+        fit.reasons = {key: f"{over}; {reasons[key]}" for key in fit.overrides}
         log.info(
             "validation: planned %s (%s)",
             " ".join(f"{k}={v}" for k, v in fit.overrides.items()),
@@ -215,13 +146,13 @@ def fit_validation(
 
     # 1. fewer windows at once: the window batch's forward shrinks with it
     if sw0 > 1:
-        sw, est = _most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
+        sw, est = most_windows(lambda n: estimate(n, False, roi0), sw0 // 2, sw0)
         if est is not None:
             return found(est, sw, False, roi0, "")
         tried(f"fewer windows at once: {SW_BATCH} 1 to {sw0 - 1} at {_shape(roi0)}")
     # 2. host stitching (a GPU run only), with the most windows at once that fit
     if host_possible:
-        sw, est = _most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
+        sw, est = most_windows(lambda n: estimate(n, True, roi0), sw0, sw0 + 1)
         if est is not None:
             why = (
                 "no number of windows at once fits with the whole volume stitched on the GPU"
@@ -245,11 +176,11 @@ def fit_validation(
         return fit
     voxels0 = sw0 * math.prod(roi0)
 
-    def most_windows(roi: list[int], bisect: bool = True) -> tuple[int, InferenceEstimate | None]:
+    def most_of(roi: list[int], bisected: bool = True) -> tuple[int, InferenceEstimate | None]:
         """The most windows of ``roi`` at once that fit, up to the configured window batch's
-        voxels (``bisect=False``: the first of :func:`windows_at_once` that fits)."""
+        voxels (``bisected=False``: the first of :func:`windows_at_once` that fits)."""
         cap = max(1, voxels0 // math.prod(roi))
-        return _most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisect)
+        return most_windows(lambda k: estimate(k, True, roi), cap, cap + 1, bisected)
 
     name = (
         f"smaller windows: {ROI} {_shape(windows[0])} down to {_shape(windows[-1])}, each with "
@@ -257,14 +188,14 @@ def fit_validation(
     )
     # the smallest window first: where the whole-volume steps alone are over the budget, no
     # window fits, and this one search says so
-    if most_windows(windows[-1], bisect=False)[1] is None:
+    if most_of(windows[-1], bisected=False)[1] is None:
         tried(name)
         return fit
     # then from the largest down, as nnU-Net shrinks its patch: what a window needs does not
     # fall steadily with its size and count on every device (on a CPU the convolution's
     # algorithm changes with both), so no window is skipped by bisection
     for roi in windows:
-        k, est = most_windows(roi)
+        k, est = most_of(roi)
         if est is not None:
             break
     why = (
@@ -299,9 +230,7 @@ class StitchPlan:
                 if est is not None
                 else "not estimated (smaller than one that fits)"
             )
-            out.append(
-                f"  {'x'.join(map(str, shape))}: stitched on the {where} ({figures}; {within})"
-            )
+            out.append(f"  {_shape(shape)}: stitched on the {where} ({figures}; {within})")
         return out
 
 
@@ -317,14 +246,11 @@ def plan_stitching(
     estimator: Callable[..., InferenceEstimate] | None = None,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device
-    where the estimate fits ``limit`` bytes there, else on the host; ``cfg``: the planned
-    config with the prediction's inferer as ``model.inferer``. A volume stitched on the device
-    needs no more than a larger one (fewer voxels, no more windows), so the shapes are bisected
-    by voxels: a few estimates for any number of volumes. On a CPU (host and device are one
-    memory) the largest is estimated, for the log and ``limit``. Without a limit (a GPU run
-    with neither ``memory.budget`` nor a known device total) nothing is planned: ``stitch=auto``
-    decides per volume at run time. ``stitch=device`` or ``host`` (predict.py's own choice): the
-    largest is estimated with it, nothing is chosen."""
+    where the estimate fits ``limit`` bytes there, else on the host (``cfg``: the planned
+    config with the prediction's inferer as ``model.inferer``). A smaller volume needs no more
+    than a larger one, so the shapes are bisected by voxels. On a CPU, or with predict.py's own
+    ``stitch=device``/``host``, only the largest is estimated (for the log); a GPU run without
+    a limit plans nothing (``stitch=auto`` decides per volume at run time)."""
     estimator = estimator or estimate_prediction
     plan = StitchPlan(device, limit, source)
     ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)
@@ -334,24 +260,19 @@ def plan_stitching(
     def estimate(shape: tuple[int, ...], stitch: str) -> InferenceEstimate:
         return estimator(cfg, list(shape), stitch=stitch, flip_axes=flip_axes, precision=precision)
 
-    def fits(est: InferenceEstimate) -> bool:
-        return limit is None or est.fits(limit)
-
     if device != "cuda" or stitch != "auto":
         where = "device" if device != "cuda" else stitch
         plan.estimates[ordered[-1]] = estimate(ordered[-1], where)
         plan.stitch = dict.fromkeys(ordered, where)
         return plan
-    # the largest shape stitched on the device that fits (bisection over the sorted shapes)
-    good, bad = -1, len(ordered)
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        est = estimate(ordered[mid], "device")
-        if fits(est):
-            good = mid
-            plan.estimates[ordered[mid]] = est
-        else:
-            bad = mid
+
+    def on_device(i: int) -> bool:
+        est = estimate(ordered[i], "device")
+        if est.fits(limit):
+            plan.estimates[ordered[i]] = est
+        return est.fits(limit)
+
+    good = bisect(on_device, -1, len(ordered))  # the largest shape that fits stitched there
     for i, shape in enumerate(ordered):
         plan.stitch[shape] = "device" if i <= good else "host"
     if good < len(ordered) - 1:

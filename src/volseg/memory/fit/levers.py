@@ -1,29 +1,23 @@
-"""Every lever with its price: for the configured training step, each lever that applies to the
-network with its predicted peak and its predicted step-time factor, from the engine's estimates
-(one trace per variant: :func:`volseg.memory.estimate.engine.estimate_config`).
-
-The time factor of a lever that recomputes (activation checkpointing, a micro-batch's smaller
-kernels do not show) is its optimizer step's FLOPs over the configured step's, counted in the
-same trace; a lever that moves bytes instead (activation offload) names how many bytes it moves
-a step. The checkpointing rows are the network adapter's settings
-(:attr:`volseg.models.networks.NetworkAdapter.checkpointing_choices`): a new setting is a new
-row with no change here.
+"""Every lever with its price: each lever that applies to the configured step's network, its
+predicted peak and its step-time factor (its optimizer step's FLOPs over the configured step's,
+from the same trace: :func:`volseg.memory.estimate.engine.estimate_config`); activation offload
+names the bytes it moves instead. The checkpointing rows are the network adapter's
+``checkpointing_choices``: a new setting is a new row with no change here.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from volseg.memory.estimate.engine import Variant, estimate_config
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import LoopSettings
-from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch
-from volseg.utils.config import plain
+from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch, written
+from volseg.utils.config import plain, set_key
 
 
 @dataclass(frozen=True)
@@ -44,21 +38,6 @@ class LeverPrice:
         return asdict(self)
 
 
-def _setting(checkpointing: Any) -> str:
-    """A checkpointing setting as the command line writes it: ``all``, ``[0,1]``."""
-    value = plain(checkpointing)
-    if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value)
-
-
-def _with(cfg: DictConfig, change: Callable[[DictConfig], None]) -> DictConfig:
-    changed = copy.deepcopy(cfg)
-    with open_dict(changed):
-        change(changed)
-    return changed
-
-
 def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
     """The configured step of the planned config ``cfg``, then each lever that applies to its
     network, as :class:`LeverPrice` rows (estimates on fake tensors: no step runs)."""
@@ -67,78 +46,66 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
     accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
     configured = plain(cfg.model.get("activation_checkpointing", "none"))
 
-    def run(config: DictConfig, **variant: Any) -> Any:
-        return estimate_config(config, Variant.of(**variant))
+    def run(key: str | None = None, value: Any = None, **variant: Any) -> Any:
+        """The engine's estimate with ``key`` set to ``value`` or ``variant``'s keys changed."""
+        changed = cfg
+        if key is not None:
+            changed = copy.deepcopy(cfg)
+            set_key(changed, key, value)
+        return estimate_config(changed, Variant.of(**variant))
 
-    base = run(cfg)
-    base_flops = max(base.flops_per_step, 1)
+    base = run()
+    rows: list[LeverPrice] = []
 
-    def row(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> LeverPrice:
-        return LeverPrice(
-            lever, setting, planned_total(est.step), est.flops_per_step / base_flops, moved, why
-        )
+    def add(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> None:
+        factor = est.flops_per_step / max(base.flops_per_step, 1)
+        rows.append(LeverPrice(lever, setting, planned_total(est.step), factor, moved, why))
 
-    rows = [row("as configured", "", base)]
+    add("as configured", "", base)
     if str(cfg.trainer.get("precision")) in ("32", "32-true"):
         half = "bf16-mixed" if base.step.device == "cpu" else "16-mixed"
-        changed = _with(cfg, lambda c: c.trainer.__setitem__("precision", half))
-        rows.append(
-            row(
-                "mixed precision",
-                f"trainer.precision={half}",
-                run(changed),
-                "FLOPs alike: the speed of half-precision kernels is the device's, not modelled",
-            )
+        add(
+            "mixed precision",
+            f"trainer.precision={half}",
+            run("trainer.precision", half),
+            "FLOPs alike: the speed of half-precision kernels is the device's, not modelled",
         )
     if batch >= 2:
         half_batch = batch // 2 if batch % 2 == 0 else 1
         times = batch // half_batch
-        micro = run(cfg, batch_size=half_batch, accumulate_grad_batches=accumulate * times)
-        rows.append(
-            row(
-                "micro-batches",
-                f"data.batch_size={half_batch} trainer.accumulate_grad_batches="
-                f"{accumulate * times}",
-                micro,
-                "the same samples a step; smaller kernels' efficiency not modelled",
-            )
+        add(
+            "micro-batches",
+            f"data.batch_size={half_batch} trainer.accumulate_grad_batches={accumulate * times}",
+            run(batch_size=half_batch, accumulate_grad_batches=accumulate * times),
+            "the same samples a step; smaller kernels' efficiency not modelled",
         )
     for option in checkpointing_choices(cfg, "auto"):
-        if _setting(option) == _setting(configured):
-            continue
-        rows.append(
-            row(
+        if written(option) != written(configured):
+            add(
                 "activation checkpointing",
-                f"model.activation_checkpointing={_setting(option)}",
-                run(cfg, activation_checkpointing=option),
+                f"model.activation_checkpointing={written(option)}",
+                run(activation_checkpointing=option),
                 "its recomputed forward",
             )
-        )
     if not cfg.model.get("offload_activations"):
-        offloaded = run(_with(cfg, lambda c: c.model.__setitem__("offload_activations", True)))
-        moved = 2 * max(base.step.activations - offloaded.step.activations, 0)
-        rows.append(
-            row(
-                "activation offload",
-                "model.offload_activations=true",
-                offloaded,
-                "FLOPs alike; the copies to the host and back are the price",
-                moved,
-            )
+        offloaded = run("model.offload_activations", True)
+        add(
+            "activation offload",
+            "model.offload_activations=true",
+            offloaded,
+            "FLOPs alike; the copies to the host and back are the price",
+            2 * max(base.step.activations - offloaded.step.activations, 0),
         )
     divisor = patch_divisor(cfg)
     k = min(p // d for p, d in zip(patch, divisor, strict=True))
-    if k > 1:
-        smaller = scaled_patch(patch, k - 1, divisor)
-        if smaller != patch:
-            rows.append(
-                row(
-                    "a smaller patch",
-                    f"data.patch_size=[{','.join(map(str, smaller))}]",
-                    run(cfg, patch_size=smaller),
-                    "fewer voxels a step (less context per patch)",
-                )
-            )
+    smaller = scaled_patch(patch, k - 1, divisor) if k > 1 else patch
+    if smaller != patch:
+        add(
+            "a smaller patch",
+            f"data.patch_size={written(smaller)}",
+            run(patch_size=smaller),
+            "fewer voxels a step (less context per patch)",
+        )
     split = LeverPrice(
         "two-device split",
         "model.placement={encoder: cuda:0, decoder: cuda:1}",

@@ -1,5 +1,6 @@
 """The searches both planners share: the largest setting that fits (a batch, a patch step, a
-window size) and the patches, or windows, below a configured one, largest first."""
+patch, a window count, a volume stitched on the device), by one bisection, and the patches, or
+windows, below a configured one, largest first."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from typing import TypeVar
 Found = TypeVar("Found")
 
 
+def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
+    """The largest ``n`` below ``bad`` for which ``ok(n)`` holds, given that it holds at
+    ``good`` and not at ``bad`` (``ok`` monotone between them): ``log2(bad - good)`` calls."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good
+
+
 def largest_fitting(
     fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
 ) -> tuple[int, Found | None]:
@@ -20,13 +30,11 @@ def largest_fitting(
     Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
     costs two estimates.
     """
-    found: dict[int, Found] = {}
+    found: dict[int, Found | None] = {}
 
     def ok(n: int) -> bool:
-        est = fits(n)
-        if est is not None:
-            found[n] = est
-        return est is not None
+        found[n] = fits(n)
+        return found[n] is not None
 
     n = min(max(guess, lo), hi)
     step = 1
@@ -46,10 +54,40 @@ def largest_fitting(
                 good = n
                 break
             bad, step = n, step * 2
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    good = bisect(ok, good, bad)
     return good, found.get(good)
+
+
+def windows_at_once(start: int) -> list[int]:
+    """The window counts tried from ``start`` down until one fits: halving, to 2 before 1 (a
+    window batch of one is not always the least: on a CPU, a float32 batch of one runs torch's
+    own 3D convolution, whose column buffer is 27 times its input's)."""
+    order, n = [], start
+    while n > 2:
+        order.append(n)
+        n = max(2, n // 2)
+    return order + [n for n in (2, 1) if n <= start]
+
+
+def most_windows(
+    fits: Callable[[int], Found | None], start: int, above: int, bisected: bool = True
+) -> tuple[int, Found | None]:
+    """The largest window count below ``above`` that ``fits``: :func:`windows_at_once` from
+    ``start`` to the first that fits, then (``bisected``) bisecting up to the last that did
+    not; ``(0, None)`` when none fits."""
+    found: dict[int, Found | None] = {}
+
+    def ok(n: int) -> bool:
+        found[n] = fits(n)
+        return found[n] is not None
+
+    bad = above
+    for n in windows_at_once(start):
+        if ok(n):
+            good = bisect(ok, n, bad) if bisected else n
+            return good, found[good]
+        bad = n
+    return 0, None
 
 
 def shrunk_patches(
@@ -59,15 +97,11 @@ def shrunk_patches(
     tied: Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
     """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
-    multiple of its divisor off the side that is largest relative to ``base`` (the larger side
-    on a tie), as nnU-Net's experiment planner takes it off the side largest relative to the
-    median shape. No side goes below twice its divisor (the deepest level keeps two voxels a
-    side: an instance norm cannot normalise one), and a side stops where the network no longer
-    ``takes`` the patch (a probed divisor says which sides a network keeps, not the least).
-
-    ``tied``: groups of axes that stay equal (the plane of a 90° turn augmentation, e.g.
-    ``[[1, 2]]``): such a group shrinks as one side, by a multiple of each of its divisors.
-    """
+    multiple of its divisor off the side largest relative to ``base`` (the larger on a tie), as
+    nnU-Net's experiment planner does. No side goes below twice its divisor (an instance norm
+    cannot normalise one voxel), and a side stops where the network no longer ``takes`` the
+    patch. ``tied``: groups of axes that stay equal (a 90° turn's plane, e.g. ``[[1, 2]]``),
+    shrunk as one side by a multiple of each of their divisors."""
     patch, out = [int(p) for p in base], []
     units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
     units += [(a,) for a in range(3) if not any(a in unit for unit in units)]

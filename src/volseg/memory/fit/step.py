@@ -1,21 +1,10 @@
-"""Find what fits a memory budget: the largest batch, the largest patch, the checkpointing needed,
-or the micro-batches that add up to the configured batch.
-
-The levers, in the order the batch search tries them (each only when those before found
-nothing): the batch with each activation checkpointing setting (least recomputation first) and
-micro-batches; then loss checkpointing (``model.checkpoint_loss``, searched only where one
-estimate shows it lowering the step: the loss is the forward's last call and the backward's
-first, so it rarely does); then a smaller patch, shrunk one axis at a time as nnU-Net's
-experiment planner shrinks its patch (the side that is largest relative to the configured patch
-loses one multiple of what it must divide by). Parameters, gradients and optimizer state no
-lever lowers: when they alone are over the budget the planner says so and searches nothing.
-
-Every answer is checked by an estimate (:func:`volseg.memory.estimate.engine.estimate`); the search
-starts from a linear fit (activations grow in proportion to batch and patch voxels), so a plan
-takes a handful of estimates, not one per candidate. What an answer costs in time is estimated
-from FLOPs (:func:`volseg.memory.estimate.engine.step_flops`): per sample, relative to the
-configured
-step.
+"""The training step that fits a memory budget (:func:`fit_step`): the largest batch or patch,
+the activation checkpointing it needs, or micro-batches that add up to the configured batch;
+past those, loss checkpointing and a smaller patch. The levers' order and why: docs/memory.md,
+"The training step's levers". Every candidate is one estimate
+(:func:`volseg.memory.estimate.engine.estimate`), made once, each search starting from a linear
+guess (activations grow with batch and patch voxels); time is FLOPs per sample
+(:func:`volseg.memory.estimate.engine.step_flops`) against the configured step's.
 """
 
 from __future__ import annotations
@@ -44,24 +33,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepFit:
-    """The planner's answer: what to set, and the estimates it rests on (bytes).
-
-    When the configured batch does not fit (``search=batch``): ``micro_batching``, the largest
-    micro-batch that divides it and fits with ``trainer.accumulate_grad_batches`` making up the
-    rest (same effective batch, same checkpointing); ``flops_per_sample``, the answer's FLOPs
-    per sample relative to the configured step's (its ``micro_batching`` entry has its own).
-    """
+    """The planner's answer: what to set, and the estimates it rests on (bytes). Where the
+    configured batch does not fit: ``micro_batching`` (:func:`_micro_batching`), and
+    ``flops_per_sample``, the answer's FLOPs per sample over the configured step's."""
 
     budget: int
     search: str
     fits_as_configured: bool
-    batch_size: int | None
-    patch_size: list[int] | None
-    activation_checkpointing: Any
-    overrides: list[str]
-    estimate: dict[str, Any] | None
-    total_within_budget: int | None
-    next_step_estimate: dict[str, Any] | None
+    batch_size: int | None = None
+    patch_size: list[int] | None = None
+    activation_checkpointing: Any = None
+    overrides: list[str] = field(default_factory=list)
+    estimate: dict[str, Any] | None = None
+    total_within_budget: int | None = None
+    next_step_estimate: dict[str, Any] | None = None
     largest_batch_by_checkpointing: dict[str, int] = field(default_factory=dict)
     flops_per_sample: float | None = None
     micro_batching: dict[str, Any] | None = None
@@ -96,24 +81,20 @@ class StepFit:
         )
 
 
+def written(value: Any) -> str:
+    """``value`` as a command-line override writes it: ``all``, ``[16,48,48]``."""
+    value = plain(value)
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
 def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[int]:
     """``base`` ``[D, H, W]`` scaled so that the axis with the fewest multiples of its divisor
     gets ``k`` of them, every side rounded to a multiple of its ``divisor`` (per axis)."""
     ref = min(range(3), key=lambda a: base[a] / divisor[a])
     scale = k * divisor[ref] / base[ref]
     return [max(d, round(scale * p / d) * d) for p, d in zip(base, divisor, strict=True)]
-
-
-def _listed(values: Sequence[int]) -> str:
-    """``[16,48,48]``: a list as an override writes it."""
-    return "[" + ",".join(str(int(v)) for v in values) + "]"
-
-
-def _key(checkpointing: Any) -> str:
-    """How a checkpointing setting is written on the command line."""
-    if isinstance(checkpointing, Sequence) and not isinstance(checkpointing, str):
-        return "[" + ",".join(str(int(level)) for level in checkpointing) + "]"
-    return str(checkpointing)
 
 
 def patch_divisor(cfg: DictConfig) -> list[int]:
@@ -134,17 +115,31 @@ def patch_divisor(cfg: DictConfig) -> list[int]:
 
 
 def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
-    """The checkpointing settings a budget search tries, least recomputation first:
-    ``memory.checkpointing_options`` as ``configured``, or (``auto``/``None``) the network
-    adapter's named choices."""
+    """The checkpointing settings a budget search tries, least recomputation first: ``configured``
+    (``memory.checkpointing_options``), or for ``auto``/``None`` the network adapter's."""
     configured = plain(configured)
     if configured is None or configured == "auto":
         return list(adapter_for(str(cfg.model.net._target_)).checkpointing_choices)
     return list(configured)
 
 
+def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
+    """What a training step holds whatever its batch, patch or checkpointing: parameters (and
+    buffers), a gradient for each parameter and the optimizer state (bytes), and those parts as
+    text (MiB)."""
+    grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
+    parts = (
+        ("parameters", est.params + est.buffers),
+        ("gradients", grads),
+        ("optimizer state", est.optimizer_state),
+    )
+    text = ", ".join(f"{name} {nbytes / MIB:,.1f} MiB" for name, nbytes in parts)
+    return sum(n for _, n in parts), text
+
+
 class Planner:
-    """Searches a composed ``train`` config for what fits ``budget`` bytes."""
+    """The estimates of one ``train`` config's step against ``budget`` bytes, each made once, and
+    what every search starts from: the largest batch, the smaller patches the network takes."""
 
     #: how many times a batch guess that does not fit is moved before the search walks from it
     GUESS_REFINEMENTS = 2
@@ -172,6 +167,52 @@ class Planner:
         self._sized: dict[tuple[int, ...], DictConfig] = {}
         self._smaller: list[list[int]] | None = None
 
+    # -- estimates ------------------------------------------------------------------------
+    def estimate(
+        self,
+        batch_size: int,
+        patch_size: Sequence[int],
+        checkpointing: Any,
+        accumulate: int | None = None,
+    ) -> MemoryEstimate:
+        """The estimate of micro-batches of ``batch_size`` (``accumulate`` of them a step;
+        default: the configured number)."""
+        accumulate = self.accumulate if accumulate is None else accumulate
+        key = (batch_size, tuple(patch_size), written(checkpointing), accumulate)
+        if key not in self._cache:
+            self._cache[key] = estimate(
+                self.config_at(patch_size),
+                batch_size=batch_size,
+                patch_size=patch_size,
+                activation_checkpointing=checkpointing,
+                accumulate_grad_batches=accumulate,
+            )
+        return self._cache[key]
+
+    def fitting(
+        self,
+        batch_size: int,
+        patch: Sequence[int],
+        checkpointing: Any,
+        accumulate: int | None = None,
+    ) -> MemoryEstimate | None:
+        """:meth:`estimate` where it fits the budget, else ``None`` (what a search asks)."""
+        est = self.estimate(batch_size, patch, checkpointing, accumulate)
+        return est if est.fits(self.budget) else None
+
+    def remember(self, est: MemoryEstimate) -> None:
+        """Keep an estimate made elsewhere, so that it is not made again."""
+        checkpointing = written(est.activation_checkpointing)
+        key = (est.batch_size, tuple(est.patch_size), checkpointing, est.accumulate_grad_batches)
+        self._cache[key] = est
+
+    def estimates_made(self, base_patch: bool) -> list[MemoryEstimate]:
+        """The estimates made so far at the configured patch (``base_patch``) or at others."""
+        return [
+            e for e in self._cache.values() if (list(e.patch_size) == self.base_patch) == base_patch
+        ]
+
+    # -- patches --------------------------------------------------------------------------
     def config_at(self, patch: Sequence[int]) -> DictConfig:
         """The config with the network's settings that follow the patch (its adapter's
         :meth:`~volseg.models.networks.NetworkAdapter.sized_for`, e.g. UNETR's ``img_size``)
@@ -193,8 +234,7 @@ class Planner:
 
     def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
         """:func:`shrunk_patches` of the configured patch that the network takes (probed on
-        meta tensors, built for each patch where its constructor takes the patch's size), each
-        turned plane kept square (:attr:`turned_planes`)."""
+        meta tensors), each plane of its 90° turns (``data.augment.rotate90_planes``) square."""
         if self._smaller is None:
             net = self.cfg.model.net
             channels = int(self.cfg.get("in_channels", 1))
@@ -204,88 +244,21 @@ class Planner:
                     return shape_taker(self.config_at(patch).model.net, channels)(patch)
             else:
                 takes = shape_taker(net, channels)
-            self._smaller = shrunk_patches(self.base_patch, divisor, takes, self.turned_planes)
+            augment = self.cfg.data.get("augment") or {}
+            turned = [[int(a) for a in plane] for plane in (augment.get("rotate90_planes") or [])]
+            self._smaller = shrunk_patches(self.base_patch, divisor, takes, turned)
         return self._smaller
 
-    @property
-    def turned_planes(self) -> list[list[int]]:
-        """The planes of the training patch's 90° turns (``data.augment.rotate90_planes``): a
-        smaller patch keeps each one square, or the augmentation could not turn it."""
-        augment = self.cfg.data.get("augment") or {}
-        return [[int(a) for a in plane] for plane in (augment.get("rotate90_planes") or [])]
-
-    def estimates_made(self, base_patch: bool) -> list[MemoryEstimate]:
-        """The estimates made so far at the configured patch (``base_patch``) or at others."""
-        return [
-            e for e in self._cache.values() if (list(e.patch_size) == self.base_patch) == base_patch
-        ]
-
-    @property
-    def estimates(self) -> int:
-        return len(self._cache)
-
-    def remember(self, est: MemoryEstimate) -> None:
-        """Keep an estimate made elsewhere, so that it is not made again."""
-        checkpointing = _key(est.activation_checkpointing)
-        key = (est.batch_size, tuple(est.patch_size), checkpointing, est.accumulate_grad_batches)
-        self._cache[key] = est
-
-    def estimate(
-        self,
-        batch_size: int,
-        patch_size: Sequence[int],
-        checkpointing: Any,
-        accumulate: int | None = None,
-    ) -> MemoryEstimate:
-        """The estimate of micro-batches of ``batch_size`` (``accumulate`` of them a step;
-        default: the configured number)."""
-        accumulate = self.accumulate if accumulate is None else accumulate
-        key = (batch_size, tuple(patch_size), _key(checkpointing), accumulate)
-        if key not in self._cache:
-            self._cache[key] = estimate(
-                self.config_at(patch_size),
-                batch_size=batch_size,
-                patch_size=patch_size,
-                activation_checkpointing=checkpointing,
-                accumulate_grad_batches=accumulate,
-            )
-        return self._cache[key]
-
-    def flops_per_sample(self, batch_size: int, checkpointing: Any, accumulate: int) -> float:
-        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
-        flops = step_flops(
-            self.cfg,
-            batch_size=batch_size,
-            patch_size=self.base_patch,
-            activation_checkpointing=checkpointing,
-            accumulate_grad_batches=accumulate,
-        )
-        return flops / (batch_size * accumulate)
-
-    def micro_batching(
-        self, batch: int, checkpointing: Any
-    ) -> tuple[int, int, MemoryEstimate] | None:
-        """The largest micro-batch ``b`` below ``batch`` that divides it and fits with
-        ``accumulate_grad_batches`` raised ``batch / b`` times (the same samples per optimizer
-        step): ``(b, accumulate_grad_batches, estimate)``; ``None`` when even 1 does not fit."""
-        for b in sorted((d for d in range(1, batch) if batch % d == 0), reverse=True):
-            accumulate = self.accumulate * batch // b
-            est = self.estimate(b, self.base_patch, checkpointing, accumulate)
-            if est.fits(self.budget):
-                return b, accumulate, est
-        return None
-
+    # -- the batch search -----------------------------------------------------------------
     def largest_batch(self, checkpointing: Any) -> tuple[int, MemoryEstimate | None]:
         """Largest batch size at the configured patch (0 when none fits), its estimate."""
 
         def fits(n: int) -> MemoryEstimate | None:
-            est = self.estimate(n, self.base_patch, checkpointing)
-            return est if est.fits(self.budget) else None
+            return self.fitting(n, self.base_patch, checkpointing)
 
-        # the search needs memory to grow with the batch, which it does from batch 2 on; on a CPU
-        # a float32 batch of one can take more than two: torch runs a thin layer's convolutions
-        # on its native kernels, with a column buffer 27x the input, instead of on oneDNN
-        # (volseg.memory.estimate.workspace), so batch 1 not fitting does not rule out batch 2
+        # memory grows with the batch from batch 2 on: on a CPU a float32 batch of one can take
+        # more than two (torch's native convolution, a column buffer 27x its input: see
+        # volseg.memory.estimate.workspace), so batch 1 not fitting does not rule out batch 2
         lo = 1
         if fits(1) is None:
             if self.max_batch_size < 2 or fits(2) is None:
@@ -293,11 +266,9 @@ class Planner:
             lo = 2
         one = self.estimate(1, self.base_patch, checkpointing).process_total
         two = self.estimate(2, self.base_patch, checkpointing).process_total
-        # the step's memory grows about linearly with the batch: start where the line meets the
-        # budget. At batches 1 and 2 the peak can be one that does not grow with the batch (the
-        # optimizer's update over weights, gradients and moments), so that line can be too
-        # flat: a guess that does not fit moves to where the line through batch 2 and the guess
-        # meets the budget, from which the search walks
+        # memory grows about linearly with the batch: start where the line meets the budget. At
+        # batches 1 and 2 the peak can be the optimizer's update, which does not grow with it, so
+        # a guess that does not fit moves to where the line through batch 2 and it meets the budget
         guess = 1 + (self.budget - one) // max(two - one, 1)
         for _ in range(self.GUESS_REFINEMENTS):
             n = min(guess, self.max_batch_size)
@@ -306,33 +277,6 @@ class Planner:
             slope = (self.estimate(n, self.base_patch, checkpointing).process_total - two) / (n - 2)
             guess = min(n - 1, 2 + int((self.budget - two) // max(slope, 1.0)))
         return largest_fitting(fits, lo, self.max_batch_size, guess)
-
-    def steps(self, patch: Sequence[int], divisor: Sequence[int]) -> int:
-        """``k`` of :meth:`patch_at`: the multiples of its divisor on the axis with the fewest."""
-        return min(p // d for p, d in zip(patch, divisor, strict=True))
-
-    def patch_at(self, k: int, divisor: Sequence[int]) -> list[int]:
-        """The configured patch scaled to ``k`` steps (:func:`scaled_patch`)."""
-        return scaled_patch(self.base_patch, k, divisor)
-
-    def largest_patch(
-        self, divisor: Sequence[int], checkpointing: Any
-    ) -> tuple[list[int] | None, MemoryEstimate | None]:
-        """Largest patch of the configured aspect ratio that fits at the configured batch."""
-        batch = int(self.cfg.data.batch_size)
-
-        def fits(k: int) -> MemoryEstimate | None:
-            est = self.estimate(batch, self.patch_at(k, divisor), checkpointing)
-            return est if est.fits(self.budget) else None
-
-        k_now = max(1, self.steps(self.base_patch, divisor))
-        now = self.estimate(batch, self.patch_at(k_now, divisor), checkpointing)
-        fixed = now.params + now.optimizer_state + now.cuda_context
-        # activations grow with the voxels, i.e. with k ** 3
-        ratio = max(self.budget - fixed, 0) / max(now.process_total - fixed, 1)
-        guess = max(1, int(k_now * ratio ** (1 / 3)))
-        k, est = largest_fitting(fits, 1, max(8 * k_now, guess + 1), guess)
-        return (self.patch_at(k, divisor) if k >= 1 else None), est
 
 
 @dataclass
@@ -348,41 +292,44 @@ class _Choice:
 
 
 def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choice:
-    """The first option (cheapest first) whose largest batch reaches ``batch``; else the option
-    with the largest batch."""
-    choice = _Choice(patch=planner.base_patch)
+    """The first option (cheapest first) whose largest batch reaches ``batch``; else the first
+    option with the largest batch."""
+    found: dict[str, tuple[Any, int, MemoryEstimate | None]] = {}
     for option in options:
-        n, option_est = planner.largest_batch(option)
-        choice.largest[_key(option)] = n
-        if n >= batch:
-            choice.checkpointing, choice.batch_size, choice.estimate = option, n, option_est
+        found[written(option)] = (option, *planner.largest_batch(option))
+        if found[written(option)][1] >= batch:
             break
-    best = max(choice.largest.values())
-    if choice.checkpointing is None and best >= 1:
-        choice.checkpointing = next(o for o in options if choice.largest[_key(o)] == best)
-        choice.batch_size, choice.estimate = planner.largest_batch(choice.checkpointing)
-    if choice.batch_size:
-        choice.next_estimate = planner.estimate(
-            choice.batch_size + 1, choice.patch, choice.checkpointing
-        )
+    option, n, est = max(found.values(), key=lambda f: f[1])  # the first of the largest
+    choice = _Choice(patch=planner.base_patch, largest={k: f[1] for k, f in found.items()})
+    if n >= 1:
+        choice.checkpointing, choice.batch_size, choice.estimate = option, n, est
+        choice.next_estimate = planner.estimate(n + 1, choice.patch, option)
     return choice
 
 
-def _search_patch(planner: Planner, options: Sequence[Any], cfg: DictConfig) -> _Choice:
-    """The largest patch at the configured batch with the first option with which one fits."""
-    divisor = patch_divisor(cfg)
-    batch = int(cfg.data.batch_size)
+def _search_patch(planner: Planner, options: Sequence[Any], divisor: Sequence[int]) -> _Choice:
+    """The largest patch of the configured aspect ratio (:func:`scaled_patch`) at the
+    configured batch, with the first option with which one fits."""
+    batch = int(planner.cfg.data.batch_size)
+
+    def at(k: int) -> list[int]:
+        return scaled_patch(planner.base_patch, k, divisor)
+
+    k_now = max(1, min(p // d for p, d in zip(planner.base_patch, divisor, strict=True)))
     for option in options:
-        found, option_est = planner.largest_patch(divisor, option)
-        if found is not None:
-            k = planner.steps(found, divisor)
-            return _Choice(
-                checkpointing=option,
-                batch_size=batch,
-                patch=found,
-                estimate=option_est,
-                next_estimate=planner.estimate(batch, planner.patch_at(k + 1, divisor), option),
-            )
+        now = planner.estimate(batch, at(k_now), option)
+        fixed = now.params + now.optimizer_state + now.cuda_context
+        # activations grow with the voxels, i.e. with k ** 3
+        ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
+        guess = max(1, int(k_now * ratio ** (1 / 3)))
+        k, est = largest_fitting(
+            lambda k, o=option: planner.fitting(batch, at(k), o),
+            1,
+            max(8 * k_now, guess + 1),
+            guess,
+        )
+        if k >= 1:
+            return _Choice(option, batch, at(k), est, planner.estimate(batch, at(k + 1), option))
     return _Choice(patch=planner.base_patch)
 
 
@@ -399,10 +346,6 @@ def _search_smaller_patch(
     def at(n: int) -> list[int]:  # n = 1: the smallest candidate, len(candidates): the largest
         return candidates[len(candidates) - n]
 
-    def fits(n: int) -> MemoryEstimate | None:
-        est = planner.estimate(batch, at(n), heaviest)
-        return est if est.fits(planner.budget) else None
-
     # activations grow with the voxels: start at the largest patch the line through the
     # configured patch's estimate says fits
     now = planner.estimate(batch, planner.base_patch, heaviest)
@@ -410,14 +353,15 @@ def _search_smaller_patch(
     ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
     voxels = math.prod(planner.base_patch) * ratio
     guess = sum(1 for c in candidates if math.prod(c) <= voxels)
-    n, found = largest_fitting(fits, 1, len(candidates), max(guess, 1))
+    n, found = largest_fitting(
+        lambda n: planner.fitting(batch, at(n), heaviest), 1, len(candidates), max(guess, 1)
+    )
     if found is None:
         return _Choice(patch=planner.base_patch)
-    patch = at(n)
-    choice = _Choice(checkpointing=heaviest, batch_size=batch, patch=patch, estimate=found)
+    choice = _Choice(heaviest, batch, at(n), found)
     for option in options[:-1]:  # less recomputation where it fits too
-        est = planner.estimate(batch, patch, option)
-        if est.fits(planner.budget):
+        est = planner.fitting(batch, choice.patch, option)
+        if est is not None:
             choice.checkpointing, choice.estimate = option, est
             break
     larger = at(n + 1) if n < len(candidates) else planner.base_patch
@@ -425,140 +369,69 @@ def _search_smaller_patch(
     return choice
 
 
-def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
-    """What a training step holds whatever its batch, patch or checkpointing: parameters (and
-    buffers), a gradient for each parameter and the optimizer state (bytes), and those parts as
-    text (MiB)."""
-    grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
-    parts = (
-        ("parameters", est.params + est.buffers),
-        ("gradients", grads),
-        ("optimizer state", est.optimizer_state),
-    )
-    text = ", ".join(f"{name} {nbytes / MIB:,.1f} MiB" for name, nbytes in parts)
-    return sum(n for _, n in parts), text
+def _micro_batching(
+    planner: Planner, choice: _Choice, batch: int, configured: Any
+) -> tuple[dict[str, Any] | None, float | None]:
+    """For a configured ``batch`` that does not fit: the largest micro-batch ``b`` that divides
+    it and fits with ``accumulate_grad_batches`` raised ``batch / b`` times (``None``: not even
+    1), and ``choice``'s FLOPs per sample over the configured step's. Time follows FLOPs per
+    sample (near the GPU's peak rate): micro-batches keep it (1.0; the kernel efficiency they
+    lose FLOPs do not show), checkpointing adds its recomputation's."""
 
+    def per_sample(batch_size: int, checkpointing: Any, accumulate: int) -> float:
+        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
+        flops = step_flops(
+            planner.cfg,
+            batch_size=batch_size,
+            patch_size=planner.base_patch,
+            activation_checkpointing=checkpointing,
+            accumulate_grad_batches=accumulate,
+        )
+        return flops / (batch_size * accumulate)
 
-def _candidate(est: MemoryEstimate) -> str:
-    """An estimate's setting and what it needs, as the refusal names it."""
-    k = est.accumulate_grad_batches
-    batch = f"{k} micro-batches of {est.batch_size}" if k > 1 else f"batch {est.batch_size}"
-    return (
-        f"{est.process_total / MIB:,.1f} MiB at {batch} of {'x'.join(map(str, est.patch_size))}, "
-        f"activation_checkpointing={_key(est.activation_checkpointing)}"
-    )
+    reference = per_sample(batch, configured, planner.accumulate)
+    flops = None
+    if choice.estimate is not None:
+        flops = per_sample(choice.batch_size, choice.checkpointing, planner.accumulate) / reference
+    for b in sorted((d for d in range(1, batch) if batch % d == 0), reverse=True):
+        accumulate = planner.accumulate * batch // b
+        est = planner.fitting(b, planner.base_patch, configured, accumulate)
+        if est is not None:
+            micro = {
+                "batch_size": b,
+                "accumulate_grad_batches": accumulate,
+                "overrides": [
+                    f"data.batch_size={b}",
+                    f"trainer.accumulate_grad_batches={accumulate}",
+                ],
+                "estimate": est.to_dict(),
+                "total_within_budget": est.total_within(planner.budget),
+                "flops_per_sample": per_sample(b, configured, accumulate) / reference,
+            }
+            return micro, flops
+    return None, flops
 
 
 def _least(estimates: Sequence[MemoryEstimate]) -> str:
-    return least([(_candidate(e), e.process_total) for e in estimates])
-
-
-def _overrides(choice: _Choice, search: str, configured: Any) -> list[str]:
-    """The command-line overrides that set what ``choice`` found."""
-    if choice.estimate is None:
-        return []
-    if search == "batch":
-        overrides = [f"data.batch_size={choice.batch_size}"]
-    else:
-        overrides = [f"data.patch_size=[{','.join(map(str, choice.patch))}]"]
-    if _key(choice.checkpointing) != _key(configured):
-        overrides.append(f"model.activation_checkpointing={_key(choice.checkpointing)}")
-    return overrides
-
-
-def fit_step(
-    cfg: DictConfig,
-    budget: int,
-    search: str = "batch",
-    checkpointing_options: Sequence[Any] | str | None = "auto",
-    max_batch_size: int = 256,
-    as_configured: MemoryEstimate | None = None,
-) -> StepFit:
-    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
-
-    ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
-    network adapter's). ``search=batch``: the largest batch with the configured checkpointing;
-    when that is smaller than the configured batch, the options are tried cheapest first and the
-    first that fits the configured batch is taken (else the one that fits the largest batch);
-    when no batch fits with any option, nor micro-batches, loss checkpointing and then a smaller
-    patch at the configured batch (:func:`shrunk_patches`). ``search=patch``: the largest patch
-    at the configured batch, with the configured checkpointing or, if no patch fits with it,
-    the first option with which one does. When the parameters, gradients and optimizer state
-    alone are over the budget nothing is searched (``resident``, ``tried`` say so).
-    """
-    if search not in ("batch", "patch"):
-        raise ValueError(f"search={search}: must be batch or patch")
-    planner = Planner(cfg, budget, max_batch_size)
-    if as_configured is not None:
-        planner.remember(as_configured)
-    configured = plain(cfg.model.get("activation_checkpointing", "none"))
-    tried = checkpointing_choices(cfg, checkpointing_options)
-    options = [configured] + [o for o in tried if _key(o) != _key(configured)]
-    batch = int(cfg.data.batch_size)
-    now = planner.estimate(batch, planner.base_patch, configured)
-    resident, parts = resident_bytes(now)
-    if resident > budget:
-        return StepFit(
-            budget=budget,
-            search=search,
-            fits_as_configured=False,
-            batch_size=None,
-            patch_size=None,
-            activation_checkpointing=None,
-            overrides=[],
-            estimate=None,
-            total_within_budget=None,
-            next_step_estimate=None,
-            tried=[parts],
-            resident=resident,
-        )
-    fits_now = now.fits(budget)
-    if search == "batch":
-        choice = _search_batch(planner, options, batch)
-    else:
-        choice = _search_patch(planner, options, cfg)
-    micro, flops = None, None
-    if search == "batch" and not fits_now:
-        micro, flops = _micro_batching(planner, choice, batch, configured)
-    steps: list[str] = []
-    fallback, extra = None, []
-    if search == "batch" and choice.estimate is None and micro is None:
-        choice, fallback, extra = _fallback(planner, options, batch, cfg, steps)
-    log.info("Planner: %d estimates", planner.estimates)
-    est, next_est = choice.estimate, choice.next_estimate
-    overrides = _overrides(choice, search, configured)
-    if fallback == "a smaller patch" and est is not None:
-        overrides.insert(1, f"data.patch_size={_listed(choice.patch)}")
-        # what the network's constructor takes of the patch moves with it (UNETR's img_size)
-        sized = adapter_for(str(cfg.model.net._target_)).sized_for(cfg.model.net, choice.patch)
-        overrides += [f"model.net.{name}={_listed(value)}" for name, value in sized.items()]
-    return StepFit(
-        budget=budget,
-        search=search,
-        fits_as_configured=fits_now,
-        batch_size=choice.batch_size,
-        patch_size=choice.patch if est is not None else None,
-        activation_checkpointing=choice.checkpointing,
-        overrides=overrides + (extra if est is not None else []),
-        estimate=est.to_dict() if est else None,
-        total_within_budget=est.total_within(budget) if est else None,
-        next_step_estimate=next_est.to_dict() if next_est else None,
-        largest_batch_by_checkpointing=choice.largest,
-        flops_per_sample=flops,
-        micro_batching=micro,
-        tried=steps,
-        resident=resident,
-        fallback=fallback if est is not None else None,
-    )
+    """The estimate that needs the fewest bytes, with its setting, as the refusal names it."""
+    named = []
+    for e in estimates:
+        k = e.accumulate_grad_batches
+        batch = f"{k} micro-batches of {e.batch_size}" if k > 1 else f"batch {e.batch_size}"
+        shape = "x".join(map(str, e.patch_size))
+        checkpointing = written(e.activation_checkpointing)
+        text = f"at {batch} of {shape}, activation_checkpointing={checkpointing}"
+        named.append((f"{e.process_total / MIB:,.1f} MiB {text}", e.process_total))
+    return least(named)
 
 
 def _fallback(
-    planner: Planner, options: Sequence[Any], batch: int, cfg: DictConfig, steps: list[str]
+    planner: Planner, options: Sequence[Any], batch: int, steps: list[str]
 ) -> tuple[_Choice, str | None, list[str]]:
     """No batch fits with any checkpointing option, nor micro-batches: loss checkpointing, then
     a smaller patch. Appends what each lever tried to ``steps``; returns the choice, the lever
     that found it and the overrides it adds beyond batch, patch and checkpointing."""
-    settings = ", ".join(_key(o) for o in options)
+    settings = ", ".join(written(o) for o in options)
     steps.append(
         f"batch 1 to {planner.max_batch_size} and micro-batches with activation_checkpointing "
         f"{settings} ({_least(planner.estimates_made(base_patch=True))})"
@@ -566,10 +439,8 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        # searched only where it lowers the step: the loss is the forward's last call and the
-        # backward's first, so its recomputation re-creates what it saves at once, with every
-        # activation still held, and the checkpoint keeps its input (the logits) besides. One
-        # estimate says whether it lowers this step at all
+        # searched only where one estimate shows it lowering the step: the loss is the forward's
+        # last call and the backward's first, so it recomputes at once what it saved
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
         without = planner.estimate(batch, planner.base_patch, heaviest)
@@ -588,13 +459,13 @@ def _fallback(
                 "model.checkpoint_loss=true, not searched: it does not lower the step "
                 f"({_least([with_loss])}; {without.process_total / MIB:,.1f} MiB without it)"
             )
-    divisor = patch_divisor(cfg)
+    divisor = patch_divisor(planner.cfg)
     choice = _search_smaller_patch(patch_planner, options, batch, divisor)
     smallest = planner.smaller_patches(divisor)
     lowest = "x".join(map(str, smallest[-1])) if smallest else "none smaller"
     steps.append(
         f"smaller patches at batch {batch} (one side a multiple of {list(divisor)} smaller at a "
-        f"time, down to {lowest}) with activation_checkpointing={_key(options[-1])}"
+        f"time, down to {lowest}) with activation_checkpointing={written(options[-1])}"
         f"{' and model.checkpoint_loss=true' if extra else ''} "
         f"({_least(patch_planner.estimates_made(base_patch=False))})"
     )
@@ -603,37 +474,68 @@ def _fallback(
     return choice, None, []
 
 
-def _micro_batching(
-    planner: Planner, choice: _Choice, batch: int, configured: Any
-) -> tuple[dict[str, Any] | None, float | None]:
-    """The micro-batching answer for a configured ``batch`` that does not fit, and the FLOPs per
-    sample of ``choice`` relative to the configured step's.
+def fit_step(
+    cfg: DictConfig,
+    budget: int,
+    search: str = "batch",
+    checkpointing_options: Sequence[Any] | str | None = "auto",
+    max_batch_size: int = 256,
+    as_configured: MemoryEstimate | None = None,
+) -> StepFit:
+    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
 
-    Step time is estimated from FLOPs: micro-batches do the same FLOPs per sample as the whole
-    batch (a ratio of 1.0; what they lose is kernel efficiency at small batches, which FLOPs do
-    not show), checkpointing adds its recomputation's. Where the GPU runs near its peak rate,
-    time per sample follows FLOPs per sample.
-    """
-    reference = planner.flops_per_sample(batch, configured, planner.accumulate)
-    flops = None
-    if choice.estimate is not None:
-        per_sample = planner.flops_per_sample(
-            choice.batch_size, choice.checkpointing, planner.accumulate
-        )
-        flops = per_sample / reference
-    found = planner.micro_batching(batch, configured)
-    if found is None:
-        return None, flops
-    b, accumulate, est = found
-    micro = {
-        "batch_size": b,
-        "accumulate_grad_batches": accumulate,
-        "overrides": [f"data.batch_size={b}", f"trainer.accumulate_grad_batches={accumulate}"],
-        "estimate": est.to_dict(),
-        "total_within_budget": est.total_within(planner.budget),
-        "flops_per_sample": planner.flops_per_sample(b, configured, accumulate) / reference,
-    }
-    return micro, flops
+    ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
+    network adapter's). ``search=batch``: the first option with which the configured batch
+    fits, else the one that fits the largest batch, and where the configured batch does not fit,
+    micro-batches (:func:`_micro_batching`); where nothing does, :func:`_fallback`.
+    ``search=patch``: the largest patch at the configured batch with the first option with
+    which one fits. Where the resident state alone is over the budget nothing is searched
+    (``resident``, ``tried`` say so)."""
+    if search not in ("batch", "patch"):
+        raise ValueError(f"search={search}: must be batch or patch")
+    planner = Planner(cfg, budget, max_batch_size)
+    if as_configured is not None:
+        planner.remember(as_configured)
+    configured = plain(cfg.model.get("activation_checkpointing", "none"))
+    tried = checkpointing_choices(cfg, checkpointing_options)
+    options = [configured] + [o for o in tried if written(o) != written(configured)]
+    batch = int(cfg.data.batch_size)
+    now = planner.estimate(batch, planner.base_patch, configured)
+    resident, parts = resident_bytes(now)
+    if resident > budget:
+        return StepFit(budget, search, False, tried=[parts], resident=resident)
+    fit = StepFit(budget, search, now.fits(budget), resident=resident)
+    extra: list[str] = []
+    if search == "patch":
+        choice = _search_patch(planner, options, patch_divisor(cfg))
+    else:
+        choice = _search_batch(planner, options, batch)
+        if not fit.fits_as_configured:
+            fit.micro_batching, fit.flops_per_sample = _micro_batching(
+                planner, choice, batch, configured
+            )
+        if choice.estimate is None and fit.micro_batching is None:
+            choice, fit.fallback, extra = _fallback(planner, options, batch, fit.tried)
+    log.info("Planner: %d estimates", len(planner._cache))
+    fit.largest_batch_by_checkpointing = choice.largest
+    est = choice.estimate
+    if est is None:
+        return fit
+    fit.batch_size, fit.patch_size = choice.batch_size, choice.patch
+    fit.activation_checkpointing = choice.checkpointing
+    fit.estimate, fit.total_within_budget = est.to_dict(), est.total_within(budget)
+    fit.next_step_estimate = choice.next_estimate.to_dict() if choice.next_estimate else None
+    fit.overrides = [] if search == "patch" else [f"data.batch_size={choice.batch_size}"]
+    if search == "patch" or fit.fallback == "a smaller patch":
+        fit.overrides.append(f"data.patch_size={written(choice.patch)}")
+    if written(choice.checkpointing) != written(configured):
+        fit.overrides.append(f"model.activation_checkpointing={written(choice.checkpointing)}")
+    if fit.fallback == "a smaller patch":
+        # what the network's constructor takes of the patch moves with it (UNETR's img_size)
+        sized = adapter_for(str(cfg.model.net._target_)).sized_for(cfg.model.net, choice.patch)
+        fit.overrides += [f"model.net.{name}={written(value)}" for name, value in sized.items()]
+    fit.overrides += extra
+    return fit
 
 
 @dataclass
@@ -664,12 +566,6 @@ def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> Ba
     found, _ = planner.largest_batch(checkpointing)
     if found < max_batch_size:
         planner.estimate(found + 1, planner.base_patch, checkpointing)
-    made = [
-        e
-        for e in planner.estimates_made(base_patch=True)
-        if _key(e.activation_checkpointing) == _key(checkpointing)
-        and e.accumulate_grad_batches == planner.accumulate
-    ]
     rows = [
         {
             "batch_size": e.batch_size,
@@ -679,6 +575,6 @@ def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> Ba
             "with_margin": e.total_within(budget) or planned_total(e),
             "fits": e.fits(budget),
         }
-        for e in sorted(made, key=lambda e: e.batch_size)
+        for e in sorted(planner.estimates_made(base_patch=True), key=lambda e: e.batch_size)
     ]
     return BatchSearch(budget=budget, batch_size=found, rows=rows)

@@ -1,9 +1,9 @@
-"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report.
+"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report; its charts
+sent to TensorBoard and W&B at fit end (:func:`log_memory_charts`).
 
-Phases of one training step (Lightning's automatic optimization): ``fwd`` (batch start ->
-``on_before_backward``: forward and loss), ``bwd`` (-> ``on_after_backward``) and ``opt``
-(-> batch end: optimizer step, zero_grad). Each phase's peak is read and the peak
-counter reset at the phase boundary, so ``mem/peak_<phase>_mib`` is that phase's own peak.
+Phases of one training step: ``fwd`` (batch start -> ``on_before_backward``: forward and loss),
+``bwd`` (-> ``on_after_backward``), ``opt`` (-> batch end). The peak counter is read and reset
+at each boundary, so ``mem/peak_<phase>_mib`` is that phase's own peak.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from volseg.memory.estimate.layers import LayerTrace
-from volseg.memory.monitor.charts import plot_timeline
+from volseg.memory.monitor.charts import plot_timeline, png_as_rgb
 from volseg.memory.monitor.oom_report import category_bytes, oom_report
 from volseg.memory.monitor.readers import (
     HostMemoryReader,
@@ -25,6 +26,7 @@ from volseg.memory.monitor.readers import (
     make_reader,
     set_mmap_threshold,
 )
+from volseg.utils.loggers import loggers_of
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,8 @@ class MemoryMonitor(Callback):
     +callbacks.memory_monitor.output_dir=DIR``), it logs the prediction's peaks (all volumes)
     and writes them to ``DIR/prediction_memory.json`` (bytes).
 
-    On CUDA the numbers come from the caching allocator, and ``mem/host_rss_mib`` holds the
-    process's resident host memory next to them; on a CPU all come from the process's resident
-    memory (host memory, labelled so in the log and in ``summary.json``).
+    On CUDA the numbers come from the caching allocator, with the process's resident host memory
+    as ``mem/host_rss_mib``; on a CPU all are the resident set (labelled host memory).
 
     Args:
         output_dir: run dir for ``memory_timeline.png``, ``memory_layers.{csv,png}`` and snapshots.
@@ -95,16 +96,13 @@ class MemoryMonitor(Callback):
         self.placed_readers: dict[str, Any] = {}
         self.history: list[dict[str, float]] = []
         self.val_history: list[dict[str, float]] = []  # one row per validation (not sanity's)
-        self._val_start: MemoryReading | None = None
-        self._predict_start: MemoryReading | None = None
+        self._inference_start: MemoryReading | None = None  # a validation's or the prediction's
         self._active = False
         self._start: MemoryReading | None = None
         self._phase_peaks: dict[str, MemoryReading] = {}
         self._trace: LayerTrace | None = None
         self._snapshot_until: int | None = None
-        self.layer_rows: list[dict[str, Any]] = []
 
-    # -- set-up ---------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -125,17 +123,25 @@ class MemoryMonitor(Callback):
                 "Memory monitor: allocator snapshots need CUDA; skipping memory.snapshot_steps"
             )
 
-    # -- per step -------------------------------------------------------------------------
-    def _should_log(self, trainer: Trainer) -> bool:
-        return self.reader is not None and trainer.global_step % self.every_n_steps == 0
+    @staticmethod
+    def _log(trainer: Trainer, metrics: dict[str, float], step: int, history: list) -> None:
+        """Append ``metrics`` (MiB) at ``step`` to ``history``; send them to the loggers."""
+        history.append({"step": float(step), **metrics})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if self.reader is not None and self.reader.kind == "cuda" and self.snapshot_steps > 0:
-            self._maybe_start_snapshot(step)
-        self._active = self._should_log(trainer) or step == self.trace_step
+        cuda = self.reader is not None and self.reader.kind == "cuda"
+        if cuda and self.snapshot_steps > 0 and self._snapshot_until is None:
+            # from the first step of this fit (also after a resume), once per fit
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+            self._snapshot_until = step + self.snapshot_steps
+        logged = self.reader is not None and step % self.every_n_steps == 0
+        self._active = logged or step == self.trace_step
         if not self._active:
             return
         if step == self.trace_step:
@@ -170,16 +176,23 @@ class MemoryMonitor(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._snapshot_until is not None and trainer.global_step >= self._snapshot_until:
-            self._dump_snapshot(trainer.global_rank, trainer.world_size)
+            path = snapshot_path(self.output_dir, trainer.global_rank, trainer.world_size)
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._snapshot_until, self.snapshot_steps = None, 0  # once per fit
+            log.info("Allocator snapshot: %s (open it at https://pytorch.org/memory_viz)", path)
         if not self._active:
             return
         self._end_phase("opt")
         self._active = False
-        step = trainer.global_step - 1  # the step that just ran (global_step was incremented)
         if self._trace is not None:
-            self._finish_trace(trainer)
-        now = self._phase_peaks["opt"]
-        peaks = {p: self._phase_peaks[p] for p in PHASES if p in self._phase_peaks}
+            trace, self._trace = self._trace, None
+            trace.stop()
+            if trainer.is_global_zero:
+                trace.write(self.output_dir)
+        peaks = self._phase_peaks  # fwd, bwd, opt: in the order they ended
+        now = peaks["opt"]
         metrics = {
             "mem/allocated_mib": now.allocated / MIB,
             "mem/reserved_mib": now.reserved / MIB,
@@ -196,145 +209,102 @@ class MemoryMonitor(Callback):
             metrics["mem/host_rss_mib"] = HostMemoryReader().read().allocated / MIB
         for name, reader in self.placed_readers.items():  # the other part of a split network
             other = reader.read()
-            metrics[f"mem/{name}/allocated_mib"] = other.allocated / MIB
-            metrics[f"mem/{name}/reserved_mib"] = other.reserved / MIB
-            metrics[f"mem/{name}/peak_allocated_mib"] = other.peak_allocated / MIB
-        self.history.append({"step": float(step), **metrics})
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+            for key in ("allocated", "reserved", "peak_allocated"):
+                metrics[f"mem/{name}/{key}_mib"] = getattr(other, key) / MIB
+        # the step that just ran (global_step was incremented)
+        self._log(trainer, metrics, trainer.global_step - 1, self.history)
 
-    # -- validation -----------------------------------------------------------------------
+    def _start_inference(self) -> None:
+        """Whole-volume inference has a peak of its own (sliding windows, stitching buffers
+        beside what is held): the counters are reset when it begins, and read when it ends."""
+        self.reader.reset_peak()
+        self._inference_start = self.reader.read()
+
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Whole-volume validation has a peak of its own (sliding windows, stitching buffers
-        beside the training state): the counters are reset for it."""
-        self._val_start = None
-        if self.reader is None or trainer.sanity_checking:
-            return
-        self.reader.reset_peak()
-        self._val_start = self.reader.read()
+        self._inference_start = None
+        if self.reader is not None and not trainer.sanity_checking:
+            self._start_inference()
 
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # read here, not at on_validation_end: checkpoint callbacks save there (their memory is
-        # the checkpoint's, not validation's)
-        if self._val_start is None:
-            return
-        end = self.reader.read()
-        metrics = {
-            "mem/val_peak_allocated_mib": end.peak_allocated / MIB,
-            "mem/val_peak_reserved_mib": end.peak_reserved / MIB,
-            "mem/val_start_allocated_mib": self._val_start.allocated / MIB,
-        }
-        self._val_start = None
-        # the next training step resets the counters itself; between them nothing is logged
-        step = trainer.global_step
-        self.val_history.append({"step": float(step), **metrics})
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
-
-    # -- prediction (predict.py) ----------------------------------------------------------
-    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """predict.py's whole-volume inference (every volume): the counters are reset when it
-        begins (the network already on its device) and read when it ends."""
-        self.reader = make_reader(trainer.strategy.root_device)
-        if self.reader is None:
-            return
-        self.reader.reset_peak()
-        self._predict_start = self.reader.read()
-
-    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        start, self._predict_start = self._predict_start, None
+    def _end_inference(self) -> dict[str, int] | None:
+        """Bytes since :meth:`_start_inference`: ``peak_allocated``, ``peak_reserved`` and
+        ``start_allocated`` (held when it began); ``None`` where none was started."""
+        start, self._inference_start = self._inference_start, None
         if start is None:
-            return
+            return None
         end = self.reader.read()
-        figures = {
-            "device": self.reader.kind,
+        return {
             "peak_allocated": end.peak_allocated,
             "peak_reserved": end.peak_reserved,
             "start_allocated": start.allocated,
         }
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # read here, not at on_validation_end: checkpoint callbacks save there (their memory is
+        # the checkpoint's, not validation's)
+        figures = self._end_inference()
+        if figures is not None:
+            metrics = {f"mem/val_{key}_mib": nbytes / MIB for key, nbytes in figures.items()}
+            # the next training step resets the counters itself; between them nothing is logged
+            self._log(trainer, metrics, trainer.global_step, self.val_history)
+
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """predict.py's inference of every volume (the network already on its device)."""
+        self.reader = make_reader(trainer.strategy.root_device)
+        if self.reader is not None:
+            self._start_inference()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        figures = self._end_inference()
+        if figures is None:
+            return
         log.info(
             "Prediction memory (%s): peak allocated %.1f MiB, peak reserved %.1f MiB, "
             "%.1f MiB held when it began",
             self.reader.kind,
-            end.peak_allocated / MIB,
-            end.peak_reserved / MIB,
-            start.allocated / MIB,
+            *(nbytes / MIB for nbytes in figures.values()),
         )
         if trainer.is_global_zero:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             path = self.output_dir / "prediction_memory.json"
-            path.write_text(json.dumps(figures, indent=1) + "\n")
+            path.write_text(json.dumps({"device": self.reader.kind, **figures}, indent=1) + "\n")
 
-    # -- per-layer trace ------------------------------------------------------------------
-    def _finish_trace(self, trainer: Trainer) -> None:
-        trace, self._trace = self._trace, None
-        trace.stop()
-        if trainer.is_global_zero:
-            self.layer_rows = trace.write(self.output_dir)
-
-    # -- allocator snapshots (CUDA) -------------------------------------------------------
-    def _maybe_start_snapshot(self, step: int) -> None:
-        if self._snapshot_until is None:  # the first step of this fit (also after a resume)
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
-            self._snapshot_until = step + self.snapshot_steps
-
-    def _dump_snapshot(self, rank: int = 0, world: int = 1) -> None:
-        path = snapshot_path(self.output_dir, rank, world)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        self._snapshot_until, self.snapshot_steps = None, 0  # once per fit
-        log.info("Allocator snapshot: %s (open it at https://pytorch.org/memory_viz)", path)
-
-    # -- fit end --------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Peak allocated/reserved (MiB), the phase where the peak occurred, mean fragmentation."""
         if not self.history:
             return {}
+
+        def most(rows: list[dict[str, float]], key: str) -> float:
+            return round(max(r[key] for r in rows), 1)
+
         peak_row = max(self.history, key=lambda r: r["mem/peak_allocated_mib"])
         phase = max(PHASES, key=lambda p: peak_row.get(f"mem/peak_{p}_mib", float("-inf")))
-        return {
+        summary = {
             "device": self.reader.kind if self.reader else None,
             "peak_allocated_mib": round(peak_row["mem/peak_allocated_mib"], 1),
-            "peak_reserved_mib": round(max(r["mem/peak_reserved_mib"] for r in self.history), 1),
+            "peak_reserved_mib": most(self.history, "mem/peak_reserved_mib"),
             "peak_step": int(peak_row["step"]),
             "peak_phase": phase,
             "mean_fragmentation_mib": round(
                 sum(r["mem/fragmentation_mib"] for r in self.history) / len(self.history), 1
             ),
             "logged_steps": len(self.history),
-            **(
-                {
-                    "val_peak_allocated_mib": round(
-                        max(r["mem/val_peak_allocated_mib"] for r in self.val_history), 1
-                    ),
-                    "val_peak_reserved_mib": round(
-                        max(r["mem/val_peak_reserved_mib"] for r in self.val_history), 1
-                    ),
-                }
-                if self.val_history
-                else {}
-            ),
-            **(
-                {"peak_host_rss_mib": round(max(r["mem/host_rss_mib"] for r in self.history), 1)}
-                if "mem/host_rss_mib" in self.history[0]
-                else {}
-            ),
         }
+        if self.val_history:
+            for key in ("val_peak_allocated_mib", "val_peak_reserved_mib"):
+                summary[key] = most(self.val_history, f"mem/{key}")
+        if "mem/host_rss_mib" in self.history[0]:
+            summary["peak_host_rss_mib"] = most(self.history, "mem/host_rss_mib")
+        return summary
 
     def per_rank_peaks(self, trainer: Trainer) -> list[tuple[float, float]] | None:
         """``(peak allocated, peak reserved)`` MiB of every rank (rank order), gathered from all
         ranks (a collective: each calls it once at fit end); ``None`` with one process."""
         if trainer.world_size <= 1:
             return None
-        mine = [0.0, 0.0]
-        if self.history:
-            mine = [
-                max(r["mem/peak_allocated_mib"] for r in self.history),
-                max(r["mem/peak_reserved_mib"] for r in self.history),
-            ]
+        mine = [
+            max((r[f"mem/peak_{kind}_mib"] for r in self.history), default=0.0)
+            for kind in ("allocated", "reserved")
+        ]
         local = torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device)
         gathered = trainer.strategy.all_gather(local).reshape(-1, 2).cpu().tolist()
         return [(a, r) for a, r in gathered]
@@ -350,10 +320,8 @@ class MemoryMonitor(Callback):
             )
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_timeline(self.history, self.output_dir / "memory_timeline.png", self.reader.kind)
-        summary = self.summary()
-        log.info("Memory summary: %s", json.dumps(summary))
+        log.info("Memory summary: %s", json.dumps(self.summary()))
 
-    # -- out of memory --------------------------------------------------------------------
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
@@ -367,3 +335,31 @@ class MemoryMonitor(Callback):
             )
             log.error("%s", report)
             print(report, flush=True)
+
+
+# the files MemoryMonitor writes into its output_dir (timeline at fit end, layers at trace_step)
+MEMORY_CHARTS = {"mem/timeline": "memory_timeline.png", "mem/layers": "memory_layers.png"}
+
+
+def log_memory_charts(trainer: Trainer) -> dict[str, Path]:
+    """Log the memory monitor's charts that exist to TensorBoard (images) and W&B; returns them
+    by key (empty without a :class:`MemoryMonitor` among the callbacks)."""
+    monitor = next((c for c in trainer.callbacks if isinstance(c, MemoryMonitor)), None)
+    if monitor is None:
+        return {}
+    charts = {
+        key: monitor.output_dir / name
+        for key, name in MEMORY_CHARTS.items()
+        if (monitor.output_dir / name).is_file()
+    }
+    if not charts:
+        return charts
+    step = trainer.global_step
+    for logger in loggers_of(trainer, TensorBoardLogger):
+        for key, path in charts.items():
+            logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
+    for logger in loggers_of(trainer, WandbLogger):
+        import wandb
+
+        logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
+    return charts

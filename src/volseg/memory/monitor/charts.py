@@ -1,4 +1,5 @@
-"""Pictures of memory: the per-step timeline and the per-module activation bars."""
+"""Pictures of memory: the per-step timeline and the per-module activation bars, as PNGs (sent
+to TensorBoard and W&B by :func:`volseg.memory.monitor.callback.log_memory_charts`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def plot_timeline(history: list[dict[str, float]], path: Path, device_kind: str) -> Path:
@@ -21,10 +30,7 @@ def plot_timeline(history: list[dict[str, float]], path: Path, device_kind: str)
     ax.set(xlabel="training step", ylabel="MiB", title=f"Memory per training step: {where}")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_layer_bars(activations_mib: dict[str, float], path: Path) -> Path:
@@ -35,7 +41,12 @@ def plot_layer_bars(activations_mib: dict[str, float], path: Path) -> Path:
     ax.barh(names, values, color="tab:orange")
     ax.set(xlabel="activations kept for backward (MiB)", title="Activation memory by module")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def png_as_rgb(path: Path) -> np.ndarray:
+    """A PNG file as an RGB array ``(H, W, 3)`` uint8 (for TensorBoard)."""
+    picture = plt.imread(path)
+    if picture.dtype != np.uint8:
+        picture = (picture * 255).round().astype(np.uint8)
+    return picture[..., :3]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from volseg.memory.monitor.readers import MemoryReading
@@ -20,34 +22,21 @@ def category_bytes(
     module: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
 ) -> dict[str, int]:
     """Bytes held now by parameters, gradients and optimizer state."""
+
+    def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     params = list(module.parameters())
-    state = [
-        t
-        for opt in optimizers
-        for per_param in opt.state.values()
-        for t in per_param.values()
-        if isinstance(t, torch.Tensor)
-    ]
+    state = (t for opt in optimizers for s in opt.state.values() for t in s.values())
     return {
-        "params": sum(p.numel() * p.element_size() for p in params),
-        "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
-        "optimizer_state": sum(t.numel() * t.element_size() for t in state),
+        "params": nbytes(params),
+        "grads": nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state": nbytes(t for t in state if isinstance(t, torch.Tensor)),
     }
 
 
 #: what to try when whole-volume inference (validation, prediction) runs out of memory
 INFERENCE_LEVERS = ("Levers to try for whole-volume inference:", *lever_lines("inference"))
-
-
-def _now_lines(reader) -> list[str]:
-    """The allocator's counters at the failure (none without a reader)."""
-    if reader is None:
-        return []
-    now = reader.read()
-    return [
-        f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
-        f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
-    ]
 
 
 def oom_report(
@@ -63,9 +52,17 @@ def oom_report(
     ``stage``: Lightning's running stage (``train``, ``sanity_check``, ``validate``, ``test``,
     ``predict``); outside training the phases of the last training step are not the failure's.
     """
+    names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
+    inference = f"{names.get(stage, stage)} (sliding-window inference)"
+    lines = [f"CUDA out of memory in {'a training step' if stage == 'train' else inference}."]
+    now = reader.read() if reader is not None else None
+    if now is not None:
+        lines.append(
+            f"  now: allocated {now.allocated / MIB:.0f} MiB, reserved {now.reserved / MIB:.0f} "
+            f"MiB, peak allocated {now.peak_allocated / MIB:.0f} MiB"
+        )
     if stage != "train":
-        return _inference_oom_report(reader, stage)
-    lines = ["CUDA out of memory in a training step.", *_now_lines(reader)]
+        return "\n".join([*lines, *INFERENCE_LEVERS])
     if start is not None:
         lines.append(f"  at step start: allocated {start.allocated / MIB:.0f} MiB")
     done = ", ".join(f"{p} peak {r.peak_allocated / MIB:.0f} MiB" for p, r in phase_peaks.items())
@@ -82,20 +79,10 @@ def oom_report(
         held = sum(categories.values())
         parts = ", ".join(f"{k} {v / MIB:.0f} MiB" for k, v in categories.items())
         lines.append(f"  by category: {parts}")
-        if reader is not None:
-            rest = max(reader.read().peak_allocated - held, 0)
+        if now is not None:
+            rest = max(now.peak_allocated - held, 0)
             lines.append(
                 f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB"
             )
     lines.extend(LEVERS)
-    return "\n".join(lines)
-
-
-def _inference_oom_report(reader, stage: str) -> str:
-    names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
-    lines = [
-        f"CUDA out of memory in {names.get(stage, stage)} (sliding-window inference).",
-        *_now_lines(reader),
-        *INFERENCE_LEVERS,
-    ]
     return "\n".join(lines)

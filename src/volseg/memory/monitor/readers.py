@@ -1,8 +1,7 @@
 """Reading memory counters: the CUDA caching allocator, or the process's resident memory on a CPU.
 
-Both readers give bytes with the same meaning for the monitor: ``allocated`` (live tensors;
-on a CPU the resident set), ``reserved`` (held by the allocator; on a CPU the same resident set),
-their peaks since the last :meth:`reset_peak`, and allocator retry/OOM counters (CUDA only).
+Both give bytes: ``allocated`` (live tensors), ``reserved`` (held by the allocator; on a CPU both
+are the resident set), their peaks since the last ``reset_peak``, retries and OOMs (CUDA only).
 """
 
 from __future__ import annotations
@@ -58,11 +57,8 @@ class CudaMemoryReader:
 def _status_bytes(*fields: str) -> dict[str, int]:
     """Fields of /proc/self/status (reported in kB), in bytes, from one read of the file."""
     text = Path("/proc/self/status").read_text()
-    values = {}
-    for field in fields:
-        match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-        values[field] = int(match.group(1)) * 1024 if match else 0
-    return values
+    found = {name: re.search(rf"^{name}:\s+(\d+) kB", text, re.M) for name in fields}
+    return {name: int(m.group(1)) * 1024 if m else 0 for name, m in found.items()}
 
 
 def set_mmap_threshold(threshold_bytes: int) -> bool:
@@ -78,11 +74,8 @@ def set_mmap_threshold(threshold_bytes: int) -> bool:
 
 
 class HostMemoryReader:
-    """The process's resident memory from /proc (Linux): VmRSS, and VmHWM for the peak.
-
-    The peak is reset by writing ``5`` to ``/proc/self/clear_refs``. Host memory has no
-    allocator cache in the CUDA sense: ``reserved`` equals ``allocated`` (the resident set).
-    """
+    """The process's resident memory from /proc (Linux): VmRSS, and VmHWM for the peak (reset
+    by writing ``5`` to ``/proc/self/clear_refs``); ``reserved`` equals ``allocated``."""
 
     kind = "host"
 
