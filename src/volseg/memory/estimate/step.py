@@ -283,28 +283,21 @@ def build_training_step(
     cfg: DictConfig,
     device: str,
     batch_size: int | None = None,
-    patch_size: Sequence[int] | None = None,
     activation_checkpointing: Any = None,
     fake_mode: FakeTensorMode | None = None,
-    accumulate_grad_batches: int | None = None,
 ) -> TrainingStep:
-    """``cfg``'s training step for ``device`` as ``train.py`` builds it; the other arguments
-    override the config's keys of the same names."""
+    """``cfg``'s training step for ``device`` as ``train.py`` builds it; ``batch_size`` and
+    ``activation_checkpointing`` override the config's."""
     precision = planned_precision(cfg)
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         if batch_size is not None:
             cfg.data.batch_size = int(batch_size)
-        if patch_size is not None:
-            cfg.data.patch_size = [int(p) for p in patch_size]
         if activation_checkpointing is not None:
             cfg.model.activation_checkpointing = activation_checkpointing
         # compiling changes kernels, not what the step keeps: not run on fake tensors
         cfg.model.compile = False
-    loop = LoopSettings.from_config(cfg.trainer)
-    if accumulate_grad_batches is not None:
-        loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
-    loop = replace(loop, zero_grad=zero_grad_setting(cfg))
+    loop = replace(LoopSettings.from_config(cfg.trainer), zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     return module_training_step(
         build_model(cfg),
