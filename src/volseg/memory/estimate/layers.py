@@ -65,10 +65,7 @@ class LayerTrace:
     """Trace one training step: ``start()`` at batch start, ``stop()`` at batch end, ``write()``."""
 
     def __init__(
-        self,
-        module: nn.Module,
-        optimizers: Iterable[torch.optim.Optimizer],
-        batch: Any,
+        self, module: nn.Module, optimizers: Iterable[torch.optim.Optimizer], batch: Any
     ) -> None:
         self.module = module
         self.tracker = ClosureMemTracker()
