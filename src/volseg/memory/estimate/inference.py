@@ -104,12 +104,11 @@ def stitching_bytes(
     roi_size: Sequence[int],
     num_classes: int,
     itemsize: int = 4,
-    batch: int = 1,
 ) -> int:
-    """MONAI's stitched output ``(B, K, D, H, W)``, count map ``(1, 1, D, H, W)`` (the volume
+    """MONAI's stitched output ``(1, K, D, H, W)``, count map ``(1, 1, D, H, W)`` (the volume
     padded to the window) and one window's importance map."""
     padded = math.prod(max(int(v), int(r)) for v, r in zip(volume_shape, roi_size, strict=True))
-    return (batch * num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
+    return (num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
 
 
 def _importance_map(patch_size, mode="constant", sigma_scale=0.125, device="cpu", dtype=None):  # noqa: ANN001, ANN202
@@ -231,11 +230,6 @@ def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
     )
 
 
-def _host_device(device: str) -> str:
-    """Where host memory lives in the trace: ``meta`` (not in the ledger) for a CUDA estimate."""
-    return "meta" if device == "cuda" else "cpu"
-
-
 def whole_volume(volume_shape: Sequence[int]) -> list[int]:
     """A volume's ``[D, H, W]`` as ints; anything else is one error naming memory.val_shape."""
     shape = [int(v) for v in volume_shape]
@@ -265,7 +259,7 @@ class Phase:
         windows = _CountedWindows(real, tracker)
         real_device = real.device
         if self.stitch == "host":
-            real.device = _host_device(self.device)
+            real.device = "meta" if self.device == "cuda" else "cpu"
         module.inferer = windows
         module.eval()
         try:
@@ -375,7 +369,7 @@ def estimate_prediction(
     device, mode, step = fake_step(cfg)
     module = step.module
     classes = int(module.num_classes)
-    host = _host_device(device)
+    host = "meta" if device == "cuda" else "cpu"  # host memory: not in a CUDA ledger
     # the predictor holds the module and shares its inferer (the trace swaps it in the module)
     predictor = VolumePredictor(module, module.inferer, classes, flip_axes, stitch="device")
     target = torch.device(host if stitch == "host" else "cpu")

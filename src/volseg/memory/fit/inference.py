@@ -1,12 +1,6 @@
 """Fit whole-volume inference to a memory budget: validation inside a planned run
-(:func:`fit_validation`) and where ``predict.py`` stitches each volume (:func:`plan_stitching`).
-
-Validation's levers (docs/memory.md, "Validation's levers"), cheapest in time first, each only
-where those before found nothing: fewer windows at once, host stitching (CUDA only: on a CPU the
-host is the device), smaller windows (shrunk as the step's smaller patch, each with the most
-windows at once that fit, up to the configured window batch's voxels, largest first). Every
-setting is a :class:`~volseg.memory.estimate.engine.Variant` of the planned run, asked of the
-engine; a refusal names each lever tried with the least it needed.
+(:func:`fit_validation`; its levers: docs/memory.md, "Validation's levers") and where
+``predict.py`` stitches each volume (:func:`plan_stitching`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The training step that fits a memory budget (:func:`fit_step`): the largest batch or patch,
-the activation checkpointing it needs, or micro-batches that add up to the configured batch;
-past those, loss checkpointing and a smaller patch. The levers' order and why: docs/memory.md,
-"The training step's levers". Every candidate is one estimate
-(:func:`volseg.memory.estimate.engine.estimate`), made once, each search starting from a linear
-guess (activations grow with batch and patch voxels); time is FLOPs per sample
-(:func:`volseg.memory.estimate.engine.step_flops`) against the configured step's.
+"""The training step that fits a memory budget (:func:`fit_step`); the levers' order and why:
+docs/memory.md, "The training step's levers". Every candidate is one estimate, made once; time
+is FLOPs per sample against the configured step's.
 """
 
 from __future__ import annotations
