@@ -368,11 +368,8 @@ def _search_smaller_patch(
 def _micro_batching(
     planner: Planner, choice: _Choice, batch: int, configured: Any
 ) -> tuple[dict[str, Any] | None, float | None]:
-    """For a configured ``batch`` that does not fit: the largest micro-batch ``b`` that divides
-    it and fits with ``accumulate_grad_batches`` raised ``batch / b`` times (``None``: not even
-    1), and ``choice``'s FLOPs per sample over the configured step's. Time follows FLOPs per
-    sample (near the GPU's peak rate): micro-batches keep it (1.0; the kernel efficiency they
-    lose FLOPs do not show), checkpointing adds its recomputation's."""
+    """For a configured ``batch`` that does not fit: the largest micro-batch that divides it and
+    fits (``None``: not even 1), and ``choice``'s FLOPs per sample over the configured step's."""
 
     def per_sample(batch_size: int, checkpointing: Any, accumulate: int) -> float:
         """FLOPs of one optimizer step at the configured patch, per sample of the step."""
@@ -424,9 +421,8 @@ def _least(estimates: Sequence[MemoryEstimate]) -> str:
 def _fallback(
     planner: Planner, options: Sequence[Any], batch: int, steps: list[str]
 ) -> tuple[_Choice, str | None, list[str]]:
-    """No batch fits with any checkpointing option, nor micro-batches: loss checkpointing, then
-    a smaller patch. Appends what each lever tried to ``steps``; returns the choice, the lever
-    that found it and the overrides it adds beyond batch, patch and checkpointing."""
+    """Loss checkpointing, then a smaller patch, each tried appended to ``steps``; the choice, the
+    lever that found it and the overrides it adds beyond batch, patch and checkpointing."""
     settings = ", ".join(written(o) for o in options)
     steps.append(
         f"batch 1 to {planner.max_batch_size} and micro-batches with activation_checkpointing "
@@ -435,8 +431,7 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        # searched only where one estimate shows it lowering the step: the loss is the forward's
-        # last call and the backward's first, so it recomputes at once what it saved
+        # searched only where one estimate shows it lowering the step (docs/memory.md)
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
         without = planner.estimate(batch, planner.base_patch, heaviest)
@@ -478,15 +473,9 @@ def fit_step(
     max_batch_size: int = 256,
     as_configured: MemoryEstimate | None = None,
 ) -> StepFit:
-    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
-
-    ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
-    network adapter's). ``search=batch``: the first option with which the configured batch
-    fits, else the one that fits the largest batch, and where the configured batch does not fit,
-    micro-batches (:func:`_micro_batching`); where nothing does, :func:`_fallback`.
-    ``search=patch``: the largest patch at the configured batch with the first option with
-    which one fits. Where the resident state alone is over the budget nothing is searched
-    (``resident``, ``tried`` say so)."""
+    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made), by the
+    training step's levers of docs/memory.md (``search=batch``), or the largest patch at the
+    configured batch (``search=patch``); ``checkpointing_options``: least recomputation first."""
     if search not in ("batch", "patch"):
         raise ValueError(f"search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)
@@ -536,10 +525,8 @@ def fit_step(
 
 @dataclass
 class BatchSearch:
-    """``data.batch_size=auto``'s answer: the largest batch at the configured patch and levers
-    that fits ``budget`` bytes (0: none does), and every batch the search estimated, ascending,
-    as ``{batch_size, peak_allocated, process_total, with_margin, fits}`` (bytes; ``with_margin``
-    is what the planner counts against the budget, the margin included)."""
+    """``data.batch_size=auto``'s answer: the largest batch that fits ``budget`` bytes (0: none),
+    and a row (bytes) per batch the search estimated, ascending."""
 
     budget: int
     batch_size: int
@@ -550,10 +537,8 @@ class BatchSearch:
 
 
 def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> BatchSearch:
-    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step, at its patch,
-    checkpointing and accumulation, whose estimate fits ``budget`` bytes: found from estimates
-    on fake tensors (a linear guess, then a walk: :meth:`Planner.largest_batch`), no trial step;
-    the batch after it is estimated too, so that the table shows where it stops fitting."""
+    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step whose estimate fits
+    ``budget`` bytes; the batch after it is estimated too, to show where it stops fitting."""
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.data.batch_size = 1  # each estimate sets its own batch
