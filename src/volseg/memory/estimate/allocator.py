@@ -157,8 +157,6 @@ class CachingAllocatorModel:
     def _fits(self, nbytes: int) -> bool:
         return self.capacity is None or self.reserved + nbytes <= self.capacity
 
-    # -- malloc ---------------------------------------------------------------------------
-
     def malloc(self, handle: int, nbytes: int) -> None:
         """Allocate ``nbytes`` for the caller's ``handle`` (e.g. a storage id)."""
         size = round_size(nbytes)
@@ -234,8 +232,6 @@ class CachingAllocatorModel:
         self._reserve(nbytes)
         return block
 
-    # -- expandable segments --------------------------------------------------------------
-
     def _expand(self, size: int, small: bool) -> _Block | None:
         """``try_allocate_expandable_block``: the lowest address of the pool's segment where a
         free block and the unmapped room after it (or unmapped room alone) hold ``size`` bytes;
@@ -287,8 +283,6 @@ class CachingAllocatorModel:
         self._insert_free(block)
         self._reserve(mapped)
         return block
-
-    # -- free and release -----------------------------------------------------------------
 
     def free(self, handle: int) -> None:
         """Return the block of ``handle`` to the cache, merged with free neighbours."""

@@ -331,9 +331,8 @@ class CudnnWorkspace:
         return tuple(min(size, self.limit) for size in sizes if min(size, self.limit) > 0)
 
     def _trilinear_backward(self, grad: Any, grad_input: Any) -> tuple[tuple[int, ...], ...]:
-        """``upsample_trilinear3d_backward`` (``UpSampleTrilinear3d.cu``) runs on contiguous
-        copies of the gradient (a concatenation's channel slice: contiguous only for NCDHW maps
-        of a batch of one) and, channels-last, of the input's gradient, both held through it."""
+        """``upsample_trilinear3d_backward`` runs on contiguous copies of the gradient (a
+        concatenation's channel slice) and, channels-last, of the input's gradient."""
         copies = []
         if self.channels_last or not grad.is_contiguous():
             copies.append(_bytes(grad))
