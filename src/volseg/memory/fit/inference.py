@@ -240,11 +240,8 @@ def plan_stitching(
     estimator: Callable[..., InferenceEstimate] | None = None,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device
-    where the estimate fits ``limit`` bytes there, else on the host (``cfg``: the planned
-    config with the prediction's inferer as ``model.inferer``). A smaller volume needs no more
-    than a larger one, so the shapes are bisected by voxels. On a CPU, or with predict.py's own
-    ``stitch=device``/``host``, only the largest is estimated (for the log); a GPU run without
-    a limit plans nothing (``stitch=auto`` decides per volume at run time)."""
+    where the estimate fits ``limit`` bytes there, else on the host, the shapes bisected by
+    voxels. On a CPU, or with ``stitch=device``/``host``, only the largest is estimated."""
     estimator = estimator or estimate_prediction
     plan = StitchPlan(device, limit, source)
     ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)

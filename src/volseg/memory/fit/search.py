@@ -24,12 +24,8 @@ def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
 def largest_fitting(
     fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
 ) -> tuple[int, Found | None]:
-    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
-    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
-
-    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
-    costs two estimates.
-    """
+    """Largest ``n`` in ``[lo, hi]`` for which the monotone ``fits(n)`` gives an estimate
+    (``(lo - 1, None)`` when ``lo`` does not): doubling steps from ``guess``, then bisection."""
     found: dict[int, Found | None] = {}
 
     def ok(n: int) -> bool:

@@ -62,10 +62,8 @@ def _status_bytes(*fields: str) -> dict[str, int]:
 
 
 def set_mmap_threshold(threshold_bytes: int) -> bool:
-    """Make glibc serve allocations above ``threshold_bytes`` with mmap, and return them to the
-    OS when freed, so resident memory follows tensor allocations (fixing the threshold also
-    stops glibc from raising it dynamically). Returns whether it took effect.
-    """
+    """Make glibc serve allocations above ``threshold_bytes`` with mmap, so that resident memory
+    follows tensor allocations; whether it took effect."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
