@@ -2,12 +2,10 @@
 ledger's allocations and frees replayed to the peak of reserved memory.
 
 Requests are rounded up to 512 bytes and served best fit from a small (≤ 1 MiB) or a large pool;
-a freed block merges with its free neighbours and stays cached. Segments are one ``cudaMalloc``
-each (2 MiB small, 20 MiB large, or a large request rounded up to 2 MiB), or with
-``expandable_segments`` one per pool that grows by mapping pages. ``max_split_size_mb`` limits
-which cached blocks a request takes and which are split. Under a capacity, a request that does
-not fit first releases the free cached memory, as the real allocator does before out-of-memory.
-Not modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold``, other streams.
+a freed block merges with its free neighbours and stays cached; with ``expandable_segments``
+each pool is one segment that grows by mapping pages. Under a capacity, a request that does not
+fit first releases the free cached memory, as the real allocator does before out-of-memory. Not
+modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold``, other streams.
 """
 
 from __future__ import annotations

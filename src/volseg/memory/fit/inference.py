@@ -42,9 +42,8 @@ def margin_note(est: InferenceEstimate) -> str:
 
 @dataclass
 class InferenceFit:
-    """The answer for one budget: ``overrides`` (config key -> value), ``reasons`` (config key
-    -> why), ``estimate`` (the planned validation's; ``None``: nothing tried fits), ``tried``
-    (each setting estimated, with its process total, in order)."""
+    """The answer for one budget: ``overrides`` and ``reasons`` by config key, ``estimate``
+    (``None``: nothing tried fits) and ``tried`` (each lever, with the least it needed)."""
 
     estimate: InferenceEstimate | None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -64,9 +63,8 @@ def fit_validation(
     estimator: Callable[[Variant], InferenceEstimate],
     smaller_windows: bool = True,
 ) -> InferenceFit:
-    """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
-    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit; ``estimator``:
-    the engine's validation of the run with a :class:`Variant`'s keys changed.
+    """The cheapest validation settings of ``cfg`` that fit ``budget`` bytes for a volume whose
+    ``configured`` estimate does not; ``estimator``: the engine's, for a :class:`Variant`.
     ``smaller_windows=False`` (``train.py``) tries only what changes nothing computed."""
     device, sw0 = configured.device, configured.sw_batch_size
     roi0 = [int(r) for r in configured.roi_size]

@@ -29,9 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepFit:
-    """The planner's answer: what to set, and the estimates it rests on (bytes). Where the
-    configured batch does not fit: ``micro_batching`` (:func:`_micro_batching`), and
-    ``flops_per_sample``, the answer's FLOPs per sample over the configured step's."""
+    """The planner's answer: what to set, and the estimates it rests on (bytes);
+    ``flops_per_sample``: the answer's over the configured step's."""
 
     budget: int
     search: str
@@ -94,8 +93,7 @@ def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[in
 
 
 def patch_divisor(cfg: DictConfig) -> list[int]:
-    """Per-axis ``[D, H, W]`` divisors of a patch the network takes: the plan's
-    ``model.divisible_by``, else the network adapter's (or probed) at the configured patch."""
+    """Per-axis ``[D, H, W]`` divisors of a patch: ``model.divisible_by``, else the network's."""
     planned = plain(cfg.model.get("divisible_by"))
     if isinstance(planned, list):
         return [int(d) for d in planned]
@@ -120,9 +118,8 @@ def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
 
 
 def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
-    """What a training step holds whatever its batch, patch or checkpointing: parameters (and
-    buffers), a gradient for each parameter and the optimizer state (bytes), and those parts as
-    text (MiB)."""
+    """What a training step holds whatever its batch, patch or checkpointing (bytes), and its
+    parts as text."""
     grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
     parts = (
         ("parameters", est.params + est.buffers),
@@ -147,8 +144,7 @@ class Planner:
         max_batch_size: int = 256,
         checkpoint_loss: bool | None = None,
     ) -> None:
-        """``checkpoint_loss``: estimate with ``model.checkpoint_loss`` set so (``None``: as
-        configured)."""
+        """``checkpoint_loss``: ``model.checkpoint_loss`` (``None``: as configured)."""
         if checkpoint_loss is not None:
             cfg = copy.deepcopy(cfg)
             with open_dict(cfg):
@@ -171,8 +167,7 @@ class Planner:
         checkpointing: Any,
         accumulate: int | None = None,
     ) -> MemoryEstimate:
-        """The estimate of micro-batches of ``batch_size`` (``accumulate`` of them a step;
-        default: the configured number)."""
+        """The estimate of ``accumulate`` (default: as configured) micro-batches a step."""
         accumulate = self.accumulate if accumulate is None else accumulate
         key = (batch_size, tuple(patch_size), written(checkpointing), accumulate)
         if key not in self._cache:
@@ -211,8 +206,7 @@ class Planner:
     # -- patches --------------------------------------------------------------------------
     def config_at(self, patch: Sequence[int]) -> DictConfig:
         """The config with the network's settings that follow the patch (its adapter's
-        :meth:`~volseg.models.networks.NetworkAdapter.sized_for`, e.g. UNETR's ``img_size``)
-        set for ``patch``; the estimator sets ``data.patch_size`` itself."""
+        ``sized_for``, e.g. UNETR's ``img_size``) set for ``patch``."""
         key = tuple(int(p) for p in patch)
         if list(key) == self.base_patch:
             return self.cfg
@@ -288,8 +282,7 @@ class _Choice:
 
 
 def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choice:
-    """The first option (cheapest first) whose largest batch reaches ``batch``; else the first
-    option with the largest batch."""
+    """The first option whose largest batch reaches ``batch``, else the one with the largest."""
     found: dict[str, tuple[Any, int, MemoryEstimate | None]] = {}
     for option in options:
         found[written(option)] = (option, *planner.largest_batch(option))
@@ -304,8 +297,7 @@ def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choi
 
 
 def _search_patch(planner: Planner, options: Sequence[Any], divisor: Sequence[int]) -> _Choice:
-    """The largest patch of the configured aspect ratio (:func:`scaled_patch`) at the
-    configured batch, with the first option with which one fits."""
+    """The largest :func:`scaled_patch` at the configured batch, with the first option that fits."""
     batch = int(planner.cfg.data.batch_size)
 
     def at(k: int) -> list[int]:

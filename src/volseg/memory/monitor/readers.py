@@ -1,7 +1,5 @@
-"""Reading memory counters: the CUDA caching allocator, or the process's resident memory on a CPU.
-
-Both give bytes: ``allocated`` (live tensors), ``reserved`` (held by the allocator; on a CPU both
-are the resident set), their peaks since the last ``reset_peak``, retries and OOMs (CUDA only).
+"""Reading memory counters in bytes: the CUDA caching allocator's, or on a CPU the process's
+resident memory (``allocated`` and ``reserved`` alike).
 """
 
 from __future__ import annotations
