@@ -45,8 +45,9 @@ LEVERS = (
         "selective activation checkpointing",
         "model.activation_checkpointing=selective",
         "keep convolution outputs, recompute norms and activations in backward (torch's selective "
-        'checkpointing): no convolution runs twice; any network; `"{encoder: selective, decoder: '
-        'full}"` mixes it on UNet3D ([price](networks.md#selective-activation-checkpointing))',
+        "checkpointing): no convolution runs twice but a cheap input one; any network; "
+        '`"{encoder: selective, decoder: full}"` mixes it on UNet3D '
+        "([price](networks.md#selective-activation-checkpointing))",
     ),
     Lever(
         "micro-batching",

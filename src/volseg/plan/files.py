@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,9 @@ def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunP
             why = f"{before.get('source')}: {before.get('why')}".rstrip(": ")
             decision = Decision(decision.value, where, why)
         decisions[key] = decision
-    return RunPlan(
-        config=plan.config,
-        decisions=decisions,
-        estimate=plan.estimate,
-        fingerprint=plan.fingerprint or saved.get("fingerprint"),
-        notes=plan.notes,
-        precision=plan.precision,
-        datamodule=plan.datamodule,
+    # everything else, the validation estimate included, is the new plan's own
+    return replace(
+        plan, decisions=decisions, fingerprint=plan.fingerprint or saved.get("fingerprint")
     )
 
 
