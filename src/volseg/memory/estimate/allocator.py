@@ -2,12 +2,10 @@
 ledger's allocations and frees replayed to the peak of reserved memory.
 
 Requests are rounded up to 512 bytes and served best fit from a small (≤ 1 MiB) or a large pool;
-a freed block merges with its free neighbours and stays cached. Segments are one ``cudaMalloc``
-each (2 MiB small, 20 MiB large, or a large request rounded up to 2 MiB), or with
-``expandable_segments`` one per pool that grows by mapping pages. ``max_split_size_mb`` limits
-which cached blocks a request takes and which are split. Under a capacity, a request that does
-not fit first releases the free cached memory, as the real allocator does before out-of-memory.
-Not modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold``, other streams.
+a freed block merges with its free neighbours and stays cached; with ``expandable_segments``
+each pool is one segment that grows by mapping pages. Under a capacity, a request that does not
+fit first releases the free cached memory, as the real allocator does before out-of-memory. Not
+modelled: ``roundup_power2_divisions``, ``garbage_collection_threshold``, other streams.
 """
 
 from __future__ import annotations
@@ -26,12 +24,8 @@ SMALL_SEGMENT = 2 * MIB  # kSmallBuffer: segment size of the small pool
 LARGE_SEGMENT = 20 * MIB  # kLargeBuffer: segment for large requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
 ROUND_LARGE = 2 * MIB  # kRoundLarge: larger requests get segments rounded up to this
-# expandable segments map physical memory in pages of kSmallBuffer (small pool) and kLargeBuffer
-# (large pool): ExpandableSegment's segment_size_
-SMALL_PAGE = SMALL_SEGMENT
-LARGE_PAGE = LARGE_SEGMENT
-# an expandable segment reserves address space for 1 1/8 of the GPU's memory; the model's is
-# unbounded (the capacity bounds what is mapped)
+# an expandable segment maps pages of kSmallBuffer or kLargeBuffer (ExpandableSegment's
+# segment_size_) in an address space the model leaves unbounded (the capacity bounds the pages)
 _ADDRESS_SPACE = 2**62
 
 
@@ -53,11 +47,8 @@ def segment_size(rounded: int) -> int:
 
 @dataclass(frozen=True)
 class AllocatorSettings:
-    """The allocator settings the model follows (torch's defaults: ``AllocatorSettings()``).
-
-    ``expandable_segments``: one growing segment per pool instead of one ``cudaMalloc`` per
-    segment; ``max_split_size``: bytes (``max_split_size_mb`` × MiB), ``None`` = unlimited.
-    """
+    """The allocator settings the model follows (torch's defaults: ``AllocatorSettings()``);
+    ``max_split_size``: bytes, ``None`` = unlimited."""
 
     expandable_segments: bool = False
     max_split_size: int | None = None
@@ -125,11 +116,7 @@ class OutOfMemory(Exception):
 
 class CachingAllocatorModel:
     """Replays ``malloc``/``free`` calls; ``peak_reserved`` and ``peak_allocated`` in bytes.
-
-    ``capacity``: bytes the allocator may reserve (``None``: unlimited); :class:`OutOfMemory` is
-    raised when a request does not fit even after releasing the free cached memory.
-    ``settings``: the allocator settings (default: torch's).
-    """
+    ``capacity``: bytes the allocator may reserve (``None``: unlimited)."""
 
     def __init__(
         self, capacity: int | None = None, settings: AllocatorSettings | None = None
@@ -167,8 +154,6 @@ class CachingAllocatorModel:
 
     def _fits(self, nbytes: int) -> bool:
         return self.capacity is None or self.reserved + nbytes <= self.capacity
-
-    # -- malloc ---------------------------------------------------------------------------
 
     def malloc(self, handle: int, nbytes: int) -> None:
         """Allocate ``nbytes`` for the caller's ``handle`` (e.g. a storage id)."""
@@ -218,8 +203,8 @@ class CachingAllocatorModel:
         return block.size + (after.size if after is not None and not after.mapped else 0)
 
     def _with_release(self, size: int, small: bool) -> _Block:
-        """New memory for a request no cached block serves; under a capacity the free cached
-        memory is released (oversize blocks first) and the request retried."""
+        """New memory for a request no cached block serves, releasing the free cached memory
+        (oversize blocks first) under a capacity."""
         block = self._new_memory(size, small)
         if block is None and self._release_oversize(size):
             block = self._new_memory(size, small)
@@ -234,8 +219,7 @@ class CachingAllocatorModel:
         return block
 
     def _new_memory(self, size: int, small: bool) -> _Block | None:
-        """A free block of at least ``size`` bytes from the driver, outside the free pool, or
-        ``None`` when the capacity does not allow it."""
+        """A block of at least ``size`` bytes from the driver, or ``None`` over the capacity."""
         if self.settings.expandable_segments:
             return self._expand(size, small)
         nbytes = segment_size(size)
@@ -245,8 +229,6 @@ class CachingAllocatorModel:
         self._segments += 1
         self._reserve(nbytes)
         return block
-
-    # -- expandable segments --------------------------------------------------------------
 
     def _expand(self, size: int, small: bool) -> _Block | None:
         """``try_allocate_expandable_block``: the lowest address of the pool's segment where a
@@ -279,10 +261,9 @@ class CachingAllocatorModel:
         return candidate
 
     def _map(self, block: _Block, nbytes: int) -> _Block | None:
-        """``map_block``: map the pages that cover the first ``nbytes`` of the unmapped
-        ``block``; returns it merged with free neighbours, in the free pool, or ``None`` when
-        the capacity does not allow the pages."""
-        page = SMALL_PAGE if block.small else LARGE_PAGE
+        """``map_block``: map the pages covering the first ``nbytes`` of the unmapped ``block``;
+        returns it merged with free neighbours, or ``None`` over the capacity."""
+        page = SMALL_SEGMENT if block.small else LARGE_SEGMENT
         mapped = min(block.size, -(-nbytes // page) * page)
         if not self._fits(mapped):
             return None
@@ -301,8 +282,6 @@ class CachingAllocatorModel:
         self._reserve(mapped)
         return block
 
-    # -- free and release -----------------------------------------------------------------
-
     def free(self, handle: int) -> None:
         """Return the block of ``handle`` to the cache, merged with free neighbours."""
         block = self._live.pop(handle)
@@ -314,9 +293,8 @@ class CachingAllocatorModel:
         self._insert_free(block)
 
     def release_cached(self) -> None:
-        """Give the free cached memory back (``empty_cache``, or before out-of-memory): every
-        wholly free segment (``cudaFree``), or with expandable segments every page wholly inside
-        a free block (unmapped)."""
+        """``empty_cache``: free every wholly free segment, or unmap every page wholly inside a
+        free block (expandable segments)."""
         for small in (True, False):
             for key in list(self._free[small]):
                 block = self._by_key[key]
@@ -327,9 +305,8 @@ class CachingAllocatorModel:
                     self.reserved -= block.size
 
     def _release_oversize(self, size: int) -> bool:
-        """``release_available_cached_blocks``: with ``max_split_size``, release the smallest
-        cached block of at least ``max(size, max_split_size)``, or else the largest oversize
-        ones until as many bytes are released; whether that much was."""
+        """``release_available_cached_blocks`` (with ``max_split_size``); whether it released
+        enough."""
         max_split = self.settings.max_split_size
         if max_split is None or self.settings.expandable_segments:
             return False
@@ -356,7 +333,7 @@ class CachingAllocatorModel:
 
     def _unmap(self, block: _Block) -> None:
         """Unmap the pages wholly inside the free ``block`` (``unmap_block``)."""
-        page = SMALL_PAGE if block.small else LARGE_PAGE
+        page = SMALL_SEGMENT if block.small else LARGE_SEGMENT
         begin = -(-block.offset // page) * page
         end = (block.offset + block.size) // page * page
         if begin >= end:
@@ -383,10 +360,8 @@ def replay(
     settings: AllocatorSettings | None = None,
     phase_start: int | None = None,
 ) -> CachingAllocatorModel:
-    """Run ``("malloc", handle, nbytes)`` / ``("free", handle, 0)`` events through the model
-    with ``settings`` (default: torch's); other events, such as step marks, are skipped. With
-    ``phase_start``, the peak allocated is the phase's from that event on, and
-    ``phase_resident`` what was allocated when it began (the reserved peak is over all)."""
+    """Run a ledger's ``malloc`` and ``free`` events through the model. With ``phase_start``, the
+    peak allocated is the phase's from that event on, ``phase_resident`` what it began with."""
     allocator = CachingAllocatorModel(capacity, settings)
     for i, (op, handle, nbytes) in enumerate(events):
         if i == phase_start:

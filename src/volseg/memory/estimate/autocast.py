@@ -1,12 +1,8 @@
-"""CUDA's autocast rules on a machine without CUDA, for the estimator.
-
-``torch.autocast("cpu")`` follows the CPU's op lists, which differ from CUDA's where it matters for
-memory: the CPU runs ``max_pool3d`` in float32 (a float32 copy of a full-resolution map, kept for
-backward), CUDA runs it in float16; CUDA runs ``group_norm`` in float32, the CPU in the lower
-precision. :class:`CudaAutocast` applies CUDA's documented lists ("CUDA Ops that can autocast to
-float16 / to float32" in the torch.amp docs) at the level of torch functions, so a trace on fake
-CPU tensors keeps the tensors a CUDA step would keep. Ops on neither list run in their inputs'
-dtype, as under CUDA autocast; in-place ops and calls with an explicit ``dtype`` are left alone.
+"""CUDA's autocast rules on a machine without CUDA: ``torch.autocast("cpu")`` follows the CPU's
+op lists (``max_pool3d`` in float32, ``group_norm`` in the lower precision), so
+:class:`CudaAutocast` applies CUDA's documented lists ("CUDA Ops that can autocast to float16 /
+to float32" in the torch.amp docs) to torch functions. In-place ops and calls with an explicit
+``dtype`` are left alone.
 """
 
 from __future__ import annotations
@@ -97,11 +93,8 @@ FLOAT32 = frozenset(
         "triplet_margin_loss",
     }
 )
-#: ``F.interpolate`` reaches CUDA's float32 list (``upsample_nearest*``, ``upsample_linear1d``,
-#: ``upsample_bilinear2d``, ``upsample_trilinear3d``, ``upsample_bicubic2d``) in every mode but
-#: ``area`` (adaptive average pooling, on neither list). Its float32 output then makes
-#: ``torch.cat`` with a lower-precision skip a float32 tensor too (cat promotes its inputs'
-#: dtypes): a U-Net decoder's concatenation is float32 under autocast on CUDA.
+#: ``F.interpolate`` reaches CUDA's float32 list (``upsample_*``) in every mode but ``area``;
+#: ``torch.cat`` of its float32 output and a lower-precision skip is then float32 too
 INTERPOLATE_NOT_FLOAT32 = frozenset({"area"})
 _ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -123,12 +116,9 @@ def _interpolates_in_float32(args: tuple, kwargs: dict) -> bool:
 
 class CudaAutocast(TorchFunctionMode):
     """``torch.autocast("cuda", dtype)`` as a torch-function mode that runs on any device.
-
-    Keep it active over ``loss.backward()`` too: the backward then runs with the mode still on,
-    so that activation checkpointing recomputes under the same rules, as it recomputes under
-    the forward's autocast state. (A mode is off while it handles a call; ``backward`` would
-    otherwise run the whole backward pass without it.)
-    """
+    Keep it active over ``loss.backward()`` too, so that activation checkpointing recomputes
+    under the same rules (a mode is off while it handles a call, hence ``backward``'s own
+    branch)."""
 
     def __init__(self, dtype: torch.dtype = torch.float16) -> None:
         super().__init__()

@@ -31,8 +31,7 @@ class CudaContext:
 
 
 def nvidia_smi(query: str) -> list[str]:
-    """``nvidia-smi --query-<query>`` as CSV lines without header or units (``[]`` without the
-    tool or a GPU), e.g. ``nvidia_smi("gpu=driver_version")``."""
+    """``nvidia-smi --query-<query>`` as CSV lines without header or units (``[]``: no GPU)."""
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],

@@ -1,12 +1,6 @@
 """``estimate_run(plan, variant)``: one build and one fake-tensor trace of a planned run answer
-its training step (peak by category and module, FLOPs) and its validation.
-
-The plan (:class:`volseg.plan.RunPlan`) has decided device, precision, learning rate and loader:
-nothing here resolves an ``auto``. A :class:`Variant` is what a planner searches. The trace runs
-two training steps (the first under the FLOP count), then the validation of the given volume, so
-that validation starts from what training leaves; the step's figures are read off the events
-before validation's mark, validation's off those after it. Prediction has its own trace
-(:func:`volseg.memory.estimate.inference.estimate_prediction`).
+its training step (peak by category and module, FLOPs) and then its validation, which starts
+from what training leaves. A :class:`Variant` is what a planner searches.
 """
 
 from __future__ import annotations
@@ -50,14 +44,14 @@ class PlannedRun(Protocol):
 
 
 def _frozen(value: Any) -> Any:
-    """A list (of a config) as a tuple, so that a variant can be hashed."""
+    """A list as a tuple, so that a variant can be hashed."""
     if isinstance(value, list | tuple):
         return tuple(_frozen(v) for v in value)
     return value
 
 
 def _thawed(value: Any) -> Any:
-    """A tuple (of a variant) as a list, for a config."""
+    """A tuple as a list, for a config."""
     if isinstance(value, tuple):
         return [_thawed(v) for v in value]
     return value
@@ -113,8 +107,7 @@ class Variant:
 
 @dataclass
 class RunEstimate:
-    """One variant of a planned run, from one trace; ``validation``: ``None`` where no volume
-    was given."""
+    """One variant of a planned run, from one trace."""
 
     variant: Variant
     step: MemoryEstimate
@@ -125,8 +118,8 @@ class RunEstimate:
 def estimate_run(
     plan: PlannedRun, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
 ) -> RunEstimate:
-    """The estimate of ``plan``'s run with ``variant``'s keys changed (default: as planned) and
-    its validation of one ``validation_shape`` ``[D, H, W]`` volume where given."""
+    """``plan``'s run with ``variant``'s keys changed, and its validation of one
+    ``validation_shape`` ``[D, H, W]`` volume where given."""
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:
@@ -142,23 +135,21 @@ def estimate(
     activation_checkpointing: Any = None,
     accumulate_grad_batches: int | None = None,
 ) -> MemoryEstimate:
-    """The training step of the planned config ``cfg`` with a :class:`Variant`'s keys changed
-    (:func:`estimate_config`)."""
+    """The training step of the planned ``cfg`` with a :class:`Variant`'s keys changed."""
     variant = Variant.of(batch_size, patch_size, activation_checkpointing, accumulate_grad_batches)
     return estimate_config(cfg, variant).step
 
 
 def step_flops(cfg: DictConfig, **overrides: Any) -> int:
-    """Floating-point operations of one optimizer step of ``cfg`` (every micro-batch, with
-    recomputation), from the estimate's trace; ``overrides``: :func:`estimate`'s."""
+    """Floating-point operations of one optimizer step of ``cfg``; ``overrides``:
+    :func:`estimate`'s."""
     return estimate_config(cfg, Variant.of(**overrides)).flops_per_step
 
 
 def estimate_validation(
     cfg: DictConfig, volume_shape: Sequence[int], settings: Any = None
 ) -> InferenceEstimate:
-    """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
-    planned ``cfg``, after its training steps (:func:`estimate_config`)."""
+    """Validating one ``[D, H, W]`` volume after the planned ``cfg``'s training steps."""
     validation = estimate_config(cfg, Variant(), whole_volume(volume_shape), settings).validation
     assert validation is not None  # a shape was given
     return validation
@@ -174,8 +165,7 @@ def estimate_config(
     settings: Any = None,
 ) -> RunEstimate:
     """:func:`estimate_run` of a planned config; ``settings``: ``cuda_context_mib`` and ``gpu``
-    (default: ``cfg.memory``'s). The same run asked again is answered from its trace; a trace
-    with a validation answers for the step alone too."""
+    (default: ``cfg.memory``'s). A run asked again is answered from its cached trace."""
     cfg = copy.deepcopy(cfg)
     for key, value in variant.overrides().items():
         set_key(cfg, key, value)
@@ -198,7 +188,6 @@ def estimate_config(
 def _trace(
     cfg: DictConfig, variant: Variant, shape: tuple[int, ...] | None, settings: Any
 ) -> RunEstimate:
-    """One build and one trace of ``cfg`` (the variant's keys set)."""
     started = time.perf_counter()
     device, mode, step = fake_step(cfg)
     precision = planned_precision(cfg)

@@ -1,8 +1,5 @@
-"""The ledger of a traced step: its allocations and frees, in order, recorded by
-:class:`volseg.memory.estimate.torch_private.RecordingMemTracker`. Every figure of a step or a
-window is a view of it: the peaks and growth (:func:`held_series`), the CUDA allocator's reserved
-bytes (:func:`volseg.memory.estimate.allocator.replay`), the bytes by category
-(:func:`category_peak`) and by module (:func:`module_activations`).
+"""The ledger of a traced step, recorded by
+:class:`volseg.memory.estimate.torch_private.RecordingMemTracker`: every figure is a view of it.
 
 An event is ``(kind, handle, value)``: ``malloc`` and ``free`` of a storage (``handle`` names it,
 ``value`` its bytes), ``workspace`` for memory a kernel holds only while it runs, ``category``
@@ -33,8 +30,7 @@ CATEGORIES = (
 
 def held_series(events: list[Event], rounding: Any = None) -> list[int]:
     """Bytes held after each event (``held[i]``: after ``events[i]``), a workspace counted during
-    its own event only; ``rounding`` maps a request to the bytes it takes. The one running sum
-    of the ledger: every host-side figure (peaks, growth, what a phase starts from) reads it."""
+    its own event only; ``rounding`` maps a request to the bytes it takes."""
     held, live, out = 0, {}, []
     for kind, handle, nbytes in events:
         size = rounding(nbytes) if rounding is not None and nbytes else nbytes
@@ -52,24 +48,23 @@ def held_series(events: list[Event], rounding: Any = None) -> list[int]:
     return out
 
 
-def _last_mark(events: list[Event]) -> int:
-    """Index of the last ``mark`` event; -1 where there is none."""
-    return next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "mark"), -1)
+def _last(events: list[Event], kind: str = "mark") -> int:
+    """Index of the last event of ``kind``; -1 where there is none."""
+    return next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == kind), -1)
 
 
 def held_peak(events: list[Event], after_last_mark: bool = False, rounding: Any = None) -> int:
     """Most bytes held at once, workspaces included; with ``after_last_mark``, the rise above
     what was held at the last ``mark``. ``rounding`` maps a request to the bytes it takes."""
     held = held_series(events, rounding)
-    start = _last_mark(events) if after_last_mark else -1
+    start = _last(events) if after_last_mark else -1
     base = held[start] if start >= 0 else 0
     return max([base, *held[start + 1 :]]) - base
 
 
 def held_at_last_mark(events: list[Event]) -> int:
-    """Bytes held where the last ``mark`` event stands (e.g. where the last traced step starts:
-    parameters, buffers, gradients and optimizer state)."""
-    start = _last_mark(events)
+    """Bytes held where the last ``mark`` event (a step's start) stands."""
+    start = _last(events)
     return held_series(events)[start] if start >= 0 else 0
 
 
@@ -99,7 +94,7 @@ def _running(events: list[Event]) -> Iterator[tuple[str, int, int, list[int]]]:
 
 def category_peak(events: list[Event]) -> dict[str, int]:
     """Bytes by category (:data:`CATEGORIES`) at the end of the op where the storages held
-    (workspaces aside) were most: what the step holds at its peak, by what it is."""
+    (workspaces aside) were most."""
     peak, at_peak = 0, [0] * len(CATEGORIES)
     for kind, _, held, totals in _running(events):
         if kind == "op" and held > peak:
@@ -108,13 +103,11 @@ def category_peak(events: list[Event]) -> dict[str, int]:
 
 
 def module_activations(events: list[Event], names: Mapping[int, str]) -> dict[str, int]:
-    """Each block's own activations in the last forward of ``events`` (from the last ``reset``):
-    the activations held when its forward left minus those when it entered, in bytes, largest
-    first. ``names``: ``{id(module): dotted name}`` of the root's submodules in
-    ``named_modules()`` order (the root left out). A block is a called module inside exactly one
-    other called module (:func:`blocks`), whose own activations add up to the forward's."""
+    """Each block's (:func:`blocks`) own activations in the last forward of ``events``: those
+    held when its forward left minus when it entered, in bytes, largest first. ``names``:
+    ``{id(module): dotted name}`` of the root's submodules."""
     activations = CATEGORIES.index("activations")
-    start = next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == "reset"), -1)
+    start = _last(events, "reset")
     entered: dict[int, int] = {}
     left: dict[int, int] = {}
     for i, (kind, handle, _, totals) in enumerate(_running(events)):

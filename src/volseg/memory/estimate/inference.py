@@ -1,14 +1,8 @@
-"""Whole-volume inference traced before it runs: validation in ``train.py`` (in the engine's
-trace, after the training steps, so that it starts from what training keeps resident) and
-``predict.py`` (its own trace, no training state).
-
-The trace runs ``SegmentationModule.validate_cases`` (or ``VolumePredictor.predict_step``) on a
-fake volume ``(1, C, D, H, W)``: MONAI's ``sliding_window_inference`` with its window batches,
-the stitched logits and count map on the stitching device (``meta``, left out of the ledger,
-when they are in host memory on a CUDA estimate), then the whole-volume steps. MONAI's two
-data-dependent steps stand in as what they allocate: the Gaussian importance map (computed for
-real, replaced by a fake map of its shape) and Dice's per-class ``masked_select`` (its largest
-size, one value per voxel).
+"""Whole-volume inference traced before it runs: validation in ``train.py`` (after the
+training steps, in their trace) and ``predict.py`` (its own trace), on a fake volume
+``(1, C, D, H, W)``. Host memory is the ``meta`` device, left out of the ledger. MONAI's two
+data-dependent steps stand in as what they allocate: the importance map (computed for real,
+replaced by a fake of its shape) and Dice's ``masked_select`` (one value per voxel).
 """
 
 from __future__ import annotations
@@ -49,14 +43,9 @@ PREDICT_PRECISION = "32-true"
 
 @dataclass
 class InferenceEstimate(Planned):
-    """Predicted memory of one whole-volume inference on ``device``, in bytes.
-
-    ``resident``: held when it starts (in validation, the training state too); ``volume``: the
-    input (and label); ``stitching``: MONAI's whole-volume buffers and the importance map on the
-    device (``host_stitching``: in host memory, ``stitch="host"``); ``window_batch``: the most
-    one window batch's forward adds; ``peak_growth``: ``peak_allocated`` − ``resident``;
-    ``peak_reserved``: the allocator replayed over the training steps too.
-    """
+    """Predicted memory of one whole-volume inference on ``device``, in bytes. ``resident``:
+    held when it starts; ``stitching``: MONAI's whole-volume buffers on the device
+    (``host_stitching``: in host memory); ``window_batch``: the most one window batch adds."""
 
     phase: str
     device: str
@@ -115,13 +104,11 @@ def stitching_bytes(
     roi_size: Sequence[int],
     num_classes: int,
     itemsize: int = 4,
-    batch: int = 1,
 ) -> int:
-    """MONAI's whole-volume buffers in ``sliding_window_inference``: the stitched output
-    ``(B, K, D, H, W)`` and the count map ``(1, 1, D, H, W)`` (of the input's dtype, the volume
-    padded to the window where it is smaller), and one window's importance map."""
+    """MONAI's stitched output ``(1, K, D, H, W)``, count map ``(1, 1, D, H, W)`` (the volume
+    padded to the window) and one window's importance map."""
     padded = math.prod(max(int(v), int(r)) for v, r in zip(volume_shape, roi_size, strict=True))
-    return (batch * num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
+    return (num_classes + 1) * padded * itemsize + math.prod(roi_size) * itemsize
 
 
 def _importance_map(patch_size, mode="constant", sigma_scale=0.125, device="cpu", dtype=None):  # noqa: ANN001, ANN202
@@ -147,10 +134,9 @@ TRACED_WINDOW_BATCHES = 2
 
 
 def _forward_template(span: list[Event], out: Any) -> tuple | None:
-    """What a traced forward allocated and freed (``span``: its events), to replay for the next
-    window batches of its shape: ``(span, index of the output's malloc, shape, dtype, device)``;
-    ``None`` where the forward keeps more than its output, frees what it did not allocate, or
-    returns other than one dense tensor (then every forward is traced)."""
+    """A traced forward's events (``span``) to replay for the next window batches of its shape:
+    ``(span, index of the output's malloc, shape, dtype, device)``; ``None`` where it keeps more
+    than one dense output or frees what it did not allocate."""
     if not isinstance(out, torch.Tensor):
         return None
     freed = {h for kind, h, _ in span if kind == "free"}
@@ -165,11 +151,9 @@ def _forward_template(span: list[Event], out: Any) -> tuple | None:
 
 
 class _CountedWindows:
-    """The module's inferer in the trace, each window batch's forward bracketed (``spans``:
-    event indices). Every window batch of one shape runs the same forward, which frees all it
-    allocates but its output: after :data:`TRACED_WINDOW_BATCHES` of them, a batch's forward is
-    the last traced one's events replayed, its output an empty tensor of that shape (the same
-    bytes at the same moments, in the time of a few forwards)."""
+    """The module's inferer in the trace, each window batch's forward bracketed (``spans``).
+    After :data:`TRACED_WINDOW_BATCHES` forwards of one shape, the last one's events are
+    replayed instead (the same bytes at the same moments)."""
 
     _own = ("inferer", "tracker", "spans", "forwards")
 
@@ -240,15 +224,10 @@ def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
 
 
 def allocator_settings(cfg: DictConfig) -> AllocatorSettings:
-    """The caching allocator's settings of ``memory.allocator`` (torch's defaults if unset)."""
+    """The caching allocator's settings of ``memory.allocator``."""
     return AllocatorSettings.from_conf(
         resolve_allocator(OmegaConf.select(cfg, "memory.allocator")).value
     )
-
-
-def _host_device(device: str) -> str:
-    """Where host memory lives in the trace: ``meta`` (not in the ledger) for a CUDA estimate."""
-    return "meta" if device == "cuda" else "cpu"
 
 
 def whole_volume(volume_shape: Sequence[int]) -> list[int]:
@@ -261,8 +240,8 @@ def whole_volume(volume_shape: Sequence[int]) -> list[int]:
 
 @dataclass
 class Phase:
-    """A whole-volume inference run by ``then`` after a trace's training steps (``run(image
-    shape)`` with the module's inferer counting its windows); ``spans``: its window batches'."""
+    """A whole-volume inference ``run(image_shape)`` by ``then`` after a trace's training
+    steps."""
 
     step: Any
     device: str
@@ -280,7 +259,7 @@ class Phase:
         windows = _CountedWindows(real, tracker)
         real_device = real.device
         if self.stitch == "host":
-            real.device = _host_device(self.device)
+            real.device = "meta" if self.device == "cuda" else "cpu"
         module.inferer = windows
         module.eval()
         try:
@@ -303,8 +282,7 @@ class Phase:
         allocator: AllocatorSettings | None = None,
         started: float | None = None,
     ) -> InferenceEstimate:
-        """The estimate of what the phase held in ``trace`` (``allocator``: the
-        ``memory.allocator`` settings its reserved figures model)."""
+        """The estimate of what the phase held in ``trace``."""
         allocator = allocator or AllocatorSettings()
         started = time.perf_counter() if started is None else started
         module, device, volume_shape = self.step.module, self.device, self.volume_shape
@@ -349,8 +327,7 @@ class Phase:
 
 
 def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
-    """Validating one volume of ``volume_shape`` ``[D, H, W]`` in a ``train.py`` run of the
-    planned config ``cfg``, after its training ``step``'s steps in the same trace."""
+    """Validating one ``[D, H, W]`` volume after ``step``'s training steps."""
     module = step.module
 
     def run(image_shape: tuple[int, ...]) -> None:
@@ -379,11 +356,9 @@ def estimate_prediction(
     precision: str = PREDICT_PRECISION,
     settings: Any = None,
 ) -> InferenceEstimate:
-    """Predicted memory of ``predict.py`` on one volume of ``volume_shape`` with the network and
-    inferer of ``cfg`` (planned), stitched on the ``device`` or the ``host``, averaged over the
-    mirrorings of ``flip_axes``, at ``precision`` (predict.py's ``trainer.precision``, as its
-    plan resolved it). Its own trace: prediction runs in its own process, at its own precision,
-    with no training state."""
+    """Predicted memory of ``predict.py`` on one volume with the planned ``cfg``'s network and
+    inferer, stitched on the ``device`` or the ``host``, averaged over the mirrorings of
+    ``flip_axes``; its own trace, with no training state."""
     if stitch not in STITCH:
         raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH)}")
     started = time.perf_counter()
@@ -394,7 +369,7 @@ def estimate_prediction(
     device, mode, step = fake_step(cfg)
     module = step.module
     classes = int(module.num_classes)
-    host = _host_device(device)
+    host = "meta" if device == "cuda" else "cpu"  # host memory: not in a CUDA ledger
     # the predictor holds the module and shares its inferer (the trace swaps it in the module)
     predictor = VolumePredictor(module, module.inferer, classes, flip_axes, stitch="device")
     target = torch.device(host if stitch == "host" else "cpu")
@@ -418,10 +393,8 @@ def estimate_prediction(
 
 
 def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int] | None, str]:
-    """The validation volume to estimate: ``memory.val_shape``, else the dataset's largest
-    validation case by voxels (from its headers); ``None`` and why where neither is known
-    (nothing is generated or loaded here). ``datamodule``: the one built from ``cfg.data``
-    (default: built here)."""
+    """``memory.val_shape``, else the largest validation case by voxels (from its headers);
+    ``None`` and why where neither is known."""
     configured = OmegaConf.select(cfg, "memory.val_shape")
     if configured is not None:
         return whole_volume(list(configured)), "memory.val_shape"

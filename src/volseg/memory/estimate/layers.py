@@ -1,11 +1,5 @@
-"""Per-module memory of one training step, by category, from torch's ``MemTracker``.
-
-MemTracker (``torch.distributed._tools.mem_tracker``, reached through
-:mod:`volseg.memory.estimate.torch_private` only) attributes every tensor storage created in
-its context to a category (parameters, buffers, gradients, activations, temporaries, optimizer
-state) and snapshots the totals when each module enters and leaves its forward and backward. A
-module's own activation memory is what its forward left alive: activations after its forward
-minus activations before it (saved tensors for backward and its output).
+"""Per-module memory of one real training step, by category, from torch's ``MemTracker``: a
+module's own activations are what its forward left alive (saved tensors and its output).
 """
 
 from __future__ import annotations
@@ -71,10 +65,7 @@ class LayerTrace:
     """Trace one training step: ``start()`` at batch start, ``stop()`` at batch end, ``write()``."""
 
     def __init__(
-        self,
-        module: nn.Module,
-        optimizers: Iterable[torch.optim.Optimizer],
-        batch: Any,
+        self, module: nn.Module, optimizers: Iterable[torch.optim.Optimizer], batch: Any
     ) -> None:
         self.module = module
         self.tracker = ClosureMemTracker()
@@ -101,7 +92,6 @@ class LayerTrace:
     def rows(self) -> list[dict[str, Any]]:
         """One row per (called module, phase): the step's memory by category at that moment,
         with the module's own parameters and activations."""
-        # the network's levels and the loss's parts: their own activations add up to the step's
         inside = blocks(
             {
                 name

@@ -1,9 +1,6 @@
-"""The planner's margins, and the one place they are applied (:func:`margin_for`,
-:func:`planned_total`, :func:`total_within`): ``fixed_mib`` plus ``share`` of the CUDA peak
-reserved (per kind of step, :data:`KINDS`) or of a CPU step's growth (per kind of CPU).
-Validation on CUDA takes its step's margin; on a CPU none. The margins ship beside this file
-(``cuda_margins.json``, ``cpu_margins.json``), written by ``python -m benchmarks
-cuda_estimate_errors`` and ``cpu_margins`` with how each was fitted; see ``docs/memory.md``.
+"""The planner's margins and the one place they are applied: ``fixed_mib`` plus ``share`` of
+the CUDA peak reserved (per kind of step) or of a CPU step's growth (per kind of CPU), read from
+``cuda_margins.json`` and ``cpu_margins.json`` beside this file (``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -108,8 +105,7 @@ OTHER = _MARGINS.get("other") or _none("other")
 
 
 def cuda_margin(offload: object, accumulate_grad_batches: int) -> Margin:
-    """The margin of a CUDA step with or without activation offload and with that many
-    micro-batches."""
+    """The margin of a CUDA step by its kind (:data:`KINDS`)."""
     if offload:
         return OFFLOAD
     if accumulate_grad_batches > 1:
@@ -201,12 +197,9 @@ def total_within(est: Any, budget: int) -> int | None:
 
 
 class Planned:
-    """What a step's and an inference's estimate answer of a budget (their ``device``,
-    ``peak_reserved``, ``process_total``, ``cuda_context``, ``events``, ``allocator`` and
-    margin fields)."""
+    """What a step's and an inference's estimate answer of a budget."""
 
     def total_within(self, budget: int) -> int | None:
-        """:func:`total_within`."""
         return total_within(self, budget)
 
     def fits(self, budget: int) -> bool:
@@ -214,7 +207,6 @@ class Planned:
 
     @property
     def margin_bytes(self) -> int:
-        """:func:`margin_bytes`."""
         return margin_bytes(self)
 
 

@@ -1,10 +1,7 @@
-"""A training step traced before it runs: the module as ``train.py`` builds it, its parameters
-fake tensors (``FakeTensorMode``: shapes, dtypes and strides, no data, no GPU), two optimizer
-steps as Lightning's automatic optimization runs them (:class:`TrainingStep`), recorded into one
-ledger (:mod:`volseg.memory.estimate.events`) that every figure is read from. For CUDA the trace
-takes CUDA's autocast lists (``autocast``), cuDNN's workspaces (``workspace``) and the foreach
-update and clipping, and the caching allocator is replayed over the ledger (``allocator``); on a
-CPU, the kernels' scratch memory (``workspace``). What is not modelled: ``docs/memory.md``.
+"""A training step traced before it runs: the module as ``train.py`` builds it, with fake
+parameters (``FakeTensorMode``: no data, no GPU), two optimizer steps as Lightning runs them
+(:class:`TrainingStep`), recorded into one ledger (:mod:`volseg.memory.estimate.events`) that
+every figure is read from. What is not modelled: ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -55,14 +52,10 @@ FULL = {"32", "32-true", "64", "64-true"}
 
 @dataclass
 class MemoryEstimate(Planned):
-    """Predicted memory of one training step, in bytes.
-
-    ``peak_allocated``: the most the step's tensors hold at once; ``step_peak_growth``: how far
-    a steady (second) step rises above what it starts with; ``kernel_workspace``: the part of
-    ``peak_allocated`` kernels hold inside an op; ``peak_reserved``: the CUDA caching
-    allocator's peak (= ``peak_allocated`` on the CPU); ``process_total``: reserved plus the CUDA
-    context; ``modules``: each block's own activations; ``batch_size``: a micro-batch's.
-    """
+    """Predicted memory of one training step, in bytes. ``step_peak_growth``: how far a steady
+    (second) step rises above what it starts with; ``kernel_workspace``: the part of
+    ``peak_allocated`` kernels hold inside an op; ``process_total``: ``peak_reserved`` (the
+    CUDA allocator's; the CPU's ``peak_allocated``) plus the CUDA context."""
 
     device: str
     precision: str
@@ -85,7 +78,6 @@ class MemoryEstimate(Planned):
     seconds: float
     modules: dict[str, int] = field(default_factory=dict)
     accumulate_grad_batches: int = 1
-    # the planner's margin (margins.py); the figures above stay bare
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
@@ -100,8 +92,7 @@ class MemoryEstimate(Planned):
 
 
 def planned_device(cfg: DictConfig) -> str:
-    """The device a planned config trains on: ``memory.plan_device`` (the plan's ``device``),
-    else ``trainer.accelerator`` where it names one; nothing ``auto`` is resolved here."""
+    """``memory.plan_device``, else ``trainer.accelerator`` where it names a device."""
     device = OmegaConf.select(cfg, "memory.plan_device")
     if device is None:
         accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto").lower()
@@ -115,7 +106,7 @@ def planned_device(cfg: DictConfig) -> str:
 
 
 def planned_precision(cfg: DictConfig) -> str:
-    """``trainer.precision`` of a planned config (the plan resolved it for its device)."""
+    """``trainer.precision`` of a planned config."""
     precision = str(OmegaConf.select(cfg, "trainer.precision") or "32")
     if precision not in MIXED and precision not in TRUE and precision not in FULL:
         raise UserInputError(
@@ -126,7 +117,7 @@ def planned_precision(cfg: DictConfig) -> str:
 
 
 def _fake_parameters(module: nn.Module, mode: FakeTensorMode) -> None:
-    """Swap every parameter and buffer for a fake tensor of the same shape, dtype and strides."""
+    """Swap every parameter and buffer for a fake tensor."""
     for sub in module.modules():
         for name, param in list(sub._parameters.items()):
             if param is not None:
@@ -150,8 +141,7 @@ def _constant_arange(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 class _SavedOnHost(torch.autograd.graph.saved_tensors_hooks):
-    """``OffloadToHost`` in the trace: saved tensors packed to the ``meta`` device (host memory,
-    not in the ledger), unpacked as new device tensors in backward."""
+    """``OffloadToHost`` in the trace: saved tensors packed to ``meta`` (not in the ledger)."""
 
     def __init__(self, pin_memory: bool = False, min_voxels: int = 0) -> None:
         def pack(t: torch.Tensor) -> tuple[torch.device | None, torch.Tensor]:
@@ -204,13 +194,9 @@ class LoopSettings:
 
 @dataclass
 class TrainingStep:
-    """One optimizer step as Lightning's automatic optimization runs it (``loops.optimization.
-    automatic``, ``plugins.precision``), on real or fake tensors: per micro-batch of
-    ``image_shape``, forward and loss under ``autocast``, the loss divided by the micro-batches,
-    the gradients set to ``None`` where ``loop.zero_grad`` says, the GradScaler's scale, backward;
-    then unscale, clipping, the update (``optimizer.step()``, as ``GradScaler.step`` runs it for
-    finite gradients: fake tensors cannot give its inf check) and the scaler's ``update()``.
-    """
+    """One optimizer step as Lightning's automatic optimization runs it, on real or fake
+    tensors (``GradScaler.step`` as for finite gradients: fake tensors cannot give its inf
+    check)."""
 
     module: nn.Module
     optimizer: torch.optim.Optimizer
@@ -236,9 +222,7 @@ class TrainingStep:
         before_update: Any = None,
         on_micro_batch_start: Any = None,
     ) -> None:
-        """``steps`` optimizer steps; ``new_batch(image_shape, label_shape, dtype)`` makes each
-        micro-batch (default: :attr:`make_batch`, else ``torch.empty``); ``before_update`` runs
-        where Lightning calls ``on_before_optimizer_step``."""
+        """``steps`` optimizer steps; ``before_update``: ``on_before_optimizer_step``."""
         for _ in range(steps):
             if on_step_start is not None:
                 on_step_start()
@@ -299,32 +283,21 @@ def build_training_step(
     cfg: DictConfig,
     device: str,
     batch_size: int | None = None,
-    patch_size: Sequence[int] | None = None,
     activation_checkpointing: Any = None,
     fake_mode: FakeTensorMode | None = None,
-    accumulate_grad_batches: int | None = None,
 ) -> TrainingStep:
-    """``cfg``'s training step for ``device``: the module as ``train.py`` builds it
-    (:func:`volseg.models.build.build_model`), its ``configure_optimizers()`` and Lightning's
-    loop from ``cfg.trainer`` (:func:`module_training_step`). The other arguments override the
-    config's ``data.batch_size`` (a micro-batch's), ``data.patch_size``,
-    ``model.activation_checkpointing`` and ``trainer.accumulate_grad_batches``.
-    """
+    """``cfg``'s training step for ``device`` as ``train.py`` builds it; ``batch_size`` and
+    ``activation_checkpointing`` override the config's."""
     precision = planned_precision(cfg)
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         if batch_size is not None:
             cfg.data.batch_size = int(batch_size)
-        if patch_size is not None:
-            cfg.data.patch_size = [int(p) for p in patch_size]
         if activation_checkpointing is not None:
             cfg.model.activation_checkpointing = activation_checkpointing
         # compiling changes kernels, not what the step keeps: not run on fake tensors
         cfg.model.compile = False
-    loop = LoopSettings.from_config(cfg.trainer)
-    if accumulate_grad_batches is not None:
-        loop = replace(loop, accumulate_grad_batches=int(accumulate_grad_batches))
-    loop = replace(loop, zero_grad=zero_grad_setting(cfg))
+    loop = replace(LoopSettings.from_config(cfg.trainer), zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     return module_training_step(
         build_model(cfg),
@@ -347,11 +320,9 @@ def module_training_step(
     fake_mode: FakeTensorMode | None = None,
     **step_options: Any,
 ) -> TrainingStep:
-    """The training step of any ``module`` with the optimizer ``make_optimizer(module)`` on
-    batches of ``image_shape`` ``(B, C, D, H, W)`` at ``precision`` (resolved for ``device``):
-    the ``*-true`` casts, autocast, ``16-mixed``'s GradScaler on CUDA and CUDA's foreach updates.
-    With ``fake_mode`` the parameters are its fake tensors before the optimizer sees them.
-    ``step_options``: further :class:`TrainingStep` fields (``loss``, ``make_batch``)."""
+    """The training step of any ``module`` with ``make_optimizer(module)`` on batches of
+    ``image_shape`` ``(B, C, D, H, W)`` at ``precision``; ``step_options``: further
+    :class:`TrainingStep` fields."""
     module.train()
     if precision in TRUE:
         # HalfPrecision.convert_module: the whole module in the lower precision
@@ -394,8 +365,7 @@ def module_training_step(
 
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """``torch.set_default_dtype(dtype)`` while the block runs (Lightning's
-    ``_DtypeContextManager``)."""
+    """``torch.set_default_dtype(dtype)`` while the block runs."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -408,11 +378,8 @@ ZERO_GRAD = ("closure", "after_update", "before_forward")
 
 
 def zero_grad_setting(cfg: DictConfig) -> str:
-    """``estimate.zero_grad`` (only the benchmarks set it): where the loop sets the gradients to
-    ``None``. ``closure`` (default): Lightning's, after the first micro-batch's forward, which
-    runs with the last step's gradients held; ``after_update``: a hand-written loop's
-    ``optimizer.step(); optimizer.zero_grad()``; ``before_forward``: first in each step
-    (nnU-Net's trainer)."""
+    """``estimate.zero_grad`` (benchmarks only): where gradients are set to ``None``:
+    ``closure`` (Lightning's), ``after_update`` or ``before_forward`` (nnU-Net's)."""
     value = str(cfg.get("estimate", {}).get("zero_grad") or "closure")
     if value not in ZERO_GRAD:
         raise UserInputError(f"estimate.zero_grad={value}: must be one of {', '.join(ZERO_GRAD)}")
@@ -431,10 +398,8 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
 
 @dataclass
 class StepTrace:
-    """One fake-tensor trace of the training steps and of what ran after them (``then``, from
-    event ``then_start`` on): ``events``, the ledger (:mod:`volseg.memory.estimate.events`);
-    ``flops``, one optimizer step's floating-point operations (torch's ``FlopCounterMode``
-    formulas: matrix products and convolutions, forward, backward and recomputation)."""
+    """One trace of the training steps and of ``then`` (from event ``then_start`` on);
+    ``flops``: one optimizer step's, with recomputation."""
 
     events: list[Event]
     flops: int
@@ -448,10 +413,8 @@ def trace_steps(
     then: Callable[[RecordingMemTracker], None] | None = None,
     steps: int = 2,
 ) -> StepTrace:
-    """Run ``steps`` fake training steps under a recording tracker, the first one's FLOPs counted
-    too (the first creates the optimizer state); ``then(tracker)`` runs after them in the same
-    trace (a validation or, after no ``steps``, a prediction:
-    :mod:`volseg.memory.estimate.inference`). The one trace every estimate reads."""
+    """``steps`` fake training steps under a recording tracker, the first one's FLOPs counted,
+    then ``then(tracker)`` in the same trace (a validation or a prediction)."""
     # kernels' scratch memory: oneDNN's on the CPU, cuDNN's workspaces on CUDA
     workspace = cpu_workspace if device == "cpu" else cudnn_workspace(step.module)
     cuda = device == "cuda"
@@ -493,10 +456,8 @@ def phase_peaks(
     allocator_settings: AllocatorSettings,
     start: int = 0,
 ) -> dict[str, int]:
-    """The figures a step and an inference phase share, in bytes: ``resident`` (held at event
-    ``start``), ``peak_allocated`` (the most from there on), ``peak_reserved`` (CUDA: the
-    allocator replayed over every event) and ``cuda_context``; ``settings``: ``memory.*``'s
-    ``cuda_context_mib`` and ``gpu``."""
+    """A step's and an inference's shared figures, in bytes, from event ``start`` on;
+    ``settings``: ``memory.*``'s ``cuda_context_mib`` and ``gpu``."""
     if device == "cuda":
         allocator = replay(events, settings=allocator_settings, phase_start=start)
         context = resolve_cuda_context(settings.get("cuda_context_mib"), settings.get("gpu"))
@@ -513,8 +474,7 @@ def phase_peaks(
 
 
 def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
-    """The planned device, a fake-tensor mode and ``cfg``'s training step with fake
-    parameters."""
+    """The planned device, a fake mode and ``cfg``'s training step with fake parameters."""
     device = planned_device(cfg)
     mode = FakeTensorMode()
     return device, mode, build_training_step(cfg, device, fake_mode=mode)
@@ -530,9 +490,8 @@ def estimate_step(
     allocator: AllocatorSettings | None = None,
     trace: StepTrace | None = None,
 ) -> MemoryEstimate:
-    """Predicted memory of ``step`` (fake parameters of ``mode``) on ``device``, read off its
-    ``trace`` (:func:`trace_steps`, traced here where not given); ``settings``: as
-    :func:`phase_peaks`; ``allocator``: ``memory.allocator``'s (default: torch's)."""
+    """Predicted memory of ``step`` on ``device``, read off its ``trace`` (traced here where not
+    given); ``settings``: as :func:`phase_peaks`."""
     started = time.perf_counter() if started is None else started
     trace = trace_steps(step, mode, device) if trace is None else trace
     events = trace.events[: trace.then_start]

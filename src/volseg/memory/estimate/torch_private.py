@@ -1,9 +1,5 @@
 """torch's private APIs, in one module: ``MemTracker`` adapted (optimizer state under Lightning's
-closure; the ledger, :mod:`volseg.memory.estimate.events`), fake tensors and the hooks of CUDA's
-autocast model. MemTracker's private API used here: ``_MemRefType``, ``_ModState``,
-``_update_snap``, ``_update_peak_stats``, ``_pre_fw_hook``, ``_post_fw_hook``,
-``_mod_tracker.is_bw``, ``_register_global_optimizer_hook``, ``_track_optimizer_states``,
-``_in_opt``, ``memory_tracking``, the snapshots (the monitor's per-module table, ``layers.py``).
+closure; the ledger, :mod:`volseg.memory.estimate.events`), fake tensors and autocast's hooks.
 ``tests/memory/estimate/test_torch_private.py`` names what breaks where torch moves any of it."""
 
 from __future__ import annotations
@@ -63,10 +59,8 @@ class ClosureMemTracker(MemTracker):
 
 
 class RecordingMemTracker(ClosureMemTracker):
-    """ClosureMemTracker that records the ledger (``events``; ``meta`` storages, host copies,
-    left out). ``workspace(func, args, out)``: a kernel's scratch bytes outside any allocator (an
-    int, the CPU's) or the buffers it takes from the caching allocator one after the other (a
-    tuple, CUDA's; an inner tuple: held together), events with negative handles."""
+    """ClosureMemTracker that records the ledger (``events``; ``meta`` storages left out), with
+    each op's ``workspace`` (:data:`volseg.memory.estimate.workspace.Workspace`)."""
 
     def __init__(self, workspace: Workspace | None = None, peaks: bool = True) -> None:
         super().__init__()
@@ -129,9 +123,7 @@ class RecordingMemTracker(ClosureMemTracker):
         if self.workspace is not None:
             nbytes = self.workspace(func, args, out)
             if isinstance(nbytes, tuple):
-                # buffers the kernel takes from the caching allocator after its outputs, each
-                # freed before the next is taken (cuDNN's workspaces); a tuple among them is
-                # buffers held together (a kernel's contiguous copies of its operands)
+                # each freed before the next is taken; an inner tuple: buffers held together
                 for sizes in nbytes:
                     handles = []
                     for size in sizes if isinstance(sizes, tuple) else (sizes,):

@@ -1,8 +1,6 @@
-"""Memory that kernels hold while they run, beyond their inputs and outputs (MemTracker sees
-tensors only): on the CPU, oneDNN's reorders, torch's im2col columns and its 16-bit GEMM's
-float32 product (:func:`cpu_workspace`); on CUDA, cuDNN's convolution workspaces
-(:class:`CudnnWorkspace`). Each rule, its kernel and what it was measured against:
-``docs/kernel-memory.md``.
+"""Memory that kernels hold while they run, beyond their inputs and outputs: on the CPU
+(:func:`cpu_workspace`) and cuDNN's on CUDA (:class:`CudnnWorkspace`). Each rule, its kernel and
+what it was measured against: ``docs/kernel-memory.md``.
 """
 
 from __future__ import annotations
@@ -22,10 +20,6 @@ from volseg.utils.cpu import onednn_uses_amx
 Workspace = Callable[[Any, tuple, Any], "int | tuple[int, ...]"]
 
 _FLOAT32_BYTES = 4
-
-
-def _numel(value: Any) -> int:
-    return value.numel() if isinstance(value, torch.Tensor) else 0
 
 
 def _bytes(value: Any) -> int:
@@ -132,8 +126,8 @@ _MATRIX_PRODUCTS = {
 
 
 def gemm_float32_buffer(func: Any, args: tuple, out: Any) -> int:
-    """Bytes of the float32 product buffer torch's own 16-bit GEMM mallocs for this op, outside
-    torch's allocator (0: none)."""
+    """Bytes of the float32 product buffer torch's own 16-bit GEMM mallocs outside its
+    allocator."""
     operands = _MATRIX_PRODUCTS.get(func)
     if operands is not None:
         return _product_buffer(*operands(args), out)
@@ -162,7 +156,7 @@ def onednn_channel_block() -> int:
 def _blocked_numel(value: Any, block: int) -> int:
     """Elements of ``value`` in a blocked layout: its channels (dim 1) rounded up to ``block``."""
     if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[1] == 0:
-        return _numel(value)
+        return value.numel() if isinstance(value, torch.Tensor) else 0
     channels = value.shape[1]
     return value.numel() // channels * (-(-channels // block) * block)
 
@@ -178,8 +172,8 @@ def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
 
 
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
-    """Scratch bytes of one op on the CPU (0 where none is known): the kernel's own buffers and
-    a 16-bit GEMM's float32 product, held together."""
+    """Scratch bytes of one op on the CPU: the kernel's own buffers and a 16-bit GEMM's float32
+    product, held together."""
     return _kernel_scratch(func, args, out) + gemm_float32_buffer(func, args, out)
 
 
@@ -325,10 +319,8 @@ def _channels_last(tensor: Any) -> bool:
 
 @dataclass(frozen=True)
 class CudnnWorkspace:
-    """cuDNN's convolution workspaces (and the trilinear backward's copies), as the caching
-    allocator sees them: for a convolution, the sizes it takes one after the other (forward,
-    input plus output; backward, grad-output plus input per gradient computed). ``limit``:
-    ``CUDNN_CONV_WSCAP_DBG`` in bytes (``None``: no cap)."""
+    """cuDNN's convolution workspaces (and the trilinear backward's copies), the sizes taken one
+    after the other; ``limit``: ``CUDNN_CONV_WSCAP_DBG`` in bytes (``None``: no cap)."""
 
     limit: int | None = None
     channels_last: bool = False
@@ -339,9 +331,8 @@ class CudnnWorkspace:
         return tuple(min(size, self.limit) for size in sizes if min(size, self.limit) > 0)
 
     def _trilinear_backward(self, grad: Any, grad_input: Any) -> tuple[tuple[int, ...], ...]:
-        """``upsample_trilinear3d_backward`` (``UpSampleTrilinear3d.cu``) runs on contiguous
-        copies of the gradient (a concatenation's channel slice: contiguous only for NCDHW maps
-        of a batch of one) and, channels-last, of the input's gradient, both held through it."""
+        """``upsample_trilinear3d_backward`` runs on contiguous copies of the gradient (a
+        concatenation's channel slice) and, channels-last, of the input's gradient."""
         copies = []
         if self.channels_last or not grad.is_contiguous():
             copies.append(_bytes(grad))

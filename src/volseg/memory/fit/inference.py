@@ -1,12 +1,6 @@
 """Fit whole-volume inference to a memory budget: validation inside a planned run
-(:func:`fit_validation`) and where ``predict.py`` stitches each volume (:func:`plan_stitching`).
-
-Validation's levers (docs/memory.md, "Validation's levers"), cheapest in time first, each only
-where those before found nothing: fewer windows at once, host stitching (CUDA only: on a CPU the
-host is the device), smaller windows (shrunk as the step's smaller patch, each with the most
-windows at once that fit, up to the configured window batch's voxels, largest first). Every
-setting is a :class:`~volseg.memory.estimate.engine.Variant` of the planned run, asked of the
-engine; a refusal names each lever tried with the least it needed.
+(:func:`fit_validation`; its levers: docs/memory.md, "Validation's levers") and where
+``predict.py`` stitches each volume (:func:`plan_stitching`).
 """
 
 from __future__ import annotations
@@ -48,9 +42,8 @@ def margin_note(est: InferenceEstimate) -> str:
 
 @dataclass
 class InferenceFit:
-    """The answer for one budget: ``overrides`` (config key -> value), ``reasons`` (config key
-    -> why), ``estimate`` (the planned validation's; ``None``: nothing tried fits), ``tried``
-    (each setting estimated, with its process total, in order)."""
+    """The answer for one budget: ``overrides`` and ``reasons`` by config key, ``estimate``
+    (``None``: nothing tried fits) and ``tried`` (each lever, with the least it needed)."""
 
     estimate: InferenceEstimate | None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -70,9 +63,8 @@ def fit_validation(
     estimator: Callable[[Variant], InferenceEstimate],
     smaller_windows: bool = True,
 ) -> InferenceFit:
-    """The cheapest validation settings of the planned run ``cfg`` that fit ``budget`` bytes
-    for a volume of ``volume_shape``, whose ``configured`` estimate does not fit; ``estimator``:
-    the engine's validation of the run with a :class:`Variant`'s keys changed.
+    """The cheapest validation settings of ``cfg`` that fit ``budget`` bytes for a volume whose
+    ``configured`` estimate does not; ``estimator``: the engine's, for a :class:`Variant`.
     ``smaller_windows=False`` (``train.py``) tries only what changes nothing computed."""
     device, sw0 = configured.device, configured.sw_batch_size
     roi0 = [int(r) for r in configured.roi_size]
@@ -246,11 +238,8 @@ def plan_stitching(
     estimator: Callable[..., InferenceEstimate] | None = None,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device
-    where the estimate fits ``limit`` bytes there, else on the host (``cfg``: the planned
-    config with the prediction's inferer as ``model.inferer``). A smaller volume needs no more
-    than a larger one, so the shapes are bisected by voxels. On a CPU, or with predict.py's own
-    ``stitch=device``/``host``, only the largest is estimated (for the log); a GPU run without
-    a limit plans nothing (``stitch=auto`` decides per volume at run time)."""
+    where the estimate fits ``limit`` bytes there, else on the host, the shapes bisected by
+    voxels. On a CPU, or with ``stitch=device``/``host``, only the largest is estimated."""
     estimator = estimator or estimate_prediction
     plan = StitchPlan(device, limit, source)
     ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)

@@ -1,8 +1,6 @@
 """Every lever with its price: each lever that applies to the configured step's network, its
-predicted peak and its step-time factor (its optimizer step's FLOPs over the configured step's,
-from the same trace: :func:`volseg.memory.estimate.engine.estimate_config`); activation offload
-names the bytes it moves instead. The checkpointing rows are the network adapter's
-``checkpointing_choices``: a new setting is a new row with no change here.
+predicted peak and its step-time factor (FLOPs over the configured step's); the checkpointing
+rows are the network adapter's ``checkpointing_choices``.
 """
 
 from __future__ import annotations

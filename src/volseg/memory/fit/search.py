@@ -24,12 +24,8 @@ def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
 def largest_fitting(
     fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
 ) -> tuple[int, Found | None]:
-    """Largest ``n`` in ``[lo, hi]`` for which ``fits(n)`` gives an estimate (``fits`` must be
-    monotone: whatever fits, everything smaller fits); ``(lo - 1, None)`` when ``lo`` does not.
-
-    Starts at ``guess`` and walks away from it in doubling steps, then bisects: a good guess
-    costs two estimates.
-    """
+    """Largest ``n`` in ``[lo, hi]`` for which the monotone ``fits(n)`` gives an estimate
+    (``(lo - 1, None)`` when ``lo`` does not): doubling steps from ``guess``, then bisection."""
     found: dict[int, Found | None] = {}
 
     def ok(n: int) -> bool:
@@ -96,12 +92,10 @@ def shrunk_patches(
     takes: Callable[[Sequence[int]], bool] = lambda patch: True,
     tied: Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
-    """The patches below ``base`` ``[D, H, W]``, largest first, one step apart: each takes one
-    multiple of its divisor off the side largest relative to ``base`` (the larger on a tie), as
-    nnU-Net's experiment planner does. No side goes below twice its divisor (an instance norm
-    cannot normalise one voxel), and a side stops where the network no longer ``takes`` the
-    patch. ``tied``: groups of axes that stay equal (a 90° turn's plane, e.g. ``[[1, 2]]``),
-    shrunk as one side by a multiple of each of their divisors."""
+    """The patches below ``base`` ``[D, H, W]``, largest first, each one multiple of its divisor
+    off the side largest relative to ``base`` (nnU-Net's planner's rule), no side below twice its
+    divisor (an instance norm cannot normalise one voxel) or where the network no longer
+    ``takes`` it. ``tied``: groups of axes that stay equal (a 90° turn's plane, ``[[1, 2]]``)."""
     patch, out = [int(p) for p in base], []
     units = [tuple(sorted({int(a) for a in group})) for group in tied if len(set(group)) > 1]
     units += [(a,) for a in range(3) if not any(a in unit for unit in units)]

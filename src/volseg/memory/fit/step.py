@@ -1,10 +1,6 @@
-"""The training step that fits a memory budget (:func:`fit_step`): the largest batch or patch,
-the activation checkpointing it needs, or micro-batches that add up to the configured batch;
-past those, loss checkpointing and a smaller patch. The levers' order and why: docs/memory.md,
-"The training step's levers". Every candidate is one estimate
-(:func:`volseg.memory.estimate.engine.estimate`), made once, each search starting from a linear
-guess (activations grow with batch and patch voxels); time is FLOPs per sample
-(:func:`volseg.memory.estimate.engine.step_flops`) against the configured step's.
+"""The training step that fits a memory budget (:func:`fit_step`); the levers' order and why:
+docs/memory.md, "The training step's levers". Every candidate is one estimate, made once; time
+is FLOPs per sample against the configured step's.
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepFit:
-    """The planner's answer: what to set, and the estimates it rests on (bytes). Where the
-    configured batch does not fit: ``micro_batching`` (:func:`_micro_batching`), and
-    ``flops_per_sample``, the answer's FLOPs per sample over the configured step's."""
+    """The planner's answer: what to set, and the estimates it rests on (bytes);
+    ``flops_per_sample``: the answer's over the configured step's."""
 
     budget: int
     search: str
@@ -98,8 +93,7 @@ def scaled_patch(base: Sequence[int], k: int, divisor: Sequence[int]) -> list[in
 
 
 def patch_divisor(cfg: DictConfig) -> list[int]:
-    """Per-axis ``[D, H, W]`` divisors of a patch the network takes: the plan's
-    ``model.divisible_by``, else the network adapter's (or probed) at the configured patch."""
+    """Per-axis ``[D, H, W]`` divisors of a patch: ``model.divisible_by``, else the network's."""
     planned = plain(cfg.model.get("divisible_by"))
     if isinstance(planned, list):
         return [int(d) for d in planned]
@@ -124,9 +118,8 @@ def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
 
 
 def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
-    """What a training step holds whatever its batch, patch or checkpointing: parameters (and
-    buffers), a gradient for each parameter and the optimizer state (bytes), and those parts as
-    text (MiB)."""
+    """What a training step holds whatever its batch, patch or checkpointing (bytes), and its
+    parts as text."""
     grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
     parts = (
         ("parameters", est.params + est.buffers),
@@ -151,8 +144,7 @@ class Planner:
         max_batch_size: int = 256,
         checkpoint_loss: bool | None = None,
     ) -> None:
-        """``checkpoint_loss``: estimate with ``model.checkpoint_loss`` set so (``None``: as
-        configured)."""
+        """``checkpoint_loss``: ``model.checkpoint_loss`` (``None``: as configured)."""
         if checkpoint_loss is not None:
             cfg = copy.deepcopy(cfg)
             with open_dict(cfg):
@@ -175,8 +167,7 @@ class Planner:
         checkpointing: Any,
         accumulate: int | None = None,
     ) -> MemoryEstimate:
-        """The estimate of micro-batches of ``batch_size`` (``accumulate`` of them a step;
-        default: the configured number)."""
+        """The estimate of ``accumulate`` (default: as configured) micro-batches a step."""
         accumulate = self.accumulate if accumulate is None else accumulate
         key = (batch_size, tuple(patch_size), written(checkpointing), accumulate)
         if key not in self._cache:
@@ -215,8 +206,7 @@ class Planner:
     # -- patches --------------------------------------------------------------------------
     def config_at(self, patch: Sequence[int]) -> DictConfig:
         """The config with the network's settings that follow the patch (its adapter's
-        :meth:`~volseg.models.networks.NetworkAdapter.sized_for`, e.g. UNETR's ``img_size``)
-        set for ``patch``; the estimator sets ``data.patch_size`` itself."""
+        ``sized_for``, e.g. UNETR's ``img_size``) set for ``patch``."""
         key = tuple(int(p) for p in patch)
         if list(key) == self.base_patch:
             return self.cfg
@@ -292,8 +282,7 @@ class _Choice:
 
 
 def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choice:
-    """The first option (cheapest first) whose largest batch reaches ``batch``; else the first
-    option with the largest batch."""
+    """The first option whose largest batch reaches ``batch``, else the one with the largest."""
     found: dict[str, tuple[Any, int, MemoryEstimate | None]] = {}
     for option in options:
         found[written(option)] = (option, *planner.largest_batch(option))
@@ -308,8 +297,7 @@ def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choi
 
 
 def _search_patch(planner: Planner, options: Sequence[Any], divisor: Sequence[int]) -> _Choice:
-    """The largest patch of the configured aspect ratio (:func:`scaled_patch`) at the
-    configured batch, with the first option with which one fits."""
+    """The largest :func:`scaled_patch` at the configured batch, with the first option that fits."""
     batch = int(planner.cfg.data.batch_size)
 
     def at(k: int) -> list[int]:
@@ -372,11 +360,8 @@ def _search_smaller_patch(
 def _micro_batching(
     planner: Planner, choice: _Choice, batch: int, configured: Any
 ) -> tuple[dict[str, Any] | None, float | None]:
-    """For a configured ``batch`` that does not fit: the largest micro-batch ``b`` that divides
-    it and fits with ``accumulate_grad_batches`` raised ``batch / b`` times (``None``: not even
-    1), and ``choice``'s FLOPs per sample over the configured step's. Time follows FLOPs per
-    sample (near the GPU's peak rate): micro-batches keep it (1.0; the kernel efficiency they
-    lose FLOPs do not show), checkpointing adds its recomputation's."""
+    """For a configured ``batch`` that does not fit: the largest micro-batch that divides it and
+    fits (``None``: not even 1), and ``choice``'s FLOPs per sample over the configured step's."""
 
     def per_sample(batch_size: int, checkpointing: Any, accumulate: int) -> float:
         """FLOPs of one optimizer step at the configured patch, per sample of the step."""
@@ -428,9 +413,8 @@ def _least(estimates: Sequence[MemoryEstimate]) -> str:
 def _fallback(
     planner: Planner, options: Sequence[Any], batch: int, steps: list[str]
 ) -> tuple[_Choice, str | None, list[str]]:
-    """No batch fits with any checkpointing option, nor micro-batches: loss checkpointing, then
-    a smaller patch. Appends what each lever tried to ``steps``; returns the choice, the lever
-    that found it and the overrides it adds beyond batch, patch and checkpointing."""
+    """Loss checkpointing, then a smaller patch, each tried appended to ``steps``; the choice, the
+    lever that found it and the overrides it adds beyond batch, patch and checkpointing."""
     settings = ", ".join(written(o) for o in options)
     steps.append(
         f"batch 1 to {planner.max_batch_size} and micro-batches with activation_checkpointing "
@@ -439,8 +423,7 @@ def _fallback(
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
         loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
-        # searched only where one estimate shows it lowering the step: the loss is the forward's
-        # last call and the backward's first, so it recomputes at once what it saved
+        # searched only where one estimate shows it lowering the step (docs/memory.md)
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
         without = planner.estimate(batch, planner.base_patch, heaviest)
@@ -482,15 +465,9 @@ def fit_step(
     max_batch_size: int = 256,
     as_configured: MemoryEstimate | None = None,
 ) -> StepFit:
-    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made).
-
-    ``checkpointing_options``: the settings tried, least recomputation first (``auto``: the
-    network adapter's). ``search=batch``: the first option with which the configured batch
-    fits, else the one that fits the largest batch, and where the configured batch does not fit,
-    micro-batches (:func:`_micro_batching`); where nothing does, :func:`_fallback`.
-    ``search=patch``: the largest patch at the configured batch with the first option with
-    which one fits. Where the resident state alone is over the budget nothing is searched
-    (``resident``, ``tried`` say so)."""
+    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made), by the
+    training step's levers of docs/memory.md (``search=batch``), or the largest patch at the
+    configured batch (``search=patch``); ``checkpointing_options``: least recomputation first."""
     if search not in ("batch", "patch"):
         raise ValueError(f"search={search}: must be batch or patch")
     planner = Planner(cfg, budget, max_batch_size)
@@ -540,10 +517,8 @@ def fit_step(
 
 @dataclass
 class BatchSearch:
-    """``data.batch_size=auto``'s answer: the largest batch at the configured patch and levers
-    that fits ``budget`` bytes (0: none does), and every batch the search estimated, ascending,
-    as ``{batch_size, peak_allocated, process_total, with_margin, fits}`` (bytes; ``with_margin``
-    is what the planner counts against the budget, the margin included)."""
+    """``data.batch_size=auto``'s answer: the largest batch that fits ``budget`` bytes (0: none),
+    and a row (bytes) per batch the search estimated, ascending."""
 
     budget: int
     batch_size: int
@@ -554,10 +529,8 @@ class BatchSearch:
 
 
 def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> BatchSearch:
-    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step, at its patch,
-    checkpointing and accumulation, whose estimate fits ``budget`` bytes: found from estimates
-    on fake tensors (a linear guess, then a walk: :meth:`Planner.largest_batch`), no trial step;
-    the batch after it is estimated too, so that the table shows where it stops fitting."""
+    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step whose estimate fits
+    ``budget`` bytes; the batch after it is estimated too, to show where it stops fitting."""
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.data.batch_size = 1  # each estimate sets its own batch

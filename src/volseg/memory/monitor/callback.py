@@ -55,24 +55,19 @@ def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, 
 
 
 class MemoryMonitor(Callback):
-    """Logs ``mem/*`` (MiB) every ``every_n_steps`` training steps and summarizes at fit end;
-    after each validation (not the sanity check) its own peaks, ``mem/val_peak_allocated_mib``
-    and ``mem/val_peak_reserved_mib``, and ``mem/val_start_allocated_mib`` (held when it began).
-    Added to ``predict.py``
+    """Logs ``mem/*`` (MiB; the keys: docs/memory.md) every ``every_n_steps`` training steps and
+    after each validation, and summarizes at fit end. Added to ``predict.py``
     (``+callbacks.memory_monitor._target_=volseg.memory.monitor.callback.MemoryMonitor
     +callbacks.memory_monitor.output_dir=DIR``), it logs the prediction's peaks (all volumes)
     and writes them to ``DIR/prediction_memory.json`` (bytes).
-
-    On CUDA the numbers come from the caching allocator, with the process's resident host memory
-    as ``mem/host_rss_mib``; on a CPU all are the resident set (labelled host memory).
 
     Args:
         output_dir: run dir for ``memory_timeline.png``, ``memory_layers.{csv,png}`` and snapshots.
         every_n_steps: log every N training steps (other steps are not touched).
         trace_step: global step whose memory is traced per module and category with torch's
             ``MemTracker`` (``None``: no trace).
-        snapshot_steps: on CUDA, record allocator history for this many steps from the fit's
-            first and dump ``memory_snapshot.pickle`` (view it at https://pytorch.org/memory_viz).
+        snapshot_steps: on CUDA, dump this many first steps' allocator history
+            (``memory_snapshot.pickle``).
         host_mmap_threshold: on a CPU, serve allocations above this many bytes with mmap so freed
             tensors leave the resident set (``None``: leave glibc's malloc as it is).
     """

@@ -1,5 +1,4 @@
-"""Pictures of memory: the per-step timeline and the per-module activation bars, as PNGs (sent
-to TensorBoard and W&B by :func:`volseg.memory.monitor.callback.log_memory_charts`)."""
+"""Pictures of memory: the per-step timeline and the per-module activation bars, as PNGs."""
 
 from __future__ import annotations
 

@@ -47,11 +47,8 @@ def oom_report(
     categories: dict[str, int] | None = None,
     stage: str = "train",
 ) -> str:
-    """Memory of the failing step (what is known of it), by category, and the levers.
-
-    ``stage``: Lightning's running stage (``train``, ``sanity_check``, ``validate``, ``test``,
-    ``predict``); outside training the phases of the last training step are not the failure's.
-    """
+    """Memory of the failing step (what is known of it), by category, and the levers;
+    ``stage``: Lightning's running stage (outside training the phases are not the failure's)."""
     names = {"sanity_check": "the sanity-check validation", "validate": "validation"}
     inference = f"{names.get(stage, stage)} (sliding-window inference)"
     lines = [f"CUDA out of memory in {'a training step' if stage == 'train' else inference}."]

@@ -1,7 +1,5 @@
-"""Reading memory counters: the CUDA caching allocator, or the process's resident memory on a CPU.
-
-Both give bytes: ``allocated`` (live tensors), ``reserved`` (held by the allocator; on a CPU both
-are the resident set), their peaks since the last ``reset_peak``, retries and OOMs (CUDA only).
+"""Reading memory counters in bytes: the CUDA caching allocator's, or on a CPU the process's
+resident memory (``allocated`` and ``reserved`` alike).
 """
 
 from __future__ import annotations
@@ -62,10 +60,8 @@ def _status_bytes(*fields: str) -> dict[str, int]:
 
 
 def set_mmap_threshold(threshold_bytes: int) -> bool:
-    """Make glibc serve allocations above ``threshold_bytes`` with mmap, and return them to the
-    OS when freed, so resident memory follows tensor allocations (fixing the threshold also
-    stops glibc from raising it dynamically). Returns whether it took effect.
-    """
+    """Make glibc serve allocations above ``threshold_bytes`` with mmap, so that resident memory
+    follows tensor allocations; whether it took effect."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
