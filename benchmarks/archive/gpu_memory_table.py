@@ -28,7 +28,7 @@ import hydra
 import torch
 from hydra import compose, initialize_config_dir
 
-from volseg.memory.estimate.layers import LayerTrace, block_activations
+from volseg.memory.monitor.layers import LayerTrace, block_activations
 from volseg.models.segmentation_module import guard_fp16_eps
 from volseg.plan import planned_config
 from volseg.utils.units import MIB

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from volseg.memory.estimate.layers import LayerTrace
 from volseg.memory.estimate.step import build_training_step
+from volseg.memory.monitor.layers import LayerTrace
 
 
 def real_step_peak(cfg, batch_size: int | None = None) -> dict[str, int]:

@@ -12,8 +12,8 @@ from volseg.memory.estimate.events import (
     held_series,
     module_activations,
 )
-from volseg.memory.estimate.layers import CATEGORIES as TRACKER_NAMES
 from volseg.memory.estimate.torch_private import RecordingMemTracker, module_snapshots
+from volseg.memory.monitor.layers import CATEGORIES as TRACKER_NAMES
 
 PHASES = ("Post-Forward", "Pre-Forward")
 PARAMS, ACTIVATIONS, GRADS = (CATEGORIES.index(c) for c in ("params", "activations", "grads"))

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
-from volseg.memory.estimate.layers import CSV_COLUMNS
 from volseg.memory.monitor.callback import MemoryMonitor
+from volseg.memory.monitor.layers import CSV_COLUMNS
 from volseg.plan import make_plan
 from volseg.tasks.train import train
 

@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from volseg.memory.estimate.layers import LayerTrace
 from volseg.memory.monitor.charts import plot_timeline, png_as_rgb
+from volseg.memory.monitor.layers import LayerTrace
 from volseg.memory.monitor.oom_report import category_bytes, oom_report
 from volseg.memory.monitor.readers import (
     HostMemoryReader,
