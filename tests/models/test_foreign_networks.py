@@ -40,6 +40,17 @@ PLAIN_CUSTOM = [
 ]
 
 
+def _same_gradients(plain, wrapped) -> torch.Tensor:
+    """Backward through both networks (every deep-supervision output) on one input; assert
+    each parameter's gradient is the same; return the input."""
+    x = torch.randn(2, 1, 16, 32, 32)
+    for net in (plain, wrapped):
+        sum(h.square().mean() for h in net(x)).backward()
+    for a, b in zip(plain.parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    return x
+
+
 def _planned(tmp_path, overrides):
     return make_plan(compose_config("train", tmp_path, overrides), estimate_step=False)
 
@@ -111,11 +122,7 @@ def test_checkpointing_all_wraps_the_stages_one_level_down_with_the_same_gradien
     wrapped = MemoryLevers(activation_checkpointing="all").apply(copy.deepcopy(plain), "build")
     assert sum("CheckpointWrapper" in type(m).__name__ for m in wrapped.modules()) == len(names)
     assert list(wrapped.state_dict()) == list(plain.state_dict())
-    x = torch.randn(2, 1, 16, 32, 32)
-    for net in (plain, wrapped):
-        sum(h.square().mean() for h in net(x)).backward()
-    for a, b in zip(plain.parameters(), wrapped.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad)
+    _same_gradients(plain, wrapped)
 
 
 def test_selective_reaches_the_conv_units_and_keeps_the_gradients_and_outputs(tmp_path):
@@ -136,11 +143,7 @@ def test_selective_reaches_the_conv_units_and_keeps_the_gradients_and_outputs(tm
     assert names == ["encoder.stages.0", "encoder.stages.1", "encoder.stages.2"]
     assert "forward" in vars(wrapped.decoder)
     assert list(wrapped.state_dict()) == list(plain.state_dict())
-    x = torch.randn(2, 1, 16, 32, 32)
-    for net in (plain, wrapped):
-        sum(h.square().mean() for h in net(x)).backward()
-    for a, b in zip(plain.parameters(), wrapped.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad)
+    x = _same_gradients(plain, wrapped)
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x), wrapped.eval()(x))
 
