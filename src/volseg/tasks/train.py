@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import math
@@ -16,10 +15,8 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
-from volseg.plan.network import plan_network
 from volseg.plan.report import log_host
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
-from volseg.utils.config import plain
 from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
@@ -60,14 +57,6 @@ def check_strategy(trainer_cfg: DictConfig) -> None:
         f"only); this run has trainer.accelerator={accelerator}{why}. On CPU processes use "
         "trainer.accelerator=cpu trainer.devices=N trainer.strategy=ddp_fork"
     )
-
-
-def check_patch_fits_network(cfg: DictConfig) -> None:
-    """One clear error when ``data.patch_size`` does not fit the network (what the plan checks)."""
-    patch = cfg.data.get("patch_size")
-    if cfg.model.get("net") is None or patch is None or len(patch) != 3 or patch == "auto":
-        return  # a malformed patch is the datamodule's error
-    plan_network(copy.deepcopy(cfg), plain(patch))
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,30 +157,26 @@ def _names_target(module: str | None, target: str) -> bool:
     return module is not None and (target == module or target.startswith(f"{module}."))
 
 
-def _instantiate_group(
-    cfg: DictConfig | None, kind: str, group: str, skip: Sequence[str] = ()
-) -> list:
+def _instantiate_group(cfg: DictConfig | None, group: str) -> list:
+    """One object per entry of the ``group`` node with a ``_target_``."""
     objects = []
     for name, entry in (cfg or {}).items():
-        if name not in skip and isinstance(entry, DictConfig) and "_target_" in entry:
-            file_log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
-            objects.append(build(entry, f"{group}.{name}", **_logger_defaults(kind, entry)))
+        if not (isinstance(entry, DictConfig) and "_target_" in entry):
+            continue
+        file_log.info("Instantiating %s.%s <%s>", group, name, entry._target_)
+        kwargs = {}
+        # every job of a multirun is its own W&B run; grouped by the sweep's folder name
+        if str(entry._target_).endswith("WandbLogger") and not entry.get("group") and in_multirun():
+            kwargs["group"] = Path(HydraConfig.get().sweep.dir).name
+        objects.append(build(entry, f"{group}.{name}", **kwargs))
     return objects
 
 
-def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
-    # every job of a multirun is its own W&B run; grouped by the sweep's folder name
-    is_wandb = kind == "logger" and str(entry._target_).endswith("WandbLogger")
-    if is_wandb and not entry.get("group") and in_multirun():
-        return {"group": Path(HydraConfig.get().sweep.dir).name}
-    return {}
-
-
-def instantiate_callbacks(cfg: DictConfig | None, skip: Sequence[str] = ()) -> list[Callback]:
-    """One callback per entry of ``callbacks`` with a ``_target_``, but those in ``skip``."""
-    return _instantiate_group(cfg, "callback", "callbacks", skip)
+def instantiate_callbacks(cfg: DictConfig | None) -> list[Callback]:
+    """One callback per entry of ``callbacks`` with a ``_target_``."""
+    return _instantiate_group(cfg, "callbacks")
 
 
 def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:
     """One logger per entry of ``logger`` with a ``_target_`` (W&B: grouped by sweep)."""
-    return _instantiate_group(cfg, "logger", "logger")
+    return _instantiate_group(cfg, "logger")
