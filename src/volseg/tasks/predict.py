@@ -194,14 +194,10 @@ def plan_volumes(
         source = "the GPU's total memory"
     else:
         limit, source = None, ""
-    settings = {
-        "model.inferer": {**plain(cfg.inferer), "roi_size": list(roi_size)},
-        "memory.cuda_context_mib": "auto",
-        "memory.gpu": None,
-    }
     estimate_cfg = copy.deepcopy(cfg)
-    for key, value in settings.items():
-        set_key(estimate_cfg, key, value)
+    set_key(estimate_cfg, "model.inferer", {**plain(cfg.inferer), "roi_size": list(roi_size)})
+    set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
+    set_key(estimate_cfg, "memory.gpu", None)
     try:
         spacing, orientation = (getattr(datamodule, k, None) for k in ("spacing", "orientation"))
         shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]

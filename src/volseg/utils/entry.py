@@ -89,12 +89,11 @@ def run_main(main: Callable[[], Any]) -> None:
     line; a multirun in which a job failed exits 1."""
     try:
         check_plugin_choices(sys.argv[1:])
+        refused = renamed_key(sys.argv[1:])
     except MissingPackage as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    renamed = renamed_key(sys.argv[1:])
-    if renamed is not None:
-        print(f"error: {renamed}", file=sys.stderr)
+        refused = str(err)
+    if refused is not None:
+        print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
     global _held_stderr
     _held_stderr = held = HeldStderr(sys.stderr)
