@@ -74,20 +74,18 @@ def config_error(
         err = err.__cause__
     if any(isinstance(e, MissingMandatoryValue) for e in chain):
         return None  # a ??? value: the entry point names it and shows the command
-    located = any(str(e).startswith("Error locating target") for e in chain)
+    # Hydra's wrapper names the node that failed ("full_key: model.net")
+    where = next((m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key)
+    node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+    not_found = [e for e in chain if str(e).startswith("Error locating target")]
     loading = [e for e in chain if str(e).startswith("Error loading '")]
-    if loading and not located:  # a class named inside the node (get_class's path) is missing
+    if loading and not not_found:  # a class named inside the node (get_class's path) is missing
         if not isinstance(chain[-1], ImportError | AttributeError | ValueError):
             return None  # its module raised while importing: a bug, with its traceback
         path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
-        where = next(
-            (m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key
-        )
-        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
         if isinstance(node, DictConfig) and node.get("path") == path:
             where = f"{where}.path"
         return import_failure(loading[0], path, f"{where}={path}")
-    not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
         target = target.group(1) if target else ""
@@ -107,16 +105,7 @@ def config_error(
     message = message or type(cause).__name__
     if re.match(rf"{re.escape(key)}[.=: ]", message):
         return UserInputError(message)  # the constructor named the key itself
-    # Hydra's wrapper names the node that failed ("full_key: model.net"); else a key of the node
-    # that the message mentions (Lightning: "Precision '17' is invalid")
-    where = key
-    for e in chain:
-        found = re.search(r"full_key: (\S+)", str(e))
-        if found:
-            where = found.group(1)
-            break
     if where != key:
-        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
         unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
         if unexpected and isinstance(node, DictConfig) and unexpected.group(1) in node:
             return UserInputError(f"{where}.{unexpected.group(1)}: {message}")  # a misspelt one
@@ -128,7 +117,7 @@ def config_error(
         first = re.match(r"\w+", message)
         if isinstance(node, DictConfig) and first and first.group(0) in node:
             return at_config_key(message, where)  # the component named its own parameter
-    if where == key:
+    else:  # a key of the node that the message mentions (Lightning: "Precision '17' is invalid")
         named = [
             k
             for k, v in (cfg or {}).items()
