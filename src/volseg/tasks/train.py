@@ -32,20 +32,17 @@ from volseg.utils.sweep import is_global_zero
 log = logging.getLogger(__name__)
 
 
-#: strategies that need a package torch and Lightning do not bring: the module they import
-OPTIONAL_STRATEGIES = {"deepspeed": "deepspeed"}
 #: strategies that shard the model across CUDA GPUs: Lightning runs them on CUDA only
 CUDA_ONLY_STRATEGIES = ("fsdp", "deepspeed")
 
 
 def check_strategy(trainer_cfg: DictConfig) -> None:
-    """One clear error for a ``trainer.strategy`` whose package is missing, or that needs CUDA
-    where the run has no CUDA GPU."""
+    """One clear error for a ``trainer.strategy`` whose package is missing (DeepSpeed: torch and
+    Lightning do not bring it), or that needs CUDA where the run has no CUDA GPU."""
     strategy = trainer_cfg.get("strategy")
     name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-    for key, module in OPTIONAL_STRATEGIES.items():
-        if key in name.lower():
-            require_all([module], f"trainer.strategy={name}")
+    if "deepspeed" in name.lower():
+        require_all(["deepspeed"], f"trainer.strategy={name}")
     if not any(key in name.lower() for key in CUDA_ONLY_STRATEGIES):
         return
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
