@@ -114,13 +114,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         check_weights_fit(model, checkpoint, cfg.model, cfg.ckpt_path)
         del checkpoint  # Lightning loads it again to restore the whole training state
 
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))
-    loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = build_trainer(
         cfg.trainer,
         async_checkpoint=cfg.get("async_checkpoint") is True,
-        callbacks=callbacks,
-        logger=loggers,
+        callbacks=instantiate_callbacks(cfg.get("callbacks")),
+        logger=instantiate_loggers(cfg.get("logger")),
     )
     for state in loader_states:  # the world size is exact once the trainer is built
         check_resume_world(state, trainer.world_size, f"ckpt_path={cfg.ckpt_path}")
@@ -154,8 +152,7 @@ def evaluate_best(
 ) -> dict[str, float]:
     """``test=true``: the best checkpoint (else the final weights) validated after fit, on the
     validation split (the layouts have none for test); ``test/<name>`` metrics."""
-    callback = trainer.checkpoint_callback
-    best = getattr(callback, "best_model_path", "") or None
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
     log.info(
         "test=true: evaluating %s on the validation split (the data have no test split)",
         best or "the final weights (no best checkpoint)",
