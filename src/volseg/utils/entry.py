@@ -51,25 +51,22 @@ USAGE = {
 _task_started = False
 
 
-class HeldStderr(io.TextIOBase):
+class HeldStderr(io.StringIO):
     """``sys.stderr`` held while Hydra composes (its advice replaced by one line)."""
 
     def __init__(self, stream: Any) -> None:
+        super().__init__()
         self.stream = stream
-        self.held: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.held.append(text)
-        return len(text)
 
     def release(self, write: bool = True) -> None:
         """Hand stderr back, writing what was held (``write``) or dropping it."""
         if sys.stderr is self:
             sys.stderr = self.stream
         if write:
-            self.stream.write("".join(self.held))
+            self.stream.write(self.getvalue())
             self.stream.flush()
-        self.held.clear()
+        self.seek(0)
+        self.truncate()
 
     def fileno(self) -> int:
         return self.stream.fileno()
