@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from volseg.data.transforms import DEFAULT_AUGMENT
+from volseg.data.transforms import AUGMENT_KEYS
 from volseg.utils.errors import UserInputError
 
 DEFAULTS_FILE = "dataset_defaults.json"
@@ -48,18 +48,19 @@ def resolve_augment(
     augment: Mapping[str, Any] | None, root: str | Path
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``data.augment`` with every ``null`` (or missing) key taken from the folder's own
-    defaults, else :data:`DEFAULT_AUGMENT`; returns the values and, per key, where each came
-    from (``configured``, the defaults file, or ``data=folder's default``)."""
+    defaults, else none (``[]`` of mirrorings and turns); returns the values and, per key, where
+    each came from (``configured``, the defaults file, or ``data=folder's default``)."""
     own = read_dataset_defaults(root).get("augment", {})
     given = dict(augment or {})
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     folder = f"the dataset's own ({Path(root) / DEFAULTS_FILE})"
-    for key in dict.fromkeys([*DEFAULT_AUGMENT, *given]):
+    for key in dict.fromkeys([*AUGMENT_KEYS, *given]):
         if given.get(key) is not None:
             values[key], sources[key] = given[key], "configured"
         elif key in own:
             values[key], sources[key] = own[key], folder
         else:
-            values[key], sources[key] = DEFAULT_AUGMENT.get(key), "data=folder's default"
+            none = [] if key in AUGMENT_KEYS[:2] else given.get(key)  # no mirroring, no turns
+            values[key], sources[key] = none, "data=folder's default"
     return values, sources

@@ -45,7 +45,7 @@ def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case
 class HDF5DataModule(VolumeDataModule):
     """:class:`VolumeDataModule` for HDF5 files holding datasets ``raw_key`` and ``label_key``."""
 
-    def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
+    def __init__(self, root: str, raw_key: str, label_key: str, **kw: Any) -> None:
         super().__init__(root, **kw)
         self.raw_key = raw_key
         self.label_key = label_key

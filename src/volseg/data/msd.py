@@ -251,11 +251,10 @@ class MSDDataModule(VolumeDataModule):
     ``in_channels`` ``None`` (``data=msd``'s) are read from ``dataset.json``; given, they must
     agree with it."""
 
-    def __init__(self, root: str, num_classes: int | None = None, **kw: Any) -> None:
-        super().__init__(root, num_classes=num_classes, **kw)
-        self.channel_names: list[str] | None = None
-        self.channels_key = "modality"
-        self.layout: str | None = None
+    #: from ``dataset.json`` once read (:meth:`find`)
+    channel_names: list[str] | None = None
+    channels_key = "modality"
+    layout: str | None = None
 
     def find(self) -> tuple[list[Case], list[str]]:
         dataset = read_dataset_json(self.root)

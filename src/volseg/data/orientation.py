@@ -15,6 +15,7 @@ from monai.transforms import MapTransform, Orientation
 from nibabel import orientations
 
 from volseg.data.io import volume_format
+from volseg.utils.errors import UserInputError
 
 #: MONAI's (and nibabel's) default meaning of the axis codes: RAS+ world coordinates
 LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
@@ -44,16 +45,16 @@ def orientation_problem(affine: np.ndarray, axcodes: str | None) -> str | None:
 
 
 def check_axcodes(axcodes: str | None) -> None:
-    """``ValueError`` naming ``data.orientation`` unless it is three distinct axis codes."""
+    """One :class:`UserInputError` naming ``data.orientation`` unless it is three distinct axis
+    codes (or ``None``)."""
     if axcodes is None:
         return
     try:
-        orientations.axcodes2ornt(str(axcodes), LABELS)
-        valid = len(str(axcodes)) == 3
+        valid = len(orientations.axcodes2ornt(str(axcodes), LABELS)) == 3
     except ValueError:
         valid = False
     if not valid:
-        raise ValueError(
+        raise UserInputError(
             f"data.orientation={axcodes}: expected three axis codes, one of L/R, P/A, I/S each "
             "(e.g. RAS, LPS), or null to read volumes as stored"
         )
