@@ -28,12 +28,7 @@ from volseg.data.cases import (
     input_problems,
     split_cases,
 )
-from volseg.data.dataset_defaults import (
-    DEFAULTS_FILE,
-    EMBEDDED_DEFAULTS,
-    resolve_augment,
-    write_dataset_defaults,
-)
+from volseg.data.dataset_defaults import resolve_augment
 from volseg.data.host_memory import (
     CACHE_MODES,
     HostEstimate,
@@ -201,9 +196,7 @@ class VolumeDataModule(LightningDataModule):
         self.val_cases: list[Case] = []
         self._train_ds: SeededItems | None = None
         self._val_ds: Dataset | None = None
-        self._split_done = False
-        self._cases: list[Case] = []
-        self._layout_problems: list[str] = []
+        self._split: tuple[list[Case], list[str]] | None = None  # all cases, layout problems
         self._sizes: tuple[dict[str, list[VolumeBytes]], list[str]] | None = None
         self._checked = False
         self._seed = 0
@@ -236,10 +229,6 @@ class VolumeDataModule(LightningDataModule):
                 if target.resolve() == self.root.resolve():
                     log.info("Generating %s in %s", what, self.root)
                     build(self.root, **settings)
-        embedded = self.synthetic and Path(self.synthetic["root"]).resolve() == self.root.resolve()
-        if embedded and self.root.is_dir() and not (self.root / DEFAULTS_FILE).exists():
-            # generated before the folder carried its own defaults: give it them once
-            write_dataset_defaults(self.root, EMBEDDED_DEFAULTS)
 
     def find(self) -> tuple[list[Case], list[str]]:
         """The dataset's complete cases, and problems of the layout itself (one line each);
@@ -305,8 +294,8 @@ class VolumeDataModule(LightningDataModule):
     def split(self) -> tuple[list[Case], list[str]]:
         """Find the cases and split them into ``train_cases``/``val_cases`` (no voxel is read);
         returns all cases and the layout's problems (then nothing is split)."""
-        if self._split_done:
-            return self._cases, self._layout_problems
+        if self._split is not None:
+            return self._split
         cases, problems = self.find()
         if not problems:
             self.train_cases, self.val_cases = split_cases(
@@ -317,9 +306,8 @@ class VolumeDataModule(LightningDataModule):
                     f"data.root={self.root}: the split leaves no training or no validation case "
                     f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
                 )
-        self._cases, self._layout_problems = cases, problems
-        self._split_done = True
-        return cases, problems
+        self._split = (cases, problems)
+        return self._split
 
     def host_estimate(
         self, device: str, devices: int = 1, cache_rate: float | None = None

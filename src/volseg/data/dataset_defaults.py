@@ -23,13 +23,6 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 }
 
 
-def write_dataset_defaults(root: str | Path, defaults: Mapping[str, Any]) -> Path:
-    """Write ``defaults`` as ``<root>/dataset_defaults.json``; returns the file."""
-    path = Path(root) / DEFAULTS_FILE
-    path.write_text(json.dumps(dict(defaults), indent=2))
-    return path
-
-
 def read_dataset_defaults(root: str | Path) -> dict[str, Any]:
     """The folder's own defaults (``{}`` when it has none); a broken file is one error."""
     path = Path(root) / DEFAULTS_FILE
