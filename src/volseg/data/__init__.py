@@ -4,5 +4,6 @@
   ``synthetic``, ``mni152``: the embedded datasets.
 - ``cases``: finding and checking cases; ``io``: reading and writing volumes; ``fingerprint``:
   ``data.patch_size=auto``; ``host_memory``: the data side's RAM.
-- ``transforms``, ``sampling``, ``loader_options``: augmentation, patch sampling, loaders.
+- ``transforms``, ``sampling``, ``loader_options``: augmentation, patch sampling, loaders and
+  their workers.
 """

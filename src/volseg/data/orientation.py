@@ -116,8 +116,3 @@ class Reorientd(MapTransform):
             if volume_format(source) == "nifti":
                 d[key] = self.orientation(d[key])
         return d
-
-
-def reorient_transform(keys: Sequence[str], axcodes: str | None) -> list[MapTransform]:
-    """``[Reorientd(keys, axcodes)]``, or nothing for ``axcodes=None`` (as stored)."""
-    return [] if axcodes is None else [Reorientd(keys, axcodes)]

@@ -35,7 +35,7 @@ from monai.transforms import (
 from monai.utils import convert_to_tensor
 
 from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
-from volseg.data.orientation import reorient_transform
+from volseg.data.orientation import Reorientd
 from volseg.utils.errors import UserInputError
 
 
@@ -76,18 +76,15 @@ def load_transforms(
         loader.register(NiftiReader())
         loader.register(TiffStackReader())
         loaders = [loader]
-    resample = []
-    if spacing is not None:
-        modes = ["nearest" if k == "label" else "bilinear" for k in keys]
-        # the arrays are still in file axis order (x, y, z) here
-        resample.append(Resampled(keys, spacing, modes))
+    modes = ["nearest" if k == "label" else "bilinear" for k in keys]
     return [
         *loaders,
         # a 3D file gets a channel axis; channel files of one case are stacked by the reader
         EnsureChannelFirstd(keys),
         # before resampling: data.spacing [z, y, x] names the axes of the reoriented grid
-        *reorient_transform(keys, orientation),
-        *resample,
+        *([Reorientd(keys, orientation)] if orientation is not None else []),
+        # the arrays are still in file axis order (x, y, z) here
+        *([Resampled(keys, spacing, modes)] if spacing is not None else []),
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
         NormalizeIntensityd("image", channel_wise=True),
