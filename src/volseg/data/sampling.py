@@ -49,14 +49,11 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         self.epoch = epoch
         self._resume = (epoch, skip)
 
-    def epoch_seed(self) -> int:
-        return (self.seed * 1_000_003 + self.epoch) % 2**63
-
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        generator = torch.Generator().manual_seed(self.epoch_seed())
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % 2**63)
         order = torch.randperm(self.num_items, generator=generator).tolist()
         seeds = torch.randint(0, 2**31 - 1, (self.num_items,), generator=generator).tolist()
         pairs = list(zip(order, seeds, strict=True))
