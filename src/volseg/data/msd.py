@@ -29,12 +29,10 @@ def _indexed_names(mapping: Any, what: str, source: Path) -> list[str]:
     """Names by index from ``{"0": name}`` or ``{name: 0}``; indices must be ``0..n-1``."""
     if not isinstance(mapping, dict) or not mapping:
         raise UserInputError(f"{source}: '{what}' must be a non-empty mapping")
-    first_key = next(iter(mapping))
+    by_name = not str(next(iter(mapping))).isdigit()  # {name: 0}, as nnU-Net v2 writes them
+    pairs = ((v, k) for k, v in mapping.items()) if by_name else mapping.items()
     try:
-        if str(first_key).isdigit():
-            by_index = {int(k): str(v) for k, v in mapping.items()}
-        else:
-            by_index = {int(v): str(k) for k, v in mapping.items()}
+        by_index = {int(index): str(name) for index, name in pairs}
     except (TypeError, ValueError):
         raise UserInputError(
             f"{source}: '{what}' must map indices to names (or names to integer indices; "

@@ -84,10 +84,9 @@ class ResumableLoader(DataLoader):
         if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
             return {}
         done, total = self.progress()
-        world = self.sampler.world
         if done >= total:  # the epoch is complete: a resumed run starts the next one
-            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": world}
-        return {"epoch": self.sampler.epoch, "batches_done": done, "world": world}
+            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": self.sampler.world}
+        return {"epoch": self.sampler.epoch, "batches_done": done, "world": self.sampler.world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):
