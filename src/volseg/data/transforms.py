@@ -34,7 +34,7 @@ from monai.transforms import (
 )
 from monai.utils import convert_to_tensor
 
-from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
+from volseg.data.io import NiftiReader, StackReader
 from volseg.data.orientation import Reorientd
 from volseg.utils.errors import UserInputError
 
@@ -69,12 +69,12 @@ def load_transforms(
     ``[z, y, x]`` (labels by nearest neighbour), reorder to ``(C, D, H, W)``, z-score the image
     per channel."""
     if hdf5_keys is not None:
-        loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
+        loaders = [LoadImaged(k, reader=StackReader(hdf5_keys[k]), image_only=True) for k in keys]
     else:
         loader = LoadImaged(keys, image_only=True)
         # registered readers are tried first, by file suffix
         loader.register(NiftiReader())
-        loader.register(TiffStackReader())
+        loader.register(StackReader())
         loaders = [loader]
     modes = ["nearest" if k == "label" else "bilinear" for k in keys]
     return [
