@@ -109,6 +109,14 @@ def test_bad_augment_keys_name_the_key():
         augment_transforms(PATCH, {"flip_axis": [0]})
 
 
+def test_a_null_or_missing_number_names_the_key():
+    """The YAML gives every key a value: a number left null or out is named, not guessed."""
+    with pytest.raises(UserInputError, match=r"data.augment.prob=None: expected a number"):
+        augment_transforms(PATCH, {**FOLDER_AUGMENT, "prob": None})
+    with pytest.raises(UserInputError, match=r"data.augment: missing key\(s\) \['scale'\]"):
+        augment_transforms(PATCH, {k: v for k, v in FOLDER_AUGMENT.items() if k != "scale"})
+
+
 def test_affine_crop_grows_evenly_and_only_when_asked():
     assert affine_crop_size([32, 64, 64], 0.0, 0.0) == [32, 64, 64]
     crop = affine_crop_size([32, 64, 64], 15.0, 0.15)

@@ -168,7 +168,6 @@ class VolumeDataModule(LightningDataModule):
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.patch_size = [int(p) for p in patch_size]
-        self.patch_voxels = patch_voxels
         self.batch_size = batch_size
         self.samples_per_volume = samples_per_volume
         self.val_fraction = val_fraction
