@@ -205,7 +205,7 @@ def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> 
     dhw = [int(s) for s in loaded["shape_zyx"]]
     if fmt != "nifti":
         return f"[D, H, W] = {dhw} ({STORED_AXES.get(fmt, 'Z, Y, X')} as stored)"
-    stored = tuple(int(s) for s in geometry.get("stored_shape", geometry["shape_zyx"][::-1]))
+    stored = tuple(int(s) for s in geometry["stored_shape"])
     axes = "x, y, z" + (", channels" if len(stored) == 4 else "")
     after = f"after orientation to {orientation}" if orientation else "(the file's z, y, x)"
     return f"{stored} as stored ({axes}), [D, H, W] = {dhw} {after}"
@@ -237,7 +237,7 @@ def _image_geometry(
     first = geometries[0]
     for path, geometry in zip(case.image_files, geometries, strict=True):
         if len(geometry["shape_zyx"]) != 3:
-            stored = list(geometry.get("stored_shape", geometry["shape_zyx"]))
+            stored = list(geometry["stored_shape"])
             axes = "x, y, z[, channels]" if geometry["format"] == "nifti" else "Z, Y, X"
             problems.append(
                 f"{_where(path, case.image_key)}: expected a 3D volume ({axes}), got shape "

@@ -192,7 +192,7 @@ def check_build_installed(root: str | Path, options: Mapping[str, Any] | None) -
     """Before any work: :func:`check_installed` for the dataset that ``options`` (``data.mni152``)
     will build at ``root``; nothing when there are none or the folder exists already."""
     if options and not Path(root).exists():
-        check_installed(str(options.get("task", "lobes")))
+        check_installed(str(options["task"]))
 
 
 def build_mni152_dataset(
