@@ -38,11 +38,7 @@ from volseg.data.host_memory import (
     fitting_cache_rate,
     volume_bytes,
 )
-from volseg.data.loader_options import (
-    LoaderOptions,
-    check_loader_options,
-    resolve_loader_options,
-)
+from volseg.data.loader_options import LoaderOptions, check_loader_options, resolve_loader_options
 from volseg.data.mni152 import build_mni152_dataset, check_build_installed
 from volseg.data.orientation import check_axcodes
 from volseg.data.sampling import (
