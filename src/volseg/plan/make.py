@@ -364,7 +364,6 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     answer = search(
         cfg,
         budget,
-        "batch",
         plain(options.get("checkpointing_options", "auto")),
         int(options.get("max_batch_size", 256)),
         as_configured=configured,

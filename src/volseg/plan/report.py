@@ -19,7 +19,6 @@ from volseg.memory.estimate.inference import InferenceEstimate
 from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate
 from volseg.memory.fit.inference import margin_note
-from volseg.memory.fit.step import StepFit
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
@@ -213,47 +212,6 @@ def format_lever_prices(rows: Any) -> str:
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
         lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factor}  {r.setting}{why}")
-    return "\n".join(lines)
-
-
-def format_step_fit(result: StepFit) -> str:
-    """The planner's answer: what to paste, and what the estimate says of it."""
-    budget = f"{result.budget / MIB:,.0f} MiB"
-    if not result.overrides:
-        return f"Nothing fits {budget}: even batch 1 at the smallest setting is over it."
-    lines = [f"Fits {budget} with: {' '.join(result.overrides)}"]
-    if result.estimate is not None:
-        lines.append(
-            f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
-            + (
-                f"; one step more ({result.search}) would need "
-                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
-                if result.next_step_estimate
-                else ""
-            )
-        )
-    if result.estimate is not None and result.estimate.get("margin"):
-        est = result.estimate
-        counted = (
-            "of the step's growth, the CPU margin of its kind:"
-            if est["device"] == "cpu"
-            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
-        )
-        lines.append(
-            f"  planned with a margin of {margin_text(est)} {counted} {est['margin_source']}"
-        )
-    if result.largest_batch_by_checkpointing:
-        table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
-        lines.append(f"  largest batch by activation_checkpointing: {table}")
-    if result.flops_per_sample is not None:
-        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
-    micro = result.micro_batching
-    if micro is not None:
-        lines += [
-            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
-            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
-            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
-        ]
     return "\n".join(lines)
 
 
