@@ -23,10 +23,10 @@ from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_pat
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
+from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.levers import check_placement_devices
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
-from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
@@ -532,9 +532,10 @@ def make_plan(
     opened = _Data(cfg)
     found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
 
-    lr = apply_learning_rate(cfg)
+    lr = resolve_learning_rate(cfg)  # set in place, the rule taken out of the optimizer's
     if lr is not None:
-        decisions["model.optimizer.lr"] = lr
+        source = "planned" if lr.why else "configured"
+        decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
 
     net = OmegaConf.select(cfg, "model.net")
     if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:
