@@ -262,16 +262,11 @@ def format_inference(est: InferenceEstimate, source: str = "") -> str:
 
 def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
     """The run's peak: the larger of the training step's and validation's, by phase."""
-    phases = [("training step", step.peak_allocated, step.peak_reserved, step.process_total)]
-    if validation is not None:
-        phases.append(
-            (
-                "validation",
-                validation.peak_allocated,
-                validation.peak_reserved,
-                validation.process_total,
-            )
-        )
+    phases = [
+        (name, est.peak_allocated, est.peak_reserved, est.process_total)
+        for name, est in (("training step", step), ("validation", validation))
+        if est is not None
+    ]
     name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
     lines = [f"Run peak: {name}"]
     for phase, a, r, t in phases:
@@ -344,27 +339,38 @@ def step_margin_note(est: MemoryEstimate) -> str:
     )
 
 
-def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
-    """The predicted process total of ``est`` within ``memory.budget=budget_value``; raises
-    :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
+    """The predicted process total of ``est`` (the ``what`` of the message) within
+    ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one line when it does not
+    fit (a sweep records the job as pruned): ``note`` after its peak, ``after`` at the end."""
     budget = parse_bytes(budget_value, "memory.budget")
     total = est.total_within(budget)
     if total is None:
         raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated training step needs "
+            f"memory.budget={budget_value}: the estimated {what} needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB){step_margin_note(est)}, over "
-            f"{budget / MIB:,.0f} MiB. "
-            "`python plan.py <the same overrides>` searches a batch, activation and loss "
-            "checkpointing, micro-batches and a smaller patch that fit"
+            f"{est.peak_allocated / MIB:,.0f} MiB){note}, over {budget / MIB:,.0f} MiB{after}"
         )
     log.info(
-        "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
+        "memory.budget=%s: the estimated %s needs %s MiB on %s, it fits",
         budget_value,
+        what,
         f"{total / MIB:,.0f}",
         est.device,
     )
     return total
+
+
+def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
+    """:func:`_within_budget` of the training step ``est``."""
+    return _within_budget(
+        est,
+        budget_value,
+        "training step",
+        step_margin_note(est),
+        ". `python plan.py <the same overrides>` searches a batch, activation and loss "
+        "checkpointing, micro-batches and a smaller patch that fit",
+    )
 
 
 def check_validation_fits(
@@ -374,26 +380,12 @@ def check_validation_fits(
     tried: str = "",
     hint: str = "",
 ) -> int:
-    """The predicted process total of the run's validation ``est`` (of its largest volume, from
-    ``shape_from``) within ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one
-    line when it does not fit (``tried``: the other settings estimated, with what each needs;
-    ``hint``: what else may help)."""
-    budget = parse_bytes(budget_value, "memory.budget")
-    total = est.total_within(budget)
+    """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
+    ``shape_from``; ``tried``: the other settings estimated, with what each needs; ``hint``:
+    what else may help)."""
     shape = "x".join(map(str, est.volume_shape))
-    if total is None:
-        even = f"; tried {tried}" if tried else ""
-        raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated validation of one {shape} volume "
-            f"({shape_from}) needs {est.process_total / MIB:,.0f} MiB on {est.device} (peak "
-            f"allocated {est.peak_allocated / MIB:,.0f} MiB){margin_note(est)}, over "
-            f"{budget / MIB:,.0f} MiB{even}{'. ' + hint if hint else ''}"
-        )
-    log.info(
-        "memory.budget=%s: the estimated validation of one %s volume needs %s MiB on %s, it fits",
-        budget_value,
-        shape,
-        f"{total / MIB:,.0f}",
-        est.device,
+    even = f"; tried {tried}" if tried else ""
+    what = f"validation of one {shape} volume ({shape_from})"
+    return _within_budget(
+        est, budget_value, what, margin_note(est), even + (". " + hint if hint else "")
     )
-    return total
