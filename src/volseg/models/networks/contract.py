@@ -1,22 +1,16 @@
 """The network contract: what the plan, the planner and the memory levers need from a network.
 
-:class:`NetworkAdapter` is the generic adapter, right for any ``nn.Module`` that maps
-``(B, C_in, D, H, W)`` to logits ``(B, K, D, H, W)``; a network family with more to say (its
-divisibility from its own settings, a topology to plan, its own checkpointing flag, deep
-supervision) subclasses it (:mod:`volseg.models.networks.unet3d`,
-:mod:`volseg.models.networks.monai_nets`). Nothing outside the adapters reads a network's own
-config keys.
-
-Config side (the plan, before anything is built): :meth:`NetworkAdapter.plan`,
-:meth:`NetworkAdapter.divisibility`, :meth:`NetworkAdapter.deep_supervision`. Module side (the
-levers, on the built network): :meth:`NetworkAdapter.check_checkpointing`,
-:meth:`NetworkAdapter.apply_checkpointing`, :meth:`NetworkAdapter.check_placement`,
-:meth:`NetworkAdapter.place`. Errors are ``ValueError`` naming the lever's key below ``model.``
-(``activation_checkpointing ...``, ``placement ...``).
+:class:`NetworkAdapter` is right for any ``nn.Module`` that maps ``(B, C_in, D, H, W)`` to
+logits ``(B, K, D, H, W)``; a family with more to say (its divisibility from its settings, a
+topology to plan, its own checkpointing flag, deep supervision) subclasses it
+(:mod:`volseg.models.networks.unet3d`, :mod:`volseg.models.networks.monai_nets`). Nothing outside
+the adapters reads a network's own config keys. Errors are ``ValueError`` naming the lever's key
+below ``model.`` (``activation_checkpointing ...``, ``placement ...``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +25,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils._pytree import tree_map
 
 from volseg.models.checkpointing import check_modes, checkpoint_segment, selective_chain
+from volseg.utils.config import plain
 
 #: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
 #: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
@@ -116,20 +111,26 @@ def flatten_chain(
     return [leaf for child in chain for leaf in flatten_chain(child, inside)]
 
 
+def stride_product(strides: Any, stages: int = 1) -> list[int]:
+    """Per axis, the product of ``strides``: an int for every axis of ``stages`` stages, or one
+    int or ``[z, y, x]`` per stage (DynUNet's and nnU-Net's ``strides``)."""
+    value = plain(strides)
+    entries = value if isinstance(value, list | tuple) else [value] * stages
+    per_axis = [
+        [int(v) for v in e] if isinstance(e, list | tuple) else [int(e)] * 3 for e in entries
+    ]
+    return [math.prod(s[axis] for s in per_axis) for axis in range(3)]
+
+
 class NetworkAdapter:
     """The generic adapter: any ``nn.Module``.
 
-    Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
-    unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
-    :func:`child_blocks`, ``selective`` wraps every block but a lone convolution with the
-    selective policy (its convolution outputs kept, the rest recomputed; a block that is a chain,
-    :meth:`chain`, as segments cut after each kept convolution), a list of submodule names wraps
-    those, a
-    mapping ``{submodule name: full|selective}`` wraps each so, with torch's
-    ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
-    by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
-    its device, and its inputs follow it there (a forward pre-hook calls ``Tensor.to``, which is
-    differentiable, so backward flows through every device).
+    Divisibility: probed on meta tensors (:mod:`volseg.models.networks.probe`) unless
+    ``model.divisible_by`` is set. Activation checkpointing (torch's
+    ``apply_activation_checkpointing``, non-reentrant, BatchNorm statistics updated once): the
+    blocks of :meth:`blocks`, by name or by a named setting, ``full`` or ``selective``.
+    Placement: ``{submodule name: device}``; a submodule's inputs follow it to its device
+    (``Tensor.to`` in a forward pre-hook: backward flows through every device).
     """
 
     #: what the adapter is for, in docs and errors
