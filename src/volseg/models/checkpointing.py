@@ -7,19 +7,11 @@ working set (upsample, pad, concat, two convs) at once in backward. In a decoder
 upsample + pad + concat run inside the first unit's segment, so the concatenated tensor (the
 largest of the level) is never kept.
 
-A *selective* segment (``selective``: torch's selective activation checkpointing,
-:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) keeps the outputs of its
-convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides its inputs and
-recomputes everything else (norms, activations, upsampling, concatenation, pooling) in
-backward, so no convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`: a
-network's one-channel input convolution). A block runs as a chain of such segments, cut after
-each kept convolution (:func:`selective_chain`): a cut there keeps nothing more, and each
-segment rebuilds one norm's output in backward, where a segment over the whole block rebuilt
-all of them, and the decoder's concatenation, at once, which set the step's peak. A decoder
-level's upsampling and concatenation, and a ``Down``'s pooling, run in the first segment, so
-they are not kept. Without it conv -> norm -> in-place activation keeps two maps per
-convolution and a level's concatenation; with it one, and the block's output where the next
-block needs it.
+A *selective* segment (torch's :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`)
+also keeps the outputs of its expensive ops (:data:`SAVED_OPS`: convolutions, matrix products)
+and recomputes the cheap ones (norms, activations, upsampling, concatenation, pooling), so no
+convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`). A block runs as a chain of
+such segments (:func:`selective_chain`, which says why).
 
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
@@ -42,7 +34,10 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-CheckpointSpec = str | Sequence[int] | Mapping[str, str] | None
+#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
+#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
+#: ``selective``
+CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 #: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first:
 #: ``selective`` recomputes no convolution, the others recompute those of their blocks
 CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")

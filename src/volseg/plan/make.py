@@ -306,10 +306,8 @@ def _plan_step(
         try:
             try:
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
-            except UserInputError:
-                raise
-            except Exception:
-                if validation_shape is None:
+            except Exception as err:
+                if isinstance(err, UserInputError) or validation_shape is None:
                     raise
                 # a validation the trace does not model: the step alone (validation says why)
                 run = estimate_run(RunPlan(cfg, decisions))

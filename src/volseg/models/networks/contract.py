@@ -24,13 +24,13 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils._pytree import tree_map
 
-from volseg.models.checkpointing import check_modes, checkpoint_segment, selective_chain
+from volseg.models.checkpointing import (
+    CheckpointSpec,
+    check_modes,
+    checkpoint_segment,
+    selective_chain,
+)
 from volseg.utils.config import plain
-
-#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
-#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
-#: ``selective``
-CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
