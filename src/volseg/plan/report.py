@@ -155,21 +155,17 @@ def format_estimate(
     if rest:
         rows.append(("the batch and rounding", rest))
     total = est.process_total if cuda else est.peak_allocated
-    sums = [("= peak allocated", est.peak_allocated)]
+
+    def line(name: str, nbytes: int, of: int = total) -> str:
+        return f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / max(of, 1):6.1f}%"
+
+    lines += [line(n, b) for n, b in rows] + [line("= peak allocated", est.peak_allocated)]
     if cuda:
-        rows_after = [
-            ("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
-            (f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
+        lines += [
+            line("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
+            line(f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
+            line("= process total (nvidia-smi)", est.process_total),
         ]
-        sums.append(("= process total (nvidia-smi)", est.process_total))
-    else:
-        rows_after = []
-
-    def line(name: str, nbytes: int) -> str:
-        return f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / max(total, 1):6.1f}%"
-
-    lines += [line(n, b) for n, b in rows] + [line(*sums[0])]
-    lines += [line(n, b) for n, b in rows_after] + [line(*s) for s in sums[1:]]
     if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
         lines.append(f"    {'step growth':<52}{est.step_peak_growth / MIB:>12,.1f} MiB")
         lines.append(
@@ -182,20 +178,13 @@ def format_estimate(
         f"  activations by module (what its forward keeps for backward; % of the "
         f"{activations / MIB:,.1f} MiB of activations):"
     )
-    for name, nbytes in list(est.modules.items())[:top]:
-        lines.append(f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / activations:6.1f}%")
+    lines += [line(n, b, activations) for n, b in list(est.modules.items())[:top]]
     more = list(est.modules.values())[top:]
     if more:
-        name = f"({len(more)} more modules)"
-        lines.append(
-            f"    {name:<52}{sum(more) / MIB:>12,.1f} MiB {100 * sum(more) / activations:6.1f}%"
-        )
+        lines.append(line(f"({len(more)} more modules)", sum(more), activations))
     outside = activations - sum(est.modules.values())
     if outside > 0:
-        lines.append(
-            f"    {'(outside any module: the batch, autograd)':<52}{outside / MIB:>12,.1f} MiB "
-            f"{100 * outside / activations:6.1f}%"
-        )
+        lines.append(line("(outside any module: the batch, autograd)", outside, activations))
     lines += [f"  not modelled: {text}" for text in unmodelled]
     return "\n".join(lines)
 
