@@ -173,7 +173,7 @@ def _checkpointing(value: Any) -> CheckpointSpec:
 
 @dataclass(frozen=True)
 class MemoryLevers:
-    """The ``model.*`` memory levers of :class:`~volseg.models.SegmentationModule`.
+    """The ``model.*`` memory levers of the ``SegmentationModule``.
 
     Args:
         activation_checkpointing: which blocks recompute their activations in backward, as the
