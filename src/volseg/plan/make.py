@@ -392,9 +392,8 @@ def _validation_volume(
     """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
-    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
-        return None, ""
-    if "model" not in cfg or "data" not in cfg:
+    wanted = OmegaConf.select(cfg, "memory.budget") or estimate_step
+    if not wanted or "model" not in cfg or "data" not in cfg:
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
