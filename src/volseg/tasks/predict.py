@@ -29,11 +29,10 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
-from volseg.data.loader_options import worker_context
+from volseg.data.loader_options import init_loader_worker, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
-from volseg.data.workers import init_loader_worker
 from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
