@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
 from volseg.memory.estimate.events import blocks
@@ -28,13 +29,11 @@ CATEGORIES = {
     "Temp": "temporaries",
     "Other": "other",
 }
+# MemTracker's states, in their order: Pre-Forward -> pre_forward
 PHASES = {
-    "Pre-Forward": "pre_forward",
-    "Post-Forward": "post_forward",
-    "Peak-Forward": "peak_forward",
-    "Pre-Backward": "pre_backward",
-    "Post-Backward": "post_backward",
-    "Peak-Backward": "peak_backward",
+    f"{when}-{part}": f"{when}_{part}".lower()
+    for part in ("Forward", "Backward")
+    for when in ("Pre", "Post", "Peak")
 }
 CSV_COLUMNS = [
     "module",
@@ -45,16 +44,6 @@ CSV_COLUMNS = [
     *(f"{c}_mib" for c in CATEGORIES.values()),
     "total_mib",
 ]
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        return [t for item in batch for t in _tensors(item)]
-    return []
 
 
 def _device_sum(snapshot: dict[torch.device, dict[str, int]], key: str) -> int:
@@ -69,7 +58,9 @@ class LayerTrace:
     ) -> None:
         self.module = module
         self.tracker = ClosureMemTracker()
-        self.tracker.track_external(module, *optimizers, *_tensors(batch))
+        tensors: list[torch.Tensor] = []  # the batch's tensors (not its names, paths, ...)
+        apply_to_collection(batch, torch.Tensor, tensors.append)
+        self.tracker.track_external(module, *optimizers, *tensors)
         self._running = False
 
     def start(self) -> None:
