@@ -83,36 +83,28 @@ class LayerTrace:
     def rows(self) -> list[dict[str, Any]]:
         """One row per (called module, phase): the step's memory by category at that moment,
         with the module's own parameters and activations."""
-        inside = blocks(
-            {
-                name
-                for name, mod in self.module.named_modules()
-                if name and module_snapshots(self.tracker, mod) is not None
-            }
-        )
-        rows = []
+        called = {}  # name -> (module, its snapshots by state), in named_modules' order
         for name, mod in self.module.named_modules():
-            snaps = module_snapshots(self.tracker, mod) if name else None
-            if snaps is None:
-                continue
+            if name and (snaps := module_snapshots(self.tracker, mod)) is not None:
+                called[name] = (mod, snaps)
+        inside = blocks(set(called))
+        rows = []
+        for name, (mod, snaps) in called.items():
             own_act = _device_sum(snaps.get("Post-Forward", {}), "Activation") - _device_sum(
                 snaps["Pre-Forward"], "Activation"
             )
-            own_params = sum(p.numel() * p.element_size() for p in mod.parameters())
+            own = {
+                "module": name,
+                "is_block": name in inside,
+                "own_params_mib": sum(p.numel() * p.element_size() for p in mod.parameters()) / MIB,
+                "own_activations_mib": max(own_act, 0) / MIB,
+            }
             for state, phase in PHASES.items():
-                if state not in snaps:
-                    continue
-                row = {
-                    "module": name,
-                    "is_block": name in inside,
-                    "own_params_mib": own_params / MIB,
-                    "own_activations_mib": max(own_act, 0) / MIB,
-                    "phase": phase,
-                }
-                for key, category in CATEGORIES.items():
-                    row[f"{category}_mib"] = _device_sum(snaps[state], key) / MIB
-                row["total_mib"] = _device_sum(snaps[state], "Total") / MIB
-                rows.append(row)
+                if state in snaps:
+                    at = snaps[state]
+                    by = {f"{c}_mib": _device_sum(at, key) / MIB for key, c in CATEGORIES.items()}
+                    total = _device_sum(at, "Total") / MIB
+                    rows.append({**own, "phase": phase, **by, "total_mib": total})
         return rows
 
     def write(self, output_dir: Path, top: int = 10) -> list[dict[str, Any]]:
