@@ -162,7 +162,7 @@ def fit_validation(
         fit.tried.append(f"smaller windows: not for {net._target_}, built for one input size")
         return fit
     divisor = patch_divisor(cfg)
-    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.get("in_channels", 1))))
+    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.in_channels)))
     if not windows:
         fit.tried.append(f"smaller windows: none below {_shape(roi0)} that the network takes")
         return fit
