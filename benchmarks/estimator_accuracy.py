@@ -64,7 +64,6 @@ import torch
 
 from benchmarks import grid, results_io, samples
 from benchmarks.grid import NETWORKS, Grid
-from volseg.utils.cpu import cpu_description
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -530,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     today = datetime.date.today().isoformat()
     print(f"# estimator accuracy against python train.py on {args.device}, {today}")
     print()
-    print(f"CPU: {cpu_description()}; torch {torch.__version__}")
+    print(f"CPU: {results_io.cpu_description()}; torch {torch.__version__}")
     if args.device == "cuda" and torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     malloc = "glibc default" if args.malloc_default else "MALLOC_MMAP_THRESHOLD_=65536"
@@ -572,7 +571,6 @@ def main(argv: list[str] | None = None) -> None:
             script=__file__,
             argv=argv,
             device=args.device,
-            cpu_description=cpu_description(),
             monai=monai.__version__,
             packages=network_packages(),
             python=sys.version.split()[0],

@@ -128,12 +128,22 @@ def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
     return f"python -m benchmarks {Path(script).stem} {shlex.join(args)}".rstrip()
 
 
+def cpu_description() -> str:
+    """One line for logs and benchmark tables: model, cores, ISA flags, bf16 native or not."""
+    from volseg.utils.cpu import cpu_bf16_native, cpu_flags, cpu_model
+
+    flags = " ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu_flags().items())
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    cap = f", oneDNN capped at {capped}" if capped else ""
+    native = "native" if cpu_bf16_native() else "emulated"
+    return f"{cpu_model()} ({os.cpu_count()} cores; {flags}; bf16 {native}{cap})"
+
+
 def machine(device: str = "cpu") -> dict[str, Any]:
-    """The CPU (model, ISA flags, what torch dispatches to), torch, and the GPU when ``device``
-    is ``cuda``."""
+    """The CPU (model, ISA flags, what torch dispatches to), torch, the GPU on ``cuda``."""
     import torch
 
-    from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
+    from volseg.utils.cpu import cpu_flags, cpu_model
 
     gpu = None
     if device == "cuda" and torch.cuda.is_available():

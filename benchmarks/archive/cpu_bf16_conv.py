@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from benchmarks import results_io
+from benchmarks.results_io import cpu_description
 from volseg.models.conv import Conv3d
-from volseg.utils.cpu import cpu_description
 
 #: relative error above which a row is marked wrong (bf16 rounding gives ~0.004)
 WRONG_ABOVE = 0.05

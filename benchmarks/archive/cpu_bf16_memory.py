@@ -38,9 +38,9 @@ from benchmarks.archive.op_memory import (
     op_memory_reader,
     resident_peak,
 )
+from benchmarks.results_io import cpu_description
 from volseg.memory.estimate.workspace import gemm_float32_buffer
 from volseg.memory.monitor.readers import HostMemoryReader
-from volseg.utils.cpu import cpu_description
 
 BF16 = torch.bfloat16
 

@@ -40,9 +40,9 @@ from benchmarks.archive.op_memory import (
     op_memory_reader,
     resident_peak,
 )
+from benchmarks.results_io import cpu_description
 from volseg.memory.estimate.workspace import cpu_workspace
 from volseg.memory.monitor.readers import HostMemoryReader
-from volseg.utils.cpu import cpu_description
 
 CHANNELS_LAST = torch.channels_last_3d
 

@@ -51,8 +51,8 @@ from hydra import compose, initialize_config_dir
 
 from benchmarks import results_io
 from benchmarks.cases import NUM_CLASSES, write_cases
+from benchmarks.results_io import cpu_description
 from volseg.plan import planned_config
-from volseg.utils.cpu import cpu_description
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))

@@ -228,7 +228,7 @@ def score(
     import torch
 
     from benchmarks.archive.mni152_runs import predicted_voxels
-    from volseg.models.dice import case_dice, mean_over_cases
+    from volseg.models.dice import case_dice, class_means
 
     rows = []
     for name in names:
@@ -243,7 +243,9 @@ def score(
                 len(classes),
             )
         )
-    per_class = mean_over_cases(torch.cat(rows))
+    per_case = torch.cat(rows)  # (N, K), NaN: class not in that case's label
+    counts = (~per_case.isnan()).sum(dim=0).double()
+    per_class = class_means(per_case.nan_to_num(0.0).sum(dim=0), counts)
     voxels = predicted_voxels(pred_dir, names, classes)
     return dict(zip(classes, per_class.tolist(), strict=True)), voxels
 

@@ -34,7 +34,7 @@ from benchmarks.archive.steps import (
     make_batch,
     matmul_flops_per_s,
 )
-from volseg.utils.cpu import cpu_description
+from benchmarks.results_io import cpu_description
 
 #: name -> train.py overrides of the model (every other setting as train_throughput.py's)
 NETS = {

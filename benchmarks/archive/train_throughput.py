@@ -46,7 +46,7 @@ from benchmarks.archive.steps import (
     make_batch,
     matmul_flops_per_s,
 )
-from volseg.utils.cpu import cpu_description
+from benchmarks.results_io import cpu_description
 
 os.environ.setdefault("PROJECT_ROOT", str(results_io.REPO))
 VARIANTS = ("fp32", "fp32+channels_last_3d", "bf16-autocast", "bf16-autocast+channels_last_3d")

@@ -158,7 +158,7 @@ def run(overrides: list[str], epochs: int, workdir: Path) -> tuple[float, Timers
 
 
 def main(argv: list[str] | None = None) -> None:
-    from volseg.utils.cpu import cpu_description
+    from benchmarks.results_io import cpu_description
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness, results_io
-from volseg.utils.cpu import cpu_description, cpu_flags, cpu_model
+from benchmarks.results_io import cpu_description
+from volseg.utils.cpu import cpu_flags, cpu_model
 from volseg.utils.units import MIB
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from volseg.models.dice import case_dice, mean_over_cases
+from volseg.models.dice import case_dice, class_means
 
 
 def test_case_dice_counts_overlap_per_class_and_leaves_absent_classes_out():
@@ -22,8 +22,7 @@ def test_case_dice_counts_overlap_per_class_and_leaves_absent_classes_out():
     assert math.isnan(dice[0, 2].item())  # absent from the label: not scored
 
 
-def test_mean_over_cases_averages_the_cases_that_hold_a_class():
-    nan = float("nan")
-    rows = torch.tensor([[1.0, 0.5, nan, nan], [0.5, nan, 0.25, nan]], dtype=torch.float64)
-    per_class = mean_over_cases(rows)
-    assert per_class.tolist() == [0.75, 0.5, 0.25, 0.0]  # 0 for a class in no case
+def test_class_means_divides_by_the_cases_that_hold_a_class():
+    sums = torch.tensor([1.5, 0.5, 0.25, 0.0], dtype=torch.float64)
+    counts = torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    assert class_means(sums, counts).tolist() == [0.75, 0.5, 0.25, 0.0]  # 0 for a class in no case

@@ -20,9 +20,3 @@ def case_dice(pred: torch.Tensor, label: torch.Tensor, num_classes: int) -> torc
 def class_means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Per-class Dice ``(K,)`` from score sums and case counts ``(K,)``; 0 for no case."""
     return torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
-
-
-def mean_over_cases(per_case: torch.Tensor) -> torch.Tensor:
-    """Per-class Dice ``(K,)`` of :func:`case_dice` rows ``(N, K)``."""
-    sums = per_case.nan_to_num(0.0).sum(dim=0)
-    return class_means(sums, (~per_case.isnan()).sum(dim=0).double())

@@ -116,15 +116,6 @@ def lever_lines(during: str) -> list[str]:
     return [f"  {i}. {lever.name}: {lever.setting}" for i, lever in enumerate(chosen, start=1)]
 
 
-def lever_table() -> str:
-    """:data:`LEVERS` as the markdown table of docs/memory.md."""
-    rows = ["| lever | config | what it does |", "| --- | --- | --- |"]
-    for lever in LEVERS:
-        setting = lever.setting.replace("|", "\\|")
-        rows.append(f"| {lever.name} | `{setting}` | {lever.does} |")
-    return "\n".join(rows)
-
-
 #: ``model.offload_activations`` value that offloads only the input-resolution maps
 FULL_RESOLUTION = "full_resolution"
 #: cuDNN's environment variable capping its convolutions' workspace (MiB)

@@ -63,15 +63,6 @@ def cpu_bf16_native() -> bool:
     return flags["avx512_bf16"] or flags["amx_bf16"]
 
 
-def cpu_description() -> str:
-    """One line for logs and benchmark tables: model, cores, ISA flags, bf16 native or not."""
-    flags = " ".join(f"{k}={'yes' if v else 'no'}" for k, v in cpu_flags().items())
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    cap = f", oneDNN capped at {capped}" if capped else ""
-    native = "native" if cpu_bf16_native() else "emulated"
-    return f"{cpu_model()} ({os.cpu_count()} cores; {flags}; bf16 {native}{cap})"
-
-
 #: ISA flag -> the kind of CPU it makes, first match (a CPU with none of them and AVX2: ``AVX2``)
 CPU_KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"), ("avx512f", "AVX-512"))
 
