@@ -403,6 +403,8 @@ def lever_time_factors(path: Path, doc: dict) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["rows"]:
+        if not r["setting"]:
+            continue  # the configured step: 1.00 by definition
         flops = r.get("flops_factor")
         lines.append(
             f"| {r['network']} | {r['setting'] or 'as configured'} | "
