@@ -88,9 +88,8 @@ class StepWork:
     ``segments`` and ``selective_segments`` (checkpointed segments run, those with a selective
     policy among them), ``segment_calls`` (ops a segment's forward dispatches: each saved tensor
     goes through checkpoint's hooks), ``selective_calls`` (ops a selective policy saw, forward
-    and recompute),
-    ``replayed`` (each op timed by replay, with its count) and ``bytes`` (read and written by
-    every other op)."""
+    and recompute), ``replayed`` (each op timed by replay, with its count) and ``bytes`` (read
+    and written by every other op)."""
 
     device: str
     calls: int = 0
