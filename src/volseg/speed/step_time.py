@@ -149,7 +149,7 @@ def counted_segments(work: StepWork, counting: Callable[[], bool]) -> Iterator[N
 
     names = {
         "checkpoint": "segments",
-        "selective_contexts": "selective_segments",
+        "create_selective_checkpoint_contexts": "selective_segments",
         "_keep_expensive": "selective_calls",
     }
     with ExitStack() as stack:
