@@ -26,9 +26,9 @@ from volseg.utils.config import plain, set_key
 class LeverPrice:
     """One row: the ``lever``, the ``setting`` that pulls it, the predicted ``peak`` (bytes, as
     the planner counts a budget: the margin included), ``time_factor`` (the step's predicted
-    time over the configured step's; ``None``: not predicted, ``why`` says) and ``moved``
-    (bytes a step
-    copies between host and device, offload only)."""
+    time over the configured step's; ``None``: not predicted, ``why`` says), ``flops_factor``
+    (its FLOPs over the configured step's) and ``moved`` (bytes a step copies between host and
+    device, offload only)."""
 
     lever: str
     setting: str
@@ -73,13 +73,13 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
         flops = est.flops_per_step / max(base.flops_per_step, 1)
         seconds = None if speed is None else est.work.seconds(speed) / base.work.seconds(speed)
         peak = planned_total(est.step)
-        rows.append(LeverPrice(lever, setting, peak, seconds or flops, flops, moved, why))
+        rows.append(LeverPrice(lever, setting, peak, seconds, flops, moved, why))
 
     add(
         "as configured",
         "",
         base,
-        "time: FLOPs only, no such device here to time" if speed is None else "",
+        "time: not predicted, no such device here to time its ops on" if speed is None else "",
     )
     if str(cfg.trainer.get("precision")) in ("32", "32-true"):
         half = "bf16-mixed" if base.step.device == "cpu" else "16-mixed"
