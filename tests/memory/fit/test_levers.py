@@ -5,9 +5,10 @@ factor (its ops timed on this machine) and its FLOPs factor."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.conftest import TINY, compose_config
-from volseg.memory.fit.levers import lever_prices
+from volseg.memory.fit.levers import device_speed, lever_prices
 from volseg.models.networks import adapter_for
 from volseg.plan import planned_config
 from volseg.plan.report import format_lever_prices
@@ -32,3 +33,10 @@ def test_the_table_prices_every_lever_that_applies(tmp_path):
     assert rows[-1].lever == "two-device split" and rows[-1].time_factor is None
     text = format_lever_prices(rows)
     assert "model.activation_checkpointing=all" in text and "not modelled" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU to time on")
+def test_no_step_time_is_predicted_for_a_gpu_this_machine_lacks():
+    # its rows' time column is "?": FLOPs alone are not a time
+    assert device_speed("cuda") is None
+    assert device_speed("cpu") is not None
