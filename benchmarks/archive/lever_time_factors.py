@@ -1,14 +1,15 @@
 """Every lever's predicted step-time factor against the measured one, on this CPU.
 
 For unet_small and MONAI's BasicUNet (a network of another project), each lever of
-``estimate_memory.py``'s table whose price is recomputed FLOPs (each activation checkpointing
+``estimate_memory.py``'s table that changes the step's ops (each activation checkpointing
 setting the network's adapter offers, micro-batches) is timed here: the module ``train.py``
 builds (:func:`volseg.models.build.build_model`) runs forward, loss, backward and the optimizer
-step in float32, one warm-up step and ``--steps`` timed, and the lever's fastest step time over the
-configured step's is its measured factor. The predicted factor is the table's
-(:func:`volseg.memory.fit.levers.lever_prices`: the step's FLOPs over the configured step's, from
-the estimate's trace). Levers whose price is not FLOPs (offload, the two-device split) or not
-modelled on a CPU (half precision's kernels) are left out.
+step in float32, one warm-up step, then ``--steps`` steps and at least 3 s of them, and the
+lever's fastest step time over the configured step's is its measured factor. The predicted factor
+is the table's (:func:`volseg.memory.fit.levers.lever_prices`: the traced step's ops priced on
+this machine, :mod:`volseg.speed.step_time`), its FLOPs factor beside it. Levers whose price is
+not the step's ops (offload, the two-device split) or not modelled (half precision's kernels)
+are left out.
 
     python -m benchmarks lever_time_factors   # results/cpu/<date>_lever_time_factors.json
     python -m benchmarks lever_time_factors --device cuda   # the same rows on a GPU
@@ -44,11 +45,11 @@ def _overrides(setting: str) -> list[str]:
     return [part for part in setting.split(" ") if part]
 
 
-def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
-    """The fastest of ``steps`` timings of one optimizer step of the planned ``cfg`` (its
-    micro-batches included) on ``device``: forward, loss, backward, optimizer step; one warm-up
-    step first. The fastest, not the mean: on a shared CPU a step another process slowed down
-    says nothing of the lever."""
+def step_seconds(cfg: Any, steps: int, device: str = "cpu", seconds: float = 3.0) -> float:
+    """The fastest timing of one optimizer step of the planned ``cfg`` (its micro-batches
+    included) on ``device``: forward, loss, backward, optimizer step; one warm-up step, then at
+    least ``steps`` steps and ``seconds`` of them (a fast network's steps are many). The
+    fastest, not the mean: a step another process slowed down says nothing of the lever."""
     from volseg.models.build import build_model
 
     module = build_model(cfg).to(device)
@@ -59,8 +60,9 @@ def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
     shape = (batch, int(cfg.in_channels), *[int(p) for p in cfg.data.patch_size])
     image = torch.randn(shape, device=device)
     label = torch.randint(0, int(cfg.num_classes), (batch, 1, *shape[2:]), device=device)
-    times = []
-    for step in range(steps + 1):
+    times: list[float] = []
+    step = 0
+    while step <= steps or sum(times) < seconds:
         start = time.perf_counter()
         for _ in range(accumulate):
             loss = module.compute_loss(module(image), label) / accumulate
@@ -71,6 +73,7 @@ def step_seconds(cfg: Any, steps: int, device: str = "cpu") -> float:
             torch.cuda.synchronize()
         if step:
             times.append(time.perf_counter() - start)
+        step += 1
     return min(times)
 
 
@@ -99,6 +102,7 @@ def network_rows(
             "lever": price.lever,
             "setting": price.setting,
             "predicted_factor": price.time_factor,
+            "flops_factor": price.flops_factor,
             "seconds_per_step": seconds,
             "measured_factor": seconds / baseline,
         }

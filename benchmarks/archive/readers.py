@@ -391,6 +391,29 @@ def levers_cpu(path: Path, doc: dict) -> str:
     return "\n".join(lines)
 
 
+@newest("lever_time_factors")
+def lever_time_factors(path: Path, doc: dict) -> str:
+    """Each lever's predicted step-time factor (and its FLOPs factor) against the measured one
+    (``lever_time_factors.py``)."""
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}; float32, the fastest step of at least "
+        f"{doc['steps']} and 3 s):",
+        "",
+        "| network | setting | predicted | FLOPs alone | measured | error |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["rows"]:
+        if not r["setting"]:
+            continue  # the configured step: 1.00 by definition
+        flops = r.get("flops_factor")
+        lines.append(
+            f"| {r['network']} | {r['setting'] or 'as configured'} | "
+            f"{r['predicted_factor']:.2f} | {'' if flops is None else f'{flops:.2f}'} | "
+            f"{r['measured_factor']:.2f} | {_pct(r['error'])} |"
+        )
+    return "\n".join(lines)
+
+
 @newest("train_throughput")
 def train_throughput(path: Path, doc: dict) -> str:
     """Steps per second through Lightning and a plain loop, FLOPs and the fraction of the

@@ -191,16 +191,21 @@ def format_estimate(
 
 def format_lever_prices(rows: Any) -> str:
     """Every lever with its price (:func:`volseg.memory.fit.levers.lever_prices`): the predicted
-    peak (the margin included) and step-time factor of each, one line each."""
+    peak (the margin included), step time and FLOPs of each as factors, one line each."""
     lines = [
-        "Every lever for this step (predicted peak with the margin; step time as a factor of the "
-        "configured step's, from its FLOPs):"
+        "Every lever for this step (predicted peak with the margin; step time and FLOPs as "
+        "factors of the configured step's, the time from its ops timed on this machine):",
+        f"  {'lever':<25}{'peak':>14}   time  FLOPs  setting",
     ]
     for r in rows:
-        factor = f"{r.time_factor:5.2f}x" if r.time_factor is not None else "    ?"
+
+        def factor(value: float | None) -> str:
+            return f"{value:5.2f}x" if value is not None else "    ?"
+
+        factors = f"{factor(r.time_factor)} {factor(r.flops_factor)}"
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
-        lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factor}  {r.setting}{why}")
+        lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factors}  {r.setting}{why}")
     return "\n".join(lines)
 
 

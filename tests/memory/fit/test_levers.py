@@ -1,13 +1,14 @@
 """Every lever with its price: the table lists each lever that applies to the network, every
-checkpointing setting its adapter offers among them, with its predicted peak and step-time
-factor from the estimate's FLOPs."""
+checkpointing setting its adapter offers among them, with its predicted peak, its step-time
+factor (its ops timed on this machine) and its FLOPs factor."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.conftest import TINY, compose_config
-from volseg.memory.fit.levers import lever_prices
+from volseg.memory.fit.levers import device_speed, lever_prices
 from volseg.models.networks import adapter_for
 from volseg.plan import planned_config
 from volseg.plan.report import format_lever_prices
@@ -24,10 +25,18 @@ def test_the_table_prices_every_lever_that_applies(tmp_path):
     listed = [r.setting for r in rows if r.lever == "activation checkpointing"]
     assert listed == [f"model.activation_checkpointing={o}" for o in offered if o != "none"]
     every = by_setting["model.activation_checkpointing=all"]
-    assert every.time_factor > 1.05 and every.peak < rows[0].peak  # recomputes, holds less
+    assert every.flops_factor > 1.05 and every.peak < rows[0].peak  # recomputes, holds less
     micro = by_setting["data.batch_size=1 trainer.accumulate_grad_batches=2"]
-    assert micro.time_factor == pytest.approx(1.0, abs=0.05)  # the same samples a step
+    assert micro.flops_factor == pytest.approx(1.0, abs=0.05)  # the same samples a step
+    assert all(r.time_factor > 0 for r in rows[:-1])  # timed here: a CPU is always present
     assert by_setting["trainer.precision=bf16-mixed"].lever == "mixed precision"
     assert rows[-1].lever == "two-device split" and rows[-1].time_factor is None
     text = format_lever_prices(rows)
     assert "model.activation_checkpointing=all" in text and "not modelled" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU to time on")
+def test_no_step_time_is_predicted_for_a_gpu_this_machine_lacks():
+    # its rows' time column is "?": FLOPs alone are not a time
+    assert device_speed("cuda") is None
+    assert device_speed("cpu") is not None

@@ -29,6 +29,7 @@ from volseg.memory.estimate.step import (
     planned_precision,
     trace_steps,
 )
+from volseg.speed.step_time import StepWork
 from volseg.utils.config import set_key
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)
@@ -112,6 +113,7 @@ class RunEstimate:
     variant: Variant
     step: MemoryEstimate
     flops_per_step: int
+    work: StepWork
     validation: InferenceEstimate | None = None
 
 
@@ -200,4 +202,4 @@ def _trace(
         validation = phase.estimate(trace, precision, settings, allocator, started)
         if device == "cuda":  # validation's reserved peak rests on the step's replay
             with_margin(validation, Margin(est.margin, est.margin_source, est.margin_fixed_mib))
-    return RunEstimate(variant, est, trace.flops, validation)
+    return RunEstimate(variant, est, trace.flops, trace.work, validation)

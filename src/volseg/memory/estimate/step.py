@@ -41,6 +41,7 @@ from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
+from volseg.speed.step_time import StepWork, counted_segments
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
@@ -399,11 +400,12 @@ def cudnn_workspace(module: nn.Module) -> CudnnWorkspace:
 @dataclass
 class StepTrace:
     """One trace of the training steps and of ``then`` (from event ``then_start`` on);
-    ``flops``: one optimizer step's, with recomputation."""
+    ``flops`` and ``work``: one optimizer step's, with recomputation."""
 
     events: list[Event]
     flops: int
     then_start: int
+    work: StepWork
 
 
 def trace_steps(
@@ -420,10 +422,12 @@ def trace_steps(
     cuda = device == "cuda"
     offloaded = mock.patch.object(offload, "OffloadToHost", _SavedOnHost)
     tracker = RecordingMemTracker(workspace, peaks=False)
+    tracker.work = StepWork(device)
     tracker.track_external(step.module, step.optimizer)
     with (
         mode,
         mock.patch.object(torch, "arange", _constant_arange),
+        counted_segments(tracker.work, lambda: tracker.count_flops),
         offloaded if cuda else contextlib.nullcontext(),
         traced_for_cuda() if cuda else contextlib.nullcontext(),
         warnings.catch_warnings(),
@@ -446,7 +450,7 @@ def trace_steps(
             # a small host tensor there (torch.tensor(..., device="meta")) is real, not fake
             mode.allow_non_fake_inputs = True
             then(tracker)
-    return StepTrace(tracker.events, tracker.flops, then_start)
+    return StepTrace(tracker.events, tracker.flops, then_start, tracker.work)
 
 
 def phase_peaks(

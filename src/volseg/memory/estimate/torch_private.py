@@ -16,6 +16,7 @@ from torch.utils.flop_counter import flop_registry
 
 from volseg.memory.estimate.events import CATEGORIES, Event
 from volseg.memory.estimate.workspace import Workspace
+from volseg.speed.step_time import StepWork
 
 __all__ = [
     "ClosureMemTracker",
@@ -73,6 +74,7 @@ class RecordingMemTracker(ClosureMemTracker):
         # itself would decompose ops it has no formula for, changing what the trace allocates)
         self.count_flops = False
         self.flops = 0
+        self.work: StepWork | None = None  # the counted step's ops, for its time
 
     def mark(self) -> None:
         """Note where a training step starts."""
@@ -118,8 +120,10 @@ class RecordingMemTracker(ClosureMemTracker):
         self.events.append(("op", 0, 0))
         if self.count_flops:
             formula = flop_registry.get(func._overloadpacket)
-            if formula is not None:
-                self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+            flops = 0 if formula is None else int(formula(*args, **(kwargs or {}), out_val=out))
+            self.flops += flops
+            if self.work is not None:
+                self.work.add(func, args, kwargs, out)
         if self.workspace is not None:
             nbytes = self.workspace(func, args, out)
             if isinstance(nbytes, tuple):

@@ -1,6 +1,8 @@
 """Every lever with its price: each lever that applies to the configured step's network, its
-predicted peak and its step-time factor (FLOPs over the configured step's); the checkpointing
-rows are the network adapter's ``checkpointing_choices``.
+predicted peak and its step-time factor (its traced ops priced by the device's measured per-op
+costs, :mod:`volseg.memory.estimate.step_time`, over the configured step's; FLOPs alone for a
+device this machine lacks); the checkpointing rows are the network adapter's
+``checkpointing_choices``.
 """
 
 from __future__ import annotations
@@ -9,31 +11,42 @@ import copy
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from volseg.memory.estimate.engine import Variant, estimate_config
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import LoopSettings
 from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch, written
+from volseg.speed.step_time import DeviceSpeed, measure_speed
 from volseg.utils.config import plain, set_key
 
 
 @dataclass(frozen=True)
 class LeverPrice:
     """One row: the ``lever``, the ``setting`` that pulls it, the predicted ``peak`` (bytes, as
-    the planner counts a budget: the margin included), ``time_factor`` (the step's FLOPs over
-    the configured step's; ``None``: not predicted, ``why`` says) and ``moved`` (bytes a step
-    copies between host and device, offload only)."""
+    the planner counts a budget: the margin included), ``time_factor`` (the step's predicted
+    time over the configured step's; ``None``: not predicted, ``why`` says), ``flops_factor``
+    (its FLOPs over the configured step's) and ``moved`` (bytes a step copies between host and
+    device, offload only)."""
 
     lever: str
     setting: str
     peak: int
     time_factor: float | None
+    flops_factor: float | None = None
     moved: int = 0
     why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def device_speed(device: str) -> DeviceSpeed | None:
+    """``device``'s measured per-op costs; ``None`` where this machine has no such device."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return None
+    return measure_speed(device)
 
 
 def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
@@ -54,12 +67,20 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
 
     base = run()
     rows: list[LeverPrice] = []
+    speed = device_speed(base.step.device)
 
     def add(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> None:
-        factor = est.flops_per_step / max(base.flops_per_step, 1)
-        rows.append(LeverPrice(lever, setting, planned_total(est.step), factor, moved, why))
+        flops = est.flops_per_step / max(base.flops_per_step, 1)
+        seconds = None if speed is None else est.work.seconds(speed) / base.work.seconds(speed)
+        peak = planned_total(est.step)
+        rows.append(LeverPrice(lever, setting, peak, seconds, flops, moved, why))
 
-    add("as configured", "", base)
+    add(
+        "as configured",
+        "",
+        base,
+        "time: not predicted, no such device here to time its ops on" if speed is None else "",
+    )
     if str(cfg.trainer.get("precision")) in ("32", "32-true"):
         half = "bf16-mixed" if base.step.device == "cpu" else "16-mixed"
         add(
@@ -75,7 +96,7 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
             "micro-batches",
             f"data.batch_size={half_batch} trainer.accumulate_grad_batches={accumulate * times}",
             run(batch_size=half_batch, accumulate_grad_batches=accumulate * times),
-            "the same samples a step; smaller kernels' efficiency not modelled",
+            "the same samples a step, in more and smaller kernel calls",
         )
     for option in checkpointing_choices(cfg, "auto"):
         if written(option) != written(configured):
@@ -109,7 +130,6 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
         "model.placement={encoder: cuda:0, decoder: cuda:1}",
         base.step.process_total,
         None,
-        0,
-        "not modelled: each device holds its part of the configured step",
+        why="not modelled: each device holds its part of the configured step",
     )
     return [*rows, split]

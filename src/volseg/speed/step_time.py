@@ -1,0 +1,269 @@
+"""A step's time on its device, from its traced ops: each op that computes (a convolution, a
+matrix product: an op with a FLOP formula) or normalizes is replayed once on the device at its
+traced shapes and timed; every other op costs a fixed ``call`` (Python, dispatch, autograd) plus
+the bytes it reads and writes at the device's bandwidth; each checkpointed segment adds its own
+bookkeeping, and each op a selective policy sees (forward and recompute) that policy's dispatch.
+
+Kernel speed depends on shapes in ways no table holds (on a CPU, torch runs small batch-1
+convolutions on its native kernels, ``ConvParams::use_mkldnn``; oneDNN's speed varies tenfold
+with channels), so it is measured, on the device itself: the lever table compares one step with
+another on one device, never with a figure from another machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+from unittest import mock
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from volseg.models import checkpointing
+
+_NORMS = ("native_batch_norm", "native_group_norm", "native_layer_norm")
+
+
+class _TensorSpec(NamedTuple):
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _spec(value: Any) -> Any:
+    """``value`` with each tensor as its :class:`_TensorSpec` and each list a tuple (hashable)."""
+    if isinstance(value, Tensor):
+        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_spec(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _spec(v)) for k, v in value.items())
+    return value
+
+
+def _built(value: Any, device: str) -> Any:
+    """:func:`_spec`'s ``value`` with each spec a tensor of random values on ``device``."""
+    if isinstance(value, _TensorSpec):
+        tensor = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, device=device)
+        return tensor.normal_() if tensor.is_floating_point() else tensor.zero_()
+    if isinstance(value, tuple):
+        return [_built(v, device) for v in value]
+    return value
+
+
+#: a replayed op: ``(func, args spec, kwargs spec)``
+Replay = tuple[Any, Any, Any]
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, _TensorSpec):
+        return math.prod(value.shape) * value.dtype.itemsize
+    return sum(map(_nbytes, value)) if isinstance(value, tuple) else 0
+
+
+@functools.cache
+def replay_seconds(op: Replay, device: str) -> float | None:
+    """``op``'s fastest run on ``device`` (seconds, :func:`_fastest`); ``None``
+    where its traced arguments do not run on their own (an op the trace's fake tensors pass)."""
+    func, args, kwargs = op
+    built_args, built_kwargs = _built(args, device), dict(_built(kwargs, device))
+    try:
+        with torch.no_grad():
+            return _fastest(lambda: func(*built_args, **built_kwargs), device, least=3)
+    except RuntimeError:
+        return None
+
+
+@dataclass
+class StepWork:
+    """What one traced optimizer step asks of its device: ``calls`` (ops dispatched),
+    ``segments`` and ``selective_segments`` (checkpointed segments run, those with a selective
+    policy among them), ``segment_calls`` (ops a segment's forward dispatches: each saved tensor
+    goes through checkpoint's hooks), ``selective_calls`` (ops a selective policy saw, forward
+    and recompute), ``replayed`` (each op timed by replay, with its count) and ``bytes`` (read
+    and written by every other op)."""
+
+    device: str
+    calls: int = 0
+    segments: int = 0
+    selective_segments: int = 0
+    segment_calls: int = 0
+    selective_calls: int = 0
+    bytes: int = 0
+    replayed: Counter[Replay] = field(default_factory=Counter)
+    in_segment: int = field(default=0, repr=False)  # segments entered, not yet left
+
+    def add(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
+        """One dispatched op ``func(*args, **kwargs) -> out``."""
+        self.calls += 1
+        self.segment_calls += self.in_segment > 0
+        name = func._overloadpacket.__name__
+        if func._overloadpacket in flop_registry or name.startswith(_NORMS):
+            self.replayed[(func, _spec(args), _spec(kwargs or {}))] += 1
+            return
+        tensors = [*args, *(out if isinstance(out, (tuple, list)) else (out,))]
+        self.bytes += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
+
+    def seconds(self, speed: DeviceSpeed) -> float:
+        """The step's predicted time on its device, of ``speed`` (seconds)."""
+        replayed = 0.0
+        for op, n in self.replayed.items():
+            took = replay_seconds(op, self.device)
+            replayed += n * (_nbytes(op[1]) / speed.bandwidth if took is None else took)
+        return (
+            self.calls * speed.call
+            + self.segments * speed.segment
+            + self.selective_segments * speed.selective_segment
+            + self.segment_calls * speed.segment_call
+            + self.selective_calls * speed.selective_call
+            + self.bytes / speed.bandwidth
+            + replayed
+        )
+
+
+@contextmanager
+def counted_segments(work: StepWork, counting: Callable[[], bool]) -> Iterator[None]:
+    """Count into ``work`` the checkpointed segments and selective policy calls that run while
+    ``counting()``, and mark the ops a segment's forward dispatches."""
+
+    def counter(fn: Callable[..., Any], count: str) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not counting():
+                return fn(*args, **kwargs)
+            setattr(work, count, getattr(work, count) + 1)
+            work.in_segment += count == "segments"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                work.in_segment -= count == "segments"
+
+        return counted
+
+    names = {
+        "checkpoint": "segments",
+        "create_selective_checkpoint_contexts": "selective_segments",
+        "_keep_expensive": "selective_calls",
+    }
+    with ExitStack() as stack:
+        for name, count in names.items():
+            fn = getattr(checkpointing, name)
+            stack.enter_context(mock.patch.object(checkpointing, name, counter(fn, count)))
+        yield
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """One device's costs of what is not replayed (seconds): a ``call``, a checkpointed
+    ``segment``, a ``segment_call``'s more, a ``selective_segment``'s more and a
+    ``selective_call``'s more; ``bandwidth`` (bytes/s an elementwise op reads and writes)."""
+
+    call: float
+    segment: float
+    segment_call: float
+    selective_segment: float
+    selective_call: float
+    bandwidth: float
+
+
+def _fastest(run: Callable[[], Any], device: str, least: int = 5, seconds: float = 0.05) -> float:
+    """The fastest timing of ``run`` after one warm-up, run at least ``least`` times and for at
+    least ``seconds`` (up to 100 times): on a shared machine, the run the least disturbed."""
+    times: list[float] = []
+    for _ in range(101):
+        start = time.perf_counter()
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        if len(times) > least and sum(times[1:]) >= seconds:
+            break
+    return min(times[1:])
+
+
+class _Counting(TorchDispatchMode):
+    """Counts the ops run under it into ``work``, as a traced step's are."""
+
+    def __init__(self, work: StepWork) -> None:
+        super().__init__()
+        self.work = work
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        self.work.add(func, args, kwargs, out)
+        return out
+
+
+def _probe(run: Callable[[], Any], device: str) -> tuple[StepWork, float]:
+    """``run``'s work, counted as a traced step's is, and its fastest time (seconds)."""
+    run()
+    work = StepWork(device)
+    with _Counting(work), counted_segments(work, lambda: True):
+        run()
+    return work, _fastest(run, device)
+
+
+def _chain(x: Tensor, links: int) -> Tensor:
+    """``links`` sines of ``x`` one after the other."""
+    for _ in range(links):
+        x = x.sin()  # saves its input: a checkpointed segment's hooks see it
+    return x
+
+
+def _count(work: StepWork, cost: str) -> float:
+    return 1.0 if cost == "probe" else float(getattr(work, _COUNTS[cost]))
+
+
+def _solved(
+    probes: list[tuple[StepWork, float]], known: dict[str, float], names: list[str]
+) -> dict[str, float]:
+    """The costs ``names`` that the probes' times leave after the ``known`` costs: as many
+    probes as names, each cost times its count (:data:`_COUNTS`; ``probe``: once a probe)."""
+    counts = [[_count(w, n) for n in names] for w, _ in probes]
+    rest = [t - sum(_count(w, k) * v for k, v in known.items()) for w, t in probes]
+    solved = torch.linalg.solve(torch.tensor(counts), torch.tensor(rest)).clamp(min=0)
+    return dict(zip(names, solved.tolist(), strict=True))
+
+
+#: a :class:`DeviceSpeed` cost -> the :class:`StepWork` count it multiplies
+_COUNTS = {
+    "call": "calls",
+    "segment": "segments",
+    "segment_call": "segment_calls",
+    "selective_segment": "selective_segments",
+    "selective_call": "selective_calls",
+}
+
+
+@functools.cache
+def measure_speed(device: str) -> DeviceSpeed:
+    """``device``'s :class:`DeviceSpeed`, from probes run on it once a process (under a second
+    on a CPU): chains of tiny ops, plain and checkpointed, whose counts solve for each cost."""
+    leaf = torch.zeros((), device=device, requires_grad=True)
+
+    def chain(links: int, **segment: Any) -> tuple[StepWork, float]:
+        run = functools.partial(_chain, links=links)
+        if not segment:
+            return _probe(lambda: run(leaf).backward(), device)
+        seg = checkpointing.checkpoint_segment
+        return _probe(lambda: seg(run, [], leaf, **segment).backward(), device)
+
+    # ``probe``: what every probe spends once (its backward's start, the leaf's gradient)
+    costs = _solved([chain(1), chain(64)], {}, ["call", "probe"])
+    full = [chain(1, selective=False), chain(64, selective=False)]
+    costs |= _solved(full, costs, ["segment", "segment_call"])
+    selective = [chain(1, selective=True), chain(64, selective=True)]
+    costs |= _solved(selective, costs, ["selective_segment", "selective_call"])
+    # an elementwise op's forward and backward on 16-channel 8x32x32 maps, its calls taken off
+    x = torch.randn(2, 16, 8, 32, 32, device=device, requires_grad=True)
+    work, took = _probe(lambda: torch.nn.functional.leaky_relu(x).sum().backward(), device)
+    bandwidth = work.bytes / max(took - work.calls * costs["call"], took / 4)
+    del costs["probe"]
+    return DeviceSpeed(**costs, bandwidth=bandwidth)
