@@ -508,6 +508,34 @@ def networks_tight_budget(results: Path) -> str | None:
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
 
+@newest("rule_effects")
+def rule_effects(path: Path, doc: dict) -> str:
+    """Per held-out grid: the rules added since the grid before it, the rows each rule changes
+    (with the largest change of a step's estimated growth without it), and the added rules that
+    change none."""
+    lines = [
+        f"{_rel(path)} ({results_io.machine_line(doc)}); a cell: the rows a rule changes, of "
+        "those estimated, and its largest change of the estimated step growth without it.",
+        "",
+        "| grid | rules added since the grid before | rules that change a row | added, no row |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, found in doc["grids"].items():
+        rows = [r for r in doc["rows"] if r["grid"] == name and "without" in r]
+        cells = []
+        for rule in dict.fromkeys(rule for r in rows for rule in r["without"]):
+            changed = [r for r in rows if rule in r["without"]]
+            changes = [r["without"][rule] / r["estimated_bytes"] - 1 for r in changed]
+            cells.append(f"{rule}: {len(changes)} of {len(rows)}, {_pct(max(changes, key=abs))}")
+        added = found["added_since_previous"] if found["previous"] else ["(the first grid)"]
+        untested = [rule for rule in added if rule in found["unchanged_by"]]
+        lines.append(
+            f"| {name} | {', '.join(added)} | {'; '.join(cells) or 'none'} | "
+            f"{', '.join(untested) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
 # the archived studies' tables: their readers live with the studies (they import this module's
 # helpers above, so they are imported here, after them)
 from benchmarks.archive.readers import (  # noqa: E402
@@ -566,6 +594,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "nnunet_side_by_side": nnunet_side_by_side,
     "cuda_margins": cuda_margins,
     "cpu_margins": cpu_margins,
+    "rule_effects": rule_effects,
 }
 
 
