@@ -4,8 +4,7 @@ A grid tests a rule of the estimator (``volseg.memory.estimate.workspace.RULES``
 one of its rows is estimated differently without it. Every row is estimated on fake tensors
 (``grid.predict``: seconds, nothing run) with every rule on, then without each rule in turn.
 :data:`ADDED` names the commit that brought each rule, so each grid lists the rules added since
-the grid before it was frozen: the next grid is drawn so that each of those changes one of its
-rows.
+the grid before it was frozen: the next grid is drawn so that each of those changes a row.
 
     python -m benchmarks rule_effects                                  # every held-out grid
     python -m benchmarks rule_effects --grid held-out-2026-12-07 --json-out none

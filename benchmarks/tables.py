@@ -508,19 +508,25 @@ def networks_tight_budget(results: Path) -> str | None:
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
 
-@newest("rule_effects")
-def rule_effects(path: Path, doc: dict) -> str:
-    """Per held-out grid: the rules added since the grid before it, the rows each rule changes
-    (with the largest change of a step's estimated growth without it), and the added rules that
-    change none."""
+def rule_effects(results: Path) -> str | None:
+    """Per held-out grid (its newest report): the rules added since the grid before it, the rows
+    each rule changes and the added rules that change none."""
+    reports = {}
+    for path in results_io.runs("rule_effects", "cpu", results):  # oldest first
+        doc = results_io.load(path)
+        reports.update(dict.fromkeys(doc["grids"], (path, doc)))
+    if not reports:
+        return None
+    captions = {f"{_rel(p)} ({results_io.machine_line(d)})" for p, d in reports.values()}
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}); a cell: the rows a rule changes, of "
-        "those estimated, and its largest change of the estimated step growth without it.",
+        *sorted(captions),
         "",
-        "| grid | rules added since the grid before | rules that change a row | added, no row |",
+        "| grid | rules added since the grid before | rules that change a row: rows, largest "
+        "change of the growth | added, no row |",
         "| --- | --- | --- | --- |",
     ]
-    for name, found in doc["grids"].items():
+    for name, (_, doc) in sorted(reports.items()):
+        found = doc["grids"][name]
         rows = [r for r in doc["rows"] if r["grid"] == name and "without" in r]
         cells = []
         for rule in dict.fromkeys(rule for r in rows for rule in r["without"]):
