@@ -20,22 +20,15 @@ from volseg.tasks.estimate_memory import run_estimate
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.plan import plan_command
 from volseg.tasks.predict import predict
-from volseg.tasks.train import check_patch_fits_network, train
+from volseg.tasks.train import train
 from volseg.utils.config import RENAMED_KEYS, renamed_key
 from volseg.utils.entry import run_task
-
-
-def estimate_task(cfg: Any) -> Any:
-    """What ``estimate_memory.py`` runs."""
-    check_patch_fits_network(cfg)
-    return run_estimate(cfg)
-
 
 TASKS: dict[str, Callable[[Any], Any]] = {
     "train": train,
     "eval": evaluate,
     "predict": predict,
-    "estimate_memory": estimate_task,
+    "estimate_memory": run_estimate,
     "plan": plan_command,
 }
 

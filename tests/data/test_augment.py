@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 from monai.transforms import Compose
+from omegaconf import OmegaConf
 
-from tests.conftest import compose_config
+from tests.conftest import CONFIGS, compose_config
 from volseg.data.dataset_defaults import DEFAULTS_FILE, resolve_augment
 from volseg.data.transforms import (
     RandCropWithContextd,
@@ -19,6 +20,8 @@ from volseg.data.transforms import (
 from volseg.utils.errors import UserInputError
 
 PATCH = [8, 12, 12]
+#: data=folder's data.augment, as the YAML gives it
+FOLDER_AUGMENT = OmegaConf.to_container(OmegaConf.load(CONFIGS / "data" / "folder.yaml").augment)
 
 
 def _views(patch, augment, n=64):
@@ -101,9 +104,17 @@ def test_own_data_root_gets_the_anatomy_defaults_not_the_embedded_ones(tmp_path,
 
 def test_bad_augment_keys_name_the_key():
     with pytest.raises(UserInputError, match="data.augment.rotate90_planes"):
-        augment_transforms([8, 12, 16], {"rotate90_planes": [[1, 2]]})  # 12 != 16
+        augment_transforms([8, 12, 16], {**FOLDER_AUGMENT, "rotate90_planes": [[1, 2]]})  # 12 != 16
     with pytest.raises(UserInputError, match="data.augment: unknown key"):
         augment_transforms(PATCH, {"flip_axis": [0]})
+
+
+def test_a_null_or_missing_number_names_the_key():
+    """The YAML gives every key a value: a number left null or out is named, not guessed."""
+    with pytest.raises(UserInputError, match=r"data.augment.prob=None: expected a number"):
+        augment_transforms(PATCH, {**FOLDER_AUGMENT, "prob": None})
+    with pytest.raises(UserInputError, match=r"data.augment: missing key\(s\) \['scale'\]"):
+        augment_transforms(PATCH, {k: v for k, v in FOLDER_AUGMENT.items() if k != "scale"})
 
 
 def test_affine_crop_grows_evenly_and_only_when_asked():
@@ -117,7 +128,7 @@ def test_affine_crop_grows_evenly_and_only_when_asked():
 def _patches(augment, seeds=range(8)):
     """(patch, centre of the enlarged crop) of a ramp image, for each seed."""
     patch = [8, 16, 16]
-    options = {**augment, "intensity_scale": 0.0, "intensity_shift": 0.0}
+    options = {**FOLDER_AUGMENT, **augment, "intensity_scale": 0.0, "intensity_shift": 0.0}
     crop = affine_crop_size(patch, options.get("rotate_degrees", 0.0), options.get("scale", 0.0))
     image = torch.arange(torch.tensor(crop).prod().item(), dtype=torch.float32).reshape(1, *crop)
     label = (image.remainder(5)).floor()
@@ -148,9 +159,9 @@ def test_an_affine_not_drawn_leaves_the_centre_of_the_crop_exactly():
 
 def test_bad_rotation_or_zoom_names_the_key():
     with pytest.raises(UserInputError, match=r"data.augment.rotate_degrees=120"):
-        augment_transforms(PATCH, {"rotate_degrees": 120})
+        augment_transforms(PATCH, {**FOLDER_AUGMENT, "rotate_degrees": 120})
     with pytest.raises(UserInputError, match=r"data.augment.scale=-0.1"):
-        augment_transforms(PATCH, {"scale": -0.1})
+        augment_transforms(PATCH, {**FOLDER_AUGMENT, "scale": -0.1})
 
 
 def test_patches_with_context_still_reach_the_corners_of_the_volume():
@@ -172,11 +183,12 @@ def test_patches_with_context_still_reach_the_corners_of_the_volume():
 def test_rotations_and_zooms_are_one_plain_override_away(tmp_path):
     overrides = ["data=mni152", "data.augment.rotate_degrees=15", "data.augment.scale=0.15"]
     cfg = compose_config("train", tmp_path, overrides)
-    transform = train_transforms([32, 64, 64], 5, augment=_augment(cfg))
+    locations = cfg.data.max_locations_per_class
+    transform = train_transforms([32, 64, 64], 5, None, _augment(cfg), locations)
     names = [type(t).__name__ for t in transform.transforms]
     assert "RandCropWithContextd" in names and "RandAffined" in names
     plain = train_transforms(
-        [32, 64, 64], 5, augment=compose_config("train", tmp_path, []).data.augment
+        [32, 64, 64], 5, None, compose_config("train", tmp_path, []).data.augment, locations
     )
     assert "RandCropByLabelClassesd" in [type(t).__name__ for t in plain.transforms]
 

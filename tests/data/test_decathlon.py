@@ -15,7 +15,6 @@ import torch
 import yaml
 
 from tests.conftest import compose_config, tiny_train_overrides
-from volseg.data.msd import MSDDataModule
 from volseg.tasks.predict import predict
 from volseg.tasks.train import train
 from volseg.utils.errors import UserInputError
@@ -89,12 +88,14 @@ def brain(tmp_path) -> Path:
     return make_task(tmp_path / "Task01_BrainTumour", "BRATS", BRAIN)
 
 
-def test_the_decathlon_layout_is_read_with_channels_and_classes_from_dataset_json(spleen, brain):
+def test_the_decathlon_layout_is_read_with_channels_and_classes_from_dataset_json(
+    spleen, brain, data_module
+):
     for root, channels, classes in (
         (spleen, ["CT"], 2),
         (brain, list(BRAIN["modality"].values()), 4),
     ):
-        dm = MSDDataModule(str(root), patch_size=PATCH)
+        dm = data_module("msd", root, f"patch_size={PATCH}")
         dm.check()
         assert dm.layout == "decathlon"
         assert (dm.in_channels, dm.num_classes) == (len(channels), classes)
@@ -104,13 +105,13 @@ def test_the_decathlon_layout_is_read_with_channels_and_classes_from_dataset_jso
         assert all(c.image == root / "imagesTr" / c.name for c in dm.train_cases)
 
 
-def test_a_decathlon_task_that_disagrees_with_its_files_is_named(brain):
+def test_a_decathlon_task_that_disagrees_with_its_files_is_named(brain, data_module):
     prostate_like = json.loads((brain / "dataset.json").read_text())
     prostate_like["modality"] = {"0": "T2", "1": "ADC"}
     (brain / "dataset.json").write_text(json.dumps(prostate_like))
     (brain / "imagesTr" / "BRATS_3.nii.gz").unlink()
     with pytest.raises(UserInputError) as err:
-        MSDDataModule(str(brain), patch_size=PATCH).check()
+        data_module("msd", brain, f"patch_size={PATCH}").check()
     text = str(err.value)
     assert (
         f"{brain}/labelsTr/BRATS_3.nii.gz: label has no image (expected "
@@ -124,8 +125,8 @@ def test_a_decathlon_task_that_disagrees_with_its_files_is_named(brain):
     ) in text
 
 
-def test_predict_cases_take_the_test_list_or_a_folder(spleen):
-    dm = MSDDataModule(str(spleen), patch_size=PATCH)
+def test_predict_cases_take_the_test_list_or_a_folder(spleen, data_module):
+    dm = data_module("msd", spleen, f"patch_size={PATCH}")
     listed = dm.predict_cases(spleen, in_channels=1)
     assert [c.name for c in listed] == ["spleen_4.nii.gz", "spleen_5.nii.gz"]
     assert [c.name for c in dm.predict_cases(spleen / "imagesTs", 1)] == [c.name for c in listed]
@@ -191,24 +192,24 @@ def test_a_decathlon_task_trains_two_steps_and_predicts_its_test_list(
         assert np.asarray(pred.dataobj).max() < len(meta["labels"])
 
 
-def test_a_patch_side_beyond_a_volume_is_one_log_line(spleen, caplog):
+def test_a_patch_side_beyond_a_volume_is_one_log_line(spleen, caplog, data_module):
     caplog.set_level(logging.INFO)
-    MSDDataModule(str(spleen), patch_size=[16, 16, 16]).check()  # D = z = 12 < 16
+    data_module("msd", spleen, "patch_size=[16,16,16]").check()  # D = z = 12 < 16
     padded = [r.getMessage() for r in caplog.records if "zero-padded" in r.getMessage()]
     assert padded == [
         "data.patch_size=[16, 16, 16] is larger than 4 volume(s) in some axis (e.g. "
         "spleen_0.nii.gz: [D, H, W] = [12, 20, 24]): they are zero-padded to the patch"
     ]
     caplog.clear()
-    MSDDataModule(str(spleen), patch_size=PATCH).check()
+    data_module("msd", spleen, f"patch_size={PATCH}").check()
     assert not [r for r in caplog.records if "zero-padded" in r.getMessage()]
 
 
-def test_a_4d_case_counts_every_modality_in_host_memory_and_the_fingerprint(brain):
+def test_a_4d_case_counts_every_modality_in_host_memory_and_the_fingerprint(brain, data_module):
     from volseg.data.fingerprint import dataset_fingerprint
     from volseg.data.host_memory import volume_bytes
 
-    dm = MSDDataModule(str(brain), patch_size=PATCH)
+    dm = data_module("msd", brain, f"patch_size={PATCH}")
     dm.check()
     sized = volume_bytes(dm.train_cases[0], orientation="RAS")
     assert sized.shape_zyx == (12, 20, 24)
@@ -219,14 +220,14 @@ def test_a_4d_case_counts_every_modality_in_host_memory_and_the_fingerprint(brai
     assert fingerprint["median_spacing"] == [2.5, 0.8, 0.8]
 
 
-def test_data_root_one_level_off_or_an_archive_says_where_the_task_is(spleen):
+def test_data_root_one_level_off_or_an_archive_says_where_the_task_is(spleen, data_module):
     with pytest.raises(
         UserInputError,
         match=rf"data.root={spleen.parent}: no dataset.json here, "
         rf"but in {spleen}: point data.root at the task folder",
     ):
-        MSDDataModule(str(spleen.parent), patch_size=PATCH).check()
+        data_module("msd", spleen.parent, f"patch_size={PATCH}").check()
     archive = spleen.parent / "Task09_Spleen.tar"
     archive.write_bytes(b"")
     with pytest.raises(UserInputError, match=r"Task09_Spleen.tar: an archive; extract it first"):
-        MSDDataModule(str(archive), patch_size=PATCH).check()
+        data_module("msd", archive, f"patch_size={PATCH}").check()

@@ -16,7 +16,6 @@ from tests.conftest import (
     save_validation_predictions,
     tiny_train_overrides,
 )
-from volseg.data.hdf5 import HDF5DataModule
 from volseg.data.io import read_array, read_geometry
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.predict import predict
@@ -96,14 +95,14 @@ def test_hdf5_trains_and_predicts_into_hdf5_with_the_voxel_size(h5_root, tmp_pat
         assert written.shape == (16, 48, 48) and written.max() < 5
 
 
-def test_multichannel_raw_and_channel_count(tmp_path):
+def test_multichannel_raw_and_channel_count(tmp_path, data_module):
     rng = np.random.default_rng(0)
     for i in range(3):
         raw = rng.normal(size=(2, 8, 16, 16)).astype(np.float32)
         _write(tmp_path / f"v{i}.h5", raw=raw, label=np.zeros((8, 16, 16), np.uint8))
     with pytest.raises(UserInputError, match=r"v0.h5 \(dataset 'raw'\): 2 image channel\(s\)"):
-        HDF5DataModule(str(tmp_path), in_channels=1, patch_size=[8, 16, 16]).check()
-    dm = HDF5DataModule(str(tmp_path), in_channels=2, patch_size=[8, 16, 16])
+        data_module("hdf5", tmp_path, "in_channels=1", "patch_size=[8,16,16]").check()
+    dm = data_module("hdf5", tmp_path, "in_channels=2", "patch_size=[8,16,16]")
     dm.check()
     item = dm.predict_transforms()(dm.val_cases[0].as_dict())
     assert tuple(item["image"].shape) == (2, 8, 16, 16)
@@ -112,7 +111,9 @@ def test_multichannel_raw_and_channel_count(tmp_path):
     assert np.allclose(item["image"][1].numpy(), z, atol=1e-4)
 
 
-def test_missing_datasets_unreadable_files_and_shape_mismatch_are_named(h5_root, tmp_path):
+def test_missing_datasets_unreadable_files_and_shape_mismatch_are_named(
+    h5_root, tmp_path, data_module
+):
     _write(h5_root / "case_001.h5", raw=np.zeros((16, 48, 48), np.float32))  # no label
     (h5_root / "case_002.h5").write_bytes(b"not hdf5")
     _write(
@@ -121,7 +122,7 @@ def test_missing_datasets_unreadable_files_and_shape_mismatch_are_named(h5_root,
         label=np.zeros((16, 48, 40), np.uint8),
     )
     with pytest.raises(UserInputError) as err:
-        HDF5DataModule(str(h5_root), patch_size=[16, 32, 32]).check()
+        data_module("hdf5", h5_root, "patch_size=[16,32,32]").check()
     text = str(err.value)
     assert "3 problem(s) in the dataset" in text
     assert f"{h5_root}/case_001.h5: no dataset 'label' (data.label_key; the file has: raw)" in text

@@ -17,7 +17,6 @@ import yaml
 
 from tests.conftest import REPO, compose_config, tiny_train_overrides
 from volseg.data.io import read_array, read_geometry, write_volume
-from volseg.data.msd import MSDDataModule
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.predict import predict
 from volseg.tasks.train import train
@@ -57,8 +56,10 @@ def msd_root(small_dataset, tmp_path) -> Path:
     return make_msd(small_dataset, tmp_path / "msd")
 
 
-def _datamodule(root: Path) -> MSDDataModule:
-    return MSDDataModule(str(root), patch_size=[16, 32, 32])
+@pytest.fixture
+def msd_module(msd_root, data_module):
+    """The ``data=msd`` datamodule of :func:`msd_root`, patch ``[16, 32, 32]``."""
+    return lambda: data_module("msd", msd_root, "patch_size=[16,32,32]")
 
 
 @pytest.mark.slow
@@ -112,7 +113,7 @@ def test_msd_trains_with_shape_and_names_from_dataset_json_and_predicts(msd_root
         predict(cfg)
 
 
-def test_dataset_json_disagreements_are_reported_together(msd_root):
+def test_dataset_json_disagreements_are_reported_together(msd_root, msd_module):
     (msd_root / "imagesTr" / "case_001_0001.nii.gz").unlink()
     shutil.copy(
         msd_root / "imagesTr" / "case_002_0000.nii.gz",
@@ -128,7 +129,7 @@ def test_dataset_json_disagreements_are_reported_together(msd_root):
     (msd_root / "dataset.json").write_text(json.dumps(dataset))
 
     with pytest.raises(UserInputError) as err:
-        _datamodule(msd_root).check()
+        msd_module().check()
     text = str(err.value)
     assert "5 problem(s) in the dataset" in text
     assert (
@@ -149,12 +150,12 @@ def test_dataset_json_disagreements_are_reported_together(msd_root):
     )
 
 
-def test_unpaired_files_num_training_and_bad_json(msd_root):
+def test_unpaired_files_num_training_and_bad_json(msd_root, msd_module):
     (msd_root / "labelsTr" / "case_000.nii.gz").unlink()
     for channel in ("0000", "0001"):
         (msd_root / "imagesTr" / f"case_005_{channel}.nii.gz").unlink()
     with pytest.raises(UserInputError) as err:
-        _datamodule(msd_root).check()
+        msd_module().check()
     text = str(err.value)
     assert f"{msd_root}/imagesTr/case_000_0000.nii.gz: image has no label" in text
     assert f"{msd_root}/labelsTr/case_005.nii.gz: label has no image" in text
@@ -166,16 +167,18 @@ def test_unpaired_files_num_training_and_bad_json(msd_root):
     with pytest.raises(
         UserInputError, match=r"dataset.json: 'labels' indices must be 0..1, got \[0, 2\]"
     ):
-        _datamodule(msd_root).check()
+        msd_module().check()
     (msd_root / "dataset.json").unlink()
     with pytest.raises(UserInputError, match=r"no dataset.json"):
-        _datamodule(msd_root).check()
+        msd_module().check()
 
 
 @pytest.mark.slow
-def test_explicit_num_classes_must_agree_and_bad_data_exits_cleanly(msd_root, tmp_path):
+def test_explicit_num_classes_must_agree_and_bad_data_exits_cleanly(
+    msd_root, tmp_path, data_module
+):
     with pytest.raises(UserInputError, match=r"data.num_classes=5: .*dataset.json says 3"):
-        MSDDataModule(str(msd_root), num_classes=5).check()
+        data_module("msd", msd_root, "num_classes=5").check()
 
     (msd_root / "imagesTr" / "case_004_0001.nii.gz").unlink()
     before = {p: p.read_bytes() for p in msd_root.rglob("*") if p.is_file()}
@@ -200,14 +203,14 @@ def test_explicit_num_classes_must_agree_and_bad_data_exits_cleanly(msd_root, tm
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_channel_files_stay_stacked_when_cached_in_threads(msd_root):
+def test_channel_files_stay_stacked_when_cached_in_threads(msd_root, msd_module):
     """MONAI's NibabelReader is not thread-safe: CacheDataset's threads truncated 2-channel
     images to 1 channel in about 1 of 6 loads before volseg's NiftiReader."""
     from monai.data import CacheDataset
 
     from volseg.data.transforms import eval_transforms
 
-    dm = _datamodule(msd_root)
+    dm = msd_module()
     dm.check()
     items = [c.as_dict() for c in dm.train_cases + dm.val_cases]
     for _ in range(8):
@@ -215,8 +218,8 @@ def test_channel_files_stay_stacked_when_cached_in_threads(msd_root):
         assert [tuple(ds[i]["image"].shape) for i in range(len(ds))] == [(2, 16, 48, 48)] * 6
 
 
-def test_nnunet_test_images_group_by_case_from_the_task_folder(msd_root):
-    dm = _datamodule(msd_root)
+def test_nnunet_test_images_group_by_case_from_the_task_folder(msd_root, msd_module):
+    dm = msd_module()
     cases = dm.predict_cases(msd_root, in_channels=2)  # no 'test' list: imagesTs/
     assert [(c.name, [p.name for p in c.image_files]) for c in cases] == [
         ("new_case.nii.gz", ["new_case_0000.nii.gz", "new_case_0001.nii.gz"])

@@ -18,7 +18,6 @@ from tests.conftest import (
     tiny_train_overrides,
 )
 from volseg.data.cases import case_problems, find_cases
-from volseg.data.datamodule import VolumeDataModule
 from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.data.synthetic import CLASS_NAMES
 from volseg.data.transforms import eval_transforms
@@ -98,11 +97,11 @@ def test_spacing_trains_on_the_resampled_grid_and_predicts_on_the_input_grid(
         assert read_geometry(written)["shape_zyx"] == (16, 48, 48)
 
 
-def test_bad_spacing_is_named(small_dataset):
+def test_bad_spacing_is_named(small_dataset, data_module):
     with pytest.raises(
         UserInputError, match=r"data.spacing=\[1.0, 0.0\]: expected \[z, y, x\] > 0"
     ):
-        VolumeDataModule(str(small_dataset), spacing=[1.0, 0.0])
+        data_module("folder", small_dataset, "spacing=[1.0,0.0]")
 
 
 AFFINES = {

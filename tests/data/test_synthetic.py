@@ -3,7 +3,7 @@ import json
 import numpy as np
 
 from tests.conftest import SMALL_SHAPE
-from volseg.data.baselines import best_intensity_classifier_dice
+from tests.data.baselines import best_intensity_classifier_dice
 from volseg.data.io import read_array
 from volseg.data.synthetic import CLASS_NAMES, generate_synthetic_dataset, make_volume
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from volseg.data.workers import init_loader_worker
+from volseg.data.loader_options import init_loader_worker
 
 
 class _WorkerState(Dataset):

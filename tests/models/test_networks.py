@@ -15,7 +15,8 @@ from torch import nn
 from tests.conftest import compose_config
 from volseg.models.build import build_model
 from volseg.models.levers import MemoryLevers
-from volseg.models.networks import NetworkAdapter, adapter_for, child_blocks
+from volseg.models.networks import NetworkAdapter, adapter_for
+from volseg.models.networks.contract import child_blocks
 from volseg.models.networks.probe import channel_names, probe_divisibility
 from volseg.plan import make_plan
 

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from volseg.models import UNet3D
-from volseg.models.unet import pooling_factors, widths_for_depth
+from volseg.models.unet import UNet3D, pooling_factors, widths_for_depth
 
 
 def _count(net: torch.nn.Module) -> int:

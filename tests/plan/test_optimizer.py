@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import compose_config
+from volseg.models.learning_rate import learning_rate
 from volseg.plan import make_plan
-from volseg.plan.optimizer import plan_learning_rate
 from volseg.utils.errors import UserInputError
 
 RULE = {"few_classes": 4, "lr_few": 0.003, "many_classes": 32, "lr_many": 0.02}
 
 
 def test_background_counts_when_the_loss_includes_it():
-    without = plan_learning_rate("auto", RULE, num_classes=33, include_background=False)
-    with_bg = plan_learning_rate("auto", RULE, num_classes=32, include_background=True)
+    without = learning_rate("auto", RULE, num_classes=33, include_background=False)
+    with_bg = learning_rate("auto", RULE, num_classes=32, include_background=True)
     assert without.value == with_bg.value == 0.02
     assert "32 foreground classes" in without.why
 
@@ -43,4 +43,4 @@ def test_a_configured_rate_is_kept_and_the_rule_leaves_the_optimizer(tmp_path):
 )
 def test_bad_values_name_their_key(lr, rule, named):
     with pytest.raises(UserInputError, match=named.replace(".", r"\.")):
-        plan_learning_rate(lr, rule, num_classes=10, include_background=False)
+        learning_rate(lr, rule, num_classes=10, include_background=False)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import compose_config, tiny_train_overrides
-from volseg.utils.run_bounds import epochs_unless_timed
+from volseg.utils.resolvers import epochs_unless_timed
 
 
 def test_epochs_unless_timed():

@@ -10,7 +10,7 @@ from hydra.core.utils import setup_globals
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIGS
-from volseg.utils.run_dirs import register_run_dir_resolver
+from volseg.utils.resolvers import register_resolvers as register_run_dir_resolver
 
 STOPPED_CLOCK = {"%Y-%m-%d": "2026-01-31", "%H-%M-%S": "12-00-00"}  # ${now:...} patterns
 

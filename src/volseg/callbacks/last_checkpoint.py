@@ -22,18 +22,16 @@ log = logging.getLogger(__name__)
 class LastCheckpoint(ModelCheckpoint):
     """A :class:`ModelCheckpoint` (``monitor=None``: one file) that also saves within an epoch,
     every ``save_every_n_steps`` optimizer steps and/or ``save_every_minutes`` (at the next
-    optimizer-step boundary), writing ``<file>.tmp`` and renaming it over the previous one.
-    Such a checkpoint holds the loader's position (:class:`volseg.data.sampling.ResumableLoader`):
-    the resumed run ends with the weights of an uninterrupted one.
+    optimizer-step boundary), writing ``<file>.tmp`` and renaming it over the previous one. Such a
+    checkpoint holds the loader's position (:class:`volseg.data.sampling.ResumableLoader`): the
+    resumed run ends with the weights of an uninterrupted one.
 
-    ``max_time_share``: an epoch-end save is skipped while the previous save held the loop (the
-    write; in the background, the copy to host memory) longer than this share of the time
-    trained since (``None``: every epoch end); the end of training always saves. With
+    ``max_time_share``: an epoch-end save is skipped while the previous save held the loop longer
+    than this share of the time trained since (``None``: every epoch end). With
     :class:`~volseg.utils.checkpoint_io.BackgroundCheckpointIO`, a save of the state another
-    checkpoint callback saved at the same step (the best one) links to that file instead.
-    ``stop_on_signal``: a first SIGINT or SIGTERM ends the run at the next optimizer-step
-    boundary after a save, raising :class:`~volseg.utils.signals.TrainingInterrupted` (exit 130
-    or 143 with the resume command); ``False``: Lightning's own handling.
+    checkpoint callback saved at the same step links to that file. ``stop_on_signal``: a first
+    SIGINT or SIGTERM saves and ends the run at the next optimizer-step boundary
+    (:class:`~volseg.utils.signals.TrainingInterrupted`); ``False``: Lightning's own handling.
     """
 
     def __init__(
@@ -46,27 +44,24 @@ class LastCheckpoint(ModelCheckpoint):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.stop_on_signal = stop_on_signal
-        self._stop: StopRequest | None = None
-        if max_time_share is not None and (
-            isinstance(max_time_share, bool) or not 0 < max_time_share <= 1
+        for key, value, most in (
+            ("save_every_n_steps", save_every_n_steps, None),
+            ("save_every_minutes", save_every_minutes, None),
+            ("max_time_share", max_time_share, 1),
         ):
-            raise ValueError(
-                f"callbacks.last_checkpoint.max_time_share={max_time_share}: expected a number "
-                "in (0, 1], or null"
-            )
-        self.max_time_share = max_time_share
-        self._write_seconds = 0.0  # how long the last save held the training loop
-        for key, value in (
-            ("save_every_n_steps", save_every_n_steps),
-            ("save_every_minutes", save_every_minutes),
-        ):
-            if value is not None and (isinstance(value, bool) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or value <= 0 or (most is not None and value > most)
+            ):
+                bound = "in (0, 1]" if most is not None else "> 0"
                 raise ValueError(
-                    f"callbacks.last_checkpoint.{key}={value}: expected a number > 0, or null"
+                    f"callbacks.last_checkpoint.{key}={value}: expected a number {bound}, or null"
                 )
         self.save_every_n_steps = save_every_n_steps
         self.save_every_minutes = save_every_minutes
+        self.max_time_share = max_time_share
+        self.stop_on_signal = stop_on_signal
+        self._stop: StopRequest | None = None
+        self._write_seconds = 0.0  # how long the last save held the training loop
         self._last_save_time = time.monotonic()
         # (optimizer step, batches trained) at the last full checkpoint saved (by any callback)
         self._dumped_at: tuple[int, int] | None = None
@@ -131,14 +126,6 @@ class LastCheckpoint(ModelCheckpoint):
         if self._stop is not None:
             self._stop.restore()
 
-    def stop_requested(self, trainer: L.Trainer) -> int:
-        """The signal that asked the run to stop (0: none); rank 0's, for every rank (a save is
-        collective: ranks that disagreed would wait for each other forever)."""
-        signum = (self._stop.signum or 0) if self._stop is not None else 0
-        if trainer.world_size > 1:
-            signum = int(trainer.strategy.broadcast(signum))
-        return signum
-
     @staticmethod
     def at_step_boundary(trainer: L.Trainer) -> bool:
         """Whether the batch just trained on ended an optimizer step: with
@@ -161,17 +148,15 @@ class LastCheckpoint(ModelCheckpoint):
             due = bool(trainer.strategy.broadcast(due))
         return due
 
-    def _epoch_save_affordable(self, trainer: L.Trainer) -> bool:
-        """Whether an epoch-end save keeps within ``max_time_share`` (rank 0's, for every rank)."""
-        if self.max_time_share is None:
-            return True
-        trained = time.monotonic() - self._last_save_time
-        affordable = self._write_seconds <= self.max_time_share * trained
-        return bool(trainer.strategy.broadcast(affordable))
-
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._epoch_save_affordable(trainer):
-            super().on_train_epoch_end(trainer, pl_module)
+        """Saves unless the last save's time exceeds ``max_time_share`` (rank 0's, for every
+        rank)."""
+        if self.max_time_share is not None:
+            trained = time.monotonic() - self._last_save_time
+            affordable = self._write_seconds <= self.max_time_share * trained
+            if not trainer.strategy.broadcast(affordable):
+                return
+        super().on_train_epoch_end(trainer, pl_module)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         """Save here, unless Lightning would not (sanity check, already saved at this step)."""
@@ -197,7 +182,8 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_now(trainer)
         if self._stop is None or not self.at_step_boundary(trainer):
             return
-        signum = self.stop_requested(trainer)
+        # rank 0's signal, for every rank (as a save is: see _due)
+        signum = int(trainer.strategy.broadcast(self._stop.signum or 0))
         if not signum:
             return
         self._save_now(trainer)

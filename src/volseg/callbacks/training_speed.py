@@ -72,17 +72,13 @@ def machine_load() -> tuple[float | None, int]:
 
 
 class TrainingSpeed(Callback):
-    """Measures every optimizer step after ``warmup_steps`` and reports in the log at fit end,
-    under ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at each epoch's end:
+    """Measures every optimizer step after ``warmup_steps``; reports in the log at fit end, under
+    ``speed`` in summary.json (:meth:`summary`) and as ``speed/*`` at each epoch's end:
     ``step_s`` (wall seconds per optimizer step, fetching included), ``data_wait_share`` (of it,
     between one batch's end and the next one's start), ``samples_per_s`` (all processes),
     ``tflops_per_s`` (``plan.yaml``'s ``estimate.flops_per_step`` per step second, per process)
     and ``mfu`` (that over ``peak_tflops``; None: :data:`DENSE_PEAK_TFLOPS`'s for the GPU).
-
-    Warns when the data wait exceeds ``data_wait_warning``, when a batch takes more than
-    ``slow_step_factor`` times the median of the ``recent_steps`` before it (at most once per
-    ``recent_steps``, with the machine's load), and when the load average exceeds the cores at
-    the start of training.
+    Warnings: ``data_wait_warning``, ``slow_step_factor`` and the load at the start (the YAML).
     """
 
     summary_key = "speed"  # RunSummary puts summary() under this key of summary.json
@@ -99,16 +95,16 @@ class TrainingSpeed(Callback):
             raise ValueError(f"{_KEY}.slow_step_factor={slow_step_factor}: must be > 1, or null")
         if int(recent_steps) < 3:
             raise ValueError(f"{_KEY}.recent_steps={recent_steps}: must be 3 or more")
-        self.slow_step_factor = None if slow_step_factor is None else float(slow_step_factor)
-        self._recent: deque[float] = deque(maxlen=int(recent_steps))
-        self._batches_since_warning = int(recent_steps)
         if not 0 <= float(data_wait_warning) <= 1:
             raise ValueError(f"{_KEY}.data_wait_warning={data_wait_warning}: must be in [0, 1]")
-        self.data_wait_warning = float(data_wait_warning)
         if int(warmup_steps) < 0:
             raise ValueError(f"{_KEY}.warmup_steps={warmup_steps}: must be 0 or more")
         if peak_tflops is not None and float(peak_tflops) <= 0:
             raise ValueError(f"{_KEY}.peak_tflops={peak_tflops}: must be a positive TFLOP/s figure")
+        self.slow_step_factor = None if slow_step_factor is None else float(slow_step_factor)
+        self._recent: deque[float] = deque(maxlen=int(recent_steps))
+        self._batches_since_warning = int(recent_steps)
+        self.data_wait_warning = float(data_wait_warning)
         self.warmup_steps = int(warmup_steps)
         self.peak_tflops = None if peak_tflops is None else float(peak_tflops)
         self.peak_source = "configured" if peak_tflops is not None else ""
@@ -152,31 +148,32 @@ class TrainingSpeed(Callback):
         """Warn of a batch far slower than the recent ones (the warm-up's are not recent)."""
         recent = self._recent
         self._batches_since_warning += 1
-        if self.slow_step_factor is not None and len(recent) >= 3:
-            usual = statistics.median(recent)
-            if (
-                seconds > self.slow_step_factor * usual
-                and self._batches_since_warning >= recent.maxlen
-            ):
-                self._batches_since_warning = 0
-                load, cores = machine_load()
-                shared = (
-                    f"; load average {load:.1f} on {cores} core(s)"
-                    + (": other processes share the CPUs" if load > cores else "")
-                    if load is not None
-                    else ""
-                )
-                log.warning(
-                    "Step %d took %.2f s, %.1fx the median %.2f s of the %d before it "
-                    "(a shared or throttled machine?)%s",
-                    step,
-                    seconds,
-                    seconds / usual,
-                    usual,
-                    len(recent),
-                    shared,
-                )
+        usual = statistics.median(recent) if len(recent) >= 3 else None
+        before = len(recent)
         recent.append(seconds)
+        if (
+            usual is None
+            or self.slow_step_factor is None
+            or seconds <= self.slow_step_factor * usual
+            or self._batches_since_warning < recent.maxlen
+        ):
+            return
+        self._batches_since_warning = 0
+        load, cores = machine_load()
+        shared = ""
+        if load is not None:
+            shared = f"; load average {load:.1f} on {cores} core(s)"
+            shared += ": other processes share the CPUs" if load > cores else ""
+        log.warning(
+            "Step %d took %.2f s, %.1fx the median %.2f s of the %d before it "
+            "(a shared or throttled machine?)%s",
+            step,
+            seconds,
+            seconds / usual,
+            usual,
+            before,
+            shared,
+        )
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int

@@ -18,10 +18,8 @@ from volseg.utils.errors import UserInputError
 
 @dataclass(frozen=True)
 class Case:
-    """One image/label pair; ``name`` names the case (and its prediction file).
-
-    ``image`` is one file, or one file per channel (stacked as channels when loaded).
-    """
+    """One image/label pair; ``name`` names the case (and its prediction file). ``image`` is
+    one file, or one file per channel (stacked as channels when loaded)."""
 
     name: str
     image: Path | tuple[Path, ...]
@@ -151,15 +149,9 @@ def split_cases(
     seed: int,
     fold: int | None = None,
 ) -> tuple[list[Case], list[Case]]:
-    """Train/val split, from the first that applies:
-
-    - ``root/splits.json``: ``{"train": [...], "val": [...]}``;
-    - ``root/splits_final.json`` (nnU-Net): a list of such folds, fold ``fold`` (``data.fold``;
-      ``None``: fold 0);
-    - a seeded random split of ``val_fraction``.
-
-    Entries may be file names (``case_000.nii.gz``) or case ids (``case_000``).
-    """
+    """Train/val split from ``root/splits.json`` (``{"train": [...], "val": [...]}``), else
+    fold ``fold`` (``None``: 0) of nnU-Net's ``root/splits_final.json`` (a list of such), else a
+    seeded random ``val_fraction``; entries are file names or case ids (``case_000``)."""
     # case ids (case_000 of case_000.nii.gz) as nnU-Net's splits_final.json names cases
     by_key = {split_suffix(c.name)[0]: c for c in cases} | {c.name: c for c in cases}
     root = Path(root)
@@ -203,9 +195,8 @@ STORED_AXES = {"nifti": "x, y, z", "tiff": "Z, Y, X", "hdf5": "Z, Y, X"}
 
 
 def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> str:
-    """A volume's shape as the file stores it and as loading orders it, for messages: NIfTI
-    ``(64, 64, 32) as stored (x, y, z), [D, H, W] = [32, 64, 64] after orientation to RAS``,
-    TIFF/HDF5 ``[D, H, W] = [32, 64, 64] (Z, Y, X as stored)``."""
+    """A volume's shape as stored and as loaded, for messages: ``(64, 64, 32) as stored (x, y,
+    z), [D, H, W] = [32, 64, 64] after orientation to RAS`` (NIfTI)."""
     fmt = geometry.get("format")
     try:
         loaded = oriented_geometry(geometry, orientation)
@@ -214,7 +205,7 @@ def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> 
     dhw = [int(s) for s in loaded["shape_zyx"]]
     if fmt != "nifti":
         return f"[D, H, W] = {dhw} ({STORED_AXES.get(fmt, 'Z, Y, X')} as stored)"
-    stored = tuple(int(s) for s in geometry.get("stored_shape", geometry["shape_zyx"][::-1]))
+    stored = tuple(int(s) for s in geometry["stored_shape"])
     axes = "x, y, z" + (", channels" if len(stored) == 4 else "")
     after = f"after orientation to {orientation}" if orientation else "(the file's z, y, x)"
     return f"{stored} as stored ({axes}), [D, H, W] = {dhw} {after}"
@@ -232,10 +223,9 @@ def _image_geometry(
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     orientation: str | None = None,
 ) -> dict[str, Any] | None:
-    """Geometry of the case's image (its first channel file); appends problems, ``None`` if bad:
-    channel files that are not readable 3D volumes (a 4-D NIfTI file: channels last) of one
-    shape and affine, or channels that do not add up to ``in_channels`` (``None``: any number;
-    ``channels_fix(in_channels, found)`` says what to change)."""
+    """Geometry of the case's image (its first channel file), or ``None`` with its problems
+    appended to ``problems``: channel files must be readable 3D volumes (a 4-D NIfTI file:
+    channels last) of one shape and affine, ``in_channels`` channels in all (``None``: any)."""
     geometries = []
     for path in case.image_files:
         try:
@@ -247,7 +237,7 @@ def _image_geometry(
     first = geometries[0]
     for path, geometry in zip(case.image_files, geometries, strict=True):
         if len(geometry["shape_zyx"]) != 3:
-            stored = list(geometry.get("stored_shape", geometry["shape_zyx"]))
+            stored = list(geometry["stored_shape"])
             axes = "x, y, z[, channels]" if geometry["format"] == "nifti" else "Z, Y, X"
             problems.append(
                 f"{_where(path, case.image_key)}: expected a 3D volume ({axes}), got shape "
@@ -285,8 +275,7 @@ def _network_channels(in_channels: int, channels: int) -> str:
 def input_problems(
     cases: Sequence[Case], in_channels: int, orientation: str | None = None
 ) -> list[str]:
-    """Every problem of images to predict, one line each, from their headers: readable, 3D,
-    ``in_channels`` channels, an affine that can be reoriented to ``orientation`` (NIfTI)."""
+    """Every problem of images to predict, one line each, from their headers."""
     problems: list[str] = []
     for case in cases:
         image = _image_geometry(case, in_channels, problems, _network_channels, orientation)
@@ -359,8 +348,8 @@ def image_problems(
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     orientation: str | None = None,
 ) -> list[str]:
-    """The problems of ``case``'s image files alone, from their headers: readable 3-D volumes
-    of one shape holding ``in_channels`` channels (``channels_fix`` says what to change)."""
+    """The problems of ``case``'s image files alone, from their headers (:func:`case_problems`'
+    first)."""
     problems: list[str] = []
     _image_geometry(case, in_channels, problems, channels_fix, orientation)
     return problems
@@ -377,14 +366,10 @@ def case_problems(
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     padded: dict[str, list[int]] | None = None,
 ) -> list[str]:
-    """Every problem of every case, one line each, naming the file: unreadable or truncated
-    files, not 3D, not ``in_channels`` channels (``None``: any; ``channels_fix`` says what to
-    change), channel files or image and label that disagree in shape or affine, NaN/Inf image
-    voxels, labels outside ``[0, num_classes)``, a patch larger than the volume (resampled to
-    ``spacing`` ``[z, y, x]``) in every axis, an affine that cannot be reoriented to
-    ``orientation``. ``padded`` receives ``{case: [D, H, W]}`` of volumes smaller than the
-    patch in some axis (loading pads them).
-    """
+    """Every problem of every case, one line each, naming the file (files, channels, shapes,
+    affines, voxels, labels, a patch larger than the volume at ``spacing`` in every axis).
+    ``padded`` receives ``{case: [D, H, W]}`` of volumes smaller than the patch in some axis
+    (loading pads them)."""
     problems: list[str] = []
     for case in cases:
         image = _image_geometry(case, in_channels, problems, channels_fix, orientation)

@@ -28,12 +28,7 @@ from volseg.data.cases import (
     input_problems,
     split_cases,
 )
-from volseg.data.dataset_defaults import (
-    DEFAULTS_FILE,
-    EMBEDDED_DEFAULTS,
-    resolve_augment,
-    write_dataset_defaults,
-)
+from volseg.data.dataset_defaults import resolve_augment
 from volseg.data.host_memory import (
     CACHE_MODES,
     HostEstimate,
@@ -43,11 +38,7 @@ from volseg.data.host_memory import (
     fitting_cache_rate,
     volume_bytes,
 )
-from volseg.data.loader_options import (
-    LoaderOptions,
-    check_loader_options,
-    resolve_loader_options,
-)
+from volseg.data.loader_options import LoaderOptions, check_loader_options, resolve_loader_options
 from volseg.data.mni152 import build_mni152_dataset, check_build_installed
 from volseg.data.orientation import check_axcodes
 from volseg.data.sampling import (
@@ -101,46 +92,78 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
 
 class VolumeDataModule(LightningDataModule):
     """Training patches and whole validation volumes from ``root``. Every argument is a
-    ``data.*`` key, explained with its default in ``configs/data/folder.yaml``; beyond it:
-    ``num_classes=None`` takes the classes ``root/classes.json`` names; ``in_channels=None``
-    takes any number of image channels; ``synthetic``/``mni152``: ``{"root": ..., **builder
-    kwargs}``, the embedded dataset built when ``root`` is that missing folder; ``patch_voxels``
-    is the planner's (checked here); ``check_only`` is read by ``train.py``.
+    ``data.*`` key, explained with its default in ``configs/data/folder.yaml`` (Hydra passes
+    them all); beyond it: ``num_classes=None`` takes the classes ``root/classes.json`` names;
+    ``in_channels=None`` takes any number of image channels; ``synthetic``/``mni152``:
+    ``{"root": ..., **builder kwargs}``, the embedded dataset built when ``root`` is that missing
+    folder; ``patch_voxels`` is the planner's (checked here); ``check_only`` is read by
+    ``train.py``.
     """
 
     def __init__(
         self,
         root: str,
-        num_classes: int | None = 5,
-        in_channels: int | None = None,
-        patch_size: Sequence[int] = (32, 64, 64),
-        batch_size: int = 2,
-        samples_per_volume: int = 4,
-        val_fraction: float = 0.2,
-        split_seed: int = 0,
-        fold: int | None = None,
-        class_ratios: Sequence[float] | None = None,
-        class_names: Sequence[str] | None = None,
-        num_workers: int | str = "auto",
-        pin_memory: bool | str = "auto",
-        persistent_workers: bool | str = "auto",
-        cache_rate: float = 1.0,
-        synthetic: dict[str, Any] | None = None,
-        check_only: bool = False,
-        spacing: Sequence[float] | None = None,
-        mni152: dict[str, Any] | None = None,
-        augment: dict[str, Any] | None = None,
-        patch_voxels: int | None = None,
-        cache: str = "memory",
-        cache_dir: str | None = None,
-        max_locations_per_class: int | None = 10000,
-        orientation: str | None = "RAS",
+        num_classes: int | None,
+        in_channels: int | None,
+        patch_size: Sequence[int],
+        batch_size: int,
+        samples_per_volume: int,
+        val_fraction: float,
+        split_seed: int,
+        fold: int | None,
+        class_ratios: Sequence[float] | None,
+        class_names: Sequence[str] | None,
+        num_workers: int | str,
+        pin_memory: bool | str,
+        persistent_workers: bool | str,
+        cache_rate: float,
+        synthetic: dict[str, Any] | None,
+        check_only: bool,
+        spacing: Sequence[float] | None,
+        mni152: dict[str, Any] | None,
+        augment: dict[str, Any] | None,
+        patch_voxels: int | None,
+        cache: str,
+        cache_dir: str | None,
+        max_locations_per_class: int | None,
+        orientation: str | None,
     ) -> None:
         super().__init__()
+        if str(patch_size) == "auto":
+            raise UserInputError(
+                "data.patch_size=auto is planned from the data by the run plan; build the "
+                "datamodule from volseg.plan.make_plan(cfg).run_config()"
+            )
+        # null: no budget (a fixed patch) and every voxel location
+        optional = {
+            "patch_voxels": patch_voxels,
+            "max_locations_per_class": max_locations_per_class,
+        }
+        whole = {"batch_size": batch_size, "samples_per_volume": samples_per_volume, **optional}
+        for key, value in whole.items():
+            if (key in optional and value is None) or (type(value) is int and value >= 1):
+                continue
+            null = ", or null" if key in optional else ""
+            raise UserInputError(f"data.{key}={value}: expected a whole number >= 1{null}")
+        if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
+            raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
+        if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
+            raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
+        if cache not in CACHE_MODES:
+            raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
+        if cache == "disk" and not cache_dir:
+            raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
+        if len(patch_size) != 3 or min(patch_size) < 1:
+            raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
+        if spacing is not None and (len(spacing) != 3 or min(spacing) <= 0):
+            raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
+        check_axcodes(orientation)
+        check_loader_options(num_workers, pin_memory, persistent_workers)
+        check_build_installed(root, mni152)
         self.root = Path(root)
         self.num_classes = num_classes
         self.in_channels = in_channels
-        self.patch_size = [int(p) for p in patch_size] if str(patch_size) != "auto" else []
+        self.patch_size = [int(p) for p in patch_size]
         self.batch_size = batch_size
         self.samples_per_volume = samples_per_volume
         self.val_fraction = val_fraction
@@ -148,7 +171,6 @@ class VolumeDataModule(LightningDataModule):
         self.fold = fold
         self.class_ratios = class_ratios
         self._class_names = list(class_names) if class_names is not None else None
-        check_loader_options(num_workers, pin_memory, persistent_workers)
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -160,55 +182,19 @@ class VolumeDataModule(LightningDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_locations_per_class = max_locations_per_class
         self.orientation = str(orientation) if orientation is not None else None
-        try:
-            check_axcodes(self.orientation)
-        except ValueError as err:
-            raise UserInputError(str(err)) from None
         self.synthetic = dict(synthetic) if synthetic else None
+        self.mni152 = dict(mni152) if mni152 else None
         self.check_only = check_only
         self.spacing = [float(v) for v in spacing] if spacing is not None else None
-        self.mni152 = dict(mni152) if mni152 else None
-        check_build_installed(self.root, self.mni152)
         self.augment = dict(augment) if augment else None
         self.train_cases: list[Case] = []
         self.val_cases: list[Case] = []
         self._train_ds: SeededItems | None = None
         self._val_ds: Dataset | None = None
-        self._split_done = False
-        self._cases: list[Case] = []
-        self._layout_problems: list[str] = []
+        self._split: tuple[list[Case], list[str]] | None = None  # all cases, layout problems
         self._sizes: tuple[dict[str, list[VolumeBytes]], list[str]] | None = None
         self._checked = False
         self._seed = 0
-        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
-            raise UserInputError(f"data.spacing={list(spacing)}: expected [z, y, x] > 0 or null")
-        self.patch_voxels = patch_voxels
-        whole = {"batch_size": batch_size, "samples_per_volume": samples_per_volume}
-        # null: no budget (a fixed patch) and every voxel location
-        optional = {
-            "patch_voxels": patch_voxels,
-            "max_locations_per_class": max_locations_per_class,
-        }
-        for key, value in [*whole.items(), *optional.items()]:
-            if (key in optional and value is None) or (type(value) is int and value >= 1):
-                continue
-            null = ", or null" if key in optional else ""
-            raise UserInputError(f"data.{key}={value}: expected a whole number >= 1{null}")
-        if not isinstance(val_fraction, int | float) or not 0 <= val_fraction < 1:
-            raise UserInputError(f"data.val_fraction={val_fraction}: expected a number in [0, 1)")
-        if not isinstance(cache_rate, int | float) or not 0 <= cache_rate <= 1:
-            raise UserInputError(f"data.cache_rate={cache_rate}: expected a number in [0, 1]")
-        if cache not in CACHE_MODES:
-            raise UserInputError(f"data.cache={cache}: expected one of {', '.join(CACHE_MODES)}")
-        if cache == "disk" and self.cache_dir is None:
-            raise UserInputError("data.cache=disk needs data.cache_dir (a folder for the cache)")
-        if str(patch_size) == "auto":
-            raise UserInputError(
-                "data.patch_size=auto is planned from the data by the run plan; build the "
-                "datamodule from volseg.plan.make_plan(cfg).run_config()"
-            )
-        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
-            raise UserInputError(f"data.patch_size={list(patch_size)}: expected [D, H, W] > 0")
 
     @property
     def class_names(self) -> list[str]:
@@ -238,10 +224,6 @@ class VolumeDataModule(LightningDataModule):
                 if target.resolve() == self.root.resolve():
                     log.info("Generating %s in %s", what, self.root)
                     build(self.root, **settings)
-        embedded = self.synthetic and Path(self.synthetic["root"]).resolve() == self.root.resolve()
-        if embedded and self.root.is_dir() and not (self.root / DEFAULTS_FILE).exists():
-            # generated before the folder carried its own defaults: give it them once
-            write_dataset_defaults(self.root, EMBEDDED_DEFAULTS)
 
     def find(self) -> tuple[list[Case], list[str]]:
         """The dataset's complete cases, and problems of the layout itself (one line each);
@@ -307,8 +289,8 @@ class VolumeDataModule(LightningDataModule):
     def split(self) -> tuple[list[Case], list[str]]:
         """Find the cases and split them into ``train_cases``/``val_cases`` (no voxel is read);
         returns all cases and the layout's problems (then nothing is split)."""
-        if self._split_done:
-            return self._cases, self._layout_problems
+        if self._split is not None:
+            return self._split
         cases, problems = self.find()
         if not problems:
             self.train_cases, self.val_cases = split_cases(
@@ -319,9 +301,8 @@ class VolumeDataModule(LightningDataModule):
                     f"data.root={self.root}: the split leaves no training or no validation case "
                     f"({len(self.train_cases)} train, {len(self.val_cases)} val)"
                 )
-        self._cases, self._layout_problems = cases, problems
-        self._split_done = True
-        return cases, problems
+        self._split = (cases, problems)
+        return self._split
 
     def host_estimate(
         self, device: str, devices: int = 1, cache_rate: float | None = None

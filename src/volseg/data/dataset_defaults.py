@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from volseg.data.transforms import DEFAULT_AUGMENT
+from volseg.data.transforms import AUGMENT_KEYS
 from volseg.utils.errors import UserInputError
 
 DEFAULTS_FILE = "dataset_defaults.json"
@@ -21,13 +21,6 @@ DEFAULTS_FILE = "dataset_defaults.json"
 EMBEDDED_DEFAULTS: dict[str, Any] = {
     "augment": {"flip_axes": [0, 1, 2], "rotate90_planes": [[1, 2]]}
 }
-
-
-def write_dataset_defaults(root: str | Path, defaults: Mapping[str, Any]) -> Path:
-    """Write ``defaults`` as ``<root>/dataset_defaults.json``; returns the file."""
-    path = Path(root) / DEFAULTS_FILE
-    path.write_text(json.dumps(dict(defaults), indent=2))
-    return path
 
 
 def read_dataset_defaults(root: str | Path) -> dict[str, Any]:
@@ -48,18 +41,19 @@ def resolve_augment(
     augment: Mapping[str, Any] | None, root: str | Path
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``data.augment`` with every ``null`` (or missing) key taken from the folder's own
-    defaults, else :data:`DEFAULT_AUGMENT`; returns the values and, per key, where each came
-    from (``configured``, the defaults file, or ``data=folder's default``)."""
+    defaults, else none (``[]`` of mirrorings and turns); returns the values and, per key, where
+    each came from (``configured``, the defaults file, or ``data=folder's default``)."""
     own = read_dataset_defaults(root).get("augment", {})
     given = dict(augment or {})
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     folder = f"the dataset's own ({Path(root) / DEFAULTS_FILE})"
-    for key in dict.fromkeys([*DEFAULT_AUGMENT, *given]):
+    for key in dict.fromkeys([*AUGMENT_KEYS, *given]):
         if given.get(key) is not None:
             values[key], sources[key] = given[key], "configured"
         elif key in own:
             values[key], sources[key] = own[key], folder
         else:
-            values[key], sources[key] = DEFAULT_AUGMENT.get(key), "data=folder's default"
+            none = [] if key in AUGMENT_KEYS[:2] else given.get(key)  # no mirroring, no turns
+            values[key], sources[key] = none, "data=folder's default"
     return values, sources

@@ -13,45 +13,42 @@ from volseg.data.io import HDF5_SUFFIXES, require_h5py
 from volseg.utils.errors import UserInputError, raise_problems
 
 
-def find_hdf5_cases(root: Path, raw_key: str, label_key: str) -> tuple[list[Case], list[str]]:
-    """One case per HDF5 file in ``root``; files that lack a dataset are problems."""
-    if not root.is_dir():
-        raise UserInputError(f"data.root={root}: folder does not exist")
-    files = list(volume_files(root, HDF5_SUFFIXES).values())
-    if not files:
-        raise UserInputError(
-            f"data.root={root}: no HDF5 files (supported: {', '.join(HDF5_SUFFIXES)})"
-        )
-    h5py = require_h5py()
-    cases, problems = [], []
-    for path in files:
-        try:
-            with h5py.File(path, "r") as f:
-                names = list(f.keys())
-        except Exception as err:  # any reader failure is a bad file, reported with its name
-            problems.append(f"{path}: cannot read ({type(err).__name__}: {err})")
-            continue
-        absent = [
-            f"{path}: no dataset '{key}' (data.{what}; the file has: {', '.join(names) or 'none'})"
-            for key, what in ((raw_key, "raw_key"), (label_key, "label_key"))
-            if key not in names
-        ]
-        problems += absent
-        if not absent:
-            cases.append(Case(path.name, path, path, image_key=raw_key, label_key=label_key))
-    return cases, problems
-
-
 class HDF5DataModule(VolumeDataModule):
     """:class:`VolumeDataModule` for HDF5 files holding datasets ``raw_key`` and ``label_key``."""
 
-    def __init__(self, root: str, raw_key: str = "raw", label_key: str = "label", **kw: Any):
+    def __init__(self, root: str, raw_key: str, label_key: str, **kw: Any) -> None:
         super().__init__(root, **kw)
         self.raw_key = raw_key
         self.label_key = label_key
 
     def find(self) -> tuple[list[Case], list[str]]:
-        return find_hdf5_cases(self.root, self.raw_key, self.label_key)
+        """One case per HDF5 file in ``root``; files that lack a dataset are problems."""
+        if not self.root.is_dir():
+            raise UserInputError(f"data.root={self.root}: folder does not exist")
+        files = list(volume_files(self.root, HDF5_SUFFIXES).values())
+        if not files:
+            raise UserInputError(
+                f"data.root={self.root}: no HDF5 files (supported: {', '.join(HDF5_SUFFIXES)})"
+            )
+        h5py = require_h5py()
+        cases, problems = [], []
+        for path in files:
+            try:
+                with h5py.File(path, "r") as f:
+                    names = list(f.keys())
+            except Exception as err:  # any reader failure is a bad file, reported with its name
+                problems.append(f"{path}: cannot read ({type(err).__name__}: {err})")
+                continue
+            has = ", ".join(names) or "none"
+            absent = [
+                f"{path}: no dataset '{key}' (data.{what}; the file has: {has})"
+                for key, what in ((self.raw_key, "raw_key"), (self.label_key, "label_key"))
+                if key not in names
+            ]
+            problems += absent
+            if not absent:
+                cases.append(Case(path.name, path, path, self.raw_key, self.label_key))
+        return cases, problems
 
     @property
     def load_options(self) -> dict[str, Any]:

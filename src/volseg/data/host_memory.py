@@ -90,11 +90,6 @@ def volume_bytes(
     return VolumeBytes((shape[0], shape[1], shape[2]), channels * voxels * FLOAT32, label, kept)
 
 
-def cached_count(num_items: int, cache_rate: float) -> int:
-    """How many items MONAI's ``CacheDataset`` caches: the first ``int(num_items * rate)``."""
-    return min(num_items, int(num_items * cache_rate))
-
-
 @dataclass
 class HostEstimate:
     """Host memory of the data side (bytes): caches, loaders' copies and batches
@@ -110,11 +105,9 @@ class HostEstimate:
     train_volumes: int
     train_cached: int
     train_cache: int
-    train_all: int
     val_volumes: int
     val_cached: int
     val_cache: int
-    val_all: int
     train_loading: int
     val_loading: int
     spawned_copies: int
@@ -161,9 +154,9 @@ def estimate_host(
 ) -> HostEstimate:
     """The data side's host memory (see the module docstring); ``train`` padded, in order."""
     start_method = start_method or multiprocessing.get_start_method()
-    in_memory = cache == "memory"
-    n_train = cached_count(len(train), cache_rate) if in_memory else 0
-    n_val = cached_count(len(val), cache_rate) if in_memory else 0
+    # MONAI's CacheDataset caches the first int(len * cache_rate) items
+    n_train = min(len(train), int(len(train) * cache_rate)) if cache == "memory" else 0
+    n_val = min(len(val), int(len(val) * cache_rate)) if cache == "memory" else 0
     train_cache = sum(v.total for v in train[:n_train])
     val_cache = sum(v.total for v in val[:n_val])
     loaders = max(1, num_workers)  # 0 workers: the training process loads
@@ -193,11 +186,9 @@ def estimate_host(
         train_volumes=len(train),
         train_cached=n_train,
         train_cache=train_cache,
-        train_all=sum(v.total for v in train),
         val_volumes=len(val),
         val_cached=n_val,
         val_cache=val_cache,
-        val_all=sum(v.total for v in val),
         train_loading=train_loading,
         val_loading=val_loading,
         spawned_copies=spawned,

@@ -90,25 +90,36 @@ def _tiff_spacing_zyx(tif: tifffile.TiffFile) -> tuple[float, float, float]:
     return sz, per_pixel("YResolution"), per_pixel("XResolution")
 
 
-class _StackReader(ImageReader):
-    """A MONAI reader of volumes stored ``(Z, Y, X)`` or ``(C, Z, Y, X)`` with a voxel size:
+class StackReader(ImageReader):
+    """A MONAI reader of TIFF stacks (``key=None``) or of dataset ``key`` of HDF5 files (only
+    that dataset is read), stored ``(Z, Y, X)`` or (HDF5) ``(C, Z, Y, X)`` with a voxel size:
     arrays in file axis order ``(X, Y, Z)`` (channels first) like MONAI's NIfTI reader, with an
     affine from the voxel size. The files of a case's channels are joined on the channel axis,
     with the first file's header (the case checks compared their shapes and affines)."""
 
-    suffixes: tuple[str, ...] = ()
+    def __init__(self, key: str | None = None) -> None:
+        super().__init__()
+        self.key = key
 
     def verify_suffix(self, filename: Sequence[str] | str) -> bool:
-        return is_supported_format(filename, list(self.suffixes))
-
-    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
-        """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
-        raise NotImplementedError
+        return is_supported_format(filename, ["h5", "hdf5"] if self.key else ["tif", "tiff"])
 
     def read(self, data: Sequence[str] | str, **kwargs: Any):
         names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = [self.read_one(str(name)) for name in names]
+        volumes = [self._read_one(str(name)) for name in names]
         return volumes if len(volumes) > 1 else volumes[0]
+
+    def _read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
+        """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
+        if self.key is not None:
+            with require_h5py().File(name, "r") as f:
+                dataset = _hdf5_dataset(f, self.key, Path(name))
+                return dataset[()], _hdf5_spacing_zyx(dataset)
+        with tifffile.TiffFile(name) as tif:
+            array, spacing = tif.asarray(), _tiff_spacing_zyx(tif)
+        if array.ndim != 3:
+            raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
+        return array, spacing
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
         arrays, meta = [], {}
@@ -130,34 +141,6 @@ class _StackReader(ImageReader):
             return np.concatenate(arrays, axis=0), meta
         meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0
         return np.stack(arrays, axis=0), meta
-
-
-class HDF5Reader(_StackReader):
-    """MONAI reader for one dataset ``key`` of HDF5 files (only that dataset is read)."""
-
-    suffixes = ("h5", "hdf5")
-
-    def __init__(self, key: str) -> None:
-        super().__init__()
-        self.key = key
-
-    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
-        with require_h5py().File(name, "r") as f:
-            dataset = _hdf5_dataset(f, self.key, Path(name))
-            return dataset[()], _hdf5_spacing_zyx(dataset)
-
-
-class TiffStackReader(_StackReader):
-    """MONAI reader for 3D TIFF stacks stored ``(Z, Y, X)`` (ImageJ hyperstacks included)."""
-
-    suffixes = ("tif", "tiff")
-
-    def read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
-        with tifffile.TiffFile(name) as tif:
-            array, spacing = tif.asarray(), _tiff_spacing_zyx(tif)
-        if array.ndim != 3:
-            raise ValueError(f"{name}: expected a 3D (Z, Y, X) TIFF stack, got shape {array.shape}")
-        return array, spacing
 
 
 class NiftiReader(NibabelReader):

@@ -1,21 +1,33 @@
-"""DataLoader settings that follow the device: ``data.num_workers``/``pin_memory``/
-``persistent_workers`` may be ``auto``."""
+"""DataLoader settings that follow the device (``data.num_workers``/``pin_memory``/
+``persistent_workers`` may be ``auto``), and what every loader worker does first."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from monai.data import list_data_collate
 
-from volseg.data.workers import init_loader_worker
 from volseg.utils.errors import UserInputError
 
 #: more workers than this rarely feed one GPU faster, and each holds its own copy of the batch
 MAX_AUTO_WORKERS = 8
+
+
+def init_loader_worker(worker_id: int) -> None:
+    """``worker_init_fn`` of volseg's loaders: ``gc.freeze()`` the heap a forked worker
+    inherits (cached volumes, an earlier run's leftovers), so the worker neither frees the
+    parent's objects (a CUDA tensor freed in a forked child calls into CUDA) nor copies their
+    pages; then Lightning's worker seeding, which it adds only to loaders without a
+    ``worker_init_fn``."""
+    gc.freeze()
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id)
 
 
 @dataclass(frozen=True)

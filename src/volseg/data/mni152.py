@@ -38,18 +38,22 @@ REGION_TASKS = ("regions", "regions_lr")
 #: the region tasks
 REQUIRED = ("scipy", "nilearn")
 _MARGIN_MM = 6.0
+#: a view's largest rotation about each axis and the spread of its smooth deformation
+_MAX_ROTATION_DEG = 8.0
+_ELASTIC_MM = 3.0
 _ANTERIOR_Y_MM = -20.0
 _SUPERIOR_Z_MM = 10.0
 
 
-def load_template(resolution: int = 2) -> dict[str, nib.Nifti1Image]:
-    """The MNI152 2009 template from nilearn's package data: ``t1``, ``gm``, ``wm``, ``mask``."""
+def load_template() -> dict[str, nib.Nifti1Image]:
+    """The MNI152 2009 template at 2 mm from nilearn's package data: ``t1``, ``gm``, ``wm``,
+    ``mask``."""
     datasets = require("nilearn.datasets", "data=mni152")
     return {
-        "t1": datasets.load_mni152_template(resolution=resolution),
-        "gm": datasets.load_mni152_gm_template(resolution=resolution),
-        "wm": datasets.load_mni152_wm_template(resolution=resolution),
-        "mask": datasets.load_mni152_brain_mask(resolution=resolution),
+        "t1": datasets.load_mni152_template(resolution=2),
+        "gm": datasets.load_mni152_gm_template(resolution=2),
+        "wm": datasets.load_mni152_wm_template(resolution=2),
+        "mask": datasets.load_mni152_brain_mask(resolution=2),
     }
 
 
@@ -116,9 +120,7 @@ def make_case(
     template: dict[str, nib.Nifti1Image],
     task: str,
     seed: int,
-    spacing: float = 2.0,
-    max_rotation_deg: float = 8.0,
-    elastic_mm: float = 3.0,
+    spacing: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One view of the template: float32 ``(X, Y, Z)`` image, uint8 ``(X, Y, Z)`` labels of
     ``task_classes(task)`` and the 4×4 voxel-to-mm affine. The region tasks need
@@ -131,11 +133,11 @@ def make_case(
     world = grid @ affine[:3, :3].T + affine[:3, 3]  # (X, Y, Z, 3) mm
     center = world.reshape(-1, 3).mean(0)
     # random affine about the grid's centre, then a smooth deformation (mm)
-    rot = _rotation(np.deg2rad(rng.uniform(-max_rotation_deg, max_rotation_deg, 3)))
+    rot = _rotation(np.deg2rad(rng.uniform(-_MAX_ROTATION_DEG, _MAX_ROTATION_DEG, 3)))
     scale = rng.uniform(0.92, 1.08, 3)
     shift = rng.uniform(-5.0, 5.0, 3)
     anatomical = (world - center) @ (rot * scale).T + center + shift
-    coarse = rng.normal(0.0, elastic_mm, size=(3, 5, 5, 5))
+    coarse = rng.normal(0.0, _ELASTIC_MM, size=(3, 5, 5, 5))
     zoom = [s / 5 for s in shape]
     for a in range(3):
         anatomical[..., a] += ndimage.zoom(coarse[a], zoom, order=3)[
@@ -190,7 +192,7 @@ def check_build_installed(root: str | Path, options: Mapping[str, Any] | None) -
     """Before any work: :func:`check_installed` for the dataset that ``options`` (``data.mni152``)
     will build at ``root``; nothing when there are none or the folder exists already."""
     if options and not Path(root).exists():
-        check_installed(str(options.get("task", "lobes")))
+        check_installed(str(options["task"]))
 
 
 def build_mni152_dataset(
@@ -200,13 +202,12 @@ def build_mni152_dataset(
     num_cases: int = 6,
     num_val: int = 2,
     seed: int = 0,
-    template_resolution: int = 2,
 ) -> Path:
     """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation)."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)
-    template: dict = dict(load_template(template_resolution))
+    template: dict = dict(load_template())
     if task in REGION_TASKS:
         template["atlas"], template["lookup"] = load_atlas(task)
 

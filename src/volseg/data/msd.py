@@ -23,19 +23,16 @@ from volseg.data.io import VOLUME_SUFFIXES, match_suffix
 from volseg.utils.errors import UserInputError, raise_problems
 
 CHANNEL_FILE = re.compile(r"^(?P<id>.+)_(?P<channel>\d{4})$")
-LAYOUTS = ("decathlon", "nnunet")
 
 
 def _indexed_names(mapping: Any, what: str, source: Path) -> list[str]:
     """Names by index from ``{"0": name}`` or ``{name: 0}``; indices must be ``0..n-1``."""
     if not isinstance(mapping, dict) or not mapping:
         raise UserInputError(f"{source}: '{what}' must be a non-empty mapping")
-    first_key = next(iter(mapping))
+    by_name = not str(next(iter(mapping))).isdigit()  # {name: 0}, as nnU-Net v2 writes them
+    pairs = ((v, k) for k, v in mapping.items()) if by_name else mapping.items()
     try:
-        if str(first_key).isdigit():
-            by_index = {int(k): str(v) for k, v in mapping.items()}
-        else:
-            by_index = {int(v): str(k) for k, v in mapping.items()}
+        by_index = {int(index): str(name) for index, name in pairs}
     except (TypeError, ValueError):
         raise UserInputError(
             f"{source}: '{what}' must map indices to names (or names to integer indices; "
@@ -100,10 +97,19 @@ def read_dataset_json(root: Path) -> dict[str, Any]:
     }
 
 
-def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, Path]]]:
-    """The ``key`` list of ``root/dataset.json`` (``training``: image/label pairs, ``test``:
-    images): each entry as written (``{"image": ..., "label": ...}``) and as paths from
-    ``root`` (MONAI's ``load_decathlon_datalist``)."""
+def channel_files(path: Path) -> list[Path]:
+    """The channel files ``<id>_NNNN<ending>`` of ``<id><ending>`` (nnU-Net's), sorted."""
+    split = match_suffix(path.name, VOLUME_SUFFIXES)
+    if split is None:
+        return []
+    return sorted(path.parent.glob(f"{glob.escape(split[0])}_[0-9][0-9][0-9][0-9]{split[1]}"))
+
+
+def listed_files(root: Path, key: str, layout: str | None) -> tuple[list[Path], list[str]]:
+    """The files the ``key`` list of ``root/dataset.json`` names (``training``: images and
+    labels, ``test``: images; paths from MONAI's ``load_decathlon_datalist``), and one problem
+    per file not found. Outside the ``decathlon`` layout an image listed without its ``_0000``
+    suffix (nnU-Net v1) stands for its channel files."""
     source = root / "dataset.json"
     wanted = ("image", "label") if key == "training" else ("image",)
     expected = '{"image": "./imagesTr/<file>", "label": "./labelsTr/<file>"}'
@@ -114,10 +120,17 @@ def listed_files(root: Path, key: str) -> list[tuple[dict[str, str], dict[str, P
     if bad:
         raise UserInputError(f"{source}: each '{key}' entry must be {expected}, got {bad[0]}")
     items = load_decathlon_datalist(source, key == "training", key, root)
-    return [
-        ({k: entry[k] for k in wanted}, {k: Path(item[k]) for k in wanted})
-        for entry, item in zip(written, items, strict=True)
-    ]
+    files, problems = [], []
+    for entry, item in zip(written, items, strict=True):
+        for k in wanted:
+            path = Path(item[k])
+            channels = k == "image" and layout != "decathlon" and not path.is_file()
+            found = channel_files(path) if channels else [path] if path.is_file() else []
+            files += found
+            if not found:
+                what = f"'{key}' {k}" if key == "training" else f"'{key}'"
+                problems.append(f"{source}: lists {entry[k]} ({what}), file not found")
+    return files, problems
 
 
 def group_channel_files(
@@ -159,27 +172,6 @@ def detect_layout(
     return "decathlon" if dataset["channels_key"] == "modality" else "nnunet"
 
 
-def _training_list_problems(
-    root: Path, dataset: dict[str, Any], layout: str, channel_groups: dict[str, Any]
-) -> list[str]:
-    """Files of a ``training`` list that do not exist (nnU-Net v1 lists each image without
-    its ``_0000`` suffix: its channel files count)."""
-    if not dataset["training"]:
-        return []
-    problems = []
-    for written, paths in listed_files(root, "training"):
-        for key, path in paths.items():
-            exists = path.is_file() or (
-                key == "image" and layout == "nnunet" and path.name in channel_groups
-            )
-            if not exists:
-                problems.append(
-                    f"{root / 'dataset.json'}: lists {written[key]} ('training' {key}), file "
-                    "not found"
-                )
-    return problems
-
-
 def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], list[str], str]:
     """Complete cases of ``imagesTr/`` + ``labelsTr/``, every disagreement with
     ``dataset.json`` (unpaired files, missing or extra channel files, listed files missing,
@@ -197,7 +189,8 @@ def find_msd_cases(root: Path, dataset: dict[str, Any]) -> tuple[list[Case], lis
         cases = [Case(name, images[name], path) for name, path in labels.items() if name in images]
     else:
         cases, problems = _nnunet_cases(dataset, root, groups, plain, labels, labels_dir)
-    problems += _training_list_problems(root, dataset, layout, groups)
+    if dataset["training"]:
+        problems += listed_files(root, "training", layout)[1]
     num_training = dataset["num_training"]
     if num_training is not None and num_training != len(labels):
         problems.append(
@@ -251,11 +244,10 @@ class MSDDataModule(VolumeDataModule):
     ``in_channels`` ``None`` (``data=msd``'s) are read from ``dataset.json``; given, they must
     agree with it."""
 
-    def __init__(self, root: str, num_classes: int | None = None, **kw: Any) -> None:
-        super().__init__(root, num_classes=num_classes, **kw)
-        self.channel_names: list[str] | None = None
-        self.channels_key = "modality"
-        self.layout: str | None = None
+    #: from ``dataset.json`` once read (:meth:`find`)
+    channel_names: list[str] | None = None
+    channels_key = "modality"
+    layout: str | None = None
 
     def find(self) -> tuple[list[Case], list[str]]:
         dataset = read_dataset_json(self.root)
@@ -305,28 +297,6 @@ class MSDDataModule(VolumeDataModule):
                 return None
         return self.layout
 
-    def _test_list(self, root: Path) -> tuple[list[Path], list[str]]:
-        """The images of ``root/dataset.json``'s ``test`` list (else of ``root/imagesTs``),
-        and the listed files that are missing."""
-        dataset = read_dataset_json(root)
-        if not dataset["test"]:
-            return [c.image_files[0] for c in find_inputs(root / "imagesTs")], []
-        files, problems = [], []
-        for written, paths in listed_files(root, "test"):
-            path = paths["image"]
-            split = match_suffix(path.name, VOLUME_SUFFIXES)
-            siblings = []
-            if split is not None and not path.is_file():  # nnU-Net v1: listed without _0000
-                pattern = f"{glob.escape(split[0])}_[0-9][0-9][0-9][0-9]{split[1]}"
-                siblings = sorted(path.parent.glob(pattern))
-            if path.is_file() or siblings:
-                files += siblings or [path]
-            else:
-                problems.append(
-                    f"{root / 'dataset.json'}: lists {written['image']} ('test'), file not found"
-                )
-        return files, problems
-
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Cases of ``path``: a dataset folder (its ``dataset.json``'s ``test`` list, else
         ``imagesTs/``), a folder of images, or one image file. In the ``decathlon`` layout each
@@ -334,18 +304,18 @@ class MSDDataModule(VolumeDataModule):
         named ``<id><ending>`` (a single ``<id>_0000`` file brings its sibling channels)."""
         path = Path(path)
         problems: list[str] = []
-        if path.is_dir() and (path / "dataset.json").is_file():
-            files, problems = self._test_list(path)
+        task = path.is_dir() and (path / "dataset.json").is_file()
+        if task and read_dataset_json(path)["test"]:
+            files, problems = listed_files(path, "test", None)
         else:
-            files = [c.image_files[0] for c in find_inputs(path)]
+            files = [c.image_files[0] for c in find_inputs(path / "imagesTs" if task else path)]
         if self._training_layout() == "decathlon":
             files, groups = list(files), {}
         else:
             split = match_suffix(path.name, VOLUME_SUFFIXES) if path.is_file() else None
             match = CHANNEL_FILE.match(split[0]) if split else None
-            if match is not None:
-                siblings = path.parent.glob(f"{glob.escape(match['id'])}_[0-9][0-9][0-9][0-9]*")
-                files = [p for p in siblings if p.name.endswith(split[1])]
+            if match is not None:  # one channel file brings its siblings
+                files = channel_files(path.parent / (match["id"] + split[1]))
             groups, files = group_channel_files(sorted(set(files)), VOLUME_SUFFIXES)
         cases = [Case(p.name, p, None) for p in files]  # one file per case
         for name, channels in groups.items():

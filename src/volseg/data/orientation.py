@@ -15,6 +15,7 @@ from monai.transforms import MapTransform, Orientation
 from nibabel import orientations
 
 from volseg.data.io import volume_format
+from volseg.utils.errors import UserInputError
 
 #: MONAI's (and nibabel's) default meaning of the axis codes: RAS+ world coordinates
 LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
@@ -44,16 +45,16 @@ def orientation_problem(affine: np.ndarray, axcodes: str | None) -> str | None:
 
 
 def check_axcodes(axcodes: str | None) -> None:
-    """``ValueError`` naming ``data.orientation`` unless it is three distinct axis codes."""
+    """One :class:`UserInputError` naming ``data.orientation`` unless it is three distinct axis
+    codes (or ``None``)."""
     if axcodes is None:
         return
     try:
-        orientations.axcodes2ornt(str(axcodes), LABELS)
-        valid = len(str(axcodes)) == 3
+        valid = len(orientations.axcodes2ornt(str(axcodes), LABELS)) == 3
     except ValueError:
         valid = False
     if not valid:
-        raise ValueError(
+        raise UserInputError(
             f"data.orientation={axcodes}: expected three axis codes, one of L/R, P/A, I/S each "
             "(e.g. RAS, LPS), or null to read volumes as stored"
         )
@@ -82,21 +83,19 @@ def to_input_orientation(
     for an input of ``affine`` (file axes) and format ``fmt`` back on the input's own grid."""
     if axcodes is None or fmt != "nifti":
         return array_zyx
-    # the prediction's last axes are (z, y, x) of the reoriented grid; work in (x, y, z)
-    lead = array_zyx.ndim - 3
-    xyz = (*range(lead), lead + 2, lead + 1, lead)
     _transform(affine, axcodes)  # the same error as loading for an affine it cannot use
+    # xyz axis i of the reoriented grid is axis back[i, 0] of the input's, flipped where
+    # back[i, 1] < 0 (nibabel's apply_orientation); the array's last three axes are (z, y, x)
     back = orientations.ornt_transform(
         orientations.axcodes2ornt(axcodes, LABELS), orientations.io_orientation(affine)
     )
+    lead = array_zyx.ndim - 3
     is_tensor = isinstance(array_zyx, torch.Tensor)
     array = array_zyx.numpy() if is_tensor else np.asarray(array_zyx)
-    array = array.transpose(xyz)
-    # apply_orientation works on the first three axes: move leading channels to the end
-    array = np.moveaxis(array, list(range(lead)), list(range(3, 3 + lead))) if lead else array
-    array = orientations.apply_orientation(array, back)
-    array = np.moveaxis(array, list(range(3, 3 + lead)), list(range(lead))) if lead else array
-    array = np.ascontiguousarray(array.transpose(xyz))
+    array = np.flip(array, [lead + 2 - i for i in range(3) if back[i, 1] < 0])
+    source = np.argsort(back[:, 0])  # input xyz axis j comes from reoriented axis source[j]
+    array = array.transpose(*range(lead), *(lead + 2 - int(source[2 - k]) for k in range(3)))
+    array = np.ascontiguousarray(array)
     return torch.from_numpy(array) if is_tensor else array
 
 
@@ -115,8 +114,3 @@ class Reorientd(MapTransform):
             if volume_format(source) == "nifti":
                 d[key] = self.orientation(d[key])
         return d
-
-
-def reorient_transform(keys: Sequence[str], axcodes: str | None) -> list[MapTransform]:
-    """``[Reorientd(keys, axcodes)]``, or nothing for ``axcodes=None`` (as stored)."""
-    return [] if axcodes is None else [Reorientd(keys, axcodes)]

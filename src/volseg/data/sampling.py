@@ -49,14 +49,11 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         self.epoch = epoch
         self._resume = (epoch, skip)
 
-    def epoch_seed(self) -> int:
-        return (self.seed * 1_000_003 + self.epoch) % 2**63
-
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        generator = torch.Generator().manual_seed(self.epoch_seed())
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % 2**63)
         order = torch.randperm(self.num_items, generator=generator).tolist()
         seeds = torch.randint(0, 2**31 - 1, (self.num_items,), generator=generator).tolist()
         pairs = list(zip(order, seeds, strict=True))
@@ -87,10 +84,9 @@ class ResumableLoader(DataLoader):
         if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
             return {}
         done, total = self.progress()
-        world = self.sampler.world
         if done >= total:  # the epoch is complete: a resumed run starts the next one
-            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": world}
-        return {"epoch": self.sampler.epoch, "batches_done": done, "world": world}
+            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": self.sampler.world}
+        return {"epoch": self.sampler.epoch, "batches_done": done, "world": self.sampler.world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):

@@ -1,6 +1,6 @@
 """The embedded default dataset: deterministic synthetic microscopy-like stacks
 (``docs/data.md``): four object classes that differ by shape and texture, not by intensity
-alone (:mod:`volseg.data.baselines`), anisotropic (z spacing 2x in-plane), blurred and noisy.
+alone, anisotropic (z spacing 2x in-plane), blurred and noisy.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from monai.transforms import (
 )
 from monai.utils import convert_to_tensor
 
-from volseg.data.io import HDF5Reader, NiftiReader, TiffStackReader
-from volseg.data.orientation import reorient_transform
+from volseg.data.io import NiftiReader, StackReader
+from volseg.data.orientation import Reorientd
 from volseg.utils.errors import UserInputError
 
 
@@ -69,25 +69,22 @@ def load_transforms(
     ``[z, y, x]`` (labels by nearest neighbour), reorder to ``(C, D, H, W)``, z-score the image
     per channel."""
     if hdf5_keys is not None:
-        loaders = [LoadImaged(k, reader=HDF5Reader(hdf5_keys[k]), image_only=True) for k in keys]
+        loaders = [LoadImaged(k, reader=StackReader(hdf5_keys[k]), image_only=True) for k in keys]
     else:
         loader = LoadImaged(keys, image_only=True)
         # registered readers are tried first, by file suffix
         loader.register(NiftiReader())
-        loader.register(TiffStackReader())
+        loader.register(StackReader())
         loaders = [loader]
-    resample = []
-    if spacing is not None:
-        modes = ["nearest" if k == "label" else "bilinear" for k in keys]
-        # the arrays are still in file axis order (x, y, z) here
-        resample.append(Resampled(keys, spacing, modes))
+    modes = ["nearest" if k == "label" else "bilinear" for k in keys]
     return [
         *loaders,
         # a 3D file gets a channel axis; channel files of one case are stacked by the reader
         EnsureChannelFirstd(keys),
         # before resampling: data.spacing [z, y, x] names the axes of the reoriented grid
-        *reorient_transform(keys, orientation),
-        *resample,
+        *([Reorientd(keys, orientation)] if orientation is not None else []),
+        # the arrays are still in file axis order (x, y, z) here
+        *([Resampled(keys, spacing, modes)] if spacing is not None else []),
         # readers return file axis order (x, y, z); the network works on (z, y, x) = (D, H, W)
         Transposed(keys, indices=(0, 3, 2, 1)),
         NormalizeIntensityd("image", channel_wise=True),
@@ -96,16 +93,16 @@ def load_transforms(
     ]
 
 
-#: augmentations when ``data.augment`` is not given, as ``configs/data/folder.yaml``
-DEFAULT_AUGMENT: dict[str, Any] = {
-    "flip_axes": [],
-    "rotate90_planes": [],
-    "rotate_degrees": 0.0,
-    "scale": 0.0,
-    "intensity_scale": 0.1,
-    "intensity_shift": 0.1,
-    "prob": 0.5,
-}
+#: the keys of ``data.augment`` (``configs/data/folder.yaml`` explains each, with its default)
+AUGMENT_KEYS = (
+    "flip_axes",
+    "rotate90_planes",
+    "rotate_degrees",
+    "scale",
+    "intensity_scale",
+    "intensity_shift",
+    "prob",
+)
 
 
 #: where :func:`class_locations` stores each class's voxel locations in an item
@@ -212,14 +209,20 @@ class RandCropWithContextd(Randomizable, MapTransform):
         return [out]
 
 
-def augment_options(augment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``data.augment`` with :data:`DEFAULT_AUGMENT`'s values for missing keys, checked."""
-    options = {**DEFAULT_AUGMENT, **(dict(augment) if augment else {})}
-    unknown = set(options) - set(DEFAULT_AUGMENT)
-    if unknown:
-        raise UserInputError(
-            f"data.augment: unknown key(s) {sorted(unknown)}; expected {sorted(DEFAULT_AUGMENT)}"
-        )
+def augment_options(augment: Mapping[str, Any]) -> dict[str, Any]:
+    """``data.augment`` checked: every key of :data:`AUGMENT_KEYS`, rotation and zoom in range."""
+    options = dict(augment)
+    for problem, keys in (
+        ("unknown", set(options) - set(AUGMENT_KEYS)),
+        ("missing", set(AUGMENT_KEYS) - set(options)),
+    ):
+        if keys:
+            raise UserInputError(
+                f"data.augment: {problem} key(s) {sorted(keys)}; expected {list(AUGMENT_KEYS)}"
+            )
+    for key in AUGMENT_KEYS[2:]:  # the numbers
+        if not isinstance(options[key], int | float):
+            raise UserInputError(f"data.augment.{key}={options[key]}: expected a number")
     for key, limit in (("rotate_degrees", 90.0), ("scale", 1.0)):
         if not 0.0 <= float(options[key]) < limit:
             raise UserInputError(
@@ -242,12 +245,10 @@ def affine_crop_size(patch_size: Sequence[int], degrees: float, scale: float) ->
     return out
 
 
-def augment_transforms(
-    patch_size: Sequence[int], augment: Mapping[str, Any] | None = None
-) -> list[MapTransform]:
-    """Random augmentations of a training patch, from ``data.augment`` (its keys are explained
-    in ``configs/data/folder.yaml``; missing ones take :data:`DEFAULT_AUGMENT`'s value). Rotation
-    and zoom resample from a crop enlarged by :func:`affine_crop_size`."""
+def augment_transforms(patch_size: Sequence[int], augment: Mapping[str, Any]) -> list[MapTransform]:
+    """Random augmentations of a training patch, from ``data.augment`` (:func:`augment_options`;
+    null ``flip_axes``/``rotate90_planes``: none). Rotation and zoom resample from a crop
+    enlarged by :func:`affine_crop_size`."""
     options = augment_options(augment)
     keys = ["image", "label"]
     prob = float(options["prob"])
@@ -289,9 +290,9 @@ def augment_transforms(
 def train_transforms(
     patch_size: Sequence[int],
     num_classes: int,
-    class_ratios: Sequence[float] | None = None,
-    augment: Mapping[str, Any] | None = None,
-    max_locations_per_class: int | None = 10000,
+    class_ratios: Sequence[float] | None,
+    augment: Mapping[str, Any],
+    max_locations_per_class: int | None,
     **load_options: Any,
 ) -> Compose:
     """Loading (:func:`load_transforms`), zero-padding to the patch, then a patch centred on a

@@ -7,19 +7,11 @@ working set (upsample, pad, concat, two convs) at once in backward. In a decoder
 upsample + pad + concat run inside the first unit's segment, so the concatenated tensor (the
 largest of the level) is never kept.
 
-A *selective* segment (``selective``: torch's selective activation checkpointing,
-:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`) keeps the outputs of its
-convolutions and matrix products (:data:`SAVED_OPS`, the expensive ops) besides its inputs and
-recomputes everything else (norms, activations, upsampling, concatenation, pooling) in
-backward, so no convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`: a
-network's one-channel input convolution). A block runs as a chain of such segments, cut after
-each kept convolution (:func:`selective_chain`): a cut there keeps nothing more, and each
-segment rebuilds one norm's output in backward, where a segment over the whole block rebuilt
-all of them, and the decoder's concatenation, at once, which set the step's peak. A decoder
-level's upsampling and concatenation, and a ``Down``'s pooling, run in the first segment, so
-they are not kept. Without it conv -> norm -> in-place activation keeps two maps per
-convolution and a level's concatenation; with it one, and the block's output where the next
-block needs it.
+A *selective* segment (torch's :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`)
+also keeps the outputs of its expensive ops (:data:`SAVED_OPS`: convolutions, matrix products)
+and recomputes the cheap ones (norms, activations, upsampling, concatenation, pooling), so no
+convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`). A block runs as a chain of
+such segments (:func:`selective_chain`, which says why).
 
 BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
 second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
@@ -31,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from functools import partial
 from typing import Any
 
 import torch
@@ -43,7 +34,10 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-CheckpointSpec = str | Sequence[int] | Mapping[str, str] | None
+#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
+#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
+#: ``selective``
+CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 #: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first:
 #: ``selective`` recomputes no convolution, the others recompute those of their blocks
 CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")
@@ -103,11 +97,6 @@ def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointP
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_contexts() -> tuple[Any, Any]:
-    """The forward and recomputation contexts of a selective segment (``context_fn``)."""
-    return create_selective_checkpoint_contexts(_keep_expensive)
-
-
 @contextmanager
 def frozen_norm_statistics(modules: Iterable[nn.Module]):
     """Restore BatchNorm running statistics (and batch counters) on exit."""
@@ -126,6 +115,15 @@ def frozen_norm_statistics(modules: Iterable[nn.Module]):
                 m.num_batches_tracked.copy_(count)
 
 
+@contextmanager
+def _frozen_around(inner: Any, modules: Sequence[nn.Module]):
+    """``inner`` inside :func:`frozen_norm_statistics` of ``modules``: the statistics are copied
+    outside the selective policy's dispatch mode, whose cache would refuse the copies (ops the
+    forward did not run)."""
+    with frozen_norm_statistics(m for mod in modules for m in mod.modules()), inner:
+        yield
+
+
 def checkpoint_segment(
     fn: Callable[..., torch.Tensor],
     modules: Sequence[nn.Module],
@@ -138,27 +136,12 @@ def checkpoint_segment(
     :data:`SAVED_OPS` are kept, not recomputed."""
 
     def contexts() -> tuple[Any, Any]:
-        return nullcontext(), frozen_norm_statistics(m for mod in modules for m in mod.modules())
+        forward, recompute = nullcontext(), nullcontext()
+        if selective:
+            forward, recompute = create_selective_checkpoint_contexts(_keep_expensive)
+        return forward, _frozen_around(recompute, modules)
 
-    if selective:
-        return checkpoint(
-            fn, *args, use_reentrant=False, context_fn=partial(_selective_frozen, modules)
-        )
     return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
-
-
-def _selective_frozen(modules: Sequence[nn.Module]) -> tuple[Any, Any]:
-    """:func:`selective_contexts`, the recomputation's inside :func:`frozen_norm_statistics`:
-    entered outside the selective policy's dispatch mode, whose cache would refuse the copies
-    of the statistics (ops the forward did not run)."""
-    forward, recompute = selective_contexts()
-    return forward, _frozen_around(recompute, modules)
-
-
-@contextmanager
-def _frozen_around(inner: Any, modules: Sequence[nn.Module]):
-    with frozen_norm_statistics(m for mod in modules for m in mod.modules()), inner:
-        yield
 
 
 def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str], dict[int, str]]:
@@ -203,21 +186,16 @@ def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str],
     return dict.fromkeys(levels, "full"), dict.fromkeys(levels & decoder, "full")
 
 
-def kept_convolution(layer: nn.Module) -> bool:
-    """Whether ``layer`` is a convolution whose output a selective segment keeps (any but a
-    :func:`cheap_convolution`)."""
-    return isinstance(layer, nn.modules.conv._ConvNd) and not cheap_convolution(
-        layer.weight, layer.transposed, layer.stride, layer.groups
-    )
-
-
 def chain_pieces(layers: Sequence[nn.Module]) -> list[list[nn.Module]]:
-    """``layers`` (a chain: each takes the previous one's output) cut after each
-    :func:`kept_convolution`; the last piece (possibly empty) follows the last of them."""
+    """``layers`` (a chain: each takes the previous one's output) cut after each convolution a
+    selective segment keeps (any but a :func:`cheap_convolution`); the last piece (possibly
+    empty) follows the last of them."""
     pieces: list[list[nn.Module]] = [[]]
     for layer in layers:
         pieces[-1].append(layer)
-        if kept_convolution(layer):
+        if isinstance(layer, nn.modules.conv._ConvNd) and not cheap_convolution(
+            layer.weight, layer.transposed, layer.stride, layer.groups
+        ):
             pieces.append([])
     return pieces
 
@@ -241,33 +219,26 @@ def selective_chain(
     and concatenation, a max pooling; its modules ``before_modules``) joins the first
     segment, so its outputs are recomputed, not kept.
     """
-    x: Any = None
     pieces = chain_pieces(layers)
-    tail = pieces[-1]
+    last: list[nn.Module] = []
     if (
         len(pieces) > 1
-        and any(getattr(layer, "inplace", False) for layer in tail)
-        and not any(isinstance(layer, nn.modules.conv._ConvNd) for layer in tail)
+        and any(getattr(layer, "inplace", False) for layer in pieces[-1])
+        and not any(isinstance(layer, nn.modules.conv._ConvNd) for layer in pieces[-1])
     ):
-        *pieces, last = pieces
+        last = pieces.pop()
+    first, *rest = [piece for piece in pieces if piece]
+    run = nn.Sequential(*first)
+    if before is not None:
+        x = checkpoint_segment(
+            lambda *a: run(before(*a)), [*before_modules, *first], *args, selective=True
+        )
+    elif len(first) == 1:
+        x = run(*args)
     else:
-        last = []
-    for n, piece in enumerate(p for p in pieces if p):
-        run = nn.Sequential(*piece)
-        if n == 0 and before is not None:
-            x = checkpoint_segment(
-                lambda *a, run=run: run(before(*a)),
-                [*before_modules, *piece],
-                *args,
-                selective=True,
-            )
-            continue
-        if n == 0:
-            (x,) = args
-        if n == 0 and len(piece) == 1:
-            x = run(x)
-        else:
-            x = checkpoint_segment(run, piece, x, selective=True)
+        x = checkpoint_segment(run, first, *args, selective=True)
+    for piece in rest:
+        x = checkpoint_segment(nn.Sequential(*piece), piece, x, selective=True)
     return nn.Sequential(*last)(x)
 
 
@@ -288,10 +259,3 @@ def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> 
                 f"activation_checkpointing: {part}={mode!r}; each part is checkpointed "
                 f"{' or '.join(MODES)}"
             )
-
-
-def uses_selective(spec: CheckpointSpec) -> bool:
-    """Whether the setting ``spec`` checkpoints anything selectively."""
-    if isinstance(spec, Mapping):
-        return "selective" in spec.values()
-    return spec == "selective"

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from volseg.models import offload
-from volseg.models.checkpointing import CHECKPOINTING_CHOICES
-from volseg.models.networks import CheckpointSpec, adapter_for
+from volseg.models.checkpointing import CHECKPOINTING_CHOICES, CheckpointSpec
+from volseg.models.networks import adapter_for
 from volseg.utils.config import plain
 
 #: when :meth:`MemoryLevers.apply` runs: at construction, at ``setup``, at every stage's start
@@ -173,7 +173,7 @@ def _checkpointing(value: Any) -> CheckpointSpec:
 
 @dataclass(frozen=True)
 class MemoryLevers:
-    """The ``model.*`` memory levers of :class:`~volseg.models.SegmentationModule`.
+    """The ``model.*`` memory levers of the ``SegmentationModule``.
 
     Args:
         activation_checkpointing: which blocks recompute their activations in backward, as the

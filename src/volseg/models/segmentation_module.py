@@ -202,11 +202,6 @@ class SegmentationModule(LightningModule):
             return self.loss(logits.float(), label)
         return self.loss([head.float() for head in heads], label)
 
-    @torch.no_grad()
-    def predict_volume(self, image: torch.Tensor) -> torch.Tensor:
-        """Sliding-window logits ``(B, num_classes, D, H, W)`` for whole volumes ``image``."""
-        return self.inferer(image, self)
-
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
         """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,
         ``{}`` for a padding batch; loss and Dice summed per rank."""
@@ -223,7 +218,8 @@ class SegmentationModule(LightningModule):
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``(B, C, D, H, W)``, their loss
         and Dice added to this rank's sums (what the estimator traces)."""
-        logits = self.predict_volume(image).float()
+        with torch.no_grad():  # sliding-window logits (B, num_classes, D, H, W)
+            logits = self.inferer(image, self).float()
         # with model.inferer.device=cpu the logits are stitched on the host, the label is not
         label = label.to(logits.device)
         pred = logits.argmax(dim=1, keepdim=True)

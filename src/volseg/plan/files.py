@@ -129,14 +129,10 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
                 node = run_cfg[key]
                 is_node = isinstance(node, DictConfig)
                 merged[key] = OmegaConf.create(OmegaConf.to_container(node)) if is_node else node
-        dotted = [
-            (text, o)
-            for text, o in parsed
-            if o.key_or_group.split(".")[0] in RUN_OWN[:2]
-            and "." in o.key_or_group
-            and o.key_or_group.split(".")[0] not in chosen
-        ]
-        for text, o in dotted:
+        for text, o in parsed:
+            node, dot, _ = o.key_or_group.partition(".")
+            if not dot or node not in RUN_OWN[:2] or node in chosen:
+                continue  # a group choice, or a node the command chose anew
             if o.is_delete():
                 raise UserInputError(f"{text}: {task} cannot delete a key of the trained run")
             OmegaConf.update(merged, o.key_or_group, o.value(), merge=False, force_add=True)

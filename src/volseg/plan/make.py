@@ -23,10 +23,10 @@ from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_pat
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
+from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.levers import check_placement_devices
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
-from volseg.plan.optimizer import apply_learning_rate
 from volseg.plan.reconcile import reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan
 from volseg.utils.alloc_conf import resolve_allocator
@@ -306,10 +306,8 @@ def _plan_step(
         try:
             try:
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
-            except UserInputError:
-                raise
-            except Exception:
-                if validation_shape is None:
+            except Exception as err:
+                if isinstance(err, UserInputError) or validation_shape is None:
                     raise
                 # a validation the trace does not model: the step alone (validation says why)
                 run = estimate_run(RunPlan(cfg, decisions))
@@ -364,7 +362,6 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     answer = search(
         cfg,
         budget,
-        "batch",
         plain(options.get("checkpointing_options", "auto")),
         int(options.get("max_batch_size", 256)),
         as_configured=configured,
@@ -395,9 +392,8 @@ def _validation_volume(
     """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
-    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
-        return None, ""
-    if "model" not in cfg or "data" not in cfg:
+    wanted = OmegaConf.select(cfg, "memory.budget") or estimate_step
+    if not wanted or "model" not in cfg or "data" not in cfg:
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
@@ -533,9 +529,10 @@ def make_plan(
     opened = _Data(cfg)
     found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
 
-    lr = apply_learning_rate(cfg)
+    lr = resolve_learning_rate(cfg)  # set in place, the rule taken out of the optimizer's
     if lr is not None:
-        decisions["model.optimizer.lr"] = lr
+        source = "planned" if lr.why else "configured"
+        decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
 
     net = OmegaConf.select(cfg, "model.net")
     if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:

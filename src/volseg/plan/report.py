@@ -19,7 +19,6 @@ from volseg.memory.estimate.inference import InferenceEstimate
 from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate
 from volseg.memory.fit.inference import margin_note
-from volseg.memory.fit.step import StepFit
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
@@ -156,21 +155,17 @@ def format_estimate(
     if rest:
         rows.append(("the batch and rounding", rest))
     total = est.process_total if cuda else est.peak_allocated
-    sums = [("= peak allocated", est.peak_allocated)]
+
+    def line(name: str, nbytes: int, of: int = total) -> str:
+        return f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / max(of, 1):6.1f}%"
+
+    lines += [line(n, b) for n, b in rows] + [line("= peak allocated", est.peak_allocated)]
     if cuda:
-        rows_after = [
-            ("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
-            (f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
+        lines += [
+            line("allocator cache (reserved − allocated)", est.peak_reserved - est.peak_allocated),
+            line(f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
+            line("= process total (nvidia-smi)", est.process_total),
         ]
-        sums.append(("= process total (nvidia-smi)", est.process_total))
-    else:
-        rows_after = []
-
-    def line(name: str, nbytes: int) -> str:
-        return f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / max(total, 1):6.1f}%"
-
-    lines += [line(n, b) for n, b in rows] + [line(*sums[0])]
-    lines += [line(n, b) for n, b in rows_after] + [line(*s) for s in sums[1:]]
     if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
         lines.append(f"    {'step growth':<52}{est.step_peak_growth / MIB:>12,.1f} MiB")
         lines.append(
@@ -183,20 +178,13 @@ def format_estimate(
         f"  activations by module (what its forward keeps for backward; % of the "
         f"{activations / MIB:,.1f} MiB of activations):"
     )
-    for name, nbytes in list(est.modules.items())[:top]:
-        lines.append(f"    {name:<52}{nbytes / MIB:>12,.1f} MiB {100 * nbytes / activations:6.1f}%")
+    lines += [line(n, b, activations) for n, b in list(est.modules.items())[:top]]
     more = list(est.modules.values())[top:]
     if more:
-        name = f"({len(more)} more modules)"
-        lines.append(
-            f"    {name:<52}{sum(more) / MIB:>12,.1f} MiB {100 * sum(more) / activations:6.1f}%"
-        )
+        lines.append(line(f"({len(more)} more modules)", sum(more), activations))
     outside = activations - sum(est.modules.values())
     if outside > 0:
-        lines.append(
-            f"    {'(outside any module: the batch, autograd)':<52}{outside / MIB:>12,.1f} MiB "
-            f"{100 * outside / activations:6.1f}%"
-        )
+        lines.append(line("(outside any module: the batch, autograd)", outside, activations))
     lines += [f"  not modelled: {text}" for text in unmodelled]
     return "\n".join(lines)
 
@@ -213,47 +201,6 @@ def format_lever_prices(rows: Any) -> str:
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
         lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factor}  {r.setting}{why}")
-    return "\n".join(lines)
-
-
-def format_step_fit(result: StepFit) -> str:
-    """The planner's answer: what to paste, and what the estimate says of it."""
-    budget = f"{result.budget / MIB:,.0f} MiB"
-    if not result.overrides:
-        return f"Nothing fits {budget}: even batch 1 at the smallest setting is over it."
-    lines = [f"Fits {budget} with: {' '.join(result.overrides)}"]
-    if result.estimate is not None:
-        lines.append(
-            f"  predicted process total {result.total_within_budget / MIB:,.0f} MiB"
-            + (
-                f"; one step more ({result.search}) would need "
-                f"{planned_total(result.next_step_estimate) / MIB:,.0f} MiB"
-                if result.next_step_estimate
-                else ""
-            )
-        )
-    if result.estimate is not None and result.estimate.get("margin"):
-        est = result.estimate
-        counted = (
-            "of the step's growth, the CPU margin of its kind:"
-            if est["device"] == "cpu"
-            else "on the reserved peak: the estimate's largest shortfall on a recorded GPU run,"
-        )
-        lines.append(
-            f"  planned with a margin of {margin_text(est)} {counted} {est['margin_source']}"
-        )
-    if result.largest_batch_by_checkpointing:
-        table = ", ".join(f"{k}: {v}" for k, v in result.largest_batch_by_checkpointing.items())
-        lines.append(f"  largest batch by activation_checkpointing: {table}")
-    if result.flops_per_sample is not None:
-        lines.append(f"  FLOPs per sample {result.flops_per_sample:.2f}x the configured step's")
-    micro = result.micro_batching
-    if micro is not None:
-        lines += [
-            f"Or, the same samples per optimizer step: {' '.join(micro['overrides'])}",
-            f"  predicted process total {micro['total_within_budget'] / MIB:,.0f} MiB; FLOPs "
-            f"per sample {micro['flops_per_sample']:.2f}x the configured step's",
-        ]
     return "\n".join(lines)
 
 
@@ -304,16 +251,11 @@ def format_inference(est: InferenceEstimate, source: str = "") -> str:
 
 def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
     """The run's peak: the larger of the training step's and validation's, by phase."""
-    phases = [("training step", step.peak_allocated, step.peak_reserved, step.process_total)]
-    if validation is not None:
-        phases.append(
-            (
-                "validation",
-                validation.peak_allocated,
-                validation.peak_reserved,
-                validation.process_total,
-            )
-        )
+    phases = [
+        (name, est.peak_allocated, est.peak_reserved, est.process_total)
+        for name, est in (("training step", step), ("validation", validation))
+        if est is not None
+    ]
     name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
     lines = [f"Run peak: {name}"]
     for phase, a, r, t in phases:
@@ -386,27 +328,38 @@ def step_margin_note(est: MemoryEstimate) -> str:
     )
 
 
-def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
-    """The predicted process total of ``est`` within ``memory.budget=budget_value``; raises
-    :class:`BudgetExceeded` when it does not fit (a sweep records the job as pruned)."""
+def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
+    """The predicted process total of ``est`` (the ``what`` of the message) within
+    ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one line when it does not
+    fit (a sweep records the job as pruned): ``note`` after its peak, ``after`` at the end."""
     budget = parse_bytes(budget_value, "memory.budget")
     total = est.total_within(budget)
     if total is None:
         raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated training step needs "
+            f"memory.budget={budget_value}: the estimated {what} needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB){step_margin_note(est)}, over "
-            f"{budget / MIB:,.0f} MiB. "
-            "`python plan.py <the same overrides>` searches a batch, activation and loss "
-            "checkpointing, micro-batches and a smaller patch that fit"
+            f"{est.peak_allocated / MIB:,.0f} MiB){note}, over {budget / MIB:,.0f} MiB{after}"
         )
     log.info(
-        "memory.budget=%s: the estimated step needs %s MiB on %s, it fits",
+        "memory.budget=%s: the estimated %s needs %s MiB on %s, it fits",
         budget_value,
+        what,
         f"{total / MIB:,.0f}",
         est.device,
     )
     return total
+
+
+def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
+    """:func:`_within_budget` of the training step ``est``."""
+    return _within_budget(
+        est,
+        budget_value,
+        "training step",
+        step_margin_note(est),
+        ". `python plan.py <the same overrides>` searches a batch, activation and loss "
+        "checkpointing, micro-batches and a smaller patch that fit",
+    )
 
 
 def check_validation_fits(
@@ -416,26 +369,12 @@ def check_validation_fits(
     tried: str = "",
     hint: str = "",
 ) -> int:
-    """The predicted process total of the run's validation ``est`` (of its largest volume, from
-    ``shape_from``) within ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one
-    line when it does not fit (``tried``: the other settings estimated, with what each needs;
-    ``hint``: what else may help)."""
-    budget = parse_bytes(budget_value, "memory.budget")
-    total = est.total_within(budget)
+    """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
+    ``shape_from``; ``tried``: the other settings estimated, with what each needs; ``hint``:
+    what else may help)."""
     shape = "x".join(map(str, est.volume_shape))
-    if total is None:
-        even = f"; tried {tried}" if tried else ""
-        raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated validation of one {shape} volume "
-            f"({shape_from}) needs {est.process_total / MIB:,.0f} MiB on {est.device} (peak "
-            f"allocated {est.peak_allocated / MIB:,.0f} MiB){margin_note(est)}, over "
-            f"{budget / MIB:,.0f} MiB{even}{'. ' + hint if hint else ''}"
-        )
-    log.info(
-        "memory.budget=%s: the estimated validation of one %s volume needs %s MiB on %s, it fits",
-        budget_value,
-        shape,
-        f"{total / MIB:,.0f}",
-        est.device,
+    even = f"; tried {tried}" if tried else ""
+    what = f"validation of one {shape} volume ({shape_from})"
+    return _within_budget(
+        est, budget_value, what, margin_note(est), even + (". " + hint if hint else "")
     )
-    return total

@@ -95,14 +95,14 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     options = cfg.memory
     json_out = Path(options.json_out) if options.json_out else None
     if json_out is not None:
-        check_json_out(json_out, bool(options.get("overwrite", False)))
+        check_json_out(json_out, bool(options.overwrite))
     run_plan = plan_run(cfg, estimate_step=False, fit_budget=True)
     log.info("%s", run_plan.format())
     cfg = run_plan.run_config()
 
     shape, _ = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
-    context = resolve_cuda_context(options.get("cuda_context_mib", "auto"), options.get("gpu"))
+    context = resolve_cuda_context(options.cuda_context_mib, options.gpu)
     print(
         format_estimate(
             est, int(options.top), _context_label(context.source), unmodelled_levers(cfg)

@@ -59,9 +59,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = build(data_cfg, "data")
     datamodule.prepare_data()
     datamodule.check()
-    check_predictions_dir(
-        Path(cfg.predictions_dir), datamodule, bool(cfg.get("overwrite", False)), data_cfg.root
-    )
+    check_predictions_dir(Path(cfg.predictions_dir), datamodule, cfg.overwrite, data_cfg.root)
     model = load_model(checkpoint, cfg.model, cfg.ckpt_path)
 
     writer = ValidationPredictionWriter(

@@ -29,11 +29,10 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
-from volseg.data.loader_options import worker_context
+from volseg.data.loader_options import init_loader_worker, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
-from volseg.data.workers import init_loader_worker
 from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
@@ -194,14 +193,10 @@ def plan_volumes(
         source = "the GPU's total memory"
     else:
         limit, source = None, ""
-    settings = {
-        "model.inferer": {**plain(cfg.inferer), "roi_size": list(roi_size)},
-        "memory.cuda_context_mib": "auto",
-        "memory.gpu": None,
-    }
     estimate_cfg = copy.deepcopy(cfg)
-    for key, value in settings.items():
-        set_key(estimate_cfg, key, value)
+    set_key(estimate_cfg, "model.inferer", {**plain(cfg.inferer), "roi_size": list(roi_size)})
+    set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
+    set_key(estimate_cfg, "memory.gpu", None)
     try:
         spacing, orientation = (getattr(datamodule, k, None) for k in ("spacing", "orientation"))
         shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]
@@ -250,21 +245,21 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     file_log.info("%s", run_plan.format())  # every decision and why: predict.log, plan.yaml
     log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
-    model_cfg, data_cfg = cfg.model, cfg.data
-    model = load_model(checkpoint, model_cfg, cfg.ckpt_path)
-    in_channels, num_classes = int(cfg.in_channels), int(model.num_classes)
+    model = load_model(checkpoint, cfg.model, cfg.ckpt_path)
 
-    datamodule = build(data_cfg, "data")
-    cases = datamodule.predict_cases(cfg.input, in_channels)
+    datamodule = build(cfg.data, "data")
+    cases = datamodule.predict_cases(cfg.input, int(cfg.in_channels))
     output_dir = Path(cfg.output)
     targets = {c.name: output_targets(c.name, output_dir, cfg.write_probabilities) for c in cases}
     check_outputs(cases, targets, output_dir, cfg.overwrite)
 
-    roi_size = cfg.inferer.roi_size or list(data_cfg.patch_size)
+    roi_size = cfg.inferer.roi_size or list(cfg.data.patch_size)
     inferer = build(cfg.inferer, "inferer", roi_size=roi_size)
     stitching = plan_volumes(cfg, run_plan.value("device"), datamodule, cases, roi_size, budget)
     planned = stitching.stitch if stitching is not None and cfg.stitch == "auto" else None
-    predictor = VolumePredictor(model, inferer, num_classes, cfg.flip_axes, cfg.stitch, planned)
+    predictor = VolumePredictor(
+        model, inferer, int(model.num_classes), cfg.flip_axes, cfg.stitch, planned
+    )
     writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
     data = VolumeData(
         [c.as_dict() for c in cases],

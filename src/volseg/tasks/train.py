@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import math
@@ -16,10 +15,8 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
-from volseg.plan.network import plan_network
 from volseg.plan.report import log_host
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
-from volseg.utils.config import plain
 from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
@@ -35,20 +32,17 @@ from volseg.utils.sweep import is_global_zero
 log = logging.getLogger(__name__)
 
 
-#: strategies that need a package torch and Lightning do not bring: the module they import
-OPTIONAL_STRATEGIES = {"deepspeed": "deepspeed"}
 #: strategies that shard the model across CUDA GPUs: Lightning runs them on CUDA only
 CUDA_ONLY_STRATEGIES = ("fsdp", "deepspeed")
 
 
 def check_strategy(trainer_cfg: DictConfig) -> None:
-    """One clear error for a ``trainer.strategy`` whose package is missing, or that needs CUDA
-    where the run has no CUDA GPU."""
+    """One clear error for a ``trainer.strategy`` whose package is missing (DeepSpeed: torch and
+    Lightning do not bring it), or that needs CUDA where the run has no CUDA GPU."""
     strategy = trainer_cfg.get("strategy")
     name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-    for key, module in OPTIONAL_STRATEGIES.items():
-        if key in name.lower():
-            require_all([module], f"trainer.strategy={name}")
+    if "deepspeed" in name.lower():
+        require_all(["deepspeed"], f"trainer.strategy={name}")
     if not any(key in name.lower() for key in CUDA_ONLY_STRATEGIES):
         return
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
@@ -60,14 +54,6 @@ def check_strategy(trainer_cfg: DictConfig) -> None:
         f"only); this run has trainer.accelerator={accelerator}{why}. On CPU processes use "
         "trainer.accelerator=cpu trainer.devices=N trainer.strategy=ddp_fork"
     )
-
-
-def check_patch_fits_network(cfg: DictConfig) -> None:
-    """One clear error when ``data.patch_size`` does not fit the network (what the plan checks)."""
-    patch = cfg.data.get("patch_size")
-    if cfg.model.get("net") is None or patch is None or len(patch) != 3 or patch == "auto":
-        return  # a malformed patch is the datamodule's error
-    plan_network(copy.deepcopy(cfg), plain(patch))
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -128,13 +114,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         check_weights_fit(model, checkpoint, cfg.model, cfg.ckpt_path)
         del checkpoint  # Lightning loads it again to restore the whole training state
 
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))
-    loggers = instantiate_loggers(cfg.get("logger"))
     trainer: L.Trainer = build_trainer(
         cfg.trainer,
         async_checkpoint=cfg.get("async_checkpoint") is True,
-        callbacks=callbacks,
-        logger=loggers,
+        callbacks=instantiate_callbacks(cfg.get("callbacks")),
+        logger=instantiate_loggers(cfg.get("logger")),
     )
     for state in loader_states:  # the world size is exact once the trainer is built
         check_resume_world(state, trainer.world_size, f"ckpt_path={cfg.ckpt_path}")
@@ -168,8 +152,7 @@ def evaluate_best(
 ) -> dict[str, float]:
     """``test=true``: the best checkpoint (else the final weights) validated after fit, on the
     validation split (the layouts have none for test); ``test/<name>`` metrics."""
-    callback = trainer.checkpoint_callback
-    best = getattr(callback, "best_model_path", "") or None
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
     log.info(
         "test=true: evaluating %s on the validation split (the data have no test split)",
         best or "the final weights (no best checkpoint)",

@@ -137,32 +137,33 @@ def check_weights_fit(
 ) -> None:
     """:class:`UserInputError` when ``model`` is another network than the checkpoint's: its network,
     the arguments that differ, the choice that builds it, the mismatched tensors."""
-    state = checkpoint.get("state_dict", {})
-    problems = weight_mismatches(model.state_dict(), state)
-    if problems:
-        shown = problems[:MAX_LISTED]
-        if len(problems) > MAX_LISTED:
-            shown.append(f"... and {len(problems) - MAX_LISTED} more")
-        net = _net_dict(model_cfg.get("net", {}))
-        saved_model = (checkpoint.get("volseg", {}).get("config") or {}).get("model") or {}
-        saved = dict(saved_model.get("net") or {})
-        trained = f"{saved.get('_target_')}"
-        differences = _differences(saved, net) if saved else []
-        if differences:
-            trained += f" with {', '.join(differences)}"
-        choice = config_choice_of(saved) if saved else None
-        fix = (
-            f"pass {choice} (the network it was trained with), without model.* overrides that "
-            "change it"
-            if choice
-            else "compose the network it was trained with (its model config is saved in the "
-            "checkpoint), without model.* overrides that change it"
+    problems = weight_mismatches(model.state_dict(), checkpoint.get("state_dict", {}))
+    if not problems:
+        return
+    shown = problems[:MAX_LISTED]
+    if len(problems) > MAX_LISTED:
+        shown.append(f"... and {len(problems) - MAX_LISTED} more")
+    net = _net_dict(model_cfg.get("net", {}))
+    saved_model = (checkpoint.get("volseg", {}).get("config") or {}).get("model") or {}
+    saved = dict(saved_model.get("net") or {})
+    trained = f"{saved.get('_target_')}"
+    differences = _differences(saved, net) if saved else []
+    if differences:
+        trained += f" with {', '.join(differences)}"
+    choice = config_choice_of(saved) if saved else None
+    fix = (
+        f"pass {choice} (the network it was trained with)"
+        if choice
+        else (
+            "compose the network it was trained with (its model config is saved in the checkpoint)"
         )
-        raise UserInputError(
-            f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
-            f"({net.get('_target_')}): they are of {trained}; {fix}",
-            shown,
-        )
+    )
+    raise UserInputError(
+        f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
+        f"({net.get('_target_')}): they are of {trained}; {fix}, without model.* overrides that "
+        "change it",
+        shown,
+    )
 
 
 def check_work_left(checkpoint: dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
@@ -171,16 +172,15 @@ def check_work_left(checkpoint: dict[str, Any], trainer_cfg: DictConfig, ckpt_pa
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
     epochs = int(progress.get("current", {}).get("processed", checkpoint.get("epoch", 0)))
     steps = int(checkpoint.get("global_step", 0))
-    max_epochs = trainer_cfg.get("max_epochs")
-    max_steps = trainer_cfg.get("max_steps")
     done = f"ckpt_path={ckpt_path}: its run has trained {epochs} epoch(s), {steps} step(s)"
-    if max_steps is not None and int(max_steps) > 0 and steps >= int(max_steps):
-        raise UserInputError(
-            f"{done}, trainer.max_steps={max_steps}: nothing left to train; raise it to train "
-            f"on (e.g. trainer.max_steps={steps * 2})"
-        )
-    if max_epochs is not None and int(max_epochs) >= 0 and epochs >= int(max_epochs):
-        raise UserInputError(
-            f"{done}, trainer.max_epochs={max_epochs}: nothing left to train; raise it to train "
-            f"on (e.g. trainer.max_epochs={max(epochs * 2, 1)})"
-        )
+    # (key, trained, the least value that limits, the value suggested)
+    for key, trained, least, more in (
+        ("max_steps", steps, 1, steps * 2),
+        ("max_epochs", epochs, 0, max(epochs * 2, 1)),
+    ):
+        limit = trainer_cfg.get(key)
+        if limit is not None and int(limit) >= least and trained >= int(limit):
+            raise UserInputError(
+                f"{done}, trainer.{key}={limit}: nothing left to train; raise it to train on "
+                f"(e.g. trainer.{key}={more})"
+            )

@@ -35,21 +35,18 @@ MAX_PENDING = 2
 
 
 class HostBuffers:
-    """Host tensors reused from one snapshot to the next (no page-in on each save)."""
+    """Host tensors reused from one snapshot to the next (no page-in on each save), by
+    ``(shape, dtype, pinned)``."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[tuple[int, ...], torch.dtype, bool], list[torch.Tensor]] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _key(tensor: torch.Tensor, pinned: bool) -> tuple[tuple[int, ...], torch.dtype, bool]:
-        return tuple(tensor.shape), tensor.dtype, pinned
-
     def take(self, like: torch.Tensor) -> torch.Tensor:
         """A contiguous host tensor of ``like``'s shape and dtype (values undefined)."""
         pinned = like.is_cuda
         with self._lock:
-            free = self._free.get(self._key(like, pinned))
+            free = self._free.get((tuple(like.shape), like.dtype, pinned))
             if free:
                 return free.pop()
         return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pinned)
@@ -57,12 +54,8 @@ class HostBuffers:
     def give_back(self, tensors: list[torch.Tensor]) -> None:
         with self._lock:
             for tensor in tensors:
-                key = self._key(tensor, tensor.is_pinned())
+                key = (tuple(tensor.shape), tensor.dtype, tensor.is_pinned())
                 self._free.setdefault(key, []).append(tensor)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
 
 
 def host_snapshot(
@@ -202,7 +195,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             super().teardown()
         finally:
             self._pending.clear()
-            self._buffers.clear()  # the host copies are not kept past the run
+            self._buffers = HostBuffers()  # the host copies are not kept past the run
             self.blocked_seconds += time.monotonic() - started
         if self.writes > self._logged_writes:
             self._logged_writes = self.writes

@@ -42,7 +42,6 @@ def compose_run_config(
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(Path(config_dir).resolve())):

@@ -40,12 +40,6 @@ def _onednn_max_isa() -> str:
     return os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
 
 
-def _onednn_isa_capped_below_bf16() -> bool:
-    # ONEDNN_MAX_CPU_ISA (e.g. AVX2, AVX512_CORE_VNNI) keeps oneDNN off its bf16 instructions
-    cap = _onednn_max_isa()
-    return not any(word in cap for word in ("ALL", "BF16", "AMX", "AVX10", "FP16"))
-
-
 def onednn_uses_amx() -> bool:
     """Whether oneDNN runs bf16 convolutions on AMX."""
     cap = _onednn_max_isa()
@@ -62,7 +56,8 @@ def cpu_bf16_native() -> bool:
         return False
     if platform.machine().lower() in ("aarch64", "arm64"):
         return check is not None  # oneDNN's answer is the Arm BF16 extension itself
-    if _onednn_isa_capped_below_bf16():
+    # a cap such as AVX2 or AVX512_CORE_VNNI keeps oneDNN off its bf16 instructions
+    if not any(word in _onednn_max_isa() for word in ("ALL", "BF16", "AMX", "AVX10", "FP16")):
         return False
     flags = cpu_flags()
     return flags["avx512_bf16"] or flags["amx_bf16"]

@@ -24,6 +24,7 @@ from volseg.utils.config import renamed_key
 from volseg.utils.console import quiet_third_party, report_error
 from volseg.utils.errors import TrainingDiverged, UserInputError
 from volseg.utils.extras import MissingPackage, check_plugin_choices
+from volseg.utils.overrides import why_composing_failed
 from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
 from volseg.utils.sweep import (
     JobStopped,
@@ -50,25 +51,22 @@ USAGE = {
 _task_started = False
 
 
-class HeldStderr(io.TextIOBase):
+class HeldStderr(io.StringIO):
     """``sys.stderr`` held while Hydra composes (its advice replaced by one line)."""
 
     def __init__(self, stream: Any) -> None:
+        super().__init__()
         self.stream = stream
-        self.held: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.held.append(text)
-        return len(text)
 
     def release(self, write: bool = True) -> None:
         """Hand stderr back, writing what was held (``write``) or dropping it."""
         if sys.stderr is self:
             sys.stderr = self.stream
         if write:
-            self.stream.write("".join(self.held))
+            self.stream.write(self.getvalue())
             self.stream.flush()
-        self.held.clear()
+        self.seek(0)
+        self.truncate()
 
     def fileno(self) -> int:
         return self.stream.fileno()
@@ -89,12 +87,11 @@ def run_main(main: Callable[[], Any]) -> None:
     line; a multirun in which a job failed exits 1."""
     try:
         check_plugin_choices(sys.argv[1:])
+        refused = renamed_key(sys.argv[1:])
     except MissingPackage as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    renamed = renamed_key(sys.argv[1:])
-    if renamed is not None:
-        print(f"error: {renamed}", file=sys.stderr)
+        refused = str(err)
+    if refused is not None:
+        print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
     global _held_stderr
     _held_stderr = held = HeldStderr(sys.stderr)
@@ -103,7 +100,7 @@ def run_main(main: Callable[[], Any]) -> None:
         main()
     except SystemExit as done:
         if done.code == 1 and not _task_started:
-            line = unparsable_override(sys.argv[1:]) or explain_override(sys.argv[1:])
+            line = why_composing_failed(sys.argv[1:])
             if line is not None:
                 held.release(write=False)
                 print(f"error: {line}", file=sys.stderr)
@@ -116,35 +113,6 @@ def run_main(main: Callable[[], Any]) -> None:
         _held_stderr = None
     if failed_jobs:
         sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
-
-
-def explain_override(args: list[str]) -> str | None:
-    """One line for an unknown key or group option among ``args``, or ``None``."""
-    from volseg.utils.overrides import explain
-
-    config_dir = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs"
-    name = Path(sys.argv[0]).stem
-    if not (config_dir / f"{name}.yaml").is_file():
-        return None
-    return explain(config_dir, name, args)
-
-
-def unparsable_override(args: list[str]) -> str | None:
-    """The line naming the first override that does not parse, or ``None``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for arg in args:
-        if arg.startswith("-"):
-            continue  # Hydra's own flags (--multirun, --cfg job)
-        try:
-            parser.parse_override(arg)
-        except Exception:
-            return (
-                f"{arg}: not a valid override (key=value; quote values with brackets, "
-                "commas or spaces, e.g. 'data.patch_size=[32,64,64]')"
-            )
-    return None
 
 
 def set_project_root(entry_file: str) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +74,18 @@ def config_error(
         err = err.__cause__
     if any(isinstance(e, MissingMandatoryValue) for e in chain):
         return None  # a ??? value: the entry point names it and shows the command
-    located = any(str(e).startswith("Error locating target") for e in chain)
+    # Hydra's wrapper names the node that failed ("full_key: model.net")
+    where = next((m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key)
+    node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+    not_found = [e for e in chain if str(e).startswith("Error locating target")]
     loading = [e for e in chain if str(e).startswith("Error loading '")]
-    if loading and not located:  # a class named inside the node (get_class's path) is missing
+    if loading and not not_found:  # a class named inside the node (get_class's path) is missing
         if not isinstance(chain[-1], ImportError | AttributeError | ValueError):
             return None  # its module raised while importing: a bug, with its traceback
         path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
-        where = next(
-            (m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key
-        )
-        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
         if isinstance(node, DictConfig) and node.get("path") == path:
             where = f"{where}.path"
         return import_failure(loading[0], path, f"{where}={path}")
-    not_found = [e for e in chain if str(e).startswith("Error locating target")]
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
         target = target.group(1) if target else ""
@@ -108,16 +105,7 @@ def config_error(
     message = message or type(cause).__name__
     if re.match(rf"{re.escape(key)}[.=: ]", message):
         return UserInputError(message)  # the constructor named the key itself
-    # Hydra's wrapper names the node that failed ("full_key: model.net"); else a key of the node
-    # that the message mentions (Lightning: "Precision '17' is invalid")
-    where = key
-    for e in chain:
-        found = re.search(r"full_key: (\S+)", str(e))
-        if found:
-            where = found.group(1)
-            break
     if where != key:
-        node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
         unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
         if unexpected and isinstance(node, DictConfig) and unexpected.group(1) in node:
             return UserInputError(f"{where}.{unexpected.group(1)}: {message}")  # a misspelt one
@@ -129,7 +117,7 @@ def config_error(
         first = re.match(r"\w+", message)
         if isinstance(node, DictConfig) and first and first.group(0) in node:
             return at_config_key(message, where)  # the component named its own parameter
-    if where == key:
+    else:  # a key of the node that the message mentions (Lightning: "Precision '17' is invalid")
         named = [
             k
             for k, v in (cfg or {}).items()
@@ -158,30 +146,26 @@ def _names_target(module: str | None, target: str) -> bool:
     return module is not None and (target == module or target.startswith(f"{module}."))
 
 
-def _instantiate_group(
-    cfg: DictConfig | None, kind: str, group: str, skip: Sequence[str] = ()
-) -> list:
+def _instantiate_group(cfg: DictConfig | None, group: str) -> list:
+    """One object per entry of the ``group`` node with a ``_target_``."""
     objects = []
     for name, entry in (cfg or {}).items():
-        if name not in skip and isinstance(entry, DictConfig) and "_target_" in entry:
-            file_log.info("Instantiating %s %s <%s>", kind, name, entry._target_)
-            objects.append(build(entry, f"{group}.{name}", **_logger_defaults(kind, entry)))
+        if not (isinstance(entry, DictConfig) and "_target_" in entry):
+            continue
+        file_log.info("Instantiating %s.%s <%s>", group, name, entry._target_)
+        kwargs = {}
+        # every job of a multirun is its own W&B run; grouped by the sweep's folder name
+        if str(entry._target_).endswith("WandbLogger") and not entry.get("group") and in_multirun():
+            kwargs["group"] = Path(HydraConfig.get().sweep.dir).name
+        objects.append(build(entry, f"{group}.{name}", **kwargs))
     return objects
 
 
-def _logger_defaults(kind: str, entry: DictConfig) -> dict[str, Any]:
-    # every job of a multirun is its own W&B run; grouped by the sweep's folder name
-    is_wandb = kind == "logger" and str(entry._target_).endswith("WandbLogger")
-    if is_wandb and not entry.get("group") and in_multirun():
-        return {"group": Path(HydraConfig.get().sweep.dir).name}
-    return {}
-
-
-def instantiate_callbacks(cfg: DictConfig | None, skip: Sequence[str] = ()) -> list[Callback]:
-    """One callback per entry of ``callbacks`` with a ``_target_``, but those in ``skip``."""
-    return _instantiate_group(cfg, "callback", "callbacks", skip)
+def instantiate_callbacks(cfg: DictConfig | None) -> list[Callback]:
+    """One callback per entry of ``callbacks`` with a ``_target_``."""
+    return _instantiate_group(cfg, "callbacks")
 
 
 def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:
     """One logger per entry of ``logger`` with a ``_target_`` (W&B: grouped by sweep)."""
-    return _instantiate_group(cfg, "logger", "logger")
+    return _instantiate_group(cfg, "logger")

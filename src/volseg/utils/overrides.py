@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -92,3 +94,27 @@ def _missing_option(config_dir: Path, err: Exception, overrides: list[str]) -> s
     listed = ", ".join([*near, *rest])
     lead = f"did you mean {' or '.join(near)}? " if near else ""
     return f"{bad}: no {group} named {option!r} in configs/{group}/; {lead}options: {listed}"
+
+
+def why_composing_failed(args: list[str]) -> str | None:
+    """The line naming the first of ``args`` that does not parse, else the unknown key or group
+    option among them (:func:`explain`, against the entry point's ``configs/<script>.yaml``);
+    ``None``: Hydra's own message stands."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-"):
+            continue  # Hydra's own flags (--multirun, --cfg job)
+        try:
+            parser.parse_override(arg)
+        except Exception:
+            return (
+                f"{arg}: not a valid override (key=value; quote values with brackets, "
+                "commas or spaces, e.g. 'data.patch_size=[32,64,64]')"
+            )
+    config_dir = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs"
+    name = Path(sys.argv[0]).stem
+    if not (config_dir / f"{name}.yaml").is_file():
+        return None
+    return explain(config_dir, name, args)

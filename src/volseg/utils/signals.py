@@ -13,9 +13,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-#: the signals that stop a run cleanly
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
 
 def signal_name(signum: int) -> str:
     """``Ctrl-C (SIGINT)`` or ``SIGTERM``."""
@@ -52,11 +49,11 @@ class StopRequest:
         self._pid = os.getpid()
         self._previous: dict[int, Any] = {}
 
-    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
-        """Handle ``signals`` from now on (only the main thread may set handlers)."""
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM from now on (only the main thread may set handlers)."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in signals:
+        for signum in (signal.SIGINT, signal.SIGTERM):
             previous = signal.signal(signum, self._handle)
             self._previous.setdefault(signum, previous)
 
@@ -83,7 +80,7 @@ class StopRequest:
             )
 
 
-def raise_on(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], None]:
+def raise_on() -> Callable[[], None]:
     """Until training starts, SIGTERM stops as Ctrl-C; returns the restorer."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -93,25 +90,23 @@ def raise_on(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Callable[[], None]
         if os.getpid() == pid:
             raise TrainingInterrupted(signum)
 
-    previous = {s: signal.signal(s, handle) for s in signals}
+    previous = signal.signal(signal.SIGTERM, handle)
 
     def restore() -> None:
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is handle:
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is handle:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     return restore
 
 
-def resume_command(checkpoint: str, entry_point: str = "train.py") -> str:
-    """The command that resumes from ``checkpoint``: the same overrides."""
+def resume_command(checkpoint: str) -> str:
+    """The ``train.py`` command that resumes from ``checkpoint``: the same overrides."""
     from hydra.core.hydra_config import HydraConfig
 
-    overrides: list[str] = []
     if HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
     else:
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "ckpt_path"]
-    words = ["python", entry_point, *kept, f"ckpt_path={Path(checkpoint).resolve()}"]
+    words = ["python", "train.py", *kept, f"ckpt_path={Path(checkpoint).resolve()}"]
     return " ".join(shlex.quote(w) for w in words)

@@ -129,15 +129,6 @@ def _locked(f: IO[str]) -> Iterator[None]:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
-    """The rows of ``<sweep_dir>/sweep_summary.csv`` (none when no job got to write one)."""
-    path = Path(sweep_dir) / SUMMARY_FILE
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def format_summary(rows: list[dict[str, str]], sweep_dir: Path) -> str:
     """A text table of the sweep's jobs: status, best validation Dice, overrides, error."""
     counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "pruned", "failed")}
@@ -161,9 +152,10 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        rows = read_summary(sweep_dir)
-        if not rows:
-            return
+        if not (sweep_dir / SUMMARY_FILE).is_file():
+            return  # no job got to write its row
+        with open(sweep_dir / SUMMARY_FILE, newline="") as f:
+            rows = list(csv.DictReader(f))
         print(format_summary(rows, sweep_dir), flush=True)
         failed = [r["job"] for r in rows if r["status"] == "failed"]
         failed_jobs.extend(failed)

@@ -237,21 +237,15 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     two = estimate(tiny_cpu, batch_size=2)
     budget = two.process_total + two.margin_bytes // 2
     assert not two.fits(budget) and two.process_total <= budget
-    answer = fit_step(tiny_cpu, budget, search="batch", checkpointing_options=["none"])
+    answer = fit_step(tiny_cpu, budget, checkpointing_options=["none"])
     assert answer.batch_size == 1 and answer.estimate["margin"] == 0.5
-    # what plan.py prints: the margin, what it is of, and where it comes from
-    from volseg.plan.report import format_step_fit
-
-    text = format_step_fit(answer)
-    assert "planned with a margin of +50% of the step's growth" in text
-    assert "a run of this kind (test)" in text
     # one step more, as the planner counts it (with the margin), is over the budget
     more = answer.next_step_estimate
     assert planned_total(more) > budget >= planned_total(answer.estimate)
     assert more["process_total"] <= budget  # bare, batch 2 would have fit
     with mock.patch.object(residuals, "cpu_margin", lambda kind: residuals.Margin(0.0, "none")):
         engine._runs.clear()
-        bare = fit_step(tiny_cpu, budget, search="batch", checkpointing_options=["none"])
+        bare = fit_step(tiny_cpu, budget, checkpointing_options=["none"])
     assert bare.batch_size >= 2
 
 

@@ -162,7 +162,7 @@ def fit_validation(
         fit.tried.append(f"smaller windows: not for {net._target_}, built for one input size")
         return fit
     divisor = patch_divisor(cfg)
-    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.get("in_channels", 1))))
+    windows = shrunk_patches(roi0, divisor, shape_taker(net, int(cfg.in_channels)))
     if not windows:
         fit.tried.append(f"smaller windows: none below {_shape(roi0)} that the network takes")
         return fit
@@ -235,12 +235,11 @@ def plan_stitching(
     flip_axes: Sequence[int] = (),
     precision: str = "32-true",
     stitch: str = "auto",
-    estimator: Callable[..., InferenceEstimate] | None = None,
+    estimator: Callable[..., InferenceEstimate] = estimate_prediction,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device
     where the estimate fits ``limit`` bytes there, else on the host, the shapes bisected by
     voxels. On a CPU, or with ``stitch=device``/``host``, only the largest is estimated."""
-    estimator = estimator or estimate_prediction
     plan = StitchPlan(device, limit, source)
     ordered = sorted({tuple(int(v) for v in s) for s in shapes}, key=math.prod)
     if not ordered or (device == "cuda" and limit is None):

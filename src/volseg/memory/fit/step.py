@@ -33,7 +33,6 @@ class StepFit:
     ``flops_per_sample``: the answer's over the configured step's."""
 
     budget: int
-    search: str
     fits_as_configured: bool
     batch_size: int | None = None
     patch_size: list[int] | None = None
@@ -296,31 +295,6 @@ def _search_batch(planner: Planner, options: Sequence[Any], batch: int) -> _Choi
     return choice
 
 
-def _search_patch(planner: Planner, options: Sequence[Any], divisor: Sequence[int]) -> _Choice:
-    """The largest :func:`scaled_patch` at the configured batch, with the first option that fits."""
-    batch = int(planner.cfg.data.batch_size)
-
-    def at(k: int) -> list[int]:
-        return scaled_patch(planner.base_patch, k, divisor)
-
-    k_now = max(1, min(p // d for p, d in zip(planner.base_patch, divisor, strict=True)))
-    for option in options:
-        now = planner.estimate(batch, at(k_now), option)
-        fixed = now.params + now.optimizer_state + now.cuda_context
-        # activations grow with the voxels, i.e. with k ** 3
-        ratio = max(planner.budget - fixed, 0) / max(now.process_total - fixed, 1)
-        guess = max(1, int(k_now * ratio ** (1 / 3)))
-        k, est = largest_fitting(
-            lambda k, o=option: planner.fitting(batch, at(k), o),
-            1,
-            max(8 * k_now, guess + 1),
-            guess,
-        )
-        if k >= 1:
-            return _Choice(option, batch, at(k), est, planner.estimate(batch, at(k + 1), option))
-    return _Choice(patch=planner.base_patch)
-
-
 def _search_smaller_patch(
     planner: Planner, options: Sequence[Any], batch: int, divisor: Sequence[int]
 ) -> _Choice:
@@ -460,16 +434,13 @@ def _fallback(
 def fit_step(
     cfg: DictConfig,
     budget: int,
-    search: str = "batch",
     checkpointing_options: Sequence[Any] | str | None = "auto",
     max_batch_size: int = 256,
     as_configured: MemoryEstimate | None = None,
 ) -> StepFit:
     """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made), by the
-    training step's levers of docs/memory.md (``search=batch``), or the largest patch at the
-    configured batch (``search=patch``); ``checkpointing_options``: least recomputation first."""
-    if search not in ("batch", "patch"):
-        raise ValueError(f"search={search}: must be batch or patch")
+    training step's levers of docs/memory.md; ``checkpointing_options``: least recomputation
+    first."""
     planner = Planner(cfg, budget, max_batch_size)
     if as_configured is not None:
         planner.remember(as_configured)
@@ -480,19 +451,16 @@ def fit_step(
     now = planner.estimate(batch, planner.base_patch, configured)
     resident, parts = resident_bytes(now)
     if resident > budget:
-        return StepFit(budget, search, False, tried=[parts], resident=resident)
-    fit = StepFit(budget, search, now.fits(budget), resident=resident)
+        return StepFit(budget, False, tried=[parts], resident=resident)
+    fit = StepFit(budget, now.fits(budget), resident=resident)
     extra: list[str] = []
-    if search == "patch":
-        choice = _search_patch(planner, options, patch_divisor(cfg))
-    else:
-        choice = _search_batch(planner, options, batch)
-        if not fit.fits_as_configured:
-            fit.micro_batching, fit.flops_per_sample = _micro_batching(
-                planner, choice, batch, configured
-            )
-        if choice.estimate is None and fit.micro_batching is None:
-            choice, fit.fallback, extra = _fallback(planner, options, batch, fit.tried)
+    choice = _search_batch(planner, options, batch)
+    if not fit.fits_as_configured:
+        fit.micro_batching, fit.flops_per_sample = _micro_batching(
+            planner, choice, batch, configured
+        )
+    if choice.estimate is None and fit.micro_batching is None:
+        choice, fit.fallback, extra = _fallback(planner, options, batch, fit.tried)
     log.info("Planner: %d estimates", len(planner._cache))
     fit.largest_batch_by_checkpointing = choice.largest
     est = choice.estimate
@@ -502,8 +470,8 @@ def fit_step(
     fit.activation_checkpointing = choice.checkpointing
     fit.estimate, fit.total_within_budget = est.to_dict(), est.total_within(budget)
     fit.next_step_estimate = choice.next_estimate.to_dict() if choice.next_estimate else None
-    fit.overrides = [] if search == "patch" else [f"data.batch_size={choice.batch_size}"]
-    if search == "patch" or fit.fallback == "a smaller patch":
+    fit.overrides = [f"data.batch_size={choice.batch_size}"]
+    if fit.fallback == "a smaller patch":
         fit.overrides.append(f"data.patch_size={written(choice.patch)}")
     if written(choice.checkpointing) != written(configured):
         fit.overrides.append(f"model.activation_checkpointing={written(choice.checkpointing)}")

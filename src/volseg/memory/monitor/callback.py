@@ -1,5 +1,4 @@
-"""MemoryMonitor: per-step memory by phase, timeline, per-layer trace, OOM report; its charts
-sent to TensorBoard and W&B at fit end (:func:`log_memory_charts`).
+"""MemoryMonitor, and :func:`log_memory_charts` that sends its charts to TensorBoard and W&B.
 
 Phases of one training step: ``fwd`` (batch start -> ``on_before_backward``: forward and loss),
 ``bwd`` (-> ``on_after_backward``), ``opt`` (-> batch end). The peak counter is read and reset
@@ -19,7 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from volseg.memory.monitor.charts import plot_timeline, png_as_rgb
 from volseg.memory.monitor.layers import LayerTrace
-from volseg.memory.monitor.oom_report import category_bytes, oom_report
+from volseg.memory.monitor.oom_report import oom_report
 from volseg.memory.monitor.readers import (
     HostMemoryReader,
     MemoryReading,
@@ -47,9 +46,8 @@ def placed_readers(pl_module: LightningModule, root: torch.device) -> dict[str, 
     placement = getattr(getattr(pl_module, "levers", None), "placement", None) or {}
     readers = {}
     for device in {torch.device(d) for d in placement.values()}:
-        same = device.type == root.type and (device.index or 0) == (root.index or 0)
-        reader = None if same else make_reader(device)
-        if reader is not None:
+        other = (device.type, device.index or 0) != (root.type, root.index or 0)
+        if other and (reader := make_reader(device)) is not None:
             readers[str(device).replace(":", "")] = reader
     return readers
 
@@ -291,21 +289,15 @@ class MemoryMonitor(Callback):
             summary["peak_host_rss_mib"] = most(self.history, "mem/host_rss_mib")
         return summary
 
-    def per_rank_peaks(self, trainer: Trainer) -> list[tuple[float, float]] | None:
-        """``(peak allocated, peak reserved)`` MiB of every rank (rank order), gathered from all
-        ranks (a collective: each calls it once at fit end); ``None`` with one process."""
-        if trainer.world_size <= 1:
-            return None
-        mine = [
-            max((r[f"mem/peak_{kind}_mib"] for r in self.history), default=0.0)
-            for kind in ("allocated", "reserved")
-        ]
-        local = torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device)
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 2).cpu().tolist()
-        return [(a, r) for a, r in gathered]
-
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        peaks = self.per_rank_peaks(trainer)  # every rank measured its own device (or process)
+        peaks = None
+        if trainer.world_size > 1:  # every rank measured its own device: a collective, all call
+            mine = [
+                max((r[f"mem/peak_{kind}_mib"] for r in self.history), default=0.0)
+                for kind in ("allocated", "reserved")
+            ]
+            local = torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device)
+            peaks = trainer.strategy.all_gather(local).reshape(-1, 2).cpu().tolist()
         if not trainer.is_global_zero or not self.history:
             return
         if peaks is not None:
@@ -323,10 +315,9 @@ class MemoryMonitor(Callback):
         if isinstance(exception, torch.OutOfMemoryError):
             if self._trace is not None:
                 self._trace.stop()
-            categories = category_bytes(pl_module, trainer.optimizers)
             stage = trainer.state.stage.value if trainer.state.stage is not None else "train"
             report = oom_report(
-                self.reader, self._start, self._phase_peaks, self.history, categories, stage
+                self.reader, self._start, self._phase_peaks, self.history, pl_module, stage
             )
             log.error("%s", report)
             print(report, flush=True)
@@ -343,12 +334,10 @@ def log_memory_charts(trainer: Trainer) -> dict[str, Path]:
     if monitor is None:
         return {}
     charts = {
-        key: monitor.output_dir / name
+        key: path
         for key, name in MEMORY_CHARTS.items()
-        if (monitor.output_dir / name).is_file()
+        if (path := monitor.output_dir / name).is_file()
     }
-    if not charts:
-        return charts
     step = trainer.global_step
     for logger in loggers_of(trainer, TensorBoardLogger):
         for key, path in charts.items():

@@ -45,7 +45,5 @@ def plot_layer_bars(activations_mib: dict[str, float], path: Path) -> Path:
 
 def png_as_rgb(path: Path) -> np.ndarray:
     """A PNG file as an RGB array ``(H, W, 3)`` uint8 (for TensorBoard)."""
-    picture = plt.imread(path)
-    if picture.dtype != np.uint8:
-        picture = (picture * 255).round().astype(np.uint8)
-    return picture[..., :3]
+    # matplotlib reads a PNG as floats in [0, 1]
+    return (plt.imread(path)[..., :3] * 255).round().astype(np.uint8)

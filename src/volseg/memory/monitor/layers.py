@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
 from volseg.memory.estimate.events import blocks
@@ -28,13 +29,11 @@ CATEGORIES = {
     "Temp": "temporaries",
     "Other": "other",
 }
+# MemTracker's states, in their order: Pre-Forward -> pre_forward
 PHASES = {
-    "Pre-Forward": "pre_forward",
-    "Post-Forward": "post_forward",
-    "Peak-Forward": "peak_forward",
-    "Pre-Backward": "pre_backward",
-    "Post-Backward": "post_backward",
-    "Peak-Backward": "peak_backward",
+    f"{when}-{part}": f"{when}_{part}".lower()
+    for part in ("Forward", "Backward")
+    for when in ("Pre", "Post", "Peak")
 }
 CSV_COLUMNS = [
     "module",
@@ -45,16 +44,6 @@ CSV_COLUMNS = [
     *(f"{c}_mib" for c in CATEGORIES.values()),
     "total_mib",
 ]
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        return [t for item in batch for t in _tensors(item)]
-    return []
 
 
 def _device_sum(snapshot: dict[torch.device, dict[str, int]], key: str) -> int:
@@ -69,7 +58,9 @@ class LayerTrace:
     ) -> None:
         self.module = module
         self.tracker = ClosureMemTracker()
-        self.tracker.track_external(module, *optimizers, *_tensors(batch))
+        tensors: list[torch.Tensor] = []  # the batch's tensors (not its names, paths, ...)
+        apply_to_collection(batch, torch.Tensor, tensors.append)
+        self.tracker.track_external(module, *optimizers, *tensors)
         self._running = False
 
     def start(self) -> None:
@@ -92,36 +83,28 @@ class LayerTrace:
     def rows(self) -> list[dict[str, Any]]:
         """One row per (called module, phase): the step's memory by category at that moment,
         with the module's own parameters and activations."""
-        inside = blocks(
-            {
-                name
-                for name, mod in self.module.named_modules()
-                if name and module_snapshots(self.tracker, mod) is not None
-            }
-        )
-        rows = []
+        called = {}  # name -> (module, its snapshots by state), in named_modules' order
         for name, mod in self.module.named_modules():
-            snaps = module_snapshots(self.tracker, mod) if name else None
-            if snaps is None:
-                continue
+            if name and (snaps := module_snapshots(self.tracker, mod)) is not None:
+                called[name] = (mod, snaps)
+        inside = blocks(set(called))
+        rows = []
+        for name, (mod, snaps) in called.items():
             own_act = _device_sum(snaps.get("Post-Forward", {}), "Activation") - _device_sum(
                 snaps["Pre-Forward"], "Activation"
             )
-            own_params = sum(p.numel() * p.element_size() for p in mod.parameters())
+            own = {
+                "module": name,
+                "is_block": name in inside,
+                "own_params_mib": sum(p.numel() * p.element_size() for p in mod.parameters()) / MIB,
+                "own_activations_mib": max(own_act, 0) / MIB,
+            }
             for state, phase in PHASES.items():
-                if state not in snaps:
-                    continue
-                row = {
-                    "module": name,
-                    "is_block": name in inside,
-                    "own_params_mib": own_params / MIB,
-                    "own_activations_mib": max(own_act, 0) / MIB,
-                    "phase": phase,
-                }
-                for key, category in CATEGORIES.items():
-                    row[f"{category}_mib"] = _device_sum(snaps[state], key) / MIB
-                row["total_mib"] = _device_sum(snaps[state], "Total") / MIB
-                rows.append(row)
+                if state in snaps:
+                    at = snaps[state]
+                    by = {f"{c}_mib": _device_sum(at, key) / MIB for key, c in CATEGORIES.items()}
+                    total = _device_sum(at, "Total") / MIB
+                    rows.append({**own, "phase": phase, **by, "total_mib": total})
         return rows
 
     def write(self, output_dir: Path, top: int = 10) -> list[dict[str, Any]]:

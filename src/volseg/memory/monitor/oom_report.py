@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from lightning.pytorch import LightningModule
 
-from volseg.memory.monitor.readers import MemoryReading
+from volseg.memory.monitor.readers import CudaMemoryReader, HostMemoryReader, MemoryReading
 from volseg.models.levers import lever_lines
 from volseg.utils.units import MIB
 
@@ -16,36 +17,21 @@ LEVERS = (
     "  Parameters and optimizer state of a 3D U-Net are small next to its activations: a smaller "
     "network (fewer parameters) barely moves the peak.",
 )
-
-
-def category_bytes(
-    module: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
-) -> dict[str, int]:
-    """Bytes held now by parameters, gradients and optimizer state."""
-
-    def nbytes(tensors: Iterable[torch.Tensor]) -> int:
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    params = list(module.parameters())
-    state = (t for opt in optimizers for s in opt.state.values() for t in s.values())
-    return {
-        "params": nbytes(params),
-        "grads": nbytes(p.grad for p in params if p.grad is not None),
-        "optimizer_state": nbytes(t for t in state if isinstance(t, torch.Tensor)),
-    }
-
-
 #: what to try when whole-volume inference (validation, prediction) runs out of memory
 INFERENCE_LEVERS = ("Levers to try for whole-volume inference:", *lever_lines("inference"))
 
 
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def oom_report(
-    reader,
+    reader: CudaMemoryReader | HostMemoryReader | None,
     start: MemoryReading | None,
     phase_peaks: dict[str, MemoryReading],
     history: list[dict[str, float]],
-    categories: dict[str, int] | None = None,
-    stage: str = "train",
+    module: LightningModule,
+    stage: str,
 ) -> str:
     """Memory of the failing step (what is known of it), by category, and the levers;
     ``stage``: Lightning's running stage (outside training the phases are not the failure's)."""
@@ -72,14 +58,17 @@ def oom_report(
             f"{last['mem/peak_allocated_mib']:.0f} MiB (fwd {last.get('mem/peak_fwd_mib', 0):.0f}, "
             f"bwd {last.get('mem/peak_bwd_mib', 0):.0f}, opt {last.get('mem/peak_opt_mib', 0):.0f})"
         )
-    if categories:
-        held = sum(categories.values())
-        parts = ", ".join(f"{k} {v / MIB:.0f} MiB" for k, v in categories.items())
-        lines.append(f"  by category: {parts}")
-        if now is not None:
-            rest = max(now.peak_allocated - held, 0)
-            lines.append(
-                f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB"
-            )
+    params = list(module.parameters())
+    state = (t for opt in module.trainer.optimizers for s in opt.state.values() for t in s.values())
+    categories = {  # bytes held now
+        "params": _nbytes(params),
+        "grads": _nbytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state": _nbytes(t for t in state if isinstance(t, torch.Tensor)),
+    }
+    parts = ", ".join(f"{k} {v / MIB:.0f} MiB" for k, v in categories.items())
+    lines.append(f"  by category: {parts}")
+    if now is not None:
+        rest = max(now.peak_allocated - sum(categories.values()), 0)
+        lines.append(f"  activations + temporaries (the rest of the peak): {rest / MIB:.0f} MiB")
     lines.extend(LEVERS)
     return "\n".join(lines)

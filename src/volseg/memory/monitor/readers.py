@@ -5,14 +5,11 @@ resident memory (``allocated`` and ``reserved`` alike).
 from __future__ import annotations
 
 import ctypes
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-log = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 

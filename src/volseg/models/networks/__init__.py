@@ -15,7 +15,7 @@ from typing import Any
 from hydra.utils import get_class
 from torch import nn
 
-from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned, child_blocks
+from volseg.models.networks.contract import NetworkAdapter
 from volseg.models.networks.foreign import DynamicUNetAdapter, Pytorch3DUNetAdapter
 from volseg.models.networks.monai_nets import (
     BasicUNetAdapter,
@@ -26,15 +26,7 @@ from volseg.models.networks.monai_nets import (
 )
 from volseg.models.networks.unet3d import UNet3DAdapter
 
-__all__ = [
-    "ADAPTERS",
-    "ENTRY_POINTS",
-    "CheckpointSpec",
-    "NetworkAdapter",
-    "Planned",
-    "adapter_for",
-    "child_blocks",
-]
+__all__ = ["ADAPTERS", "ENTRY_POINTS", "NetworkAdapter", "adapter_for"]
 
 #: (class path, adapter): a network class that is (a subclass of) one of these gets its adapter
 ADAPTERS: tuple[tuple[str, NetworkAdapter], ...] = (

@@ -1,22 +1,16 @@
 """The network contract: what the plan, the planner and the memory levers need from a network.
 
-:class:`NetworkAdapter` is the generic adapter, right for any ``nn.Module`` that maps
-``(B, C_in, D, H, W)`` to logits ``(B, K, D, H, W)``; a network family with more to say (its
-divisibility from its own settings, a topology to plan, its own checkpointing flag, deep
-supervision) subclasses it (:mod:`volseg.models.networks.unet3d`,
-:mod:`volseg.models.networks.monai_nets`). Nothing outside the adapters reads a network's own
-config keys.
-
-Config side (the plan, before anything is built): :meth:`NetworkAdapter.plan`,
-:meth:`NetworkAdapter.divisibility`, :meth:`NetworkAdapter.deep_supervision`. Module side (the
-levers, on the built network): :meth:`NetworkAdapter.check_checkpointing`,
-:meth:`NetworkAdapter.apply_checkpointing`, :meth:`NetworkAdapter.check_placement`,
-:meth:`NetworkAdapter.place`. Errors are ``ValueError`` naming the lever's key below ``model.``
-(``activation_checkpointing ...``, ``placement ...``).
+:class:`NetworkAdapter` is right for any ``nn.Module`` that maps ``(B, C_in, D, H, W)`` to
+logits ``(B, K, D, H, W)``; a family with more to say (its divisibility from its settings, a
+topology to plan, its own checkpointing flag, deep supervision) subclasses it
+(:mod:`volseg.models.networks.unet3d`, :mod:`volseg.models.networks.monai_nets`). Nothing outside
+the adapters reads a network's own config keys. Errors are ``ValueError`` naming the lever's key
+below ``model.`` (``activation_checkpointing ...``, ``placement ...``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -30,12 +24,13 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils._pytree import tree_map
 
-from volseg.models.checkpointing import check_modes, checkpoint_segment, selective_chain
-
-#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
-#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
-#: ``selective``
-CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
+from volseg.models.checkpointing import (
+    CheckpointSpec,
+    check_modes,
+    checkpoint_segment,
+    selective_chain,
+)
+from volseg.utils.config import plain
 
 
 @dataclass(frozen=True)
@@ -65,69 +60,27 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
 
 
-#: modules whose forward is one op a selective segment keeps the output of (a convolution, a
-#: linear layer): such a segment recomputes nothing and keeps that output besides its input
-SINGLE_SAVED_OP_MODULES = (nn.modules.conv._ConvNd, nn.Linear)
-
-
-def single_saved_op(module: nn.Module) -> bool:
-    """Whether ``module`` is one convolution or linear layer: ``selective`` leaves it alone,
-    since checkpointing it keeps its output (:data:`~volseg.models.checkpointing.SAVED_OPS`)
-    where without a segment the output may be freed as soon as it is used (nnU-Net's transposed
-    convolutions, consumed by a concatenation; its deep supervision heads)."""
-    return isinstance(module, SINGLE_SAVED_OP_MODULES)
-
-
-#: arguments that hold others, which a block's forward may change (``skips.pop()``): a
-#: recomputation in backward must not see them as the forward left them
-CONTAINERS = (list, tuple, dict)
-
-
-def passes_containers(args: tuple, kwargs: Mapping[str, Any]) -> bool:
-    """Whether any of ``args`` and ``kwargs`` is one of :data:`CONTAINERS`."""
-    return any(isinstance(v, CONTAINERS) for v in (*args, *kwargs.values()))
-
-
-def _fresh_containers(tree: Any) -> Any:
-    """``tree`` with every list, tuple and dict rebuilt, its tensors and other leaves the same
-    objects (a copy a forward may consume without touching the original)."""
-    return tree_map(lambda leaf: leaf, tree)
-
-
-def _recompute(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], selective: bool) -> Any:
+def _recompute(module: nn.Module, *args: Any, selective: bool, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
     BatchNorm running statistics as the forward left them; ``selective``: its convolution and
     matmul outputs are kept, the rest recomputed. Arguments may be lists, tuples or dicts of
     tensors (torch's non-reentrant checkpoint takes any pytree): the forward runs on the
     caller's containers, so what it does to them (a decoder popping its skips) is what the
     caller sees, and the recomputation in backward runs on a copy of them as they were passed."""
-    if not passes_containers(args, kwargs):
+    if not any(isinstance(v, list | tuple | dict) for v in (*args, *kwargs.values())):
         return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=selective)
-    as_passed = _fresh_containers((args, kwargs))
+    # every container rebuilt, its tensors and other leaves the same objects
+    as_passed = tree_map(lambda leaf: leaf, (args, kwargs))
     calls = []
 
     def run() -> Any:
         calls.append(None)
         if len(calls) == 1:  # the forward: on the caller's own containers
             return module(*args, **kwargs)
-        again_args, again_kwargs = _fresh_containers(as_passed)
+        again_args, again_kwargs = tree_map(lambda leaf: leaf, as_passed)
         return module(*again_args, **again_kwargs)
 
     return checkpoint_segment(run, [module], selective=selective)
-
-
-def _recompute_keeping_norm_statistics(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """:func:`_recompute` of the whole block."""
-    return _recompute(module, args, kwargs, selective=False)
-
-
-def _recompute_selectively(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """:func:`_recompute` with the selective policy."""
-    return _recompute(module, args, kwargs, selective=True)
-
-
-#: how :meth:`NetworkAdapter.apply_checkpointing` recomputes a block, by mode
-RECOMPUTE = {"full": _recompute_keeping_norm_statistics, "selective": _recompute_selectively}
 
 
 def _recompute_chain_selectively(
@@ -135,9 +88,9 @@ def _recompute_chain_selectively(
 ) -> Any:
     """A block whose forward is the chain ``layers``, called on one tensor: selective segments
     cut after each kept convolution (:func:`~volseg.models.checkpointing.selective_chain`);
-    called otherwise, :func:`_recompute_selectively` of the whole block."""
+    called otherwise, :func:`_recompute` of the whole block, selectively."""
     if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
-        return _recompute_selectively(module, *args, **kwargs)
+        return _recompute(module, *args, selective=True, **kwargs)
     return selective_chain(layers, args[0])
 
 
@@ -158,20 +111,26 @@ def flatten_chain(
     return [leaf for child in chain for leaf in flatten_chain(child, inside)]
 
 
+def stride_product(strides: Any, stages: int = 1) -> list[int]:
+    """Per axis, the product of ``strides``: an int for every axis of ``stages`` stages, or one
+    int or ``[z, y, x]`` per stage (DynUNet's and nnU-Net's ``strides``)."""
+    value = plain(strides)
+    entries = value if isinstance(value, list | tuple) else [value] * stages
+    per_axis = [
+        [int(v) for v in e] if isinstance(e, list | tuple) else [int(e)] * 3 for e in entries
+    ]
+    return [math.prod(s[axis] for s in per_axis) for axis in range(3)]
+
+
 class NetworkAdapter:
     """The generic adapter: any ``nn.Module``.
 
-    Divisibility: probed on meta tensors (:func:`volseg.models.networks.probe.probe_divisibility`)
-    unless ``model.divisible_by`` is set. Activation checkpointing: ``all`` wraps every block of
-    :func:`child_blocks`, ``selective`` wraps every block but a lone convolution with the
-    selective policy (its convolution outputs kept, the rest recomputed; a block that is a chain,
-    :meth:`chain`, as segments cut after each kept convolution), a list of submodule names wraps
-    those, a
-    mapping ``{submodule name: full|selective}`` wraps each so, with torch's
-    ``apply_activation_checkpointing`` (non-reentrant; BatchNorm statistics are not updated twice
-    by the recomputation). Placement: ``{submodule name: device}``; each named submodule moves to
-    its device, and its inputs follow it there (a forward pre-hook calls ``Tensor.to``, which is
-    differentiable, so backward flows through every device).
+    Divisibility: probed on meta tensors (:mod:`volseg.models.networks.probe`) unless
+    ``model.divisible_by`` is set. Activation checkpointing (torch's
+    ``apply_activation_checkpointing``, non-reentrant, BatchNorm statistics updated once): the
+    blocks of :meth:`blocks`, by name or by a named setting, ``full`` or ``selective``.
+    Placement: ``{submodule name: device}``; a submodule's inputs follow it to its device
+    (``Tensor.to`` in a forward pre-hook: backward flows through every device).
     """
 
     #: what the adapter is for, in docs and errors
@@ -231,12 +190,16 @@ class NetworkAdapter:
             raise self._bad_checkpointing(net, spec)
         if not all(isinstance(name, str) for name in spec):
             raise self._bad_checkpointing(net, spec)
-        for name in spec:
+        self._check_submodules(net, spec, "activation_checkpointing")
+
+    def _check_submodules(self, net: nn.Module, names: Any, key: str) -> None:
+        """``ValueError`` naming ``key`` for the first of ``names`` not in ``net``."""
+        for name in names:
             try:
                 net.get_submodule(name)
             except AttributeError:
                 raise ValueError(
-                    f"activation_checkpointing: {type(net).__name__} has no submodule {name!r}; "
+                    f"{key}: {type(net).__name__} has no submodule {name!r}; "
                     f"its blocks: {', '.join(n for n, _ in self.blocks(net))}"
                 ) from None
 
@@ -247,10 +210,6 @@ class NetworkAdapter:
             f"mapping of {self.checkpointing_mapping} to full/selective; got {spec!r}"
         )
 
-    def checkpointed_modules(self, net: nn.Module, spec: CheckpointSpec) -> list[nn.Module]:
-        """The modules ``spec`` checkpoints."""
-        return [m for m, _ in self.checkpointed_modes(net, spec)]
-
     def checkpointed_modes(
         self, net: nn.Module, spec: CheckpointSpec
     ) -> list[tuple[nn.Module, str]]:
@@ -260,7 +219,11 @@ class NetworkAdapter:
         if spec == "all":
             return [(m, "full") for _, m in self.blocks(net)]
         if spec == "selective":
-            return [(m, "selective") for _, m in self.blocks(net) if not single_saved_op(m)]
+            # a lone convolution or linear layer is left alone: a segment would keep its output
+            # (SAVED_OPS) where without one it may be freed as soon as it is used (nnU-Net's
+            # transposed convolutions, consumed by a concatenation; its deep supervision heads)
+            single = (nn.modules.conv._ConvNd, nn.Linear)
+            return [(m, "selective") for _, m in self.blocks(net) if not isinstance(m, single)]
         if isinstance(spec, Mapping):
             return [(net.get_submodule(name), mode) for name, mode in spec.items()]
         return [(net.get_submodule(name), "full") for name in spec]
@@ -280,25 +243,19 @@ class NetworkAdapter:
             return True
 
         def wrap(module: nn.Module) -> nn.Module:
-            layers = self.chain(module)
-            if modes[id(module)] == "selective" and len(layers) > 1:
+            layers, selective = self.chain(module), modes[id(module)] == "selective"
+            if selective and len(layers) > 1:
                 recompute = partial(_recompute_chain_selectively, layers)
-                return checkpoint_wrapper(module, checkpoint_fn=recompute)
-            return checkpoint_wrapper(module, checkpoint_fn=RECOMPUTE[modes[id(module)]])
+            else:
+                recompute = partial(_recompute, selective=selective)
+            return checkpoint_wrapper(module, checkpoint_fn=recompute)
 
         if modes:
             apply_activation_checkpointing(net, checkpoint_wrapper_fn=wrap, check_fn=once)
 
     def check_placement(self, net: nn.Module, placement: Mapping[str, str]) -> None:
         """Raise ``ValueError`` when ``placement`` names no submodule of ``net``."""
-        for name in placement:
-            try:
-                net.get_submodule(name)
-            except AttributeError:
-                raise ValueError(
-                    f"placement: {type(net).__name__} has no submodule {name!r}; "
-                    f"its blocks: {', '.join(n for n, _ in self.blocks(net))}"
-                ) from None
+        self._check_submodules(net, placement, "placement")
 
     def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:
         """Move each named submodule to its device; its tensor inputs follow it there."""

@@ -4,7 +4,6 @@ imported here)."""
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -20,19 +19,10 @@ from volseg.models.networks.contract import (
     Planned,
     flatten_chain,
     sequential_inside,
+    stride_product,
 )
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
-
-
-def _per_axis(value: Any, stages: int) -> list[list[int]]:
-    """``strides`` (an int, or one int or ``[z, y, x]`` per stage) as ``[[z, y, x], ...]``."""
-    value = plain(value)
-    entries = value if isinstance(value, list | tuple) else [value] * stages
-    return [
-        [int(v) for v in entry] if isinstance(entry, list | tuple) else [int(entry)] * 3
-        for entry in entries
-    ]
 
 
 class DynamicUNetAdapter(NetworkAdapter):
@@ -50,8 +40,7 @@ class DynamicUNetAdapter(NetworkAdapter):
         return []
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
-        strides = _per_axis(net_cfg.strides, int(net_cfg.n_stages))
-        return [math.prod(s[axis] for s in strides) for axis in range(3)]
+        return stride_product(net_cfg.strides, int(net_cfg.n_stages))
 
     def deep_supervision(self, net_cfg: Any) -> bool:
         return bool(net_cfg.get("deep_supervision", False))

@@ -8,15 +8,9 @@ from typing import Any
 
 from torch import nn
 
-from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned
+from volseg.models.networks.contract import CheckpointSpec, NetworkAdapter, Planned, stride_product
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
-
-
-def _per_axis(value: Any) -> list[int]:
-    """A MONAI kernel or stride setting (an int, or ``[z, y, x]``) as ``[z, y, x]``."""
-    value = plain(value)
-    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)] * 3
 
 
 class DynUNetAdapter(NetworkAdapter):
@@ -25,8 +19,7 @@ class DynUNetAdapter(NetworkAdapter):
     family = "MONAI DynUNet"
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
-        strides = [_per_axis(s) for s in plain(net_cfg.strides)]
-        return [math.prod(s[axis] for s in strides) for axis in range(3)]
+        return stride_product(net_cfg.strides)
 
     def deep_supervision(self, net_cfg: Any) -> bool:
         return bool(net_cfg.get("deep_supervision", False))

@@ -96,7 +96,6 @@ def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int
 def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
     """Per axis, the smallest ``2^k`` such that the network keeps every side ``3 * 2^j`` (``k <= j
     <= MAX_POWER``); ``ValueError`` when it keeps none."""
-    options = OmegaConf.to_container(net_cfg, resolve=True)
     net, fake, device = _built_for_probing(net_cfg)
     large = 3 * 2**MAX_POWER
     divisors = []
@@ -110,7 +109,7 @@ def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
             ]
         if not kept[-1]:
             raise ValueError(
-                f"divisible_by: probing {options.get('_target_')} on meta tensors, no side up to "
+                f"divisible_by: probing {net_cfg.get('_target_')} on meta tensors, no side up to "
                 f"{large} voxels kept its shape on axis {'DHW'[axis]}; set model.divisible_by="
                 "[D,H,W] (what each patch side must divide by)"
             )

@@ -100,15 +100,12 @@ class UNet3DAdapter(NetworkAdapter):
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         if spec is None or spec in self.checkpointing_choices:
             return
-        if isinstance(spec, Mapping):
-            checkpoint_levels(spec, net.depth)  # parts and modes: ValueError naming them
-            return
-        ok = isinstance(spec, Sequence) and not isinstance(spec, str) and spec
-        if not (
-            ok and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec)
+        levels = isinstance(spec, Sequence) and not isinstance(spec, str) and spec
+        if not isinstance(spec, Mapping) and not (
+            levels and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in spec)
         ):
             raise self._bad_checkpointing(net, spec)
-        checkpoint_levels(spec, net.depth)  # levels outside the network's depth: ValueError
+        checkpoint_levels(spec, net.depth)  # parts, modes, levels beyond the depth: ValueError
 
     def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         net.set_activation_checkpointing(spec)

@@ -1,4 +1,4 @@
-"""Reference classifiers that show how hard a dataset is."""
+"""Reference classifiers that show how hard a dataset is (the synthetic dataset's tests)."""
 
 from __future__ import annotations
 
