@@ -53,6 +53,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "estimator_accuracy": ("src/volseg/memory",),
     "cuda_estimate_errors": ("src/volseg/memory",),
     "levers_estimated": ("src/volseg/memory",),
+    "rule_effects": ("src/volseg/memory",),
     "lever_time_factors": ("src/volseg/memory", "src/volseg/models", "src/volseg/speed"),
 }
 PACKAGE = ("src/volseg",)

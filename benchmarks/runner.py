@@ -56,6 +56,7 @@ BENCHMARKS: dict[str, Benchmark] = dict(
             "estimator_accuracy", "the memory estimate against real train.py runs, per grid"
         ),
         _study("gpu_memory_table", "the reference config's peak memory on a GPU, by module"),
+        _maintained("rule_effects", "which estimator rule changes which row of each held-out grid"),
         _maintained("gpu_train_speed", "train.py on a GPU: step time, data wait and MFU"),
         _study("levers", "each memory lever's peak memory and step time on the CPU"),
         _study(

@@ -67,6 +67,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cuda_margins": (IN, "each margin is fitted on the recorded runs it counts"),
     "cpu_margins": (IN, "each margin is fitted on the in-sample estimator runs it counts"),
     "cpu_margin_estimates": (IN, "the estimates of the in-sample runs the CPU margins count"),
+    "rule_effects": (
+        IN,
+        "estimates only, nothing measured; the newest grid was drawn so that the rules added "
+        "since the grid before it change its rows",
+    ),
 }
 
 #: ``real_data.py``'s learning tasks (``settings.data``)

@@ -508,6 +508,40 @@ def networks_tight_budget(results: Path) -> str | None:
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
 
+def rule_effects(results: Path) -> str | None:
+    """Per held-out grid (its newest report): the rules added since the grid before it, the rows
+    each rule changes and the added rules that change none."""
+    reports = {}
+    for path in results_io.runs("rule_effects", "cpu", results):  # oldest first
+        doc = results_io.load(path)
+        reports.update(dict.fromkeys(doc["grids"], (path, doc)))
+    if not reports:
+        return None
+    captions = {f"{_rel(p)} ({results_io.machine_line(d)})" for p, d in reports.values()}
+    lines = [
+        *sorted(captions),
+        "",
+        "| grid | rules added since the grid before | rules that change a row: rows, largest "
+        "change of the growth | added, no row |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, (_, doc) in sorted(reports.items()):
+        found = doc["grids"][name]
+        rows = [r for r in doc["rows"] if r["grid"] == name and "without" in r]
+        cells = []
+        for rule in dict.fromkeys(rule for r in rows for rule in r["without"]):
+            changed = [r for r in rows if rule in r["without"]]
+            changes = [r["without"][rule] / r["estimated_bytes"] - 1 for r in changed]
+            cells.append(f"{rule}: {len(changes)} of {len(rows)}, {_pct(max(changes, key=abs))}")
+        added = found["added_since_previous"] if found["previous"] else ["(the first grid)"]
+        untested = [rule for rule in added if rule in found["unchanged_by"]]
+        lines.append(
+            f"| {name} | {', '.join(added)} | {'; '.join(cells) or 'none'} | "
+            f"{', '.join(untested) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
 # the archived studies' tables: their readers live with the studies (they import this module's
 # helpers above, so they are imported here, after them)
 from benchmarks.archive.readers import (  # noqa: E402
@@ -568,6 +602,7 @@ TABLES: dict[str, Callable[[Path], str | None]] = {
     "nnunet_side_by_side": nnunet_side_by_side,
     "cuda_margins": cuda_margins,
     "cpu_margins": cpu_margins,
+    "rule_effects": rule_effects,
 }
 
 

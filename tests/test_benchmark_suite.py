@@ -484,3 +484,63 @@ def test_restamp_makes_the_estimates_again_in_place_and_keeps_the_measured_bytes
         results_io.source_hash("src/volseg/memory")
     )
     assert restamp.stamp(again) == results_io.source_hash("src/volseg/memory")
+
+
+def test_rules_off_turns_the_named_rules_off_and_restores_every_rule_after_an_error():
+    from benchmarks import rule_effects
+    from volseg.memory.estimate.workspace import RULES
+
+    with pytest.raises(RuntimeError), rule_effects.rules_off("softmax_copy", "max_pool_layout"):
+        off = [rule for rule, on in RULES.items() if not on]
+        raise RuntimeError
+    assert off == ["softmax_copy", "max_pool_layout"]
+    assert all(RULES.values())
+    with pytest.raises(KeyError, match="softmax_cpy"):
+        rule_effects.rules_off("softmax_cpy")
+
+
+def test_every_rule_names_the_commit_that_added_it():
+    """A rule added to the estimator without its commit in ADDED could never be listed as added
+    since a grid; each commit is in this checkout's history."""
+    from benchmarks import rule_effects
+    from volseg.memory.estimate.workspace import RULES
+
+    assert list(rule_effects.ADDED) == list(RULES)
+    assert rule_effects.added_between(None, None) == list(RULES)
+    # the softmax and pooling rules came after held-out-2026-12-06 was frozen (51ec6cf)
+    assert rule_effects.added_between("51ec6cf", None) == ["softmax_copy", "max_pool_layout"]
+
+
+# unet_tiny, mixed precision, a batch of one of 16x32x32, 13 classes: the step peaks in the
+# loss, whose log-softmax takes the logits in float32; an estimate takes seconds
+SMALL_STEP = [
+    "data.batch_size=1",
+    "data.patch_size=[16,32,32]",
+    "trainer.precision=16-mixed",
+    "num_classes=13",
+]
+
+
+def test_the_report_finds_the_softmax_rule_where_the_logits_are_channels_last(tmp_path):
+    """The loss's softmax copies channels-last logits only: the estimate without the rule is
+    lower for model.channels_last=true, and the same for the NCDHW network."""
+    from benchmarks import rule_effects
+
+    last = rule_effects.row_effects(
+        [*SMALL_STEP, "model.channels_last=true"], tmp_path, ["softmax_copy"]
+    )
+    assert list(last["without"]) == ["softmax_copy"]
+    assert last["without"]["softmax_copy"] < last["estimated_bytes"]
+    plain = rule_effects.row_effects(SMALL_STEP, tmp_path, ["softmax_copy"])
+    assert plain["without"] == {}
+
+
+def test_the_report_of_an_unknown_grid_is_one_line_and_exit_2(capsys):
+    from benchmarks import rule_effects
+
+    with pytest.raises(SystemExit) as exited:
+        rule_effects.main(["--grid", "held-out-1999-01-01", "--json-out", "none"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rule_effects: no held-out grid held-out-1999-01-01 in benchmarks/grids"
+    ]

@@ -436,3 +436,25 @@ def test_layout_copies_are_what_the_process_holds(case):
     logits; 12.5 MiB for the pooling's backward); without the rule the count is 0."""
     measured, predicted = _measure(MEASURE_LAYOUT_COPIES, case)
     assert predicted == pytest.approx(measured, rel=0.1)
+
+
+def test_a_rule_set_off_counts_nothing_and_the_others_still_count():
+    """Softmax of channels-last logits (2x3x4x5x6 float32: 2,880 bytes) counts a contiguous copy
+    by ``softmax_copy``; with that rule off, nothing; NCDHW logits never take the rule."""
+    from unittest import mock
+
+    from volseg.memory.estimate.workspace import RULES, cpu_workspace
+
+    softmax = torch.ops.aten._softmax.default
+    logits = torch.empty(2, 3, 4, 5, 6, device="meta")
+    last = logits.to(memory_format=torch.channels_last_3d)
+    assert cpu_workspace(softmax, (last, 1, False), logits) == 2 * 3 * 4 * 5 * 6 * 4
+    assert cpu_workspace(softmax, (logits, 1, False), logits) == 0
+    with mock.patch.dict(RULES, {"softmax_copy": False}):
+        assert cpu_workspace(softmax, (last, 1, False), logits) == 0
+        pool_backward = torch.ops.aten.max_pool3d_with_indices_backward.default
+        indices = torch.empty(2, 3, 4, 5, 6, dtype=torch.int64, device="meta")
+        args = (last, logits, [2] * 3, [2] * 3, [0] * 3, [1] * 3, False, indices)
+        # the pooling rule is still on: the input's gradient (2,880) and the indices (5,760)
+        assert cpu_workspace(pool_backward, args, logits) == 2880 + 5760
+    assert RULES["softmax_copy"] is True

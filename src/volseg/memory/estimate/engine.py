@@ -29,6 +29,7 @@ from volseg.memory.estimate.step import (
     planned_precision,
     trace_steps,
 )
+from volseg.memory.estimate.workspace import RULES
 from volseg.speed.step_time import StepWork
 from volseg.utils.config import set_key
 
@@ -175,10 +176,10 @@ def estimate_config(
     settings = settings if settings is not None else (cfg.get("memory") or {})
     if isinstance(settings, DictConfig):
         settings = OmegaConf.to_container(settings)
-    run_key = (OmegaConf.to_yaml(cfg), repr(settings))
+    run_key = (OmegaConf.to_yaml(cfg), repr(settings), repr(RULES))
     found = _runs.get((*run_key, shape))
     if found is None and shape is None:
-        found = next((r for k, r in _runs.items() if k[:2] == run_key), None)
+        found = next((r for k, r in _runs.items() if k[:-1] == run_key), None)
     if found is None:
         found = _trace(cfg, variant, shape, settings)
         _runs[(*run_key, shape)] = found

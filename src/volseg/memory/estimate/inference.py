@@ -84,10 +84,7 @@ class InferenceEstimate(Planned):
     def summary(self) -> dict[str, int]:
         """The figures ``plan.yaml`` and the JSON keep (bytes)."""
         keys = ("peak_allocated", "peak_reserved", "process_total", "resident", "stitching")
-        return {k: getattr(self, k) for k in keys} | {
-            "volume_shape": self.volume_shape,
-            "stitch": self.stitch,
-        }
+        return {k: getattr(self, k) for k in (*keys, "volume_shape", "stitch")}
 
 
 def window_count(volume_shape: Sequence[int], roi_size: Sequence[int], overlap: Any) -> int:
@@ -279,12 +276,10 @@ class Phase:
         trace: StepTrace,
         precision: str,
         settings: Any,
-        allocator: AllocatorSettings | None = None,
-        started: float | None = None,
+        allocator: AllocatorSettings,
+        started: float,
     ) -> InferenceEstimate:
         """The estimate of what the phase held in ``trace``."""
-        allocator = allocator or AllocatorSettings()
-        started = time.perf_counter() if started is None else started
         module, device, volume_shape = self.step.module, self.device, self.volume_shape
         roi = [int(r) for r in module.inferer.roi_size]
         channels, classes = self.step.image_shape[1], int(module.num_classes)

@@ -131,11 +131,8 @@ def margin_for(device: str, offload: object, accumulate_grad_batches: int) -> Ma
 def with_margin(est: Any, margin: Margin) -> Any:
     """``est`` with ``margin`` (share), ``margin_fixed_mib`` and ``margin_source`` set; its
     figures stay bare."""
-    est.margin, est.margin_fixed_mib, est.margin_source = (
-        margin.share,
-        margin.fixed_mib,
-        margin.source,
-    )
+    est.margin, est.margin_fixed_mib = margin.share, margin.fixed_mib
+    est.margin_source = margin.source
     return est
 
 

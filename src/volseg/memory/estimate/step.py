@@ -10,7 +10,7 @@ import contextlib
 import copy
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -18,6 +18,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from lightning.pytorch.plugins.precision import HalfPrecision
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
@@ -37,7 +38,7 @@ from volseg.memory.estimate.torch_private import (
     RecordingMemTracker,
     unset_fake_temporarily,
 )
-from volseg.memory.estimate.workspace import CudnnWorkspace, cpu_workspace
+from volseg.memory.estimate.workspace import RULES, CudnnWorkspace, cpu_workspace
 from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
@@ -211,8 +212,7 @@ class TrainingStep:
     scaler: torch.amp.GradScaler | None = None
     # loss(output, label); None: the module's own compute_loss (a volseg SegmentationModule)
     loss: Callable[[Any, Any], torch.Tensor] | None = None
-    # make_batch(image_shape, label_shape, dtype) -> (image, label) when run() gets no new_batch
-    # (None: torch.empty of both, i.e. fake under a FakeTensorMode)
+    # make_batch(image_shape, label_shape, dtype) -> (image, label); None: torch.empty of both
     make_batch: Callable[..., tuple[Any, Any]] | None = None
 
     def run(
@@ -345,11 +345,10 @@ def module_training_step(
         clip_foreach=True if device == "cuda" else None,
         **step_options,
     )
-    if precision in TRUE:
-        # HalfPrecision.forward_context: tensors the forward and the loss create without a dtype
-        # are in the lower precision too (SwinUNETR's attention mask),
-        # not float32 copies that promote what they meet
-        step.autocast = partial(default_dtype, TRUE[precision])
+    if precision in TRUE and RULES["true_default_dtype"]:
+        # Lightning's: tensors the forward and the loss create without a dtype are in the lower
+        # precision too (SwinUNETR's attention mask), not float32 copies that promote what they meet
+        step.autocast = HalfPrecision(precision).forward_context
     if precision in MIXED and device == "cpu":
         # resolved for the CPU already (volseg.utils.precision): a mixed precision is bf16 here;
         # MixedPrecision.autocast_context_manager turns the cast cache off
@@ -362,17 +361,6 @@ def module_training_step(
             # (fake or real): the same calls and the same few scalars as CUDA's
             step.scaler = torch.amp.GradScaler("cpu")
     return step
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """``torch.set_default_dtype(dtype)`` while the block runs."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 ZERO_GRAD = ("closure", "after_update", "before_forward")

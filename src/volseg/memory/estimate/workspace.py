@@ -1,6 +1,6 @@
 """Memory that kernels hold while they run, beyond their inputs and outputs: on the CPU
 (:func:`cpu_workspace`) and cuDNN's on CUDA (:class:`CudnnWorkspace`). Each rule, its kernel and
-what it was measured against: ``docs/kernel-memory.md``.
+what it was measured against: ``docs/kernel-memory.md``; each has a name in :data:`RULES`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,28 @@ Workspace = Callable[[Any, tuple, Any], "int | tuple[int, ...]"]
 
 _FLOAT32_BYTES = 4
 
+#: the estimator's rules by name (``docs/memory.md``), each on unless set False (a report's
+#: estimate without it: ``python -m benchmarks rule_effects``)
+RULES: dict[str, bool] = dict.fromkeys(
+    (
+        "native_conv_columns",
+        "onednn_blocked",
+        "trilinear_backward_copy",
+        "cudnn_workspace",
+        "gemm_float32_buffer",
+        "true_default_dtype",
+        "channels_last_conv",
+        "avx2_gemm_scratchpad",
+        "softmax_copy",
+        "max_pool_layout",
+    ),
+    True,
+)
+
+
+def _rule(name: str, nbytes: int) -> int:
+    return nbytes if RULES[name] else 0
+
 
 def _bytes(value: Any) -> int:
     return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
@@ -33,11 +55,8 @@ _NATIVE_MAX_SLICE = 20480
 
 def _half_on_onednn(dtype: torch.dtype) -> bool:
     """Whether oneDNN takes bfloat16/float16 convolutions on this CPU."""
-    check = {
-        torch.bfloat16: "_is_mkldnn_bf16_supported",
-        torch.float16: "_is_mkldnn_fp16_supported",
-    }[dtype]
-    supported = getattr(torch.ops.mkldnn, check, None)
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    supported = getattr(torch.ops.mkldnn, f"_is_mkldnn_{name}_supported", None)
     return bool(supported()) if supported is not None else False
 
 
@@ -174,7 +193,8 @@ def _float32_forward(inputs: Any, weight: Any, out: Any, block: int) -> int:
 def cpu_workspace(func: Any, args: tuple, out: Any) -> int:
     """Scratch bytes of one op on the CPU: the kernel's own buffers and a 16-bit GEMM's float32
     product, held together."""
-    return _kernel_scratch(func, args, out) + gemm_float32_buffer(func, args, out)
+    gemm_buffer = _rule("gemm_float32_buffer", gemm_float32_buffer(func, args, out))
+    return _kernel_scratch(func, args, out) + gemm_buffer
 
 
 def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
@@ -182,11 +202,11 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.convolution.default:
         inputs, weight, stride, dilation, transposed, groups = _CONVOLUTION_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            return _native_columns(inputs, weight, out, transposed)
+            return _rule("native_conv_columns", _native_columns(inputs, weight, out, transposed))
         channels_last = _runs_channels_last(inputs, weight)
         if channels_last and _copies_to_channels_last(inputs.dtype):
-            return _channels_last_copy(inputs)
-        if not inputs.is_contiguous() and not channels_last:
+            return _rule("channels_last_conv", _channels_last_copy(inputs))
+        if not RULES["onednn_blocked"] or not (inputs.is_contiguous() or channels_last):
             return 0
         block = onednn_channel_block()
         if not transposed and (inputs.dtype == torch.float32 or not onednn_uses_amx()):
@@ -197,27 +217,28 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
     if func is torch.ops.aten.convolution_backward.default:
         grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
         if inputs.dim() == 5 and not runs_on_onednn(inputs, weight, stride, dilation, groups):
-            return _native_columns(inputs, weight, grad, transposed)
+            return _rule("native_conv_columns", _native_columns(inputs, weight, grad, transposed))
         channels_last = _runs_channels_last(inputs, weight)
         if channels_last and _copies_to_channels_last(inputs.dtype):
             weight_gradient = bool(args[_OUTPUT_MASK][1])
             padded = any(p != 0 for p in args[_PADDING])
-            return _channels_last_backward(
-                grad, inputs, weight, weight_gradient, padded, transposed
+            return _rule(
+                "channels_last_conv",
+                _channels_last_backward(grad, inputs, weight, weight_gradient, padded, transposed),
             )
-        if not grad.is_contiguous() and not channels_last:
+        if not RULES["onednn_blocked"] or not (grad.is_contiguous() or channels_last):
             return 0
         block = onednn_channel_block()
         return (_blocked_numel(grad, block) + _blocked_numel(inputs, block)) * _FLOAT32_BYTES
     if func is torch.ops.aten.upsample_trilinear3d_backward.default:
         grad = args[0]
-        return 0 if grad.is_contiguous() else _bytes(grad)
+        return 0 if grad.is_contiguous() or not RULES["trilinear_backward_copy"] else _bytes(grad)
     if func in _SOFTMAXES:
         inputs = args[0]
-        return 0 if inputs.is_contiguous() else _bytes(inputs)
+        return 0 if inputs.is_contiguous() or not RULES["softmax_copy"] else _bytes(inputs)
     if func is torch.ops.aten.max_pool3d_with_indices_backward.default:
         grad, inputs, indices = args[0], args[1], args[_POOL_INDICES]
-        if _same_layout(grad, inputs):
+        if _same_layout(grad, inputs) or not RULES["max_pool_layout"]:
             return 0
         return _bytes(out) + _bytes(indices)
     return 0
@@ -231,10 +252,10 @@ _POOL_INDICES = 7
 
 def _same_layout(a: Any, b: Any) -> bool:
     """Whether two tensors are both NCDHW or both channels-last."""
-    if a.is_contiguous() and b.is_contiguous():
-        return True
-    last = torch.channels_last_3d
-    return a.is_contiguous(memory_format=last) and b.is_contiguous(memory_format=last)
+    return any(
+        a.is_contiguous(memory_format=f) and b.is_contiguous(memory_format=f)
+        for f in (torch.contiguous_format, torch.channels_last_3d)
+    )
 
 
 def _strides_channels_last(tensor: Any) -> bool:
@@ -296,7 +317,7 @@ _GEMM_OUTER_THREADING_VOXELS = 256
 def _gemm_weight_gradient(inputs: Any, weight: Any, grad: Any) -> int:
     """oneDNN's GEMM convolution scratchpad for a channels-last float32 weight gradient on AVX2
     (0 elsewhere): per thread used, one output depth slice's columns and one sample's input."""
-    if onednn_channel_block() != 8:
+    if onednn_channel_block() != 8 or not RULES["avx2_gemm_scratchpad"]:
         return 0
     batch, channels = inputs.shape[:2]
     slice_voxels = grad.shape[3] * grad.shape[4]
@@ -310,11 +331,7 @@ def _gemm_weight_gradient(inputs: Any, weight: Any, grad: Any) -> int:
 
 def _channels_last(tensor: Any) -> bool:
     """Whether a 5-D tensor is in ``channels_last_3d`` (NDHWC) layout and not also NCDHW."""
-    return (
-        isinstance(tensor, torch.Tensor)
-        and tensor.is_contiguous(memory_format=torch.channels_last_3d)
-        and not tensor.is_contiguous()
-    )
+    return tensor.is_contiguous(memory_format=torch.channels_last_3d) and not tensor.is_contiguous()
 
 
 @dataclass(frozen=True)
@@ -326,6 +343,8 @@ class CudnnWorkspace:
     channels_last: bool = False
 
     def _capped(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if not RULES["cudnn_workspace"]:
+            return ()
         if self.limit is None:
             return sizes
         return tuple(min(size, self.limit) for size in sizes if min(size, self.limit) > 0)
@@ -338,7 +357,7 @@ class CudnnWorkspace:
             copies.append(_bytes(grad))
         if self.channels_last and grad_input.shape[1] > 1:
             copies.append(_bytes(grad_input))
-        return (tuple(copies),) if copies else ()
+        return (tuple(copies),) if copies and RULES["trilinear_backward_copy"] else ()
 
     def __call__(self, func: Any, args: tuple, out: Any) -> tuple[int | tuple[int, ...], ...]:
         if func is torch.ops.aten.upsample_trilinear3d_backward.default:
