@@ -1,21 +1,11 @@
 """The tables of docs/ regenerated from the results files under ``benchmarks/results/``.
 
-A table that comes from data sits between two markers in a Markdown file of ``docs/``, and ends
-with a line saying whether its rows are in sample or held out (``samples.py``, which also
-writes ``benchmarks/results/samples.json``: every results file's sample):
-
-    <!-- table: levers_cuda -->
-    ...                                  (written by this script: do not edit by hand)
-    <!-- /table: levers_cuda -->
-
-and :data:`TABLES` names the function that builds it from the newest results file(s) (each
-table says which, with the machine and the command that wrote them). A marker whose table has no
-results file yet is left as it is.
-
-A figure quoted in prose (README's Measurements, a sentence of docs/) sits between inline
-markers, ``<!-- figure: NAME -->...<!-- /figure: NAME -->``, and :data:`FIGURES` names the
-function that writes that sentence (its figure, its results file, in sample or held out), so
-that it changes with its file.
+A table from data sits between ``<!-- table: NAME -->`` and ``<!-- /table: NAME -->`` in a
+Markdown file of ``docs/`` (written here: do not edit by hand), ends with a line saying whether
+its rows are in sample or held out (``samples.py``), and :data:`TABLES` names the function that
+builds it from the newest results file(s), which the table names with machine and command. A
+marker whose table has no results file yet is left as it is. A figure quoted in prose sits
+between ``<!-- figure: NAME -->`` markers; :data:`FIGURES` names the function that writes it.
 
     python -m benchmarks tables            # rewrite every marked table in docs/*.md and README
     python -m benchmarks tables --check    # exit 1 if a marked table differs from its files
