@@ -526,7 +526,7 @@ def rule_effects(results: Path) -> str | None:
         added = found["added_since_previous"] if found["previous"] else ["(the first grid)"]
         untested = [rule for rule in added if rule in found["unchanged_by"]]
         lines.append(
-            f"| {name} | {', '.join(added)} | {'; '.join(cells) or 'none'} | "
+            f"| {name} | {', '.join(added) or 'none'} | {'; '.join(cells) or 'none'} | "
             f"{', '.join(untested) or 'none'} |"
         )
     return "\n".join(lines)
