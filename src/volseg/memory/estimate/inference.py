@@ -11,7 +11,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
@@ -69,17 +69,9 @@ class InferenceEstimate(Planned):
     cuda_context: int
     process_total: int
     seconds: float
-    events: list[Event] = field(default_factory=list, repr=False)
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
-    allocator: AllocatorSettings = field(default_factory=AllocatorSettings, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("events")
-        out.pop("allocator")
-        return out
 
     def summary(self) -> dict[str, int]:
         """The figures ``plan.yaml`` and the JSON keep (bytes)."""
@@ -293,7 +285,7 @@ class Phase:
         volume = channels * voxels * itemsize + (
             voxels * itemsize if self.phase == "validation" else 0
         )
-        return InferenceEstimate(
+        est = InferenceEstimate(
             phase=self.phase,
             device=device,
             precision=precision,
@@ -316,9 +308,9 @@ class Phase:
             cuda_context=peaks["cuda_context"],
             process_total=peaks["peak_reserved"] + peaks["cuda_context"],
             seconds=time.perf_counter() - started,
-            events=events,
-            allocator=allocator,
         )
+        est.events, est.allocator = events, allocator
+        return est
 
 
 def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
@@ -349,7 +341,6 @@ def estimate_prediction(
     stitch: str = "device",
     flip_axes: Sequence[int] = (),
     precision: str = PREDICT_PRECISION,
-    settings: Any = None,
 ) -> InferenceEstimate:
     """Predicted memory of ``predict.py`` on one volume with the planned ``cfg``'s network and
     inferer, stitched on the ``device`` or the ``host``, averaged over the mirrorings of
@@ -378,10 +369,10 @@ def estimate_prediction(
             out = predictor.predict_step({"image": image}, 0)
             del image, out
 
-    settings = settings if settings is not None else (cfg.get("memory") or {})
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
     trace = trace_steps(step, mode, device, phase.then, steps=0)
-    est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
+    memory = cfg.get("memory")  # cuda_context_mib and gpu
+    est = phase.estimate(trace, planned_precision(cfg), memory, allocator_settings(cfg), started)
     if device == "cuda":  # a forward without training: a plain step's margin
         with_margin(est, margin_for(device, False, 1))
     return est

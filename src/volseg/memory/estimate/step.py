@@ -12,7 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 from unittest import mock
@@ -83,14 +83,6 @@ class MemoryEstimate(Planned):
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
-
-    def __post_init__(self) -> None:
-        # the step's ledger and memory.allocator's settings, for replays under a budget
-        self.events: list[Event] = []
-        self.allocator = AllocatorSettings()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def planned_device(cfg: DictConfig) -> str:
