@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimate.allocator import AllocatorSettings
 from volseg.memory.estimate.inference import (
@@ -110,8 +110,8 @@ def estimate_run(
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:
-        with open_dict(cfg):  # the plan's device (a plan may be for a GPU this machine lacks)
-            OmegaConf.update(cfg, "memory.plan_device", device.value, force_add=True)
+        # the plan's device (a plan may be for a GPU this machine lacks)
+        set_key(cfg, "memory.plan_device", device.value)
     return estimate_config(cfg, variant or Variant(), validation_shape)
 
 
