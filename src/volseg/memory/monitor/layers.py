@@ -61,19 +61,15 @@ class LayerTrace:
         tensors: list[torch.Tensor] = []  # the batch's tensors (not its names, paths, ...)
         apply_to_collection(batch, torch.Tensor, tensors.append)
         self.tracker.track_external(module, *optimizers, *tensors)
-        self._running = False
 
     def start(self) -> None:
         self.tracker.__enter__()
-        self._running = True
 
     def optimizer_update_begins(self) -> None:
         self.tracker.optimizer_update_begins()
 
     def stop(self) -> None:
-        if self._running:
-            self.tracker.__exit__(None, None, None)
-            self._running = False
+        self.tracker.__exit__(None, None, None)
 
     def peak(self) -> dict[str, int]:
         """Peak bytes per category over the traced step, summed over devices."""
