@@ -257,8 +257,7 @@ class TrainingSpeed(Callback):
             rate,
         )
         if s["data_wait_share"] > self.data_wait_warning:
-            loader = getattr(trainer, "train_dataloader", None)
-            workers = getattr(loader, "num_workers", None)
+            workers = getattr(getattr(trainer, "train_dataloader", None), "num_workers", None)
             cpu = trainer.strategy.root_device.type == "cpu"
             log.warning(
                 "The loader did not keep up: %.0f%% of the step time went to fetching batches "
