@@ -190,10 +190,6 @@ def _where(path: Path, key: str | None) -> str:
     return f"{path}" if key is None else f"{path} (dataset '{key}')"
 
 
-#: the axes of a file's shape as it stores them
-STORED_AXES = {"nifti": "x, y, z", "tiff": "Z, Y, X", "hdf5": "Z, Y, X"}
-
-
 def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> str:
     """A volume's shape as stored and as loaded, for messages: ``(64, 64, 32) as stored (x, y,
     z), [D, H, W] = [32, 64, 64] after orientation to RAS`` (NIfTI)."""
@@ -204,7 +200,7 @@ def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> 
         loaded, orientation = geometry, None
     dhw = [int(s) for s in loaded["shape_zyx"]]
     if fmt != "nifti":
-        return f"[D, H, W] = {dhw} ({STORED_AXES.get(fmt, 'Z, Y, X')} as stored)"
+        return f"[D, H, W] = {dhw} (Z, Y, X as stored)"
     stored = tuple(int(s) for s in geometry["stored_shape"])
     axes = "x, y, z" + (", channels" if len(stored) == 4 else "")
     after = f"after orientation to {orientation}" if orientation else "(the file's z, y, x)"

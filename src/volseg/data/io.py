@@ -106,8 +106,7 @@ class StackReader(ImageReader):
 
     def read(self, data: Sequence[str] | str, **kwargs: Any):
         names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = [self._read_one(str(name)) for name in names]
-        return volumes if len(volumes) > 1 else volumes[0]
+        return [self._read_one(str(name)) for name in names]
 
     def _read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
         """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
@@ -123,7 +122,7 @@ class StackReader(ImageReader):
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
         arrays, meta = [], {}
-        for array, spacing in img if isinstance(img, list) else [img]:
+        for array, spacing in img:
             channels = array.ndim == 4
             if not meta:
                 meta = {
@@ -203,8 +202,7 @@ def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
         with require_h5py().File(path, "r") as f:
             return _hdf5_dataset(f, key, path)[()]
     if volume_format(path) == "nifti":
-        array = np.asarray(nib.load(str(path)).dataobj)
-        return array.transpose(3, 2, 1, 0) if array.ndim == 4 else array.transpose(2, 1, 0)
+        return np.asarray(nib.load(str(path)).dataobj).T  # x, y, z (, channels) reversed
     array = tifffile.imread(path)
     return array.transpose(1, 0, 2, 3) if array.ndim == 4 else array
 
@@ -242,8 +240,7 @@ def write_volume(
     sz, sy, sx = (float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0))
     channels = array_zyx.ndim == 4
     if fmt == "nifti":
-        axes = (3, 2, 1, 0) if channels else (2, 1, 0)
-        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(axes)), affine), path)
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.T), affine), path)
     elif fmt == "hdf5":
         key = key or HDF5_PREDICTION_KEY
         with require_h5py().File(path, "a") as f:

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from monai.data import MetaTensor
 from monai.transforms import (
     ClassesToIndicesd,
     Compose,
@@ -150,10 +149,7 @@ class OwnPatchd(MapTransform):
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
         d = dict(data)
         for key in self.key_iterator(d):
-            value = d[key]
-            if isinstance(value, MetaTensor):
-                value = value.as_tensor()
-            d[key] = torch.as_tensor(value).clone()
+            d[key] = convert_to_tensor(d[key], track_meta=False).clone()
         return d
 
 
