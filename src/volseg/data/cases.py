@@ -97,8 +97,11 @@ def find_cases(root: str | Path) -> list[Case]:
     return [Case(n, images[n], labels[n]) for n in images]
 
 
-def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> list[Case]:
-    """Images to predict: the file ``path``, or every volume file in the folder ``path``."""
+def find_inputs(
+    path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES, key: str | None = None
+) -> list[Case]:
+    """Images to predict: the file ``path``, or every volume file in the folder ``path`` (HDF5:
+    their dataset ``key``)."""
     path = Path(path)
     if path.is_file():
         if not str(path).lower().endswith(tuple(suffixes)):
@@ -114,7 +117,7 @@ def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> 
             )
     else:
         raise UserInputError(f"input={path}: no such file or folder")
-    return [Case(p.name, p, None) for p in files]
+    return [Case(p.name, p, None, image_key=key) for p in files]
 
 
 def _read_splits(path: Path, expected: str) -> Any:

@@ -178,10 +178,8 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
     elif fmt == "hdf5":
         with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
-            stored, affine = (
-                tuple(int(s) for s in dataset.shape),
-                _affine(_hdf5_spacing_zyx(dataset)),
-            )
+            stored = tuple(int(s) for s in dataset.shape)
+            affine = _affine(_hdf5_spacing_zyx(dataset))
         channels = stored[0] if len(stored) == 4 else 1
         spatial = stored[1:] if len(stored) == 4 else stored
     else:
@@ -233,8 +231,9 @@ def write_volume(
     by the suffix, with ``affine`` (4x4, file axes ``x, y, z``), else ``spacing_zyx``."""
     path = Path(path)
     fmt = volume_format(path)
-    if fmt is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt is None:
+        raise _unsupported(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if affine is None:
         affine = _affine(spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0))
     sz, sy, sx = (float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0))
@@ -248,7 +247,7 @@ def write_volume(
                 del f[key]
             dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
             dataset.attrs[HDF5_SPACING_ATTR] = [sz, sy, sx]
-    elif fmt == "tiff":
+    else:
         tifffile.imwrite(
             path,
             array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
@@ -256,8 +255,6 @@ def write_volume(
             resolution=(1.0 / sx, 1.0 / sy),
             metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
-    else:
-        raise _unsupported(path)
     return path
 
 
