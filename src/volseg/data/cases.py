@@ -285,9 +285,7 @@ def input_problems(
 
 def _orientation_problems(case: Case, image: dict[str, Any], orientation: str | None) -> list[str]:
     """A NIfTI image whose affine cannot be reoriented to ``orientation``, named."""
-    if image.get("format") != "nifti":
-        return []
-    problem = orientation_problem(image["affine"], orientation)
+    problem = orientation_problem(image, orientation)
     return [] if problem is None else [f"{case.image_files[0]}: {problem}"]
 
 
@@ -383,11 +381,12 @@ def case_problems(
         problems += _voxel_problems(case)
         reorient = _orientation_problems(case, image, orientation)
         problems += reorient
-        loaded = oriented_geometry(image, None if reorient else orientation)
+        axcodes = None if reorient else orientation  # one it cannot apply: shapes as stored
+        loaded = oriented_geometry(image, axcodes)
         shape = list(loaded["shape_zyx"])
         sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
-            volume = shape_in_words(image, None if reorient else orientation)
+            volume = shape_in_words(image, axcodes)
             if spacing is not None:
                 volume = f"[D, H, W] = {sampled} at data.spacing={list(spacing)}, from {volume}"
             problems.append(
@@ -397,7 +396,5 @@ def case_problems(
         elif padded is not None and any(p > s for p, s in zip(patch_size, sampled, strict=True)):
             padded[case.name] = list(sampled)
         if label is not None:
-            problems += _label_problems(
-                case, label, image, num_classes, classes_from, None if reorient else orientation
-            )
+            problems += _label_problems(case, label, image, num_classes, classes_from, axcodes)
     return problems

@@ -30,11 +30,12 @@ def _transform(affine: np.ndarray, axcodes: str) -> np.ndarray:
     return orientations.ornt_transform(source, orientations.axcodes2ornt(axcodes, LABELS))
 
 
-def orientation_problem(affine: np.ndarray, axcodes: str | None) -> str | None:
-    """Why a volume of this affine cannot be reoriented to ``axcodes``; ``None`` if it can."""
-    if axcodes is None:
+def orientation_problem(geometry: Mapping[str, Any], axcodes: str | None) -> str | None:
+    """Why a volume of this :func:`volseg.data.io.read_geometry` cannot be reoriented to
+    ``axcodes``; ``None`` if it can (TIFF/HDF5 are read as stored)."""
+    if axcodes is None or geometry.get("format") != "nifti":
         return None
-    affine = np.asarray(affine, dtype=float)
+    affine = np.asarray(geometry["affine"], dtype=float)
     if affine.shape != (4, 4) or not np.isfinite(affine).all():
         return f"its affine is not a finite 4x4 matrix, so data.orientation={axcodes} cannot apply"
     try:
