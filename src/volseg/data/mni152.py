@@ -188,14 +188,10 @@ def check_build_installed(root: str | Path, options: Mapping[str, Any] | None) -
 
 
 def build_mni152_dataset(
-    root: str | Path,
-    task: str = "lobes",
-    spacing: float = 2.0,
-    num_cases: int = 6,
-    num_val: int = 2,
-    seed: int = 0,
+    root: str | Path, task: str, spacing: float, num_cases: int, num_val: int, seed: int
 ) -> Path:
-    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation)."""
+    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation); the
+    arguments are ``data.mni152``'s (``configs/data/mni152.yaml``)."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)
