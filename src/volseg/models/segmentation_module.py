@@ -20,25 +20,17 @@ from volseg.utils.errors import TrainingDiverged
 
 log = logging.getLogger(__name__)
 
-
-# the validation values are reduced across ranks before they are logged (the same on every
-# rank): Lightning's advice to sync them again does not apply
-warnings.filterwarnings(
-    "ignore", message=r"It is recommended to use `self.log\('val/", category=UserWarning
+#: Lightning's warnings that do not apply here, each with why
+QUIET_WARNINGS = (
+    # the validation values are reduced across ranks before they are logged: no sync needed
+    (r"It is recommended to use `self.log\('val/", UserWarning),
+    # Lightning's loop uses torch's LeafSpec, deprecated after Lightning's release: harmless
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # the summary counts 32 bits a parameter: right, under autocast the parameters stay float32
+    (r"Precision (bf16|16)-mixed is not supported by the model summary", UserWarning),
 )
-# Lightning's loop flattens batches with a LeafSpec, which torch deprecated after Lightning's
-# release; it warns once per run and changes nothing
-warnings.filterwarnings(
-    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
-)
-
-# Lightning's model summary knows no mixed precision and counts 32 bits a parameter instead,
-# which is right: under autocast the parameters stay float32
-warnings.filterwarnings(
-    "ignore",
-    message=r"Precision (bf16|16)-mixed is not supported by the model summary",
-    category=UserWarning,
-)
+for message, category in QUIET_WARNINGS:
+    warnings.filterwarnings("ignore", message=message, category=category)
 
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 
@@ -205,15 +197,12 @@ class SegmentationModule(LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
         """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,
         ``{}`` for a padding batch; loss and Dice summed per rank."""
-        counted = batch.get("counted")
-        keep = torch.ones(batch["image"].shape[0], dtype=torch.bool)
-        if counted is not None:
-            keep = torch.as_tensor(counted, dtype=torch.bool).reshape(-1).cpu()
+        keep = torch.as_tensor(batch.get("counted", True), dtype=torch.bool).reshape(-1).cpu()
         if not keep.any():
             return {}
-        image = batch["image"] if keep.all() else batch["image"][keep]
-        label = batch["label"] if keep.all() else batch["label"][keep]
-        return {"pred": self.validate_cases(image, label)[:, 0]}
+        if not keep.all():
+            batch = {key: batch[key][keep] for key in ("image", "label")}
+        return {"pred": self.validate_cases(batch["image"], batch["label"])[:, 0]}
 
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``(B, C, D, H, W)``, their loss
