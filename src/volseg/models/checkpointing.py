@@ -139,28 +139,21 @@ def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str],
     encoder, decoder = set(range(depth)), set(range(depth - 1))
     if spec is None or spec == "none":
         return {}, {}
-    if isinstance(spec, Mapping):
-        check_modes(spec, PARTS)
-        return (
-            dict.fromkeys(encoder, spec["encoder"]) if "encoder" in spec else {},
-            dict.fromkeys(decoder, spec["decoder"]) if "decoder" in spec else {},
-        )
-    if isinstance(spec, str):
-        choices = {
-            "encoder": (encoder, set()),
-            "decoder": (set(), decoder),
-            "all": (encoder, decoder),
-            "selective": (encoder, decoder),
-        }
-        if spec not in choices:
+    if isinstance(spec, str):  # a named choice is a mapping of the parts it names
+        if spec not in CHECKPOINTING_CHOICES:
             raise ValueError(
                 f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)}, a list "
                 f"of level indices or a mapping of {'/'.join(PARTS)} to {'/'.join(MODES)}; "
                 f"got {spec!r}"
             )
         mode = "selective" if spec == "selective" else "full"
-        enc, dec = choices[spec]
-        return dict.fromkeys(enc, mode), dict.fromkeys(dec, mode)
+        spec = {part: mode for part in PARTS if spec in (part, "all", "selective")}
+    if isinstance(spec, Mapping):
+        check_modes(spec, PARTS)
+        return (
+            dict.fromkeys(encoder, spec["encoder"]) if "encoder" in spec else {},
+            dict.fromkeys(decoder, spec["decoder"]) if "decoder" in spec else {},
+        )
     levels = {int(i) for i in spec}
     if not levels <= encoder:
         raise ValueError(

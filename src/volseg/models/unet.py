@@ -46,10 +46,9 @@ def halvings(patch_size: Sequence[int]) -> list[int]:
 def pooling_factors(
     widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` levels, full
-    resolution first) for ``pooling``: ``None``: 2 everywhere; ``"auto"``: an axis of ``patch_size``
-    ([D, H, W] voxels) pooled while it keeps ``AUTO_MIN_POOLED`` voxels; a list: as given.
-    ``ValueError`` naming ``pooling`` otherwise."""
+    """Per-level pooling factors ``[[fz, fy, fx], ...]``, full resolution first, for ``pooling``:
+    ``None``: 2 everywhere; ``"auto"``: an axis of ``patch_size`` ([D, H, W] voxels) pooled while
+    it keeps ``AUTO_MIN_POOLED`` voxels; a list: as given (else ``ValueError``)."""
     levels = len(widths) - 1
     if pooling is None:
         return [[2, 2, 2] for _ in range(levels)]
@@ -100,8 +99,8 @@ def check_patch_poolable(
     patch_size: Sequence[int],
     names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """``ValueError`` naming the values and the fix when a patch axis is thinner than the network
-    pools it (``names``: the names the message uses)."""
+    """``ValueError`` naming the values (by ``names``) and the fix when a patch axis is thinner
+    than the network pools it."""
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
@@ -148,11 +147,8 @@ def checkpointing_now(block: nn.Module) -> bool:
 class DoubleConv(nn.Sequential):
     """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first.
 
-    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
-    each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
-    ``selective``, as selective segments cut after each convolution (its output kept:
-    :func:`volseg.models.checkpointing.selective_chain`).
-    """
+    ``checkpointed`` ``full``: each conv unit its own checkpoint segment while training;
+    ``selective``: a :func:`~volseg.models.checkpointing.selective_chain`."""
 
     checkpointed: bool | str = False
 
@@ -219,11 +215,9 @@ class Down(nn.Sequential):
 
 
 class Up(nn.Module):
-    """Upsample by ``factors`` -> pad to the skip's size -> concat [skip, up] -> DoubleConv.
-
-    ``x``: ``(B, in_channels, d, h, w)``; ``skip``: ``(B, skip_channels, D, H, W)`` with
-    ``fz * d <= D < fz * (d + 1)`` etc.; output ``(B, out_channels, D, H, W)``.
-    """
+    """Upsample by ``factors`` -> pad to the skip's size -> concat [skip, up] -> DoubleConv:
+    ``x`` ``(B, in_channels, d, h, w)`` and ``skip`` ``(B, skip_channels, D, H, W)``, ``fz * d <=
+    D < fz * (d + 1)`` etc., to ``(B, out_channels, D, H, W)``."""
 
     def __init__(
         self,
@@ -261,8 +255,8 @@ class Up(nn.Module):
     def forward(
         self, x: torch.Tensor, skip: torch.Tensor, tail: nn.Module | None = None
     ) -> torch.Tensor:
-        """``tail`` (the head, at level 0) runs after the block; when checkpointed, inside its last
-        segment, so the block's output need not be kept for it."""
+        """``tail`` (level 0's head) runs after the block, inside its last segment when checkpointed
+        (the block's output is then not kept for it)."""
         tail = tail if tail is not None else nn.Identity()
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
