@@ -138,13 +138,9 @@ class NetworkAdapter:
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int] | None:
         """What each patch side ``[D, H, W]`` must divide by, from the network's settings (after
-        :meth:`plan`); ``None``: not known from the settings (the plan probes the network)."""
+        :meth:`plan`; ``patch`` ``None``: before the patch is planned from the data); ``None``: not
+        known from the settings (the plan probes the network)."""
         return None
-
-    def patch_multiple(self, net_cfg: Any) -> list[int] | None:
-        """What the sides of a patch planned from the data (``data.patch_size=auto``) must divide
-        by, before the patch is known; ``None``: not known from the settings (probed)."""
-        return self.divisibility(net_cfg, None)
 
     def deep_supervision(self, net_cfg: Any) -> bool:
         """Whether the network returns one output per decoder level in training."""

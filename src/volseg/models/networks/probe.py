@@ -123,10 +123,7 @@ def network_divisibility(
     from volseg.models.networks import adapter_for
 
     adapter = adapter_for(str(net_cfg._target_))
-    if patch is None:
-        known = adapter.patch_multiple(net_cfg)
-    else:
-        known = adapter.divisibility(net_cfg, patch)
+    known = adapter.divisibility(net_cfg, patch)
     if known is not None:
         why = f"{adapter.family}: its settings make each side divide by {describe(known)}"
         return list(known), why

@@ -76,20 +76,17 @@ class UNet3DAdapter(NetworkAdapter):
         source = "planned" if pooling == "auto" else "configured"
         return [*out, Planned("model.net.pooling", factors, source, why)]
 
-    def divisibility(self, net_cfg: Any, patch: Sequence[int]) -> list[int]:
-        widths = net_cfg.get("widths") or [0]
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        """The per-axis product of the poolings; before the patch is planned, ``auto`` pools as
+        ``null`` (2 at every level)."""
+        pooling = plain(net_cfg.get("pooling"))
+        if patch is None and pooling == "auto":
+            pooling = None
         try:
-            factors = pooling_factors(widths, plain(net_cfg.get("pooling")), patch)
+            factors = pooling_factors(net_cfg.get("widths") or [0], pooling, patch)
         except ValueError as err:
             raise at_config_key(str(err), "model.net") from None
         return total_pooling(factors)
-
-    def patch_multiple(self, net_cfg: Any) -> list[int]:
-        """Explicit kernels: their product; ``null``/``auto``: ``2^(levels - 1)`` on every axis."""
-        pooling = plain(net_cfg.get("pooling"))
-        if isinstance(pooling, list):
-            return self.divisibility(net_cfg, None)
-        return [2 ** (len(net_cfg.get("widths") or [0]) - 1)] * 3
 
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         if spec is None or spec in self.checkpointing_choices:
