@@ -48,16 +48,6 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
             group["eps"] = FP16_MIN_EPS
 
 
-def deep_supervision_heads(logits: Any, label: torch.Tensor) -> list[torch.Tensor] | None:
-    """Deep-supervision outputs as a list (a stacked ``(B, S, K, D, H, W)`` tensor split along
-    ``S``); ``None`` for plain logits ``(B, K, D, H, W)``."""
-    if isinstance(logits, list | tuple):
-        return list(logits)
-    if logits.dim() == label.dim() + 1:
-        return list(logits.unbind(dim=1))
-    return None
-
-
 class SegmentationModule(LightningModule):
     """Trains ``net`` on ``(B, C, D, H, W)`` patches; validates on whole volumes.
 
@@ -189,10 +179,11 @@ class SegmentationModule(LightningModule):
 
     def _float_loss(self, logits: Any, label: torch.Tensor) -> torch.Tensor:
         # cast inside the checkpoint: the float32 copy of the logits is then not kept either
-        heads = deep_supervision_heads(logits, label)
-        if heads is None:
-            return self.loss(logits.float(), label)
-        return self.loss([head.float() for head in heads], label)
+        if isinstance(logits, torch.Tensor) and logits.dim() == label.dim() + 1:
+            logits = logits.unbind(dim=1)  # deep supervision stacked as (B, S, K, D, H, W)
+        if isinstance(logits, list | tuple):
+            return self.loss([head.float() for head in logits], label)
+        return self.loss(logits.float(), label)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
         """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,

@@ -139,9 +139,7 @@ def make_activation(kind: Activation) -> nn.Module:
 
 def checkpointing_now(block: nn.Module) -> bool:
     """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
-    return (
-        bool(getattr(block, "checkpointed", False)) and block.training and torch.is_grad_enabled()
-    )
+    return bool(block.checkpointed) and block.training and torch.is_grad_enabled()
 
 
 class DoubleConv(nn.Sequential):
