@@ -213,17 +213,16 @@ def selective_chain(
     return nn.Sequential(*last)(x)
 
 
-def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> None:
+def check_modes(spec: Mapping[Any, Any], parts: Sequence[str] | None = None) -> None:
     """Raise ``ValueError`` unless every value of the mapping ``spec`` is one of :data:`MODES`
     and (``parts`` given) every key one of ``parts``."""
     if not spec:
         raise ValueError("activation_checkpointing: an empty mapping checkpoints nothing")
-    allowed = list(parts) if parts is not None else None
     for part, mode in spec.items():
-        if allowed is not None and part not in allowed:
+        if parts is not None and part not in parts:
             raise ValueError(
                 f"activation_checkpointing: {part!r} is not a part; a mapping names "
-                f"{', '.join(allowed)}"
+                f"{', '.join(parts)}"
             )
         if mode not in MODES:
             raise ValueError(

@@ -49,19 +49,10 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
 
 
 class SegmentationModule(LightningModule):
-    """Trains ``net`` on ``(B, C, D, H, W)`` patches; validates on whole volumes.
-
-    Args:
-        net: maps ``(B, C_in, D, H, W)`` to logits ``(B, num_classes, D, H, W)``.
-        loss: ``loss(logits, labels)``, labels ``(B, 1, D, H, W)`` class indices.
-        optimizer, scheduler: partial optimizer and LR scheduler (``None``: none).
-        class_names: names for ``val/dice_<name>``; default: the datamodule's.
-        inferer: validation inferer (MONAI ``SlidingWindowInferer``).
-        divisible_by: the plan's ``[D, H, W]`` patch divisor, kept with the hyperparameters.
-        compile ... cudnn_workspace_mib: the memory levers (:class:`MemoryLevers`).
-        net_output: which of what ``net`` returns is the logits (:func:`select_output`).
-        nonfinite_check_every_n_steps: read the NaN/Inf loss test on the host every N steps only
-            (a read makes a CUDA step wait for the GPU)."""
+    """Trains ``net`` (``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``) on patches;
+    validates on whole volumes. ``loss(logits, labels)`` takes labels ``(B, 1, D, H, W)`` of class
+    indices; ``compile`` ... ``cudnn_workspace_mib`` are the :class:`MemoryLevers`; every argument
+    as ``configs/model/base.yaml`` describes it."""
 
     def __init__(
         self,

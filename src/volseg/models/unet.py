@@ -177,8 +177,7 @@ class DoubleConv(nn.Sequential):
     def units(self) -> tuple[nn.Sequential, nn.Sequential]:
         """The two conv -> norm -> activation (-> dropout) units, as views on the same layers."""
         layers = list(self)
-        split = 4 if isinstance(layers[3], nn.Dropout3d) else 3
-        return nn.Sequential(*layers[:split]), nn.Sequential(*layers[split:])
+        return nn.Sequential(*layers[:-3]), nn.Sequential(*layers[-3:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not checkpointing_now(self):
