@@ -206,15 +206,11 @@ class MemoryLevers:
         return self.activation_checkpointing not in (None, "none")
 
     def apply(self, net: nn.Module, when: When, stage: str | None = None) -> nn.Module:
-        """Apply the levers due ``when`` to ``net``; returns the network to use.
-
-        The order, and why: activation checkpointing marks blocks and ``channels_last``
-        converts the weights at ``build``, before ``compile`` at ``setup`` (fit only), so that
-        compile traces the network as it will run (torchtitan compiles after AC wrapping too).
-        ``placement`` comes last, at the ``start`` of every stage: Lightning moves the whole
-        module to one device after ``setup`` and before ``on_*_start``, which would undo an
-        earlier split.
-        """
+        """Apply the levers due ``when`` to ``net``; returns the network to use. The order, and
+        why: checkpointing and ``channels_last`` at ``build``, before ``compile`` at ``setup`` (fit
+        only), so that compile traces the network as it will run (as torchtitan compiles after AC
+        wrapping); ``placement`` last, at every stage's ``start``: Lightning moves the whole
+        module to one device after ``setup`` and before ``on_*_start``, undoing an earlier split."""
         if when == "build":
             adapter = adapter_for(net)
             try:  # a lever set that the network cannot take (its adapter says): naming the key

@@ -32,7 +32,6 @@ Activation = Literal["relu", "leaky_relu"]
 # null: [2, 2, 2] at every level; "auto": from the patch; or one [z, y, x] kernel per level
 Pooling = str | Sequence[Sequence[int]] | None
 
-AXES = ("D", "H", "W")
 # pooling=auto pools an axis only while it keeps at least this many voxels after the pooling
 AUTO_MIN_POOLED = 4
 LEAKY_SLOPE = 0.01
@@ -104,7 +103,7 @@ def check_patch_poolable(
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
-    thin = [f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n]
+    thin = [f"{axis}={p} < {n}" for axis, p, n in zip("DHW", patch, need, strict=True) if p < n]
     if thin:
         raise ValueError(
             f"{names['patch_size']}={patch} is too thin for the network: {', '.join(thin)} "
@@ -324,7 +323,6 @@ class UNet3D(nn.Module):
             norm=norm, num_groups=num_groups, bias=bias, dropout=dropout, activation=activation
         )
         self.widths = widths
-        self.decoder_widths = decoder_widths
         self.pooling = factors  # [[fz, fy, fx], ...], level i -> i + 1
 
         self.inc = DoubleConv(in_channels, widths[0], **conv_kwargs)

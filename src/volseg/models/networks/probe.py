@@ -61,13 +61,10 @@ def _built_for_probing(
     try:
         with torch.device("meta"):
             net = hydra.utils.instantiate(options)
-        fake: Any = contextlib.nullcontext()
-        device = "meta"
     except Exception:
         net = hydra.utils.instantiate(options)
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        device = "cpu"
-    return net.train(training), fake, device
+        return net.train(training), FakeTensorMode(allow_non_fake_inputs=True), "cpu"
+    return net.train(training), contextlib.nullcontext(), "meta"
 
 
 def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
