@@ -62,16 +62,12 @@ def _recompute(module: nn.Module, *args: Any, selective: bool, **kwargs: Any) ->
     skips, the caller sees), the recomputation on a copy of them as they were passed."""
     if not any(isinstance(v, list | tuple | dict) for v in (*args, *kwargs.values())):
         return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=selective)
-    # every container rebuilt, its tensors and other leaves the same objects
-    as_passed = tree_map(lambda leaf: leaf, (args, kwargs))
-    calls = []
+    as_passed = tree_map(lambda leaf: leaf, (args, kwargs))  # containers rebuilt, leaves shared
+    forward = iter([(args, kwargs)])  # the first call, the forward, gets the caller's own
 
     def run() -> Any:
-        calls.append(None)
-        if len(calls) == 1:  # the forward: on the caller's own containers
-            return module(*args, **kwargs)
-        again_args, again_kwargs = tree_map(lambda leaf: leaf, as_passed)
-        return module(*again_args, **again_kwargs)
+        call_args, call_kwargs = next(forward, None) or tree_map(lambda leaf: leaf, as_passed)
+        return module(*call_args, **call_kwargs)
 
     return checkpoint_segment(run, [module], selective=selective)
 
@@ -240,18 +236,14 @@ class NetworkAdapter:
 
     def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:
         """Move each named submodule to its device; its tensor inputs follow it there."""
-        hooks = getattr(net, "_volseg_placement_hooks", [])
-        for handle in hooks:  # placed again at every stage's start: one hook per submodule
+        # placed again at every stage's start: one hook per submodule
+        for handle in getattr(net, "_volseg_placement_hooks", []):
             handle.remove()
         hooks = []
         for name, device in placement.items():
-            module = net.get_submodule(name)
-            module.to(device)
-            hooks.append(
-                module.register_forward_pre_hook(
-                    partial(_inputs_to, torch.device(device)), with_kwargs=True
-                )
-            )
+            module = net.get_submodule(name).to(device)
+            move = partial(_inputs_to, torch.device(device))
+            hooks.append(module.register_forward_pre_hook(move, with_kwargs=True))
         net._volseg_placement_hooks = hooks
 
 
