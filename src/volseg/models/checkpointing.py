@@ -25,15 +25,13 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
-#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
-#: ``selective``
+#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a mapping
+#: of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or ``selective``
 CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 #: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first:
 #: ``selective`` recomputes no convolution, the others recompute those of their blocks
 CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")
-#: how a checkpointed block is recomputed: ``full`` (everything but its inputs) or ``selective``
-#: (everything but its inputs and its convolution/matmul outputs)
+#: how a checkpointed block is recomputed: all but its inputs, or all but those and SAVED_OPS
 MODES = ("full", "selective")
 #: the parts a mapping setting (``{encoder: selective, decoder: full}``) names, for UNet3D
 PARTS = ("encoder", "decoder")

@@ -183,11 +183,10 @@ class MemoryLevers:
         for key in ("checkpoint_loss", "channels_last", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise _error(f"{key} must be true or false; got {getattr(self, key)!r}")
-        offload_value = self.offload_activations
-        if not (isinstance(offload_value, bool) or offload_value == FULL_RESOLUTION):
+        value = self.offload_activations
+        if not (isinstance(value, bool) or value == FULL_RESOLUTION):
             raise _error(
-                f"offload_activations must be true, false or {FULL_RESOLUTION}; "
-                f"got {self.offload_activations!r}"
+                f"offload_activations must be true, false or {FULL_RESOLUTION}; got {value!r}"
             )
         cap = self.cudnn_workspace_mib
         bad_cap = isinstance(cap, bool) or not isinstance(cap, int | float) or cap < 0

@@ -51,11 +51,7 @@ def pooling_factors(
     levels = len(widths) - 1
     if pooling is None:
         return [[2, 2, 2] for _ in range(levels)]
-    if isinstance(pooling, str):
-        if pooling != "auto":
-            raise ValueError(
-                f"pooling must be null, auto or a list of [z, y, x] kernels; got {pooling!r}"
-            )
+    if pooling == "auto":
         if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
             raise ValueError(f"pooling=auto needs patch_size=[D, H, W]; got {patch_size}")
         return [[2 if n > level else 1 for n in halvings(patch_size)] for level in range(levels)]

@@ -163,9 +163,8 @@ class NetworkAdapter:
             return
         if isinstance(spec, Mapping):
             check_modes(spec)
-        elif isinstance(spec, str) or not isinstance(spec, Sequence) or not spec:
-            raise self._bad_checkpointing(net, spec)
-        if not all(isinstance(name, str) for name in spec):
+        listed = isinstance(spec, Mapping | Sequence) and not isinstance(spec, str) and spec
+        if not listed or not all(isinstance(name, str) for name in spec):
             raise self._bad_checkpointing(net, spec)
         self._check_submodules(net, spec, "activation_checkpointing")
 

@@ -74,8 +74,7 @@ class DynamicUNetAdapter(NetworkAdapter):
         stage alone."""
         super().apply_checkpointing(net, spec)
         if spec == "selective":
-            decoder = net.decoder
-            decoder.forward = partial(_decoder_forward_selectively, self, decoder)
+            net.decoder.forward = partial(_decoder_forward_selectively, self, net.decoder)
 
     def chain(self, block: nn.Module) -> list[nn.Module]:
         """Also through the ``nn.Sequential`` their blocks' forwards run as they are
