@@ -1,21 +1,12 @@
-"""Activation checkpointing for the U-Net: which blocks, and how a segment is recomputed.
+"""Activation checkpointing: which U-Net blocks, and how a segment is recomputed.
 
-A checkpointed segment keeps only its inputs during forward and recomputes the rest in backward
-(non-reentrant ``torch.utils.checkpoint``). Blocks are checkpointed per conv unit
-(conv -> norm -> ReLU), not whole: a whole full-resolution block would still rebuild its complete
-working set (upsample, pad, concat, two convs) at once in backward. In a decoder level the
-upsample + pad + concat run inside the first unit's segment, so the concatenated tensor (the
-largest of the level) is never kept.
-
-A *selective* segment (torch's :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`)
-also keeps the outputs of its expensive ops (:data:`SAVED_OPS`: convolutions, matrix products)
-and recomputes the cheap ones (norms, activations, upsampling, concatenation, pooling), so no
-convolution runs twice but a cheap one (:data:`CHEAP_CONVOLUTION`). A block runs as a chain of
-such segments (:func:`selective_chain`, which says why).
-
-BatchNorm in training mode updates its running statistics on every forward; a recomputation is a
-second forward of the same batch. :func:`checkpoint_segment` restores the statistics after the
-recomputation, so they equal those of a run without checkpointing.
+A segment keeps only its inputs and recomputes the rest in backward (non-reentrant
+``torch.utils.checkpoint``). UNet3D checkpoints per conv unit, not per block: backward then never
+rebuilds a whole level's working set at once, and a decoder level's upsample + pad + concat run in
+its first unit's segment, so the concatenated map (the level's largest) is never kept. A
+*selective* segment (torch's ``create_selective_checkpoint_contexts``) also keeps the outputs of
+:data:`SAVED_OPS`, so no convolution runs twice but a :data:`CHEAP_CONVOLUTION`. A recomputation is
+a second forward of the batch: :func:`checkpoint_segment` restores BatchNorm's running statistics.
 """
 
 from __future__ import annotations
@@ -34,15 +25,13 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a
-#: mapping of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or
-#: ``selective``
+#: a checkpointing setting: a named choice, UNet3D's level indices, submodule names, or a mapping
+#: of parts (UNet3D: encoder/decoder; any network: submodule names) to ``full`` or ``selective``
 CheckpointSpec = str | Sequence[int] | Sequence[str] | Mapping[str, str] | None
 #: the named settings of :func:`checkpoint_levels`, cheapest (least recomputation) first:
 #: ``selective`` recomputes no convolution, the others recompute those of their blocks
 CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")
-#: how a checkpointed block is recomputed: ``full`` (everything but its inputs) or ``selective``
-#: (everything but its inputs and its convolution/matmul outputs)
+#: how a checkpointed block is recomputed: all but its inputs, or all but those and SAVED_OPS
 MODES = ("full", "selective")
 #: the parts a mapping setting (``{encoder: selective, decoder: full}``) names, for UNet3D
 PARTS = ("encoder", "decoder")
@@ -65,11 +54,9 @@ SAVED_OPS = frozenset(
 )
 
 
-#: a convolution summing fewer products than this into each output value is recomputed by a
-#: selective segment, not kept: a network's input convolution of one or two channels (27 or 54
-#: products with a 3x3x3 kernel, where a 64-channel one sums 1,728) or a transposed
-#: convolution of few channels (nnU-Net's full-resolution one: 32) costs about what a norm
-#: does, and its output is a full-resolution map
+#: a convolution summing fewer products than this into each output value is recomputed, not kept,
+#: by a selective segment: an input convolution of one or two channels (27 or 54 products at 3^3)
+#: or a transposed one of few channels costs about what a norm does, at full resolution
 CHEAP_CONVOLUTION = 64
 
 
@@ -77,9 +64,8 @@ def cheap_convolution(
     weight: torch.Tensor, transposed: bool = False, stride: Sequence[int] = (), groups: int = 1
 ) -> bool:
     """Whether a convolution with ``weight`` (``(C_out, C_in / groups, *kernel)``; transposed:
-    ``(C_in, C_out / groups, *kernel)``) sums fewer than :data:`CHEAP_CONVOLUTION` products
-    into each output value: ``C_in / groups x kernel volume``; transposed, divided by the
-    stride's volume (each output value takes that share of the kernel's taps)."""
+    ``(C_in, C_out / groups, *kernel)``) sums fewer than :data:`CHEAP_CONVOLUTION` products into
+    each output value (transposed: a stride's volume fewer of the kernel's taps)."""
     if transposed:
         products = weight.shape[0] // groups * math.prod(weight.shape[2:]) / math.prod(stride)
     else:
@@ -88,8 +74,7 @@ def cheap_convolution(
 
 
 def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """The selective policy: keep the outputs of :data:`SAVED_OPS` but cheap convolutions
-    (:func:`cheap_convolution`), recompute the rest."""
+    """The selective policy: keep the outputs of :data:`SAVED_OPS` but cheap convolutions."""
     if op is aten.convolution.default and cheap_convolution(
         args[1], bool(args[6]), args[3], args[8]
     ):
@@ -145,39 +130,28 @@ def checkpoint_segment(
 
 
 def checkpoint_levels(spec: CheckpointSpec, depth: int) -> tuple[dict[int, str], dict[int, str]]:
-    """``(encoder levels, decoder levels)`` to checkpoint for the setting ``spec``, each as
-    ``{level: mode}`` (:data:`MODES`: ``full`` or ``selective``).
-
-    ``none``/``null``: nothing; ``encoder``: every encoder level; ``decoder``: every decoder level
-    (levels ``0 .. depth - 2``); ``all``: both; ``selective``: both, selectively; a list of level
-    indices (0 = full resolution): encoder and decoder blocks at those levels; a mapping of
-    :data:`PARTS` to modes (``{encoder: selective, decoder: full}``): each part so.
-    """
+    """``(encoder levels, decoder levels)`` to checkpoint for ``spec``, each ``{level: mode}``:
+    ``encoder``, ``decoder`` (levels ``0 .. depth - 2``), ``all``: those parts; ``selective``: both,
+    selectively; level indices (0 = full resolution): both parts at those levels; a mapping of
+    :data:`PARTS` to :data:`MODES`: each part so."""
     encoder, decoder = set(range(depth)), set(range(depth - 1))
     if spec is None or spec == "none":
         return {}, {}
-    if isinstance(spec, Mapping):
-        check_modes(spec, PARTS)
-        return (
-            dict.fromkeys(encoder, spec["encoder"]) if "encoder" in spec else {},
-            dict.fromkeys(decoder, spec["decoder"]) if "decoder" in spec else {},
-        )
-    if isinstance(spec, str):
-        choices = {
-            "encoder": (encoder, set()),
-            "decoder": (set(), decoder),
-            "all": (encoder, decoder),
-            "selective": (encoder, decoder),
-        }
-        if spec not in choices:
+    if isinstance(spec, str):  # a named choice is a mapping of the parts it names
+        if spec not in CHECKPOINTING_CHOICES:
             raise ValueError(
                 f"activation_checkpointing must be {', '.join(CHECKPOINTING_CHOICES)}, a list "
                 f"of level indices or a mapping of {'/'.join(PARTS)} to {'/'.join(MODES)}; "
                 f"got {spec!r}"
             )
         mode = "selective" if spec == "selective" else "full"
-        enc, dec = choices[spec]
-        return dict.fromkeys(enc, mode), dict.fromkeys(dec, mode)
+        spec = {part: mode for part in PARTS if spec in (part, "all", "selective")}
+    if isinstance(spec, Mapping):
+        check_modes(spec, PARTS)
+        return (
+            dict.fromkeys(encoder, spec["encoder"]) if "encoder" in spec else {},
+            dict.fromkeys(decoder, spec["decoder"]) if "decoder" in spec else {},
+        )
     levels = {int(i) for i in spec}
     if not levels <= encoder:
         raise ValueError(
@@ -208,17 +182,12 @@ def selective_chain(
 ) -> torch.Tensor:
     """``layers(before(*args))`` as selective segments, one per piece of :func:`chain_pieces`.
 
-    A segment that starts at a kept convolution's output keeps nothing that selective
-    checkpointing would not keep anyway, and recomputes only its own norm's and activation's
-    outputs in backward: one map at a time, where one segment over the chain would recompute
-    them all at once at the start of its backward (and bring the step's peak back). Two
-    pieces run as they are, where a segment would keep the same and recompute for nothing: a
-    first piece that is one convolution (without ``before``), and a last piece of norm and
-    in-place activation (it keeps the norm's input, a kept convolution output, and its own
-    output, the chain's, which what uses it keeps anyway). ``before`` (a decoder's upsampling
-    and concatenation, a max pooling; its modules ``before_modules``) joins the first
-    segment, so its outputs are recomputed, not kept.
-    """
+    Each segment recomputes only its own norm and activation in backward, one map at a time
+    (one segment over the chain would rebuild them all at once, bringing the peak back). A first
+    piece of one convolution and a last piece of norm + in-place activation run unsegmented: a
+    segment would keep the same tensors and recompute for nothing. ``before`` (a decoder's
+    upsample + concat, a max pooling; its modules ``before_modules``) joins the first segment,
+    so its outputs are recomputed, not kept."""
     pieces = chain_pieces(layers)
     last: list[nn.Module] = []
     if (
@@ -242,17 +211,16 @@ def selective_chain(
     return nn.Sequential(*last)(x)
 
 
-def check_modes(spec: Mapping[Any, Any], parts: Iterable[str] | None = None) -> None:
+def check_modes(spec: Mapping[Any, Any], parts: Sequence[str] | None = None) -> None:
     """Raise ``ValueError`` unless every value of the mapping ``spec`` is one of :data:`MODES`
     and (``parts`` given) every key one of ``parts``."""
     if not spec:
         raise ValueError("activation_checkpointing: an empty mapping checkpoints nothing")
-    allowed = list(parts) if parts is not None else None
     for part, mode in spec.items():
-        if allowed is not None and part not in allowed:
+        if parts is not None and part not in parts:
             raise ValueError(
                 f"activation_checkpointing: {part!r} is not a part; a mapping names "
-                f"{', '.join(allowed)}"
+                f"{', '.join(parts)}"
             )
         if mode not in MODES:
             raise ValueError(

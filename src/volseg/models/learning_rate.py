@@ -36,8 +36,7 @@ def lr_for_classes(foreground_classes: int, rule: Mapping[str, Any]) -> float:
     missing = [k for k in RULE_FIELDS if k not in rule]
     if missing:
         raise UserInputError(f"{RULE_KEY}: missing {', '.join(missing)} (needs {RULE_FIELDS})")
-    few, many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("few_classes", "many_classes"))
-    lr_few, lr_many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in ("lr_few", "lr_many"))
+    few, lr_few, many, lr_many = (_positive(rule[k], f"{RULE_KEY}.{k}") for k in RULE_FIELDS)
     if many <= few:
         raise UserInputError(
             f"{RULE_KEY}: many_classes={rule['many_classes']} must be above "

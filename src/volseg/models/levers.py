@@ -164,18 +164,9 @@ def _checkpointing(value: Any) -> CheckpointSpec:
 
 @dataclass(frozen=True)
 class MemoryLevers:
-    """The ``model.*`` memory levers of the ``SegmentationModule``.
-
-    Args:
-        activation_checkpointing: which blocks recompute their activations in backward, as the
-            network's adapter offers it (:func:`volseg.models.networks.adapter_for`).
-        offload_activations: keep tensors saved for backward in host memory during forward;
-            ``full_resolution``: only those at the input's resolution (most of the bytes).
-        cudnn_workspace_mib: cap (MiB) on cuDNN's convolution workspace (``None``: no cap).
-        checkpoint_loss: recompute the loss in backward: fewer activations kept, not a lower peak.
-        channels_last: weights and inputs in ``channels_last_3d`` (NDHWC).
-        placement: ``{name: device}``: the network split over devices by its adapter.
-        compile: ``torch.compile`` the network for fit."""
+    """The ``model.*`` memory levers of the ``SegmentationModule``, each as
+    ``configs/model/base.yaml`` describes it (``cudnn_workspace_mib`` in MiB); checkpointing and
+    placement as the network's adapter offers them (:func:`volseg.models.networks.adapter_for`)."""
 
     activation_checkpointing: CheckpointSpec = None
     offload_activations: bool | str = False
@@ -192,11 +183,10 @@ class MemoryLevers:
         for key in ("checkpoint_loss", "channels_last", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise _error(f"{key} must be true or false; got {getattr(self, key)!r}")
-        offload_value = self.offload_activations
-        if not (isinstance(offload_value, bool) or offload_value == FULL_RESOLUTION):
+        value = self.offload_activations
+        if not (isinstance(value, bool) or value == FULL_RESOLUTION):
             raise _error(
-                f"offload_activations must be true, false or {FULL_RESOLUTION}; "
-                f"got {self.offload_activations!r}"
+                f"offload_activations must be true, false or {FULL_RESOLUTION}; got {value!r}"
             )
         cap = self.cudnn_workspace_mib
         bad_cap = isinstance(cap, bool) or not isinstance(cap, int | float) or cap < 0
@@ -214,31 +204,23 @@ class MemoryLevers:
     def checkpointing(self) -> bool:
         return self.activation_checkpointing not in (None, "none")
 
-    def check_network(self, net: nn.Module) -> None:
-        """Raise naming the key when ``net`` cannot take a lever that is set (its adapter says)."""
-        adapter = adapter_for(net)
-        try:
-            if self.checkpointing:
-                adapter.check_checkpointing(net, self.activation_checkpointing)
-            if self.placement:
-                adapter.check_placement(net, self.placement)
-        except ValueError as err:
-            raise _error(str(err)) from None
-
     def apply(self, net: nn.Module, when: When, stage: str | None = None) -> nn.Module:
-        """Apply the levers due ``when`` to ``net``; returns the network to use.
-
-        The order, and why: activation checkpointing marks blocks and ``channels_last``
-        converts the weights at ``build``, before ``compile`` at ``setup`` (fit only), so that
-        compile traces the network as it will run (torchtitan compiles after AC wrapping too).
-        ``placement`` comes last, at the ``start`` of every stage: Lightning moves the whole
-        module to one device after ``setup`` and before ``on_*_start``, which would undo an
-        earlier split.
-        """
+        """Apply the levers due ``when`` to ``net``; returns the network to use. The order, and
+        why: checkpointing and ``channels_last`` at ``build``, before ``compile`` at ``setup`` (fit
+        only), so that compile traces the network as it will run (as torchtitan compiles after AC
+        wrapping); ``placement`` last, at every stage's ``start``: Lightning moves the whole
+        module to one device after ``setup`` and before ``on_*_start``, undoing an earlier split."""
         if when == "build":
-            self.check_network(net)
+            adapter = adapter_for(net)
+            try:  # a lever set that the network cannot take (its adapter says): naming the key
+                if self.checkpointing:
+                    adapter.check_checkpointing(net, self.activation_checkpointing)
+                if self.placement:
+                    adapter.check_placement(net, self.placement)
+            except ValueError as err:
+                raise _error(str(err)) from None
             if self.checkpointing:
-                adapter_for(net).apply_checkpointing(net, self.activation_checkpointing)
+                adapter.apply_checkpointing(net, self.activation_checkpointing)
             if self.channels_last:
                 net = net.to(memory_format=torch.channels_last_3d)
         elif when == "setup":

@@ -14,9 +14,7 @@ def host_copy(tensor: torch.Tensor, pin_memory: bool = False) -> torch.Tensor:
 
 def worth_offloading(tensor: torch.Tensor, min_voxels: int) -> bool:
     """Whether a saved ``(B, C, D, H, W)`` tensor has at least ``min_voxels`` voxels per channel."""
-    if min_voxels <= 0:
-        return True
-    return tensor.dim() >= 3 and tensor.shape[2:].numel() >= min_voxels
+    return min_voxels <= 0 or (tensor.dim() >= 3 and tensor.shape[2:].numel() >= min_voxels)
 
 
 class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
@@ -35,8 +33,6 @@ class OffloadToHost(torch.autograd.graph.saved_tensors_hooks):
 
         def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
             device, host = packed
-            if host.device == device:
-                return host
-            return host.to(device, non_blocking=pin_memory)
+            return host.to(device, non_blocking=pin_memory)  # a tensor kept in place: itself
 
         super().__init__(pack, unpack)

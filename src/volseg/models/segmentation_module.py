@@ -20,25 +20,17 @@ from volseg.utils.errors import TrainingDiverged
 
 log = logging.getLogger(__name__)
 
-
-# the validation values are reduced across ranks before they are logged (the same on every
-# rank): Lightning's advice to sync them again does not apply
-warnings.filterwarnings(
-    "ignore", message=r"It is recommended to use `self.log\('val/", category=UserWarning
+#: Lightning's warnings that do not apply here, each with why
+QUIET_WARNINGS = (
+    # the validation values are reduced across ranks before they are logged: no sync needed
+    (r"It is recommended to use `self.log\('val/", UserWarning),
+    # Lightning's loop uses torch's LeafSpec, deprecated after Lightning's release: harmless
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # the summary counts 32 bits a parameter: right, under autocast the parameters stay float32
+    (r"Precision (bf16|16)-mixed is not supported by the model summary", UserWarning),
 )
-# Lightning's loop flattens batches with a LeafSpec, which torch deprecated after Lightning's
-# release; it warns once per run and changes nothing
-warnings.filterwarnings(
-    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
-)
-
-# Lightning's model summary knows no mixed precision and counts 32 bits a parameter instead,
-# which is right: under autocast the parameters stay float32
-warnings.filterwarnings(
-    "ignore",
-    message=r"Precision (bf16|16)-mixed is not supported by the model summary",
-    category=UserWarning,
-)
+for message, category in QUIET_WARNINGS:
+    warnings.filterwarnings("ignore", message=message, category=category)
 
 FP16_MIN_EPS = 1e-4  # Adam's default eps (1e-8) is 0 in float16: updates divide by zero
 
@@ -56,30 +48,11 @@ def guard_fp16_eps(optimizer: torch.optim.Optimizer) -> None:
             group["eps"] = FP16_MIN_EPS
 
 
-def deep_supervision_heads(logits: Any, label: torch.Tensor) -> list[torch.Tensor] | None:
-    """Deep-supervision outputs as a list (a stacked ``(B, S, K, D, H, W)`` tensor split along
-    ``S``); ``None`` for plain logits ``(B, K, D, H, W)``."""
-    if isinstance(logits, list | tuple):
-        return list(logits)
-    if logits.dim() == label.dim() + 1:
-        return list(logits.unbind(dim=1))
-    return None
-
-
 class SegmentationModule(LightningModule):
-    """Trains ``net`` on ``(B, C, D, H, W)`` patches; validates on whole volumes.
-
-    Args:
-        net: maps ``(B, C_in, D, H, W)`` to logits ``(B, num_classes, D, H, W)``.
-        loss: ``loss(logits, labels)``, labels ``(B, 1, D, H, W)`` class indices.
-        optimizer, scheduler: partial optimizer and LR scheduler (``None``: none).
-        class_names: names for ``val/dice_<name>``; default: the datamodule's.
-        inferer: validation inferer (MONAI ``SlidingWindowInferer``).
-        divisible_by: the plan's ``[D, H, W]`` patch divisor, kept with the hyperparameters.
-        compile ... cudnn_workspace_mib: the memory levers (:class:`MemoryLevers`).
-        net_output: which of what ``net`` returns is the logits (:func:`select_output`).
-        nonfinite_check_every_n_steps: read the NaN/Inf loss test on the host every N steps only
-            (a read makes a CUDA step wait for the GPU)."""
+    """Trains ``net`` (``(B, C_in, D, H, W)`` -> logits ``(B, num_classes, D, H, W)``) on patches;
+    validates on whole volumes. ``loss(logits, labels)`` takes labels ``(B, 1, D, H, W)`` of class
+    indices; ``compile`` ... ``cudnn_workspace_mib`` are the :class:`MemoryLevers`; every argument
+    as ``configs/model/base.yaml`` describes it."""
 
     def __init__(
         self,
@@ -197,23 +170,21 @@ class SegmentationModule(LightningModule):
 
     def _float_loss(self, logits: Any, label: torch.Tensor) -> torch.Tensor:
         # cast inside the checkpoint: the float32 copy of the logits is then not kept either
-        heads = deep_supervision_heads(logits, label)
-        if heads is None:
-            return self.loss(logits.float(), label)
-        return self.loss([head.float() for head in heads], label)
+        if isinstance(logits, torch.Tensor) and logits.dim() == label.dim() + 1:
+            logits = logits.unbind(dim=1)  # deep supervision stacked as (B, S, K, D, H, W)
+        if isinstance(logits, list | tuple):
+            return self.loss([head.float() for head in logits], label)
+        return self.loss(logits.float(), label)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
         """Whole-volume inference of the counted cases: ``{"pred": (B, D, H, W) class indices}``,
         ``{}`` for a padding batch; loss and Dice summed per rank."""
-        counted = batch.get("counted")
-        keep = torch.ones(batch["image"].shape[0], dtype=torch.bool)
-        if counted is not None:
-            keep = torch.as_tensor(counted, dtype=torch.bool).reshape(-1).cpu()
+        keep = torch.as_tensor(batch.get("counted", True), dtype=torch.bool).reshape(-1).cpu()
         if not keep.any():
             return {}
-        image = batch["image"] if keep.all() else batch["image"][keep]
-        label = batch["label"] if keep.all() else batch["label"][keep]
-        return {"pred": self.validate_cases(image, label)[:, 0]}
+        if not keep.all():
+            batch = {key: batch[key][keep] for key in ("image", "label")}
+        return {"pred": self.validate_cases(batch["image"], batch["label"])[:, 0]}
 
     def validate_cases(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         """Predicted classes ``(B, 1, D, H, W)`` of whole volumes ``(B, C, D, H, W)``, their loss

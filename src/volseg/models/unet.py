@@ -32,7 +32,6 @@ Activation = Literal["relu", "leaky_relu"]
 # null: [2, 2, 2] at every level; "auto": from the patch; or one [z, y, x] kernel per level
 Pooling = str | Sequence[Sequence[int]] | None
 
-AXES = ("D", "H", "W")
 # pooling=auto pools an axis only while it keeps at least this many voxels after the pooling
 AUTO_MIN_POOLED = 4
 LEAKY_SLOPE = 0.01
@@ -46,18 +45,13 @@ def halvings(patch_size: Sequence[int]) -> list[int]:
 def pooling_factors(
     widths: Sequence[int], pooling: Pooling = None, patch_size: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Per-level pooling factors ``[[fz, fy, fx], ...]`` (``len(widths) - 1`` levels, full
-    resolution first) for ``pooling``: ``None``: 2 everywhere; ``"auto"``: an axis of ``patch_size``
-    ([D, H, W] voxels) pooled while it keeps ``AUTO_MIN_POOLED`` voxels; a list: as given.
-    ``ValueError`` naming ``pooling`` otherwise."""
+    """Per-level pooling factors ``[[fz, fy, fx], ...]``, full resolution first, for ``pooling``:
+    ``None``: 2 everywhere; ``"auto"``: an axis of ``patch_size`` ([D, H, W] voxels) pooled while
+    it keeps ``AUTO_MIN_POOLED`` voxels; a list: as given (else ``ValueError``)."""
     levels = len(widths) - 1
     if pooling is None:
         return [[2, 2, 2] for _ in range(levels)]
-    if isinstance(pooling, str):
-        if pooling != "auto":
-            raise ValueError(
-                f"pooling must be null, auto or a list of [z, y, x] kernels; got {pooling!r}"
-            )
+    if pooling == "auto":
         if patch_size is None or len(patch_size) != 3 or min(int(p) for p in patch_size) < 1:
             raise ValueError(f"pooling=auto needs patch_size=[D, H, W]; got {patch_size}")
         return [[2 if n > level else 1 for n in halvings(patch_size)] for level in range(levels)]
@@ -100,12 +94,12 @@ def check_patch_poolable(
     patch_size: Sequence[int],
     names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """``ValueError`` naming the values and the fix when a patch axis is thinner than the network
-    pools it (``names``: the names the message uses)."""
+    """``ValueError`` naming the values (by ``names``) and the fix when a patch axis is thinner
+    than the network pools it."""
     factors = pooling_factors(widths, pooling, patch_size)
     need = total_pooling(factors)
     patch = [int(p) for p in patch_size]
-    thin = [f"{axis}={p} < {n}" for axis, p, n in zip(AXES, patch, need, strict=True) if p < n]
+    thin = [f"{axis}={p} < {n}" for axis, p, n in zip("DHW", patch, need, strict=True) if p < n]
     if thin:
         raise ValueError(
             f"{names['patch_size']}={patch} is too thin for the network: {', '.join(thin)} "
@@ -140,19 +134,14 @@ def make_activation(kind: Activation) -> nn.Module:
 
 def checkpointing_now(block: nn.Module) -> bool:
     """Whether ``block`` (flagged ``checkpointed``) checkpoints this call: training with grad."""
-    return (
-        bool(getattr(block, "checkpointed", False)) and block.training and torch.is_grad_enabled()
-    )
+    return bool(block.checkpointed) and block.training and torch.is_grad_enabled()
 
 
 class DoubleConv(nn.Sequential):
     """[Conv3d(k=3, pad=1) -> norm -> activation] x 2, optional dropout after the first.
 
-    With ``checkpointed`` set (see :func:`UNet3D.set_activation_checkpointing`) to ``full``,
-    each conv -> norm -> ReLU unit runs as its own checkpoint segment while training; to
-    ``selective``, as selective segments cut after each convolution (its output kept:
-    :func:`volseg.models.checkpointing.selective_chain`).
-    """
+    ``checkpointed`` ``full``: each conv unit its own checkpoint segment while training;
+    ``selective``: a :func:`~volseg.models.checkpointing.selective_chain`."""
 
     checkpointed: bool | str = False
 
@@ -183,8 +172,7 @@ class DoubleConv(nn.Sequential):
     def units(self) -> tuple[nn.Sequential, nn.Sequential]:
         """The two conv -> norm -> activation (-> dropout) units, as views on the same layers."""
         layers = list(self)
-        split = 4 if isinstance(layers[3], nn.Dropout3d) else 3
-        return nn.Sequential(*layers[:split]), nn.Sequential(*layers[split:])
+        return nn.Sequential(*layers[:-3]), nn.Sequential(*layers[-3:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not checkpointing_now(self):
@@ -219,11 +207,9 @@ class Down(nn.Sequential):
 
 
 class Up(nn.Module):
-    """Upsample by ``factors`` -> pad to the skip's size -> concat [skip, up] -> DoubleConv.
-
-    ``x``: ``(B, in_channels, d, h, w)``; ``skip``: ``(B, skip_channels, D, H, W)`` with
-    ``fz * d <= D < fz * (d + 1)`` etc.; output ``(B, out_channels, D, H, W)``.
-    """
+    """Upsample by ``factors`` -> pad to the skip's size -> concat [skip, up] -> DoubleConv:
+    ``x`` ``(B, in_channels, d, h, w)`` and ``skip`` ``(B, skip_channels, D, H, W)``, ``fz * d <=
+    D < fz * (d + 1)`` etc., to ``(B, out_channels, D, H, W)``."""
 
     def __init__(
         self,
@@ -261,8 +247,8 @@ class Up(nn.Module):
     def forward(
         self, x: torch.Tensor, skip: torch.Tensor, tail: nn.Module | None = None
     ) -> torch.Tensor:
-        """``tail`` (the head, at level 0) runs after the block; when checkpointed, inside its last
-        segment, so the block's output need not be kept for it."""
+        """``tail`` (level 0's head) runs after the block, inside its last segment when checkpointed
+        (the block's output is then not kept for it)."""
         tail = tail if tail is not None else nn.Identity()
         if not checkpointing_now(self):
             return tail(self.conv(self.merge(x, skip)))
@@ -333,7 +319,6 @@ class UNet3D(nn.Module):
             norm=norm, num_groups=num_groups, bias=bias, dropout=dropout, activation=activation
         )
         self.widths = widths
-        self.decoder_widths = decoder_widths
         self.pooling = factors  # [[fz, fy, fx], ...], level i -> i + 1
 
         self.inc = DoubleConv(in_channels, widths[0], **conv_kwargs)

@@ -69,8 +69,7 @@ class VolumePredictor(L.LightningModule):
     @torch.no_grad()
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
         """Mean softmax over the flips ``(B, K, D, H, W)`` on the host; ``None``: padding."""
-        counted = batch.get("counted")
-        if counted is not None and not torch.as_tensor(counted, dtype=torch.bool).all():
+        if not torch.as_tensor(batch.get("counted", True), dtype=torch.bool).all():
             return None  # batch size 1: a padding volume, predicted by another rank
         target = self.stitch_device(batch["image"].shape[2:])
         image = batch["image"].to(target)

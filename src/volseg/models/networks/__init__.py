@@ -61,8 +61,11 @@ def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
         cls = get_class(network)
     else:
         cls = network
+    if not isinstance(cls, type):
+        return GENERIC
+    tops = {klass.__module__.split(".")[0] for klass in cls.__mro__}
     for path, adapter in registered():
-        if not isinstance(cls, type) or not _same_package(cls, path):
+        if path.split(".")[0] not in tops:  # no class of that package: not imported to check
             continue
         try:
             family = get_class(path)
@@ -71,9 +74,3 @@ def adapter_for(network: str | type | nn.Module) -> NetworkAdapter:
         if issubclass(cls, family):
             return adapter
     return GENERIC
-
-
-def _same_package(cls: type, path: str) -> bool:
-    """Whether a class of ``cls``'s MRO is from ``path``'s top-level package."""
-    top = path.split(".")[0]
-    return any(klass.__module__.split(".")[0] == top for klass in cls.__mro__)

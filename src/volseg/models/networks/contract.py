@@ -1,12 +1,9 @@
 """The network contract: what the plan, the planner and the memory levers need from a network.
 
-:class:`NetworkAdapter` is right for any ``nn.Module`` that maps ``(B, C_in, D, H, W)`` to
-logits ``(B, K, D, H, W)``; a family with more to say (its divisibility from its settings, a
-topology to plan, its own checkpointing flag, deep supervision) subclasses it
-(:mod:`volseg.models.networks.unet3d`, :mod:`volseg.models.networks.monai_nets`). Nothing outside
-the adapters reads a network's own config keys. Errors are ``ValueError`` naming the lever's key
-below ``model.`` (``activation_checkpointing ...``, ``placement ...``).
-"""
+:class:`NetworkAdapter` serves any ``nn.Module`` mapping ``(B, C_in, D, H, W)`` to logits
+``(B, K, D, H, W)``; a family with more to say (divisibility, a topology to plan, its own
+checkpointing, deep supervision) subclasses it. Nothing outside the adapters reads a network's own
+config keys. Errors are ``ValueError`` naming the lever's key below ``model.``."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_map, tree_map_only
 
 from volseg.models.checkpointing import (
     CheckpointSpec,
@@ -45,10 +42,9 @@ class Planned:
 
 
 def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The network's blocks, by qualified name: its children that hold parameters, the entries
-    of a ``ModuleList``/``ModuleDict`` child in its place. A child that contains another block
-    (a chain of shared modules, as DynUNet's ``skip_layers``) is left out: checkpointing it
-    would checkpoint nearly the whole network as one segment."""
+    """The network's blocks, by qualified name: its children that hold parameters (a
+    ``ModuleList``/``ModuleDict``'s entries in its place), but for one that holds another block
+    (DynUNet's ``skip_layers``): checkpointing it would make most of the network one segment."""
     found: list[tuple[str, nn.Module]] = []
     for name, child in net.named_children():
         if isinstance(child, nn.ModuleList | nn.ModuleDict):
@@ -61,24 +57,17 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _recompute(module: nn.Module, *args: Any, selective: bool, **kwargs: Any) -> Any:
-    """``module(*args, **kwargs)`` as a non-reentrant checkpoint whose recomputation leaves its
-    BatchNorm running statistics as the forward left them; ``selective``: its convolution and
-    matmul outputs are kept, the rest recomputed. Arguments may be lists, tuples or dicts of
-    tensors (torch's non-reentrant checkpoint takes any pytree): the forward runs on the
-    caller's containers, so what it does to them (a decoder popping its skips) is what the
-    caller sees, and the recomputation in backward runs on a copy of them as they were passed."""
+    """``module(*args, **kwargs)`` as :func:`checkpoint_segment`. Arguments may be containers of
+    tensors: the forward runs on the caller's own (what it does to them, a decoder popping its
+    skips, the caller sees), the recomputation on a copy of them as they were passed."""
     if not any(isinstance(v, list | tuple | dict) for v in (*args, *kwargs.values())):
         return checkpoint_segment(partial(module, **kwargs), [module], *args, selective=selective)
-    # every container rebuilt, its tensors and other leaves the same objects
-    as_passed = tree_map(lambda leaf: leaf, (args, kwargs))
-    calls = []
+    as_passed = tree_map(lambda leaf: leaf, (args, kwargs))  # containers rebuilt, leaves shared
+    forward = iter([(args, kwargs)])  # the first call, the forward, gets the caller's own
 
     def run() -> Any:
-        calls.append(None)
-        if len(calls) == 1:  # the forward: on the caller's own containers
-            return module(*args, **kwargs)
-        again_args, again_kwargs = tree_map(lambda leaf: leaf, as_passed)
-        return module(*again_args, **again_kwargs)
+        call_args, call_kwargs = next(forward, None) or tree_map(lambda leaf: leaf, as_passed)
+        return module(*call_args, **call_kwargs)
 
     return checkpoint_segment(run, [module], selective=selective)
 
@@ -86,9 +75,8 @@ def _recompute(module: nn.Module, *args: Any, selective: bool, **kwargs: Any) ->
 def _recompute_chain_selectively(
     layers: Sequence[nn.Module], module: nn.Module, *args: Any, **kwargs: Any
 ) -> Any:
-    """A block whose forward is the chain ``layers``, called on one tensor: selective segments
-    cut after each kept convolution (:func:`~volseg.models.checkpointing.selective_chain`);
-    called otherwise, :func:`_recompute` of the whole block, selectively."""
+    """A block whose forward is the chain ``layers``: called on one tensor, a
+    :func:`~volseg.models.checkpointing.selective_chain`; otherwise one selective segment."""
     if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
         return _recompute(module, *args, selective=True, **kwargs)
     return selective_chain(layers, args[0])
@@ -123,15 +111,11 @@ def stride_product(strides: Any, stages: int = 1) -> list[int]:
 
 
 class NetworkAdapter:
-    """The generic adapter: any ``nn.Module``.
-
-    Divisibility: probed on meta tensors (:mod:`volseg.models.networks.probe`) unless
-    ``model.divisible_by`` is set. Activation checkpointing (torch's
-    ``apply_activation_checkpointing``, non-reentrant, BatchNorm statistics updated once): the
-    blocks of :meth:`blocks`, by name or by a named setting, ``full`` or ``selective``.
-    Placement: ``{submodule name: device}``; a submodule's inputs follow it to its device
-    (``Tensor.to`` in a forward pre-hook: backward flows through every device).
-    """
+    """The generic adapter: any ``nn.Module``. Divisibility: probed on meta tensors
+    (:mod:`volseg.models.networks.probe`). Checkpointing: torch's
+    ``apply_activation_checkpointing`` on the blocks of :meth:`blocks`, ``full`` or ``selective``.
+    Placement: ``{submodule name: device}``, a submodule's inputs moved to its device by a
+    forward pre-hook (``Tensor.to``: backward flows through every device)."""
 
     #: what the adapter is for, in docs and errors
     family = "any nn.Module"
@@ -145,19 +129,14 @@ class NetworkAdapter:
     # ---- config side -------------------------------------------------------------------
     def plan(self, net_cfg: Any, patch: Sequence[int]) -> list[Planned]:
         """The network's own settings planned for the training patch ``patch`` ([D, H, W]
-        voxels), each as :class:`Planned`; checks that raise ``ValueError`` naming the key
-        below ``model.net``. The generic network plans nothing."""
+        voxels); a bad one: ``ValueError`` naming the key below ``model.net``."""
         return []
 
     def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int] | None:
         """What each patch side ``[D, H, W]`` must divide by, from the network's settings (after
-        :meth:`plan`); ``None``: not known from the settings (the plan probes the network)."""
+        :meth:`plan`; ``patch`` ``None``: before the patch is planned from the data); ``None``: not
+        known from the settings (the plan probes the network)."""
         return None
-
-    def patch_multiple(self, net_cfg: Any) -> list[int] | None:
-        """What the sides of a patch planned from the data (``data.patch_size=auto``) must divide
-        by, before the patch is known; ``None``: not known from the settings (probed)."""
-        return self.divisibility(net_cfg, None)
 
     def deep_supervision(self, net_cfg: Any) -> bool:
         """Whether the network returns one output per decoder level in training."""
@@ -165,8 +144,7 @@ class NetworkAdapter:
 
     def sized_for(self, net_cfg: Any, patch: Sequence[int]) -> dict[str, Any]:
         """The constructor's arguments that must follow the training patch ``patch`` ([D, H, W]
-        voxels), by name: the plan sets them from the planned patch and the planner moves them
-        with it. A network that takes any input size has none."""
+        voxels), by name (the planner moves them with the patch); none for any input size."""
         return {}
 
     # ---- module side -------------------------------------------------------------------
@@ -175,9 +153,8 @@ class NetworkAdapter:
         return child_blocks(net)
 
     def chain(self, block: nn.Module) -> list[nn.Module]:
-        """The layers ``block`` runs one after the other (:func:`flatten_chain` of the
-        ``nn.Sequential`` inside it); ``[block]`` where its forward is not known to be a chain.
-        ``selective`` cuts a chain after each kept convolution."""
+        """The layers ``block`` runs one after the other (``selective`` cuts the chain after each
+        kept convolution); ``[block]`` where its forward is not known to be a chain."""
         return flatten_chain(block)
 
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
@@ -186,9 +163,8 @@ class NetworkAdapter:
             return
         if isinstance(spec, Mapping):
             check_modes(spec)
-        elif isinstance(spec, str) or not isinstance(spec, Sequence) or not spec:
-            raise self._bad_checkpointing(net, spec)
-        if not all(isinstance(name, str) for name in spec):
+        listed = isinstance(spec, Mapping | Sequence) and not isinstance(spec, str) and spec
+        if not listed or not all(isinstance(name, str) for name in spec):
             raise self._bad_checkpointing(net, spec)
         self._check_submodules(net, spec, "activation_checkpointing")
 
@@ -259,23 +235,16 @@ class NetworkAdapter:
 
     def place(self, net: nn.Module, placement: Mapping[str, str]) -> None:
         """Move each named submodule to its device; its tensor inputs follow it there."""
-        hooks = getattr(net, "_volseg_placement_hooks", [])
-        for handle in hooks:  # placed again at every stage's start: one hook per submodule
+        # placed again at every stage's start: one hook per submodule
+        for handle in getattr(net, "_volseg_placement_hooks", []):
             handle.remove()
         hooks = []
         for name, device in placement.items():
-            module = net.get_submodule(name)
-            module.to(device)
-            hooks.append(
-                module.register_forward_pre_hook(
-                    partial(_inputs_to, torch.device(device)), with_kwargs=True
-                )
-            )
+            module = net.get_submodule(name).to(device)
+            move = partial(_inputs_to, torch.device(device))
+            hooks.append(module.register_forward_pre_hook(move, with_kwargs=True))
         net._volseg_placement_hooks = hooks
 
 
 def _inputs_to(device: torch.device, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-    def move(value: Any) -> Any:
-        return value.to(device) if isinstance(value, torch.Tensor) else value
-
-    return tree_map(move, args), tree_map(move, kwargs)
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))

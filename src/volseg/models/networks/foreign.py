@@ -69,19 +69,16 @@ class DynamicUNetAdapter(NetworkAdapter):
         return [(m, mode) for m, mode in modes if id(m) not in stages]
 
     def apply_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
-        """``selective`` also runs the decoder's forward as :func:`_decoder_forward_selectively`
-        while training with grad: a stage's input is the concatenation of the transposed
-        convolution's output and the skip, the largest map of its level, which a checkpoint of
-        the stage alone would keep."""
+        """``selective`` also runs the decoder as :func:`_decoder_forward_selectively`: a stage's
+        input, the concatenation (its level's largest map), would be kept by a checkpoint of the
+        stage alone."""
         super().apply_checkpointing(net, spec)
         if spec == "selective":
-            decoder = net.decoder
-            decoder.forward = partial(_decoder_forward_selectively, self, decoder)
+            net.decoder.forward = partial(_decoder_forward_selectively, self, net.decoder)
 
     def chain(self, block: nn.Module) -> list[nn.Module]:
-        """Also through their stacked convolutions (``StackedConvBlocks.convs``) and each
-        conv -> dropout -> norm -> nonlinearity (``ConvDropoutNormReLU.all_modules``), whose
-        forwards run those ``nn.Sequential`` as they are."""
+        """Also through the ``nn.Sequential`` their blocks' forwards run as they are
+        (:data:`CHAINED_BY`)."""
         return flatten_chain(block, _dynamic_sequential_inside)
 
 
@@ -99,12 +96,9 @@ def _dynamic_sequential_inside(module: nn.Module) -> nn.Sequential | None:
 def _decoder_forward_selectively(
     adapter: DynamicUNetAdapter, decoder: nn.Module, skips: list[torch.Tensor]
 ) -> Any:
-    """``UNetDecoder.forward`` (dynamic-network-architectures: ``skips`` in the order the
-    encoder made them, the bottleneck last; one output per level, full resolution first, with
-    deep supervision, else the last), each stage a selective chain whose first segment runs
-    the transposed convolution and concatenates its output with the skip: the concatenation
-    is recomputed in backward, and the transposed convolution's output (half of it) kept
-    unless the convolution is cheap (:func:`~volseg.models.checkpointing.cheap_convolution`).
+    """``UNetDecoder.forward`` (``skips`` as the encoder made them, the bottleneck last), each
+    stage a selective chain whose first segment runs the transposed convolution and the
+    concatenation with the skip, so the concatenation is recomputed in backward, not kept.
     Evaluation and forwards without grad run the decoder's own forward."""
     if not (decoder.training and torch.is_grad_enabled()):
         return type(decoder).forward(decoder, skips)

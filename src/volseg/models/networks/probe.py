@@ -52,18 +52,6 @@ def channel_names(cls: type) -> dict[str, str]:
     return out
 
 
-def _fits(net: torch.nn.Module, in_channels: int, shape: list[int], device: str) -> bool:
-    """Whether ``net`` maps an input of ``shape`` to an output of the same spatial shape."""
-    try:
-        with torch.no_grad():
-            out = net(torch.empty(1, in_channels, *shape, device=device))
-    except Exception:  # any complaint about the shape: it does not take that shape
-        return False
-    # the first tensor it holds: deep supervision's full-resolution output, a dict's logits
-    out = next((leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)), None)
-    return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
-
-
 def _built_for_probing(
     net_cfg: DictConfig, training: bool = False
 ) -> tuple[torch.nn.Module, Any, str]:
@@ -73,13 +61,10 @@ def _built_for_probing(
     try:
         with torch.device("meta"):
             net = hydra.utils.instantiate(options)
-        fake: Any = contextlib.nullcontext()
-        device = "meta"
     except Exception:
         net = hydra.utils.instantiate(options)
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        device = "cpu"
-    return net.train(training), fake, device
+        return net.train(training), FakeTensorMode(allow_non_fake_inputs=True), "cpu"
+    return net.train(training), contextlib.nullcontext(), "meta"
 
 
 def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
@@ -87,8 +72,15 @@ def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int
     net, fake, device = _built_for_probing(net_cfg)
 
     def takes(shape: Sequence[int]) -> bool:
-        with fake:
-            return _fits(net, in_channels, [int(s) for s in shape], device)
+        shape = [int(s) for s in shape]
+        try:
+            with fake, torch.no_grad():
+                out = net(torch.empty(1, in_channels, *shape, device=device))
+        except Exception:  # any complaint about the shape: it does not take that shape
+            return False
+        # the first tensor it holds: deep supervision's full-resolution output, a dict's logits
+        out = next((leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)), None)
+        return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
 
     return takes
 
@@ -96,17 +88,12 @@ def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int
 def probe_divisibility(net_cfg: DictConfig, in_channels: int) -> list[int]:
     """Per axis, the smallest ``2^k`` such that the network keeps every side ``3 * 2^j`` (``k <= j
     <= MAX_POWER``); ``ValueError`` when it keeps none."""
-    net, fake, device = _built_for_probing(net_cfg)
+    takes = shape_taker(net_cfg, in_channels)
     large = 3 * 2**MAX_POWER
     divisors = []
     for axis in range(3):
-        with fake:
-            kept = [
-                _fits(
-                    net, in_channels, [3 * 2**k if a == axis else large for a in range(3)], device
-                )
-                for k in range(MAX_POWER + 1)
-            ]
+        sides = [3 * 2**k for k in range(MAX_POWER + 1)]
+        kept = [takes([side if a == axis else large for a in range(3)]) for side in sides]
         if not kept[-1]:
             raise ValueError(
                 f"divisible_by: probing {net_cfg.get('_target_')} on meta tensors, no side up to "
@@ -133,19 +120,13 @@ def network_divisibility(
     from volseg.models.networks import adapter_for
 
     adapter = adapter_for(str(net_cfg._target_))
-    if patch is None:
-        known = adapter.patch_multiple(net_cfg)
-    else:
-        known = adapter.divisibility(net_cfg, patch)
+    known = adapter.divisibility(net_cfg, patch)
     if known is not None:
-        return list(
-            known
-        ), f"{adapter.family}: its settings make each side divide by {describe(known)}"
+        why = f"{adapter.family}: its settings make each side divide by {describe(known)}"
+        return list(known), why
     probed = probe_divisibility(net_cfg, in_channels)
-    return (
-        probed,
-        f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})",
-    )
+    why = f"probed on meta tensors: the smallest multiple each side keeps ({describe(probed)})"
+    return probed, why
 
 
 def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int]) -> Any:

@@ -37,11 +37,9 @@ def auto_depth(pooling: Pooling, patch_size: Sequence[int]) -> int:
 
 
 class UNet3DAdapter(NetworkAdapter):
-    """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by
-    the per-axis product of its poolings; checkpointing ``none``/``selective``/``decoder``/
-    ``encoder``/``all``, level indices, or ``{encoder: MODE, decoder: MODE}`` (MODE ``full``:
-    per-conv-unit segments; ``selective``: segments cut after each kept convolution);
-    placement ``{encoder, decoder}``."""
+    """UNet3D: ``model.net.depth``/``widths``/``pooling`` planned for the patch; divisible by the
+    per-axis product of its poolings; checkpointing by its own blocks
+    (:func:`~volseg.models.checkpointing.checkpoint_levels`); placement ``{encoder, decoder}``."""
 
     family = "volseg UNet3D"
     checkpointing_choices = CHECKPOINTING_CHOICES
@@ -72,30 +70,23 @@ class UNet3DAdapter(NetworkAdapter):
         except ValueError as err:
             raise at_config_key(str(err), "model.net") from None
         bottleneck = [p // f for p, f in zip(patch, total_pooling(factors), strict=True)]
+        why = f"bottleneck {bottleneck}"
         if pooling == "auto":
-            kept = f"an axis pooled while it keeps >= {AUTO_MIN_POOLED} voxels"
-            why = f"{kept}; bottleneck {bottleneck}"
-            out.append(Planned("model.net.pooling", factors, "planned", why))
-        else:
-            out.append(
-                Planned("model.net.pooling", factors, "configured", f"bottleneck {bottleneck}")
-            )
-        return out
+            why = f"an axis pooled while it keeps >= {AUTO_MIN_POOLED} voxels; {why}"
+        source = "planned" if pooling == "auto" else "configured"
+        return [*out, Planned("model.net.pooling", factors, source, why)]
 
-    def divisibility(self, net_cfg: Any, patch: Sequence[int]) -> list[int]:
-        widths = net_cfg.get("widths") or [0]
+    def divisibility(self, net_cfg: Any, patch: Sequence[int] | None) -> list[int]:
+        """The per-axis product of the poolings; before the patch is planned, ``auto`` pools as
+        ``null`` (2 at every level)."""
+        pooling = plain(net_cfg.get("pooling"))
+        if patch is None and pooling == "auto":
+            pooling = None
         try:
-            factors = pooling_factors(widths, plain(net_cfg.get("pooling")), patch)
+            factors = pooling_factors(net_cfg.get("widths") or [0], pooling, patch)
         except ValueError as err:
             raise at_config_key(str(err), "model.net") from None
         return total_pooling(factors)
-
-    def patch_multiple(self, net_cfg: Any) -> list[int]:
-        """Explicit kernels: their product; ``null``/``auto``: ``2^(levels - 1)`` on every axis."""
-        pooling = plain(net_cfg.get("pooling"))
-        if isinstance(pooling, list):
-            return self.divisibility(net_cfg, None)
-        return [2 ** (len(net_cfg.get("widths") or [0]) - 1)] * 3
 
     def check_checkpointing(self, net: nn.Module, spec: CheckpointSpec) -> None:
         if spec is None or spec in self.checkpointing_choices:
