@@ -42,18 +42,6 @@ def command_line(prefixes: tuple[str, ...] = ()) -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if not o.startswith(prefixes)]
 
 
-def lay_over(
-    cfg: DictConfig, saved: Mapping[str, Any], keep: tuple[str, ...] = RUN_NODES
-) -> DictConfig:
-    """``cfg`` with each top-level node of ``saved`` replacing its own, but ``keep``."""
-    out = cfg.copy()
-    with open_dict(out):
-        for key, value in saved.items():
-            if key not in keep:
-                out[key] = value
-    return out
-
-
 def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig:
     """``key=value`` overrides applied as Hydra applies them; a group choice or an added or deleted
     key stops with one line naming it and ``what``."""
@@ -94,7 +82,11 @@ def plan_from_file(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
     dotted overrides on top, and the saved plan."""
     path = str(cfg.plan)
     saved = read_plan_file(path)
-    laid = lay_over(cfg, saved["config"])
+    laid = cfg.copy()
+    with open_dict(laid):  # each top-level node of the file's replaces this command's
+        for key, value in saved["config"].items():
+            if key not in RUN_NODES:
+                laid[key] = value
     overrides = command_line(("plan=", "hydra.", "paths.", "task_name="))
     what = (
         f"with plan={path} the groups are the plan's; choose a group in the plan.py command "

@@ -71,9 +71,9 @@ class _Data:
         if self._module is None:
             options = OmegaConf.to_container(self.cfg.data, resolve=True)
             self._built_from = copy.deepcopy(options)
-            if str(options.get("patch_size")) == AUTO:
+            if str(options.get("patch_size")) == "auto":
                 options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
-            if str(options.get("batch_size")) == AUTO:
+            if str(options.get("batch_size")) == "auto":
                 options["batch_size"] = 1  # planned after the network (_plan_batch)
             self._module = build(OmegaConf.create(options), "data")
         return self._module
@@ -90,20 +90,19 @@ class _Data:
         final = OmegaConf.to_container(self.cfg.data, resolve=True)
         return self._module if self._module is not None and final == self._built_from else None
 
-    def augment(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """``data.augment`` with null keys from the folder's own defaults. An embedded dataset
-        not generated yet gets those it will be generated with (nothing is generated for it)."""
-        data = self.cfg.data
-        root = Path(str(data.root))
-        pending = data.get("synthetic") and not root.exists()
-        if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
-            values, sources = resolve_augment(plain(data.augment), root)
-            for key, value in EMBEDDED_DEFAULTS["augment"].items():
-                if sources.get(key) != "configured":
-                    values[key] = value
-                    sources[key] = "the embedded dataset's own (written when it is generated)"
-            return values, sources
-        return resolve_augment(plain(data.augment), root)
+
+def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data.augment`` with null keys from the folder's own defaults. An embedded dataset not
+    generated yet gets those it will be generated with (nothing is generated for it)."""
+    root = Path(str(data.root))
+    values, sources = resolve_augment(plain(data.augment), root)
+    pending = data.get("synthetic") and not root.exists()
+    if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
+        for key, value in EMBEDDED_DEFAULTS["augment"].items():
+            if sources.get(key) != "configured":
+                values[key] = value
+                sources[key] = "the embedded dataset's own (written when it is generated)"
+    return values, sources
 
 
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
@@ -127,7 +126,6 @@ def _plan_data(
 ) -> Any:
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
-    fingerprint = None
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
@@ -141,7 +139,7 @@ def _plan_data(
             decisions[key] = Decision(int(cfg[key]), "configured")
     # augmentations the config leaves null: the dataset folder's own defaults
     if "augment" in data:
-        augment, sources = opened.augment()
+        augment, sources = _augment(data)
         for key in ("flip_axes", "rotate90_planes"):
             decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
         set_key(cfg, "data.augment", augment)
@@ -152,13 +150,11 @@ def _plan_data(
     if "orientation" in data:
         decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
     auto_patch = str(data.get("patch_size")) == "auto"
-    if auto_patch or want_fingerprint:
-        fingerprint = dataset_fingerprint(data)
+    fingerprint = dataset_fingerprint(data) if auto_patch or want_fingerprint else None
     if auto_patch:
         # what the network needs on the axis that needs most
-        multiple = 8
-        if OmegaConf.select(cfg, "model.net") is not None:
-            multiple = max(divisible_by(cfg, None).value)
+        has_net = OmegaConf.select(cfg, "model.net") is not None
+        multiple = max(divisible_by(cfg, None).value) if has_net else 8
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
@@ -202,31 +198,30 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
-AUTO = "auto"
-
-
-def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
-    """The bytes ``data.batch_size=auto`` fills: ``memory.budget``, else the GPU's memory."""
-    budget_value = OmegaConf.select(cfg, "memory.budget")
-    if budget_value:
-        return parse_bytes(budget_value, "memory.budget"), f"memory.budget={budget_value}"
+def device_budget(value: Any, device: str) -> tuple[int | None, str]:
+    """The bytes a run fills and what they are: ``memory.budget=value``, else the memory of this
+    machine's GPU where ``device`` is cuda; ``(None, "")`` where neither is known."""
+    if value:
+        return parse_bytes(value, "memory.budget"), f"memory.budget={value}"
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return int(props.total_memory), f"the memory of this {props.name}"
-    raise UserInputError(
-        "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget=16GiB"
-        "); only a run on this machine's GPU has one of its own"
-    )
+    return None, ""
 
 
 def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
     """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
     levers, from estimates; returns the table that decided it (``None``: a configured batch)."""
-    if str(cfg.data.get("batch_size")) != AUTO:
+    if str(cfg.data.get("batch_size")) != "auto":
         return None
     from volseg.memory.fit.step import largest_batch
 
-    budget, what = _budget_for_batch(cfg, device)
+    budget, what = device_budget(OmegaConf.select(cfg, "memory.budget"), device)
+    if budget is None:
+        raise UserInputError(
+            "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
+            "16GiB); only a run on this machine's GPU has one of its own"
+        )
     limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
     search = largest_batch(cfg, budget, limit)
     if search.batch_size < 1:
@@ -265,7 +260,7 @@ def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) 
         return notes  # not a batch: the datamodule's check says so in one line
     batch = int(cfg.data.batch_size)
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
-    if str(configured[0]) != AUTO:
+    if str(configured[0]) != "auto":
         before = int(configured[0]) * int(configured[1] or 1)
         if batch * accumulate != before:
             notes.append(

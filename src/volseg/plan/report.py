@@ -316,23 +316,6 @@ def log_host(host: HostEstimate | None) -> None:
 
 
 # -- memory.budget: a run whose estimated step or validation does not fit stops before any work
-def step_margin_note(est: MemoryEstimate) -> str:
-    """How a training step's budget is counted: the planner's margin on CUDA's reserved peak or
-    on a CPU step's growth, and where it comes from (``""``: no margin)."""
-    if not (est.margin or est.margin_fixed_mib):
-        return ""
-    if est.device == "cpu":
-        return (
-            f" plus a margin of {margin_text(est)} of its growth "
-            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
-            f"{est.margin_source}"
-        )
-    return (
-        f" with a margin of {margin_text(est)} on the reserved peak: the estimate's largest "
-        f"shortfall on a recorded GPU run, {est.margin_source}"
-    )
-
-
 def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
     """The predicted process total of ``est`` (the ``what`` of the message) within
     ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one line when it does not
@@ -356,12 +339,23 @@ def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str
 
 
 def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
-    """:func:`_within_budget` of the training step ``est``."""
+    """:func:`_within_budget` of the training step ``est``, its margin said: on CUDA's reserved
+    peak, or on a CPU step's growth, and where it comes from."""
+    note = ""
+    if est.margin or est.margin_fixed_mib:
+        note = (
+            f" plus a margin of {margin_text(est)} of its growth "
+            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
+            f"{est.margin_source}"
+            if est.device == "cpu"
+            else f" with a margin of {margin_text(est)} on the reserved peak: the estimate's "
+            f"largest shortfall on a recorded GPU run, {est.margin_source}"
+        )
     return _within_budget(
         est,
         budget_value,
         "training step",
-        step_margin_note(est),
+        note,
         ". `python plan.py <the same overrides>` searches a batch, activation and loss "
         "checkpointing, micro-batches and a smaller patch that fit",
     )

@@ -36,12 +36,13 @@ from volseg.data.transforms import to_shape
 from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
+from volseg.plan.make import device_budget
 from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.config import plain, set_key
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
-from volseg.utils.units import MIB, parse_bytes
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
@@ -186,13 +187,7 @@ def plan_volumes(
     ``stitch=auto`` on a GPU, where each is stitched for ``memory.budget`` (else the GPU's
     memory). ``None`` where no estimate could be made; a volume that fits the budget neither way
     stops here."""
-    if budget is not None:
-        limit, source = parse_bytes(budget, "memory.budget"), f"memory.budget={budget}"
-    elif device == "cuda" and torch.cuda.is_available():
-        limit = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        source = "the GPU's total memory"
-    else:
-        limit, source = None, ""
+    limit, source = device_budget(budget, device)
     estimate_cfg = copy.deepcopy(cfg)
     set_key(estimate_cfg, "model.inferer", {**plain(cfg.inferer), "roi_size": list(roi_size)})
     set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
