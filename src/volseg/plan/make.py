@@ -108,7 +108,7 @@ def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     """One :class:`UserInputError` (the dataset check's line) when the first case's image holds
     another number of channels than ``in_channels``; a dataset not there yet is the run's."""
-    if "in_channels" not in cfg or not Path(str(cfg.data.get("root"))).is_dir():
+    if not Path(str(cfg.data.root)).is_dir():
         return
     cases, problems = opened.find()
     if problems or not cases:
@@ -135,20 +135,17 @@ def _plan_data(
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
             set_key(cfg, key, found)
             set_key(cfg, f"data.{key}", found)
-        elif key in cfg:
+        else:
             decisions[key] = Decision(int(cfg[key]), "configured")
     # augmentations the config leaves null: the dataset folder's own defaults
-    if "augment" in data:
-        augment, sources = _augment(data)
-        for key in ("flip_axes", "rotate90_planes"):
-            decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
-        set_key(cfg, "data.augment", augment)
-    if "spacing" in data:
-        decisions["data.spacing"] = Decision(
-            plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
-        )
-    if "orientation" in data:
-        decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
+    augment, sources = _augment(data)
+    for key in ("flip_axes", "rotate90_planes"):
+        decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
+    set_key(cfg, "data.augment", augment)
+    decisions["data.spacing"] = Decision(
+        plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
+    )
+    decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
     auto_patch = str(data.get("patch_size")) == "auto"
     fingerprint = dataset_fingerprint(data) if auto_patch or want_fingerprint else None
     if auto_patch:
@@ -159,7 +156,7 @@ def _plan_data(
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
         set_key(cfg, "data.patch_size", patch)
-    elif "patch_size" in data:
+    else:
         patch = plain(data.patch_size)
         if not is_voxels(patch):
             raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
@@ -180,8 +177,6 @@ def _source(text: str) -> tuple[str, str]:
 
 def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> None:
     data = cfg.data
-    if "num_workers" not in data:
-        return
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
     options = resolve_loader_options(*asked.values(), device, devices)
@@ -194,8 +189,7 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
             decisions[f"data.{key}"] = Decision(value, "configured")
         set_key(cfg, f"data.{key}", value)
     for key in ("cache", "cache_rate"):
-        if key in data:
-            decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
+        decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
 def device_budget(value: Any, device: str) -> tuple[int | None, str]:
@@ -325,17 +319,11 @@ def _plan_step(
         if est.margin:  # where the margin comes from is said once: estimate.margin_source
             why += f" with a margin of {margin_text(est)} (estimate.margin_source)"
     if run is not None:
-        result = {
-            "device": run.step.device,
-            "precision": run.step.precision,
-            "peak_allocated": run.step.peak_allocated,
-            "process_total": run.step.process_total,
-            "step_peak_growth": run.step.step_peak_growth,
-            "flops_per_step": run.flops_per_step,
-            # what the planner adds when it checks a budget, and where it comes from
-            "margin": run.step.margin,
-            "margin_source": run.step.margin_source,
-        }
+        names = ("device", "precision", "peak_allocated", "process_total", "step_peak_growth")
+        result = {name: getattr(run.step, name) for name in names}
+        # the margin: what the planner adds when it checks a budget, and where it comes from
+        result |= {"flops_per_step": run.flops_per_step, "margin": run.step.margin}
+        result["margin_source"] = run.step.margin_source
     for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)
         if key in planned:
@@ -388,7 +376,7 @@ def _validation_volume(
     from volseg.memory.estimate.inference import validation_shape
 
     wanted = OmegaConf.select(cfg, "memory.budget") or estimate_step
-    if not wanted or "model" not in cfg or "data" not in cfg:
+    if not wanted:
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
@@ -479,13 +467,9 @@ def make_plan(
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
-    trainer = cfg.get("trainer") or {}
-    configured_batch = (
-        OmegaConf.select(cfg, "data.batch_size"),
-        trainer.get("accumulate_grad_batches", 1),
-    )
+    configured_batch = (cfg.data.batch_size, cfg.trainer.get("accumulate_grad_batches", 1))
 
-    if "callbacks" in cfg and "trainer" in cfg:
+    if "callbacks" in cfg:  # eval.py has none
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
         for name in dropped:
             set_key(cfg, f"callbacks.{name}", None)
@@ -504,11 +488,10 @@ def make_plan(
             check_placement_devices(OmegaConf.select(cfg, "model.placement"))
         except ValueError as err:
             raise UserInputError(str(err)) from None
-    if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
-        allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
-        decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    if OmegaConf.select(cfg, "memory") is not None:
-        set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
+    # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
+    allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
+    decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
+    set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
@@ -516,39 +499,30 @@ def make_plan(
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
     set_key(cfg, "trainer.precision", choice.precision)
-    if "async_checkpoint" in cfg and "trainer" in cfg:
+    if "async_checkpoint" in cfg:  # train.py's
         writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
         decisions["async_checkpoint"] = writes
         set_key(cfg, "async_checkpoint", writes.value)
 
     opened = _Data(cfg)
-    found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
+    found = _plan_data(cfg, decisions, fingerprint, opened)
 
     lr = resolve_learning_rate(cfg)  # set in place, the rule taken out of the optimizer's
     if lr is not None:
         source = "planned" if lr.why else "configured"
         decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
 
-    net = OmegaConf.select(cfg, "model.net")
-    if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:
+    if isinstance(OmegaConf.select(cfg, "model.net"), DictConfig):
         decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
-    batch_search = None
-    if "data" in cfg and "model" in cfg:
-        batch_search = _plan_batch(cfg, device.value, decisions)
-    if "data" in cfg:
-        _plan_loader(cfg, device.value, decisions)
-        _check_channels(cfg, opened)  # with the data config final: the run's datamodule
+    batch_search = _plan_batch(cfg, device.value, decisions)
+    _plan_loader(cfg, device.value, decisions)
+    _check_channels(cfg, opened)  # with the data config final: the run's datamodule
     volume = _validation_volume(cfg, estimate_step, opened)
-    estimate, run = {}, None
-    if "model" in cfg:
-        estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
-        if batch_search is not None:
-            estimate = {**estimate, "batch_size_auto": batch_search}
-        if "data" in cfg and "trainer" in cfg and configured_batch[0] is not None:
-            notes += _batch_notes(cfg, configured_batch, decisions)
-    validation = {}
-    if "model" in cfg and "data" in cfg:
-        validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
+    estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
+    if batch_search is not None:
+        estimate = {**estimate, "batch_size_auto": batch_search}
+    notes += _batch_notes(cfg, configured_batch, decisions)
+    validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
     return RunPlan(
         config=cfg,
         decisions=decisions,
@@ -557,5 +531,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),
-        datamodule=opened.for_run() if "data" in cfg else None,
+        datamodule=opened.for_run(),
     )

@@ -129,10 +129,6 @@ def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[
     )
 
 
-#: MONAI's loss groups' choice for one loss per decoder level
-DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
-
-
 def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
     """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
     reach the loss (names ``model.net_output`` or the loss)."""
@@ -164,11 +160,11 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
     if isinstance(out, tuple):
         raise UserInputError(
             f"model.net_output: {returns}; name the logits' index with model.net_output=0 (one "
-            f"output per decoder level, full resolution first: {DEEP_SUPERVISION_CHOICE})"
+            "output per decoder level, full resolution first: model/loss=deep_supervision)"
         )
     raise UserInputError(
         f"model.loss: {returns}; one output per decoder level (full resolution first) takes "
-        f"{DEEP_SUPERVISION_CHOICE}, or name the logits' index with model.net_output=0"
+        "model/loss=deep_supervision, or name the logits' index with model.net_output=0"
     )
 
 

@@ -1,8 +1,5 @@
-"""Every memory and plan report, as the commands print it: the run plan (``plan.py`` and every
-run's log), the dataset's fingerprint, a training step's estimate, validation's and
-prediction's, the run's peak by phase, the data side's host memory, the planner's answer to
-``memory.budget`` (``estimate_memory.py``) and the one line that stops a run over it. Figures in
-MiB; the estimates themselves are :mod:`volseg.memory.estimate`'s, the planner's
+"""Every memory and plan report as the commands print it (MiB), and the one line that stops a
+run over ``memory.budget``; the figures are :mod:`volseg.memory.estimate`'s and
 :mod:`volseg.memory.fit`'s.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
-from monai.data import Dataset, list_data_collate
+from monai.data import Dataset
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
@@ -29,7 +29,7 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
-from volseg.data.loader_options import init_loader_worker, worker_context
+from volseg.data.loader_options import LoaderOptions, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
@@ -146,28 +146,18 @@ class VolumeWriter(BasePredictionWriter):
 class VolumeData(L.LightningDataModule):
     """The volumes to predict, batch 1, each on one rank (:class:`ShardedEvalSampler`)."""
 
-    def __init__(
-        self,
-        items: list[dict[str, Any]],
-        transform: Any,
-        num_workers: int,
-        multiprocessing_context: str | None = None,
-    ) -> None:
+    def __init__(self, items: list[dict[str, Any]], transform: Any, options: LoaderOptions) -> None:
         super().__init__()
-        self.items, self.transform, self.num_workers = items, transform, num_workers
-        self.multiprocessing_context = multiprocessing_context if num_workers > 0 else None
+        self.items, self.transform, self.options = items, transform, options
 
     def predict_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        shard = (trainer.global_rank, trainer.world_size) if trainer is not None else ()
         return DataLoader(
             EvalItems(Dataset(self.items, self.transform)),
-            sampler=ShardedEvalSampler(len(self.items), *shard),
+            sampler=ShardedEvalSampler(
+                len(self.items), self.trainer.global_rank, self.trainer.world_size
+            ),
             batch_size=1,
-            num_workers=self.num_workers,
-            multiprocessing_context=self.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
+            **self.options.loader_kwargs(),
         )
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
@@ -256,12 +246,10 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         model, inferer, int(model.num_classes), cfg.flip_axes, cfg.stitch, planned
     )
     writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
-    data = VolumeData(
-        [c.as_dict() for c in cases],
-        datamodule.predict_transforms(),
-        cfg.num_workers,
-        worker_context(getattr(datamodule, "cuda_before", False)),
-    )
+    cuda = getattr(datamodule, "cuda_before", False)
+    context = worker_context(cuda) if cfg.num_workers > 0 else None
+    options = LoaderOptions(cfg.num_workers, False, False, context)  # not pinned, not persistent
+    data = VolumeData([c.as_dict() for c in cases], datamodule.predict_transforms(), options)
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
