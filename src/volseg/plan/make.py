@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -62,33 +63,28 @@ class _Data:
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
-        self._module: Any = None
         self._built_from: Any = None
-        self._prepared = False
 
-    @property
+    @cached_property
     def module(self) -> Any:
-        if self._module is None:
-            options = OmegaConf.to_container(self.cfg.data, resolve=True)
-            self._built_from = copy.deepcopy(options)
-            if str(options.get("patch_size")) == "auto":
-                options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
-            if str(options.get("batch_size")) == "auto":
-                options["batch_size"] = 1  # planned after the network (_plan_batch)
-            self._module = build(OmegaConf.create(options), "data")
-        return self._module
+        options = OmegaConf.to_container(self.cfg.data, resolve=True)
+        self._built_from = copy.deepcopy(options)
+        if str(options.get("patch_size")) == "auto":
+            options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
+        if str(options.get("batch_size")) == "auto":
+            options["batch_size"] = 1  # planned after the network (_plan_batch)
+        return build(OmegaConf.create(options), "data")
 
-    def find(self) -> tuple[list, list[str]]:
-        """The dataset's cases and layout problems (an embedded dataset is generated first)."""
-        if not self._prepared:
-            self.module.prepare_data()
-            self._prepared = True
-        return self.module.find()
+    @cached_property
+    def prepared(self) -> Any:
+        """The datamodule, its data prepared (an embedded dataset is generated first)."""
+        self.module.prepare_data()
+        return self.module
 
     def for_run(self) -> Any:
         """The datamodule where the final ``data`` is what it was built from."""
         final = OmegaConf.to_container(self.cfg.data, resolve=True)
-        return self._module if self._module is not None and final == self._built_from else None
+        return self.module if "module" in vars(self) and final == self._built_from else None
 
 
 def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -110,7 +106,7 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     another number of channels than ``in_channels``; a dataset not there yet is the run's."""
     if not Path(str(cfg.data.root)).is_dir():
         return
-    cases, problems = opened.find()
+    cases, problems = opened.prepared.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
     module = opened.module
@@ -129,7 +125,7 @@ def _plan_data(
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
-            opened.find()  # dataset.json: sets them, or one error naming the file
+            opened.prepared.find()  # dataset.json: sets them, or one error naming the file
             found = int(getattr(opened.module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
@@ -341,14 +337,9 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
-    options = OmegaConf.select(cfg, "memory") or {}
-    answer = search(
-        cfg,
-        budget,
-        plain(options.get("checkpointing_options", "auto")),
-        int(options.get("max_batch_size", 256)),
-        as_configured=configured,
-    )
+    options = cfg.memory  # plan.py's and estimate_memory.py's, whose configs are train.py's
+    levers, largest = plain(options.checkpointing_options), int(options.max_batch_size)
+    answer = search(cfg, budget, levers, largest, as_configured=configured)
     if answer.micro_batching is not None:
         overrides = list(answer.micro_batching["overrides"])
         why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
