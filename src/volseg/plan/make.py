@@ -258,8 +258,7 @@ def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) 
                 f"trainer.accumulate_grad_batches={accumulate}), not the configured {before}: "
                 "the configured one does not fit memory.budget"
             )
-    planned = decisions.get("data.batch_size")
-    chosen = planned is not None and planned.source == "planned"
+    chosen = decisions["data.batch_size"].source == "planned"
     if batch < 2 and chosen and has_batch_norm(cfg.model.net):
         notes.append(
             f"data.batch_size={batch} with BatchNorm: each step normalizes with one "
@@ -407,8 +406,7 @@ def _plan_validation(
         return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
 
     try:
-        found = run.validation if run is not None else None
-        est = found if found is not None else validation()
+        est = getattr(run, "validation", None) or validation()
     except UserInputError:
         raise
     except Exception as err:  # a setting the trace does not model: the run goes on
@@ -428,7 +426,8 @@ def _plan_validation(
                 if not fit_budget
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
-            check_validation_fits(est, budget_value, source, "; ".join(fit.tried), hint)
+            tried = f"; tried {'; '.join(fit.tried)}" if fit.tried else ""
+            check_validation_fits(est, budget_value, source, f"{tried}. {hint}")
         for key, value in fit.overrides.items():
             set_key(cfg, key, value)
         planned, est = fit.reasons, fit.estimate

@@ -153,9 +153,8 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
         raise UserInputError(
             f"model.net_output: {returns}; name the logits with model.net_output=KEY"
         )
-    if not isinstance(out, list | tuple) or adapter.deep_supervision(cfg.model.net):
-        return
-    if str(cfg.model.get("loss", {}).get("_target_")) == DEEP_SUPERVISION_LOSS:
+    deep_supervision = str(cfg.model.get("loss", {}).get("_target_")) == DEEP_SUPERVISION_LOSS
+    if not isinstance(out, list | tuple) or deep_supervision:
         return
     if isinstance(out, tuple):
         raise UserInputError(

@@ -88,13 +88,10 @@ def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
         return "Dataset fingerprint: none (no data read)"
     resampled = fingerprint.get("shapes_resampled_to")
     grid = f" on the data.spacing={resampled} grid" if resampled else ""
-    return "\n".join(
-        [
-            f"Dataset fingerprint: {fingerprint['cases']} cases",
-            f"  median shape [D, H, W] {fingerprint['median_shape']}{grid} (smallest "
-            f"{fingerprint['min_shape']}, largest {fingerprint['max_shape']})",
-            f"  median spacing [z, y, x] {fingerprint['median_spacing']}",
-        ]
+    return (
+        f"Dataset fingerprint: {fingerprint['cases']} cases\n  median shape [D, H, W] "
+        f"{fingerprint['median_shape']}{grid} (smallest {fingerprint['min_shape']}, largest "
+        f"{fingerprint['max_shape']})\n  median spacing [z, y, x] {fingerprint['median_spacing']}"
     )
 
 
@@ -251,16 +248,13 @@ def format_inference(est: InferenceEstimate, source: str = "") -> str:
     return "\n".join(lines)
 
 
-def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
+def format_run_peak(step: MemoryEstimate, validation: InferenceEstimate) -> str:
     """The run's peak: the larger of the training step's and validation's, by phase."""
-    phases = [
-        (name, est.peak_allocated, est.peak_reserved, est.process_total)
-        for name, est in (("training step", step), ("validation", validation))
-        if est is not None
-    ]
-    name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
-    lines = [f"Run peak: {name}"]
-    for phase, a, r, t in phases:
+    phases = {"training step": step, "validation": validation}
+    peak = max(phases, key=lambda n: (phases[n].process_total, phases[n].peak_allocated))
+    lines = [f"Run peak: {peak}"]
+    for phase, est in phases.items():
+        a, r, t = est.peak_allocated, est.peak_reserved, est.process_total
         extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
         lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
     return "\n".join(lines)
@@ -359,18 +353,10 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
 
 
 def check_validation_fits(
-    est: InferenceEstimate,
-    budget_value: str,
-    shape_from: str,
-    tried: str = "",
-    hint: str = "",
+    est: InferenceEstimate, budget_value: str, shape_from: str, after: str = ""
 ) -> int:
     """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
-    ``shape_from``; ``tried``: the other settings estimated, with what each needs; ``hint``:
-    what else may help)."""
+    ``shape_from``; ``after``: what else was tried and may help)."""
     shape = "x".join(map(str, est.volume_shape))
-    even = f"; tried {tried}" if tried else ""
     what = f"validation of one {shape} volume ({shape_from})"
-    return _within_budget(
-        est, budget_value, what, margin_note(est), even + (". " + hint if hint else "")
-    )
+    return _within_budget(est, budget_value, what, margin_note(est), after)

@@ -37,8 +37,6 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
     """The data side's host memory (from the headers), or ``None`` and why not."""
     try:
         datamodule = build(cfg.data, "data")
-        if not hasattr(datamodule, "host_estimate"):
-            return None, f"{cfg.data._target_} has no host estimate"
         if not Path(datamodule.root).exists():
             return None, f"data.root={datamodule.root} does not exist yet"
         device = planned_device(cfg)

@@ -263,7 +263,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     )
     trainer.predict(predictor, datamodule=data, return_predictions=False)
     # counted on disk: under a forking strategy the writers ran in the worker processes
-    written = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
-    written = [path for path in written if path.exists()]
+    planned = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
+    written = [path for path in planned if path.exists()]
     log.info("Wrote %d file(s) to %s", len(written), output_dir)
     return {"written": [str(p) for p in written]}

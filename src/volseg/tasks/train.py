@@ -92,9 +92,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("Instantiating datamodule <%s>", cfg.data._target_)
         datamodule = build(cfg.data, "data")
     datamodule.prepare_data()
-    check_only = getattr(datamodule, "check_only", False)
+    check_only = datamodule.check_only
     host = None
-    if hasattr(datamodule, "check_host_memory") and not check_only:
+    if not check_only:
         # from the headers: a cache too big for the RAM stops the run before any voxel is read
         device = run_plan.value("device")
         host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
