@@ -1,10 +1,7 @@
 """``make_plan(cfg)``: the composed config in, one :class:`RunPlan` out, every ``auto`` resolved
-once, in this order: the callbacks reconciled; the device, its precision, ``async_checkpoint``;
-from the data where asked (classes, channels, augmentation, patch); the learning rate and the
-network for the patch (:mod:`volseg.plan.network`); the batch and the loader, the channels
-checked; the engine's answer for the planned run (one trace) fitted to ``memory.budget``: the
-step, then the validation of the largest volume. Building happens after this, from
-:meth:`RunPlan.run_config`; nothing edits the config after it."""
+once, in the order :func:`make_plan` reads (each step takes the values decided before it: the
+patch, then the network for it, the batch, the step and validation fitted to ``memory.budget``).
+Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it."""
 
 from __future__ import annotations
 
@@ -286,19 +283,16 @@ def _plan_step(
     why = ""
     result: dict[str, Any] = {}
     run = None
-    if budget_value or estimate_step:
+    # a validation the trace does not model: the step alone (validation says why)
+    shapes = (validation_shape, None) if validation_shape is not None else (None,)
+    for shape in shapes if budget_value or estimate_step else ():
         try:
-            try:
-                run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
-            except Exception as err:
-                if isinstance(err, UserInputError) or validation_shape is None:
-                    raise
-                # a validation the trace does not model: the step alone (validation says why)
-                run = estimate_run(RunPlan(cfg, decisions))
+            run = estimate_run(RunPlan(cfg, decisions), None, shape)
+            break
         except UserInputError:
             raise
         except Exception as err:  # a setting the estimator does not model: the run goes on
-            if budget_value:
+            if budget_value and shape is None:
                 raise
             result = {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}
     planned: dict[str, str] = {}
@@ -365,8 +359,7 @@ def _validation_volume(
     """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
-    wanted = OmegaConf.select(cfg, "memory.budget") or estimate_step
-    if not wanted:
+    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)

@@ -171,7 +171,7 @@ def plan_volumes(
     datamodule: Any,
     cases: Sequence[Case],
     roi_size: Sequence[int],
-    budget: Any = None,
+    budget: Any,
 ) -> StitchPlan | None:
     """Each volume's prediction estimated from its header before the first runs, and logged; with
     ``stitch=auto`` on a GPU, where each is stitched for ``memory.budget`` (else the GPU's
@@ -183,7 +183,7 @@ def plan_volumes(
     set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
     set_key(estimate_cfg, "memory.gpu", None)
     try:
-        spacing, orientation = (getattr(datamodule, k, None) for k in ("spacing", "orientation"))
+        spacing, orientation = datamodule.spacing, datamodule.orientation
         shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]
         precision = str(cfg.trainer.precision)
         plan = plan_stitching(
@@ -245,9 +245,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     predictor = VolumePredictor(
         model, inferer, int(model.num_classes), cfg.flip_axes, cfg.stitch, planned
     )
-    writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
-    cuda = getattr(datamodule, "cuda_before", False)
-    context = worker_context(cuda) if cfg.num_workers > 0 else None
+    writer = VolumeWriter(cases, targets, datamodule.orientation)
+    context = worker_context(datamodule.cuda_before) if cfg.num_workers > 0 else None
     options = LoaderOptions(cfg.num_workers, False, False, context)  # not pinned, not persistent
     data = VolumeData([c.as_dict() for c in cases], datamodule.predict_transforms(), options)
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
