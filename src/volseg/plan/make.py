@@ -233,10 +233,6 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
-#: what the step's planning decides, said in the plan whether planned or configured
-STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
-
-
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
     """A line where the planned effective batch differs from the configured one, and a warning where
     a planned batch under 2 meets BatchNorm."""
@@ -277,7 +273,7 @@ def _plan_step(
     FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
-    from volseg.plan.report import check_estimate_fits
+    from volseg.plan.report import STEP_KEYS, check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""

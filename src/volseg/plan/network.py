@@ -51,12 +51,10 @@ def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision])
         name = names.get(key)
         if key not in net or name is None or name == key:
             continue
-        value = net[key]
         with open_dict(net):
-            del net[key]
-            net[name] = value
+            net[name] = net.pop(key)
         decisions[f"model.net.{name}"] = Decision(
-            plain(value), "planned", f"{key}, by the name {cls.__name__} takes it"
+            plain(net[name]), "planned", f"{key}, by the name {cls.__name__} takes it"
         )
 
 

@@ -15,25 +15,19 @@ from volseg.data.host_memory import HostEstimate
 from volseg.memory.estimate.inference import InferenceEstimate
 from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate
-from volseg.memory.fit.inference import margin_note
+from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, margin_note
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
 
-#: what the plan fits to memory.budget (volseg.plan.make: the step's keys, then validation's)
-PLANNED_FOR_BUDGET = (
-    "data.batch_size",
-    "data.patch_size",
-    "model.activation_checkpointing",
-    "model.checkpoint_loss",
-    "trainer.accumulate_grad_batches",
-    "model.net.img_size",
-    "model.inferer.sw_batch_size",
-    "model.inferer.device",
-    "model.inferer.roi_size",
-)
+#: what the step's planning decides, said in the plan whether planned or configured
+STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
+#: what the plan fits to memory.budget: the step's keys and what else its planner moves (a smaller
+#: patch, the network sized for it, loss checkpointing), then validation's
+PLANNED_FOR_BUDGET = (*STEP_KEYS, "data.patch_size", "model.net.img_size", "model.checkpoint_loss")
+PLANNED_FOR_BUDGET += (SW_BATCH, STITCH_DEVICE, ROI)
 
 
 def _estimated(what: str, est: Mapping[str, Any], tail: str) -> str:
