@@ -385,21 +385,19 @@ def _plan_validation(
     if not (budget_value or estimate_step):
         return {}
     shape, source = volume
-    if shape is None:
-        if budget_value:
-            notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
-        return {"not_estimated": source}
 
     def validation(variant: Variant | None = None) -> Any:
         """The planned run's validation of ``shape`` with ``variant``'s keys changed."""
         return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
 
+    est, why = None, source  # why not estimated: no shape, or a setting the trace does not model
     try:
-        est = getattr(run, "validation", None) or validation()
+        est = None if shape is None else getattr(run, "validation", None) or validation()
     except UserInputError:
         raise
-    except Exception as err:  # a setting the trace does not model: the run goes on
+    except Exception as err:  # the run goes on
         why = f"{type(err).__name__}: {err}".splitlines()[0]
+    if est is None:
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({why})")
         return {"not_estimated": why}

@@ -80,10 +80,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
     if is_global_zero():
-        log.info(
-            "Wrote %s (the run plan: each value decided and why)",
-            run_plan.write(cfg.paths.output_dir),
-        )
+        log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
 
     # the plan's, where it built one from this data config to read the data
