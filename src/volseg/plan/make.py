@@ -23,6 +23,7 @@ from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
 from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.levers import check_placement_devices
+from volseg.models.networks.probe import has_batch_norm
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.reconcile import reconcile_callbacks
@@ -107,9 +108,7 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     if problems or not cases:
         return  # the layout's problems are the dataset check's
     module = opened.module
-    found = image_problems(
-        cases[0], int(cfg.in_channels), module.channels_fix, getattr(module, "orientation", None)
-    )
+    found = image_problems(cases[0], int(cfg.in_channels), module.channels_fix, module.orientation)
     if found:
         raise UserInputError(found[0])
 
@@ -173,13 +172,11 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
     options = resolve_loader_options(*asked.values(), device, devices)
+    why = f"for {device} with {devices} process(es) on this machine"
     for key in asked:
         value = getattr(options, key)
-        if asked[key] == "auto":
-            why = f"for {device} with {devices} process(es) on this machine"
-            decisions[f"data.{key}"] = Decision(value, "planned", why)
-        else:
-            decisions[f"data.{key}"] = Decision(value, "configured")
+        source, reason = ("planned", why) if asked[key] == "auto" else ("configured", "")
+        decisions[f"data.{key}"] = Decision(value, source, reason)
         set_key(cfg, f"data.{key}", value)
     for key in ("cache", "cache_rate"):
         decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
@@ -236,8 +233,6 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
     """A line where the planned effective batch differs from the configured one, and a warning where
     a planned batch under 2 meets BatchNorm."""
-    from volseg.models.networks.probe import has_batch_norm
-
     notes = []
     if not str(cfg.data.batch_size).isdigit():
         return notes  # not a batch: the datamodule's check says so in one line

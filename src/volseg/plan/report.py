@@ -129,15 +129,9 @@ def format_estimate(
         f"  at the step's peak (% of the {'process total' if cuda else 'peak allocated'}):",
     ]
     workspace = "cuDNN's, as modelled" if cuda else "oneDNN's and torch's, as modelled"
-    rows = [
-        ("params", est.params),
-        ("buffers", est.buffers),
-        ("grads", est.grads),
-        ("optimizer state", est.optimizer_state),
-        ("activations", est.activations),
-        ("temporaries", est.temporaries),
-        (f"kernel workspace ({workspace})", est.kernel_workspace),
-    ]
+    categories = ("params", "buffers", "grads", "optimizer_state", "activations", "temporaries")
+    rows = [(name.replace("_", " "), getattr(est, name)) for name in categories]
+    rows.append((f"kernel workspace ({workspace})", est.kernel_workspace))
     # what no category holds at the peak: the batch, allocator rounding between the replays
     rest = est.peak_allocated - sum(n for _, n in rows)
     if rest:
@@ -186,11 +180,9 @@ def format_lever_prices(rows: Any) -> str:
         f"  {'lever':<25}{'peak':>14}   time  FLOPs  setting",
     ]
     for r in rows:
-
-        def factor(value: float | None) -> str:
-            return f"{value:5.2f}x" if value is not None else "    ?"
-
-        factors = f"{factor(r.time_factor)} {factor(r.flops_factor)}"
+        factors = " ".join(
+            "    ?" if v is None else f"{v:5.2f}x" for v in (r.time_factor, r.flops_factor)
+        )
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
         lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factors}  {r.setting}{why}")

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from volseg.callbacks.prediction_writer import label_dtype
@@ -221,10 +221,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     ``{"written": [paths]}``."""
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     # predict.py's memory.budget is the prediction's (each volume, below), not a training step's
-    budget = OmegaConf.select(cfg, "memory.budget")
-    if budget is not None:
-        cfg = copy.deepcopy(cfg)
-        OmegaConf.update(cfg, "memory.budget", None)
+    budget = cfg.memory.budget
+    cfg = copy.deepcopy(cfg)
+    set_key(cfg, "memory.budget", None)
     # the training run's plan, this command's overrides applied as train.py applies them
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
     file_log.info("%s", run_plan.format())  # every decision and why: predict.log, plan.yaml
