@@ -14,17 +14,12 @@ IO_STRATEGIES = ("auto", "single_device", "ddp")
 IO_STRATEGY_CLASSES = ("SingleDeviceStrategy", "DDPStrategy")
 
 
-def strategy_name(strategy: Any) -> str:
-    """``trainer.strategy`` as a name: the string, or the class of a ``_target_`` node."""
-    if isinstance(strategy, DictConfig | dict) and "_target_" in strategy:
-        return str(strategy["_target_"]).rsplit(".", 1)[-1]
-    return str(strategy if strategy is not None else "auto")
-
-
 def plan_async_checkpoint(value: Any, strategy: Any) -> Decision:
     """``async_checkpoint`` (``auto``, ``true``, ``false``) for ``trainer.strategy``; one error for
     another value, or ``true`` where the strategy writes its own."""
-    name = strategy_name(strategy)
+    name = str(strategy if strategy is not None else "auto")
+    if isinstance(strategy, DictConfig | dict) and "_target_" in strategy:
+        name = str(strategy["_target_"]).rsplit(".", 1)[-1]  # the class a node builds
     lowered = name.lower()
     supported = name in IO_STRATEGY_CLASSES or any(
         lowered == s or lowered.startswith(f"{s}_") for s in IO_STRATEGIES

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from volseg.plan.run_plan import RUN_NODES, SCHEMA_VERSION, Decision, RunPlan
@@ -42,23 +43,9 @@ def command_line(prefixes: tuple[str, ...] = ()) -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if not o.startswith(prefixes)]
 
 
-def lay_over(
-    cfg: DictConfig, saved: Mapping[str, Any], keep: tuple[str, ...] = RUN_NODES
-) -> DictConfig:
-    """``cfg`` with each top-level node of ``saved`` replacing its own, but ``keep``."""
-    out = cfg.copy()
-    with open_dict(out):
-        for key, value in saved.items():
-            if key not in keep:
-                out[key] = value
-    return out
-
-
 def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig:
     """``key=value`` overrides applied as Hydra applies them; a group choice or an added or deleted
     key stops with one line naming it and ``what``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     with open_dict(cfg):
         for text in overrides:
@@ -94,7 +81,11 @@ def plan_from_file(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
     dotted overrides on top, and the saved plan."""
     path = str(cfg.plan)
     saved = read_plan_file(path)
-    laid = lay_over(cfg, saved["config"])
+    laid = cfg.copy()
+    with open_dict(laid):  # each top-level node of the file's replaces this command's
+        for key, value in saved["config"].items():
+            if key not in RUN_NODES:
+                laid[key] = value
     overrides = command_line(("plan=", "hydra.", "paths.", "task_name="))
     what = (
         f"with plan={path} the groups are the plan's; choose a group in the plan.py command "
@@ -110,11 +101,8 @@ RUN_OWN = ("data", "model", "num_classes", "in_channels")
 def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConfig:
     """``cfg`` with the run's ``data``, ``model``, ``num_classes``, ``in_channels`` and this
     command's overrides of them applied as train.py applies them."""
-    overrides = command_line()
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
-    parsed = [(text, parser.parse_override(text)) for text in overrides]
+    parsed = [(text, parser.parse_override(text)) for text in command_line()]
     chosen = {o.key_or_group for _, o in parsed if o.key_or_group in RUN_OWN[:2]}
     for text, o in parsed:
         if o.key_or_group in ("num_classes", "in_channels"):

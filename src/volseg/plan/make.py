@@ -1,15 +1,13 @@
 """``make_plan(cfg)``: the composed config in, one :class:`RunPlan` out, every ``auto`` resolved
-once, in this order: the callbacks reconciled; the device, its precision, ``async_checkpoint``;
-from the data where asked (classes, channels, augmentation, patch); the learning rate and the
-network for the patch (:mod:`volseg.plan.network`); the batch and the loader, the channels
-checked; the engine's answer for the planned run (one trace) fitted to ``memory.budget``: the
-step, then the validation of the largest volume. Building happens after this, from
-:meth:`RunPlan.run_config`; nothing edits the config after it."""
+once, in the order :func:`make_plan` reads (each step takes the values decided before it: the
+patch, then the network for it, the batch, the step and validation fitted to ``memory.budget``).
+Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the config after it."""
 
 from __future__ import annotations
 
 import copy
 import logging
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
 from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.levers import check_placement_devices
+from volseg.models.networks.probe import has_batch_norm
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.reconcile import reconcile_callbacks
@@ -62,62 +61,54 @@ class _Data:
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
-        self._module: Any = None
         self._built_from: Any = None
-        self._prepared = False
 
-    @property
+    @cached_property
     def module(self) -> Any:
-        if self._module is None:
-            options = OmegaConf.to_container(self.cfg.data, resolve=True)
-            self._built_from = copy.deepcopy(options)
-            if str(options.get("patch_size")) == AUTO:
-                options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
-            if str(options.get("batch_size")) == AUTO:
-                options["batch_size"] = 1  # planned after the network (_plan_batch)
-            self._module = build(OmegaConf.create(options), "data")
-        return self._module
+        options = OmegaConf.to_container(self.cfg.data, resolve=True)
+        self._built_from = copy.deepcopy(options)
+        if str(options.get("patch_size")) == "auto":
+            options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
+        if str(options.get("batch_size")) == "auto":
+            options["batch_size"] = 1  # planned after the network (_plan_batch)
+        return build(OmegaConf.create(options), "data")
 
-    def find(self) -> tuple[list, list[str]]:
-        """The dataset's cases and layout problems (an embedded dataset is generated first)."""
-        if not self._prepared:
-            self.module.prepare_data()
-            self._prepared = True
-        return self.module.find()
+    @cached_property
+    def prepared(self) -> Any:
+        """The datamodule, its data prepared (an embedded dataset is generated first)."""
+        self.module.prepare_data()
+        return self.module
 
     def for_run(self) -> Any:
         """The datamodule where the final ``data`` is what it was built from."""
         final = OmegaConf.to_container(self.cfg.data, resolve=True)
-        return self._module if self._module is not None and final == self._built_from else None
+        return self.module if "module" in vars(self) and final == self._built_from else None
 
-    def augment(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """``data.augment`` with null keys from the folder's own defaults. An embedded dataset
-        not generated yet gets those it will be generated with (nothing is generated for it)."""
-        data = self.cfg.data
-        root = Path(str(data.root))
-        pending = data.get("synthetic") and not root.exists()
-        if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
-            values, sources = resolve_augment(plain(data.augment), root)
-            for key, value in EMBEDDED_DEFAULTS["augment"].items():
-                if sources.get(key) != "configured":
-                    values[key] = value
-                    sources[key] = "the embedded dataset's own (written when it is generated)"
-            return values, sources
-        return resolve_augment(plain(data.augment), root)
+
+def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data.augment`` with null keys from the folder's own defaults. An embedded dataset not
+    generated yet gets those it will be generated with (nothing is generated for it)."""
+    root = Path(str(data.root))
+    values, sources = resolve_augment(plain(data.augment), root)
+    pending = data.get("synthetic") and not root.exists()
+    if pending and Path(str(data.synthetic.root)).resolve() == root.resolve():
+        for key, value in EMBEDDED_DEFAULTS["augment"].items():
+            if sources.get(key) != "configured":
+                values[key] = value
+                sources[key] = "the embedded dataset's own (written when it is generated)"
+    return values, sources
 
 
 def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     """One :class:`UserInputError` (the dataset check's line) when the first case's image holds
     another number of channels than ``in_channels``; a dataset not there yet is the run's."""
-    if "in_channels" not in cfg or not Path(str(cfg.data.get("root"))).is_dir():
+    if not Path(str(cfg.data.root)).is_dir():
         return
-    cases, problems = opened.find()
+    cases, problems = opened.prepared.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
     module = opened.module
-    found = image_problems(
-        cases[0], int(cfg.in_channels), module.channels_fix, getattr(module, "orientation", None)
-    )
+    found = image_problems(cases[0], int(cfg.in_channels), module.channels_fix, module.orientation)
     if found:
         raise UserInputError(found[0])
 
@@ -127,43 +118,37 @@ def _plan_data(
 ) -> Any:
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
-    fingerprint = None
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
-            opened.find()  # dataset.json: sets them, or one error naming the file
+            opened.prepared.find()  # dataset.json: sets them, or one error naming the file
             found = int(getattr(opened.module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
             decisions[key] = Decision(found, "the data", getattr(opened.module, source))
             set_key(cfg, key, found)
             set_key(cfg, f"data.{key}", found)
-        elif key in cfg:
+        else:
             decisions[key] = Decision(int(cfg[key]), "configured")
     # augmentations the config leaves null: the dataset folder's own defaults
-    if "augment" in data:
-        augment, sources = opened.augment()
-        for key in ("flip_axes", "rotate90_planes"):
-            decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
-        set_key(cfg, "data.augment", augment)
-    if "spacing" in data:
-        decisions["data.spacing"] = Decision(
-            plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
-        )
-    if "orientation" in data:
-        decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
+    augment, sources = _augment(data)
+    for key in ("flip_axes", "rotate90_planes"):
+        decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
+    set_key(cfg, "data.augment", augment)
+    decisions["data.spacing"] = Decision(
+        plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
+    )
+    decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
     auto_patch = str(data.get("patch_size")) == "auto"
-    if auto_patch or want_fingerprint:
-        fingerprint = dataset_fingerprint(data)
+    fingerprint = dataset_fingerprint(data) if auto_patch or want_fingerprint else None
     if auto_patch:
         # what the network needs on the axis that needs most
-        multiple = 8
-        if OmegaConf.select(cfg, "model.net") is not None:
-            multiple = max(divisible_by(cfg, None).value)
+        has_net = OmegaConf.select(cfg, "model.net") is not None
+        multiple = max(divisible_by(cfg, None).value) if has_net else 8
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
         set_key(cfg, "data.patch_size", patch)
-    elif "patch_size" in data:
+    else:
         patch = plain(data.patch_size)
         if not is_voxels(patch):
             raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
@@ -184,49 +169,43 @@ def _source(text: str) -> tuple[str, str]:
 
 def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> None:
     data = cfg.data
-    if "num_workers" not in data:
-        return
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
     options = resolve_loader_options(*asked.values(), device, devices)
+    why = f"for {device} with {devices} process(es) on this machine"
     for key in asked:
         value = getattr(options, key)
-        if asked[key] == "auto":
-            why = f"for {device} with {devices} process(es) on this machine"
-            decisions[f"data.{key}"] = Decision(value, "planned", why)
-        else:
-            decisions[f"data.{key}"] = Decision(value, "configured")
+        source, reason = ("planned", why) if asked[key] == "auto" else ("configured", "")
+        decisions[f"data.{key}"] = Decision(value, source, reason)
         set_key(cfg, f"data.{key}", value)
     for key in ("cache", "cache_rate"):
-        if key in data:
-            decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
+        decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
 
 
-AUTO = "auto"
-
-
-def _budget_for_batch(cfg: DictConfig, device: str) -> tuple[int, str]:
-    """The bytes ``data.batch_size=auto`` fills: ``memory.budget``, else the GPU's memory."""
-    budget_value = OmegaConf.select(cfg, "memory.budget")
-    if budget_value:
-        return parse_bytes(budget_value, "memory.budget"), f"memory.budget={budget_value}"
+def device_budget(value: Any, device: str) -> tuple[int | None, str]:
+    """The bytes a run fills and what they are: ``memory.budget=value``, else the memory of this
+    machine's GPU where ``device`` is cuda; ``(None, "")`` where neither is known."""
+    if value:
+        return parse_bytes(value, "memory.budget"), f"memory.budget={value}"
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return int(props.total_memory), f"the memory of this {props.name}"
-    raise UserInputError(
-        "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget=16GiB"
-        "); only a run on this machine's GPU has one of its own"
-    )
+    return None, ""
 
 
 def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
     """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
     levers, from estimates; returns the table that decided it (``None``: a configured batch)."""
-    if str(cfg.data.get("batch_size")) != AUTO:
+    if str(cfg.data.get("batch_size")) != "auto":
         return None
     from volseg.memory.fit.step import largest_batch
 
-    budget, what = _budget_for_batch(cfg, device)
+    budget, what = device_budget(OmegaConf.select(cfg, "memory.budget"), device)
+    if budget is None:
+        raise UserInputError(
+            "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
+            "16GiB); only a run on this machine's GPU has one of its own"
+        )
     limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
     search = largest_batch(cfg, budget, limit)
     if search.batch_size < 1:
@@ -251,21 +230,15 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
-#: what the step's planning decides, said in the plan whether planned or configured
-STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
-
-
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
     """A line where the planned effective batch differs from the configured one, and a warning where
     a planned batch under 2 meets BatchNorm."""
-    from volseg.models.networks.probe import has_batch_norm
-
     notes = []
     if not str(cfg.data.batch_size).isdigit():
         return notes  # not a batch: the datamodule's check says so in one line
     batch = int(cfg.data.batch_size)
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
-    if str(configured[0]) != AUTO:
+    if str(configured[0]) != "auto":
         before = int(configured[0]) * int(configured[1] or 1)
         if batch * accumulate != before:
             notes.append(
@@ -273,8 +246,7 @@ def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) 
                 f"trainer.accumulate_grad_batches={accumulate}), not the configured {before}: "
                 "the configured one does not fit memory.budget"
             )
-    planned = decisions.get("data.batch_size")
-    chosen = planned is not None and planned.source == "planned"
+    chosen = decisions["data.batch_size"].source == "planned"
     if batch < 2 and chosen and has_batch_norm(cfg.model.net):
         notes.append(
             f"data.batch_size={batch} with BatchNorm: each step normalizes with one "
@@ -296,25 +268,22 @@ def _plan_step(
     FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
     from volseg.memory.estimate.margins import margin_text
-    from volseg.plan.report import check_estimate_fits
+    from volseg.plan.report import STEP_KEYS, check_estimate_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
     result: dict[str, Any] = {}
     run = None
-    if budget_value or estimate_step:
+    # a validation the trace does not model: the step alone (validation says why)
+    shapes = (validation_shape, None) if validation_shape is not None else (None,)
+    for shape in shapes if budget_value or estimate_step else ():
         try:
-            try:
-                run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
-            except Exception as err:
-                if isinstance(err, UserInputError) or validation_shape is None:
-                    raise
-                # a validation the trace does not model: the step alone (validation says why)
-                run = estimate_run(RunPlan(cfg, decisions))
+            run = estimate_run(RunPlan(cfg, decisions), None, shape)
+            break
         except UserInputError:
             raise
         except Exception as err:  # a setting the estimator does not model: the run goes on
-            if budget_value:
+            if budget_value and shape is None:
                 raise
             result = {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}
     planned: dict[str, str] = {}
@@ -330,17 +299,11 @@ def _plan_step(
         if est.margin:  # where the margin comes from is said once: estimate.margin_source
             why += f" with a margin of {margin_text(est)} (estimate.margin_source)"
     if run is not None:
-        result = {
-            "device": run.step.device,
-            "precision": run.step.precision,
-            "peak_allocated": run.step.peak_allocated,
-            "process_total": run.step.process_total,
-            "step_peak_growth": run.step.step_peak_growth,
-            "flops_per_step": run.flops_per_step,
-            # what the planner adds when it checks a budget, and where it comes from
-            "margin": run.step.margin,
-            "margin_source": run.step.margin_source,
-        }
+        names = ("device", "precision", "peak_allocated", "process_total", "step_peak_growth")
+        result = {name: getattr(run.step, name) for name in names}
+        # the margin: what the planner adds when it checks a budget, and where it comes from
+        result |= {"flops_per_step": run.flops_per_step, "margin": run.step.margin}
+        result["margin_source"] = run.step.margin_source
     for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)
         if key in planned:
@@ -358,14 +321,9 @@ def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any
     from volseg.memory.estimate.engine import estimate
     from volseg.memory.fit import fit_step as search
 
-    options = OmegaConf.select(cfg, "memory") or {}
-    answer = search(
-        cfg,
-        budget,
-        plain(options.get("checkpointing_options", "auto")),
-        int(options.get("max_batch_size", 256)),
-        as_configured=configured,
-    )
+    options = cfg.memory  # plan.py's and estimate_memory.py's, whose configs are train.py's
+    levers, largest = plain(options.checkpointing_options), int(options.max_batch_size)
+    answer = search(cfg, budget, levers, largest, as_configured=configured)
     if answer.micro_batching is not None:
         overrides = list(answer.micro_batching["overrides"])
         why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
@@ -392,8 +350,7 @@ def _validation_volume(
     """The validation volume the plan estimates and where it comes from."""
     from volseg.memory.estimate.inference import validation_shape
 
-    wanted = OmegaConf.select(cfg, "memory.budget") or estimate_step
-    if not wanted or "model" not in cfg or "data" not in cfg:
+    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
@@ -423,22 +380,19 @@ def _plan_validation(
     if not (budget_value or estimate_step):
         return {}
     shape, source = volume
-    if shape is None:
-        if budget_value:
-            notes.append(f"memory.budget={budget_value}: validation not checked ({source})")
-        return {"not_estimated": source}
 
     def validation(variant: Variant | None = None) -> Any:
         """The planned run's validation of ``shape`` with ``variant``'s keys changed."""
         return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
 
+    est, why = None, source  # why not estimated: no shape, or a setting the trace does not model
     try:
-        found = run.validation if run is not None else None
-        est = found if found is not None else validation()
+        est = None if shape is None else getattr(run, "validation", None) or validation()
     except UserInputError:
         raise
-    except Exception as err:  # a setting the trace does not model: the run goes on
+    except Exception as err:  # the run goes on
         why = f"{type(err).__name__}: {err}".splitlines()[0]
+    if est is None:
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({why})")
         return {"not_estimated": why}
@@ -454,7 +408,8 @@ def _plan_validation(
                 if not fit_budget
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
-            check_validation_fits(est, budget_value, source, "; ".join(fit.tried), hint)
+            tried = f"; tried {'; '.join(fit.tried)}" if fit.tried else ""
+            check_validation_fits(est, budget_value, source, f"{tried}. {hint}")
         for key, value in fit.overrides.items():
             set_key(cfg, key, value)
         planned, est = fit.reasons, fit.estimate
@@ -484,13 +439,9 @@ def make_plan(
     cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
-    trainer = cfg.get("trainer") or {}
-    configured_batch = (
-        OmegaConf.select(cfg, "data.batch_size"),
-        trainer.get("accumulate_grad_batches", 1),
-    )
+    configured_batch = (cfg.data.batch_size, cfg.trainer.get("accumulate_grad_batches", 1))
 
-    if "callbacks" in cfg and "trainer" in cfg:
+    if "callbacks" in cfg:  # eval.py has none
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
         for name in dropped:
             set_key(cfg, f"callbacks.{name}", None)
@@ -509,11 +460,10 @@ def make_plan(
             check_placement_devices(OmegaConf.select(cfg, "model.placement"))
         except ValueError as err:
             raise UserInputError(str(err)) from None
-    if "memory" in cfg:  # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
-        allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
-        decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    if OmegaConf.select(cfg, "memory") is not None:
-        set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
+    # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
+    allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
+    decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
+    set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
@@ -521,39 +471,30 @@ def make_plan(
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
     set_key(cfg, "trainer.precision", choice.precision)
-    if "async_checkpoint" in cfg and "trainer" in cfg:
+    if "async_checkpoint" in cfg:  # train.py's
         writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
         decisions["async_checkpoint"] = writes
         set_key(cfg, "async_checkpoint", writes.value)
 
     opened = _Data(cfg)
-    found = _plan_data(cfg, decisions, fingerprint, opened) if "data" in cfg else None
+    found = _plan_data(cfg, decisions, fingerprint, opened)
 
     lr = resolve_learning_rate(cfg)  # set in place, the rule taken out of the optimizer's
     if lr is not None:
         source = "planned" if lr.why else "configured"
         decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
 
-    net = OmegaConf.select(cfg, "model.net")
-    if isinstance(net, DictConfig) and "data" in cfg and "patch_size" in cfg.data:
+    if isinstance(OmegaConf.select(cfg, "model.net"), DictConfig):
         decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
-    batch_search = None
-    if "data" in cfg and "model" in cfg:
-        batch_search = _plan_batch(cfg, device.value, decisions)
-    if "data" in cfg:
-        _plan_loader(cfg, device.value, decisions)
-        _check_channels(cfg, opened)  # with the data config final: the run's datamodule
+    batch_search = _plan_batch(cfg, device.value, decisions)
+    _plan_loader(cfg, device.value, decisions)
+    _check_channels(cfg, opened)  # with the data config final: the run's datamodule
     volume = _validation_volume(cfg, estimate_step, opened)
-    estimate, run = {}, None
-    if "model" in cfg:
-        estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
-        if batch_search is not None:
-            estimate = {**estimate, "batch_size_auto": batch_search}
-        if "data" in cfg and "trainer" in cfg and configured_batch[0] is not None:
-            notes += _batch_notes(cfg, configured_batch, decisions)
-    validation = {}
-    if "model" in cfg and "data" in cfg:
-        validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
+    estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
+    if batch_search is not None:
+        estimate = {**estimate, "batch_size_auto": batch_search}
+    notes += _batch_notes(cfg, configured_batch, decisions)
+    validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
     return RunPlan(
         config=cfg,
         decisions=decisions,
@@ -562,5 +503,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=choice.as_dict(),
-        datamodule=opened.for_run() if "data" in cfg else None,
+        datamodule=opened.for_run(),
     )

@@ -51,12 +51,10 @@ def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision])
         name = names.get(key)
         if key not in net or name is None or name == key:
             continue
-        value = net[key]
         with open_dict(net):
-            del net[key]
-            net[name] = value
+            net[name] = net.pop(key)
         decisions[f"model.net.{name}"] = Decision(
-            plain(value), "planned", f"{key}, by the name {cls.__name__} takes it"
+            plain(net[name]), "planned", f"{key}, by the name {cls.__name__} takes it"
         )
 
 
@@ -129,10 +127,6 @@ def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[
     )
 
 
-#: MONAI's loss groups' choice for one loss per decoder level
-DEEP_SUPERVISION_CHOICE = "model/loss=deep_supervision"
-
-
 def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
     """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
     reach the loss (names ``model.net_output`` or the loss)."""
@@ -157,18 +151,17 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
         raise UserInputError(
             f"model.net_output: {returns}; name the logits with model.net_output=KEY"
         )
-    if not isinstance(out, list | tuple) or adapter.deep_supervision(cfg.model.net):
-        return
-    if str(cfg.model.get("loss", {}).get("_target_")) == DEEP_SUPERVISION_LOSS:
+    deep_supervision = str(cfg.model.get("loss", {}).get("_target_")) == DEEP_SUPERVISION_LOSS
+    if not isinstance(out, list | tuple) or deep_supervision:
         return
     if isinstance(out, tuple):
         raise UserInputError(
             f"model.net_output: {returns}; name the logits' index with model.net_output=0 (one "
-            f"output per decoder level, full resolution first: {DEEP_SUPERVISION_CHOICE})"
+            "output per decoder level, full resolution first: model/loss=deep_supervision)"
         )
     raise UserInputError(
         f"model.loss: {returns}; one output per decoder level (full resolution first) takes "
-        f"{DEEP_SUPERVISION_CHOICE}, or name the logits' index with model.net_output=0"
+        "model/loss=deep_supervision, or name the logits' index with model.net_output=0"
     )
 
 

@@ -22,36 +22,29 @@ MONITOR_OPTIONS: dict[str, Any] = {
 MONITOR_TARGET = "volseg.memory.monitor.callback.MemoryMonitor"
 
 
-def progress_bar_entries(callbacks: DictConfig | None) -> list[str]:
-    """Names of the ``callbacks`` entries that are Lightning progress bars."""
-    names = []
-    for name, entry in (callbacks or {}).items():
-        if not isinstance(entry, DictConfig) or "_target_" not in entry:
-            continue
-        try:
-            found = hydra.utils.get_class(str(entry._target_))  # a class, else ValueError
-        except Exception:
-            continue  # building it names the bad _target_
-        if issubclass(found, ProgressBar):
-            names.append(str(name))
-    return names
-
-
 def reconcile_callbacks(
     callbacks: DictConfig | None, trainer: DictConfig, memory: DictConfig | None
 ) -> tuple[list[str], list[str]]:
     """The ``callbacks`` entries to leave out, and one logged line per reconciliation."""
     dropped: list[str] = []
     notes: list[str] = []
-    if trainer.get("enable_progress_bar") is False:
-        dropped = progress_bar_entries(callbacks)
-        if dropped:
-            line = (
-                f"trainer.enable_progress_bar=false: callbacks.{', callbacks.'.join(dropped)} "
-                "left out (no progress bar)"
-            )
-            log.info(line)
-            notes.append(line)
+    bars_off = trainer.get("enable_progress_bar") is False
+    for name, entry in (callbacks or {}).items():
+        if not (bars_off and isinstance(entry, DictConfig) and "_target_" in entry):
+            continue
+        try:
+            found = hydra.utils.get_class(str(entry._target_))  # a class, else ValueError
+        except Exception:
+            continue  # building it names the bad _target_
+        if issubclass(found, ProgressBar):
+            dropped.append(str(name))
+    if dropped:
+        line = (
+            f"trainer.enable_progress_bar=false: callbacks.{', callbacks.'.join(dropped)} "
+            "left out (no progress bar)"
+        )
+        log.info(line)
+        notes.append(line)
     monitor = any(
         isinstance(entry, DictConfig) and str(entry.get("_target_")) == MONITOR_TARGET
         for entry in (callbacks or {}).values()

@@ -1,8 +1,5 @@
-"""Every memory and plan report, as the commands print it: the run plan (``plan.py`` and every
-run's log), the dataset's fingerprint, a training step's estimate, validation's and
-prediction's, the run's peak by phase, the data side's host memory, the planner's answer to
-``memory.budget`` (``estimate_memory.py``) and the one line that stops a run over it. Figures in
-MiB; the estimates themselves are :mod:`volseg.memory.estimate`'s, the planner's
+"""Every memory and plan report as the commands print it (MiB), and the one line that stops a
+run over ``memory.budget``; the figures are :mod:`volseg.memory.estimate`'s and
 :mod:`volseg.memory.fit`'s.
 """
 
@@ -18,25 +15,19 @@ from volseg.data.host_memory import HostEstimate
 from volseg.memory.estimate.inference import InferenceEstimate
 from volseg.memory.estimate.margins import margin_text, planned_total
 from volseg.memory.estimate.step import MemoryEstimate
-from volseg.memory.fit.inference import margin_note
+from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, margin_note
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
 
 log = logging.getLogger(__name__)
 
-#: what the plan fits to memory.budget (volseg.plan.make: the step's keys, then validation's)
-PLANNED_FOR_BUDGET = (
-    "data.batch_size",
-    "data.patch_size",
-    "model.activation_checkpointing",
-    "model.checkpoint_loss",
-    "trainer.accumulate_grad_batches",
-    "model.net.img_size",
-    "model.inferer.sw_batch_size",
-    "model.inferer.device",
-    "model.inferer.roi_size",
-)
+#: what the step's planning decides, said in the plan whether planned or configured
+STEP_KEYS = ("data.batch_size", "model.activation_checkpointing", "trainer.accumulate_grad_batches")
+#: what the plan fits to memory.budget: the step's keys and what else its planner moves (a smaller
+#: patch, the network sized for it, loss checkpointing), then validation's
+PLANNED_FOR_BUDGET = (*STEP_KEYS, "data.patch_size", "model.net.img_size", "model.checkpoint_loss")
+PLANNED_FOR_BUDGET += (SW_BATCH, STITCH_DEVICE, ROI)
 
 
 def _estimated(what: str, est: Mapping[str, Any], tail: str) -> str:
@@ -91,13 +82,10 @@ def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
         return "Dataset fingerprint: none (no data read)"
     resampled = fingerprint.get("shapes_resampled_to")
     grid = f" on the data.spacing={resampled} grid" if resampled else ""
-    return "\n".join(
-        [
-            f"Dataset fingerprint: {fingerprint['cases']} cases",
-            f"  median shape [D, H, W] {fingerprint['median_shape']}{grid} (smallest "
-            f"{fingerprint['min_shape']}, largest {fingerprint['max_shape']})",
-            f"  median spacing [z, y, x] {fingerprint['median_spacing']}",
-        ]
+    return (
+        f"Dataset fingerprint: {fingerprint['cases']} cases\n  median shape [D, H, W] "
+        f"{fingerprint['median_shape']}{grid} (smallest {fingerprint['min_shape']}, largest "
+        f"{fingerprint['max_shape']})\n  median spacing [z, y, x] {fingerprint['median_spacing']}"
     )
 
 
@@ -141,15 +129,9 @@ def format_estimate(
         f"  at the step's peak (% of the {'process total' if cuda else 'peak allocated'}):",
     ]
     workspace = "cuDNN's, as modelled" if cuda else "oneDNN's and torch's, as modelled"
-    rows = [
-        ("params", est.params),
-        ("buffers", est.buffers),
-        ("grads", est.grads),
-        ("optimizer state", est.optimizer_state),
-        ("activations", est.activations),
-        ("temporaries", est.temporaries),
-        (f"kernel workspace ({workspace})", est.kernel_workspace),
-    ]
+    categories = ("params", "buffers", "grads", "optimizer_state", "activations", "temporaries")
+    rows = [(name.replace("_", " "), getattr(est, name)) for name in categories]
+    rows.append((f"kernel workspace ({workspace})", est.kernel_workspace))
     # what no category holds at the peak: the batch, allocator rounding between the replays
     rest = est.peak_allocated - sum(n for _, n in rows)
     if rest:
@@ -198,11 +180,9 @@ def format_lever_prices(rows: Any) -> str:
         f"  {'lever':<25}{'peak':>14}   time  FLOPs  setting",
     ]
     for r in rows:
-
-        def factor(value: float | None) -> str:
-            return f"{value:5.2f}x" if value is not None else "    ?"
-
-        factors = f"{factor(r.time_factor)} {factor(r.flops_factor)}"
+        factors = " ".join(
+            "    ?" if v is None else f"{v:5.2f}x" for v in (r.time_factor, r.flops_factor)
+        )
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
         lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factors}  {r.setting}{why}")
@@ -254,16 +234,13 @@ def format_inference(est: InferenceEstimate, source: str = "") -> str:
     return "\n".join(lines)
 
 
-def format_run_peak(step: Any, validation: InferenceEstimate | None) -> str:
+def format_run_peak(step: MemoryEstimate, validation: InferenceEstimate) -> str:
     """The run's peak: the larger of the training step's and validation's, by phase."""
-    phases = [
-        (name, est.peak_allocated, est.peak_reserved, est.process_total)
-        for name, est in (("training step", step), ("validation", validation))
-        if est is not None
-    ]
-    name, allocated, reserved, total = max(phases, key=lambda p: (p[3], p[1]))
-    lines = [f"Run peak: {name}"]
-    for phase, a, r, t in phases:
+    phases = {"training step": step, "validation": validation}
+    peak = max(phases, key=lambda n: (phases[n].process_total, phases[n].peak_allocated))
+    lines = [f"Run peak: {peak}"]
+    for phase, est in phases.items():
+        a, r, t = est.peak_allocated, est.peak_reserved, est.process_total
         extra = f", reserved {r / MIB:,.1f}, process total {t / MIB:,.1f}" if r != a else ""
         lines.append(f"    {phase:<16} peak allocated {a / MIB:>10,.1f} MiB{extra}")
     return "\n".join(lines)
@@ -316,23 +293,6 @@ def log_host(host: HostEstimate | None) -> None:
 
 
 # -- memory.budget: a run whose estimated step or validation does not fit stops before any work
-def step_margin_note(est: MemoryEstimate) -> str:
-    """How a training step's budget is counted: the planner's margin on CUDA's reserved peak or
-    on a CPU step's growth, and where it comes from (``""``: no margin)."""
-    if not (est.margin or est.margin_fixed_mib):
-        return ""
-    if est.device == "cpu":
-        return (
-            f" plus a margin of {margin_text(est)} of its growth "
-            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
-            f"{est.margin_source}"
-        )
-    return (
-        f" with a margin of {margin_text(est)} on the reserved peak: the estimate's largest "
-        f"shortfall on a recorded GPU run, {est.margin_source}"
-    )
-
-
 def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
     """The predicted process total of ``est`` (the ``what`` of the message) within
     ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one line when it does not
@@ -356,30 +316,33 @@ def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str
 
 
 def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
-    """:func:`_within_budget` of the training step ``est``."""
+    """:func:`_within_budget` of the training step ``est``, its margin said: on CUDA's reserved
+    peak, or on a CPU step's growth, and where it comes from."""
+    note = ""
+    if est.margin or est.margin_fixed_mib:
+        note = (
+            f" plus a margin of {margin_text(est)} of its growth "
+            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
+            f"{est.margin_source}"
+            if est.device == "cpu"
+            else f" with a margin of {margin_text(est)} on the reserved peak: the estimate's "
+            f"largest shortfall on a recorded GPU run, {est.margin_source}"
+        )
     return _within_budget(
         est,
         budget_value,
         "training step",
-        step_margin_note(est),
+        note,
         ". `python plan.py <the same overrides>` searches a batch, activation and loss "
         "checkpointing, micro-batches and a smaller patch that fit",
     )
 
 
 def check_validation_fits(
-    est: InferenceEstimate,
-    budget_value: str,
-    shape_from: str,
-    tried: str = "",
-    hint: str = "",
+    est: InferenceEstimate, budget_value: str, shape_from: str, after: str = ""
 ) -> int:
     """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
-    ``shape_from``; ``tried``: the other settings estimated, with what each needs; ``hint``:
-    what else may help)."""
+    ``shape_from``; ``after``: what else was tried and may help)."""
     shape = "x".join(map(str, est.volume_shape))
-    even = f"; tried {tried}" if tried else ""
     what = f"validation of one {shape} volume ({shape_from})"
-    return _within_budget(
-        est, budget_value, what, margin_note(est), even + (". " + hint if hint else "")
-    )
+    return _within_budget(est, budget_value, what, margin_note(est), after)

@@ -37,8 +37,6 @@ def host_estimate(cfg: DictConfig) -> tuple[HostEstimate | None, str]:
     """The data side's host memory (from the headers), or ``None`` and why not."""
     try:
         datamodule = build(cfg.data, "data")
-        if not hasattr(datamodule, "host_estimate"):
-            return None, f"{cfg.data._target_} has no host estimate"
         if not Path(datamodule.root).exists():
             return None, f"data.root={datamodule.root} does not exist yet"
         device = planned_device(cfg)
@@ -62,10 +60,11 @@ def check_json_out(path: Path, overwrite: bool) -> None:
         )
 
 
-def inference_estimates(cfg: DictConfig, step: MemoryEstimate) -> dict[str, Any]:
+def inference_estimates(
+    cfg: DictConfig, step: MemoryEstimate, shape: list[int] | None, source: str
+) -> dict[str, Any]:
     """Validation's and prediction's peaks (prediction as ``predict.py`` runs by default, stitched
-    on the device and on the host) for the validation shape, printed; their JSON entries."""
-    shape, source = validation_shape(cfg)
+    on the device and on the host) for ``shape`` (from ``source``), printed; their JSON entries."""
     if shape is None:
         print(f"Validation and prediction: not estimated ({source})")
         return {"validation": {"not_estimated": source}, "prediction": {"not_estimated": source}}
@@ -100,7 +99,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     log.info("%s", run_plan.format())
     cfg = run_plan.run_config()
 
-    shape, _ = validation_shape(cfg)
+    shape, source = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
     context = resolve_cuda_context(options.cuda_context_mib, options.gpu)
     print(
@@ -113,7 +112,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
         prices = lever_prices(cfg)
         print(format_lever_prices(prices))
         result["levers"] = [price.to_dict() for price in prices]
-    result.update(inference_estimates(cfg, est))
+    result.update(inference_estimates(cfg, est, shape, source))
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
     result["host"] = host.to_dict() if host is not None else None

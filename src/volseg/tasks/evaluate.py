@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def check_predictions_dir(
-    predictions_dir: Path, datamodule: L.LightningDataModule, overwrite: bool, data_root: str
+    predictions_dir: Path, datamodule: L.LightningDataModule, overwrite: bool
 ) -> None:
     """One error, before any prediction, when ``predictions_dir`` lies inside the dataset or holds
     predictions of these cases (unless ``overwrite``)."""
@@ -29,7 +29,7 @@ def check_predictions_dir(
     target = predictions_dir.resolve()
     if target == root or root in target.parents:
         raise UserInputError(
-            f"predictions_dir={predictions_dir}: inside data.root={data_root}; predictions "
+            f"predictions_dir={predictions_dir}: inside data.root={datamodule.root}; predictions "
             "written there would change the dataset. Choose a folder outside it"
         )
     existing = [
@@ -53,18 +53,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     file_log.info("%s", run_plan.format())  # every decision and why: eval.log, plan.yaml
     log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
-    data_cfg = cfg.data
     seed_everything(cfg)
 
-    datamodule: L.LightningDataModule = build(data_cfg, "data")
+    datamodule: L.LightningDataModule = build(cfg.data, "data")
     datamodule.prepare_data()
     datamodule.check()
-    check_predictions_dir(Path(cfg.predictions_dir), datamodule, cfg.overwrite, data_cfg.root)
+    check_predictions_dir(Path(cfg.predictions_dir), datamodule, cfg.overwrite)
     model = load_model(checkpoint, cfg.model, cfg.ckpt_path)
 
-    writer = ValidationPredictionWriter(
-        cfg.predictions_dir, getattr(datamodule, "orientation", None)
-    )
+    writer = ValidationPredictionWriter(cfg.predictions_dir, datamodule.orientation)
     trainer: L.Trainer = build_trainer(
         cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
     )
@@ -76,7 +73,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     written = [p for p in written if p.exists()]
     summary = {
         "ckpt_path": str(cfg.ckpt_path),
-        "data_root": str(data_cfg.root),
+        "data_root": str(cfg.data.root),
         "metrics": metrics,
         "predictions": [str(p) for p in written],
     }

@@ -6,10 +6,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.plan import plan_run, planned_config
 from volseg.plan.report import format_fingerprint, format_lever_prices
+from volseg.utils.config import set_key
 from volseg.utils.errors import BudgetExceeded
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,9 @@ def print_lever_prices(cfg: DictConfig) -> None:
     from volseg.memory.fit.levers import lever_prices
 
     unbounded = cfg.copy()
-    with open_dict(unbounded):
-        OmegaConf.update(unbounded, "memory.budget", None)
-        if str(OmegaConf.select(unbounded, "data.batch_size")) == "auto":
-            OmegaConf.update(unbounded, "data.batch_size", 1)
+    set_key(unbounded, "memory.budget", None)
+    if str(OmegaConf.select(unbounded, "data.batch_size")) == "auto":
+        set_key(unbounded, "data.batch_size", 1)
     try:
         print(format_lever_prices(lever_prices(planned_config(unbounded))))
     except Exception as err:  # the refusal that follows is the answer; the table is a help

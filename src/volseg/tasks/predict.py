@@ -14,8 +14,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
-from monai.data import Dataset, list_data_collate
-from omegaconf import DictConfig, OmegaConf
+from monai.data import Dataset
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from volseg.callbacks.prediction_writer import label_dtype
@@ -29,19 +29,20 @@ from volseg.data.io import (
     volume_format,
     write_volume,
 )
-from volseg.data.loader_options import init_loader_worker, worker_context
+from volseg.data.loader_options import LoaderOptions, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
 from volseg.memory.fit.inference import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.plan.files import plan_from_run
+from volseg.plan.make import device_budget
 from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.config import plain, set_key
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
-from volseg.utils.units import MIB, parse_bytes
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
@@ -145,28 +146,18 @@ class VolumeWriter(BasePredictionWriter):
 class VolumeData(L.LightningDataModule):
     """The volumes to predict, batch 1, each on one rank (:class:`ShardedEvalSampler`)."""
 
-    def __init__(
-        self,
-        items: list[dict[str, Any]],
-        transform: Any,
-        num_workers: int,
-        multiprocessing_context: str | None = None,
-    ) -> None:
+    def __init__(self, items: list[dict[str, Any]], transform: Any, options: LoaderOptions) -> None:
         super().__init__()
-        self.items, self.transform, self.num_workers = items, transform, num_workers
-        self.multiprocessing_context = multiprocessing_context if num_workers > 0 else None
+        self.items, self.transform, self.options = items, transform, options
 
     def predict_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        shard = (trainer.global_rank, trainer.world_size) if trainer is not None else ()
         return DataLoader(
             EvalItems(Dataset(self.items, self.transform)),
-            sampler=ShardedEvalSampler(len(self.items), *shard),
+            sampler=ShardedEvalSampler(
+                len(self.items), self.trainer.global_rank, self.trainer.world_size
+            ),
             batch_size=1,
-            num_workers=self.num_workers,
-            multiprocessing_context=self.multiprocessing_context,
-            collate_fn=list_data_collate,
-            worker_init_fn=init_loader_worker,
+            **self.options.loader_kwargs(),
         )
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
@@ -180,25 +171,19 @@ def plan_volumes(
     datamodule: Any,
     cases: Sequence[Case],
     roi_size: Sequence[int],
-    budget: Any = None,
+    budget: Any,
 ) -> StitchPlan | None:
     """Each volume's prediction estimated from its header before the first runs, and logged; with
     ``stitch=auto`` on a GPU, where each is stitched for ``memory.budget`` (else the GPU's
     memory). ``None`` where no estimate could be made; a volume that fits the budget neither way
     stops here."""
-    if budget is not None:
-        limit, source = parse_bytes(budget, "memory.budget"), f"memory.budget={budget}"
-    elif device == "cuda" and torch.cuda.is_available():
-        limit = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        source = "the GPU's total memory"
-    else:
-        limit, source = None, ""
+    limit, source = device_budget(budget, device)
     estimate_cfg = copy.deepcopy(cfg)
     set_key(estimate_cfg, "model.inferer", {**plain(cfg.inferer), "roi_size": list(roi_size)})
     set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
     set_key(estimate_cfg, "memory.gpu", None)
     try:
-        spacing, orientation = (getattr(datamodule, k, None) for k in ("spacing", "orientation"))
+        spacing, orientation = datamodule.spacing, datamodule.orientation
         shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]
         precision = str(cfg.trainer.precision)
         plan = plan_stitching(
@@ -236,10 +221,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     ``{"written": [paths]}``."""
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     # predict.py's memory.budget is the prediction's (each volume, below), not a training step's
-    budget = OmegaConf.select(cfg, "memory.budget")
-    if budget is not None:
-        cfg = copy.deepcopy(cfg)
-        OmegaConf.update(cfg, "memory.budget", None)
+    budget = cfg.memory.budget
+    cfg = copy.deepcopy(cfg)
+    set_key(cfg, "memory.budget", None)
     # the training run's plan, this command's overrides applied as train.py applies them
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
     file_log.info("%s", run_plan.format())  # every decision and why: predict.log, plan.yaml
@@ -260,13 +244,10 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     predictor = VolumePredictor(
         model, inferer, int(model.num_classes), cfg.flip_axes, cfg.stitch, planned
     )
-    writer = VolumeWriter(cases, targets, getattr(datamodule, "orientation", None))
-    data = VolumeData(
-        [c.as_dict() for c in cases],
-        datamodule.predict_transforms(),
-        cfg.num_workers,
-        worker_context(getattr(datamodule, "cuda_before", False)),
-    )
+    writer = VolumeWriter(cases, targets, datamodule.orientation)
+    context = worker_context(datamodule.cuda_before) if cfg.num_workers > 0 else None
+    options = LoaderOptions(cfg.num_workers, False, False, context)  # not pinned, not persistent
+    data = VolumeData([c.as_dict() for c in cases], datamodule.predict_transforms(), options)
     callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
@@ -280,7 +261,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     )
     trainer.predict(predictor, datamodule=data, return_predictions=False)
     # counted on disk: under a forking strategy the writers ran in the worker processes
-    written = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
-    written = [path for path in written if path.exists()]
+    planned = [path for c in cases for path in dict.fromkeys(p for p, _ in targets[c.name])]
+    written = [path for path in planned if path.exists()]
     log.info("Wrote %d file(s) to %s", len(written), output_dir)
     return {"written": [str(p) for p in written]}

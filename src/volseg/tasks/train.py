@@ -80,10 +80,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
     if is_global_zero():
-        log.info(
-            "Wrote %s (the run plan: each value decided and why)",
-            run_plan.write(cfg.paths.output_dir),
-        )
+        log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
 
     # the plan's, where it built one from this data config to read the data
@@ -92,9 +89,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("Instantiating datamodule <%s>", cfg.data._target_)
         datamodule = build(cfg.data, "data")
     datamodule.prepare_data()
-    check_only = getattr(datamodule, "check_only", False)
+    check_only = datamodule.check_only
     host = None
-    if hasattr(datamodule, "check_host_memory") and not check_only:
+    if not check_only:
         # from the headers: a cache too big for the RAM stops the run before any voxel is read
         device = run_plan.value("device")
         host = datamodule.check_host_memory(device, local_processes(cfg.trainer, device))
