@@ -122,16 +122,6 @@ def config_choice_of(saved_net: dict[str, Any]) -> str | None:
     return None
 
 
-def _differences(saved_net: dict[str, Any], config_net: dict[str, Any]) -> list[str]:
-    """``key=checkpoint's (config's)`` for each argument that shapes the weights and differs."""
-    keys = [k for k in dict.fromkeys([*saved_net, *config_net]) if k not in NOT_WEIGHTS]
-    return [
-        f"{key}={saved_net.get(key)} (the config: {config_net.get(key)})"
-        for key in keys
-        if saved_net.get(key) != config_net.get(key)
-    ]
-
-
 def check_weights_fit(
     model: LightningModule, checkpoint: dict[str, Any], model_cfg: DictConfig, ckpt_path: str | Path
 ) -> None:
@@ -147,17 +137,18 @@ def check_weights_fit(
     saved_model = (checkpoint.get("volseg", {}).get("config") or {}).get("model") or {}
     saved = dict(saved_model.get("net") or {})
     trained = f"{saved.get('_target_')}"
-    differences = _differences(saved, net) if saved else []
-    if differences:
+    # ``key=checkpoint's (config's)`` for each argument that shapes the weights and differs
+    differences = [
+        f"{key}={saved.get(key)} (the config: {net.get(key)})"
+        for key in dict.fromkeys([*saved, *net])
+        if key not in NOT_WEIGHTS and saved.get(key) != net.get(key)
+    ]
+    if saved and differences:
         trained += f" with {', '.join(differences)}"
     choice = config_choice_of(saved) if saved else None
-    fix = (
-        f"pass {choice} (the network it was trained with)"
-        if choice
-        else (
-            "compose the network it was trained with (its model config is saved in the checkpoint)"
-        )
-    )
+    fix = "compose the network it was trained with (its model config is saved in the checkpoint)"
+    if choice:
+        fix = f"pass {choice} (the network it was trained with)"
     raise UserInputError(
         f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
         f"({net.get('_target_')}): they are of {trained}; {fix}, without model.* overrides that "

@@ -115,11 +115,9 @@ def run_main(main: Callable[[], Any]) -> None:
         sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
 
 
-def set_project_root(entry_file: str) -> Path:
+def set_project_root(entry_file: str) -> None:
     """Make ``paths.root_dir`` (``${oc.env:PROJECT_ROOT}``) the folder of the entry point."""
-    root = Path(entry_file).resolve().parent
-    os.environ.setdefault("PROJECT_ROOT", str(root))
-    return root
+    os.environ.setdefault("PROJECT_ROOT", str(Path(entry_file).resolve().parent))
 
 
 def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:

@@ -50,32 +50,24 @@ PLUGIN_CHOICES = {
 }
 
 
-def _distribution(module: str) -> str:
-    """What ``pip install`` takes for ``module``: :data:`DISTRIBUTION_OF`, else its top level."""
-    return DISTRIBUTION_OF.get(module, module.split(".")[0])
-
-
 class MissingPackage(UserInputError):
     """A feature was asked for whose package is not installed; the message says how to add it."""
 
 
-def install_command(module: str) -> str:
-    """The command that installs ``module``: its extra of volseg, else the package itself."""
+def missing(module: str, feature: str) -> MissingPackage:
+    """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing: the
+    command installs its extra of volseg, else the package itself."""
+    distribution = DISTRIBUTION_OF.get(module, module.split(".")[0])
     extra = EXTRA_OF.get(module) or EXTRA_OF.get(module.split(".")[0])
+    command = f"pip install {distribution}"
     if extra in PIN_TORCH:
         import torch
 
-        return f'pip install torch=={torch.__version__.split("+")[0]} -e ".[{extra}]"'
-    if extra:
-        return f'pip install -e ".[{extra}]"'
-    return f"pip install {_distribution(module)}"
-
-
-def missing(module: str, feature: str) -> MissingPackage:
-    """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing."""
+        command = f'pip install torch=={torch.__version__.split("+")[0]} -e ".[{extra}]"'
+    elif extra:
+        command = f'pip install -e ".[{extra}]"'
     return MissingPackage(
-        f"{feature} needs the {_distribution(module)} package, which is not installed: "
-        f"{install_command(module)}"
+        f"{feature} needs the {distribution} package, which is not installed: {command}"
     )
 
 
@@ -139,12 +131,3 @@ def check_plugin_choices(overrides: Sequence[str]) -> None:
         module = PLUGIN_CHOICES.get(override.lstrip("+").replace(" ", ""))
         if module is not None and not is_installed(module):
             raise missing(module, override)
-
-
-def missing_package_error(err: BaseException, feature: str) -> MissingPackage | None:
-    """:class:`MissingPackage` for a missing third-party package, else ``None``."""
-    if not isinstance(err, ModuleNotFoundError) or not err.name:
-        return None
-    if err.name.split(".")[0] == "volseg":
-        return None
-    return missing(err.name, feature)

@@ -18,7 +18,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.console import file_log
 from volseg.utils.errors import UserInputError, at_config_key
-from volseg.utils.extras import import_failure, missing_package_error
+from volseg.utils.extras import import_failure, missing
 from volseg.utils.sweep import in_multirun
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,13 @@ def config_error(
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
         target = target.group(1) if target else ""
         root = chain[-1]
-        if isinstance(root, ModuleNotFoundError) and not _names_target(root.name, target):
-            # the target's module exists, but a package it imports is missing
-            return missing_package_error(root, f"{key} ({target})")
+        if isinstance(root, ModuleNotFoundError) and not (
+            root.name and (target == root.name or target.startswith(f"{root.name}."))
+        ):
+            # the target's module exists, but a package it imports is missing (volseg's: a bug)
+            if not root.name or root.name.split(".")[0] == "volseg":
+                return None
+            return missing(root.name, f"{key} ({target})")
         if not isinstance(root, ModuleNotFoundError | AttributeError):
             return None  # the target's module raised while importing: a bug, with its traceback
         cause = not_found[0]  # a _target_ that names nothing
@@ -139,11 +143,6 @@ def _argument_assertion(err: BaseException) -> bool:
     while last.tb_next is not None:
         last = last.tb_next
     return "/volseg/" not in last.tb_frame.f_code.co_filename.replace("\\", "/")
-
-
-def _names_target(module: str | None, target: str) -> bool:
-    """Whether the missing ``module`` is ``target`` itself or one of its parents."""
-    return module is not None and (target == module or target.startswith(f"{module}."))
 
 
 def _instantiate_group(cfg: DictConfig | None, group: str) -> list:

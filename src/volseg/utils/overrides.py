@@ -11,9 +11,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 
-def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
-    """Up to ``n`` of ``choices`` closest to ``name`` (difflib's ratio, most alike first)."""
-    return difflib.get_close_matches(name, choices, n=n, cutoff=0.5)
+def _closest(name: str, choices: list[str]) -> list[str]:
+    return difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
 
 
 def group_options(config_dir: Path, group: str) -> list[str]:
@@ -29,11 +28,6 @@ def group_options(config_dir: Path, group: str) -> list[str]:
         defaults = loaded.get("defaults", []) if isinstance(loaded, dict) else []
         bases |= {d for d in defaults if isinstance(d, str) and d in options and d != name}
     return [o for o in options if o not in bases]
-
-
-def _keys(cfg: DictConfig, parent: str) -> list[str]:
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    return [str(k) for k in node] if isinstance(node, DictConfig) else []
 
 
 def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | None:
@@ -64,8 +58,9 @@ def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | N
                     return None
                 parent, _, leaf = key.rpartition(".")
                 cfg = compose(config_name, overrides=[o for o in kept if o != bad])
-                keys = _keys(cfg, parent)
-                near = [f"{parent}.{k}" if parent else k for k in closest(leaf, keys)]
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+                near = [f"{parent}.{k}" if parent else k for k in _closest(leaf, keys)]
                 hint = f"did you mean {' or '.join(near)}?" if near else ""
                 if not near and keys:
                     hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
@@ -89,7 +84,7 @@ def _missing_option(config_dir: Path, err: Exception, overrides: list[str]) -> s
         (o for o in overrides if o.lstrip("+~").split("=", 1)[0] in (group, dotted)),
         f"{group}={option}",
     )
-    near = closest(option, options)
+    near = _closest(option, options)
     rest = [o for o in options if o not in near]
     listed = ", ".join([*near, *rest])
     lead = f"did you mean {' or '.join(near)}? " if near else ""
