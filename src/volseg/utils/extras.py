@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -96,9 +97,10 @@ def require_all(modules: Sequence[str], feature: str) -> None:
             raise missing(module, feature)
 
 
-def import_failure(err: BaseException, path: str, feature: str) -> UserInputError:
-    """Why the class ``path`` did not import, as one :class:`UserInputError` for ``feature`` (a
-    config key): a missing package names its extra, else the part of ``path`` that is missing."""
+def import_failure(err: BaseException, feature: str) -> UserInputError:
+    """Why a class named at ``feature`` (a config key) did not import, as one
+    :class:`UserInputError`: a missing package names its extra, else the part of the path that is
+    missing (Hydra's ``_locate`` names it)."""
     chain: list[BaseException] = []
     while err is not None and err not in chain:
         chain.append(err)
@@ -109,19 +111,12 @@ def import_failure(err: BaseException, path: str, feature: str) -> UserInputErro
             return missing(cause.name.split(".")[0], feature)
     if isinstance(chain[-1], ValueError):  # Hydra: "Located non-class of type 'function' ..."
         return UserInputError(f"{feature}: {str(chain[-1]).splitlines()[0]}")
-    parts = path.split(".")
-    for end in range(len(parts) - 1, 0, -1):
-        try:
-            found: object = importlib.import_module(".".join(parts[:end]))
-        except Exception:  # noqa: BLE001  (not a module: a shorter prefix is tried)
-            continue
-        for part in parts[end:]:
-            if not hasattr(found, part):
-                return UserInputError(
-                    f"{feature}: does not import ({'.'.join(parts[:end])} has no {part!r})"
-                )
-            found = getattr(found, part)
-        break
+    located = re.search(
+        r"Are you sure that '(\w+)' is (?:importable from module|an attribute of) '([\w.]+)'",
+        "\n".join(map(str, chain)),
+    )
+    if located:
+        return UserInputError(f"{feature}: does not import ({located[2]} has no {located[1]!r})")
     return UserInputError(f"{feature}: does not import ({str(chain[-1]).splitlines()[0]})")
 
 

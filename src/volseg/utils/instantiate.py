@@ -85,7 +85,7 @@ def config_error(
         path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
         if isinstance(node, DictConfig) and node.get("path") == path:
             where = f"{where}.path"
-        return import_failure(loading[0], path, f"{where}={path}")
+        return import_failure(loading[0], f"{where}={path}")
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
         target = target.group(1) if target else ""
