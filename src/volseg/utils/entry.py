@@ -47,9 +47,6 @@ USAGE = {
     "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [memory.plan_device=cuda]",
 }
 
-# set when the entry point's task starts: an error before it is Hydra's (composing the config)
-_task_started = False
-
 
 class HeldStderr(io.StringIO):
     """``sys.stderr`` held while Hydra composes (its advice replaced by one line)."""
@@ -79,6 +76,7 @@ class HeldStderr(io.StringIO):
         return getattr(self.stream, "encoding", None) or "utf-8"
 
 
+#: stderr while Hydra composes; ``None`` once the task starts (an error before it is Hydra's)
 _held_stderr: HeldStderr | None = None
 
 
@@ -99,7 +97,7 @@ def run_main(main: Callable[[], Any]) -> None:
     try:
         main()
     except SystemExit as done:
-        if done.code == 1 and not _task_started:
+        if done.code == 1 and _held_stderr is held:  # Hydra could not compose the config
             line = why_composing_failed(sys.argv[1:])
             if line is not None:
                 held.release(write=False)
@@ -120,22 +118,21 @@ def set_project_root(entry_file: str) -> None:
     os.environ.setdefault("PROJECT_ROOT", str(Path(entry_file).resolve().parent))
 
 
-def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:
-    """The config as a tree: printed (``show``) and/or written to ``save_to``."""
+def print_config(cfg: DictConfig, save_to: Path, show: bool) -> None:
+    """The config as a tree, written to ``save_to`` and printed where ``show``."""
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
             OmegaConf.to_yaml(value, resolve=False) if isinstance(value, DictConfig) else str(value)
         )
         tree.add(str(key), style="bold").add(rich.syntax.Syntax(body, "yaml"))
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    with open(save_to, "w") as f:
+        rich.print(tree, file=f)
     if show:
         rich.print(tree)
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with open(save_to, "w") as f:
-            rich.print(tree, file=f)
-        if not show:
-            log.info("Config: %s (extras.print_config=true prints it here)", save_to)
+    else:
+        log.info("Config: %s (extras.print_config=true prints it here)", save_to)
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
@@ -143,8 +140,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     :class:`UserInputError` is one stderr line and exit code 2, a :class:`TrainingDiverged` exit
     code 1; SIGINT/SIGTERM end with the command that resumes (:func:`stopped`). In a multirun a
     failed or pruned job is recorded and returns a :class:`JobStopped`: the sweep goes on."""
-    global _task_started, _held_stderr
-    _task_started = True
+    global _held_stderr
     if _held_stderr is not None:  # the task's warnings and errors go out as they come
         _held_stderr.release()
         _held_stderr = None

@@ -62,9 +62,7 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
     return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)
 
 
-def config_error(
-    err: BaseException, key: str, cfg: DictConfig | None = None
-) -> UserInputError | None:
+def config_error(err: BaseException, key: str, cfg: DictConfig) -> UserInputError | None:
     """The :class:`UserInputError` for ``err``; ``None`` when not about a config value."""
     chain: list[BaseException] = []
     while err is not None and err not in chain:
@@ -76,7 +74,7 @@ def config_error(
         return None  # a ??? value: the entry point names it and shows the command
     # Hydra's wrapper names the node that failed ("full_key: model.net")
     where = next((m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key)
-    node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+    node = OmegaConf.select(cfg, where.removeprefix(f"{key}."))
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     loading = [e for e in chain if str(e).startswith("Error loading '")]
     if loading and not not_found:  # a class named inside the node (get_class's path) is missing
@@ -124,7 +122,7 @@ def config_error(
     else:  # a key of the node that the message mentions (Lightning: "Precision '17' is invalid")
         named = [
             k
-            for k, v in (cfg or {}).items()
+            for k, v in cfg.items()
             if v is not None and re.search(rf"\b{re.escape(str(k))}\b", message, re.IGNORECASE)
         ]
         # a key written as an argument ("devices=0") before one merely mentioned ("accelerator")
