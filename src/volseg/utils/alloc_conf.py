@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,7 @@ def alloc_conf(node: Any) -> str | None:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` value of a node; ``None`` when it sets none."""
     if node is None:
         return None
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
+    node = plain(node)
     if not isinstance(node, Mapping):
         raise UserInputError(
             f"{NODE}={node}: expected allocator options as keys, e.g. "
@@ -173,15 +173,9 @@ def run_allocator_node(cfg: DictConfig) -> Any:
     node = OmegaConf.select(cfg, NODE)
     if not cfg.get("plan"):
         return node
-    import yaml
-
     try:
-        with open(str(cfg.plan)) as f:
-            saved = yaml.safe_load(f)
-        planned = dict(saved["config"]["memory"]["allocator"] or {})
-    except Exception:
+        planned = OmegaConf.load(str(cfg.plan)).config.memory.allocator
+    except Exception:  # not a plan file, or one without the key
         return node
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
-    command = node if isinstance(node, Mapping) else {}
-    return {**planned, **{k: v for k, v in command.items() if v is not None}}
+    command = plain(node) if isinstance(node, DictConfig) else {}
+    return {**plain(planned or {}), **{k: v for k, v in command.items() if v is not None}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,28 +98,17 @@ def _literal_match(config_net: dict[str, Any], saved_net: dict[str, Any]) -> boo
 
 
 def config_choice_of(saved_net: dict[str, Any]) -> str | None:
-    """The choice that builds ``saved_net`` (``model=NAME``, ``model/net=NAME``) or ``None``."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        sources = HydraConfig.get().runtime.config_sources
-    except Exception:  # not composed by Hydra (a script building a model itself)
-        return None
-    for source in sources:
-        path = str(source.get("path", ""))
-        if source.get("schema") != "file" and not path.startswith("/"):
-            continue
-        models = Path(path.removeprefix("file://")) / "model"
-        if not (models / "net").is_dir():
-            continue
-        for group in sorted(models.glob("*.yaml")):
-            defaults = OmegaConf.load(group).get("defaults", [])
-            nets = [d["net"] for d in defaults if isinstance(d, DictConfig) and "net" in d]
-            if nets and _literal_match(_yaml_net(models / "net", nets[0]), saved_net):
-                return f"model={group.stem}"
-        for net in sorted((models / "net").glob("*.yaml")):
-            if _literal_match(_yaml_net(models / "net", net.stem), saved_net):
-                return f"model/net={net.stem}"
+    """The choice of the entry points' ``configs/`` that builds ``saved_net`` (``model=NAME``,
+    ``model/net=NAME``), or ``None``."""
+    models = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs" / "model"
+    for group in sorted(models.glob("*.yaml")):
+        defaults = OmegaConf.load(group).get("defaults", [])
+        nets = [d["net"] for d in defaults if isinstance(d, DictConfig) and "net" in d]
+        if nets and _literal_match(_yaml_net(models / "net", nets[0]), saved_net):
+            return f"model={group.stem}"
+    for net in sorted((models / "net").glob("*.yaml")):
+        if _literal_match(_yaml_net(models / "net", net.stem), saved_net):
+            return f"model/net={net.stem}"
     return None
 
 

@@ -149,18 +149,18 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
     restore_signals = raise_on()
     try:
-        # first of all: torch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts
-        apply_allocator(run_allocator_node(cfg))
-        check_mandatory(cfg)
-        result = task(cfg)
+        try:
+            # first of all: torch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts
+            apply_allocator(run_allocator_node(cfg))
+            check_mandatory(cfg)
+            result = task(cfg)
+        finally:
+            restore_signals()
+            close_wandb()
     except (KeyboardInterrupt, TrainingInterrupted, SIGTERMException) as raised:
-        restore_signals()
-        close_wandb()
         stopped(raised, cfg)
     except Exception as raised:
-        restore_signals()
         err = user_error(raised) or missing_value_error(raised, cfg) or raised
-        close_wandb()
         mark_failed(cfg, err)
         if multirun:
             status = job_status(err)
@@ -176,8 +176,6 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             report_error(str(err))
             sys.exit(2 if isinstance(err, UserInputError) else 1)
         raise
-    restore_signals()
-    close_wandb()
     if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
