@@ -39,36 +39,33 @@ def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | N
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     kept = [o for o in overrides if not o.startswith("-")]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
-            try:
-                compose(config_name, overrides=kept)
-            except MissingConfigException as err:
-                return _missing_option(config_dir, err, kept)
-            except ConfigCompositionException as err:
-                cause = err.__cause__
-                if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not getattr(
-                    cause, "full_key", None
-                ):
-                    return None
-                key = str(cause.full_key)
-                bad = next((o for o in kept if o.split("=", 1)[0].lstrip("~") == key), None)
-                if bad is None:
-                    return None
-                parent, _, leaf = key.rpartition(".")
-                cfg = compose(config_name, overrides=[o for o in kept if o != bad])
-                node = OmegaConf.select(cfg, parent) if parent else cfg
-                keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
-                near = [f"{parent}.{k}" if parent else k for k in _closest(leaf, keys)]
-                hint = f"did you mean {' or '.join(near)}?" if near else ""
-                if not near and keys:
-                    hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
-                return f"{bad}: {key} is not a config key; {hint}".rstrip("; ")
-            except Exception:
+    GlobalHydra.instance().clear()  # Hydra's run may have left it set; the block restores this
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+        try:
+            compose(config_name, overrides=kept)
+        except MissingConfigException as err:
+            return _missing_option(config_dir, err, kept)
+        except ConfigCompositionException as err:
+            cause = err.__cause__
+            if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not getattr(
+                cause, "full_key", None
+            ):
                 return None
-    finally:
-        GlobalHydra.instance().clear()
+            key = str(cause.full_key)
+            bad = next((o for o in kept if o.split("=", 1)[0].lstrip("~") == key), None)
+            if bad is None:
+                return None
+            parent, _, leaf = key.rpartition(".")
+            cfg = compose(config_name, overrides=[o for o in kept if o != bad])
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+            near = [f"{parent}.{k}" if parent else k for k in _closest(leaf, keys)]
+            hint = f"did you mean {' or '.join(near)}?" if near else ""
+            if not near and keys:
+                hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
+            return f"{bad}: {key} is not a config key; {hint}".rstrip("; ")
+        except Exception:
+            return None
     return None
 
 
