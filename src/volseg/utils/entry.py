@@ -22,7 +22,7 @@ from omegaconf.errors import MissingMandatoryValue
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
 from volseg.utils.console import quiet_third_party, report_error
-from volseg.utils.errors import TrainingDiverged, UserInputError
+from volseg.utils.errors import TrainingDiverged, UserInputError, causes
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.overrides import why_composing_failed
 from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
@@ -99,11 +99,9 @@ def run_main(main: Callable[[], Any]) -> None:
     except SystemExit as done:
         if done.code == 1 and _held_stderr is held:  # Hydra could not compose the config
             line = why_composing_failed(sys.argv[1:])
+            held.release(write=line is None)  # else Hydra's own message (a missing file, ...)
             if line is not None:
-                held.release(write=False)
                 print(f"error: {line}", file=sys.stderr)
-            else:
-                held.release()  # Hydra's own message (a missing config file, ...)
             sys.exit(2)
         raise
     finally:
@@ -241,11 +239,7 @@ def seed_everything(cfg: DictConfig) -> None:
 
 def user_error(err: BaseException) -> UserInputError | None:
     """The :class:`UserInputError` behind ``err`` (Hydra's ``instantiate`` wraps it)."""
-    while err is not None:
-        if isinstance(err, UserInputError):
-            return err
-        err = err.__cause__
-    return None
+    return next((e for e in causes(err) if isinstance(e, UserInputError)), None)
 
 
 def close_wandb() -> None:

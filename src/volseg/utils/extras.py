@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from types import ModuleType
 
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, causes
 
 #: the extra of ``pyproject.toml`` that brings each optional module (by its import name)
 EXTRA_OF = {
@@ -101,10 +101,7 @@ def import_failure(err: BaseException, feature: str) -> UserInputError:
     """Why a class named at ``feature`` (a config key) did not import, as one
     :class:`UserInputError`: a missing package names its extra, else the part of the path that is
     missing (Hydra's ``_locate`` names it)."""
-    chain: list[BaseException] = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__
+    chain = causes(err)
     for cause in chain:
         named = isinstance(cause, ModuleNotFoundError) and cause.name
         if named and not is_installed(cause.name.split(".")[0]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.console import file_log
-from volseg.utils.errors import UserInputError, at_config_key
+from volseg.utils.errors import UserInputError, at_config_key, causes
 from volseg.utils.extras import import_failure, missing
 from volseg.utils.sweep import in_multirun
 
@@ -64,14 +65,10 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
 
 def config_error(err: BaseException, key: str, cfg: DictConfig) -> UserInputError | None:
     """The :class:`UserInputError` for ``err``; ``None`` when not about a config value."""
-    chain: list[BaseException] = []
-    while err is not None and err not in chain:
-        if isinstance(err, UserInputError):
-            return err
-        chain.append(err)
-        err = err.__cause__
-    if any(isinstance(e, MissingMandatoryValue) for e in chain):
-        return None  # a ??? value: the entry point names it and shows the command
+    chain = causes(err)
+    ours = next((e for e in chain if isinstance(e, UserInputError)), None)
+    if ours is not None or any(isinstance(e, MissingMandatoryValue) for e in chain):
+        return ours  # None for a ??? value: the entry point names it and shows the command
     # Hydra's wrapper names the node that failed ("full_key: model.net")
     where = next((m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key)
     node = OmegaConf.select(cfg, where.removeprefix(f"{key}."))
@@ -137,10 +134,8 @@ def _argument_assertion(err: BaseException) -> bool:
     arguments); one of volseg's own is a bug and keeps its traceback."""
     if not isinstance(err, AssertionError) or err.__traceback__ is None:
         return False
-    last = err.__traceback__
-    while last.tb_next is not None:
-        last = last.tb_next
-    return "/volseg/" not in last.tb_frame.f_code.co_filename.replace("\\", "/")
+    raised_in = traceback.extract_tb(err.__traceback__)[-1].filename
+    return "/volseg/" not in raised_in.replace("\\", "/")
 
 
 def _instantiate_group(cfg: DictConfig | None, group: str) -> list:

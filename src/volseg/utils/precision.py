@@ -87,7 +87,5 @@ def log_choice(choice: PrecisionChoice) -> None:
         f"trainer.precision={choice.requested} runs as {choice.precision} on "
         f"{choice.device}: {choice.reason}"
     )
-    if choice.requested in BF16 and "no native bf16" in choice.reason:
-        log.warning(line)
-    else:
-        log.info(line)
+    slow = choice.requested in BF16 and "no native bf16" in choice.reason
+    log.log(logging.WARNING if slow else logging.INFO, line)
