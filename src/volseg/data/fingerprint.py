@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import hydra
 import numpy as np
+from nibabel.affines import voxel_sizes
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.io import read_geometry
@@ -68,8 +69,7 @@ def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]
         except ValueError:  # an affine that cannot be reoriented: the check names it
             continue
         shape = list(geometry["shape_zyx"])[:3]
-        affine = np.asarray(geometry["affine"])
-        own = [float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0)]
+        own = [float(v) for v in voxel_sizes(geometry["affine"])[::-1]]  # [z, y, x]
         if spacing is not None:
             shape = resampled_shape(shape, geometry["affine"], spacing)
         found.append((shape, own))

@@ -59,9 +59,6 @@ class HDF5DataModule(VolumeDataModule):
 
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """The HDF5 file ``path`` or those in the folder ``path``, dataset ``raw_key``."""
-        cases = [
-            Case(c.name, c.image, None, image_key=self.raw_key)
-            for c in find_inputs(path, HDF5_SUFFIXES)
-        ]
+        cases = find_inputs(path, HDF5_SUFFIXES, self.raw_key)
         raise_problems(input_problems(cases, in_channels, self.orientation), "the input")
         return cases

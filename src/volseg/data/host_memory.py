@@ -204,9 +204,7 @@ def local_processes(trainer_cfg: Any, device: str) -> int:
     if isinstance(devices, Sequence) and not isinstance(devices, str):
         return max(1, len(devices))
     if str(devices) in ("-1", "auto"):
-        if device == "cuda":
-            return max(1, torch.cuda.device_count())
-        return 1
+        return max(1, torch.cuda.device_count()) if device == "cuda" else 1
     try:
         return max(1, int(devices))
     except (TypeError, ValueError):
@@ -231,15 +229,16 @@ def process_rss() -> int:
 def _cgroup_available() -> int | None:
     """Bytes the memory cgroup still allows (limit − usage, page cache that can be dropped not
     counted as used); ``None`` without a limit."""
-    folder, number = Path("/sys/fs/cgroup"), r"^(\d+)$"
-    limit, usage = _field(folder / "memory.max", number), _field(folder / "memory.current", number)
-    if limit is None:  # cgroup v1
-        folder = folder / "memory"
-        limit = _field(folder / "memory.limit_in_bytes", number)
-        usage = _field(folder / "memory.usage_in_bytes", number)
-        if limit is not None and limit >= 2**60:  # v1 writes "no limit" as a huge number
-            return None
-    if limit is None or usage is None:
+    number = r"^(\d+)$"
+    for folder, limit_file, usage_file in (
+        (Path("/sys/fs/cgroup"), "memory.max", "memory.current"),  # v2 writes "max": no limit
+        (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ):
+        limit, usage = _field(folder / limit_file, number), _field(folder / usage_file, number)
+        if limit is not None:
+            break
+    # v1 writes "no limit" as a huge number
+    if limit is None or usage is None or limit >= 2**60:
         return None
     reclaimable = _field(folder / "memory.stat", r"^(?:total_)?inactive_file (\d+)") or 0
     return max(0, limit - max(0, usage - reclaimable))

@@ -106,8 +106,7 @@ class StackReader(ImageReader):
 
     def read(self, data: Sequence[str] | str, **kwargs: Any):
         names = [data] if isinstance(data, str | Path) else list(data)
-        volumes = [self._read_one(str(name)) for name in names]
-        return volumes if len(volumes) > 1 else volumes[0]
+        return [self._read_one(str(name)) for name in names]
 
     def _read_one(self, name: str) -> tuple[np.ndarray, Sequence[float]]:
         """The array of the file ``name`` as stored, and its voxel size ``[z, y, x]``."""
@@ -123,7 +122,7 @@ class StackReader(ImageReader):
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
         arrays, meta = [], {}
-        for array, spacing in img if isinstance(img, list) else [img]:
+        for array, spacing in img:
             channels = array.ndim == 4
             if not meta:
                 meta = {
@@ -179,10 +178,8 @@ def read_geometry(path: str | Path, key: str | None = None) -> dict[str, Any]:
     elif fmt == "hdf5":
         with require_h5py().File(path, "r") as f:
             dataset = _hdf5_dataset(f, key, path)
-            stored, affine = (
-                tuple(int(s) for s in dataset.shape),
-                _affine(_hdf5_spacing_zyx(dataset)),
-            )
+            stored = tuple(int(s) for s in dataset.shape)
+            affine = _affine(_hdf5_spacing_zyx(dataset))
         channels = stored[0] if len(stored) == 4 else 1
         spatial = stored[1:] if len(stored) == 4 else stored
     else:
@@ -203,8 +200,7 @@ def read_array(path: str | Path, key: str | None = None) -> np.ndarray:
         with require_h5py().File(path, "r") as f:
             return _hdf5_dataset(f, key, path)[()]
     if volume_format(path) == "nifti":
-        array = np.asarray(nib.load(str(path)).dataobj)
-        return array.transpose(3, 2, 1, 0) if array.ndim == 4 else array.transpose(2, 1, 0)
+        return np.asarray(nib.load(str(path)).dataobj).T  # x, y, z (, channels) reversed
     array = tifffile.imread(path)
     return array.transpose(1, 0, 2, 3) if array.ndim == 4 else array
 
@@ -235,15 +231,15 @@ def write_volume(
     by the suffix, with ``affine`` (4x4, file axes ``x, y, z``), else ``spacing_zyx``."""
     path = Path(path)
     fmt = volume_format(path)
-    if fmt is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt is None:
+        raise _unsupported(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if affine is None:
         affine = _affine(spacing_zyx if spacing_zyx is not None else (1.0, 1.0, 1.0))
     sz, sy, sx = (float(np.linalg.norm(affine[:3, i])) for i in (2, 1, 0))
     channels = array_zyx.ndim == 4
     if fmt == "nifti":
-        axes = (3, 2, 1, 0) if channels else (2, 1, 0)
-        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.transpose(axes)), affine), path)
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array_zyx.T), affine), path)
     elif fmt == "hdf5":
         key = key or HDF5_PREDICTION_KEY
         with require_h5py().File(path, "a") as f:
@@ -251,7 +247,7 @@ def write_volume(
                 del f[key]
             dataset = f.create_dataset(key, data=array_zyx, compression="gzip")
             dataset.attrs[HDF5_SPACING_ATTR] = [sz, sy, sx]
-    elif fmt == "tiff":
+    else:
         tifffile.imwrite(
             path,
             array_zyx.transpose(1, 0, 2, 3) if channels else array_zyx,
@@ -259,8 +255,6 @@ def write_volume(
             resolution=(1.0 / sx, 1.0 / sy),
             metadata={"spacing": sz, "axes": "ZCYX" if channels else "ZYX"},
         )
-    else:
-        raise _unsupported(path)
     return path
 
 

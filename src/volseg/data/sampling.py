@@ -21,8 +21,6 @@ def process_shard(rank: int | None = None, world: int | None = None) -> tuple[in
         rank = torch.distributed.get_rank() if distributed else 0
     if world is None:
         world = torch.distributed.get_world_size() if distributed else 1
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} of world size {world}: expected 0 <= rank < world")
     return int(rank), int(world)
 
 
@@ -84,9 +82,9 @@ class ResumableLoader(DataLoader):
         if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
             return {}
         done, total = self.progress()
-        if done >= total:  # the epoch is complete: a resumed run starts the next one
-            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": self.sampler.world}
-        return {"epoch": self.sampler.epoch, "batches_done": done, "world": self.sampler.world}
+        complete = done >= total  # a resumed run starts the next epoch
+        epoch, done = (self.sampler.epoch + 1, 0) if complete else (self.sampler.epoch, done)
+        return {"epoch": epoch, "batches_done": done, "world": self.sampler.world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):
@@ -102,14 +100,10 @@ def check_resume_world(state: dict[str, Any], world: int, source: str) -> None:
     saved = state.get("world")
     if saved is None or int(state.get("batches_done", 0)) == 0 or int(saved) == world:
         return
-
-    def processes(n: int) -> str:
-        return f"{n} process" if n == 1 else f"{n} processes"
-
+    processes = f"{int(saved)} process" + ("es" if int(saved) != 1 else "")
     raise UserInputError(
-        f"{source}: saved mid-epoch by {processes(int(saved))}, resumed on {world}: resume on "
-        f"{processes(int(saved))} (trainer.devices x trainer.num_nodes), or from a checkpoint "
-        "saved at an epoch end"
+        f"{source}: saved mid-epoch by {processes}, resumed on {world}: resume on {processes} "
+        "(trainer.devices x trainer.num_nodes), or from a checkpoint saved at an epoch end"
     )
 
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from monai.data import MetaTensor
 from monai.transforms import (
     ClassesToIndicesd,
     Compose,
@@ -150,10 +149,7 @@ class OwnPatchd(MapTransform):
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
         d = dict(data)
         for key in self.key_iterator(d):
-            value = d[key]
-            if isinstance(value, MetaTensor):
-                value = value.as_tensor()
-            d[key] = torch.as_tensor(value).clone()
+            d[key] = convert_to_tensor(d[key], track_meta=False).clone()
         return d
 
 
@@ -181,13 +177,10 @@ class RandCropWithContextd(Randomizable, MapTransform):
         self.chooser.set_random_state(seed, state)
         return self
 
-    def randomize(self, data: Any = None, indices: Any = None) -> None:
-        self.chooser.randomize(label=data, indices=indices)
-
     def __call__(self, data: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One item, in a list as ``RandCropByLabelClassesd`` returns it."""
         out = dict(data)
-        self.randomize(out["label"], out.pop(LOCATIONS_KEY, None))
+        self.chooser.randomize(label=out["label"], indices=out.pop(LOCATIONS_KEY, None))
         centre = [int(c) for c in self.chooser.cropper.centers[0]]
         # the window in the volume's coordinates; only its part beyond the volume is padded, so
         # a large volume is never copied whole
