@@ -26,15 +26,7 @@ from volseg.utils.errors import TrainingDiverged, UserInputError, causes
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.overrides import why_composing_failed
 from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
-from volseg.utils.sweep import (
-    JobStopped,
-    error_line,
-    failed_jobs,
-    in_multirun,
-    is_global_zero,
-    job_status,
-    record_job,
-)
+from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, record_job, stop_job
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +68,6 @@ class HeldStderr(io.StringIO):
         return getattr(self.stream, "encoding", None) or "utf-8"
 
 
-#: stderr while Hydra composes; ``None`` once the task starts (an error before it is Hydra's)
-_held_stderr: HeldStderr | None = None
-
-
 def run_main(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function: a bad override or a missing plugin's extra exits 2 with one
     line; a multirun in which a job failed exits 1."""
@@ -91,13 +79,12 @@ def run_main(main: Callable[[], Any]) -> None:
     if refused is not None:
         print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
-    global _held_stderr
-    _held_stderr = held = HeldStderr(sys.stderr)
-    sys.stderr = held
+    # held until the task starts (run_task): an error before it is Hydra's, composing the config
+    sys.stderr = held = HeldStderr(sys.stderr)
     try:
         main()
     except SystemExit as done:
-        if done.code == 1 and _held_stderr is held:  # Hydra could not compose the config
+        if done.code == 1 and sys.stderr is held:  # Hydra could not compose the config
             line = why_composing_failed(sys.argv[1:])
             held.release(write=line is None)  # else Hydra's own message (a missing file, ...)
             if line is not None:
@@ -106,7 +93,6 @@ def run_main(main: Callable[[], Any]) -> None:
         raise
     finally:
         held.release()
-        _held_stderr = None
     if failed_jobs:
         sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
 
@@ -137,11 +123,9 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment: a
     :class:`UserInputError` is one stderr line and exit code 2, a :class:`TrainingDiverged` exit
     code 1; SIGINT/SIGTERM end with the command that resumes (:func:`stopped`). In a multirun a
-    failed or pruned job is recorded and returns a :class:`JobStopped`: the sweep goes on."""
-    global _held_stderr
-    if _held_stderr is not None:  # the task's warnings and errors go out as they come
-        _held_stderr.release()
-        _held_stderr = None
+    failed or pruned job is recorded and returns a ``JobStopped``: the sweep goes on."""
+    if isinstance(sys.stderr, HeldStderr):  # the task's warnings and errors go out as they come
+        sys.stderr.release()
     quiet_third_party()
     multirun = in_multirun()
     # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
@@ -161,15 +145,7 @@ def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         err = user_error(raised) or missing_value_error(raised, cfg) or raised
         mark_failed(cfg, err)
         if multirun:
-            status = job_status(err)
-            if status == "pruned":
-                log.warning("Job pruned: %s; the sweep goes on", err)
-            else:
-                log.exception("Job failed; the sweep goes on")
-            print(f"error: job {status}: {err}", file=sys.stderr)
-            if is_global_zero():
-                record_job(None, err)
-            return JobStopped(status, error_line(err))
+            return stop_job(err)
         if isinstance(err, UserInputError | TrainingDiverged):
             report_error(str(err))
             sys.exit(2 if isinstance(err, UserInputError) else 1)

@@ -105,6 +105,20 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> N
         writer.writerow(row)
 
 
+def stop_job(err: BaseException) -> JobStopped:
+    """A failed or pruned job (called where it is caught): logged, its row recorded, its status
+    returned to the sweeper; the sweep goes on."""
+    status = job_status(err)
+    if status == "pruned":
+        log.warning("Job pruned: %s; the sweep goes on", err)
+    else:
+        log.exception("Job failed; the sweep goes on")
+    print(f"error: job {status}: {err}", file=sys.stderr)
+    if is_global_zero():
+        record_job(None, err)
+    return JobStopped(status, error_line(err))
+
+
 def error_line(error: BaseException) -> str:
     """The error as one line of at most 500 characters (``Type: message | next line``)."""
     return " | ".join(f"{type(error).__name__}: {error}".splitlines())[:500]
