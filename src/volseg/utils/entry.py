@@ -172,13 +172,10 @@ def stopped(raised: BaseException, cfg: DictConfig) -> None:
 
 def mark_failed(cfg: DictConfig, err: BaseException, status: str = "failed") -> None:
     """``summary.json`` (status and error) for a run that ended without one."""
-    try:
-        out = Path(str(cfg.paths.output_dir))
-    except Exception:  # no run folder (a config without paths)
-        return
-    summary = out / "summary.json"
-    if not out.is_dir() or summary.exists() or not is_global_zero():
-        return
+    out = OmegaConf.select(cfg, "paths.output_dir", throw_on_resolution_failure=False)
+    summary = Path(str(out)) / "summary.json"
+    if out is None or not summary.parent.is_dir() or summary.exists() or not is_global_zero():
+        return  # no run folder (a config without paths), or a summary written already
     summary.write_text(json.dumps({"status": status, "error": str(err)}, indent=2))
 
 

@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from volseg.utils.checkpoint_io import BackgroundCheckpointIO
 from volseg.utils.console import file_log
 from volseg.utils.errors import UserInputError, at_config_key, causes
 from volseg.utils.extras import import_failure, missing
@@ -57,8 +58,6 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
             "shard the data by rank themselves; Lightning's would shard it twice. Remove the key"
         )
     if async_checkpoint:
-        from volseg.utils.checkpoint_io import BackgroundCheckpointIO
-
         kwargs["plugins"] = [*kwargs.get("plugins", []), BackgroundCheckpointIO()]
     return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)
 

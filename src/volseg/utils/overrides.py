@@ -8,7 +8,12 @@ import sys
 from pathlib import Path
 
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 
 def _closest(name: str, choices: list[str]) -> list[str]:
@@ -33,11 +38,6 @@ def group_options(config_dir: Path, group: str) -> list[str]:
 def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | None:
     """The line naming the unknown key or group option among ``overrides`` and the closest valid
     ones; ``None`` for any other failure (Hydra's message stands)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException, MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
     kept = [o for o in overrides if not o.startswith("-")]
     GlobalHydra.instance().clear()  # Hydra's run may have left it set; the block restores this
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
@@ -92,8 +92,6 @@ def why_composing_failed(args: list[str]) -> str | None:
     """The line naming the first of ``args`` that does not parse, else the unknown key or group
     option among them (:func:`explain`, against the entry point's ``configs/<script>.yaml``);
     ``None``: Hydra's own message stands."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     for arg in args:
         if arg.startswith("-"):
