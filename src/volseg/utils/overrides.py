@@ -82,8 +82,7 @@ def _missing_option(config_dir: Path, err: Exception, overrides: list[str]) -> s
         f"{group}={option}",
     )
     near = _closest(option, options)
-    rest = [o for o in options if o not in near]
-    listed = ", ".join([*near, *rest])
+    listed = ", ".join(dict.fromkeys([*near, *options]))  # the closest first
     lead = f"did you mean {' or '.join(near)}? " if near else ""
     return f"{bad}: no {group} named {option!r} in configs/{group}/; {lead}options: {listed}"
 
