@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 import traceback
 from pathlib import Path
@@ -22,8 +21,6 @@ from volseg.utils.console import file_log
 from volseg.utils.errors import UserInputError, at_config_key, causes
 from volseg.utils.extras import import_failure, missing
 from volseg.utils.sweep import in_multirun
-
-log = logging.getLogger(__name__)
 
 # what a constructor raises about a value it was given: at the config boundary, the user's mistake
 CONFIG_VALUE_ERRORS = (
