@@ -113,7 +113,6 @@ def instrument(timers: Timers) -> None:
             timers.wrap(logger, name, "logging")
     for name in ("on_validation_epoch_start", "on_validation_batch_end", "on_validation_epoch_end"):
         timers.wrap(overlays.ValidationOverlays, name, "validation overlays")
-    timers.wrap(overlays, "log_memory_charts", "memory charts")
     for name in (
         "on_train_batch_start",
         "on_before_backward",
@@ -122,7 +121,7 @@ def instrument(timers: Timers) -> None:
         "on_train_batch_end",
         "on_fit_end",
     ):
-        timers.wrap(MemoryMonitor, name, "memory monitor (per-step reads, charts written)")
+        timers.wrap(MemoryMonitor, name, "memory monitor (per-step reads, charts)")
 
 
 def run(overrides: list[str], epochs: int, workdir: Path) -> tuple[float, Timers, int]:

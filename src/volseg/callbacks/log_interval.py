@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -25,7 +24,7 @@ class LogInterval(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         batches = trainer.num_training_batches
         every = trainer.log_every_n_steps
-        if not isinstance(batches, int) or math.isinf(batches) or not 0 < batches < every:
+        if not isinstance(batches, int) or not 0 < batches < every:  # inf: a float
             return
         trainer.log_every_n_steps = batches
         log.info(

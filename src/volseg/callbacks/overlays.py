@@ -16,7 +16,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.memory.monitor.callback import log_memory_charts  # noqa: E402
 from volseg.utils.loggers import loggers_of  # noqa: E402
 
 
@@ -92,8 +91,7 @@ class ValidationOverlays(Callback):
     the first ``max_volumes`` validation volumes (the step's ``{"pred": (B, D, H, W)}``, the
     batch's ``image`` ``(B, C, D, H, W)``, channel 0 drawn, and ``label`` ``(B, 1, D, H, W)``) as
     ``output_dir/epoch_<E>_<case>.png``, W&B ``val/overlays`` (with masks) and TensorBoard
-    ``val/overlays/<case>``; with ``log_memory_charts``, the memory monitor's charts at fit end
-    (:mod:`volseg.memory.monitor.chart_logging`). Only global rank 0 writes.
+    ``val/overlays/<case>``. Only global rank 0 writes.
     """
 
     def __init__(
@@ -102,7 +100,6 @@ class ValidationOverlays(Callback):
         every_n_epochs: int | None = None,
         num_slices: int = 3,
         max_volumes: int = 2,
-        log_memory_charts: bool = True,
     ) -> None:
         if (every_n_epochs is not None and every_n_epochs < 1) or num_slices < 1 or max_volumes < 1:
             raise ValueError(
@@ -114,9 +111,7 @@ class ValidationOverlays(Callback):
         self.every_n_epochs = None if every_n_epochs is None else int(every_n_epochs)
         self.num_slices = int(num_slices)
         self.max_volumes = int(max_volumes)
-        self.log_memory_charts = log_memory_charts
         self.volumes: list[VolumeSlices] = []
-        self.written: list[Path] = []
         self._logged_epoch: int | None = None
 
     def _due(self, trainer: Trainer) -> bool:
@@ -165,14 +160,13 @@ class ValidationOverlays(Callback):
         if not self.volumes or not self._due(trainer):
             return
         self._logged_epoch = trainer.current_epoch
-        class_names = list(getattr(pl_module, "class_names", None) or self._default_names())
+        class_names = list(pl_module.class_names)
         step, epoch = trainer.global_step, trainer.current_epoch
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for volume in self.volumes:
             rgb = render_overlay(volume, class_names, f"{volume.name}, epoch {epoch}")
             path = self.output_dir / f"epoch_{epoch:03d}_{volume.name}.png"
             plt.imsave(path, rgb)
-            self.written.append(path)
             for logger in loggers_of(trainer, TensorBoardLogger):
                 logger.experiment.add_image(
                     f"val/overlays/{volume.name}", rgb, step, dataformats="HWC"
@@ -180,10 +174,6 @@ class ValidationOverlays(Callback):
         for logger in loggers_of(trainer, WandbLogger):
             logger.log_metrics({"val/overlays": self._wandb_images(class_names)}, step=step)
         self.volumes = []
-
-    def _default_names(self) -> list[str]:
-        top = max(int(max(v.label.max(), v.pred.max())) for v in self.volumes)
-        return [f"class_{k}" for k in range(top + 1)]
 
     def _wandb_images(self, class_names: list[str]) -> list[Any]:
         import wandb
@@ -199,9 +189,3 @@ class ValidationOverlays(Callback):
                 pixels = (volume.image[k] * 255).round().astype(np.uint8)
                 images.append(wandb.Image(pixels, masks=masks, caption=f"{volume.name} z={z}"))
         return images
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # teardown runs after every callback's on_fit_end (the monitor writes its timeline there)
-        # and before the loggers are finalized
-        if stage == "fit" and self.log_memory_charts and trainer.is_global_zero:
-            log_memory_charts(trainer)

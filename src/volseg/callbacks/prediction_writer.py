@@ -25,13 +25,12 @@ class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
     as ``output_dir/<case name>`` in the input's format, geometry and grid (brought back from
     ``data.spacing`` and from ``orientation``, the ``data.orientation`` it was loaded in). Each
-    rank writes the cases it validated; ``written`` lists this process's.
+    rank writes the cases it validated.
     """
 
     def __init__(self, output_dir: str | Path, orientation: str | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.orientation = orientation
-        self.written: list[Path] = []
 
     def on_validation_batch_end(
         self,
@@ -57,5 +56,5 @@ class ValidationPredictionWriter(Callback):
             )
             target = self.output_dir / name
             array = pred.numpy().astype(label_dtype(pl_module.num_classes))
-            self.written.append(write_volume(target, array, affine=geometry["affine"]))
+            write_volume(target, array, affine=geometry["affine"])
             log.info("Rank %d wrote %s", trainer.global_rank, target)

@@ -1,11 +1,8 @@
 """How fast a run trains and how busy it keeps its device: step time, the share of it spent
 fetching batches, and the step's FLOP rate against the GPU's peak (model FLOP utilization).
 
-Nothing is synchronized: the figures are wall-clock means over every optimizer step after the
-warm-up, so that queued CUDA work is counted where the loop waits for it (16-mixed's inf check
-waits for the device at every step; otherwise the bounded launch queue holds the loop back).
-Gaps between epochs and validation are not counted: they are neither a step nor a batch
-fetched for one.
+Nothing is synchronized: wall-clock means over the optimizer steps after the warm-up count queued
+CUDA work where the loop waits for it. Gaps between epochs and validation are not counted.
 """
 
 from __future__ import annotations
@@ -146,11 +143,10 @@ class TrainingSpeed(Callback):
 
     def _check_slow(self, seconds: float, step: int) -> None:
         """Warn of a batch far slower than the recent ones (the warm-up's are not recent)."""
-        recent = self._recent
-        self._batches_since_warning += 1
-        usual = statistics.median(recent) if len(recent) >= 3 else None
-        before = len(recent)
+        recent, before = self._recent, len(self._recent)
+        usual = statistics.median(recent) if before >= 3 else None
         recent.append(seconds)
+        self._batches_since_warning += 1
         if (
             usual is None
             or self.slow_step_factor is None
@@ -261,8 +257,7 @@ class TrainingSpeed(Callback):
             rate,
         )
         if s["data_wait_share"] > self.data_wait_warning:
-            loader = getattr(trainer, "train_dataloader", None)
-            workers = getattr(loader, "num_workers", None)
+            workers = getattr(getattr(trainer, "train_dataloader", None), "num_workers", None)
             cpu = trainer.strategy.root_device.type == "cpu"
             log.warning(
                 "The loader did not keep up: %.0f%% of the step time went to fetching batches "

@@ -218,28 +218,20 @@ def _chain(x: Tensor, links: int) -> Tensor:
 
 
 def _count(work: StepWork, cost: str) -> float:
-    return 1.0 if cost == "probe" else float(getattr(work, _COUNTS[cost]))
+    """How many times a probe's ``work`` pays ``cost``: the :class:`StepWork` count named as its
+    plural (``call``: ``calls``); ``probe``: once."""
+    return 1.0 if cost == "probe" else float(getattr(work, cost + "s"))
 
 
 def _solved(
     probes: list[tuple[StepWork, float]], known: dict[str, float], names: list[str]
 ) -> dict[str, float]:
     """The costs ``names`` that the probes' times leave after the ``known`` costs: as many
-    probes as names, each cost times its count (:data:`_COUNTS`; ``probe``: once a probe)."""
+    probes as names, each cost times its count (:func:`_count`)."""
     counts = [[_count(w, n) for n in names] for w, _ in probes]
     rest = [t - sum(_count(w, k) * v for k, v in known.items()) for w, t in probes]
     solved = torch.linalg.solve(torch.tensor(counts), torch.tensor(rest)).clamp(min=0)
     return dict(zip(names, solved.tolist(), strict=True))
-
-
-#: a :class:`DeviceSpeed` cost -> the :class:`StepWork` count it multiplies
-_COUNTS = {
-    "call": "calls",
-    "segment": "segments",
-    "segment_call": "segment_calls",
-    "selective_segment": "selective_segments",
-    "selective_call": "selective_calls",
-}
 
 
 @functools.cache

@@ -78,7 +78,7 @@ def test_resident_state_over_the_budget_is_refused_with_its_bytes(small):
     # float32 parameters, a gradient each and AdamW's two moments
     resident = 4 * param_bytes
     answer = fit_step(small, resident // 2, checkpointing_options=OPTIONS)
-    assert not answer.found and answer.overrides == []
+    assert answer.overrides == [] and answer.micro_batching is None
     assert answer.resident == pytest.approx(resident, rel=0.02)
     text = answer.refusal("X")
     assert "resident training state alone needs" in text
@@ -91,7 +91,7 @@ def test_refusal_names_every_lever_tried_with_the_least_it_needed(small):
     resident = fit_step(small, 1, checkpointing_options=OPTIONS).resident
     budget = resident + 1024  # above what no lever lowers, below any step
     answer = fit_step(small, budget, checkpointing_options=OPTIONS)
-    assert not answer.found
+    assert answer.overrides == [] and answer.micro_batching is None
     text = answer.refusal("B")
     assert text.startswith("memory.budget=B: nothing fits")
     assert "activation_checkpointing none, all" in text

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimate.allocator import AllocatorSettings
 from volseg.memory.estimate.inference import (
@@ -49,13 +49,6 @@ def _frozen(value: Any) -> Any:
     """A list as a tuple, so that a variant can be hashed."""
     if isinstance(value, list | tuple):
         return tuple(_frozen(v) for v in value)
-    return value
-
-
-def _thawed(value: Any) -> Any:
-    """A tuple as a list, for a config."""
-    if isinstance(value, tuple):
-        return [_thawed(v) for v in value]
     return value
 
 
@@ -98,20 +91,11 @@ class Variant:
             None if accumulate_grad_batches is None else int(accumulate_grad_batches),
         )
 
-    def overrides(self) -> dict[str, Any]:
-        """``{config key: value}`` of the keys this variant sets."""
-        return {
-            key: _thawed(getattr(self, field))
-            for field, key in self.KEYS.items()
-            if getattr(self, field) is not None
-        }
-
 
 @dataclass
 class RunEstimate:
     """One variant of a planned run, from one trace."""
 
-    variant: Variant
     step: MemoryEstimate
     flops_per_step: int
     work: StepWork
@@ -126,8 +110,8 @@ def estimate_run(
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:
-        with open_dict(cfg):  # the plan's device (a plan may be for a GPU this machine lacks)
-            OmegaConf.update(cfg, "memory.plan_device", device.value, force_add=True)
+        # the plan's device (a plan may be for a GPU this machine lacks)
+        set_key(cfg, "memory.plan_device", device.value)
     return estimate_config(cfg, variant or Variant(), validation_shape)
 
 
@@ -149,11 +133,9 @@ def step_flops(cfg: DictConfig, **overrides: Any) -> int:
     return estimate_config(cfg, Variant.of(**overrides)).flops_per_step
 
 
-def estimate_validation(
-    cfg: DictConfig, volume_shape: Sequence[int], settings: Any = None
-) -> InferenceEstimate:
+def estimate_validation(cfg: DictConfig, volume_shape: Sequence[int]) -> InferenceEstimate:
     """Validating one ``[D, H, W]`` volume after the planned ``cfg``'s training steps."""
-    validation = estimate_config(cfg, Variant(), whole_volume(volume_shape), settings).validation
+    validation = estimate_config(cfg, Variant(), whole_volume(volume_shape)).validation
     assert validation is not None  # a shape was given
     return validation
 
@@ -162,36 +144,30 @@ _runs: OrderedDict[tuple, RunEstimate] = OrderedDict()
 
 
 def estimate_config(
-    cfg: DictConfig,
-    variant: Variant,
-    validation_shape: Sequence[int] | None = None,
-    settings: Any = None,
+    cfg: DictConfig, variant: Variant, validation_shape: Sequence[int] | None = None
 ) -> RunEstimate:
-    """:func:`estimate_run` of a planned config; ``settings``: ``cuda_context_mib`` and ``gpu``
-    (default: ``cfg.memory``'s). A run asked again is answered from its cached trace."""
+    """:func:`estimate_run` of a planned config. A run asked again is answered from its cached
+    trace."""
     cfg = copy.deepcopy(cfg)
-    for key, value in variant.overrides().items():
-        set_key(cfg, key, value)
+    for name, key in Variant.KEYS.items():
+        if getattr(variant, name) is not None:  # a tuple becomes a list in the config
+            set_key(cfg, key, getattr(variant, name))
     shape = None if validation_shape is None else tuple(int(v) for v in validation_shape)
-    settings = settings if settings is not None else (cfg.get("memory") or {})
-    if isinstance(settings, DictConfig):
-        settings = OmegaConf.to_container(settings)
-    run_key = (OmegaConf.to_yaml(cfg), repr(settings), repr(RULES))
+    run_key = (OmegaConf.to_yaml(cfg), repr(RULES))
     found = _runs.get((*run_key, shape))
     if found is None and shape is None:
         found = next((r for k, r in _runs.items() if k[:-1] == run_key), None)
     if found is None:
-        found = _trace(cfg, variant, shape, settings)
+        found = _trace(cfg, shape)
         _runs[(*run_key, shape)] = found
         while len(_runs) > CACHED_RUNS:
             _runs.popitem(last=False)
     return found
 
 
-def _trace(
-    cfg: DictConfig, variant: Variant, shape: tuple[int, ...] | None, settings: Any
-) -> RunEstimate:
+def _trace(cfg: DictConfig, shape: tuple[int, ...] | None) -> RunEstimate:
     started = time.perf_counter()
+    settings = cfg.get("memory")  # cuda_context_mib and gpu
     device, mode, step = fake_step(cfg)
     precision = planned_precision(cfg)
     allocator: AllocatorSettings = allocator_settings(cfg)
@@ -203,4 +179,4 @@ def _trace(
         validation = phase.estimate(trace, precision, settings, allocator, started)
         if device == "cuda":  # validation's reserved peak rests on the step's replay
             with_margin(validation, Margin(est.margin, est.margin_source, est.margin_fixed_mib))
-    return RunEstimate(variant, est, trace.flops, trace.work, validation)
+    return RunEstimate(est, trace.flops, trace.work, validation)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
@@ -19,7 +19,7 @@ import monai.inferers.utils as sliding_window
 import torch
 from monai.data.utils import dense_patch_slices
 from monai.metrics.meandice import DiceHelper
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
@@ -34,6 +34,7 @@ from volseg.memory.estimate.step import (
 from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
+from volseg.utils.config import set_key
 from volseg.utils.errors import UserInputError
 
 STITCH = ("device", "host")
@@ -69,17 +70,9 @@ class InferenceEstimate(Planned):
     cuda_context: int
     process_total: int
     seconds: float
-    events: list[Event] = field(default_factory=list, repr=False)
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
-    allocator: AllocatorSettings = field(default_factory=AllocatorSettings, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("events")
-        out.pop("allocator")
-        return out
 
     def summary(self) -> dict[str, int]:
         """The figures ``plan.yaml`` and the JSON keep (bytes)."""
@@ -148,27 +141,16 @@ def _forward_template(span: list[Event], out: Any) -> tuple | None:
 
 
 class _CountedWindows:
-    """The module's inferer in the trace, each window batch's forward bracketed (``spans``).
-    After :data:`TRACED_WINDOW_BATCHES` forwards of one shape, the last one's events are
-    replayed instead (the same bytes at the same moments)."""
+    """An inferer's calls in the trace (its class's ``__call__`` made :meth:`counting`), each
+    window batch's forward bracketed (``spans``). After :data:`TRACED_WINDOW_BATCHES` forwards
+    of one shape, the last one's events are replayed instead (the same bytes at the same
+    moments)."""
 
-    _own = ("inferer", "tracker", "spans", "forwards")
-
-    def __init__(self, inferer: Any, tracker: RecordingMemTracker) -> None:
-        self.inferer, self.tracker = inferer, tracker
+    def __init__(self, tracker: RecordingMemTracker) -> None:
+        self.tracker = tracker
         self.spans: list[tuple[int, int]] = []
         # window batch (shape, dtype, device) -> (forwards traced, the last one's template)
         self.forwards: dict[tuple, tuple[int, tuple | None]] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inferer, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # predict_step sets the inferer's sw_device: the real inferer's
-        if name in self._own:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.inferer, name, value)
 
     def _replay(self, template: tuple) -> torch.Tensor:
         """A traced forward's events again (fresh handles), its output made where it was."""
@@ -193,22 +175,27 @@ class _CountedWindows:
         emit(span[kept + 1 :])
         return out
 
-    def __call__(self, inputs: torch.Tensor, network: Any, *args: Any, **kwargs: Any) -> Any:
-        def predictor(window: torch.Tensor, *a: Any, **k: Any) -> Any:
-            self.tracker.reset_mod_stats()
-            events = self.tracker.events
-            start = len(events)
-            key = (tuple(window.shape), window.dtype, window.device)
-            traced, template = self.forwards.get(key, (0, None))
-            if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
-                out = self._replay(template)
-            else:
-                out = network(window, *a, **k)
-                self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
-            self.spans.append((start, len(events)))
-            return out
+    def counting(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        """An inferer class's ``__call__(inferer, inputs, network, ...)``, its network counted."""
 
-        return self.inferer(inputs, predictor, *args, **kwargs)
+        def counted(inferer: Any, inputs: torch.Tensor, network: Any, *args: Any, **kw: Any) -> Any:
+            def predictor(window: torch.Tensor, *a: Any, **k: Any) -> Any:
+                self.tracker.reset_mod_stats()
+                events = self.tracker.events
+                start = len(events)
+                key = (tuple(window.shape), window.dtype, window.device)
+                traced, template = self.forwards.get(key, (0, None))
+                if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
+                    out = self._replay(template)
+                else:
+                    out = network(window, *a, **k)
+                    self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
+                self.spans.append((start, len(events)))
+                return out
+
+            return call(inferer, inputs, predictor, *args, **kw)
+
+        return counted
 
 
 def _window_rise(held: list[int], spans: list[tuple[int, int]]) -> int:
@@ -252,15 +239,14 @@ class Phase:
     def then(self, tracker: RecordingMemTracker) -> None:
         tracker.mark()
         module = self.step.module
-        real = module.inferer
-        windows = _CountedWindows(real, tracker)
-        real_device = real.device
+        inferer, windows = type(module.inferer), _CountedWindows(tracker)
+        real_device = module.inferer.device
         if self.stitch == "host":
-            real.device = "meta" if self.device == "cuda" else "cpu"
-        module.inferer = windows
+            module.inferer.device = "meta" if self.device == "cuda" else "cpu"
         module.eval()
         try:
             with (
+                mock.patch.object(inferer, "__call__", windows.counting(inferer.__call__)),
                 # MONAI's data-dependent steps, as what they allocate (the module's docstring)
                 mock.patch.object(sliding_window, "compute_importance_map", _importance_map),
                 mock.patch.object(DiceHelper, "compute_channel", _dice_channel),
@@ -268,7 +254,7 @@ class Phase:
             ):
                 self.run((1, self.step.image_shape[1], *self.volume_shape))
         finally:
-            module.inferer, real.device = real, real_device
+            module.inferer.device = real_device
         self.spans = windows.spans
 
     def estimate(
@@ -293,7 +279,7 @@ class Phase:
         volume = channels * voxels * itemsize + (
             voxels * itemsize if self.phase == "validation" else 0
         )
-        return InferenceEstimate(
+        est = InferenceEstimate(
             phase=self.phase,
             device=device,
             precision=precision,
@@ -316,9 +302,9 @@ class Phase:
             cuda_context=peaks["cuda_context"],
             process_total=peaks["peak_reserved"] + peaks["cuda_context"],
             seconds=time.perf_counter() - started,
-            events=events,
-            allocator=allocator,
         )
+        est.events, est.allocator = events, allocator
+        return est
 
 
 def validation_phase(cfg: DictConfig, step: Any, device: str, volume_shape: Sequence[int]) -> Phase:
@@ -349,7 +335,6 @@ def estimate_prediction(
     stitch: str = "device",
     flip_axes: Sequence[int] = (),
     precision: str = PREDICT_PRECISION,
-    settings: Any = None,
 ) -> InferenceEstimate:
     """Predicted memory of ``predict.py`` on one volume with the planned ``cfg``'s network and
     inferer, stitched on the ``device`` or the ``host``, averaged over the mirrorings of
@@ -359,29 +344,27 @@ def estimate_prediction(
     started = time.perf_counter()
     shape = whole_volume(volume_shape)
     cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.trainer.precision = precision
+    set_key(cfg, "trainer.precision", precision)
     device, mode, step = fake_step(cfg)
     module = step.module
     classes = int(module.num_classes)
     host = "meta" if device == "cuda" else "cpu"  # host memory: not in a CUDA ledger
-    # the predictor holds the module and shares its inferer (the trace swaps it in the module)
+    # the predictor holds the module and shares its inferer (the trace counts its calls)
     predictor = VolumePredictor(module, module.inferer, classes, flip_axes, stitch="device")
     target = torch.device(host if stitch == "host" else "cpu")
     predictor.stitch_device = lambda spatial_shape: target  # type: ignore[method-assign]
 
     def run(image_shape: tuple[int, ...]) -> None:
-        predictor.inferer = module.inferer  # the counting stand-in
         with step.autocast():
             # the volume waits on the host until predict_step knows where it is stitched
             image = torch.empty(image_shape, dtype=step.input_dtype, device=host)
             out = predictor.predict_step({"image": image}, 0)
             del image, out
 
-    settings = settings if settings is not None else (cfg.get("memory") or {})
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
     trace = trace_steps(step, mode, device, phase.then, steps=0)
-    est = phase.estimate(trace, planned_precision(cfg), settings, allocator_settings(cfg), started)
+    memory = cfg.get("memory")  # cuda_context_mib and gpu
+    est = phase.estimate(trace, planned_precision(cfg), memory, allocator_settings(cfg), started)
     if device == "cuda":  # a forward without training: a plain step's margin
         with_margin(est, margin_for(device, False, 1))
     return est

@@ -9,11 +9,11 @@ import json
 import math
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib.resources import files
 from typing import Any
 
-from volseg.memory.estimate.allocator import OutOfMemory, replay
+from volseg.memory.estimate.allocator import AllocatorSettings, OutOfMemory, replay
 from volseg.utils.cpu import cpu_kind
 from volseg.utils.units import MIB
 
@@ -30,11 +30,6 @@ class Margin:
     share: float
     source: str
     fixed_mib: float = 0.0
-
-    @property
-    def fraction(self) -> float:
-        """The share (the files' older name for it)."""
-        return self.share
 
     def bytes_on(self, quantity: int) -> int:
         """What this margin adds to ``quantity`` bytes: ``ceil(fixed + share x quantity)``."""
@@ -194,7 +189,15 @@ def total_within(est: Any, budget: int) -> int | None:
 
 
 class Planned:
-    """What a step's and an inference's estimate answer of a budget."""
+    """What a step's and an inference's estimate answer of a budget, from their ledger
+    (``events``) replayed under ``allocator``'s settings; neither is a figure of ``to_dict``."""
+
+    def __post_init__(self) -> None:
+        self.events: list[tuple[str, int, int]] = []
+        self.allocator = AllocatorSettings()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     def total_within(self, budget: int) -> int | None:
         return total_within(self, budget)

@@ -12,14 +12,14 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 from unittest import mock
 
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from volseg.memory.estimate.allocator import AllocatorSettings, replay, round_size
@@ -43,6 +43,7 @@ from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
 from volseg.speed.step_time import StepWork, counted_segments
+from volseg.utils.config import set_key
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
@@ -83,14 +84,6 @@ class MemoryEstimate(Planned):
     margin: float = 0.0
     margin_source: str = ""
     margin_fixed_mib: float = 0.0
-
-    def __post_init__(self) -> None:
-        # the step's ledger and memory.allocator's settings, for replays under a budget
-        self.events: list[Event] = []
-        self.allocator = AllocatorSettings()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def planned_device(cfg: DictConfig) -> str:
@@ -219,14 +212,11 @@ class TrainingStep:
         self,
         steps: int,
         new_batch: Any = None,
-        on_step_start: Any = None,
         before_update: Any = None,
         on_micro_batch_start: Any = None,
     ) -> None:
         """``steps`` optimizer steps; ``before_update``: ``on_before_optimizer_step``."""
         for _ in range(steps):
-            if on_step_start is not None:
-                on_step_start()
             for micro_batch in range(self.loop.accumulate_grad_batches):
                 if on_micro_batch_start is not None:
                     on_micro_batch_start()
@@ -291,13 +281,12 @@ def build_training_step(
     ``activation_checkpointing`` override the config's."""
     precision = planned_precision(cfg)
     cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        if batch_size is not None:
-            cfg.data.batch_size = int(batch_size)
-        if activation_checkpointing is not None:
-            cfg.model.activation_checkpointing = activation_checkpointing
-        # compiling changes kernels, not what the step keeps: not run on fake tensors
-        cfg.model.compile = False
+    if batch_size is not None:
+        set_key(cfg, "data.batch_size", int(batch_size))
+    if activation_checkpointing is not None:
+        set_key(cfg, "model.activation_checkpointing", activation_checkpointing)
+    # compiling changes kernels, not what the step keeps: not run on fake tensors
+    set_key(cfg, "model.compile", False)
     loop = replace(LoopSettings.from_config(cfg.trainer), zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     return module_training_step(
@@ -425,9 +414,9 @@ def trace_steps(
         warnings.filterwarnings("ignore", message="Module is None")
         for n in range(steps):
             tracker.count_flops = n == 0
+            tracker.mark()
             step.run(
                 1,
-                on_step_start=tracker.mark,
                 before_update=tracker.optimizer_update_begins,
                 # MemTracker follows one forward per module
                 on_micro_batch_start=tracker.reset_mod_stats,

@@ -68,10 +68,11 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
     base = run()
     rows: list[LeverPrice] = []
     speed = device_speed(base.step.device)
+    base_seconds = None if speed is None else base.work.seconds(speed)
 
     def add(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> None:
         flops = est.flops_per_step / max(base.flops_per_step, 1)
-        seconds = None if speed is None else est.work.seconds(speed) / base.work.seconds(speed)
+        seconds = None if speed is None else est.work.seconds(speed) / base_seconds
         peak = planned_total(est.step)
         rows.append(LeverPrice(lever, setting, peak, seconds, flops, moved, why))
 

@@ -21,17 +21,25 @@ def bisect(ok: Callable[[int], bool], good: int, bad: int) -> int:
     return good
 
 
-def largest_fitting(
-    fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
-) -> tuple[int, Found | None]:
-    """Largest ``n`` in ``[lo, hi]`` for which the monotone ``fits(n)`` gives an estimate
-    (``(lo - 1, None)`` when ``lo`` does not): doubling steps from ``guess``, then bisection."""
+def _remembered(
+    fits: Callable[[int], Found | None],
+) -> tuple[Callable[[int], bool], dict[int, Found | None]]:
+    """``ok(n)``: whether ``fits(n)`` gives an estimate, each kept in the dict returned with it."""
     found: dict[int, Found | None] = {}
 
     def ok(n: int) -> bool:
         found[n] = fits(n)
         return found[n] is not None
 
+    return ok, found
+
+
+def largest_fitting(
+    fits: Callable[[int], Found | None], lo: int, hi: int, guess: int
+) -> tuple[int, Found | None]:
+    """Largest ``n`` in ``[lo, hi]`` for which the monotone ``fits(n)`` gives an estimate
+    (``(lo - 1, None)`` when ``lo`` does not): doubling steps from ``guess``, then bisection."""
+    ok, found = _remembered(fits)
     n = min(max(guess, lo), hi)
     step = 1
     if ok(n):
@@ -71,12 +79,7 @@ def most_windows(
     """The largest window count below ``above`` that ``fits``: :func:`windows_at_once` from
     ``start`` to the first that fits, then (``bisected``) bisecting up to the last that did
     not; ``(0, None)`` when none fits."""
-    found: dict[int, Found | None] = {}
-
-    def ok(n: int) -> bool:
-        found[n] = fits(n)
-        return found[n] is not None
-
+    ok, found = _remembered(fits)
     bad = above
     for n in windows_at_once(start):
         if ok(n):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from volseg.memory.estimate.engine import estimate, step_flops
 from volseg.memory.estimate.margins import planned_total
@@ -20,7 +20,7 @@ from volseg.memory.estimate.step import LoopSettings, MemoryEstimate
 from volseg.memory.fit.search import largest_fitting, least, shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
-from volseg.utils.config import plain
+from volseg.utils.config import plain, set_key
 from volseg.utils.errors import at_config_key
 from volseg.utils.units import MIB
 
@@ -53,10 +53,6 @@ class StepFit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @property
-    def found(self) -> bool:
-        return bool(self.overrides) or self.micro_batching is not None
 
     def refusal(self, budget_value: Any) -> str:
         """Why nothing fits ``memory.budget=budget_value``, in one line: the resident state
@@ -136,18 +132,7 @@ class Planner:
     #: how many times a batch guess that does not fit is moved before the search walks from it
     GUESS_REFINEMENTS = 2
 
-    def __init__(
-        self,
-        cfg: DictConfig,
-        budget: int,
-        max_batch_size: int = 256,
-        checkpoint_loss: bool | None = None,
-    ) -> None:
-        """``checkpoint_loss``: ``model.checkpoint_loss`` (``None``: as configured)."""
-        if checkpoint_loss is not None:
-            cfg = copy.deepcopy(cfg)
-            with open_dict(cfg):
-                cfg.model.checkpoint_loss = checkpoint_loss
+    def __init__(self, cfg: DictConfig, budget: int, max_batch_size: int = 256) -> None:
         self.cfg = cfg
         self.checkpoint_loss = bool(cfg.model.get("checkpoint_loss", False))
         self.budget = budget
@@ -215,9 +200,8 @@ class Planner:
             cfg = self.cfg
             if sized:
                 cfg = copy.deepcopy(self.cfg)
-                with open_dict(cfg):
-                    for name, value in sized.items():
-                        cfg.model.net[name] = value
+                for name, value in sized.items():
+                    set_key(cfg, f"model.net.{name}", value)
             self._sized[key] = cfg
         return self._sized[key]
 
@@ -396,7 +380,9 @@ def _fallback(
     )
     patch_planner, extra = planner, []
     if not planner.checkpoint_loss:
-        loss = Planner(planner.cfg, planner.budget, planner.max_batch_size, checkpoint_loss=True)
+        loss_cfg = copy.deepcopy(planner.cfg)
+        set_key(loss_cfg, "model.checkpoint_loss", True)
+        loss = Planner(loss_cfg, planner.budget, planner.max_batch_size)
         # searched only where one estimate shows it lowering the step (docs/memory.md)
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
@@ -500,8 +486,7 @@ def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> Ba
     """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step whose estimate fits
     ``budget`` bytes; the batch after it is estimated too, to show where it stops fitting."""
     cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.data.batch_size = 1  # each estimate sets its own batch
+    set_key(cfg, "data.batch_size", 1)  # each estimate sets its own batch
     planner = Planner(cfg, budget, max_batch_size)
     checkpointing = plain(cfg.model.get("activation_checkpointing", "none"))
     found, _ = planner.largest_batch(checkpointing)

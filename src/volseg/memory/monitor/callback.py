@@ -1,4 +1,4 @@
-"""MemoryMonitor, and :func:`log_memory_charts` that sends its charts to TensorBoard and W&B.
+"""MemoryMonitor: memory per training step and phase, per validation and per prediction.
 
 Phases of one training step: ``fwd`` (batch start -> ``on_before_backward``: forward and loss),
 ``bwd`` (-> ``on_after_backward``), ``opt`` (-> batch end). The peak counter is read and reset
@@ -308,6 +308,24 @@ class MemoryMonitor(Callback):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         plot_timeline(self.history, self.output_dir / "memory_timeline.png", self.reader.kind)
         log.info("Memory summary: %s", json.dumps(self.summary()))
+        self._log_charts(trainer)
+
+    def _log_charts(self, trainer: Trainer) -> None:
+        """The charts written so far (the timeline, the layers at ``trace_step``) to TensorBoard
+        as images and to W&B; the loggers are not finalized before every on_fit_end has run."""
+        charts = {
+            key: path
+            for key, name in (("mem/timeline", "memory_timeline"), ("mem/layers", "memory_layers"))
+            if (path := self.output_dir / f"{name}.png").is_file()
+        }
+        step = trainer.global_step
+        for logger in loggers_of(trainer, TensorBoardLogger):
+            for key, path in charts.items():
+                logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
+        for logger in loggers_of(trainer, WandbLogger):
+            import wandb
+
+            logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -321,29 +339,3 @@ class MemoryMonitor(Callback):
             )
             log.error("%s", report)
             print(report, flush=True)
-
-
-# the files MemoryMonitor writes into its output_dir (timeline at fit end, layers at trace_step)
-MEMORY_CHARTS = {"mem/timeline": "memory_timeline.png", "mem/layers": "memory_layers.png"}
-
-
-def log_memory_charts(trainer: Trainer) -> dict[str, Path]:
-    """Log the memory monitor's charts that exist to TensorBoard (images) and W&B; returns them
-    by key (empty without a :class:`MemoryMonitor` among the callbacks)."""
-    monitor = next((c for c in trainer.callbacks if isinstance(c, MemoryMonitor)), None)
-    if monitor is None:
-        return {}
-    charts = {
-        key: path
-        for key, name in MEMORY_CHARTS.items()
-        if (path := monitor.output_dir / name).is_file()
-    }
-    step = trainer.global_step
-    for logger in loggers_of(trainer, TensorBoardLogger):
-        for key, path in charts.items():
-            logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
-    for logger in loggers_of(trainer, WandbLogger):
-        import wandb
-
-        logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
-    return charts

@@ -61,19 +61,15 @@ class LayerTrace:
         tensors: list[torch.Tensor] = []  # the batch's tensors (not its names, paths, ...)
         apply_to_collection(batch, torch.Tensor, tensors.append)
         self.tracker.track_external(module, *optimizers, *tensors)
-        self._running = False
 
     def start(self) -> None:
         self.tracker.__enter__()
-        self._running = True
 
     def optimizer_update_begins(self) -> None:
         self.tracker.optimizer_update_begins()
 
     def stop(self) -> None:
-        if self._running:
-            self.tracker.__exit__(None, None, None)
-            self._running = False
+        self.tracker.__exit__(None, None, None)
 
     def peak(self) -> dict[str, int]:
         """Peak bytes per category over the traced step, summed over devices."""
@@ -120,12 +116,11 @@ class LayerTrace:
         by_block = block_activations(rows)
         plot_layer_bars(by_block, output_dir / "memory_layers.png")
         peak = self.peak()
+        kinds = ("activations", "temporaries", "params", "grads", "optimizer_state")
+        at_peak = ", ".join(f"{kind} {peak[kind] / MIB:.1f} MiB" for kind in kinds)
         lines = [
             "Memory by module (one training step; activations a module's forward left alive). "
-            f"At the step's peak: activations {peak['activations'] / MIB:.1f} MiB, "
-            f"temporaries {peak['temporaries'] / MIB:.1f} MiB, params {peak['params'] / MIB:.1f} "
-            f"MiB, grads {peak['grads'] / MIB:.1f} MiB, optimizer state "
-            f"{peak['optimizer_state'] / MIB:.1f} MiB:"
+            f"At the step's peak: {at_peak}:"
         ]
         total = sum(by_block.values()) or 1.0
         for name, mib in list(by_block.items())[:top]:
