@@ -40,7 +40,7 @@ def network_class(net: DictConfig) -> type:
     try:
         return get_class(str(target))
     except Exception as err:
-        raise import_failure(err, str(target), f"model.net._target_={target}") from None
+        raise import_failure(err, f"model.net._target_={target}") from None
 
 
 def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:

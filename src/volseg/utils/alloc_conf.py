@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,7 @@ def alloc_conf(node: Any) -> str | None:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` value of a node; ``None`` when it sets none."""
     if node is None:
         return None
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
+    node = plain(node)
     if not isinstance(node, Mapping):
         raise UserInputError(
             f"{NODE}={node}: expected allocator options as keys, e.g. "
@@ -121,12 +121,6 @@ def alloc_conf(node: Any) -> str | None:
     return ",".join(parts) or None
 
 
-def environment_conf(environ: Mapping[str, str] | None = None) -> str | None:
-    """The allocator settings in the environment, as torch 2.13 reads them."""
-    environ = os.environ if environ is None else environ
-    return environ.get(ENV) or environ.get(ENV_GENERIC) or None
-
-
 @dataclass(frozen=True)
 class AllocatorChoice:
     """The allocator settings a run uses (``None``: torch's defaults), their source and why."""
@@ -137,13 +131,15 @@ class AllocatorChoice:
 
 
 def resolve_allocator(node: Any, environ: Mapping[str, str] | None = None) -> AllocatorChoice:
-    """The config's settings where it sets a key, else the environment's, else torch's defaults."""
+    """The config's settings where it sets a key, else the environment's (torch 2.13 reads either
+    variable), else torch's defaults."""
+    environ = os.environ if environ is None else environ
     configured = alloc_conf(node)
-    present = environment_conf(environ)
+    present = environ.get(ENV) or environ.get(ENV_GENERIC) or None
     if configured is not None:
         why = f"{ENV}, set before CUDA starts"
         if present is not None and present != configured:
-            why += f"; replaced {present!r} of the environment"
+            why += f"; replaces {present!r} of the environment"
         return AllocatorChoice(configured, "configured", why)
     if present is not None:
         return AllocatorChoice(present, "the environment", f"{ENV}; {NODE} sets no key")
@@ -156,9 +152,8 @@ def apply_allocator(node: Any, environ: MutableMapping[str, str] | None = None) 
     choice = resolve_allocator(node, environ)
     if choice.source != "configured":
         return choice
-    present = environment_conf(environ)
-    if present is not None and present != choice.value:
-        log.warning("%s: %s=%r replaces %r of the environment", NODE, ENV, choice.value, present)
+    if "replaces" in choice.why:  # the user's own setting of the environment is lost: say so
+        log.warning("%s=%r: %s", NODE, choice.value, choice.why)
     environ[ENV] = environ[ENV_GENERIC] = choice.value
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
@@ -178,15 +173,9 @@ def run_allocator_node(cfg: DictConfig) -> Any:
     node = OmegaConf.select(cfg, NODE)
     if not cfg.get("plan"):
         return node
-    import yaml
-
     try:
-        with open(str(cfg.plan)) as f:
-            saved = yaml.safe_load(f)
-        planned = dict(saved["config"]["memory"]["allocator"] or {})
-    except Exception:
+        planned = OmegaConf.load(str(cfg.plan)).config.memory.allocator
+    except Exception:  # not a plan file, or one without the key
         return node
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
-    command = node if isinstance(node, Mapping) else {}
-    return {**planned, **{k: v for k, v in command.items() if v is not None}}
+    command = plain(node) if isinstance(node, DictConfig) else {}
+    return {**plain(planned or {}), **{k: v for k, v in command.items() if v is not None}}

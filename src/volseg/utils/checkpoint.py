@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,39 +98,18 @@ def _literal_match(config_net: dict[str, Any], saved_net: dict[str, Any]) -> boo
 
 
 def config_choice_of(saved_net: dict[str, Any]) -> str | None:
-    """The choice that builds ``saved_net`` (``model=NAME``, ``model/net=NAME``) or ``None``."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        sources = HydraConfig.get().runtime.config_sources
-    except Exception:  # not composed by Hydra (a script building a model itself)
-        return None
-    for source in sources:
-        path = str(source.get("path", ""))
-        if source.get("schema") != "file" and not path.startswith("/"):
-            continue
-        models = Path(path.removeprefix("file://")) / "model"
-        if not (models / "net").is_dir():
-            continue
-        for group in sorted(models.glob("*.yaml")):
-            defaults = OmegaConf.load(group).get("defaults", [])
-            nets = [d["net"] for d in defaults if isinstance(d, DictConfig) and "net" in d]
-            if nets and _literal_match(_yaml_net(models / "net", nets[0]), saved_net):
-                return f"model={group.stem}"
-        for net in sorted((models / "net").glob("*.yaml")):
-            if _literal_match(_yaml_net(models / "net", net.stem), saved_net):
-                return f"model/net={net.stem}"
+    """The choice of the entry points' ``configs/`` that builds ``saved_net`` (``model=NAME``,
+    ``model/net=NAME``), or ``None``."""
+    models = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs" / "model"
+    for group in sorted(models.glob("*.yaml")):
+        defaults = OmegaConf.load(group).get("defaults", [])
+        nets = [d["net"] for d in defaults if isinstance(d, DictConfig) and "net" in d]
+        if nets and _literal_match(_yaml_net(models / "net", nets[0]), saved_net):
+            return f"model={group.stem}"
+    for net in sorted((models / "net").glob("*.yaml")):
+        if _literal_match(_yaml_net(models / "net", net.stem), saved_net):
+            return f"model/net={net.stem}"
     return None
-
-
-def _differences(saved_net: dict[str, Any], config_net: dict[str, Any]) -> list[str]:
-    """``key=checkpoint's (config's)`` for each argument that shapes the weights and differs."""
-    keys = [k for k in dict.fromkeys([*saved_net, *config_net]) if k not in NOT_WEIGHTS]
-    return [
-        f"{key}={saved_net.get(key)} (the config: {config_net.get(key)})"
-        for key in keys
-        if saved_net.get(key) != config_net.get(key)
-    ]
 
 
 def check_weights_fit(
@@ -147,17 +127,18 @@ def check_weights_fit(
     saved_model = (checkpoint.get("volseg", {}).get("config") or {}).get("model") or {}
     saved = dict(saved_model.get("net") or {})
     trained = f"{saved.get('_target_')}"
-    differences = _differences(saved, net) if saved else []
-    if differences:
+    # ``key=checkpoint's (config's)`` for each argument that shapes the weights and differs
+    differences = [
+        f"{key}={saved.get(key)} (the config: {net.get(key)})"
+        for key in dict.fromkeys([*saved, *net])
+        if key not in NOT_WEIGHTS and saved.get(key) != net.get(key)
+    ]
+    if saved and differences:
         trained += f" with {', '.join(differences)}"
     choice = config_choice_of(saved) if saved else None
-    fix = (
-        f"pass {choice} (the network it was trained with)"
-        if choice
-        else (
-            "compose the network it was trained with (its model config is saved in the checkpoint)"
-        )
-    )
+    fix = "compose the network it was trained with (its model config is saved in the checkpoint)"
+    if choice:
+        fix = f"pass {choice} (the network it was trained with)"
     raise UserInputError(
         f"ckpt_path={ckpt_path}: its weights do not fit the network of the model config "
         f"({net.get('_target_')}): they are of {trained}; {fix}, without model.* overrides that "

@@ -96,16 +96,6 @@ def link_checkpoint(source: str, path: str) -> None:
     log.info("Saved %s: the file of %s (the same state)", path, source)
 
 
-def describe(checkpoint: dict[str, Any]) -> str:
-    """``step S, epoch E, batch B of the epoch`` of a Lightning checkpoint."""
-    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    batch = progress.get("current", {}).get("processed", 0)
-    return (
-        f"step {checkpoint.get('global_step', 0)}, epoch {checkpoint.get('epoch', 0)}, "
-        f"batch {batch} of the epoch"
-    )
-
-
 class BackgroundCheckpointIO(AsyncCheckpointIO):
     """:class:`AsyncCheckpointIO` writing host snapshots (the module docstring)."""
 
@@ -113,7 +103,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         super().__init__(checkpoint_io)
         self._pending: deque[Future] = deque()  # the writes, oldest first
         self._buffers = HostBuffers()
-        self.blocked_seconds = 0.0
+        self.blocked_seconds = 0.0  # saves and teardown waiting (a link or removal never waits)
         self.written_seconds = 0.0
         self.writes = 0
         self.links = 0
@@ -160,33 +150,34 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         storage_options: Any | None,
     ) -> None:
         assert self.checkpoint_io is not None
+        # a remote file system writes in its own transaction; a local file is renamed when whole
+        tmp = path if "://" in path else path + TMP_SUFFIX
         try:
-            if "://" in path:  # a remote file system: its own transaction, no rename
-                self.checkpoint_io.save_checkpoint(
-                    checkpoint, path, storage_options=storage_options
-                )
-            else:
-                tmp = path + TMP_SUFFIX
-                self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+            self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+            if tmp != path:
                 os.replace(tmp, path)  # atomic on one file system
-            log.info("Saved %s: %s", path, describe(checkpoint))
+            progress = checkpoint.get("loops", {}).get("fit_loop", {})
+            batch = progress.get("epoch_loop.batch_progress", {}).get("current", {})
+            log.info(
+                "Saved %s: step %s, epoch %s, batch %s of the epoch",
+                path,
+                checkpoint.get("global_step", 0),
+                checkpoint.get("epoch", 0),
+                batch.get("processed", 0),
+            )
         finally:
             self._buffers.give_back(taken)
 
     def link_checkpoint(self, source: str, path: str) -> None:
         """``path`` as a second name of ``source`` once the writes before it are done; no wait."""
-        started = time.monotonic()
         if self._error:
             raise self._error
         self._submit(link_checkpoint, str(source), str(path))
         self.links += 1
-        self.blocked_seconds += time.monotonic() - started
 
     def remove_checkpoint(self, path: Any) -> None:
-        started = time.monotonic()
         assert self.checkpoint_io is not None
         self._submit(self.checkpoint_io.remove_checkpoint, path)  # after the writes before it
-        self.blocked_seconds += time.monotonic() - started
 
     def teardown(self) -> None:
         """Waits for the writes in flight."""

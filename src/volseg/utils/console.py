@@ -31,6 +31,4 @@ def _keep(record: logging.LogRecord) -> bool:
 def quiet_third_party() -> None:
     """Drop Lightning's tips (:data:`QUIET_PREFIXES`) from the console and the log."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if _keep not in logger.filters:
-            logger.addFilter(_keep)
+        logging.getLogger(name).addFilter(_keep)  # once: addFilter skips one it holds

@@ -22,19 +22,11 @@ from omegaconf.errors import MissingMandatoryValue
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
 from volseg.utils.console import quiet_third_party, report_error
-from volseg.utils.errors import TrainingDiverged, UserInputError
+from volseg.utils.errors import TrainingDiverged, UserInputError, causes
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.overrides import why_composing_failed
 from volseg.utils.signals import TrainingInterrupted, raise_on, resume_command
-from volseg.utils.sweep import (
-    JobStopped,
-    error_line,
-    failed_jobs,
-    in_multirun,
-    is_global_zero,
-    job_status,
-    record_job,
-)
+from volseg.utils.sweep import failed_jobs, in_multirun, is_global_zero, record_job, stop_job
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +38,6 @@ USAGE = {
     "estimate": "python estimate_memory.py [train.py overrides] [memory.json_out=FILE]",
     "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [memory.plan_device=cuda]",
 }
-
-# set when the entry point's task starts: an error before it is Hydra's (composing the config)
-_task_started = False
 
 
 class HeldStderr(io.StringIO):
@@ -79,9 +68,6 @@ class HeldStderr(io.StringIO):
         return getattr(self.stream, "encoding", None) or "utf-8"
 
 
-_held_stderr: HeldStderr | None = None
-
-
 def run_main(main: Callable[[], Any]) -> None:
     """Call a ``@hydra.main`` function: a bad override or a missing plugin's extra exits 2 with one
     line; a multirun in which a job failed exits 1."""
@@ -93,97 +79,77 @@ def run_main(main: Callable[[], Any]) -> None:
     if refused is not None:
         print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
-    global _held_stderr
-    _held_stderr = held = HeldStderr(sys.stderr)
-    sys.stderr = held
+    # held until the task starts (run_task): an error before it is Hydra's, composing the config
+    sys.stderr = held = HeldStderr(sys.stderr)
     try:
         main()
     except SystemExit as done:
-        if done.code == 1 and not _task_started:
+        if done.code == 1 and sys.stderr is held:  # Hydra could not compose the config
             line = why_composing_failed(sys.argv[1:])
+            held.release(write=line is None)  # else Hydra's own message (a missing file, ...)
             if line is not None:
-                held.release(write=False)
                 print(f"error: {line}", file=sys.stderr)
-            else:
-                held.release()  # Hydra's own message (a missing config file, ...)
             sys.exit(2)
         raise
     finally:
         held.release()
-        _held_stderr = None
     if failed_jobs:
         sys.exit(1)  # a multirun in which a job failed (SweepSummary printed which)
 
 
-def set_project_root(entry_file: str) -> Path:
+def set_project_root(entry_file: str) -> None:
     """Make ``paths.root_dir`` (``${oc.env:PROJECT_ROOT}``) the folder of the entry point."""
-    root = Path(entry_file).resolve().parent
-    os.environ.setdefault("PROJECT_ROOT", str(root))
-    return root
+    os.environ.setdefault("PROJECT_ROOT", str(Path(entry_file).resolve().parent))
 
 
-def print_config(cfg: DictConfig, save_to: Path | None = None, show: bool = True) -> None:
-    """The config as a tree: printed (``show``) and/or written to ``save_to``."""
+def print_config(cfg: DictConfig, save_to: Path, show: bool) -> None:
+    """The config as a tree, written to ``save_to`` and printed where ``show``."""
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
             OmegaConf.to_yaml(value, resolve=False) if isinstance(value, DictConfig) else str(value)
         )
         tree.add(str(key), style="bold").add(rich.syntax.Syntax(body, "yaml"))
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    with open(save_to, "w") as f:
+        rich.print(tree, file=f)
     if show:
         rich.print(tree)
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with open(save_to, "w") as f:
-            rich.print(tree, file=f)
-        if not show:
-            log.info("Config: %s (extras.print_config=true prints it here)", save_to)
+    else:
+        log.info("Config: %s (extras.print_config=true prints it here)", save_to)
 
 
 def run_task(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """Run ``task(cfg)`` after writing ``memory.allocator`` into the environment: a
     :class:`UserInputError` is one stderr line and exit code 2, a :class:`TrainingDiverged` exit
     code 1; SIGINT/SIGTERM end with the command that resumes (:func:`stopped`). In a multirun a
-    failed or pruned job is recorded and returns a :class:`JobStopped`: the sweep goes on."""
-    global _task_started, _held_stderr
-    _task_started = True
-    if _held_stderr is not None:  # the task's warnings and errors go out as they come
-        _held_stderr.release()
-        _held_stderr = None
+    failed or pruned job is recorded and returns a ``JobStopped``: the sweep goes on."""
+    if isinstance(sys.stderr, HeldStderr):  # the task's warnings and errors go out as they come
+        sys.stderr.release()
     quiet_third_party()
     multirun = in_multirun()
     # until training handles it (a clean stop at a step boundary): SIGTERM stops as Ctrl-C does
     restore_signals = raise_on()
     try:
-        # first of all: torch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts
-        apply_allocator(run_allocator_node(cfg))
-        check_mandatory(cfg)
-        result = task(cfg)
+        try:
+            # first of all: torch reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts
+            apply_allocator(run_allocator_node(cfg))
+            check_mandatory(cfg)
+            result = task(cfg)
+        finally:
+            restore_signals()
+            close_wandb()
     except (KeyboardInterrupt, TrainingInterrupted, SIGTERMException) as raised:
-        restore_signals()
-        close_wandb()
         stopped(raised, cfg)
     except Exception as raised:
-        restore_signals()
         err = user_error(raised) or missing_value_error(raised, cfg) or raised
-        close_wandb()
         mark_failed(cfg, err)
         if multirun:
-            status = job_status(err)
-            if status == "pruned":
-                log.warning("Job pruned: %s; the sweep goes on", err)
-            else:
-                log.exception("Job failed; the sweep goes on")
-            print(f"error: job {status}: {err}", file=sys.stderr)
-            if is_global_zero():
-                record_job(None, err)
-            return JobStopped(status, error_line(err))
+            return stop_job(err)
         if isinstance(err, UserInputError | TrainingDiverged):
             report_error(str(err))
             sys.exit(2 if isinstance(err, UserInputError) else 1)
         raise
-    restore_signals()
-    close_wandb()
     if multirun and is_global_zero():
         record_job(result if isinstance(result, dict) else None, None)
     return result
@@ -206,13 +172,10 @@ def stopped(raised: BaseException, cfg: DictConfig) -> None:
 
 def mark_failed(cfg: DictConfig, err: BaseException, status: str = "failed") -> None:
     """``summary.json`` (status and error) for a run that ended without one."""
-    try:
-        out = Path(str(cfg.paths.output_dir))
-    except Exception:  # no run folder (a config without paths)
-        return
-    summary = out / "summary.json"
-    if not out.is_dir() or summary.exists() or not is_global_zero():
-        return
+    out = OmegaConf.select(cfg, "paths.output_dir", throw_on_resolution_failure=False)
+    summary = Path(str(out)) / "summary.json"
+    if out is None or not summary.parent.is_dir() or summary.exists() or not is_global_zero():
+        return  # no run folder (a config without paths), or a summary written already
     summary.write_text(json.dumps({"status": status, "error": str(err)}, indent=2))
 
 
@@ -249,11 +212,7 @@ def seed_everything(cfg: DictConfig) -> None:
 
 def user_error(err: BaseException) -> UserInputError | None:
     """The :class:`UserInputError` behind ``err`` (Hydra's ``instantiate`` wraps it)."""
-    while err is not None:
-        if isinstance(err, UserInputError):
-            return err
-        err = err.__cause__
-    return None
+    return next((e for e in causes(err) if isinstance(e, UserInputError)), None)
 
 
 def close_wandb() -> None:

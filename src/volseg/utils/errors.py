@@ -38,3 +38,12 @@ def at_config_key(message: str, node: str) -> UserInputError:
     if re.match(r"[A-Za-z_]\w*\.\w", message):
         return UserInputError(message)
     return UserInputError(f"{node}.{message}")
+
+
+def causes(err: BaseException | None) -> list[BaseException]:
+    """``err`` and the errors it was raised from (``raise ... from``), outermost first."""
+    chain: list[BaseException] = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__
+    return chain

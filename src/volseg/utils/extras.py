@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from collections.abc import Sequence
 from types import ModuleType
 
-from volseg.utils.errors import UserInputError
+from volseg.utils.errors import UserInputError, causes
 
 #: the extra of ``pyproject.toml`` that brings each optional module (by its import name)
 EXTRA_OF = {
@@ -50,32 +51,24 @@ PLUGIN_CHOICES = {
 }
 
 
-def _distribution(module: str) -> str:
-    """What ``pip install`` takes for ``module``: :data:`DISTRIBUTION_OF`, else its top level."""
-    return DISTRIBUTION_OF.get(module, module.split(".")[0])
-
-
 class MissingPackage(UserInputError):
     """A feature was asked for whose package is not installed; the message says how to add it."""
 
 
-def install_command(module: str) -> str:
-    """The command that installs ``module``: its extra of volseg, else the package itself."""
+def missing(module: str, feature: str) -> MissingPackage:
+    """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing: the
+    command installs its extra of volseg, else the package itself."""
+    distribution = DISTRIBUTION_OF.get(module, module.split(".")[0])
     extra = EXTRA_OF.get(module) or EXTRA_OF.get(module.split(".")[0])
+    command = f"pip install {distribution}"
     if extra in PIN_TORCH:
         import torch
 
-        return f'pip install torch=={torch.__version__.split("+")[0]} -e ".[{extra}]"'
-    if extra:
-        return f'pip install -e ".[{extra}]"'
-    return f"pip install {_distribution(module)}"
-
-
-def missing(module: str, feature: str) -> MissingPackage:
-    """The error for ``feature`` (e.g. ``data=mni152``) whose package ``module`` is missing."""
+        command = f'pip install torch=={torch.__version__.split("+")[0]} -e ".[{extra}]"'
+    elif extra:
+        command = f'pip install -e ".[{extra}]"'
     return MissingPackage(
-        f"{feature} needs the {_distribution(module)} package, which is not installed: "
-        f"{install_command(module)}"
+        f"{feature} needs the {distribution} package, which is not installed: {command}"
     )
 
 
@@ -104,32 +97,23 @@ def require_all(modules: Sequence[str], feature: str) -> None:
             raise missing(module, feature)
 
 
-def import_failure(err: BaseException, path: str, feature: str) -> UserInputError:
-    """Why the class ``path`` did not import, as one :class:`UserInputError` for ``feature`` (a
-    config key): a missing package names its extra, else the part of ``path`` that is missing."""
-    chain: list[BaseException] = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__
+def import_failure(err: BaseException, feature: str) -> UserInputError:
+    """Why a class named at ``feature`` (a config key) did not import, as one
+    :class:`UserInputError`: a missing package names its extra, else the part of the path that is
+    missing (Hydra's ``_locate`` names it)."""
+    chain = causes(err)
     for cause in chain:
         named = isinstance(cause, ModuleNotFoundError) and cause.name
         if named and not is_installed(cause.name.split(".")[0]):
             return missing(cause.name.split(".")[0], feature)
     if isinstance(chain[-1], ValueError):  # Hydra: "Located non-class of type 'function' ..."
         return UserInputError(f"{feature}: {str(chain[-1]).splitlines()[0]}")
-    parts = path.split(".")
-    for end in range(len(parts) - 1, 0, -1):
-        try:
-            found: object = importlib.import_module(".".join(parts[:end]))
-        except Exception:  # noqa: BLE001  (not a module: a shorter prefix is tried)
-            continue
-        for part in parts[end:]:
-            if not hasattr(found, part):
-                return UserInputError(
-                    f"{feature}: does not import ({'.'.join(parts[:end])} has no {part!r})"
-                )
-            found = getattr(found, part)
-        break
+    located = re.search(
+        r"Are you sure that '(\w+)' is (?:importable from module|an attribute of) '([\w.]+)'",
+        "\n".join(map(str, chain)),
+    )
+    if located:
+        return UserInputError(f"{feature}: does not import ({located[2]} has no {located[1]!r})")
     return UserInputError(f"{feature}: does not import ({str(chain[-1]).splitlines()[0]})")
 
 
@@ -139,12 +123,3 @@ def check_plugin_choices(overrides: Sequence[str]) -> None:
         module = PLUGIN_CHOICES.get(override.lstrip("+").replace(" ", ""))
         if module is not None and not is_installed(module):
             raise missing(module, override)
-
-
-def missing_package_error(err: BaseException, feature: str) -> MissingPackage | None:
-    """:class:`MissingPackage` for a missing third-party package, else ``None``."""
-    if not isinstance(err, ModuleNotFoundError) or not err.name:
-        return None
-    if err.name.split(".")[0] == "volseg":
-        return None
-    return missing(err.name, feature)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import re
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,11 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from volseg.utils.checkpoint_io import BackgroundCheckpointIO
 from volseg.utils.console import file_log
-from volseg.utils.errors import UserInputError, at_config_key
-from volseg.utils.extras import import_failure, missing_package_error
+from volseg.utils.errors import UserInputError, at_config_key, causes
+from volseg.utils.extras import import_failure, missing
 from volseg.utils.sweep import in_multirun
-
-log = logging.getLogger(__name__)
 
 # what a constructor raises about a value it was given: at the config boundary, the user's mistake
 CONFIG_VALUE_ERRORS = (
@@ -56,27 +55,19 @@ def build_trainer(cfg: DictConfig, async_checkpoint: bool = False, **kwargs: Any
             "shard the data by rank themselves; Lightning's would shard it twice. Remove the key"
         )
     if async_checkpoint:
-        from volseg.utils.checkpoint_io import BackgroundCheckpointIO
-
         kwargs["plugins"] = [*kwargs.get("plugins", []), BackgroundCheckpointIO()]
     return build(cfg, "trainer", use_distributed_sampler=False, **kwargs)
 
 
-def config_error(
-    err: BaseException, key: str, cfg: DictConfig | None = None
-) -> UserInputError | None:
+def config_error(err: BaseException, key: str, cfg: DictConfig) -> UserInputError | None:
     """The :class:`UserInputError` for ``err``; ``None`` when not about a config value."""
-    chain: list[BaseException] = []
-    while err is not None and err not in chain:
-        if isinstance(err, UserInputError):
-            return err
-        chain.append(err)
-        err = err.__cause__
-    if any(isinstance(e, MissingMandatoryValue) for e in chain):
-        return None  # a ??? value: the entry point names it and shows the command
+    chain = causes(err)
+    ours = next((e for e in chain if isinstance(e, UserInputError)), None)
+    if ours is not None or any(isinstance(e, MissingMandatoryValue) for e in chain):
+        return ours  # None for a ??? value: the entry point names it and shows the command
     # Hydra's wrapper names the node that failed ("full_key: model.net")
     where = next((m.group(1) for e in chain if (m := re.search(r"full_key: (\S+)", str(e)))), key)
-    node = OmegaConf.select(cfg, where.removeprefix(f"{key}.")) if cfg is not None else None
+    node = OmegaConf.select(cfg, where.removeprefix(f"{key}."))
     not_found = [e for e in chain if str(e).startswith("Error locating target")]
     loading = [e for e in chain if str(e).startswith("Error loading '")]
     if loading and not not_found:  # a class named inside the node (get_class's path) is missing
@@ -85,14 +76,18 @@ def config_error(
         path = re.match(r"Error loading '([^']*)'", str(loading[0])).group(1)
         if isinstance(node, DictConfig) and node.get("path") == path:
             where = f"{where}.path"
-        return import_failure(loading[0], path, f"{where}={path}")
+        return import_failure(loading[0], f"{where}={path}")
     if not_found:
         target = re.search(r"Error locating target '([^']*)'", str(not_found[0]))
         target = target.group(1) if target else ""
         root = chain[-1]
-        if isinstance(root, ModuleNotFoundError) and not _names_target(root.name, target):
-            # the target's module exists, but a package it imports is missing
-            return missing_package_error(root, f"{key} ({target})")
+        if isinstance(root, ModuleNotFoundError) and not (
+            root.name and (target == root.name or target.startswith(f"{root.name}."))
+        ):
+            # the target's module exists, but a package it imports is missing (volseg's: a bug)
+            if not root.name or root.name.split(".")[0] == "volseg":
+                return None
+            return missing(root.name, f"{key} ({target})")
         if not isinstance(root, ModuleNotFoundError | AttributeError):
             return None  # the target's module raised while importing: a bug, with its traceback
         cause = not_found[0]  # a _target_ that names nothing
@@ -120,7 +115,7 @@ def config_error(
     else:  # a key of the node that the message mentions (Lightning: "Precision '17' is invalid")
         named = [
             k
-            for k, v in (cfg or {}).items()
+            for k, v in cfg.items()
             if v is not None and re.search(rf"\b{re.escape(str(k))}\b", message, re.IGNORECASE)
         ]
         # a key written as an argument ("devices=0") before one merely mentioned ("accelerator")
@@ -135,15 +130,8 @@ def _argument_assertion(err: BaseException) -> bool:
     arguments); one of volseg's own is a bug and keeps its traceback."""
     if not isinstance(err, AssertionError) or err.__traceback__ is None:
         return False
-    last = err.__traceback__
-    while last.tb_next is not None:
-        last = last.tb_next
-    return "/volseg/" not in last.tb_frame.f_code.co_filename.replace("\\", "/")
-
-
-def _names_target(module: str | None, target: str) -> bool:
-    """Whether the missing ``module`` is ``target`` itself or one of its parents."""
-    return module is not None and (target == module or target.startswith(f"{module}."))
+    raised_in = traceback.extract_tb(err.__traceback__)[-1].filename
+    return "/volseg/" not in raised_in.replace("\\", "/")
 
 
 def _instantiate_group(cfg: DictConfig | None, group: str) -> list:

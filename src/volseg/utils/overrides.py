@@ -8,12 +8,16 @@ import sys
 from pathlib import Path
 
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 
-def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
-    """Up to ``n`` of ``choices`` closest to ``name`` (difflib's ratio, most alike first)."""
-    return difflib.get_close_matches(name, choices, n=n, cutoff=0.5)
+def _closest(name: str, choices: list[str]) -> list[str]:
+    return difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
 
 
 def group_options(config_dir: Path, group: str) -> list[str]:
@@ -31,49 +35,37 @@ def group_options(config_dir: Path, group: str) -> list[str]:
     return [o for o in options if o not in bases]
 
 
-def _keys(cfg: DictConfig, parent: str) -> list[str]:
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    return [str(k) for k in node] if isinstance(node, DictConfig) else []
-
-
 def explain(config_dir: Path, config_name: str, overrides: list[str]) -> str | None:
     """The line naming the unknown key or group option among ``overrides`` and the closest valid
     ones; ``None`` for any other failure (Hydra's message stands)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException, MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
     kept = [o for o in overrides if not o.startswith("-")]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
-            try:
-                compose(config_name, overrides=kept)
-            except MissingConfigException as err:
-                return _missing_option(config_dir, err, kept)
-            except ConfigCompositionException as err:
-                cause = err.__cause__
-                if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not getattr(
-                    cause, "full_key", None
-                ):
-                    return None
-                key = str(cause.full_key)
-                bad = next((o for o in kept if o.split("=", 1)[0].lstrip("~") == key), None)
-                if bad is None:
-                    return None
-                parent, _, leaf = key.rpartition(".")
-                cfg = compose(config_name, overrides=[o for o in kept if o != bad])
-                keys = _keys(cfg, parent)
-                near = [f"{parent}.{k}" if parent else k for k in closest(leaf, keys)]
-                hint = f"did you mean {' or '.join(near)}?" if near else ""
-                if not near and keys:
-                    hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
-                return f"{bad}: {key} is not a config key; {hint}".rstrip("; ")
-            except Exception:
+    GlobalHydra.instance().clear()  # Hydra's run may have left it set; the block restores this
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+        try:
+            compose(config_name, overrides=kept)
+        except MissingConfigException as err:
+            return _missing_option(config_dir, err, kept)
+        except ConfigCompositionException as err:
+            cause = err.__cause__
+            if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not getattr(
+                cause, "full_key", None
+            ):
                 return None
-    finally:
-        GlobalHydra.instance().clear()
+            key = str(cause.full_key)
+            bad = next((o for o in kept if o.split("=", 1)[0].lstrip("~") == key), None)
+            if bad is None:
+                return None
+            parent, _, leaf = key.rpartition(".")
+            cfg = compose(config_name, overrides=[o for o in kept if o != bad])
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+            near = [f"{parent}.{k}" if parent else k for k in _closest(leaf, keys)]
+            hint = f"did you mean {' or '.join(near)}?" if near else ""
+            if not near and keys:
+                hint = f"keys of {parent or 'the config'}: {', '.join(keys)}"
+            return f"{bad}: {key} is not a config key; {hint}".rstrip("; ")
+        except Exception:
+            return None
     return None
 
 
@@ -89,9 +81,8 @@ def _missing_option(config_dir: Path, err: Exception, overrides: list[str]) -> s
         (o for o in overrides if o.lstrip("+~").split("=", 1)[0] in (group, dotted)),
         f"{group}={option}",
     )
-    near = closest(option, options)
-    rest = [o for o in options if o not in near]
-    listed = ", ".join([*near, *rest])
+    near = _closest(option, options)
+    listed = ", ".join(dict.fromkeys([*near, *options]))  # the closest first
     lead = f"did you mean {' or '.join(near)}? " if near else ""
     return f"{bad}: no {group} named {option!r} in configs/{group}/; {lead}options: {listed}"
 
@@ -100,8 +91,6 @@ def why_composing_failed(args: list[str]) -> str | None:
     """The line naming the first of ``args`` that does not parse, else the unknown key or group
     option among them (:func:`explain`, against the entry point's ``configs/<script>.yaml``);
     ``None``: Hydra's own message stands."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     for arg in args:
         if arg.startswith("-"):

@@ -13,10 +13,8 @@ from volseg.utils.cpu import cpu_bf16_native
 
 log = logging.getLogger(__name__)
 
-#: the default network's training step, bf16 autocast against float32, with oneDNN held to its AVX2
-#: kernels (``ONEDNN_MAX_CPU_ISA=AVX2``, ``python -m benchmarks cpu_precision``): 59.9x on an
-#: Intel Xeon (benchmarks/results/cpu/2026-12-02_cpu_precision-2.json) and 64.5x on an AMD EPYC
-#: (-4.json), rounded; no file measures an AVX-512 CPU without AVX512_BF16
+#: the default network's training step, bf16 autocast against float32 with oneDNN held to its AVX2
+#: kernels, rounded: the range of ``python -m benchmarks cpu_precision``'s results files
 EMULATED_BF16_STEP_SLOWDOWN = (60, 65)
 EMULATED_BF16_SLOWDOWN = (
     f"{EMULATED_BF16_STEP_SLOWDOWN[0]}x to {EMULATED_BF16_STEP_SLOWDOWN[1]}x slower per training "
@@ -89,7 +87,5 @@ def log_choice(choice: PrecisionChoice) -> None:
         f"trainer.precision={choice.requested} runs as {choice.precision} on "
         f"{choice.device}: {choice.reason}"
     )
-    if choice.requested in BF16 and "no native bf16" in choice.reason:
-        log.warning(line)
-    else:
-        log.info(line)
+    slow = choice.requested in BF16 and "no native bf16" in choice.reason
+    log.log(logging.WARNING if slow else logging.INFO, line)

@@ -40,7 +40,5 @@ def epochs_unless_timed(epochs: Any, max_time: Any) -> int:
 
 def register_resolvers() -> None:
     """Make both known to OmegaConf (``unique_dir`` cached: one folder per config)."""
-    if not OmegaConf.has_resolver("unique_dir"):
-        OmegaConf.register_new_resolver("unique_dir", unique_dir, use_cache=True)
-    if not OmegaConf.has_resolver("epochs_unless_timed"):
-        OmegaConf.register_new_resolver("epochs_unless_timed", epochs_unless_timed)
+    OmegaConf.register_new_resolver("unique_dir", unique_dir, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("epochs_unless_timed", epochs_unless_timed, replace=True)

@@ -16,8 +16,7 @@ from typing import Any
 
 def signal_name(signum: int) -> str:
     """``Ctrl-C (SIGINT)`` or ``SIGTERM``."""
-    name = signal.Signals(signum).name
-    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 class TrainingInterrupted(Exception):
@@ -26,7 +25,6 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int, checkpoint: str | None = None, step: int = 0) -> None:
         self.signum = int(signum)
         self.checkpoint = checkpoint
-        self.step = step
         where = (
             f"at step {step}: saved {checkpoint}"
             if checkpoint

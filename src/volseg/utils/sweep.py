@@ -5,14 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -80,8 +79,8 @@ def job_status(error: BaseException | None) -> str:
     return "pruned" if isinstance(error, TrialPruned) else "failed"
 
 
-def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> Path:
-    """Append this job's row to ``<sweep dir>/sweep_summary.csv``; returns the file."""
+def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> None:
+    """Append this job's row to ``<sweep dir>/sweep_summary.csv``."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     summary_file = run_dir / "summary.json"
@@ -98,53 +97,31 @@ def record_job(metrics: dict[str, Any] | None, error: BaseException | None) -> P
     }
     path = Path(hydra_cfg.sweep.dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", newline="") as f, _locked(f):
-        # parallel launchers run jobs in separate processes: one writer at a time
+    # parallel launchers run jobs in separate processes: one writer at a time
+    with FileLock(f"{path}.lock"), open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if f.tell() == 0:
             writer.writeheader()
         writer.writerow(row)
-    return path
+
+
+def stop_job(err: BaseException) -> JobStopped:
+    """A failed or pruned job (called where it is caught): logged, its row recorded, its status
+    returned to the sweeper; the sweep goes on."""
+    status = job_status(err)
+    if status == "pruned":
+        log.warning("Job pruned: %s; the sweep goes on", err)
+    else:
+        log.exception("Job failed; the sweep goes on")
+    print(f"error: job {status}: {err}", file=sys.stderr)
+    if is_global_zero():
+        record_job(None, err)
+    return JobStopped(status, error_line(err))
 
 
 def error_line(error: BaseException) -> str:
     """The error as one line of at most 500 characters (``Type: message | next line``)."""
     return " | ".join(f"{type(error).__name__}: {error}".splitlines())[:500]
-
-
-@contextmanager
-def _locked(f: IO[str]) -> Iterator[None]:
-    """An exclusive ``flock`` on an open file (POSIX; elsewhere no lock)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-    try:
-        f.seek(0, os.SEEK_END)  # another job may have appended while we waited
-        yield
-        f.flush()
-    finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def format_summary(rows: list[dict[str, str]], sweep_dir: Path) -> str:
-    """A text table of the sweep's jobs: status, best validation Dice, overrides, error."""
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "pruned", "failed")}
-    lines = [
-        f"Sweep {sweep_dir}: {len(rows)} job(s), "
-        + ", ".join(f"{n} {status}" for status, n in counts.items()),
-        f"  {'job':>4}  {'status':<7} {'best dice':>9}  overrides / error",
-    ]
-    for r in sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else -1):
-        lines.append(
-            f"  {r['job']:>4}  {r['status']:<7} {r['best_val_dice_mean'] or '-':>9}  "
-            f"{r['overrides']}"
-        )
-        if r["error"]:
-            lines.append(f"  {'':>4}  {'':<7} {'':>9}  {r['error'][:200]}")
-    return "\n".join(lines)
 
 
 class SweepSummary(Callback):
@@ -156,7 +133,20 @@ class SweepSummary(Callback):
             return  # no job got to write its row
         with open(sweep_dir / SUMMARY_FILE, newline="") as f:
             rows = list(csv.DictReader(f))
-        print(format_summary(rows, sweep_dir), flush=True)
+        counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "pruned", "failed")}
+        lines = [
+            f"Sweep {sweep_dir}: {len(rows)} job(s), "
+            + ", ".join(f"{n} {status}" for status, n in counts.items()),
+            f"  {'job':>4}  {'status':<7} {'best dice':>9}  overrides / error",
+        ]
+        for r in sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else -1):
+            lines.append(
+                f"  {r['job']:>4}  {r['status']:<7} {r['best_val_dice_mean'] or '-':>9}  "
+                f"{r['overrides']}"
+            )
+            if r["error"]:
+                lines.append(f"  {'':>4}  {'':<7} {'':>9}  {r['error'][:200]}")
+        print("\n".join(lines), flush=True)
         failed = [r["job"] for r in rows if r["status"] == "failed"]
         failed_jobs.extend(failed)
         if failed:
