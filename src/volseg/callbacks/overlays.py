@@ -16,8 +16,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from volseg.utils.loggers import loggers_of  # noqa: E402
-
 
 @dataclass
 class VolumeSlices:
@@ -163,16 +161,17 @@ class ValidationOverlays(Callback):
         class_names = list(pl_module.class_names)
         step, epoch = trainer.global_step, trainer.current_epoch
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         for volume in self.volumes:
             rgb = render_overlay(volume, class_names, f"{volume.name}, epoch {epoch}")
-            path = self.output_dir / f"epoch_{epoch:03d}_{volume.name}.png"
-            plt.imsave(path, rgb)
-            for logger in loggers_of(trainer, TensorBoardLogger):
+            plt.imsave(self.output_dir / f"epoch_{epoch:03d}_{volume.name}.png", rgb)
+            for logger in tensorboards:
                 logger.experiment.add_image(
                     f"val/overlays/{volume.name}", rgb, step, dataformats="HWC"
                 )
-        for logger in loggers_of(trainer, WandbLogger):
-            logger.log_metrics({"val/overlays": self._wandb_images(class_names)}, step=step)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_metrics({"val/overlays": self._wandb_images(class_names)}, step=step)
         self.volumes = []
 
     def _wandb_images(self, class_names: list[str]) -> list[Any]:

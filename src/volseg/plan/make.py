@@ -6,6 +6,7 @@ Building happens after this, from :meth:`RunPlan.run_config`; nothing edits the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from functools import cached_property
 from pathlib import Path
@@ -502,6 +503,6 @@ def make_plan(
         validation=validation,
         fingerprint=found,
         notes=tuple(notes),
-        precision=choice.as_dict(),
+        precision=dataclasses.asdict(choice),
         datamodule=opened.for_run(),
     )

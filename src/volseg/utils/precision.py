@@ -4,7 +4,7 @@ on a CPU, emulated without AVX512_BF16/AMX), resolved once, the reason logged.""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,9 +35,6 @@ class PrecisionChoice:
     precision: str
     device: str
     reason: str
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def cuda_bf16_supported() -> bool:

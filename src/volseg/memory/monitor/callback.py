@@ -25,7 +25,6 @@ from volseg.memory.monitor.readers import (
     make_reader,
     set_mmap_threshold,
 )
-from volseg.utils.loggers import loggers_of
 from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
@@ -319,13 +318,14 @@ class MemoryMonitor(Callback):
             if (path := self.output_dir / f"{name}.png").is_file()
         }
         step = trainer.global_step
-        for logger in loggers_of(trainer, TensorBoardLogger):
-            for key, path in charts.items():
-                logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
-        for logger in loggers_of(trainer, WandbLogger):
-            import wandb
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                for key, path in charts.items():
+                    logger.experiment.add_image(key, png_as_rgb(path), step, dataformats="HWC")
+            elif isinstance(logger, WandbLogger):
+                import wandb
 
-            logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
+                logger.log_metrics({k: wandb.Image(str(p)) for k, p in charts.items()}, step=step)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
