@@ -88,7 +88,7 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
             "mixed precision",
             f"trainer.precision={half}",
             run("trainer.precision", half),
-            "FLOPs alike: the speed of half-precision kernels is the device's, not modelled",
+            "FLOPs alike; its time: its half-precision kernels timed on this device",
         )
     if batch >= 2:
         half_batch = batch // 2 if batch % 2 == 0 else 1
