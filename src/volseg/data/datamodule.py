@@ -362,11 +362,9 @@ class VolumeDataModule(LightningDataModule):
         available, source = available_ram()
         if available is None or est.data_total <= available:
             return est
-
-        def rate_for(rate: float) -> HostEstimate:
-            return self.host_estimate(device, devices, cache_rate=rate)
-
-        rate = fitting_cache_rate(rate_for, available, self.cache_rate)
+        rate = fitting_cache_rate(
+            lambda r: self.host_estimate(device, devices, cache_rate=r), available, self.cache_rate
+        )
         fits = f"data.cache_rate={rate:g} fits" if rate else "no data.cache_rate above 0 fits"
         processes = f" ({est.ranks} training processes, each its own)" if est.ranks > 1 else ""
         raise UserInputError(
