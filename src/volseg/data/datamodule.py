@@ -282,9 +282,8 @@ class VolumeDataModule(LightningDataModule):
         """The classes (and channels, where the layout names them) for the dataset's log line."""
         return f"classes {self.class_names}"
 
-    def channels_fix(self, in_channels: int, channels: int) -> str:
-        """What to change when a case's image has ``channels`` channels, not ``in_channels``."""
-        return in_channels_fix(in_channels, channels)
+    #: ``(in_channels, channels) -> str``: what to change when a case's image has ``channels``
+    channels_fix = staticmethod(in_channels_fix)
 
     def split(self) -> tuple[list[Case], list[str]]:
         """Find the cases and split them into ``train_cases``/``val_cases`` (no voxel is read);
@@ -363,11 +362,9 @@ class VolumeDataModule(LightningDataModule):
         available, source = available_ram()
         if available is None or est.data_total <= available:
             return est
-
-        def rate_for(rate: float) -> HostEstimate:
-            return self.host_estimate(device, devices, cache_rate=rate)
-
-        rate = fitting_cache_rate(rate_for, available, self.cache_rate)
+        rate = fitting_cache_rate(
+            lambda r: self.host_estimate(device, devices, cache_rate=r), available, self.cache_rate
+        )
         fits = f"data.cache_rate={rate:g} fits" if rate else "no data.cache_rate above 0 fits"
         processes = f" ({est.ranks} training processes, each its own)" if est.ranks > 1 else ""
         raise UserInputError(
@@ -453,27 +450,19 @@ class VolumeDataModule(LightningDataModule):
             folder = disk_cache_dir(self.cache_dir, role, transform, settings)
             log.info("data.cache=disk: %s volumes cached in %s", role, folder)
             return PersistentDataset(items, transform, cache_dir=folder, hash_func=item_hash)
-        if role == "train":
-            self._log_uncached_cost()
+        if role == "train":  # what data.cache=none costs: the largest volume against one patch
+            largest = max(self._volume_sizes()[0]["train"], key=lambda v: v.voxels)
+            log.info(
+                "data.cache=none: every training sample reads, normalizes and finds the class "
+                "locations of its whole volume (up to %s = %.1f M voxels, %.0f MiB, %.0fx a %s "
+                "patch); data.cache=memory or disk does that once per volume",
+                "x".join(str(s) for s in largest.shape_zyx),
+                largest.voxels / 1e6,
+                largest.total / MIB,
+                largest.voxels / math.prod(self.patch_size),
+                "x".join(str(p) for p in self.patch_size),
+            )
         return Dataset(items, transform)
-
-    def _log_uncached_cost(self) -> None:
-        """What ``data.cache=none`` costs: the largest training volume against one patch."""
-        sizes = self._volume_sizes()[0]["train"]
-        largest = max(sizes, key=lambda v: v.voxels, default=None)
-        if largest is None:
-            return
-        patch = math.prod(self.patch_size)
-        log.info(
-            "data.cache=none: every training sample reads, normalizes and finds the class "
-            "locations of its whole volume (up to %s = %.1f M voxels, %.0f MiB, %.0fx a %s "
-            "patch); data.cache=memory or disk does that once per volume",
-            "x".join(str(s) for s in largest.shape_zyx),
-            largest.voxels / 1e6,
-            largest.total / MIB,
-            largest.voxels / patch,
-            "x".join(str(p) for p in self.patch_size),
-        )
 
     def loader_options(self) -> LoaderOptions:
         """``num_workers``/``pin_memory``/``persistent_workers`` for the trainer's device."""

@@ -51,46 +51,36 @@ def plan_patch(median_zyx: Sequence[int], max_voxels: int, multiple: int = 8) ->
     return patch
 
 
-def case_geometries(data_cfg: DictConfig) -> list[tuple[list[int], list[float]]]:
-    """``([D, H, W] after data.spacing, the file's [z, y, x] spacing)`` of every case's image
-    (headers only), found by the datamodule of ``data_cfg`` (an embedded dataset built first)."""
+def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
+    """What the plan knows of the dataset, from the image headers of the cases that the
+    datamodule of ``data_cfg`` finds (an embedded dataset built first): the number of cases, the
+    median, smallest and largest ``[D, H, W]`` (resampled to ``data.spacing`` when set) and the
+    median voxel spacing ``[z, y, x]`` of the files."""
     options = OmegaConf.to_container(data_cfg, resolve=True)
     options["patch_size"] = [MIN_SIDE] * 3  # a placeholder: finding cases does not use it
     options["batch_size"] = 1  # nor the batch (data.batch_size=auto is planned later)
     datamodule = hydra.utils.instantiate(options)
     datamodule.prepare_data()
-    cases, _ = datamodule.find()
     spacing = options.get("spacing")
-    found = []
-    for case in cases:
+    shapes, spacings = [], []
+    for case in datamodule.find()[0]:
         geometry = read_geometry(case.image_files[0], case.image_key)
         try:
             geometry = oriented_geometry(geometry, options.get("orientation"))
         except ValueError:  # an affine that cannot be reoriented: the check names it
             continue
         shape = list(geometry["shape_zyx"])[:3]
-        own = [float(v) for v in voxel_sizes(geometry["affine"])[::-1]]  # [z, y, x]
         if spacing is not None:
             shape = resampled_shape(shape, geometry["affine"], spacing)
-        found.append((shape, own))
-    return found
-
-
-def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
-    """What the plan knows of the dataset, from the headers: the number of cases, the median,
-    smallest and largest ``[D, H, W]`` (resampled to ``data.spacing`` when set) and the median
-    voxel spacing ``[z, y, x]`` of the files."""
-    geometries = case_geometries(data_cfg)
-    if not geometries:
+        shapes.append(shape)
+        spacings.append(voxel_sizes(geometry["affine"])[::-1])  # [z, y, x]
+    if not shapes:
         raise UserInputError(f"data.root={data_cfg.get('root')}: no cases found to plan from")
-    shapes = np.asarray([g[0] for g in geometries])
-    spacings = np.asarray([g[1] for g in geometries])
-    spacing = data_cfg.get("spacing")
     return {
-        "cases": len(geometries),
-        "median_shape": median_shape(shapes.tolist()),
-        "min_shape": shapes.min(axis=0).tolist(),
-        "max_shape": shapes.max(axis=0).tolist(),
+        "cases": len(shapes),
+        "median_shape": median_shape(shapes),
+        "min_shape": np.min(shapes, axis=0).tolist(),
+        "max_shape": np.max(shapes, axis=0).tolist(),
         "median_spacing": [round(float(v), 6) for v in np.median(spacings, axis=0)],
         "shapes_resampled_to": list(spacing) if spacing is not None else None,
     }

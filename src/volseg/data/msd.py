@@ -8,6 +8,7 @@ modalities last), one ``<id>_NNNN`` file per channel in ``nnunet``'s (:func:`det
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import re
@@ -288,15 +289,6 @@ class MSDDataModule(VolumeDataModule):
             f"'{self.channels_key}' (a 4-D NIfTI image holds its channels on its last axis)"
         )
 
-    def _training_layout(self) -> str | None:
-        """The training data's layout, where ``data.root`` can still be read."""
-        if self.layout is None:
-            try:
-                self.find()
-            except (UserInputError, OSError):
-                return None
-        return self.layout
-
     def predict_cases(self, path: str | Path, in_channels: int) -> list[Case]:
         """Cases of ``path``: a dataset folder (its ``dataset.json``'s ``test`` list, else
         ``imagesTs/``), a folder of images, or one image file. In the ``decathlon`` layout each
@@ -309,7 +301,10 @@ class MSDDataModule(VolumeDataModule):
             files, problems = listed_files(path, "test", None)
         else:
             files = [c.image_files[0] for c in find_inputs(path / "imagesTs" if task else path)]
-        if self._training_layout() == "decathlon":
+        if self.layout is None:  # the training data's layout, where data.root can be read
+            with contextlib.suppress(UserInputError, OSError):
+                self.find()
+        if self.layout == "decathlon":
             files, groups = list(files), {}
         else:
             split = match_suffix(path.name, VOLUME_SUFFIXES) if path.is_file() else None

@@ -48,17 +48,15 @@ def orientation_problem(geometry: Mapping[str, Any], axcodes: str | None) -> str
 def check_axcodes(axcodes: str | None) -> None:
     """One :class:`UserInputError` naming ``data.orientation`` unless it is three distinct axis
     codes (or ``None``)."""
-    if axcodes is None:
-        return
     try:
-        valid = len(orientations.axcodes2ornt(str(axcodes), LABELS)) == 3
-    except ValueError:
-        valid = False
-    if not valid:
-        raise UserInputError(
-            f"data.orientation={axcodes}: expected three axis codes, one of L/R, P/A, I/S each "
-            "(e.g. RAS, LPS), or null to read volumes as stored"
-        )
+        if axcodes is None or len(orientations.axcodes2ornt(str(axcodes), LABELS)) == 3:
+            return
+    except ValueError:  # a code nibabel does not know
+        pass
+    raise UserInputError(
+        f"data.orientation={axcodes}: expected three axis codes, one of L/R, P/A, I/S each "
+        "(e.g. RAS, LPS), or null to read volumes as stored"
+    )
 
 
 def oriented_geometry(geometry: Mapping[str, Any], axcodes: str | None) -> dict[str, Any]:

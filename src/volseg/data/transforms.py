@@ -190,14 +190,10 @@ class RandCropWithContextd(Randomizable, MapTransform):
         sizes = [p + 2 * m for p, m in zip(self.patch_size, self.context, strict=True)]
         for key in self.key_iterator(out):
             volume = torch.as_tensor(out[key])
-            shape = volume.shape[1:]
-            inside = tuple(
-                slice(max(lo, 0), min(lo + n, dim))
-                for lo, n, dim in zip(lows, sizes, shape, strict=True)
-            )
-            pad = []
-            for lo, n, dim in reversed(list(zip(lows, sizes, shape, strict=True))):
-                pad += [max(-lo, 0), max(lo + n - dim, 0)]  # F.pad: last axis first
+            window = list(zip(lows, sizes, volume.shape[1:], strict=True))
+            inside = [slice(max(lo, 0), min(lo + n, dim)) for lo, n, dim in window]
+            # F.pad: last axis first
+            pad = [v for lo, n, dim in window[::-1] for v in (max(-lo, 0), max(lo + n - dim, 0))]
             out[key] = torch.nn.functional.pad(volume[(slice(None), *inside)], pad)
         return [out]
 
