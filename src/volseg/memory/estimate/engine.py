@@ -21,7 +21,7 @@ from volseg.memory.estimate.inference import (
     validation_phase,
     whole_volume,
 )
-from volseg.memory.estimate.margins import Margin, with_margin
+from volseg.memory.estimate.margins import Margin
 from volseg.memory.estimate.step import (
     MemoryEstimate,
     estimate_step,
@@ -178,5 +178,5 @@ def _trace(cfg: DictConfig, shape: tuple[int, ...] | None) -> RunEstimate:
     if phase is not None:
         validation = phase.estimate(trace, precision, settings, allocator, started)
         if device == "cuda":  # validation's reserved peak rests on the step's replay
-            with_margin(validation, Margin(est.margin, est.margin_source, est.margin_fixed_mib))
+            validation.set_margin(Margin(est.margin, est.margin_source, est.margin_fixed_mib))
     return RunEstimate(est, trace.flops, trace.work, validation)

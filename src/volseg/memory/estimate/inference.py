@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
-from volseg.memory.estimate.margins import Planned, margin_for, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
@@ -366,7 +366,7 @@ def estimate_prediction(
     memory = cfg.get("memory")  # cuda_context_mib and gpu
     est = phase.estimate(trace, planned_precision(cfg), memory, allocator_settings(cfg), started)
     if device == "cuda":  # a forward without training: a plain step's margin
-        with_margin(est, margin_for(device, False, 1))
+        est.set_margin(margin_for(device, False, 1))
     return est
 
 
