@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -376,8 +377,6 @@ def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int]
     configured = OmegaConf.select(cfg, "memory.val_shape")
     if configured is not None:
         return whole_volume(list(configured)), "memory.val_shape"
-    from pathlib import Path
-
     from volseg.utils.instantiate import build
 
     try:

@@ -509,6 +509,5 @@ def estimate_step(
     )
     offload = bool(getattr(levers, "offload_activations", False))
     result.set_margin(margin_for(device, offload, step.loop.accumulate_grad_batches))
-    result.events = events
-    result.allocator = allocator
+    result.events, result.allocator = events, allocator
     return result
