@@ -112,10 +112,9 @@ def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
 def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
     """What a training step holds whatever its batch, patch or checkpointing (bytes), and its
     parts as text."""
-    grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
     parts = (
         ("parameters", est.params + est.buffers),
-        ("gradients", grads),
+        ("gradients", max(est.grads, est.params)),  # every parameter's, held at the update
         ("optimizer state", est.optimizer_state),
     )
     text = ", ".join(f"{name} {nbytes / MIB:,.1f} MiB" for name, nbytes in parts)
