@@ -31,9 +31,7 @@ _ADDRESS_SPACE = 2**62
 
 def round_size(nbytes: int) -> int:
     """Bytes the allocator hands out for a request of ``nbytes``."""
-    if nbytes < MIN_BLOCK:
-        return MIN_BLOCK
-    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
 
 
 def segment_size(rounded: int) -> int:
@@ -141,6 +139,14 @@ class CachingAllocatorModel:
         block.free = True
         bisect.insort(self._free[block.small], block.key())
         self._by_key[block.key()] = block
+
+    def _insert_merged(self, block: _Block) -> None:
+        """Free ``block`` merged with its free mapped neighbours."""
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free and neighbour.mapped:
+                self._remove_free(neighbour)
+                block.absorb(neighbour)
+        self._insert_free(block)
 
     def _remove_free(self, block: _Block) -> None:
         key = block.key()
@@ -274,11 +280,7 @@ class CachingAllocatorModel:
         else:
             del unmapped[i]
         block.mapped = True
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free and neighbour.mapped:
-                self._remove_free(neighbour)
-                block.absorb(neighbour)
-        self._insert_free(block)
+        self._insert_merged(block)
         self._reserve(mapped)
         return block
 
@@ -286,11 +288,7 @@ class CachingAllocatorModel:
         """Return the block of ``handle`` to the cache, merged with free neighbours."""
         block = self._live.pop(handle)
         self.allocated -= block.size
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free and neighbour.mapped:
-                self._remove_free(neighbour)
-                block.absorb(neighbour)
-        self._insert_free(block)
+        self._insert_merged(block)
 
     def release_cached(self) -> None:
         """``empty_cache``: free every wholly free segment, or unmap every page wholly inside a

@@ -74,9 +74,7 @@ def _measured_here() -> float | None:
         ]
     except pynvml.NVMLError:
         return None
-    if not used:
-        return None
-    return (used[0] - torch.cuda.memory_reserved()) / MIB
+    return (used[0] - torch.cuda.memory_reserved()) / MIB if used else None
 
 
 def resolve_cuda_context(value: object, gpu: object = None) -> CudaContext:

@@ -8,20 +8,19 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.memory.estimate.allocator import AllocatorSettings
 from volseg.memory.estimate.inference import (
     InferenceEstimate,
     allocator_settings,
     validation_phase,
     whole_volume,
 )
-from volseg.memory.estimate.margins import Margin, with_margin
+from volseg.memory.estimate.margins import Margin
 from volseg.memory.estimate.step import (
     MemoryEstimate,
     estimate_step,
@@ -35,14 +34,6 @@ from volseg.utils.config import set_key
 
 #: answers kept for repeated questions (the planner asks for a variant's memory, then its FLOPs)
 CACHED_RUNS = 32
-
-
-class PlannedRun(Protocol):
-    """What the engine reads of a :class:`volseg.plan.RunPlan` (memory/ does not import plan/)."""
-
-    decisions: Mapping[str, Any]
-
-    def run_config(self) -> DictConfig: ...
 
 
 def _frozen(value: Any) -> Any:
@@ -103,10 +94,12 @@ class RunEstimate:
 
 
 def estimate_run(
-    plan: PlannedRun, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
+    plan: Any, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
 ) -> RunEstimate:
     """``plan``'s run with ``variant``'s keys changed, and its validation of one
-    ``validation_shape`` ``[D, H, W]`` volume where given."""
+    ``validation_shape`` ``[D, H, W]`` volume where given. ``plan``: a
+    :class:`volseg.plan.RunPlan` (its ``run_config()`` and ``decisions``; memory/ does not
+    import plan/)."""
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:
@@ -170,7 +163,7 @@ def _trace(cfg: DictConfig, shape: tuple[int, ...] | None) -> RunEstimate:
     settings = cfg.get("memory")  # cuda_context_mib and gpu
     device, mode, step = fake_step(cfg)
     precision = planned_precision(cfg)
-    allocator: AllocatorSettings = allocator_settings(cfg)
+    allocator = allocator_settings(cfg)
     phase = None if shape is None else validation_phase(cfg, step, device, shape)
     trace = trace_steps(step, mode, device, None if phase is None else phase.then)
     est = estimate_step(step, mode, device, precision, settings, started, allocator, trace)
@@ -178,5 +171,5 @@ def _trace(cfg: DictConfig, shape: tuple[int, ...] | None) -> RunEstimate:
     if phase is not None:
         validation = phase.estimate(trace, precision, settings, allocator, started)
         if device == "cuda":  # validation's reserved peak rests on the step's replay
-            with_margin(validation, Margin(est.margin, est.margin_source, est.margin_fixed_mib))
+            validation.set_margin(Margin(est.margin, est.margin_source, est.margin_fixed_mib))
     return RunEstimate(est, trace.flops, trace.work, validation)

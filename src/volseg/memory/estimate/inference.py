@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
-from volseg.memory.estimate.margins import Planned, margin_for, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for
 from volseg.memory.estimate.step import (
     StepTrace,
     fake_step,
@@ -366,7 +367,7 @@ def estimate_prediction(
     memory = cfg.get("memory")  # cuda_context_mib and gpu
     est = phase.estimate(trace, planned_precision(cfg), memory, allocator_settings(cfg), started)
     if device == "cuda":  # a forward without training: a plain step's margin
-        with_margin(est, margin_for(device, False, 1))
+        est.set_margin(margin_for(device, False, 1))
     return est
 
 
@@ -376,8 +377,6 @@ def validation_shape(cfg: DictConfig, datamodule: Any = None) -> tuple[list[int]
     configured = OmegaConf.select(cfg, "memory.val_shape")
     if configured is not None:
         return whole_volume(list(configured)), "memory.val_shape"
-    from pathlib import Path
-
     from volseg.utils.instantiate import build
 
     try:

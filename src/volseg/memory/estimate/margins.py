@@ -123,14 +123,6 @@ def margin_for(device: str, offload: object, accumulate_grad_batches: int) -> Ma
     return cuda_margin(offload, accumulate_grad_batches)
 
 
-def with_margin(est: Any, margin: Margin) -> Any:
-    """``est`` with ``margin`` (share), ``margin_fixed_mib`` and ``margin_source`` set; its
-    figures stay bare."""
-    est.margin, est.margin_fixed_mib = margin.share, margin.fixed_mib
-    est.margin_source = margin.source
-    return est
-
-
 def margin_text(est: Any) -> str:
     """``+29%`` (or ``+50 MiB +29%``): an estimate's (or its ``to_dict()``'s) margin."""
     margin = _margin_of(_getter(est))
@@ -164,30 +156,6 @@ def planned_total(est: Any) -> int:
     return int(get("peak_reserved") + margin_bytes(est) + get("cuda_context"))
 
 
-def total_within(est: Any, budget: int) -> int | None:
-    """The planned total of ``est`` when ``budget`` bytes is all there is; ``None``: it does not
-    fit. On CUDA the ledger is replayed within what the margin and the context leave of the
-    budget, the allocator releasing its cache before an out-of-memory as the real one does."""
-    if est.device != "cuda":
-        total = planned_total(est)
-        return total if total <= budget else None
-    margin = _margin_of(_getter(est))
-    room = budget - est.cuda_context
-    capacity = int((room - margin.fixed_mib * MIB) / (1 + margin.share))
-    # the largest reserved peak whose planned total fits, whatever the float rounding above
-    while capacity > 0 and capacity + margin.bytes_on(capacity) > room:
-        capacity -= 1
-    while capacity + 1 + margin.bytes_on(capacity + 1) <= room:
-        capacity += 1
-    try:
-        allocator = replay(est.events, capacity=capacity, settings=est.allocator)
-    except OutOfMemory:
-        return None
-    reserved = allocator.peak_reserved
-    total = reserved + margin.bytes_on(reserved) + est.cuda_context
-    return total if total <= budget else None
-
-
 class Planned:
     """What a step's and an inference's estimate answer of a budget, from their ledger
     (``events``) replayed under ``allocator``'s settings; neither is a figure of ``to_dict``."""
@@ -199,11 +167,37 @@ class Planned:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def set_margin(self, margin: Margin) -> None:
+        """``margin`` as ``margin`` (share), ``margin_fixed_mib`` and ``margin_source``; the
+        figures stay bare."""
+        self.margin, self.margin_fixed_mib = margin.share, margin.fixed_mib
+        self.margin_source = margin.source
+
     def total_within(self, budget: int) -> int | None:
-        return total_within(self, budget)
+        """The planned total when ``budget`` bytes is all there is; ``None``: it does not fit.
+        On CUDA the ledger is replayed within what the margin and the context leave of the
+        budget, the allocator releasing its cache before an out-of-memory as the real one does."""
+        if self.device != "cuda":
+            total = planned_total(self)
+            return total if total <= budget else None
+        margin = _margin_of(_getter(self))
+        room = budget - self.cuda_context
+        capacity = int((room - margin.fixed_mib * MIB) / (1 + margin.share))
+        # the largest reserved peak whose planned total fits, whatever the float rounding above
+        while capacity > 0 and capacity + margin.bytes_on(capacity) > room:
+            capacity -= 1
+        while capacity + 1 + margin.bytes_on(capacity + 1) <= room:
+            capacity += 1
+        try:
+            allocator = replay(self.events, capacity=capacity, settings=self.allocator)
+        except OutOfMemory:
+            return None
+        reserved = allocator.peak_reserved
+        total = reserved + margin.bytes_on(reserved) + self.cuda_context
+        return total if total <= budget else None
 
     def fits(self, budget: int) -> bool:
-        return total_within(self, budget) is not None
+        return self.total_within(budget) is not None
 
     @property
     def margin_bytes(self) -> int:

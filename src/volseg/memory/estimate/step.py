@@ -32,7 +32,7 @@ from volseg.memory.estimate.events import (
     held_series,
     module_activations,
 )
-from volseg.memory.estimate.margins import Planned, margin_for, with_margin
+from volseg.memory.estimate.margins import Planned, margin_for
 from volseg.memory.estimate.torch_private import (
     FakeTensorMode,
     RecordingMemTracker,
@@ -508,7 +508,6 @@ def estimate_step(
         accumulate_grad_batches=step.loop.accumulate_grad_batches,
     )
     offload = bool(getattr(levers, "offload_activations", False))
-    with_margin(result, margin_for(device, offload, step.loop.accumulate_grad_batches))
-    result.events = events
-    result.allocator = allocator
+    result.set_margin(margin_for(device, offload, step.loop.accumulate_grad_batches))
+    result.events, result.allocator = events, allocator
     return result

@@ -279,9 +279,7 @@ def _runs_channels_last(inputs: Any, weight: Any) -> bool:
 
 def _channels_last_copy(tensor: Any) -> int:
     """Bytes of the channels-last copy torch makes of an operand that is not channels-last."""
-    if tensor.is_contiguous(memory_format=torch.channels_last_3d):
-        return 0
-    return _bytes(tensor)
+    return 0 if tensor.is_contiguous(memory_format=torch.channels_last_3d) else _bytes(tensor)
 
 
 def _copies_to_channels_last(dtype: torch.dtype) -> bool:

@@ -1,8 +1,7 @@
 """Every lever with its price: each lever that applies to the configured step's network, its
 predicted peak and its step-time factor (its traced ops priced by the device's measured per-op
-costs, :mod:`volseg.memory.estimate.step_time`, over the configured step's; FLOPs alone for a
-device this machine lacks); the checkpointing rows are the network adapter's
-``checkpointing_choices``.
+costs, :mod:`volseg.speed.step_time`; FLOPs alone for a device this machine lacks); the
+checkpointing rows are the network adapter's ``checkpointing_choices``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import copy
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
@@ -50,9 +50,6 @@ class StepFit:
     resident: int | None = None
     #: the lever past batch and checkpointing that found the answer, if one did
     fallback: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def refusal(self, budget_value: Any) -> str:
         """Why nothing fits ``memory.budget=budget_value``, in one line: the resident state
@@ -115,10 +112,9 @@ def checkpointing_choices(cfg: DictConfig, configured: Any) -> list[Any]:
 def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
     """What a training step holds whatever its batch, patch or checkpointing (bytes), and its
     parts as text."""
-    grads = max(est.grads, est.params)  # every parameter's gradient, held at the update
     parts = (
         ("parameters", est.params + est.buffers),
-        ("gradients", grads),
+        ("gradients", max(est.grads, est.params)),  # every parameter's, held at the update
         ("optimizer state", est.optimizer_state),
     )
     text = ", ".join(f"{name} {nbytes / MIB:,.1f} MiB" for name, nbytes in parts)
