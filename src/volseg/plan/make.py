@@ -23,7 +23,6 @@ from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
 from volseg.models.learning_rate import resolve_learning_rate
-from volseg.models.levers import check_placement_devices
 from volseg.models.networks.probe import has_batch_norm
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
@@ -54,6 +53,26 @@ def plan_device(cfg: DictConfig) -> Decision:
         why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
         return Decision("cuda" if here else "cpu", "planned", why)
     return Decision("cpu", "configured", f"trainer.accelerator={accelerator}")
+
+
+def _check_placement_devices(placement: Any) -> None:
+    """One error naming ``model.placement`` for a device this machine does not have."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = ["cpu", *(f"cuda:{i}" for i in range(count))]
+    for name, device in (plain(placement) or {}).items():
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise UserInputError(
+                f"model.placement: {name}: {device!r} is no device; this machine has "
+                f"{', '.join(here)}"
+            ) from None
+        wanted = f"{parsed.type}:{parsed.index or 0}" if parsed.type == "cuda" else parsed.type
+        if wanted not in here:
+            raise UserInputError(
+                f"model.placement: {name}: {device} is not a device of this machine (it has "
+                f"{', '.join(here)}); name those, or model.placement=null"
+            )
 
 
 class _Data:
@@ -457,10 +476,7 @@ def make_plan(
     device = plan_device(cfg)
     decisions["device"] = device
     if OmegaConf.select(cfg, "memory.plan_device") is None:  # a plan for this machine
-        try:
-            check_placement_devices(OmegaConf.select(cfg, "model.placement"))
-        except ValueError as err:
-            raise UserInputError(str(err)) from None
+        _check_placement_devices(OmegaConf.select(cfg, "model.placement"))
     # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
     allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
     decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
