@@ -226,7 +226,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
             "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
             "16GiB); only a run on this machine's GPU has one of its own"
         )
-    limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
+    limit = int(cfg.memory.max_batch_size)
     search = largest_batch(cfg, budget, limit)
     if search.batch_size < 1:
         least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
