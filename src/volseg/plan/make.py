@@ -46,13 +46,12 @@ def plan_device(cfg: DictConfig) -> Decision:
             raise UserInputError(f"memory.plan_device={wanted}: must be one of cuda, cpu")
         return Decision(str(wanted), "configured", f"memory.plan_device={wanted}")
     accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
-    if accelerator in ("gpu", "cuda"):
-        return Decision("cuda", "configured", f"trainer.accelerator={accelerator}")
-    if accelerator == "auto":
-        here = torch.cuda.is_available()
-        why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
-        return Decision("cuda" if here else "cpu", "planned", why)
-    return Decision("cpu", "configured", f"trainer.accelerator={accelerator}")
+    if accelerator != "auto":
+        device = "cuda" if accelerator in ("gpu", "cuda") else "cpu"
+        return Decision(device, "configured", f"trainer.accelerator={accelerator}")
+    here = torch.cuda.is_available()
+    why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
+    return Decision("cuda" if here else "cpu", "planned", why)
 
 
 def _check_placement_devices(placement: Any) -> None:
