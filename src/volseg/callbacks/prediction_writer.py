@@ -16,11 +16,6 @@ from volseg.data.transforms import labels_to_shape
 log = logging.getLogger(__name__)
 
 
-def label_dtype(num_classes: int) -> type[np.unsignedinteger]:
-    """The smallest unsigned integer type that holds class ids ``0 .. num_classes - 1``."""
-    return np.uint8 if num_classes <= 256 else np.uint16
-
-
 class ValidationPredictionWriter(Callback):
     """After each validation batch, write ``outputs["pred"]`` (``(B, D, H, W)`` class indices)
     as ``output_dir/<case name>`` in the input's format, geometry and grid (brought back from
@@ -55,6 +50,7 @@ class ValidationPredictionWriter(Callback):
                 pred, geometry["affine"], self.orientation, geometry["format"]
             )
             target = self.output_dir / name
-            array = pred.numpy().astype(label_dtype(pl_module.num_classes))
+            # the smallest unsigned type that holds the class ids 0 .. num_classes - 1
+            array = pred.numpy().astype(np.min_scalar_type(pl_module.num_classes - 1))
             write_volume(target, array, affine=geometry["affine"])
             log.info("Rank %d wrote %s", trainer.global_rank, target)

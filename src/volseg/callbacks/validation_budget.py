@@ -47,8 +47,6 @@ class ValidationBudget(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.perf_counter()
-        if self._base_every is None:
-            return
         # decided before any epoch has been timed: a 1-epoch run validates its only epoch
         final = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
             trainer.max_epochs

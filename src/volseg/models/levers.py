@@ -127,25 +127,6 @@ def _error(message: str) -> ValueError:
     return ValueError(f"model.{message}")
 
 
-def check_placement_devices(placement: Mapping[str, str] | None) -> None:
-    """``ValueError`` naming ``model.placement`` for a device this machine does not have."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    here = ["cpu", *(f"cuda:{i}" for i in range(count))]
-    for name, device in (plain(placement) or {}).items():
-        try:
-            parsed = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise _error(
-                f"placement: {name}: {device!r} is no device; this machine has {', '.join(here)}"
-            ) from None
-        wanted = f"{parsed.type}:{parsed.index or 0}" if parsed.type == "cuda" else parsed.type
-        if wanted not in here:
-            raise _error(
-                f"placement: {name}: {device} is not a device of this machine (it has "
-                f"{', '.join(here)}); name those, or model.placement=null"
-            )
-
-
 def _checkpointing(value: Any) -> CheckpointSpec:
     """The setting's form; whether the network takes it is its adapter's to say."""
     value = plain(value)
@@ -200,10 +181,6 @@ class MemoryLevers:
             raise _error(f"placement must be {{encoder: DEVICE, decoder: DEVICE}}; got {placement}")
         set_(self, "placement", placement)
 
-    @property
-    def checkpointing(self) -> bool:
-        return self.activation_checkpointing not in (None, "none")
-
     def apply(self, net: nn.Module, when: When, stage: str | None = None) -> nn.Module:
         """Apply the levers due ``when`` to ``net``; returns the network to use. The order, and
         why: checkpointing and ``channels_last`` at ``build``, before ``compile`` at ``setup`` (fit
@@ -212,14 +189,15 @@ class MemoryLevers:
         module to one device after ``setup`` and before ``on_*_start``, undoing an earlier split."""
         if when == "build":
             adapter = adapter_for(net)
+            checkpointing = self.activation_checkpointing not in (None, "none")
             try:  # a lever set that the network cannot take (its adapter says): naming the key
-                if self.checkpointing:
+                if checkpointing:
                     adapter.check_checkpointing(net, self.activation_checkpointing)
                 if self.placement:
                     adapter.check_placement(net, self.placement)
             except ValueError as err:
                 raise _error(str(err)) from None
-            if self.checkpointing:
+            if checkpointing:
                 adapter.apply_checkpointing(net, self.activation_checkpointing)
             if self.channels_last:
                 net = net.to(memory_format=torch.channels_last_3d)

@@ -23,7 +23,6 @@ from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
 from volseg.models.learning_rate import resolve_learning_rate
-from volseg.models.levers import check_placement_devices
 from volseg.models.networks.probe import has_batch_norm
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
@@ -47,13 +46,32 @@ def plan_device(cfg: DictConfig) -> Decision:
             raise UserInputError(f"memory.plan_device={wanted}: must be one of cuda, cpu")
         return Decision(str(wanted), "configured", f"memory.plan_device={wanted}")
     accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
-    if accelerator in ("gpu", "cuda"):
-        return Decision("cuda", "configured", f"trainer.accelerator={accelerator}")
-    if accelerator == "auto":
-        here = torch.cuda.is_available()
-        why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
-        return Decision("cuda" if here else "cpu", "planned", why)
-    return Decision("cpu", "configured", f"trainer.accelerator={accelerator}")
+    if accelerator != "auto":
+        device = "cuda" if accelerator in ("gpu", "cuda") else "cpu"
+        return Decision(device, "configured", f"trainer.accelerator={accelerator}")
+    here = torch.cuda.is_available()
+    why = "trainer.accelerator=auto, " + ("a GPU here" if here else "no GPU here")
+    return Decision("cuda" if here else "cpu", "planned", why)
+
+
+def _check_placement_devices(placement: Any) -> None:
+    """One error naming ``model.placement`` for a device this machine does not have."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = ["cpu", *(f"cuda:{i}" for i in range(count))]
+    for name, device in (plain(placement) or {}).items():
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise UserInputError(
+                f"model.placement: {name}: {device!r} is no device; this machine has "
+                f"{', '.join(here)}"
+            ) from None
+        wanted = f"{parsed.type}:{parsed.index or 0}" if parsed.type == "cuda" else parsed.type
+        if wanted not in here:
+            raise UserInputError(
+                f"model.placement: {name}: {device} is not a device of this machine (it has "
+                f"{', '.join(here)}); name those, or model.placement=null"
+            )
 
 
 class _Data:
@@ -207,7 +225,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
             "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
             "16GiB); only a run on this machine's GPU has one of its own"
         )
-    limit = int(OmegaConf.select(cfg, "memory.max_batch_size", default=256))
+    limit = int(cfg.memory.max_batch_size)
     search = largest_batch(cfg, budget, limit)
     if search.batch_size < 1:
         least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
@@ -457,10 +475,7 @@ def make_plan(
     device = plan_device(cfg)
     decisions["device"] = device
     if OmegaConf.select(cfg, "memory.plan_device") is None:  # a plan for this machine
-        try:
-            check_placement_devices(OmegaConf.select(cfg, "model.placement"))
-        except ValueError as err:
-            raise UserInputError(str(err)) from None
+        _check_placement_devices(OmegaConf.select(cfg, "model.placement"))
     # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
     allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
     decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)

@@ -278,20 +278,6 @@ def format_host(est: HostEstimate) -> str:
     return "\n".join(lines)
 
 
-def log_host(host: HostEstimate | None) -> None:
-    """The host side of the ``memory.budget`` check: one log line (MiB)."""
-    if host is not None:
-        log.info(
-            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
-            "this process holds %s MiB now",
-            f"{host.data_total / MIB:,.0f}",
-            host.cache,
-            f"{host.cache_bytes / MIB:,.0f}",
-            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
-            f"{host.process_rss / MIB:,.0f}",
-        )
-
-
 # -- memory.budget: a run whose estimated step or validation does not fit stops before any work
 def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
     """The predicted process total of ``est`` (the ``what`` of the message) within

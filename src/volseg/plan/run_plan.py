@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,6 @@ class Decision:
     value: Any
     source: str
     why: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"value": plain(self.value), "source": self.source, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -63,7 +60,7 @@ class RunPlan:
             config.pop(node, None)
         return {
             "schema_version": SCHEMA_VERSION,
-            "decisions": {k: d.as_dict() for k, d in self.decisions.items()},
+            "decisions": {k: plain(asdict(d)) for k, d in self.decisions.items()},
             "estimate": plain(dict(self.estimate)),
             "validation": plain(dict(self.validation)),
             "fingerprint": plain(dict(self.fingerprint)) if self.fingerprint else None,

@@ -101,14 +101,10 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
 
     shape, source = validation_shape(cfg)
     est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
-    context = resolve_cuda_context(options.cuda_context_mib, options.gpu)
-    print(
-        format_estimate(
-            est, int(options.top), _context_label(context.source), unmodelled_levers(cfg)
-        )
-    )
+    context = _context_label(resolve_cuda_context(options.cuda_context_mib, options.gpu).source)
+    print(format_estimate(est, int(options.top), context, unmodelled_levers(cfg)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
-    if options.get("levers", True):
+    if options.levers:
         prices = lever_prices(cfg)
         print(format_lever_prices(prices))
         result["levers"] = [price.to_dict() for price in prices]

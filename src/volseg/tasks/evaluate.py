@@ -68,9 +68,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     results = trainer.validate(model=model, datamodule=datamodule)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     # counted on disk: under a forking strategy the writers ran in the ranks' processes
-    predictions = Path(cfg.predictions_dir)
-    written = [predictions / c.name for c in datamodule.val_cases]
-    written = [p for p in written if p.exists()]
+    predictions = [Path(cfg.predictions_dir) / c.name for c in datamodule.val_cases]
+    written = [p for p in predictions if p.exists()]
     summary = {
         "ckpt_path": str(cfg.ckpt_path),
         "data_root": str(cfg.data.root),

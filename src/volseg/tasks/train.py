@@ -15,7 +15,6 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
-from volseg.plan.report import log_host
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
@@ -28,6 +27,7 @@ from volseg.utils.instantiate import (
     instantiate_loggers,
 )
 from volseg.utils.sweep import is_global_zero
+from volseg.utils.units import MIB
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_strategy(cfg.trainer)
 
     # every auto decided once; everything is built from the plan's config, which nothing edits
-    run_plan = plan_run(
-        cfg, estimate_step=bool(OmegaConf.select(cfg, "memory.plan_step", default=True))
-    )
+    run_plan = plan_run(cfg, estimate_step=bool(cfg.memory.plan_step))
     file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
     if is_global_zero():
         log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
@@ -99,8 +97,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if check_only:
         log.info("data.check_only=true: every case of %s passed the checks", cfg.data.root)
         return {}
-    if cfg.get("memory", {}).get("budget"):
-        log_host(host)  # the budget is the step's (checked by the plan); the data side's here
+    if host is not None and cfg.get("memory", {}).get("budget"):
+        # the budget is the step's (checked by the plan); the data side's is said here
+        log.info(
+            "host: the data side needs ~%s MiB (data.cache=%s: caches %s MiB, loaders %s MiB); "
+            "this process holds %s MiB now",
+            f"{host.data_total / MIB:,.0f}",
+            host.cache,
+            f"{host.cache_bytes / MIB:,.0f}",
+            f"{(host.data_total - host.cache_bytes) / MIB:,.0f}",
+            f"{host.process_rss / MIB:,.0f}",
+        )
 
     log.info("Instantiating model <%s>", cfg.model._target_)
     model: L.LightningModule = build_model(cfg)
