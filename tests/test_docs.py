@@ -11,8 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 
-#: the most lines each may have (benchmarks.md: with the held-out grid held-out-2026-12-06's rows)
-LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 730}
+#: the most lines each may have (benchmarks.md: with the rows of every held-out grid up to
+#: held-out-2026-12-07's)
+LENGTHS = {"docs/memory.md": 350, "docs/benchmarks.md": 745}
 #: README's Measurements: at most this many bullets of at most this many characters
 MEASUREMENT_BULLETS, BULLET_WIDTH = 5, 300
 #: README a front door: at most this many lines
