@@ -101,7 +101,8 @@ class _Data:
     def for_run(self) -> Any:
         """The datamodule where the final ``data`` is what it was built from."""
         final = OmegaConf.to_container(self.cfg.data, resolve=True)
-        return self.module if "module" in vars(self) and final == self._built_from else None
+        # _built_from is None until the module is built: no module is built here
+        return self.module if final == self._built_from else None
 
 
 def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
