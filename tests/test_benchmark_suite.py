@@ -169,8 +169,10 @@ def test_the_harness_reads_a_real_train_py_run(tmp_path):
     assert run.summary is not None and run.summary["global_step"] == 3
     steps = harness.step_rises(harness.monitor_rows(run.rows), 1)
     # the first step allocates its activations; a later one may reuse freed heap memory (glibc,
-    # no MALLOC_MMAP_THRESHOLD_ here), so its resident rise can be 0
-    assert len(steps) == 3 and steps[0]["growth"] > 0 and all(s["growth"] >= 0 for s in steps)
+    # no MALLOC_MMAP_THRESHOLD_ here), and pages the allocator hands back to the system between
+    # the step's first sample and its peak can make its resident rise a little below 0
+    assert len(steps) == 3 and steps[0]["growth"] > MIB
+    assert all(s["growth"] > -MIB for s in steps[1:])
     steady = harness.steady_step(run, 1, 3)
     assert steady["rises"] == [s["growth"] for s in steps]
     assert steady["growth"] == max(s["growth"] for s in steps[1:])
