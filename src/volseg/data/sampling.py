@@ -82,9 +82,10 @@ class ResumableLoader(DataLoader):
         if self.progress is None or not isinstance(self.sampler, EpochSeededSampler):
             return {}
         done, total = self.progress()
-        complete = done >= total  # a resumed run starts the next epoch
-        epoch, done = (self.sampler.epoch + 1, 0) if complete else (self.sampler.epoch, done)
-        return {"epoch": epoch, "batches_done": done, "world": self.sampler.world}
+        world = self.sampler.world
+        if done >= total:  # a resumed run starts the next epoch
+            return {"epoch": self.sampler.epoch + 1, "batches_done": 0, "world": world}
+        return {"epoch": self.sampler.epoch, "batches_done": done, "world": world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" in state and isinstance(self.sampler, EpochSeededSampler):

@@ -112,21 +112,25 @@ class StepWork:
         tensors = [*args, *(out if isinstance(out, (tuple, list)) else (out,))]
         self.bytes += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
 
+    def counts(self) -> dict[str, int]:
+        """How many times the step pays each of :class:`DeviceSpeed`'s per-event costs, by
+        the cost's name."""
+        return {
+            "call": self.calls,
+            "segment": self.segments,
+            "selective_segment": self.selective_segments,
+            "segment_call": self.segment_calls,
+            "selective_call": self.selective_calls,
+        }
+
     def seconds(self, speed: DeviceSpeed) -> float:
         """The step's predicted time on its device, of ``speed`` (seconds)."""
         replayed = 0.0
         for op, n in self.replayed.items():
             took = replay_seconds(op, self.device)
             replayed += n * (_nbytes(op[1]) / speed.bandwidth if took is None else took)
-        return (
-            self.calls * speed.call
-            + self.segments * speed.segment
-            + self.selective_segments * speed.selective_segment
-            + self.segment_calls * speed.segment_call
-            + self.selective_calls * speed.selective_call
-            + self.bytes / speed.bandwidth
-            + replayed
-        )
+        per_event = sum(n * getattr(speed, cost) for cost, n in self.counts().items())
+        return per_event + self.bytes / speed.bandwidth + replayed
 
 
 @contextmanager
@@ -218,9 +222,9 @@ def _chain(x: Tensor, links: int) -> Tensor:
 
 
 def _count(work: StepWork, cost: str) -> float:
-    """How many times a probe's ``work`` pays ``cost``: the :class:`StepWork` count named as its
-    plural (``call``: ``calls``); ``probe``: once."""
-    return 1.0 if cost == "probe" else float(getattr(work, cost + "s"))
+    """How many times a probe's ``work`` pays ``cost`` (:meth:`StepWork.counts`); ``probe``:
+    once."""
+    return 1.0 if cost == "probe" else float(work.counts()[cost])
 
 
 def _solved(

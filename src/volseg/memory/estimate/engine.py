@@ -8,9 +8,9 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -93,13 +93,19 @@ class RunEstimate:
     validation: InferenceEstimate | None = None
 
 
+class PlannedRun(Protocol):
+    """What the engine reads of a :class:`volseg.plan.RunPlan` (memory/ does not import plan/)."""
+
+    decisions: Mapping[str, Any]
+
+    def run_config(self) -> DictConfig: ...
+
+
 def estimate_run(
-    plan: Any, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
+    plan: PlannedRun, variant: Variant | None = None, validation_shape: Sequence[int] | None = None
 ) -> RunEstimate:
     """``plan``'s run with ``variant``'s keys changed, and its validation of one
-    ``validation_shape`` ``[D, H, W]`` volume where given. ``plan``: a
-    :class:`volseg.plan.RunPlan` (its ``run_config()`` and ``decisions``; memory/ does not
-    import plan/)."""
+    ``validation_shape`` ``[D, H, W]`` volume where given."""
     cfg = plan.run_config()
     device = plan.decisions.get("device")
     if device is not None:

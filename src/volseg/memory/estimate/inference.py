@@ -8,6 +8,7 @@ replaced by a fake of its shape) and Dice's ``masked_select`` (one value per vox
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -176,25 +177,28 @@ class _CountedWindows:
         emit(span[kept + 1 :])
         return out
 
+    def _forward(self, network: Any, window: torch.Tensor, *a: Any, **k: Any) -> Any:
+        """``network(window, ...)`` traced, or a traced forward of its window batch's shape
+        replayed; its events' span recorded."""
+        self.tracker.reset_mod_stats()
+        events = self.tracker.events
+        start = len(events)
+        key = (tuple(window.shape), window.dtype, window.device)
+        traced, template = self.forwards.get(key, (0, None))
+        if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
+            out = self._replay(template)
+        else:
+            out = network(window, *a, **k)
+            self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
+        self.spans.append((start, len(events)))
+        return out
+
     def counting(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        """An inferer class's ``__call__(inferer, inputs, network, ...)``, its network counted."""
+        """An inferer class's ``__call__(inferer, inputs, network, ...)``, its network's
+        forwards made :meth:`_forward`."""
 
         def counted(inferer: Any, inputs: torch.Tensor, network: Any, *args: Any, **kw: Any) -> Any:
-            def predictor(window: torch.Tensor, *a: Any, **k: Any) -> Any:
-                self.tracker.reset_mod_stats()
-                events = self.tracker.events
-                start = len(events)
-                key = (tuple(window.shape), window.dtype, window.device)
-                traced, template = self.forwards.get(key, (0, None))
-                if traced >= TRACED_WINDOW_BATCHES and template is not None and not (a or k):
-                    out = self._replay(template)
-                else:
-                    out = network(window, *a, **k)
-                    self.forwards[key] = (traced + 1, _forward_template(events[start:], out))
-                self.spans.append((start, len(events)))
-                return out
-
-            return call(inferer, inputs, predictor, *args, **kw)
+            return call(inferer, inputs, functools.partial(self._forward, network), *args, **kw)
 
         return counted
 
