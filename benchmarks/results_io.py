@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -37,7 +38,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +269,59 @@ def machine_line(doc: dict[str, Any]) -> str:
     return (
         f"{where}{doc['cpu']}{cores} ({present}), torch {doc['torch']}, {doc['date']}: `{command}`"
     )
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository, where it is inside it."""
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def pct(value: float) -> str:
+    """``value`` as a signed percentage, its minus typographic (``+1.5%``, ``−2.0%``)."""
+    return f"{value:+.1%}".replace("-", "−")
+
+
+def held_isa(doc: dict) -> str:
+    """The ISA a results file's run was held to (``ONEDNN_MAX_CPU_ISA=...``), or 'native'."""
+    names = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # kept as their lower-case keys
+    held = [f"`{name}={doc[name.lower()]}`" for name in names if doc.get(name.lower())]
+    return " ".join(held) or "native"
+
+
+def newest(benchmark: str, device: str = "cpu") -> Callable:
+    """Make ``build(path, doc) -> str`` a table builder of ``results``: it builds from the newest
+    results file of ``benchmark`` (None, the marker left as it is, while there is none)."""
+
+    def wrap(build: Callable[[Path, dict], str]) -> Callable[[Path], str | None]:
+        @functools.wraps(build)
+        def table(results: Path) -> str | None:
+            path = latest(benchmark, device, results)
+            return None if path is None else build(path, load(path))
+
+        return table
+
+    return wrap
+
+
+def every_file(benchmark: str, *header: str) -> Callable:
+    """Make ``rows(path, doc) -> list[str]`` a table builder of ``results``: the ``header``
+    lines, then the rows of every results file of ``benchmark``, oldest first (None while there
+    is none)."""
+
+    def wrap(rows: Callable[[Path, dict], list[str]]) -> Callable[[Path], str | None]:
+        @functools.wraps(rows)
+        def table(results: Path) -> str | None:
+            paths = runs(benchmark, "cpu", results)
+            if not paths:
+                return None
+            lines = list(header)
+            for path in paths:
+                lines += rows(path, load(path))
+            return "\n".join(lines)
+
+        return table
+
+    return wrap

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks import results_io, samples
 from benchmarks.grid import summary_line
-from benchmarks.results_io import cpu_kind
+from benchmarks.results_io import cpu_kind, newest, pct, rel
 from volseg.utils.cpu import CPU_KINDS
 from volseg.utils.units import MIB
 
@@ -32,53 +32,6 @@ DOCS = results_io.REPO / "docs"
 MARKER = re.compile(
     r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table: (?P=name) -->)", re.S
 )
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(results_io.REPO))
-    except ValueError:
-        return str(path)
-
-
-def _pct(value: float) -> str:
-    return f"{value:+.1%}".replace("-", "−")
-
-
-def newest(benchmark: str, device: str = "cpu") -> Callable:
-    """Make ``build(path, doc) -> str`` a table builder of ``results``: it builds from the newest
-    results file of ``benchmark`` (None, the marker left as it is, while there is none)."""
-
-    def wrap(build: Callable[[Path, dict], str]) -> Callable[[Path], str | None]:
-        @functools.wraps(build)
-        def table(results: Path) -> str | None:
-            path = results_io.latest(benchmark, device, results)
-            return None if path is None else build(path, results_io.load(path))
-
-        return table
-
-    return wrap
-
-
-def every_file(benchmark: str, *header: str) -> Callable:
-    """Make ``rows(path, doc) -> list[str]`` a table builder of ``results``: the ``header``
-    lines, then the rows of every results file of ``benchmark``, oldest first (None while there
-    is none)."""
-
-    def wrap(rows: Callable[[Path, dict], list[str]]) -> Callable[[Path], str | None]:
-        @functools.wraps(rows)
-        def table(results: Path) -> str | None:
-            paths = results_io.runs(benchmark, "cpu", results)
-            if not paths:
-                return None
-            lines = list(header)
-            for path in paths:
-                lines += rows(path, results_io.load(path))
-            return "\n".join(lines)
-
-        return table
-
-    return wrap
 
 
 def _recorded_gpu_runs(results: Path) -> dict[frozenset[str], tuple[dict, dict, Path]]:
@@ -102,7 +55,7 @@ def cuda_recorded(results: Path) -> str | None:
     if not recorded:
         return None
     heads = {
-        _rel(path): f"{_rel(path)} ({doc['gpu']}, torch {doc['torch']}, {doc['date']})"
+        rel(path): f"{rel(path)} ({doc['gpu']}, torch {doc['torch']}, {doc['date']})"
         for _, doc, path in recorded
     }
     lines = [
@@ -142,9 +95,9 @@ def levers_cuda(results: Path) -> str | None:
         return None
     doc = results_io.load(path)
     measured = _recorded_gpu_runs(results)
-    gpu_files = sorted({_rel(p) for _, _, p in measured.values()})
+    gpu_files = sorted({rel(p) for _, _, p in measured.values()})
     lines = [
-        f"{_rel(path)} (the estimates: {results_io.machine_line(doc)}) and "
+        f"{rel(path)} (the estimates: {results_io.machine_line(doc)}) and "
         f"{', '.join(gpu_files)} (measured):",
         "",
         "| lever | estimated peak allocated / reserved (MiB) | measured peak allocated / "
@@ -177,7 +130,7 @@ def cuda_estimate_errors(path: Path, doc: dict) -> str:
     """The CUDA estimate against every recorded GPU run (``cuda_estimate_errors.py``)."""
     bounds = doc.get("bounds", {"allocated": 0.05, "reserved": 0.10})
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; estimated for CUDA on this CPU, "
+        f"{rel(path)} ({results_io.machine_line(doc)}; estimated for CUDA on this CPU, "
         f"against the GPU runs in benchmarks/results/cuda; bold: outside "
         f"{bounds['allocated']:.0%} allocated / {bounds['reserved']:.0%} reserved):",
         "",
@@ -193,8 +146,8 @@ def cuda_estimate_errors(path: Path, doc: dict) -> str:
         else:
             pair, digits = (row["estimated_step_peak_growth"] / MIB, m["step_peak_growth_mib"]), 1
         a, r = row["allocated_error"], row["reserved_error"]
-        a_text = f"**{_pct(a)}**" if abs(a) > bounds["allocated"] else _pct(a)
-        r_text = f"**{_pct(r)}**" if abs(r) > bounds["reserved"] else _pct(r)
+        a_text = f"**{pct(a)}**" if abs(a) > bounds["allocated"] else pct(a)
+        r_text = f"**{pct(r)}**" if abs(r) > bounds["reserved"] else pct(r)
         lines.append(
             f"| {row['run']} | {pair[0]:,.{digits}f} / {pair[1]:,.{digits}f} | {a_text} | "
             f"{row['estimated_peak_reserved'] / MIB:,.0f} / {m['peak_reserved_mib']:,.0f} | "
@@ -211,16 +164,6 @@ def cuda_estimate_errors(path: Path, doc: dict) -> str:
         f"{max(r_errors):.1%}).",
     ]
     return "\n".join(lines)
-
-
-def _isa(doc: dict) -> str:
-    """The ISA a results file's run was held to (``ONEDNN_MAX_CPU_ISA=...``), or 'native'."""
-    keys = {
-        "onednn_max_cpu_isa": "ONEDNN_MAX_CPU_ISA",
-        "aten_cpu_capability": "ATEN_CPU_CAPABILITY",
-    }
-    held = [f"`{name}={doc[key]}`" for key, name in keys.items() if doc.get(key)]
-    return " ".join(held) or "native"
 
 
 def _failure(text: str) -> str:
@@ -247,7 +190,7 @@ def estimator_accuracy(results: Path) -> str | None:
     for path, doc in heads.items():
         partial = "" if doc.get("complete", True) else "; stopped before its last config"
         lines.append(
-            f"{_rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
+            f"{rel(path)} ({results_io.machine_line(doc)}; host resident memory, "
             f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer "
             f"steps{partial}):"
         )
@@ -292,7 +235,7 @@ def _cell(row: dict) -> str:
         return f"failed: {_failure(row['failed'])}"
     return (
         f"{row['measured_bytes'] / MIB:,.1f} / {row['estimated_bytes'] / MIB:,.1f} "
-        f"({_pct(row['error'])})"
+        f"({pct(row['error'])})"
     )
 
 
@@ -313,7 +256,7 @@ def cuda_margins(results: Path) -> str | None:
         return None
     doc = json.loads(path.read_text())
     lines = [
-        f"{_rel(path)} (`{doc['command']}`, from {', '.join(doc['recorded'])} and "
+        f"{rel(path)} (`{doc['command']}`, from {', '.join(doc['recorded'])} and "
         f"{doc['estimates']}; in sample: each margin is fitted on the runs it counts):",
         "",
         "| steps | margin | worst run | recorded runs | their steps (estimated reserved) |",
@@ -364,7 +307,7 @@ def cpu_margins(results: Path) -> str | None:
         return None
     doc = json.loads(CPU_MARGINS.read_text())
     lines = [
-        f"{_rel(CPU_MARGINS)} (`{doc['command']}`, from {len(doc['files'])} results files: "
+        f"{rel(CPU_MARGINS)} (`{doc['command']}`, from {len(doc['files'])} results files: "
         "the newest of each grid and kind):",
         "",
         "| CPU kind | margin | worst run | in-sample runs | safe without a margin | "
@@ -433,7 +376,7 @@ def estimator_held_out_kinds(results: Path) -> str | None:
             # a held kind's name has commas of its own
             f"The held-out grid `{grid}` has run on {' and on '.join(found)}"
             f"{' only' if len(found) == 1 else ''} "
-            f"({', '.join(f'`{_rel(p)}`' for p in dict.fromkeys(found.values()))})."
+            f"({', '.join(f'`{rel(p)}`' for p in dict.fromkeys(found.values()))})."
         )
     return "\n".join(out)  # a line a grid: docs lines stay under 400 characters
 
@@ -457,7 +400,7 @@ def memory_fewer_parameters(results: Path) -> str | None:
     return (
         f"{small['peak_allocated_mib']:,} against {large['peak_allocated_mib']:,} MiB allocated, "
         f"{small['nvidia_smi_mib']:,} against {large['nvidia_smi_mib']:,} MiB in nvidia-smi "
-        f"(`{_rel(path)}`, the `reference table` rows; "
+        f"(`{rel(path)}`, the `reference table` rows; "
         f"{_sample(samples.BENCHMARKS['cuda_recorded'])})"
     )
 
@@ -493,7 +436,7 @@ def networks_tight_budget(results: Path) -> str | None:
     text = (
         f"Under a budget of the resident state plus {share:.0%} of the step's growth (float32, "
         f"batch 2 of 32×64×64; {doc.get('cpu_description') or doc['cpu']}; "
-        f"{_sample(samples.grid('monai-unets'))}): " + "; ".join(answers) + f" (`{_rel(path)}`)."
+        f"{_sample(samples.grid('monai-unets'))}): " + "; ".join(answers) + f" (`{rel(path)}`)."
     )
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
@@ -507,7 +450,7 @@ def rule_effects(results: Path) -> str | None:
         reports.update(dict.fromkeys(doc["grids"], (path, doc)))
     if not reports:
         return None
-    captions = {f"{_rel(p)} ({results_io.machine_line(d)})" for p, d in reports.values()}
+    captions = {f"{rel(p)} ({results_io.machine_line(d)})" for p, d in reports.values()}
     lines = [
         *sorted(captions),
         "",
@@ -522,7 +465,7 @@ def rule_effects(results: Path) -> str | None:
         for rule in dict.fromkeys(rule for r in rows for rule in r["without"]):
             changed = [r for r in rows if rule in r["without"]]
             changes = [r["without"][rule] / r["estimated_bytes"] - 1 for r in changed]
-            cells.append(f"{rule}: {len(changes)} of {len(rows)}, {_pct(max(changes, key=abs))}")
+            cells.append(f"{rule}: {len(changes)} of {len(rows)}, {pct(max(changes, key=abs))}")
         added = found["added_since_previous"] if found["previous"] else ["(the first grid)"]
         untested = [rule for rule in added if rule in found["unchanged_by"]]
         lines.append(

@@ -181,13 +181,14 @@ def test_no_module_imports_another_modules_private_names():
     assert not wrong, sorted(wrong)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
+def _module_name(path: Path, package: Path = SRC) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imported_modules(path: Path, known: set[str]) -> set[str]:
-    """The volseg modules ``path`` imports, at module level or inside a function alike."""
+    """The modules of ``known`` that ``path`` imports, at module level or inside a function
+    alike."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names = []
@@ -199,10 +200,12 @@ def _imported_modules(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def test_no_import_cycle_among_volseg_modules():
+@pytest.mark.parametrize("package", [SRC, SRC.parents[1] / "benchmarks"], ids=lambda p: p.name)
+def test_no_import_cycle_among_a_packages_modules(package):
     """Imports point one way between modules too: an import moved into a function to dodge a
-    cycle (a wrapper in a module the engine is built on, importing the engine) still is one."""
-    paths = {_module_name(path): path for path in SRC.rglob("*.py")}
+    cycle (a wrapper in a module the engine is built on, importing the engine) still is one;
+    in benchmarks/ too (the tables and the readers of archived benchmarks' results)."""
+    paths = {_module_name(path, package): path for path in package.rglob("*.py")}
     graph = {name: _imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
     # a package's __init__ re-exporting its modules is not a cycle of theirs
     graph = {

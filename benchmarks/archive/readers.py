@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from benchmarks import results_io
-from benchmarks.tables import _isa, _pct, _rel, every_file, newest
+from benchmarks.results_io import every_file, held_isa, newest, pct, rel
 from volseg.utils.units import MIB
 
 #: the input depths docs/benchmarks.md shows of ``cpu_bf16_conv.py``'s files (they hold 1 to 4)
@@ -19,7 +19,7 @@ BF16_CONV_DEPTHS = (2,)
 def validation_memory(path: Path, doc: dict) -> str:
     """Validation's memory on the CPU, measured against the estimate (``validation_memory.py``)."""
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}):",
+        f"{rel(path)} ({results_io.machine_line(doc)}):",
         "",
         "| case | volume | precision | windows | measured rise MiB | estimated MiB | error |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
@@ -28,7 +28,7 @@ def validation_memory(path: Path, doc: dict) -> str:
         lines.append(
             f"| {r['case']} | {'×'.join(map(str, r['volume_shape']))} | {r['precision']} | "
             f"{r['windows']} | {r['measured_growth'] / MIB:,.1f} | "
-            f"{r['estimated_growth'] / MIB:,.1f} | {_pct(r['error'])} |"
+            f"{r['estimated_growth'] / MIB:,.1f} | {pct(r['error'])} |"
         )
     return "\n".join(lines)
 
@@ -64,7 +64,7 @@ def loader_compare(path: Path, doc: dict) -> list[str]:
         what = r["label"].split(": ", 1)[-1]
         name = LOADER_NAMES.get(r.get("loader"), r["label"].split(": ", 1)[0])
         lines.append(
-            f"| {_rel(path)}{note} | {results_io.machine_line(doc)} | {name}: {what} | "
+            f"| {rel(path)}{note} | {results_io.machine_line(doc)} | {name}: {what} | "
             f"{r['first_batch_s']:.2f} | {r['s_per_batch']:.3f} |"
         )
     return lines
@@ -87,7 +87,7 @@ def step_profile(path: Path, doc: dict) -> list[str]:
         others = [o for o in r["ops"] if "convolution" not in o["op"]][:3]
         rest = ", ".join(f"{o['op']} {o['self_s_per_step'] / total:.1%}" for o in others)
         lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['network']} | "
+            f"| {rel(path)} | {doc['cpu']} | {held_isa(doc)} | {r['network']} | "
             f"{r['seconds_per_step']:.3f} | {r['flops_per_step'] / 1e9:.1f} | "
             f"{r['of_fp32_peak']:.2f} | {sum(o['self_s_per_step'] for o in conv) / total:.0%} | "
             f"{rest} |"
@@ -100,7 +100,7 @@ def network_levers(path: Path, doc: dict) -> str:
     """Each lever's cut per network: measured on the CPU, estimated for a GPU
     (``network_levers.py``)."""
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
+        f"{rel(path)} ({results_io.machine_line(doc)}; float32 on the CPU, a steady step's "
         f"peak rise over {doc['steps']} optimizer steps; the GPU column: the estimator's peak "
         f"allocated for {doc['gpu_estimate']}, not measured):",
         "",
@@ -195,9 +195,9 @@ def learning(results: Path, data: str, per_class: bool = True) -> str | None:
     rows = list(doc["rows"])
     for path in paths[1:]:
         rows += [r for r in results_io.load(path)["rows"] if r["side"] in LATER_SIDES]
-    also = "".join(f" and {_rel(p)}" for p in paths[1:])
+    also = "".join(f" and {rel(p)}" for p in paths[1:])
     head = (
-        f"{_rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
+        f"{rel(paths[0])}{also} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, "
         f"{s['mode']}, precision {s['precision']} on every side, seeds "
         f"{', '.join(map(str, s['seeds']))}):"
     )
@@ -263,7 +263,7 @@ def cross_entropy_weight(path: Path, doc: dict) -> str:
     (``cross_entropy_weight.py``)."""
     s = doc["settings"]
     head = (
-        f"{_rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
+        f"{rel(path)} ({results_io.machine_line(doc)}; {s['budget_s']} s a run, the two "
         f"weights at the same time, 1 thread each, {s['precision']}):"
     )
     return f"{head}\n\n{cross_entropy_rows(doc['rows'])}"
@@ -293,7 +293,7 @@ def data_throughput(path: Path, doc: dict) -> str:
     the workers a recorded GPU step needs (``data_throughput.py``)."""
     rows = doc["rows"]
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch 2, cached in memory):",
+        f"{rel(path)} ({results_io.machine_line(doc)}; batch 2, cached in memory):",
         "",
         "| what | data | setting | first batch (s) | training samples/s |",
         "| --- | --- | --- | ---: | ---: |",
@@ -345,7 +345,7 @@ def training_overheads(path: Path, doc: dict) -> str:
     """Wall time and what a run spends beside its steps, per ``async_checkpoint``
     (``training_overheads.py``)."""
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}):",
+        f"{rel(path)} ({results_io.machine_line(doc)}):",
         "",
         "| run | `async_checkpoint` | steps | wall (s) | " + " | ".join(OVERHEADS.values()) + " |",
         "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in OVERHEADS) + " |",
@@ -374,7 +374,7 @@ def levers_cpu(path: Path, doc: dict) -> str:
     (``levers.py``)."""
     s = doc["settings"]
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {s['batch']} of "
+        f"{rel(path)} ({results_io.machine_line(doc)}; batch {s['batch']} of "
         f"1×{'×'.join(map(str, s['shape']))}, best of {s['steps']} steps):",
         "",
         "| lever | step adds (MiB) | ratio | activations kept (MiB) | ratio | s/step | ratio |",
@@ -396,7 +396,7 @@ def lever_time_factors(path: Path, doc: dict) -> str:
     """Each lever's predicted step-time factor (and its FLOPs factor) against the measured one
     (``lever_time_factors.py``)."""
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; float32, the fastest step of at least "
+        f"{rel(path)} ({results_io.machine_line(doc)}; float32, the fastest step of at least "
         f"{doc['steps']} and 3 s):",
         "",
         "| network | setting | predicted | FLOPs alone | measured | error |",
@@ -409,7 +409,7 @@ def lever_time_factors(path: Path, doc: dict) -> str:
         lines.append(
             f"| {r['network']} | {r['setting'] or 'as configured'} | "
             f"{r['predicted_factor']:.2f} | {'' if flops is None else f'{flops:.2f}'} | "
-            f"{r['measured_factor']:.2f} | {_pct(r['error'])} |"
+            f"{r['measured_factor']:.2f} | {pct(r['error'])} |"
         )
     return "\n".join(lines)
 
@@ -421,7 +421,7 @@ def train_throughput(path: Path, doc: dict) -> str:
     s = doc["settings"]
     peaks = s["matmul_peak_flops_per_s"]
     lines = [
-        f"{_rel(path)} ({results_io.machine_line(doc)}; batch {'×'.join(map(str, s['batch']))}, "
+        f"{rel(path)} ({results_io.machine_line(doc)}; batch {'×'.join(map(str, s['batch']))}, "
         f"best of {s['repeats']} after {s['warmup']} warm-up steps; matmul peak fp32 "
         f"{peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f}):",
         "",
@@ -452,7 +452,7 @@ def default_run(path: Path, doc: dict) -> list[str]:
     r = doc["rows"][0]
     minutes, seconds = divmod(round(r["whole_command_s"]), 60)
     return [
-        f"| {_rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {_isa(doc)} | "
+        f"| {rel(path)} | {doc['cpu']} ({doc.get('cores')}) | {held_isa(doc)} | "
         f"{r['precision']} | {minutes} min {seconds} s | {r['steps']} | "
         f"{r['best_val_dice_mean']:.3f} | {r['first_epoch_reaching']} |"
     ]
@@ -466,7 +466,7 @@ def default_run(path: Path, doc: dict) -> list[str]:
 def cpu_precision(path: Path, doc: dict) -> list[str]:
     """float32 against bf16 autocast per CPU and ISA setting (``cpu_precision.py``)."""
     return [
-        f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['work']} | "
+        f"| {rel(path)} | {doc['cpu']} | {held_isa(doc)} | {r['work']} | "
         f"{r['float32_s']:.3f} | {r['bf16_s']:.3f} | {r['ratio']:.2f} |"
         for r in doc["rows"]
     ]
@@ -485,8 +485,8 @@ def memory_monitor_overhead(path: Path, doc: dict) -> list[str]:
     for r in doc["rows"]:
         without, with_ = r["s_per_step_without"], r["s_per_step_with"]
         lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
-            f"{_pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
+            f"| {rel(path)} | {doc['cpu']} | {without * 1e3:.1f} | {with_ * 1e3:.1f} | "
+            f"{pct(with_ / without - 1)} | {r['hooks_s_per_step'] * 1e3:.2f} | "
             f"{r['hooks_share']:.2%} |"
         )
     return lines
@@ -513,7 +513,7 @@ def cpu_bf16_conv(path: Path, doc: dict) -> list[str]:
             )
         ]
         lines.append(
-            f"| {_rel(path)} | {doc['cpu']} | {_isa(doc)} | {r['layer']} | "
+            f"| {rel(path)} | {doc['cpu']} | {held_isa(doc)} | {r['layer']} | "
             f"{tuple(r['input_shape'])} | " + " | ".join(cells) + " |"
         )
     return lines
@@ -531,7 +531,7 @@ def nnunet_side_by_side(results: Path) -> str | None:
     doc = json.loads(path.read_text())
     m = doc["machine"]
     head = (
-        f"{_rel(path)} ({m['cpu']} ({', '.join(m['isa_flags'])}), torch {m['torch']}, nnU-Net v2 "
+        f"{rel(path)} ({m['cpu']} ({', '.join(m['isa_flags'])}), torch {m['torch']}, nnU-Net v2 "
         f"{m['nnunetv2']}, {m['date']}: `{doc['command']}`; the step's memory is estimated by "
         f"volseg's estimator as of that date, not measured; the CUDA context is the estimator's "
         f"figure of that date, not a GPU's):"
