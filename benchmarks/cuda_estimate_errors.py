@@ -212,7 +212,7 @@ def write_margins(results: Path = results_io.RESULTS, out: Path = MARGINS) -> Pa
 def _cell(estimated: float, measured: float, within: float, digits: int) -> tuple[str, float]:
     """``estimated / measured | error`` (bold outside ``within``) and the error."""
     error = estimated / measured - 1
-    text = f"{error:+.1%}".replace("-", "−")
+    text = results_io.pct(error)
     shown = f"**{text}**" if abs(error) > within else text
     return f"{estimated:,.{digits}f} / {measured:,.{digits}f} | {shown}", error
 
