@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from volseg.data.io import read_array, read_geometry, write_volume
+from volseg.data.io import label_dtype, read_array, read_geometry, write_volume
 from volseg.data.transforms import eval_transforms
 
 
@@ -59,3 +59,9 @@ def test_tiff_stacks_of_one_case_join_as_channels(tmp_path):
     item = eval_transforms(with_label=False)({"image": files})
     assert item["image"].shape == (2, 3, 4, 5)
     assert torch.all(item["image"][:, :, :, 1:] > item["image"][:, :, :, :-1])
+
+
+def test_a_label_volume_is_written_in_the_smallest_type_of_its_class_ids():
+    # predict.py's label files and the validation writer's both take this type
+    assert label_dtype(2) == np.uint8 and label_dtype(256) == np.uint8
+    assert label_dtype(257) == np.uint16 and label_dtype(65_536) == np.uint16

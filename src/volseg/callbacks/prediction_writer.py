@@ -6,10 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from volseg.data.io import read_geometry, write_volume
+from volseg.data.io import label_dtype, read_geometry, write_volume
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.transforms import labels_to_shape
 
@@ -50,7 +49,6 @@ class ValidationPredictionWriter(Callback):
                 pred, geometry["affine"], self.orientation, geometry["format"]
             )
             target = self.output_dir / name
-            # the smallest unsigned type that holds the class ids 0 .. num_classes - 1
-            array = pred.numpy().astype(np.min_scalar_type(pl_module.num_classes - 1))
+            array = pred.numpy().astype(label_dtype(pl_module.num_classes))
             write_volume(target, array, affine=geometry["affine"])
             log.info("Rank %d wrote %s", trainer.global_rank, target)

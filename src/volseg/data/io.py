@@ -219,6 +219,11 @@ def split_suffix(name: str) -> tuple[str, str]:
     return match_suffix(name) or (Path(name).stem, Path(name).suffix)
 
 
+def label_dtype(num_classes: int) -> np.dtype:
+    """The smallest unsigned integer type that holds class ids ``0 .. num_classes - 1``."""
+    return np.min_scalar_type(num_classes - 1)
+
+
 def write_volume(
     path: str | Path,
     array_zyx: np.ndarray,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from monai.data import Dataset
@@ -24,6 +23,7 @@ from volseg.data.host_memory import volume_bytes
 from volseg.data.io import (
     HDF5_PREDICTION_KEY,
     HDF5_PROBABILITIES_KEY,
+    label_dtype,
     read_geometry,
     split_suffix,
     volume_format,
@@ -133,7 +133,7 @@ class VolumeWriter(BasePredictionWriter):
             if list(probs.shape[1:]) != shape:  # data.spacing resampled it: back to the input's
                 probs = to_shape(probs, shape)
             probs = to_input_orientation(probs, affine, self.orientation, geometry["format"])
-            dtype = np.min_scalar_type(probs.shape[0] - 1)  # holds the class ids
+            dtype = label_dtype(probs.shape[0])
             arrays = [probs.argmax(dim=0).numpy().astype(dtype), probs.numpy()]
             targets = self.targets[name]
             for path in dict.fromkeys(path for path, _ in targets):
