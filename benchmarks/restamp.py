@@ -1,17 +1,21 @@
-"""Estimates that cannot go stale: every estimator results file that docs or the margins cite,
-estimated again by today's ``src/volseg/memory`` (in place, its measured bytes kept).
+"""Figures that cannot go stale: every results file README, docs or the margins cite, checked
+against today's code by the sources its benchmark declares (``results_io.SOURCES``), and the
+estimates among them made again by today's ``src/volseg/memory``.
 
 A results file of ``estimator_accuracy`` holds measured bytes (a real ``python train.py``, hours)
 beside estimates (``estimate(cfg)``, seconds). When the estimator changes, its estimates go
 stale; this tool makes them again, on a CPU that reproduces the file's kind
-(:func:`reproducing_env`), and records under the file's ``estimates`` key the code that made
-them (:func:`benchmarks.results_io.code`), the date, the kind that made them and the rows whose
-bytes changed. A kind this CPU cannot reproduce (:data:`NOT_REPRODUCIBLE`) is left as it was
-and said so beside its margin. ``tests/test_benchmark_suite.py`` fails while a cited file's
-estimates come from other code than today's.
+(:func:`reproducing_env`). Results files are append-only: where every estimate comes out the
+same bytes, the file gets a stamp (``restamps``: the date, the kind and the code,
+:func:`benchmarks.results_io.code`) and nothing else; where one changes, the estimates go into a
+new file beside it (``re_estimate_of`` names the old one), which the tables and the margins then
+read as the newest of its grid. A kind this CPU cannot reproduce (:data:`NOT_REPRODUCIBLE`) is
+left as it was and said so beside its margin. Any other stale file (rule effects, time factors)
+is made again by rerunning the command it records, into a new file; the margins by their
+writers. ``tests/test_benchmark_suite.py`` fails while a cited figure is stale.
 
-    python -m benchmarks restamp           # every stale cited file; then the margins, tables
-    python -m benchmarks restamp --check   # list the stale files, change nothing (exit 1: some)
+    python -m benchmarks restamp           # every stale cited estimate; then the margins, tables
+    python -m benchmarks restamp --check   # list every stale cited figure, change nothing (exit 1)
 """
 
 from __future__ import annotations
@@ -44,24 +48,22 @@ NOT_REPRODUCIBLE = {
 }
 
 
-#: the results files made by an estimate: the CPU estimator's grids, the CUDA estimates of the
-#: recorded GPU runs (made on any CPU: the CUDA estimate runs no CPU kernel)
-ESTIMATES = r"results/cpu/([\w.-]*(?:estimator|cuda_estimate_errors)[\w.-]*\.json)"
+#: where a benchmark's figures are re-made by this tool: estimates (any other: its own command)
+ESTIMATES = ("estimator_accuracy", "cuda_estimate_errors")
 CUDA_ESTIMATES = "cuda_estimate_errors"
+RESULTS_LINK = r"(?:benchmarks/)?results/((?:cpu|cuda|nnunet)/[\w.-]+\.json)"
 
 
 def cited(repo: Path = results_io.REPO) -> list[Path]:
-    """Every results file of :data:`ESTIMATES` named in :data:`CITING`, by name."""
+    """Every results file named in :data:`CITING`."""
     text = "\n".join(p.read_text() for pattern in CITING for p in sorted(repo.glob(pattern)))
-    names = sorted(set(re.findall(ESTIMATES, text)))
-    return [repo / "benchmarks" / "results" / "cpu" / n for n in names]
+    names = sorted(set(re.findall(RESULTS_LINK, text)))
+    return [repo / "benchmarks" / "results" / n for n in names]
 
 
 def stamp(doc: dict[str, Any]) -> str | None:
-    """The hash of ``src/volseg/memory`` that made a file's estimates: its ``estimates`` record
-    (a re-estimate), else its own ``code`` (a run), else None (a file from before either)."""
-    code = (doc.get("estimates") or {}).get("code") or doc.get("code") or {}
-    return (code.get("sources") or {}).get(MEMORY)
+    """The hash of ``src/volseg/memory`` that made a file's estimates (``results_io.stamp``)."""
+    return results_io.stamp(doc, MEMORY)
 
 
 def reproducing_env(kind: str) -> dict[str, str] | None:
@@ -81,19 +83,46 @@ def reproducing_env(kind: str) -> dict[str, str] | None:
 
 
 def stale(repo: Path = results_io.REPO) -> list[tuple[Path, str, str]]:
-    """Each cited file whose estimates another ``src/volseg/memory`` made, its CPU kind and
-    why; a kind of :data:`NOT_REPRODUCIBLE` is not stale (its margin says so)."""
-    today = results_io.source_hash(MEMORY, repo)
+    """Each cited file made by other code than today's, by the sources its benchmark declares
+    (``results_io.SOURCES``), with its kind (a CPU kind or ``CUDA`` for estimates, else the
+    benchmark) and why; then each margins file that its inputs no longer give
+    (:func:`stale_margins`). A benchmark that declares no sources must be ``results_io.DATED``;
+    an estimate of a kind of :data:`NOT_REPRODUCIBLE` is not stale (its margin says so)."""
     found = []
     for path in cited(repo):
         doc = json.loads(path.read_text())
-        kind = "CUDA" if CUDA_ESTIMATES in path.name else results_io.cpu_kind(doc)
-        if kind in NOT_REPRODUCIBLE:
+        benchmark = results_io.benchmark_of(path, doc)
+        if benchmark in results_io.DATED:
             continue
-        made = stamp(doc)
-        if made != today:
-            why = "no record of the code" if made is None else f"estimated by {made[:19]}"
-            found.append((path, kind, f"{why}, today's {MEMORY} is {today[:19]}"))
+        if benchmark not in results_io.SOURCES:
+            found.append((path, str(benchmark), "declares no sources in results_io.SOURCES"))
+            continue
+        kind = str(benchmark)
+        if benchmark in ESTIMATES:
+            kind = "CUDA" if benchmark == CUDA_ESTIMATES else results_io.cpu_kind(doc)
+            if kind in NOT_REPRODUCIBLE:
+                continue
+        for source in results_io.SOURCES[benchmark]:
+            made, today = results_io.stamp(doc, source), results_io.source_hash(source, repo)
+            if made != today:
+                why = "no record of the code" if made is None else f"made by {made[:19]}"
+                remedy = "" if benchmark in ESTIMATES else f"; rerun `{doc.get('command')}`"
+                found.append((path, kind, f"{why}, today's {source} is {today[:19]}{remedy}"))
+                break
+    return found + stale_margins(repo)
+
+
+def stale_margins(repo: Path = results_io.REPO) -> list[tuple[Path, str, str]]:
+    """Each packaged margins file that its writer, fed today's results files, would change."""
+    from benchmarks import cpu_margins, cuda_estimate_errors
+
+    found = []
+    results = repo / "benchmarks" / "results"
+    for writer in (cpu_margins, cuda_estimate_errors):
+        packaged = repo / writer.MARGINS.relative_to(results_io.REPO)
+        if packaged.exists() and json.loads(packaged.read_text()) != writer.margins(results):
+            why = f"its inputs give other margins; rerun `{writer.margins(results)['command']}`"
+            found.append((packaged, "margins", why))
     return found
 
 
@@ -103,10 +132,43 @@ def _rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(doc.get("rows") or []) + [r for g in (doc.get("grids") or {}).values() for r in g]
 
 
-def re_estimate_in_place(path: Path, made: dict[tuple[str, ...], dict[str, int]]) -> list[str]:
+def _stamp_record(changed: list[str]) -> dict[str, Any]:
+    """What a restamp records: when, by what command, on which kind, by which code."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "command": "python -m benchmarks restamp",
+        "kind": __import__("volseg.utils.cpu", fromlist=["cpu_kind"]).cpu_kind(),
+        "code": results_io.code("estimator_accuracy"),
+        "changed": changed,
+    }
+
+
+def keep(path: Path, doc: dict[str, Any], changed: list[str]) -> Path:
+    """Keep a file's estimates made again (``doc``, the file's rows re-estimated), append-only:
+    no row changed, a stamp appended to the file as it is; else ``doc`` as a new file beside it
+    (``re_estimate_of``: the file it re-estimates). The file written."""
+    record = _stamp_record(changed)
+    if not changed:
+        kept = json.loads(path.read_text())
+        kept[results_io.STAMPS] = [*(kept.get(results_io.STAMPS) or []), record]
+        path.write_text(json.dumps(kept, indent=2, default=str) + "\n")
+        return path
+    doc.pop(results_io.STAMPS, None)
+    doc["estimates"], doc["re_estimate_of"] = record, results_io.rel(path)
+    name = re.sub(r"^[\d-]{10}_|-\d+$", "", path.stem)  # the benchmark's, undated
+    stem = f"{datetime.date.today().isoformat()}_{name}"
+    new, count = path.with_name(f"{stem}.json"), 1
+    while new.exists():  # as results_io.write's default: never replace a file
+        count += 1
+        new = path.with_name(f"{stem}-{count}.json")
+    new.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return new
+
+
+def re_estimate(path: Path, made: dict[tuple[str, ...], dict[str, int]]) -> tuple[list[str], Path]:
     """Estimate every measured row of ``path`` again here (this process's ISA; ``made``: the
-    estimates so far, by overrides), write the file back with its ``estimates`` record; the
-    names of the rows whose bytes changed."""
+    estimates so far, by overrides) and :func:`keep` them; the names of the rows whose bytes
+    changed, and the file written."""
     from benchmarks import grid
 
     doc = json.loads(path.read_text())
@@ -129,15 +191,27 @@ def re_estimate_in_place(path: Path, made: dict[tuple[str, ...], dict[str, int]]
             if "estimated_process_total_bytes" in row:
                 row["estimated_process_total_bytes"] = new["estimated_process_total_bytes"]
             row["error"] = new["estimated_bytes"] / row["measured_bytes"] - 1
-    doc["estimates"] = {
-        "date": datetime.date.today().isoformat(),
-        "command": "python -m benchmarks restamp",
-        "kind": __import__("volseg.utils.cpu", fromlist=["cpu_kind"]).cpu_kind(),
-        "code": results_io.code("estimator_accuracy"),
-        "changed": changed,
-    }
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    return changed
+    return changed, keep(path, doc, changed)
+
+
+def re_estimate_cuda(path: Path) -> tuple[list[str], Path]:
+    """The CUDA estimates of the recorded GPU runs made again by their own benchmark (into a
+    temporary file) and :func:`keep` them: the rows whose figures changed, the file written."""
+    with tempfile.TemporaryDirectory(prefix="volseg-restamp-") as tmp:
+        out = Path(tmp) / path.name
+        command = [sys.executable, "-m", "benchmarks", CUDA_ESTIMATES, "--json-out", str(out)]
+        subprocess.run(command, cwd=results_io.REPO, check=True)
+        doc = json.loads(out.read_text())
+    old = json.loads(path.read_text())["rows"]
+    changed = [str(r.get("name", i)) for i, r in enumerate(doc["rows"]) if r not in old]
+    return changed, keep(path, doc, changed)
+
+
+def _said(path: Path, changed: list[str], written: Path) -> str:
+    if not changed:
+        return f"{results_io.rel(path)}: same bytes, stamped"
+    rows = f"{len(changed)} rows changed ({'; '.join(changed)})"
+    return f"{results_io.rel(path)}: {rows} -> {results_io.rel(written)}"
 
 
 def _child(paths: Sequence[Path]) -> int:
@@ -146,13 +220,12 @@ def _child(paths: Sequence[Path]) -> int:
     failed = 0
     for path in paths:
         try:
-            changed = re_estimate_in_place(path, made)
+            changed, written = re_estimate(path, made)
         except Exception as error:  # one file's missing extra must not stop the others
             print(f"{path.relative_to(results_io.REPO)}: not re-estimated ({error!r})", flush=True)
             failed = 1
             continue
-        what = f"{len(changed)} rows changed: {'; '.join(changed)}" if changed else "same bytes"
-        print(f"{path.relative_to(results_io.REPO)}: {what}", flush=True)
+        print(_said(path, changed, written), flush=True)
     return failed
 
 
@@ -172,14 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         return 1 if found else 0
     groups: dict[tuple[tuple[str, str], ...], list[Path]] = {}
-    for path, kind, _ in found:
-        if kind == "CUDA":  # estimated again by its own benchmark, into the same file
-            command = [
-                "cuda_estimate_errors",
-                "--json-out",
-                path.relative_to(results_io.REPO).as_posix(),
-            ]
-            subprocess.run([sys.executable, "-m", "benchmarks", *command], cwd=results_io.REPO)
+    for path, kind, why in found:
+        if kind == "CUDA":
+            print(_said(path, *re_estimate_cuda(path)), flush=True)
+            continue
+        if kind == "margins" or "rerun `" in why:  # remade by the tools below, or by hand
             continue
         env = reproducing_env(kind)
         if env is None:

@@ -48,15 +48,34 @@ RESULTS = BENCHMARKS / "results"
 DEFAULT = "default"  # --json-out's default: the dated file under RESULTS/<device>/
 HEAD = ("benchmark", "date", "command", "cpu", "cpu_flags", "torch", "rows")
 
-#: the source that decides a benchmark's figures, by benchmark (any other: the package): a file
-#: whose recorded hash of it is not today's was made by other code
+MEMORY, MODELS, SPEED = "src/volseg/memory", "src/volseg/models", "src/volseg/speed"
+#: the one place each benchmark declares the sources that decide its figures: a cited file whose
+#: recorded hash of any of them is not today's was made by other code, and is stale
+#: (``python -m benchmarks restamp --check``) until it is made again
 SOURCES: dict[str, tuple[str, ...]] = {
-    "estimator_accuracy": ("src/volseg/memory",),
-    "cuda_estimate_errors": ("src/volseg/memory",),
-    "levers_estimated": ("src/volseg/memory",),
-    "rule_effects": ("src/volseg/memory",),
-    "lever_time_factors": ("src/volseg/memory", "src/volseg/models", "src/volseg/speed"),
+    "estimator_accuracy": (MEMORY,),
+    "cuda_estimate_errors": (MEMORY,),
+    "levers_estimated": (MEMORY,),
+    "rule_effects": (MEMORY,),
+    "lever_time_factors": (MEMORY, MODELS, SPEED),
+    "selective_checkpointing": (MODELS, MEMORY),
 }
+#: benchmarks whose figures are dated measurements of the code and machine their file names
+#: (trainings, throughputs, kernels): cited with their date and command, never re-made in place
+DATED = frozenset(
+    {"cpu_bf16_conv", "cpu_precision", "cross_entropy_weight", "data_throughput", "default_run",
+     "levers", "loader_compare", "memory_monitor_overhead", "network_levers", "real_data",
+     "train_throughput", "training_overheads", "validation_memory", "step_profile",
+     "cuda_results", "nnunet_side_by_side"}
+)  # fmt: skip
+#: the benchmark of a file from before results files named it
+UNNAMED = {
+    "estimator_networks.json": "estimator_accuracy",
+    "2026-11-30_nvidia-h200.json": "cuda_results",
+    "side_by_side.json": "nnunet_side_by_side",
+}
+#: the keys a restamp adds to a results file (each a stamp, never a figure)
+STAMPS = "restamps"
 PACKAGE = ("src/volseg",)
 
 
@@ -95,6 +114,63 @@ def code(benchmark: str, repo: Path = REPO) -> dict[str, Any]:
         "dirty": None if status is None else bool(status),
         "sources": {path: source_hash(path, repo) for path in SOURCES.get(benchmark, PACKAGE)},
     }
+
+
+def benchmark_of(path: Path, doc: dict[str, Any]) -> str | None:
+    """The benchmark that wrote a results file (its ``benchmark``, else :data:`UNNAMED`)."""
+    return doc.get("benchmark") or UNNAMED.get(path.name)
+
+
+def stamp(doc: dict[str, Any], source: str) -> str | None:
+    """The hash of ``source`` that made a file's figures: its newest restamp (the same bytes made
+    again), else its ``estimates`` record (a re-estimate), else its own ``code`` (the run), else
+    None (a file from before any of them)."""
+    records = [*reversed(doc.get(STAMPS) or []), doc.get("estimates") or {}, doc]
+    for record in records:
+        found = ((record.get("code") or {}).get("sources") or {}).get(source)
+        if found:
+            return found
+    return None
+
+
+def figures(doc: dict[str, Any]) -> dict[str, Any]:
+    """A results file without its stamps: what no later commit may change."""
+    return {key: value for key, value in doc.items() if key != STAMPS}
+
+
+#: the commit from which results files are append-only: a file committed before it is held to
+#: its figures at this commit (some were rewritten in place before), a later one to its first
+APPEND_ONLY_FROM = "14582077dd43342bcdc491d30ef6fb5024c3f43c"
+
+
+def rewritten(repo: Path = REPO, since: str = APPEND_ONLY_FROM) -> list[str]:
+    """Each committed results file under ``benchmarks/results`` whose figures (:func:`figures`)
+    differ on disk from the version it is held to, or whose earlier stamps changed."""
+    added: dict[str, str] = {}
+    log = _git("log", "--diff-filter=A", "--format=@%H", "--name-only", "--", "benchmarks/results",
+               repo=repo)  # fmt: skip
+    commit = ""
+    for line in (log or "").splitlines():
+        if line.startswith("@"):
+            commit = line[1:]
+        elif line:
+            added[line] = commit  # newest first: the last is the first add
+    before = {c for c in set(added.values()) if _git("merge-base", "--is-ancestor", c, since,
+                                                      repo=repo) is not None}  # fmt: skip
+    found = []
+    for path, commit in sorted(added.items()):
+        if not path.endswith(".json") or path.endswith("samples.json"):
+            continue
+        if not (repo / path).exists():
+            continue
+        held = _git("show", f"{since if commit in before else commit}:{path}", repo=repo)
+        if held is None:
+            continue
+        old, new = json.loads(held), json.loads((repo / path).read_text())
+        stamped = json.loads(_git("show", f"HEAD:{path}", repo=repo) or "{}").get(STAMPS) or []
+        if figures(old) != figures(new) or (new.get(STAMPS) or [])[: len(stamped)] != stamped:
+            found.append(path)
+    return found
 
 
 def default_path(benchmark: str, device: str = "cpu", date: str | None = None) -> Path:
