@@ -170,3 +170,30 @@ def test_a_changed_row_of_a_committed_file_is_found_and_an_added_stamp_is_not(tm
     doc["rows"][0]["measured_bytes"] = 101
     path.write_text(json.dumps(doc))
     assert results_io.rewritten(tmp_path, since) == [path.relative_to(tmp_path).as_posix()]
+
+
+def test_readme_gives_the_worst_error_of_every_held_out_grid_and_names_its_grid():
+    """Read from the results files here, not through the tables: the newest file of each
+    held-out grid on each CPU kind, every finished row."""
+    from benchmarks import samples
+
+    newest: dict[tuple[str, str], dict] = {}
+    for path in results_io.runs("estimator_accuracy", "cpu"):  # oldest first
+        doc = json.loads(path.read_text())
+        for row in doc["rows"]:
+            newest[(row["grid"], results_io.cpu_kind(doc))] = doc
+    worst = max(
+        (
+            (abs(row["error"]), row)
+            for (grid, _), doc in newest.items()
+            if samples.grid(grid)[0] == samples.OUT
+            for row in doc["rows"]
+            if row["grid"] == grid and "error" in row
+        ),
+        key=lambda pair: pair[0],
+    )[1]
+    bullet = next(
+        line for line in (REPO / "README.md").read_text().splitlines() if "held-out grid" in line
+    )
+    assert f"**{results_io.pct(worst['error']).replace('−', '-')}**" in bullet.replace("−", "-")
+    assert f"`{worst['grid']}`" in bullet
