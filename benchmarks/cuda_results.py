@@ -799,6 +799,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     doc = {
         **info,
         "source": results_io.command(__file__, argv),
+        "code": results_io.code("cuda_results"),
         "held_out_note": "held_out runs (HELD_OUT, HELD_OUT_NEW, WHOLE_RUN_HELD_OUT in "
         "benchmarks/cuda_results.py) were written before any GPU ran them and are never "
         "tuned on",

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import results_io
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROJECT_ROOT", str(REPO))
 
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.date.today().isoformat(),
         "device": name,
         "torch": torch.__version__,
+        "code": results_io.code("gpu_train_speed"),
         "overrides": overrides,
         **speed,
     }

@@ -66,7 +66,7 @@ DATED = frozenset(
     {"cpu_bf16_conv", "cpu_precision", "cross_entropy_weight", "data_throughput", "default_run",
      "levers", "loader_compare", "memory_monitor_overhead", "network_levers", "real_data",
      "train_throughput", "training_overheads", "validation_memory", "step_profile",
-     "cuda_results", "nnunet_side_by_side"}
+     "cuda_results", "gpu_train_speed", "nnunet_side_by_side"}
 )  # fmt: skip
 #: the benchmark of a file from before results files named it
 UNNAMED = {

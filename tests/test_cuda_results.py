@@ -150,6 +150,8 @@ def test_dry_run_writes_the_whole_run_entries(tmp_path: Path):
     )
     doc = json.loads(path.read_text())
     assert not doc["not_run"], doc["not_run"]
+    assert set(doc["code"]) == {"commit", "dirty", "sources"}  # stamped as every results file
+    assert doc["code"]["sources"]["src/volseg"].startswith("sha256:")
     runs = {r["name"].removeprefix("train.py: "): r for r in doc["runs"]}
     ref = cuda_results.REFERENCE_NAME
     assert {ref, ref + cuda_results.ON} <= set(runs)
@@ -170,3 +172,11 @@ def test_dry_run_writes_the_whole_run_entries(tmp_path: Path):
     assert any(n.startswith("levers toward 4x: ") for n in names)
     lever = next(r for r in runs.values() if r["group"] == "levers")
     assert "trainer.accumulate_grad_batches=2" in lever["overrides"]
+
+
+@pytest.mark.slow  # a 6-step train.py of unet_tiny in process: ~30 s on 2 cores
+def test_the_gpu_speed_run_stamps_its_file_with_the_code(tmp_path: Path):
+    out = tmp_path / "speed.json"
+    load_benchmark("gpu_train_speed").main(["--dry-run", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["code"]["sources"]["src/volseg"].startswith("sha256:") and doc["step_s"] > 0
