@@ -68,16 +68,18 @@ def stamp(doc: dict[str, Any]) -> str | None:
 
 def reproducing_env(kind: str) -> dict[str, str] | None:
     """The environment under which this CPU makes the estimates a CPU of ``kind`` makes (None:
-    it cannot)."""
+    it cannot): a kind held to an ISA (``AVX512_BF16, held to AVX512_CORE_VNNI``) is this CPU's
+    own kind under the same hold; an AVX2 CPU is this one held to AVX2."""
     from volseg.utils.cpu import cpu_flags, kind_of
 
-    here = kind_of(cpu_flags())
-    held = kind_of(
-        cpu_flags(), HELD_TO_AVX2["ONEDNN_MAX_CPU_ISA"], HELD_TO_AVX2["ATEN_CPU_CAPABILITY"]
-    )
-    if kind == here:
-        return {}
-    if kind == held or (kind == "AVX2" and cpu_flags().get("avx2")):
+    base, *holds = kind.split(", ")
+    env = {}
+    for hold in holds:
+        name = "ATEN_CPU_CAPABILITY" if hold.startswith("ATen") else "ONEDNN_MAX_CPU_ISA"
+        env[name] = hold.rsplit(" ", 1)[-1]
+    if base == kind_of(cpu_flags()):
+        return env
+    if kind == "AVX2" and cpu_flags().get("avx2"):
         return dict(HELD_TO_AVX2)
     return None
 
@@ -258,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups.setdefault(tuple(sorted(env.items())), []).append(path)
     children = []
     for env, paths in groups.items():  # one process per ISA, side by side (one core each)
-        child = {k: v for k, v in os.environ.items() if k not in HELD_TO_AVX2}
+        child = {k: v for k, v in os.environ.items() if k not in HELD_TO_AVX2}  # held anew
         child.update(env)
         command = [sys.executable, "-m", "benchmarks", "restamp", "--here", *map(str, paths)]
         children.append(subprocess.Popen(command, env=child, cwd=results_io.REPO))

@@ -334,6 +334,10 @@ def test_a_cpu_held_to_avx2_stands_in_for_an_avx2_cpu_and_amx_for_none():
         pytest.skip("this CPU has no AVX2")
     assert restamp.reproducing_env("AVX2") == restamp.HELD_TO_AVX2
     assert restamp.reproducing_env(kind_of(cpu_flags())) == {}
+    held = kind_of(cpu_flags(), "AVX512_CORE_VNNI")  # this CPU held: reproduced by the same hold
+    assert restamp.reproducing_env(held) == {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}
+    both = kind_of(cpu_flags(), "AVX2", "avx2")
+    assert restamp.reproducing_env(both) == restamp.HELD_TO_AVX2
     if not cpu_flags().get("amx_bf16"):
         assert restamp.reproducing_env("AMX") is None
 
