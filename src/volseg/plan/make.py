@@ -287,8 +287,7 @@ def _plan_step(
     """The step checked against ``memory.budget`` and the engine's answer for the planned run (step,
     FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
     from volseg.memory.estimate.engine import estimate_run
-    from volseg.memory.estimate.margins import margin_text
-    from volseg.plan.report import STEP_KEYS, check_estimate_fits
+    from volseg.plan.report import STEP_KEYS, check_estimate_fits, margin_figures
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
@@ -316,13 +315,15 @@ def _plan_step(
                 run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
-        if est.margin:  # where the margin comes from is said once: estimate.margin_source
-            why += f" with a margin of {margin_text(est)} (estimate.margin_source)"
+        # its figures, however small; where it comes from is said once: estimate.margin_source
+        margin = margin_figures(est.margin_fixed_mib, est.margin)
+        why += f" with a margin of {margin} (estimate.margin_source)"
     if run is not None:
         names = ("device", "precision", "peak_allocated", "process_total", "step_peak_growth")
         result = {name: getattr(run.step, name) for name in names}
         # the margin: what the planner adds when it checks a budget, and where it comes from
         result |= {"flops_per_step": run.flops_per_step, "margin": run.step.margin}
+        result["margin_fixed_mib"] = run.step.margin_fixed_mib
         result["margin_source"] = run.step.margin_source
     for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from volseg.data.host_memory import HostEstimate
 from volseg.memory.estimate.inference import InferenceEstimate
-from volseg.memory.estimate.margins import margin_text, planned_total
+from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.step import MemoryEstimate
 from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, margin_note
 from volseg.utils.config import plain
@@ -37,6 +37,38 @@ def _estimated(what: str, est: Mapping[str, Any], tail: str) -> str:
     )
 
 
+def margin_figures(fixed_mib: float, share: float) -> str:
+    """``+2.6 MiB + 0.0%``: both parts of a margin, to the steps they are fitted in (0.1 MiB,
+    0.1%), so a fixed part of 2.6 MiB is not printed as 3 and a zero share is said as zero."""
+    return f"+{fixed_mib:,.1f} MiB + {share:.1%}"
+
+
+def _figures_of(est: Any) -> str:
+    """:func:`margin_figures` of an estimate, its ``to_dict()`` or a plan's ``estimate``."""
+    get = est.get if isinstance(est, Mapping) else lambda key: getattr(est, key, None)
+    return margin_figures(get("margin_fixed_mib") or 0.0, get("margin") or 0.0)
+
+
+def margin_line(est: Any) -> str:
+    """The margin a step's estimate (its ``to_dict()``, a plan's ``estimate``) is planned with,
+    said whatever its size: the figures, what they are added to, and where they come from (its
+    ``margin_source``: the runs it was fitted on, or why a kind with none gets what it gets)."""
+    get = est.get if isinstance(est, Mapping) else lambda key: getattr(est, key, None)
+    on = (
+        "the step's growth, the CPU margin of its kind"
+        if get("device") == "cpu"
+        else "the reserved peak, the margin of its kind of step"
+    )
+    return f"margin: {_figures_of(est)} of {on}: {get('margin_source')}"
+
+
+def plan_margin_line(run_plan: Any) -> str | None:
+    """:func:`margin_line` of a plan's step estimate; ``None`` where the step was not estimated
+    (no margin was applied)."""
+    est = dict(run_plan.estimate)
+    return margin_line(est) if "margin_source" in est else None
+
+
 def format_run_plan(run_plan: Any) -> str:
     """A :class:`volseg.plan.RunPlan`, one line per decision, for the log and ``plan.py``."""
     lines = ["Run plan:"]
@@ -47,6 +79,8 @@ def format_run_plan(run_plan: Any) -> str:
     if "peak_allocated" in est:
         flops = f"{est['flops_per_step'] / 1e9:,.2f} GFLOP per optimizer step"
         lines.append(_estimated(f"step on {est['device']}", est, flops))
+        if "margin_source" in est:
+            lines.append(f"  {margin_line(est)}")
     elif est:
         lines.append(f"  estimate: not made ({est.get('not_estimated')})")
     if "batch_size_auto" in est:
@@ -148,13 +182,13 @@ def format_estimate(
             line(f"CUDA context ({context_source or 'memory.cuda_context_mib'})", est.cuda_context),
             line("= process total (nvidia-smi)", est.process_total),
         ]
-    if est.device == "cpu" and est.margin:  # what a budget is checked against on this CPU
+    if est.device == "cpu":  # what a budget is checked against on this CPU, even a 0.1 MiB margin
         lines.append(f"    {'step growth':<52}{est.step_peak_growth / MIB:>12,.1f} MiB")
         lines.append(
-            f"    {f'planned ({margin_text(est)} of growth)':<52}"
+            f"    {f'planned ({_figures_of(est)} of growth)':<52}"
             f"{planned_total(est) / MIB:>12,.1f} MiB"
         )
-        lines.append(f"  the CPU margin of its kind: {est.margin_source}")
+    lines.append(f"  {margin_line(est)}")
     activations = max(est.activations, sum(est.modules.values()), 1)
     lines.append(
         f"  activations by module (what its forward keeps for backward; % of the "
@@ -304,16 +338,15 @@ def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str
 def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
     """:func:`_within_budget` of the training step ``est``, its margin said: on CUDA's reserved
     peak, or on a CPU step's growth, and where it comes from."""
-    note = ""
-    if est.margin or est.margin_fixed_mib:
-        note = (
-            f" plus a margin of {margin_text(est)} of its growth "
-            f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
-            f"{est.margin_source}"
-            if est.device == "cpu"
-            else f" with a margin of {margin_text(est)} on the reserved peak: the estimate's "
-            f"largest shortfall on a recorded GPU run, {est.margin_source}"
-        )
+    # the margin is said even where it is small: a refusal names every byte it counts
+    note = (
+        f" plus a margin of {_figures_of(est)} of its growth "
+        f"({est.step_peak_growth / MIB:,.1f} MiB), the CPU margin of its kind: "
+        f"{est.margin_source}"
+        if est.device == "cpu"
+        else f" with a margin of {_figures_of(est)} on the reserved peak: the estimate's "
+        f"largest shortfall on a recorded GPU run, {est.margin_source}"
+    )
     return _within_budget(
         est,
         budget_value,

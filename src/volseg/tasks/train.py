@@ -15,6 +15,7 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
+from volseg.plan.report import plan_margin_line
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
@@ -77,6 +78,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # every auto decided once; everything is built from the plan's config, which nothing edits
     run_plan = plan_run(cfg, estimate_step=bool(cfg.memory.plan_step))
     file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
+    margin = plan_margin_line(run_plan)
+    if margin:  # the one plan line the console gets too: what the step is planned to need
+        log.info("%s", margin)
     if is_global_zero():
         log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
