@@ -1,22 +1,20 @@
 """The CPU planner's margins, one per kind of CPU, from the committed estimator results files.
 
-The rows are those of ``benchmarks/results/cpu/*estimator*.json`` (``estimator_accuracy.py``'s
-files: a config's measured steady-step rise in a real ``python train.py`` beside its estimate,
-``estimate(cfg).step_peak_growth``), the newest file of each grid on each CPU kind
-(:func:`benchmarks.results_io.cpu_kind`, the kind :func:`volseg.utils.cpu.cpu_kind` names a run's
-CPU by), in sample only (:func:`benchmarks.samples.grid`: a held-out grid's rows are never
-fitted on), failed configs left out.
+The rows: ``benchmarks/results/cpu/*estimator*.json``'s (a config's measured steady-step rise in
+``python train.py`` beside its ``estimate(cfg).step_peak_growth``), the newest file of each grid
+on each CPU kind (:func:`benchmarks.results_io.cpu_kind`), in sample only
+(:func:`benchmarks.samples.grid`), failed configs left out.
 
-A kind's margin is the least fraction that makes every one of its rows safe: the largest
-measured / estimated step rise less 1, rounded up to a whole percent, 0 where the estimate is
-at or above every row. The planner adds ``margin x step_peak_growth`` to a CPU step's estimate
-(:mod:`volseg.memory.estimate.margins`). A kind with no rows (AVX-512 without BF16, a CPU held by
-``ONEDNN_MAX_CPU_ISA``) plans with the largest margin of any kind (``unrecorded``). Each row is
-also checked against the margin fitted without it (:func:`leave_one_out`): is it still safe?
+A kind's margin: ``fixed_mib + share x step_peak_growth`` (:mod:`benchmarks.two_part`), the
+two that make every one of its rows safe, which the planner adds to a CPU step's estimate
+(:mod:`volseg.memory.estimate.margins`); ``fraction``, the share alone. A held kind of
+:data:`STAND_INS` is fitted as the kind it stands in for. A kind with no rows plans with each part
+the largest of any kind's (``unrecorded``), its text giving both and whose. Each row is also
+checked against the margin fitted without it (:func:`leave_one_out`), and each kind's text says
+whether its worst row is covered so.
 
-A row's estimate is the one its estimator file holds: after an estimator change,
-``python -m benchmarks restamp`` makes every cited file's estimates again in place (minutes,
-where rerunning the grids takes hours), then refits.
+A row's estimate is its file's: after an estimator change, ``python -m benchmarks restamp`` makes
+every cited file's estimates again in place (minutes; rerunning the grids takes hours), then refits.
 
     # writes src/volseg/memory/estimate/cpu_margins.json
     python -m benchmarks cpu_margins
@@ -40,6 +38,10 @@ from volseg.utils.units import MIB
 
 MARGINS = results_io.REPO / "src" / "volseg" / "memory" / "estimate" / "cpu_margins.json"
 COMMAND = "python -m benchmarks cpu_margins"
+#: held kind -> the kind it stands in for, and what that was recorded on: held to AVX512_CORE_VNNI,
+#: oneDNN emulates bf16 on avx512_core and ATen keeps avx512, as on Ice Lake (no AVX512_BF16)
+STAND_INS = {"AVX512_BF16, held to AVX512_CORE_VNNI": ("AVX-512", "its stand-in, an AVX512_BF16 "
+             "CPU held to AVX512_CORE_VNNI by ONEDNN_MAX_CPU_ISA: no bf16 kernels")}  # fmt: skip
 
 
 def _rows(doc: dict) -> list[dict]:
@@ -65,7 +67,7 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
     )
     newest: dict[tuple[str, str], tuple[Path, list[dict]]] = {}
     for path, doc in docs:
-        kind = cpu_kind(doc)
+        kind = STAND_INS.get(cpu_kind(doc), (cpu_kind(doc),))[0]
         for grid in dict.fromkeys(r["grid"] for r in _rows(doc)):
             newest[(grid, kind)] = (path, [r for r in _rows(doc) if r["grid"] == grid])
     # the paths as the repository names them (a folder elsewhere: from its parent)
@@ -92,13 +94,18 @@ def fitted_rows(results: Path = results_io.RESULTS) -> list[dict[str, Any]]:
 
 
 def round_up(ratio: float) -> float:
-    """``ratio - 1`` rounded up to a whole percent (0 where it is not above 1), so that the margin
-    still covers the row it came from."""
+    """``ratio - 1`` rounded up to a whole percent, 0 where it is not above 1."""
     return max(0.0, whole_percent_above(ratio))
 
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MIB:,.1f}"
+
+
+def kind_text(kind: str) -> str:
+    """``kind``, and what its runs were recorded on where a held kind stands in for it."""
+    held = [what for stand_in, what in STAND_INS.values() if stand_in == kind]
+    return f"{kind} as recorded on {held[0]}" if held else kind
 
 
 def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -110,22 +117,18 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         worst = max(rows, key=lambda s: s["measured"] / s["estimated"])
         fraction = round_up(worst["measured"] / worst["estimated"])
         safe = sum(s["estimated"] >= s["measured"] for s in rows)
-        if fraction == 0:
-            source = (
-                f"none needed: the estimate is at or above all {len(rows)} in-sample runs on {kind}"
-            )
-        else:
-            source = (
-                f"{worst['config']} ({worst['grid']}, {worst['file']}: {_mib(worst['measured'])} "
-                f"MiB measured, {_mib(worst['estimated'])} estimated), the worst of "
-                f"{len(rows)} in-sample runs on {kind} ({safe} safe without a margin)"
-            )
+        source = (
+            f"none needed: the estimate is at or above all {len(rows)} in-sample runs on "
+            f"{kind_text(kind)}"
+            if fraction == 0
+            else f"{worst['config']} ({worst['grid']}, {worst['file']}: {_mib(worst['measured'])} "
+            f"MiB measured, {_mib(worst['estimated'])} estimated), the worst of "
+            f"{len(rows)} in-sample runs on {kind_text(kind)} ({safe} safe without a margin)"
+        )
         fixed_mib, share = two_part.fit([(s["estimated"], s["measured"]) for s in rows])
         if kind in NOT_REPRODUCIBLE:
-            source += (
-                f"; estimates as recorded, not re-estimated by the current estimator "
-                f"({NOT_REPRODUCIBLE[kind]})"
-            )
+            source += "; estimates as recorded, not re-estimated by the current estimator "
+            source += f"({NOT_REPRODUCIBLE[kind]})"
         found[kind] = {
             "fixed_mib": fixed_mib,
             "share": share,
@@ -140,23 +143,23 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def unrecorded(margins: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The margin of a kind with no rows: the largest of any kind, saying whose."""
+    """The margin of a kind with no rows: each part the largest of any kind's (every kind's runs
+    covered), its text giving the figures it applies, whose they are and why."""
     if not margins:
-        return {
-            "fixed_mib": 0.0,
-            "share": 0.0,
-            "fraction": 0.0,
-            "source": "none: no in-sample estimator run on any CPU",
-        }
-    kind, margin = max(margins.items(), key=lambda item: item[1]["fraction"])
+        return {"fixed_mib": 0.0, "share": 0.0, "fraction": 0.0, "source": "none: no in-sample "
+                "estimator run on any CPU"}  # fmt: skip
+    fixed_of, share_of = (max(margins, key=lambda k: margins[k][p]) for p in ("fixed_mib", "share"))
+    fixed, share = margins[fixed_of]["fixed_mib"], margins[share_of]["share"]
+    kind = max(margins, key=lambda k: margins[k]["fraction"])
+    whose = f"{share_of}'s {share:.1%}" if share else f"{share:.1%}: none of them has one"
     return {
-        # each part the largest of any kind's: every kind's runs covered
-        "fixed_mib": max(m.get("fixed_mib", 0.0) for m in margins.values()),
-        "share": max(m.get("share", 0.0) for m in margins.values()),
-        "fraction": margin["fraction"],
+        "fixed_mib": fixed,
+        "share": share,
+        "fraction": margins[kind]["fraction"],  # the share alone, for a reader of one part
         "source": (
-            f"no in-sample estimator run on this kind of CPU: the largest margin of any kind, "
-            f"{kind}'s +{margin['fraction']:.0%} ({margin['source']})"
+            f"no in-sample estimator run on this kind of CPU, so +{fixed:.1f} MiB + {share:.1%} "
+            f"of the step's growth: the largest fixed part ({fixed_of}'s {fixed:.1f} MiB) and the "
+            f"largest share ({whose}) of the {len(margins)} fitted kinds ({'; '.join(margins)})"
         ),
         "kind": kind,
     }
@@ -166,7 +169,7 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Each row against the margin its kind gets fitted without it (:func:`fit` of the other
     rows; with no other row of its kind, :func:`unrecorded` of them): ``safe`` where the
     estimate times 1 + that margin is at or above the measured rise."""
-    runs, by_kind = [], {}
+    runs, by_kind, two_parts = [], {}, {}
     for i, step in enumerate(steps):
         others = fit([*steps[:i], *steps[i + 1 :]])
         without = others.get(step["kind"]) or unrecorded(others)
@@ -175,12 +178,8 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         fixed_mib, share = without["fixed_mib"], without["share"]
         covered = two_part.covered(fixed_mib, share, step["estimated"], step["measured"])
         runs.append(
-            {
-                "file": step["file"],
-                "config": step["config"],
-                "kind": step["kind"],
-                "measured": step["measured"],
-                "estimated": step["estimated"],
+            {k: step[k] for k in ("file", "config", "kind", "measured", "estimated")}
+            | {
                 "margin_without_it": margin,
                 "safe": bool(safe),
                 "fixed_mib_without_it": fixed_mib,
@@ -188,12 +187,9 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "covered": bool(covered),
             }
         )
-        tally = by_kind.setdefault(step["kind"], {"safe": 0, "of": 0})
-        tally["safe"] += bool(safe)
-        tally["of"] += 1
-    two_parts = {}
-    for kind in sorted(by_kind, key=_kind_order):
+    for kind in sorted({r["kind"] for r in runs}, key=_kind_order):
         mine = [r for r in runs if r["kind"] == kind]
+        by_kind[kind] = {"safe": sum(r["safe"] for r in mine), "of": len(mine)}
         # the run that sets the kind's margin: is it covered by the margin fitted without it?
         worst = max(mine, key=lambda r: r["measured"] / r["estimated"])
         two_parts[kind] = {
@@ -201,11 +197,12 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "of": len(mine),
             "worst": worst["config"],
             "worst_covered": worst["covered"],
+            "worst_without_it": [worst["fixed_mib_without_it"], worst["share_without_it"]],
         }
     return {
         "safe": sum(r["safe"] for r in runs),
         "of": len(runs),
-        "by_kind": {k: by_kind[k] for k in sorted(by_kind, key=_kind_order)},
+        "by_kind": by_kind,
         # fixed_mib + share fitted without each run: covered per kind, and its worst run
         "covered": sum(r["covered"] for r in runs),
         "two_part_by_kind": two_parts,
@@ -214,22 +211,31 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def margins(results: Path = results_io.RESULTS) -> dict[str, Any]:
-    """What ``cpu_margins.json`` holds: each kind's margin (:func:`fit`), a kind's with no rows
-    (:func:`unrecorded`), and each row against the margin fitted without it."""
+    """What ``cpu_margins.json`` holds: each kind's margin (:func:`fit`; a held kind standing in for
+    one plans with its), a kind's with no rows (:func:`unrecorded`), and :func:`leave_one_out`."""
     steps = fitted_rows(results)
-    fitted = fit(steps)
+    fitted, loo = fit(steps), leave_one_out(steps)
+    for kind, margin in fitted.items():  # the figure to trust, said where the plan shows it
+        tally = loo["two_part_by_kind"][kind]
+        fixed, share = tally["worst_without_it"]
+        margin["source"] += (
+            f"; left out of its own fit, the worst run "
+            f"{'is' if tally['worst_covered'] else 'is not'} covered by the margin fitted "
+            f"without it (+{fixed:.1f} MiB + {share:.1%})"
+        )
+    other = unrecorded(fitted)
+    fitted |= {held: {**fitted[kind], "same_as": kind} for held, (kind, _) in STAND_INS.items()
+               if kind in fitted}  # fmt: skip
     return {
         "command": COMMAND,
-        "rule": (
-            "per CPU kind, fixed_mib + share x the step's estimated rise, the two parts that put "
-            "the estimate at or above every in-sample run's measured rise withholding the least "
-            "on average (benchmarks/two_part.py; newest file of each grid and kind; held-out "
-            "grids are not fitted on); fraction: the least whole percent that does the same alone"
-        ),
+        "rule": "per CPU kind, fixed_mib + share x the step's estimated rise, the two parts that "
+        "put the estimate at or above every in-sample run's measured rise withholding the least on "
+        "average (benchmarks/two_part.py; newest file of each grid and kind; held-out grids are "
+        "not fitted on); fraction: the least whole percent that does the same alone",
         "files": sorted({s["file"] for s in steps}),
         "margins": fitted,
-        "unrecorded": unrecorded(fitted),
-        "leave_one_out": leave_one_out(steps),
+        "unrecorded": other,
+        "leave_one_out": loo,
     }
 
 
@@ -246,15 +252,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=MARGINS)
     args = parser.parse_args(argv)
     doc = json.loads(write_margins(args.results, args.out).read_text())
-    for kind, margin in doc["margins"].items():
-        loo = doc["leave_one_out"]["two_part_by_kind"][kind]
-        print(
-            f"{kind}: {margin['fixed_mib']} MiB + {margin['share']:.1%} over {margin['runs']} "
-            f"runs; each left out of its own fit, {loo['covered']} of {loo['of']} still covered; "
-            f"its worst run ({loo['worst']}) {'is' if loo['worst_covered'] else 'is not'}"
-        )
-    other = doc["unrecorded"]
-    print(f"any other kind: {other['fixed_mib']} MiB + {other['share']:.1%}")
+    for kind, margin in [*doc["margins"].items(), ("any other kind", doc["unrecorded"])]:
+        # each text says its runs and whether its worst is covered fitted without it
+        print(f"{kind}: +{margin['fixed_mib']:.1f} MiB + {margin['share']:.1%}: {margin['source']}")
 
 
 if __name__ == "__main__":

@@ -162,11 +162,11 @@ def test_the_held_out_grid_is_never_fitted_on():
 
 def test_a_kind_with_no_recorded_run_gets_a_stated_margin_never_zero():
     kinds, other = residuals.packaged_cpu_margins()
-    assert "AVX-512" not in kinds
-    margin = residuals.cpu_margin("AVX-512")
+    assert "other" not in kinds  # no AVX2: no recorded run
+    margin = residuals.cpu_margin("other")
     assert (margin.share, margin.fixed_mib) == (other.share, other.fixed_mib)
     assert margin.share > 0 or margin.fixed_mib > 0
-    assert margin.source.startswith("no in-sample estimator run on AVX-512: the largest margin")
+    assert margin.source.startswith("no in-sample estimator run on other, so +")
     held = residuals.cpu_margin("AMX, held to AVX2")
     assert held.share == other.share and "on AMX, held to AVX2" in held.source
     for kind, margin in kinds.items():
