@@ -104,16 +104,36 @@ def _git(*args: str, repo: Path = REPO) -> str | None:
     return done.stdout.strip()
 
 
-def code(benchmark: str, repo: Path = REPO) -> dict[str, Any]:
-    """The code a run of ``benchmark`` ran: the commit, whether the work tree differed from it
-    (``dirty``: then the commit alone does not name the code), and :func:`source_hash` of each
-    source that decides its figures (:data:`SOURCES`)."""
+#: the code this process started with (:func:`hold_code`), by repository
+_STARTED: dict[Path, dict[str, Any]] = {}
+
+
+def hold_code(repo: Path = REPO) -> None:
+    """Take the code now, before a run: its files are stamped with it, not with what the tree
+    holds when they are written (an edit during a long run would otherwise stamp them)."""
+    sources = {s for declared in SOURCES.values() for s in declared} | set(PACKAGE)
+    _STARTED[repo] = _code(sorted(sources), repo)
+
+
+def _code(sources: Sequence[str], repo: Path) -> dict[str, Any]:
     status = _git("status", "--porcelain", "--untracked-files=no", repo=repo)
     return {
         "commit": _git("rev-parse", "HEAD", repo=repo),
         "dirty": None if status is None else bool(status),
-        "sources": {path: source_hash(path, repo) for path in SOURCES.get(benchmark, PACKAGE)},
+        "sources": {path: source_hash(path, repo) for path in sources},
     }
+
+
+def code(benchmark: str, repo: Path = REPO) -> dict[str, Any]:
+    """The code a run of ``benchmark`` ran (as :func:`hold_code` took it, else as it is now): the
+    commit, whether the work tree differed from it (``dirty``: then the commit alone does not
+    name the code), and :func:`source_hash` of each source that decides its figures
+    (:data:`SOURCES`)."""
+    sources = SOURCES.get(benchmark, PACKAGE)
+    held = _STARTED.get(repo)
+    if held is None:
+        return _code(sources, repo)
+    return {**held, "sources": {path: held["sources"][path] for path in sources}}
 
 
 def benchmark_of(path: Path, doc: dict[str, Any]) -> str | None:

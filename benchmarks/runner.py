@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from benchmarks import results_io
+
 #: the kinds, in the order ``--list`` prints them
 KINDS = {
     "maintained": "maintained benchmarks (each guards a figure the docs state)",
@@ -120,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         known = ", ".join(BENCHMARKS)
         print(f"python -m benchmarks: unknown benchmark {name!r}; known: {known}", file=sys.stderr)
         return 2
+    results_io.hold_code()  # the files this run writes are stamped with the code it starts with
     module = importlib.import_module(BENCHMARKS[name].module)
     # argparse names the command after argv[0]
     sys.argv = [f"python -m benchmarks {name}", *rest]

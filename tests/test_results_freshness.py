@@ -197,3 +197,19 @@ def test_readme_gives_the_worst_error_of_every_held_out_grid_and_names_its_grid(
     )
     assert f"**{results_io.pct(worst['error']).replace('−', '-')}**" in bullet.replace("−", "-")
     assert f"`{worst['grid']}`" in bullet
+
+
+def test_a_run_is_stamped_with_the_code_it_started_with_not_the_code_at_its_end(tmp_path):
+    """``python -m benchmarks`` holds the code before a run: an edit while it runs (another
+    engineer's, in the same tree) changes neither the stamp nor the run's figures' claim."""
+    for source in (results_io.MEMORY, "src/volseg"):
+        (tmp_path / source).mkdir(parents=True, exist_ok=True)
+    (tmp_path / results_io.MEMORY / "x.py").write_text("x = 1\n")
+    results_io.hold_code(tmp_path)
+    try:
+        started = results_io.code("estimator_accuracy", tmp_path)
+        (tmp_path / results_io.MEMORY / "x.py").write_text("x = 2\n")
+        assert results_io.code("estimator_accuracy", tmp_path) == started
+    finally:
+        del results_io._STARTED[tmp_path]
+    assert results_io.code("estimator_accuracy", tmp_path)["sources"] != started["sources"]
