@@ -199,7 +199,7 @@ def estimator_worst_held_out(results: Path) -> str | None:
     side = "an over-estimate, on the safe side" if row["error"] > 0 else "an under-estimate"
     return (
         f"The largest error over the held-out grids ({', '.join(f'`{g}`' for g in grids)}; "
-        f"{len(held)} runs on their CPU kinds) is {pct(row['error'])} ({side}): "
+        f"{len(held)} runs on their CPU kinds) is {pct(row['error'])} ({side}):\n"
         f"{row['name']} in `{row['grid']}` on {kind}, {row['measured_bytes'] / MIB:,.1f} MiB "
         f"measured, {row['estimated_bytes'] / MIB:,.1f} estimated (`{rel(path)}`)."
     )
