@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from volseg.utils.cpu import onednn_uses_amx
+from volseg.utils.cpu import cpu_bf16_native, onednn_uses_amx
 
 #: ``(func, args, out)`` to scratch bytes outside any allocator (an int, the CPU's) or to the
 #: sizes of buffers taken one after the other from the caching allocator (a tuple, CUDA's)
@@ -35,6 +35,7 @@ RULES: dict[str, bool] = dict.fromkeys(
         "avx2_gemm_scratchpad",
         "softmax_copy",
         "max_pool_layout",
+        "bf16_weight_gradient",
     ),
     True,
 )
@@ -222,6 +223,13 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         if channels_last and _copies_to_channels_last(inputs.dtype):
             weight_gradient = bool(args[_OUTPUT_MASK][1])
             padded = any(p != 0 for p in args[_PADDING])
+            weight_pass = _bf16_weight_pass(args, nxc=True)
+            if weight_pass is not None:
+                # the weight too, where the input alone is channels-last; the input's gradient
+                # reorders the weight into oneDNN's blocks
+                copies = sum(_channels_last_copy(t) for t in (grad, inputs, weight))
+                data_pass = _bytes(weight) if args[_OUTPUT_MASK][0] else 0
+                return _rule("channels_last_conv", copies + max(data_pass, weight_pass))
             return _rule(
                 "channels_last_conv",
                 _channels_last_backward(grad, inputs, weight, weight_gradient, padded, transposed),
@@ -229,7 +237,16 @@ def _kernel_scratch(func: Any, args: tuple, out: Any) -> int:
         if not RULES["onednn_blocked"] or not (grad.is_contiguous() or channels_last):
             return 0
         block = onednn_channel_block()
-        return (_blocked_numel(grad, block) + _blocked_numel(inputs, block)) * _FLOAT32_BYTES
+        blocked = (_blocked_numel(grad, block) + _blocked_numel(inputs, block)) * _FLOAT32_BYTES
+        weight_pass = _bf16_weight_pass(args, nxc=False)
+        if weight_pass is None:
+            return blocked
+        # the input's gradient, computed blocked and reordered back (a strided or transposed
+        # one through other kernels: the count above)
+        data_pass = blocked // 2 if args[_OUTPUT_MASK][0] else 0
+        if transposed or any(s != 1 for s in stride):
+            data_pass = blocked if args[_OUTPUT_MASK][0] else 0
+        return max(data_pass, weight_pass)
     if func is torch.ops.aten.upsample_trilinear3d_backward.default:
         grad = args[0]
         return 0 if grad.is_contiguous() or not RULES["trilinear_backward_copy"] else _bytes(grad)
@@ -305,6 +322,241 @@ def _channels_last_backward(
     if padded and not transposed:
         return copies + partial_sums + _gemm_weight_gradient(inputs, weight, grad)
     return copies + partial_sums
+
+
+#: oneDNN's bf16 backward-weights kernels' channel block, on AVX512_BF16
+_BF16_BLOCK = 16
+#: bytes of a bfloat16 element
+_BF16_BYTES = 2
+#: per-core L2 cache oneDNN sizes its first-convolution blocking by, taken as the largest of
+#: current x86 cores (2 MiB), which keeps the kernel on its larger, global transposition
+_L2_BYTES = 2 * 2**20
+
+
+def _balance211(work: int, team: int, member: int) -> tuple[int, int]:
+    """oneDNN's ``balance211``: the ``[start, end)`` of ``work`` items a team member takes."""
+    if team <= 1 or work == 0:
+        return 0, work
+    big = -(-work // team)
+    with_big = work - (big - 1) * team
+    start = member * big if member <= with_big else with_big * big + (member - with_big) * (big - 1)
+    return start, start + (big if member < with_big else big - 1)
+
+
+@dataclass(frozen=True)
+class _Bf16WeightGradient:
+    """A 3-D convolution's weight gradient as oneDNN's AVX512_BF16 kernel
+    (``jit_avx512_core_bf16_convolution_bwd_weights_t``, oneDNN 3.x) takes it: ``src`` the
+    convolution's input (a transposed one's: its output gradient), ``dst`` its output gradient
+    (a transposed one's: its input), ``ic``/``oc`` their channels a group."""
+
+    batch: int
+    ic: int
+    oc: int
+    src: tuple[int, int, int]
+    dst: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[int, int, int]
+    groups: int
+    nxc: bool
+    bias: bool
+
+    @property
+    def first(self) -> bool:
+        """oneDNN's "first convolution": fewer input channels than a block, one group."""
+        return self.ic < _BF16_BLOCK and self.groups == 1
+
+    @property
+    def ic_block(self) -> int:
+        return self.ic if self.first else _BF16_BLOCK
+
+    @property
+    def nb_ic(self) -> int:
+        return -(-self.ic // self.ic_block)
+
+    @property
+    def nb_oc(self) -> int:
+        return -(-self.oc // _BF16_BLOCK)
+
+    @property
+    def transposes_src(self) -> bool:
+        return not (self.first and (self.ic == 1 or not self.nxc))
+
+    @property
+    def tr_pad(self) -> int:
+        """Padding a transposed row of the input carries: ``max(l_pad, r_pad + 1)``, even."""
+        left, width, out_width, stride = self.padding[2], self.src[2], self.dst[2], self.stride[2]
+        right = max(0, (out_width - 1) * stride + self.kernel[2] - width - left)
+        return -(-max(left, right + 1) // 2) * 2
+
+    @property
+    def tr_iw(self) -> int:
+        """A transposed input row's width: the strided width and padding, rounded up to even."""
+        if not self.transposes_src:
+            return self.src[2]
+        stride = self.stride[2]
+        return -(-(-(-self.src[2] // stride) + self.tr_pad) // 2) * 2 * stride
+
+    @property
+    def tr_ow(self) -> int:
+        return -(-self.dst[2] // 2) * 2
+
+    @property
+    def global_transpose(self) -> bool:
+        """Whether the kernel transposes whole samples once per thread group (else a depth slice
+        a thread: a first convolution of a large output's wide slices, ``use_spatial_blocking``)."""
+        od, oh, ow = self.dst
+        volume = self.oc * od * oh * ow * _FLOAT32_BYTES
+        nt_stores = self.nxc and volume >= 2 * _L2_BYTES and min(self.kernel) >= 6
+        blocking = volume >= _L2_BYTES and ow * oh >= 64 * 124 and od > 1
+        return not (self.first and not nt_stores and blocking)
+
+    def balance(self, threads: int) -> tuple[int, int, int]:
+        """oneDNN's ``balance``: threads over the batch's depth slices (each group of them with
+        its own transposed samples and weight-gradient buffer), output- and input-channel
+        blocks, the split whose memory traffic a thread is least; ``(nthr_mb, nthr_oc_b,
+        nthr_ic_b)`` (groups: one thread each)."""
+        if threads < self.groups:
+            return 1, 1, 1
+        nthr = threads // self.groups
+        work = self.batch * self.dst[0]
+        (sd, sh, sw), (kd, kh, kw) = self.stride, self.kernel
+        # blocked operands' channels count padded to the block
+        padded = not self.nxc and not self.first and self.groups == 1
+        ic = self.nb_ic * _BF16_BLOCK if padded else self.ic
+        oc = self.nb_oc * _BF16_BLOCK if padded else self.oc
+        src_size = self.batch * ic * math.prod(self.src[:2]) * self.tr_iw * _BF16_BYTES
+        dst_size = self.batch * oc * math.prod(self.dst[:2]) * self.tr_ow * _BF16_BYTES
+        wei_size = oc * ic * kd * kh * kw * _FLOAT32_BYTES
+        wei_scale = 0.5 * (dst_size + src_size) / wei_size
+        ratio = self.nb_oc / self.nb_ic
+        src_coef = max(1 / ratio, 1.0) * (4.0 if wei_scale < 1 else 1.0)
+        dst_coef, wei_coef = max(ratio, 1.0), max(wei_scale, 1.0)
+        src_sample = self.ic_block * math.prod(self.src[:2]) * self.tr_iw / (sd * sh * sw)
+        dst_sample = _BF16_BLOCK * math.prod(self.dst[:2]) * self.tr_ow
+
+        def cost(mb: int, oc_b: int, ic_b: int) -> float:
+            slices = -(-work // mb) * self.batch / work
+            ic_blocks, oc_blocks = -(-self.nb_ic // ic_b), -(-self.nb_oc // oc_b)
+            return (
+                src_coef * slices * ic_blocks * src_sample
+                + wei_coef * oc_blocks * ic_blocks * kd * kh * kw * self.ic_block * _BF16_BLOCK
+                + dst_coef * slices * oc_blocks * dst_sample
+            )
+
+        best, split = cost(1, 1, 1), (1, 1, 1)
+        for mb in range(1, min(nthr, work) + 1):
+            for oc_b in range(1, min(nthr // mb, self.nb_oc) + 1):
+                ic_b = min(nthr // mb // oc_b, self.nb_ic)
+                if cost(mb, oc_b, ic_b) <= best:
+                    best, split = cost(mb, oc_b, ic_b), (mb, oc_b, ic_b)
+        mb, oc_b, ic_b = split
+        if nthr // 2 < mb < nthr:
+            mb = min(work, nthr)
+        return mb, oc_b, ic_b
+
+    def _touched_slices(self, mb_groups: int) -> tuple[int, int]:
+        """Depth slices of the transposed input and output gradient that the thread groups
+        write (a group reuses one sample's buffer for each of its samples; the input's slices
+        of a run of output slices are written at the buffer's end)."""
+        od, depth = self.dst[0], self.src[0]
+        src, dst = 0, 0
+        for group in range(mb_groups):
+            start, end = _balance211(self.batch * od, mb_groups, group)
+            written, span = set(), 0
+            while start < end:
+                first = start % od
+                last = min(od, first + end - start)
+                written.update(range(first, last))
+                low = max(0, first * self.stride[0] - self.padding[0])
+                high = min(depth, (last - 1) * self.stride[0] - self.padding[0] + self.kernel[0])
+                span = max(span, high - low)
+                start += last - first
+            src, dst = src + span, dst + len(written)
+        return src, dst
+
+    def scratchpad(self, threads: int) -> int:
+        """Bytes of the scratchpad the kernel writes: per thread group the input and the output
+        gradient transposed into channel blocks (bf16, the depth slices it writes), and its
+        partial weight (and bias) gradient in float32, reduced into the bf16 gradient at the
+        end."""
+        mb_groups = self.balance(threads)[0]
+        weight = self.groups * self.nb_oc * _BF16_BLOCK * self.nb_ic * self.ic_block
+        weight *= math.prod(self.kernel)
+        bias = self.groups * self.nb_oc * _BF16_BLOCK if self.bias else 0
+        partial_sums = mb_groups * (weight + bias) * _FLOAT32_BYTES
+        if not self.global_transpose:  # a thread transposes one output slice at a time
+            src_slices, dst_slices = threads * self.kernel[0], threads
+        else:
+            src_slices, dst_slices = self._touched_slices(mb_groups)
+        src_slice = self.groups * self.nb_ic * self.ic_block * self.src[1] * self.tr_iw
+        dst_slice = self.groups * self.nb_oc * _BF16_BLOCK * self.dst[1] * self.tr_ow
+        transposed = dst_slices * dst_slice
+        if self.transposes_src:
+            transposed += src_slices * src_slice
+        return partial_sums + transposed * _BF16_BYTES
+
+
+def _bf16_weight_pass(args: tuple, nxc: bool) -> int | None:
+    """What a bfloat16 convolution's weight gradient holds beyond its outputs where oneDNN runs
+    it natively on AVX512_BF16 (``bf16_weight_gradient``; ``None`` elsewhere, and where another
+    of its kernels takes it: a first convolution of 2-15 channels in NCDHW, on its GEMM).
+
+    oneDNN's kernel splits the batch's depth slices over groups of threads by its ``balance``
+    (ported in :class:`_Bf16WeightGradient`), and each group transposes its samples into its
+    own buffers in the scratchpad and sums its own float32 partial weight gradient there: the
+    scratchpad grows with the thread groups, not with the batch. A 1x1x1 kernel
+    (``jit_avx512_core_bf16_1x1``) transposes a few rows at a time: its partial sums, one a
+    thread at most. In NCDHW, torch first reorders the output gradient and the input (not a
+    first convolution's) into the blocked layout, the whole batch, held through the kernel.
+    Measured against ``aten.convolution_backward``'s rise beyond its outputs on an AMD EPYC with
+    AVX512_BF16 (torch 2.13, oneDNN 3.12; 1 and 2 threads; batches 1-3; 1-256 channels; 3x3x3,
+    1x1x1, strided 3x3x3 and 2x2x2 and transposed 2x2x2 kernels; channels-last and NCDHW;
+    SwinUNETR's convolutions): at or above each, by at most 0.4 MiB
+    (``tests/memory/test_bf16_weight_gradient_rule.py``)."""
+    grad, inputs, weight, stride, dilation, transposed, groups = _BACKWARD_ARGS(args)
+    applies = (
+        RULES["bf16_weight_gradient"]
+        and args[_OUTPUT_MASK][1]
+        and inputs.dtype == torch.bfloat16
+        and inputs.dim() == 5
+        and all(d == 1 for d in dilation)
+        and cpu_bf16_native()
+        and not onednn_uses_amx()
+    )
+    if not applies:
+        return None
+    src, dst = (grad, inputs) if transposed else (inputs, grad)
+    gradient = _Bf16WeightGradient(
+        batch=inputs.shape[0],
+        ic=src.shape[1] // groups,
+        oc=dst.shape[1] // groups,
+        src=tuple(src.shape[2:]),
+        dst=tuple(dst.shape[2:]),
+        kernel=tuple(weight.shape[2:]),
+        stride=tuple(stride),
+        padding=tuple(args[_PADDING]),
+        groups=groups,
+        nxc=nxc and src.shape[1] > 1,
+        bias=bool(args[_OUTPUT_MASK][2]),
+    )
+    pointwise = math.prod(gradient.kernel) == 1 and not any(gradient.padding)
+    if not (gradient.nxc or pointwise) and gradient.first and gradient.oc % _BF16_BLOCK:
+        return None  # unblockable: oneDNN's GEMM convolution
+    threads = torch.get_num_threads()
+    if pointwise:
+        weight_elements = gradient.groups * gradient.nb_oc * gradient.nb_ic * _BF16_BLOCK**2
+        scratch = threads * weight_elements * _FLOAT32_BYTES
+    else:
+        scratch = gradient.scratchpad(threads)
+    if gradient.nxc:
+        return scratch
+    # a first convolution's kernel reads the input as it is
+    block = onednn_channel_block()
+    plain_src = gradient.first and not pointwise
+    reordered = _blocked_numel(dst, block) + (0 if plain_src else _blocked_numel(src, block))
+    return reordered * _BF16_BYTES + scratch
 
 
 #: below this many output voxels of a depth slice a thread, oneDNN's GEMM convolution splits a
