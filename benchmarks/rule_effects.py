@@ -36,7 +36,7 @@ ADDED = {
     "avx2_gemm_scratchpad": "541968e",
     "softmax_copy": "153d740",
     "max_pool_layout": "153d740",
-    "bf16_weight_gradient": "pending",
+    "bf16_weight_gradient": "f503bb8",
 }
 
 
