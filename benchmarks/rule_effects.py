@@ -91,7 +91,8 @@ def held_out_grids() -> list[str]:
 
 def report(names: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Every row of the named grids with its rules' effects, and per grid its freezing commit,
-    the rules added since the grid before it and the rules that change none of its rows."""
+    the rules it tests (added after the grid before it was frozen and by the next grid's
+    freezing, HEAD for the newest) and the rules that change none of its rows."""
     from volseg.memory.estimate.workspace import RULES
 
     order = held_out_grids()
@@ -103,6 +104,8 @@ def report(names: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, dict[s
             commit = grid.frozen_in(name)
             index = order.index(name)
             before = grid.frozen_in(order[index - 1]) if index > 0 else None
+            # a grid is frozen before the rules it tests land: those up to the next grid's
+            after = grid.frozen_in(order[index + 1]) if index + 1 < len(order) else None
             for config in frozen[name]["configs"]:
                 row = {"grid": name, "name": config["name"], "overrides": config["overrides"]}
                 try:
@@ -115,7 +118,7 @@ def report(names: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, dict[s
             grids[name] = {
                 "frozen_in": commit,
                 "previous": order[index - 1] if index > 0 else None,
-                "added_since_previous": added_between(before, commit),
+                "added_since_previous": added_between(before, after),
                 "unchanged_by": [rule for rule in RULES if rule not in changing],
             }
     return rows, grids

@@ -465,8 +465,12 @@ def test_every_rule_names_the_commit_that_added_it():
 
     assert list(rule_effects.ADDED) == list(RULES)
     assert rule_effects.added_between(None, None) == list(RULES)
-    # the softmax and pooling rules came after held-out-2026-12-06 was frozen (51ec6cf)
-    assert rule_effects.added_between("51ec6cf", None) == ["softmax_copy", "max_pool_layout"]
+    # the softmax and pooling rules came after held-out-2026-12-06 was frozen (51ec6cf) and
+    # before held-out-2026-12-07 (7d23eb9); the bf16 weight gradient's after held-out-2026-12-08
+    # was frozen (a07cf7d), which tests it
+    assert rule_effects.added_between("51ec6cf", "7d23eb9") == ["softmax_copy", "max_pool_layout"]
+    assert rule_effects.added_between("7d23eb9", None) == ["bf16_weight_gradient"]
+    assert not rule_effects.added_between("7d23eb9", "a07cf7d")
 
 
 # unet_tiny in float32, a batch of two of 16x32x32, 32 classes: the step peaks in the loss,
