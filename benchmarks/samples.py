@@ -114,6 +114,11 @@ JUDGED: dict[str, str] = {
         "a channels-last network's softmax and pooling gradient were read from its rows since, "
         "and the CPU margins are fitted on it"
     ),
+    "held-out-2026-12-07": (
+        "drawn and frozen in held-out-2026-12-07.json before it ran; the estimator's rule for "
+        "bf16 weight gradients on AVX512_BF16 was read from its worst row since, and the CPU "
+        "margins are fitted on it"
+    ),
 }
 
 

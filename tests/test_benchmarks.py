@@ -795,5 +795,5 @@ def test_an_unknown_marker_is_refused_and_a_grid_not_run_is_said_so(tmp_path):
     kinds = tables.estimator_held_out_kinds(tmp_path)
     assert kinds == (
         "The held-out grid `held-out-2026-12-06` has not run yet.\n"
-        "The held-out grid `held-out-2026-12-07` has not run yet."
+        "The held-out grid `held-out-2026-12-08` has not run yet."
     )
