@@ -157,6 +157,7 @@ def keep(path: Path, doc: dict[str, Any], changed: list[str]) -> Path:
         return path
     doc.pop(results_io.STAMPS, None)
     doc["estimates"], doc["re_estimate_of"] = record, results_io.rel(path)
+    doc["date"] = record["date"]  # the file's, as its name: newer than the file it re-estimates
     name = re.sub(r"^[\d-]{10}_|-\d+$", "", path.stem)  # the benchmark's, undated
     stem = f"{datetime.date.today().isoformat()}_{name}"
     new, count = path.with_name(f"{stem}.json"), 1

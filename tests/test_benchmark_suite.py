@@ -420,7 +420,7 @@ def test_restamp_stamps_a_file_whose_bytes_stay_and_writes_a_new_one_where_they_
         {"grid": "tuned", "name": "c", "overrides": ["x=3"], "failed": "ran past"},
     ]  # fmt: skip
     doc = results_io.result("estimator_accuracy", rows, argv=[])
-    doc["grids"] = {"tuned": [dict(r) for r in rows]}
+    doc["grids"], doc["date"] = {"tuned": [dict(r) for r in rows]}, "2026-01-01"
     path = tmp_path / "cpu" / "2026-01-01_estimator_accuracy.json"
     path.parent.mkdir()
     path.write_text(json.dumps(doc))
@@ -441,6 +441,7 @@ def test_restamp_stamps_a_file_whose_bytes_stay_and_writes_a_new_one_where_they_
         assert c == rows[2]
     assert again["estimates"]["changed"] == ["a"]
     assert again["re_estimate_of"].endswith(path.name)
+    assert again["date"] == again["estimates"]["date"] > doc["date"] == "2026-01-01"
     assert restamp.stamp(again) == results_io.source_hash("src/volseg/memory")
 
 
