@@ -14,7 +14,8 @@ checked against the margin fitted without it (:func:`leave_one_out`), and each k
 whether its worst row is covered so.
 
 A row's estimate is its file's: after an estimator change, ``python -m benchmarks restamp`` makes
-every cited file's estimates again in place (minutes; rerunning the grids takes hours), then refits.
+every cited file's estimates again (a stamp where the bytes stay, a new file, the newest of its
+grid, where they change; minutes, where rerunning the grids takes hours), then refits.
 
     # writes src/volseg/memory/estimate/cpu_margins.json
     python -m benchmarks cpu_margins
