@@ -84,6 +84,18 @@ def added_between(before: str | None, frozen: str | None) -> list[str]:
     ]
 
 
+def first_measured(name: str) -> str | None:
+    """The commit whose code first measured grid ``name``: the oldest estimator results file
+    with its rows, where that file records its code (None: not measured, or measured before
+    files recorded it). The rules a grid tests are those added by then, a grid being frozen
+    before the rules it tests land."""
+    for path in results_io.runs("estimator_accuracy", "cpu"):  # oldest first
+        doc = results_io.load(path)
+        if any(row.get("grid") == name for row in doc["rows"]):
+            return (doc.get("code") or {}).get("commit")
+    return None
+
+
 def held_out_grids() -> list[str]:
     """The frozen held-out grids, oldest first (their names carry their date)."""
     return sorted(name for name in grid.frozen_grids() if name.startswith("held-out-"))
@@ -91,8 +103,8 @@ def held_out_grids() -> list[str]:
 
 def report(names: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Every row of the named grids with its rules' effects, and per grid its freezing commit,
-    the rules it tests (added after the grid before it was frozen and by the next grid's
-    freezing, HEAD for the newest) and the rules that change none of its rows."""
+    the rules it tests (added after the grid before it was frozen and by the code that first
+    measured it, else by its freezing) and the rules that change none of its rows."""
     from volseg.memory.estimate.workspace import RULES
 
     order = held_out_grids()
@@ -104,8 +116,8 @@ def report(names: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, dict[s
             commit = grid.frozen_in(name)
             index = order.index(name)
             before = grid.frozen_in(order[index - 1]) if index > 0 else None
-            # a grid is frozen before the rules it tests land: those up to the next grid's
-            after = grid.frozen_in(order[index + 1]) if index + 1 < len(order) else None
+            # a grid is frozen before the rules it tests land, and measured after them
+            after = first_measured(name) or commit
             for config in frozen[name]["configs"]:
                 row = {"grid": name, "name": config["name"], "overrides": config["overrides"]}
                 try:

@@ -472,6 +472,12 @@ def test_every_rule_names_the_commit_that_added_it():
     assert rule_effects.added_between("51ec6cf", "7d23eb9") == ["softmax_copy", "max_pool_layout"]
     assert rule_effects.added_between("7d23eb9", None) == ["bf16_weight_gradient"]
     assert not rule_effects.added_between("7d23eb9", "a07cf7d")
+    # a grid tests the rules in the code that first measured it: held-out-2026-12-08 the bf16
+    # rule, landed between its freezing and its run; one measured before runs recorded their
+    # code (held-out-2026-12-06) is judged by its freezing
+    measured = rule_effects.first_measured("held-out-2026-12-08")
+    assert rule_effects.added_between("7d23eb9", measured) == ["bf16_weight_gradient"]
+    assert rule_effects.first_measured("held-out-2026-12-06") is None
 
 
 # unet_tiny in float32, a batch of two of 16x32x32, 32 classes: the step peaks in the loss,
