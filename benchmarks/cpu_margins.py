@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import results_io, samples, two_part
-from benchmarks.restamp import NOT_REPRODUCIBLE
-from benchmarks.results_io import cpu_kind
-from benchmarks.tables import _kind_order
+from benchmarks.results_io import NOT_REPRODUCIBLE, cpu_kind, kind_order
 from volseg.memory.estimate.margins import whole_percent_above
 from volseg.utils.units import MIB
 
@@ -113,7 +111,7 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each kind's margin from its rows: :func:`round_up` of the largest measured / estimated
     rise, the row it came from and how many rows it rests on."""
     found = {}
-    for kind in sorted({s["kind"] for s in steps}, key=_kind_order):
+    for kind in sorted({s["kind"] for s in steps}, key=kind_order):
         rows = [s for s in steps if s["kind"] == kind]
         worst = max(rows, key=lambda s: s["measured"] / s["estimated"])
         fraction = round_up(worst["measured"] / worst["estimated"])
@@ -188,7 +186,7 @@ def leave_one_out(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "covered": bool(covered),
             }
         )
-    for kind in sorted({r["kind"] for r in runs}, key=_kind_order):
+    for kind in sorted({r["kind"] for r in runs}, key=kind_order):
         mine = [r for r in runs if r["kind"] == kind]
         by_kind[kind] = {"safe": sum(r["safe"] for r in mine), "of": len(mine)}
         # the run that sets the kind's margin: is it covered by the margin fitted without it?

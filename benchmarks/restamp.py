@@ -42,10 +42,7 @@ CITING = ("README.md", "docs/*.md", "src/volseg/**/*margins*.json")
 #: grid of 2026-12-04, benchmarks/results/cpu/2026-12-04_estimator_accuracy-5.json: the 4
 #: measured rows no estimator change touched since, the same bytes)
 HELD_TO_AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-#: kinds no CPU here reproduces, with why: their estimates stay as measured, said so
-NOT_REPRODUCIBLE = {
-    "AMX": "no AMX CPU here: AMX's bf16 kernels cannot be held to on another CPU",
-}
+NOT_REPRODUCIBLE = results_io.NOT_REPRODUCIBLE
 
 
 #: where a benchmark's figures are re-made by this tool: estimates (any other: its own command)

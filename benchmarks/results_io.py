@@ -74,6 +74,10 @@ UNNAMED = {
     "2026-11-30_nvidia-h200.json": "cuda_results",
     "side_by_side.json": "nnunet_side_by_side",
 }
+#: CPU kinds no CPU here reproduces, with why: their estimates stay as measured, said so
+NOT_REPRODUCIBLE = {
+    "AMX": "no AMX CPU here: AMX's bf16 kernels cannot be held to on another CPU",
+}
 #: the keys a restamp adds to a results file (each a stamp, never a figure)
 STAMPS = "restamps"
 PACKAGE = ("src/volseg",)
@@ -191,6 +195,15 @@ def rewritten(repo: Path = REPO, since: str = APPEND_ONLY_FROM) -> list[str]:
         if figures(old) != figures(new) or (new.get(STAMPS) or [])[: len(stamped)] != stamped:
             found.append(path)
     return found
+
+
+def kind_order(kind: str) -> tuple[int, str]:
+    """CPU kinds from the fewest bf16 and vector instructions to the most (a sort key)."""
+    from volseg.utils.cpu import CPU_KINDS
+
+    names = ["AVX2", *reversed([name for _, name in CPU_KINDS])]
+    base = kind.split(",")[0]
+    return (names.index(base) if base in names else len(names), kind)
 
 
 def default_path(benchmark: str, device: str = "cpu", date: str | None = None) -> Path:

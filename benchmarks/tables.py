@@ -24,8 +24,7 @@ from pathlib import Path
 
 from benchmarks import results_io, samples
 from benchmarks.grid import summary_line
-from benchmarks.results_io import cpu_kind, newest, pct, rel
-from volseg.utils.cpu import CPU_KINDS
+from benchmarks.results_io import cpu_kind, kind_order, newest, pct, rel
 from volseg.utils.units import MIB
 
 DOCS = results_io.REPO / "docs"
@@ -223,7 +222,7 @@ def estimator_accuracy(results: Path) -> str | None:
             f"{doc.get('malloc')}; a steady step's rise over {doc.get('steps')} optimizer "
             f"steps{partial}):"
         )
-    kinds = sorted({kind for _, kind in newest_of}, key=_kind_order)
+    kinds = sorted({kind for _, kind in newest_of}, key=kind_order)
     lines += [
         "Each cell: measured / estimated MiB (error).",
         "",
@@ -249,13 +248,6 @@ def estimator_accuracy(results: Path) -> str | None:
         lines.append(f"| {name} | {by_kind['sample']} | {config} | {row} |")
     note = "The configs of the other grids are in their files; every grid's summary:"
     return "\n".join([*lines, "", note, "", *summaries])
-
-
-def _kind_order(kind: str) -> tuple[int, str]:
-    """CPU kinds from the fewest bf16 and vector instructions to the most."""
-    names = ["AVX2", *reversed([name for _, name in CPU_KINDS])]
-    base = kind.split(",")[0]
-    return (names.index(base) if base in names else len(names), kind)
 
 
 def _cell(row: dict) -> str:
@@ -331,7 +323,7 @@ def cpu_margins(results: Path) -> str | None:
     kind's worst run against the margin fitted without it (``src/volseg/memory/
     cpu_margins.json``, written by ``cpu_margins.py`` from the estimator's results files)."""
     from benchmarks.cpu_margins import kind_text
-    from benchmarks.restamp import NOT_REPRODUCIBLE
+    from benchmarks.results_io import NOT_REPRODUCIBLE
 
     if not CPU_MARGINS.exists():
         return None

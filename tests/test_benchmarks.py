@@ -521,7 +521,7 @@ def test_the_estimator_table_takes_the_newest_file_of_each_grid_and_cpu_kind(tmp
     results_io = load_benchmark("results_io")
     samples = load_benchmark("samples")
     held_out, judged_last = "held-out-2026-12-06", list(samples.JUDGED)[-1]
-    assert samples.grid(held_out)[0] == "held out" and judged_last == "held-out-2026-12-05"
+    assert samples.grid(held_out)[0] == "held out" and judged_last == "held-out-2026-12-07"
 
     def row(grid, name, measured, estimated):
         return {
