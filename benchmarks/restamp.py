@@ -119,8 +119,11 @@ def stale_margins(repo: Path = results_io.REPO) -> list[tuple[Path, str, str]]:
     results = repo / "benchmarks" / "results"
     for writer in (cpu_margins, cuda_estimate_errors):
         packaged = repo / writer.MARGINS.relative_to(results_io.REPO)
-        if packaged.exists() and json.loads(packaged.read_text()) != writer.margins(results):
-            why = f"its inputs give other margins; rerun `{writer.margins(results)['command']}`"
+        if not packaged.exists():
+            continue
+        made = writer.margins(results)
+        if json.loads(packaged.read_text()) != made:
+            why = f"its inputs give other margins; rerun `{made['command']}`"
             found.append((packaged, "margins", why))
     return found
 
@@ -156,11 +159,7 @@ def keep(path: Path, doc: dict[str, Any], changed: list[str]) -> Path:
     doc["estimates"], doc["re_estimate_of"] = record, results_io.rel(path)
     doc["date"] = record["date"]  # the file's, as its name: newer than the file it re-estimates
     name = re.sub(r"^[\d-]{10}_|-\d+$", "", path.stem)  # the benchmark's, undated
-    stem = f"{datetime.date.today().isoformat()}_{name}"
-    new, count = path.with_name(f"{stem}.json"), 1
-    while new.exists():  # as results_io.write's default: never replace a file
-        count += 1
-        new = path.with_name(f"{stem}-{count}.json")
+    new = results_io.unused(path.with_name(f"{datetime.date.today().isoformat()}_{name}.json"))
     new.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return new
 

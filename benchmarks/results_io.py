@@ -313,6 +313,15 @@ def result(
     }
 
 
+def unused(path: Path) -> Path:
+    """``path``, or the first of ``<stem>-2``, ``<stem>-3``, ... beside it that does not exist."""
+    found, count = path, 1
+    while found.exists():
+        count += 1
+        found = path.with_stem(f"{path.stem}-{count}")
+    return found
+
+
 def write(
     doc: dict[str, Any], json_out: str | Path | None, device: str = "cpu", name: str | None = None
 ) -> Path | None:
@@ -323,12 +332,7 @@ def write(
     if path is None:
         return None
     if str(json_out) == DEFAULT:
-        count = 1
-        while path.exists():  # a default write never replaces an earlier run's file
-            count += 1
-            path = default_path(name, device).with_stem(
-                f"{default_path(name, device).stem}-{count}"
-            )
+        path = unused(path)  # a default write never replaces an earlier run's file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     print(f"Wrote {path}", flush=True)
