@@ -15,9 +15,9 @@ import yaml
 from tests.conftest import compose_config
 from volseg.data.io import read_array
 from volseg.data.synthetic import generate_synthetic_dataset
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.fit.step import fit_step
+from volseg.memory.fit.step_fit import fit_step
 from volseg.plan import make_plan
 from volseg.tasks.evaluate import evaluate
 from volseg.tasks.predict import predict

@@ -314,7 +314,7 @@ import sys, torch
 from tests.conftest import compose_config
 from pathlib import Path
 from volseg.memory.estimate.cuda_context import resolve_cuda_context
-from volseg.memory.estimate.step import build_training_step
+from volseg.memory.estimate.training_step import build_training_step
 batch, budget, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 overrides = sys.argv[4:]
 context = resolve_cuda_context("auto").nbytes
@@ -359,7 +359,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
     without offload or accumulation, one of 268 MiB), plans batch 3. Batch 8 needs at least
     four times batch 2's allocated peak less the 16 bytes per parameter of weights, gradients
     and AdamW's moments: over 21,000 MiB."""
-    from volseg.memory.fit.step import fit_step
+    from volseg.memory.fit.step_fit import fit_step
 
     seed = [
         "model=unet_large",

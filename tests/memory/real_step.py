@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from volseg.memory.estimate.step import build_training_step
+from volseg.memory.estimate.training_step import build_training_step
 from volseg.memory.monitor.layers import LayerTrace
 
 

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import PLAIN_CONV_UNET_CUSTOM, compose_config, tiny_train_overrides
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.models.build import build_model
 from volseg.models.levers import MemoryLevers
 from volseg.models.networks import NetworkAdapter, adapter_for

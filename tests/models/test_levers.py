@@ -130,7 +130,7 @@ def test_the_docs_lever_table_is_the_levers_list():
 
 
 def test_the_planner_tries_the_checkpointing_choices_the_network_knows(tmp_path):
-    from volseg.memory.fit.step import checkpointing_choices
+    from volseg.memory.fit.step_fit import checkpointing_choices
 
     options = OmegaConf.load(Path(__file__).parents[2] / "configs/memory/default.yaml")
     assert options.checkpointing_options == "auto"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.fit.step import fit_step
+from volseg.memory.fit.step_fit import fit_step
 from volseg.models.networks import adapter_for
 from volseg.plan import make_plan
 from volseg.utils.errors import UserInputError

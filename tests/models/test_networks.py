@@ -228,7 +228,7 @@ def test_placement_by_submodule_name_moves_inputs_once_per_submodule():
 
 
 def test_the_estimate_counts_the_deep_supervision_outputs(tmp_path):
-    from volseg.memory.estimate.engine import estimate
+    from tests.estimates import estimate
 
     base = ["model/net=dynunet", "data.batch_size=2", "data.patch_size=[16,32,32]"]
     base += ["trainer.accelerator=cpu", "trainer.precision=32"]

@@ -14,8 +14,8 @@ import pytest
 from omegaconf import DictConfig, open_dict
 
 from tests.conftest import SMALL_PATCH, compose_config, tiny_train_overrides
-from volseg.memory.estimate.engine import estimate
-from volseg.memory.fit.step import Planner
+from tests.estimates import estimate
+from volseg.memory.fit.step_fit import Planner
 from volseg.plan import make_plan
 from volseg.plan.make import _batch_notes
 from volseg.plan.run_plan import Decision

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import compose_config
-from volseg.memory.estimate.step import MemoryEstimate
+from volseg.memory.estimate.training_step import MemoryEstimate
 from volseg.plan.report import format_estimate, unmodelled_levers
 from volseg.utils.units import MIB
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config, planned_config, tiny_train_overrides
-from volseg.memory.estimate.step import planned_precision
+from volseg.memory.estimate.training_step import planned_precision
 from volseg.plan.make import plan_device
 from volseg.tasks.train import train
 from volseg.utils import cpu

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
@@ -65,19 +65,15 @@ def learning_rate(
 
 
 def resolve_learning_rate(cfg: DictConfig) -> LearningRate | None:
-    """Set ``cfg.model.optimizer.lr`` in place, the rule taken out of the optimizer's arguments;
-    ``None`` without an optimizer with a learning rate."""
+    """``cfg.model.optimizer.lr`` as a number (the plan sets it, and takes the rule out of the
+    optimizer's arguments); ``None`` without an optimizer with a learning rate."""
     optimizer = OmegaConf.select(cfg, "model.optimizer")
     if not isinstance(optimizer, DictConfig) or "lr" not in optimizer or "num_classes" not in cfg:
         return None
     rule = optimizer.get("lr_by_classes")
-    rate = learning_rate(
+    return learning_rate(
         optimizer.lr,
         plain(rule) if rule is not None else None,
         int(cfg.num_classes),
         bool(OmegaConf.select(cfg, "model.include_background", default=False)),
     )
-    with open_dict(cfg):
-        optimizer.lr = rate.value
-        optimizer.pop("lr_by_classes", None)  # the rule's, not the optimizer's argument
-    return rate

@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from volseg.plan.run_plan import RUN_NODES, SCHEMA_VERSION, Decision, RunPlan
+from volseg.plan.run_plan import RUN_NODES, SCHEMA_VERSION, Decision, RunPlan, applied
 from volseg.utils.config import plain
 from volseg.utils.errors import UserInputError
 
@@ -47,15 +47,15 @@ def apply_dotted(cfg: DictConfig, overrides: list[str], what: str) -> DictConfig
     """``key=value`` overrides applied as Hydra applies them; a group choice or an added or deleted
     key stops with one line naming it and ``what``."""
     parser = OverridesParser.create()
-    with open_dict(cfg):
-        for text in overrides:
-            override = parser.parse_override(text)
-            key = override.key_or_group
-            group_choice = "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig))
-            if override.is_add() or override.is_delete() or group_choice:
-                raise UserInputError(f"{text}: {what}")
-            OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
-    return cfg
+    settings = {}
+    for text in overrides:
+        override = parser.parse_override(text)
+        key = override.key_or_group
+        group_choice = "." not in key and (key not in cfg or isinstance(cfg[key], DictConfig))
+        if override.is_add() or override.is_delete() or group_choice:
+            raise UserInputError(f"{text}: {what}")
+        settings[key] = override.value()
+    return applied(cfg, settings)
 
 
 def inherit_sources(plan: RunPlan, saved: Mapping[str, Any], where: str) -> RunPlan:
@@ -81,11 +81,8 @@ def plan_from_file(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
     dotted overrides on top, and the saved plan."""
     path = str(cfg.plan)
     saved = read_plan_file(path)
-    laid = cfg.copy()
-    with open_dict(laid):  # each top-level node of the file's replaces this command's
-        for key, value in saved["config"].items():
-            if key not in RUN_NODES:
-                laid[key] = value
+    # each top-level node of the file's replaces this command's
+    laid = applied(cfg, {k: v for k, v in saved["config"].items() if k not in RUN_NODES})
     overrides = command_line(("plan=", "hydra.", "paths.", "task_name="))
     what = (
         f"with plan={path} the groups are the plan's; choose a group in the plan.py command "
@@ -110,21 +107,20 @@ def config_from_run(cfg: DictConfig, run_cfg: DictConfig, task: str) -> DictConf
                 f"{text}: {task} takes {o.key_or_group} from the checkpoint's run "
                 f"({run_cfg.get(o.key_or_group)}); its network was trained for it"
             )
-    merged = cfg.copy()
-    with open_dict(merged):
-        for key in RUN_OWN:
-            if key not in chosen and key in run_cfg:
-                node = run_cfg[key]
-                is_node = isinstance(node, DictConfig)
-                merged[key] = OmegaConf.create(OmegaConf.to_container(node)) if is_node else node
-        for text, o in parsed:
-            node, dot, _ = o.key_or_group.partition(".")
-            if not dot or node not in RUN_OWN[:2] or node in chosen:
-                continue  # a group choice, or a node the command chose anew
-            if o.is_delete():
-                raise UserInputError(f"{text}: {task} cannot delete a key of the trained run")
-            OmegaConf.update(merged, o.key_or_group, o.value(), merge=False, force_add=True)
-    return merged
+    # the run's nodes as they were written (their interpolations unresolved)
+    settings = {
+        key: OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+        for key, node in run_cfg.items()
+        if key in RUN_OWN and key not in chosen
+    }
+    for text, o in parsed:
+        node, dot, _ = o.key_or_group.partition(".")
+        if not dot or node not in RUN_OWN[:2] or node in chosen:
+            continue  # a group choice, or a node the command chose anew
+        if o.is_delete():
+            raise UserInputError(f"{text}: {task} cannot delete a key of the trained run")
+        settings[o.key_or_group] = o.value()
+    return applied(cfg, settings)
 
 
 def plan_from_run(

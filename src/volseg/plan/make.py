@@ -8,12 +8,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.cases import image_problems
@@ -22,14 +20,25 @@ from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_pat
 from volseg.data.host_memory import local_processes
 from volseg.data.loader_options import resolve_loader_options
 from volseg.data.mni152 import check_build_installed
+from volseg.memory import (
+    ROI,
+    STITCH_DEVICE,
+    SW_BATCH,
+    Candidate,
+    estimate_run,
+    fit_step,
+    fit_validation,
+    largest_batch,
+    validation_shape,
+)
 from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.networks.probe import has_batch_norm
 from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.reconcile import reconcile_callbacks
-from volseg.plan.run_plan import Decision, RunPlan
+from volseg.plan.run_plan import Decision, RunPlan, applied
 from volseg.utils.alloc_conf import resolve_allocator
-from volseg.utils.config import is_voxels, plain, set_key
+from volseg.utils.config import is_voxels, plain
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
@@ -75,34 +84,38 @@ def _check_placement_devices(placement: Any) -> None:
 
 
 class _Data:
-    """The datamodule the plan reads the data through (headers, never voxels): built once, when
-    first needed; the run gets it where the final ``data`` is what it was built from."""
+    """The datamodule the plan reads the data through (headers, never voxels): built once, from
+    the ``data`` of the config it is first asked with; the run gets it where the final ``data``
+    is what it was built from."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
+    def __init__(self) -> None:
         self._built_from: Any = None
+        self._module: Any = None
+        self._prepared = False
 
-    @cached_property
-    def module(self) -> Any:
-        options = OmegaConf.to_container(self.cfg.data, resolve=True)
-        self._built_from = copy.deepcopy(options)
-        if str(options.get("patch_size")) == "auto":
-            options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
-        if str(options.get("batch_size")) == "auto":
-            options["batch_size"] = 1  # planned after the network (_plan_batch)
-        return build(OmegaConf.create(options), "data")
+    def module(self, cfg: DictConfig) -> Any:
+        if self._module is None:
+            options = OmegaConf.to_container(cfg.data, resolve=True)
+            self._built_from = copy.deepcopy(options)
+            if str(options.get("patch_size")) == "auto":
+                options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
+            if str(options.get("batch_size")) == "auto":
+                options["batch_size"] = 1  # planned after the network (_plan_batch)
+            self._module = build(OmegaConf.create(options), "data")
+        return self._module
 
-    @cached_property
-    def prepared(self) -> Any:
+    def prepared(self, cfg: DictConfig) -> Any:
         """The datamodule, its data prepared (an embedded dataset is generated first)."""
-        self.module.prepare_data()
-        return self.module
+        if not self._prepared:
+            self.module(cfg).prepare_data()
+            self._prepared = True
+        return self._module
 
-    def for_run(self) -> Any:
-        """The datamodule where the final ``data`` is what it was built from."""
-        final = OmegaConf.to_container(self.cfg.data, resolve=True)
+    def for_run(self, cfg: DictConfig) -> Any:
+        """The datamodule where the final ``data`` of ``cfg`` is what it was built from."""
+        final = OmegaConf.to_container(cfg.data, resolve=True)
         # _built_from is None until the module is built: no module is built here
-        return self.module if final == self._built_from else None
+        return self._module if final == self._built_from else None
 
 
 def _augment(data: DictConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -124,10 +137,10 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     another number of channels than ``in_channels``; a dataset not there yet is the run's."""
     if not Path(str(cfg.data.root)).is_dir():
         return
-    cases, problems = opened.prepared.find()
+    cases, problems = opened.prepared(cfg).find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
-    module = opened.module
+    module = opened.module(cfg)
     found = image_problems(cases[0], int(cfg.in_channels), module.channels_fix, module.orientation)
     if found:
         raise UserInputError(found[0])
@@ -135,25 +148,28 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
 
 def _plan_data(
     cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool, opened: _Data
-) -> Any:
+) -> tuple[Any, DictConfig]:
+    """The data's decisions, the fingerprint where read, and ``cfg`` with them applied."""
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
+    settings: dict[str, Any] = {}
     # classes and channels: the data's where the data config leaves them null (data=msd)
     for key in ("num_classes", "in_channels"):
         if data.get(key) is None and key in data:
-            opened.prepared.find()  # dataset.json: sets them, or one error naming the file
-            found = int(getattr(opened.module, key))
+            module = opened.prepared(cfg)
+            module.find()  # dataset.json: sets them, or one error naming the file
+            found = int(getattr(module, key))
             source = "classes_from" if key == "num_classes" else "channels_from"
-            decisions[key] = Decision(found, "the data", getattr(opened.module, source))
-            set_key(cfg, key, found)
-            set_key(cfg, f"data.{key}", found)
+            decisions[key] = Decision(found, "the data", getattr(module, source))
+            settings |= {key: found, f"data.{key}": found}
         else:
             decisions[key] = Decision(int(cfg[key]), "configured")
     # augmentations the config leaves null: the dataset folder's own defaults
     augment, sources = _augment(data)
     for key in ("flip_axes", "rotate90_planes"):
         decisions[f"data.augment.{key}"] = Decision(augment[key], *_source(sources[key]))
-    set_key(cfg, "data.augment", augment)
+    cfg = applied(cfg, {**settings, "data.augment": augment})
+    data = cfg.data
     decisions["data.spacing"] = Decision(
         plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
     )
@@ -167,13 +183,13 @@ def _plan_data(
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
-        set_key(cfg, "data.patch_size", patch)
+        cfg = applied(cfg, {"data.patch_size": patch})
     else:
         patch = plain(data.patch_size)
         if not is_voxels(patch):
             raise UserInputError(f"data.patch_size={patch}: expected [D, H, W] > 0 or auto")
         decisions["data.patch_size"] = Decision(patch, "configured")
-    return fingerprint
+    return fingerprint, cfg
 
 
 def _source(text: str) -> tuple[str, str]:
@@ -187,7 +203,7 @@ def _source(text: str) -> tuple[str, str]:
     return "default", text
 
 
-def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> None:
+def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> DictConfig:
     data = cfg.data
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
@@ -197,9 +213,9 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
         value = getattr(options, key)
         source, reason = ("planned", why) if asked[key] == "auto" else ("configured", "")
         decisions[f"data.{key}"] = Decision(value, source, reason)
-        set_key(cfg, f"data.{key}", value)
     for key in ("cache", "cache_rate"):
         decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
+    return applied(cfg, {f"data.{key}": decisions[f"data.{key}"].value for key in asked})
 
 
 def device_budget(value: Any, device: str) -> tuple[int | None, str]:
@@ -213,12 +229,14 @@ def device_budget(value: Any, device: str) -> tuple[int | None, str]:
     return None, ""
 
 
-def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict | None:
+def _plan_batch(
+    cfg: DictConfig, device: str, decisions: dict[str, Decision]
+) -> tuple[dict | None, DictConfig]:
     """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
-    levers, from estimates; returns the table that decided it (``None``: a configured batch)."""
+    levers, from estimates; returns the table that decided it (``None``: a configured batch) and
+    ``cfg`` with it."""
     if str(cfg.data.get("batch_size")) != "auto":
-        return None
-    from volseg.memory.fit.step import largest_batch
+        return None, cfg
 
     budget, what = device_budget(OmegaConf.select(cfg, "memory.budget"), device)
     if budget is None:
@@ -227,7 +245,7 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
             "16GiB); only a run on this machine's GPU has one of its own"
         )
     limit = int(cfg.memory.max_batch_size)
-    search = largest_batch(cfg, budget, limit)
+    search = largest_batch(RunPlan(cfg, decisions), budget)
     if search.batch_size < 1:
         least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
         raise BudgetExceeded(
@@ -246,8 +264,8 @@ def _plan_batch(cfg: DictConfig, device: str, decisions: dict[str, Decision]) ->
     else:
         why += f" (memory.max_batch_size={limit})"
     decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
-    set_key(cfg, "data.batch_size", search.batch_size)
-    return {"budget": budget, "budget_of": what, "rows": search.rows}
+    table = {"budget": budget, "budget_of": what, "rows": search.rows}
+    return table, applied(cfg, {"data.batch_size": search.batch_size})
 
 
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
@@ -283,10 +301,9 @@ def _plan_step(
     estimate_step: bool,
     fit_budget: bool,
     validation_shape: list[int] | None,
-) -> tuple[dict, Any]:
+) -> tuple[dict, Any, DictConfig]:
     """The step checked against ``memory.budget`` and the engine's answer for the planned run (step,
-    FLOPs, validation in one trace): ``(summary, RunEstimate or None)``."""
-    from volseg.memory.estimate.engine import estimate_run
+    FLOPs, validation in one trace): ``(summary, RunEstimate or None, cfg as fitted)``."""
     from volseg.plan.report import STEP_KEYS, check_estimate_fits, margin_figures
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
@@ -310,9 +327,10 @@ def _plan_step(
         budget = parse_bytes(budget_value, "memory.budget")
         est = run.step
         if fit_budget and est.total_within(budget) is None:
-            planned, est = _fit_budget(cfg, budget, budget_value, est)
-            if planned:  # the planner's answer: its variant, validation in the same trace
-                run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
+            planned, cfg = _fit_budget(RunPlan(cfg, decisions), budget, budget_value, est)
+            # the planner's answer, validation in the same trace
+            run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
+            est = run.step
         total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
         why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
         # its figures, however small; where it comes from is said once: estimate.margin_source
@@ -333,50 +351,46 @@ def _plan_step(
             continue
         elif value is not None:
             decisions[key] = Decision(plain(value), "configured", why)
-    return result, run
+    return result, run, cfg
 
 
-def _fit_budget(cfg: DictConfig, budget: int, budget_value: Any, configured: Any) -> tuple:
+def _fit_budget(
+    plan: RunPlan, budget: int, budget_value: Any, configured: Any
+) -> tuple[dict[str, str], DictConfig]:
     """The planner's answer for a step over ``memory.budget`` (micro-batches, else batch and
-    checkpointing), set in ``cfg``: ``({key: why}, its estimate)``."""
-    from volseg.memory.estimate.engine import estimate
-    from volseg.memory.fit import fit_step as search
-
-    options = cfg.memory  # plan.py's and estimate_memory.py's, whose configs are train.py's
-    levers, largest = plain(options.checkpointing_options), int(options.max_batch_size)
-    answer = search(cfg, budget, levers, largest, as_configured=configured)
+    checkpointing): ``({key: why}, the config with it)``."""
+    answer = fit_step(plan, budget, as_configured=configured)
+    batch = plan.config.data.batch_size
     if answer.micro_batching is not None:
-        overrides = list(answer.micro_batching["overrides"])
-        why = f"the configured data.batch_size={cfg.data.batch_size} does not fit: micro-batches"
-    elif answer.fallback is not None:
-        overrides = list(answer.overrides)
-        why = f"no batch or checkpointing fits: {answer.fallback}"
-    elif answer.overrides:
-        overrides = list(answer.overrides)
-        why = "the configured step does not fit: the largest batch that does"
-    else:
+        candidate = answer.micro_batching["candidate"]
+        why = f"the configured data.batch_size={batch} does not fit: micro-batches"
+    elif answer.candidate is None:
         raise BudgetExceeded(answer.refusal(budget_value))
-    planned = {}
-    for text in overrides:
-        key, _, value = text.partition("=")
-        set_key(cfg, key, yaml.safe_load(value))
-        planned[key] = why
-    log.info("memory.budget=%s: planned %s", budget_value, " ".join(overrides))
-    return planned, estimate(cfg)  # the engine's, from the trace the search made of it
+    elif answer.fallback is not None:
+        candidate = answer.candidate
+        why = f"no batch or checkpointing fits: {answer.fallback}"
+    else:
+        candidate = answer.candidate
+        why = "the configured step does not fit: the largest batch that does"
+    settings = candidate.settings()
+    log.info(
+        "memory.budget=%s: planned %s",
+        budget_value,
+        " ".join(f"{k}={v}" for k, v in settings.items()),
+    )
+    return dict.fromkeys(settings, why), plan.run_config(candidate)
 
 
 def _validation_volume(
     cfg: DictConfig, estimate_step: bool, opened: _Data
 ) -> tuple[list[int] | None, str]:
     """The validation volume the plan estimates and where it comes from."""
-    from volseg.memory.estimate.inference import validation_shape
-
     if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
     try:
-        datamodule = opened.module
+        datamodule = opened.module(cfg)
     except UserInputError as err:
         return None, str(err).splitlines()[0]
     return validation_shape(cfg, datamodule)
@@ -390,21 +404,20 @@ def _plan_validation(
     fit_budget: bool,
     volume: tuple[list[int] | None, str],
     run: Any,
-) -> dict:
+) -> tuple[dict, DictConfig]:
     """Validation of the largest volume fitted to ``memory.budget`` (fewer windows at once, host
-    stitching; smaller windows with ``fit_budget``), else the run stops."""
-    from volseg.memory.estimate.engine import Variant, estimate_run
-    from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, fit_validation
+    stitching; smaller windows with ``fit_budget``), else the run stops; its summary, and ``cfg``
+    as fitted."""
     from volseg.plan.report import check_validation_fits
 
     budget_value = OmegaConf.select(cfg, "memory.budget")
     if not (budget_value or estimate_step):
-        return {}
+        return {}, cfg
     shape, source = volume
 
-    def validation(variant: Variant | None = None) -> Any:
-        """The planned run's validation of ``shape`` with ``variant``'s keys changed."""
-        return estimate_run(RunPlan(cfg, decisions), variant, shape).validation
+    def validation(candidate: Candidate | None = None) -> Any:
+        """The planned run's validation of ``shape`` as ``candidate`` changes it."""
+        return estimate_run(RunPlan(cfg, decisions), candidate, shape).validation
 
     est, why = None, source  # why not estimated: no shape, or a setting the trace does not model
     try:
@@ -416,9 +429,9 @@ def _plan_validation(
     if est is None:
         if budget_value:
             notes.append(f"memory.budget={budget_value}: validation not checked ({why})")
-        return {"not_estimated": why}
+        return {"not_estimated": why}, cfg
     if not budget_value:
-        return {**est.summary(), "shape_from": source}
+        return {**est.summary(), "shape_from": source}, cfg
     budget = parse_bytes(budget_value, "memory.budget")
     planned: dict[str, str] = {}
     if not est.fits(budget):
@@ -431,8 +444,7 @@ def _plan_validation(
             )
             tried = f"; tried {'; '.join(fit.tried)}" if fit.tried else ""
             check_validation_fits(est, budget_value, source, f"{tried}. {hint}")
-        for key, value in fit.overrides.items():
-            set_key(cfg, key, value)
+        cfg = RunPlan(cfg, decisions).run_config(fit.candidate)
         planned, est = fit.reasons, fit.estimate
     total = check_validation_fits(est, budget_value, source)
     why = (
@@ -445,7 +457,7 @@ def _plan_validation(
             decisions[key] = Decision(value, "planned", planned[key])
         elif value is not None:
             decisions[key] = Decision(value, "configured", why)
-    return {**est.summary(), "shape_from": source, "within_budget": total}
+    return {**est.summary(), "shape_from": source, "within_budget": total}, cfg
 
 
 def make_plan(
@@ -457,15 +469,13 @@ def make_plan(
     fingerprint even when no ``auto`` needs it; ``fit_budget``: a step over ``memory.budget`` gets
     the planner's answer (plan.py) instead of stopping the run (train.py). Bad values raise one
     :class:`UserInputError` naming the key."""
-    cfg = copy.deepcopy(cfg)
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
     configured_batch = (cfg.data.batch_size, cfg.trainer.get("accumulate_grad_batches", 1))
 
     if "callbacks" in cfg:  # eval.py has none
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
-        for name in dropped:
-            set_key(cfg, f"callbacks.{name}", None)
+        cfg = applied(cfg, {f"callbacks.{name}": None for name in dropped})
         if dropped:
             decisions["callbacks"] = Decision(
                 sorted(k for k, v in cfg.callbacks.items() if v is not None),
@@ -481,38 +491,44 @@ def make_plan(
     # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
     allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
     decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    set_key(cfg, "memory.plan_device", device.value)  # the estimator plans for the same device
     requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
     log_choice(choice)
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
-    set_key(cfg, "trainer.precision", choice.precision)
+    # the estimator plans for the same device
+    settings = {"memory.plan_device": device.value, "trainer.precision": choice.precision}
     if "async_checkpoint" in cfg:  # train.py's
         writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
         decisions["async_checkpoint"] = writes
-        set_key(cfg, "async_checkpoint", writes.value)
+        settings["async_checkpoint"] = writes.value
+    cfg = applied(cfg, settings)
 
-    opened = _Data(cfg)
-    found = _plan_data(cfg, decisions, fingerprint, opened)
+    opened = _Data()
+    found, cfg = _plan_data(cfg, decisions, fingerprint, opened)
 
-    lr = resolve_learning_rate(cfg)  # set in place, the rule taken out of the optimizer's
+    lr = resolve_learning_rate(cfg)
     if lr is not None:
         source = "planned" if lr.why else "configured"
         decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
+        # the rule is the plan's, not the optimizer's argument
+        cfg = applied(cfg, {"model.optimizer.lr": lr.value}, ["model.optimizer.lr_by_classes"])
 
     if isinstance(OmegaConf.select(cfg, "model.net"), DictConfig):
-        decisions.update(plan_network(cfg, plain(cfg.data.patch_size)))
-    batch_search = _plan_batch(cfg, device.value, decisions)
-    _plan_loader(cfg, device.value, decisions)
+        network, cfg = plan_network(cfg, plain(cfg.data.patch_size))
+        decisions.update(network)
+    batch_search, cfg = _plan_batch(cfg, device.value, decisions)
+    cfg = _plan_loader(cfg, device.value, decisions)
     _check_channels(cfg, opened)  # with the data config final: the run's datamodule
     volume = _validation_volume(cfg, estimate_step, opened)
-    estimate, run = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
+    estimate, run, cfg = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
     if batch_search is not None:
         estimate = {**estimate, "batch_size_auto": batch_search}
     notes += _batch_notes(cfg, configured_batch, decisions)
-    validation = _plan_validation(cfg, decisions, notes, estimate_step, fit_budget, volume, run)
+    validation, cfg = _plan_validation(
+        cfg, decisions, notes, estimate_step, fit_budget, volume, run
+    )
     return RunPlan(
         config=cfg,
         decisions=decisions,
@@ -521,5 +537,5 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=dataclasses.asdict(choice),
-        datamodule=opened.for_run(),
+        datamodule=opened.for_run(cfg),
     )

@@ -4,9 +4,10 @@ settings, ``model.divisible_by``, the deep-supervision loss."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from volseg.models.networks import NetworkAdapter, adapter_for
@@ -18,8 +19,8 @@ from volseg.models.networks.probe import (
     shape_taker,
     training_output,
 )
-from volseg.plan.run_plan import Decision
-from volseg.utils.config import is_voxels, plain, set_key
+from volseg.plan.run_plan import Decision, applied
+from volseg.utils.config import is_voxels, plain
 from volseg.utils.errors import UserInputError, at_config_key
 from volseg.utils.extras import import_failure
 from volseg.utils.instantiate import config_error
@@ -43,19 +44,22 @@ def network_class(net: DictConfig) -> type:
         raise import_failure(err, f"model.net._target_={target}") from None
 
 
-def _rename_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> None:
-    """``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them by."""
+def _renamed_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> DictConfig:
+    """``cfg`` with ``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them
+    by."""
     names = channel_names(cls)
     net = cfg.model.net
-    for key in ("in_channels", "num_classes"):
-        name = names.get(key)
-        if key not in net or name is None or name == key:
-            continue
-        with open_dict(net):
-            net[name] = net.pop(key)
+    renamed = {
+        key: names[key]
+        for key in ("in_channels", "num_classes")
+        if key in net and names.get(key) not in (None, key)
+    }
+    for key, name in renamed.items():
         decisions[f"model.net.{name}"] = Decision(
-            plain(net[name]), "planned", f"{key}, by the name {cls.__name__} takes it"
+            plain(net[key]), "planned", f"{key}, by the name {cls.__name__} takes it"
         )
+    settings = {f"model.net.{name}": plain(net[key]) for key, name in renamed.items()}
+    return applied(cfg, settings, [f"model.net.{key}" for key in renamed])
 
 
 def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
@@ -81,24 +85,23 @@ def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
     return Decision(found, "planned", why)
 
 
-def _deep_supervision_loss(cfg: DictConfig, adapter: NetworkAdapter) -> Decision | None:
-    """The loss inside MONAI's ``DeepSupervisionLoss`` where needed."""
+def _deep_supervision_loss(
+    cfg: DictConfig, adapter: NetworkAdapter
+) -> tuple[Decision | None, dict[str, Any]]:
+    """The loss inside MONAI's ``DeepSupervisionLoss`` where needed: its decision, and the
+    ``model.loss`` node where it is planned."""
     if not adapter.deep_supervision(cfg.model.net) or "loss" not in cfg.model:
-        return None
+        return None, {}
     loss = cfg.model.loss
     if str(loss.get("_target_")) == DEEP_SUPERVISION_LOSS:
-        return Decision(DEEP_SUPERVISION_LOSS, "configured")
+        return Decision(DEEP_SUPERVISION_LOSS, "configured"), {}
     inner = OmegaConf.to_container(loss, resolve=True)
-    set_key(
-        cfg,
-        "model.loss",
-        {"_target_": DEEP_SUPERVISION_LOSS, "weight_mode": "exp", "weights": None, "loss": inner},
-    )
     why = (
         f"{adapter.family} returns one output per decoder level in training: "
         f"{inner.get('_target_')} on each, weighed 1, 1/2, 1/4, ... (weight_mode exp)"
     )
-    return Decision(DEEP_SUPERVISION_LOSS, "planned", why)
+    wrapped = {"_target_": DEEP_SUPERVISION_LOSS, "weight_mode": "exp", "weights": None}
+    return Decision(DEEP_SUPERVISION_LOSS, "planned", why), {**wrapped, "loss": inner}
 
 
 def nearest_patches(patch: Sequence[int], multiple: Sequence[int]) -> list[list[int]]:
@@ -165,20 +168,21 @@ def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int])
     )
 
 
-def plan_network(cfg: DictConfig, patch: Sequence[int]) -> dict[str, Decision]:
-    """The network planned for ``patch`` ([D, H, W] voxels), every planned value set in ``cfg``."""
+def plan_network(cfg: DictConfig, patch: Sequence[int]) -> tuple[dict[str, Decision], DictConfig]:
+    """The network planned for ``patch`` ([D, H, W] voxels): its decisions, and ``cfg`` with
+    them applied."""
     cls = network_class(cfg.model.net)
     adapter = adapter_for(cls)
     decisions: dict[str, Decision] = {}
-    _rename_channels(cfg, cls, decisions)
+    cfg = _renamed_channels(cfg, cls, decisions)
     for planned in adapter.plan(cfg.model.net, patch):
         decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
-        set_key(cfg, planned.key, planned.value)
+    cfg = applied(cfg, {key: d.value for key, d in decisions.items()})
     decisions["model.divisible_by"] = divisible_by(cfg, patch)
-    set_key(cfg, "model.divisible_by", decisions["model.divisible_by"].value)
+    cfg = applied(cfg, {"model.divisible_by": decisions["model.divisible_by"].value})
     check_patch_taken(cfg, patch, decisions["model.divisible_by"].value)
     check_output(cfg, adapter, patch)
-    loss = _deep_supervision_loss(cfg, adapter)
+    loss, node = _deep_supervision_loss(cfg, adapter)
     if loss is not None:
         decisions["model.loss._target_"] = loss
-    return decisions
+    return decisions, applied(cfg, {"model.loss": node} if node else {})

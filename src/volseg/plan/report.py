@@ -12,10 +12,15 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from volseg.data.host_memory import HostEstimate
-from volseg.memory.estimate.inference import InferenceEstimate
-from volseg.memory.estimate.margins import planned_total
-from volseg.memory.estimate.step import MemoryEstimate
-from volseg.memory.fit.inference import ROI, STITCH_DEVICE, SW_BATCH, margin_note
+from volseg.memory import (
+    ROI,
+    STITCH_DEVICE,
+    SW_BATCH,
+    InferenceEstimate,
+    MemoryEstimate,
+    margin_note,
+    planned_total,
+)
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, parse_bytes
@@ -125,7 +130,7 @@ def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
 
 def unmodelled_levers(cfg: Any) -> list[str]:
     """The settings of ``cfg`` (a planned ``train`` config) the step's estimate does not model,
-    each with what the estimate assumes instead (:mod:`volseg.memory.estimate.step`)."""
+    each with what the estimate assumes instead (:mod:`volseg.memory.estimate.training_step`)."""
     found = []
     placement = OmegaConf.select(cfg, "model.placement")
     if placement:
@@ -206,7 +211,7 @@ def format_estimate(
 
 
 def format_lever_prices(rows: Any) -> str:
-    """Every lever with its price (:func:`volseg.memory.fit.levers.lever_prices`): the predicted
+    """Every lever with its price (:func:`volseg.memory.fit.lever_prices.lever_prices`): the predicted
     peak (the margin included), step time and FLOPs of each as factors, one line each."""
     lines = [
         "Every lever for this step (predicted peak with the margin; step time and FLOPs as "

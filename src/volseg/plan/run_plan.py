@@ -4,20 +4,38 @@ key, with its source and why. ``plan.yaml`` is this object; ``train.py plan=PATH
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from volseg.utils.config import plain
+from volseg.memory import Candidate
+from volseg.utils.config import plain, set_key
 
 PLAN_FILE = "plan.yaml"
 SCHEMA_VERSION = 1
 #: config nodes that belong to the run, not to the plan (a plan trained later gets its own)
 RUN_NODES = ("hydra", "paths", "plan", "task_name")
+
+
+def applied(
+    config: DictConfig, settings: Mapping[str, Any], removed: Sequence[str] = ()
+) -> DictConfig:
+    """A copy of ``config`` with each dotted key of ``settings`` set to its value (replaced, added
+    where missing) and each of ``removed`` taken out. The one place a config is edited: planning
+    decides values, this writes them."""
+    config = copy.deepcopy(config)
+    for key in removed:
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(config, parent) if parent else config
+        with open_dict(node):
+            node.pop(name, None)
+    for key, value in settings.items():
+        set_key(config, key, value)
+    return config
 
 
 @dataclass(frozen=True)
@@ -46,9 +64,10 @@ class RunPlan:
     #: the datamodule the plan read the data with, where built from the final ``data``
     datamodule: Any = field(default=None, compare=False, repr=False)
 
-    def run_config(self) -> DictConfig:
-        """The planned config, as the builders read it (a copy: it cannot change the plan)."""
-        return copy.deepcopy(self.config)
+    def run_config(self, candidate: Candidate | None = None) -> DictConfig:
+        """The planned config as the builders read it, with ``candidate``'s settings applied (a
+        copy: it cannot change the plan)."""
+        return applied(self.config, candidate.settings() if candidate is not None else {})
 
     def value(self, key: str) -> Any:
         return self.decisions[key].value

@@ -10,12 +10,16 @@ from typing import Any
 from omegaconf import DictConfig
 
 from volseg.data.host_memory import HostEstimate, local_processes
-from volseg.memory.estimate.cuda_context import resolve_cuda_context
-from volseg.memory.estimate.engine import Variant, estimate_config, estimate_validation
-from volseg.memory.estimate.inference import estimate_prediction, validation_shape
-from volseg.memory.estimate.step import MemoryEstimate, planned_device
-from volseg.memory.fit.levers import lever_prices
-from volseg.plan import plan_run
+from volseg.memory import (
+    MemoryEstimate,
+    estimate_prediction,
+    estimate_run,
+    lever_prices,
+    planned_device,
+    resolve_cuda_context,
+    validation_shape,
+)
+from volseg.plan import RunPlan, plan_run
 from volseg.plan.report import (
     format_estimate,
     format_host,
@@ -61,14 +65,15 @@ def check_json_out(path: Path, overwrite: bool) -> None:
 
 
 def inference_estimates(
-    cfg: DictConfig, step: MemoryEstimate, shape: list[int] | None, source: str
+    plan: RunPlan, step: MemoryEstimate, shape: list[int] | None, source: str
 ) -> dict[str, Any]:
     """Validation's and prediction's peaks (prediction as ``predict.py`` runs by default, stitched
     on the device and on the host) for ``shape`` (from ``source``), printed; their JSON entries."""
     if shape is None:
         print(f"Validation and prediction: not estimated ({source})")
         return {"validation": {"not_estimated": source}, "prediction": {"not_estimated": source}}
-    validation = estimate_validation(cfg, shape)
+    validation = estimate_run(plan, None, shape).validation
+    cfg = plan.run_config()
     prediction = estimate_prediction(cfg, shape, stitch="device")
     host = estimate_prediction(cfg, shape, stitch="host") if prediction.device == "cuda" else None
     print(format_inference(validation, source))
@@ -100,15 +105,15 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     cfg = run_plan.run_config()
 
     shape, source = validation_shape(cfg)
-    est = estimate_config(cfg, Variant(), shape).step  # validation's in the same trace
+    est = estimate_run(run_plan, None, shape).step  # validation's in the same trace
     context = _context_label(resolve_cuda_context(options.cuda_context_mib, options.gpu).source)
     print(format_estimate(est, int(options.top), context, unmodelled_levers(cfg)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
     if options.levers:
-        prices = lever_prices(cfg)
+        prices = lever_prices(run_plan)
         print(format_lever_prices(prices))
         result["levers"] = [price.to_dict() for price in prices]
-    result.update(inference_estimates(cfg, est, shape, source))
+    result.update(inference_estimates(run_plan, est, shape, source))
     host, why_not = host_estimate(cfg)
     print(format_host(host) if host is not None else f"Host memory: not estimated ({why_not})")
     result["host"] = host.to_dict() if host is not None else None

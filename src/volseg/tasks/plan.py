@@ -8,9 +8,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.plan import plan_run, planned_config
+from volseg.memory import lever_prices
+from volseg.plan import RunPlan, applied, plan_run, planned_config
 from volseg.plan.report import format_fingerprint, format_lever_prices
-from volseg.utils.config import set_key
 from volseg.utils.errors import BudgetExceeded
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,11 @@ def plan_command(cfg: DictConfig) -> dict[str, Any]:
 
 def print_lever_prices(cfg: DictConfig) -> None:
     """Nothing fits ``memory.budget``: every lever with its price, before the refusal."""
-    from volseg.memory.fit.levers import lever_prices
-
-    unbounded = cfg.copy()
-    set_key(unbounded, "memory.budget", None)
-    if str(OmegaConf.select(unbounded, "data.batch_size")) == "auto":
-        set_key(unbounded, "data.batch_size", 1)
+    unbounded = {"memory.budget": None}
+    if str(OmegaConf.select(cfg, "data.batch_size")) == "auto":
+        unbounded["data.batch_size"] = 1
     try:
-        print(format_lever_prices(lever_prices(planned_config(unbounded))))
+        planned = planned_config(applied(cfg, unbounded))
+        print(format_lever_prices(lever_prices(RunPlan(planned, {}))))
     except Exception as err:  # the refusal that follows is the answer; the table is a help
         log.info("the lever table was not made: %s", err)

@@ -4,7 +4,6 @@ as it is done."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Sequence
@@ -33,12 +32,13 @@ from volseg.data.loader_options import LoaderOptions, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
 from volseg.data.sampling import EvalItems, ShardedEvalSampler
 from volseg.data.transforms import to_shape
-from volseg.memory.fit.inference import StitchPlan, plan_stitching
+from volseg.memory import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
+from volseg.plan import applied
 from volseg.plan.files import plan_from_run
 from volseg.plan.make import device_budget
 from volseg.utils.checkpoint import load_model, load_run_config
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import plain
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
@@ -178,10 +178,9 @@ def plan_volumes(
     memory). ``None`` where no estimate could be made; a volume that fits the budget neither way
     stops here."""
     limit, source = device_budget(budget, device)
-    estimate_cfg = copy.deepcopy(cfg)
-    set_key(estimate_cfg, "model.inferer", {**plain(cfg.inferer), "roi_size": list(roi_size)})
-    set_key(estimate_cfg, "memory.cuda_context_mib", "auto")
-    set_key(estimate_cfg, "memory.gpu", None)
+    inferer = {**plain(cfg.inferer), "roi_size": list(roi_size)}
+    estimated = {"model.inferer": inferer, "memory.cuda_context_mib": "auto", "memory.gpu": None}
+    estimate_cfg = applied(cfg, estimated)
     try:
         spacing, orientation = datamodule.spacing, datamodule.orientation
         shapes = [volume_bytes(c, spacing, orientation=orientation).shape_zyx for c in cases]
@@ -222,8 +221,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     checkpoint, run_cfg = load_run_config(cfg.ckpt_path)
     # predict.py's memory.budget is the prediction's (each volume, below), not a training step's
     budget = cfg.memory.budget
-    cfg = copy.deepcopy(cfg)
-    set_key(cfg, "memory.budget", None)
+    cfg = applied(cfg, {"memory.budget": None})
     # the training run's plan, this command's overrides applied as train.py applies them
     run_plan = plan_from_run(cfg, run_cfg, checkpoint["volseg"].get("plan"), "predict.py")
     file_log.info("%s", run_plan.format())  # every decision and why: predict.log, plan.yaml

@@ -205,7 +205,7 @@ def tiny_cpu(tmp_path):
 def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_cpu):
     """The margin goes on the step's growth: a budget that holds the bare estimate but not the
     estimate plus half its growth is refused, naming the margin; one that holds both fits."""
-    from volseg.memory.estimate.engine import estimate
+    from tests.estimates import estimate
     from volseg.plan.report import check_estimate_fits
 
     est = estimate(tiny_cpu)
@@ -231,8 +231,8 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
 def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     """A budget that holds batch 2 bare but not with its margin: the planner answers batch 1
     (without the margin it would have kept batch 2)."""
-    from volseg.memory.estimate.engine import estimate
-    from volseg.memory.fit.step import fit_step
+    from tests.estimates import estimate
+    from volseg.memory.fit.step_fit import fit_step
 
     two = estimate(tiny_cpu, batch_size=2)
     budget = two.process_total + two.margin_bytes // 2
@@ -253,7 +253,7 @@ def test_the_run_plan_records_the_cpu_margin_and_its_source(tiny_cpu, tmp_path):
     """``plan.yaml``'s estimate keeps the margin and its source, said once; the batch's ``why``
     names the margin and where its source is; a budget between refuses the run before anything
     is built."""
-    from volseg.memory.estimate.engine import estimate
+    from tests.estimates import estimate
     from volseg.plan import make_plan
 
     est = estimate(tiny_cpu)
@@ -273,7 +273,7 @@ def test_the_run_plan_records_the_cpu_margin_and_its_source(tiny_cpu, tmp_path):
 def test_an_unrecorded_kind_plans_with_the_stated_margin(tmp_path):
     """On a kind with no recorded run the estimate carries the largest margin of any kind, and
     its source says why."""
-    from volseg.memory.estimate.engine import estimate
+    from tests.estimates import estimate
     from volseg.plan import planned_config
 
     cfg = planned_config(compose_config("train", tmp_path, [*TINY, "memory.plan_device=cpu"]))

@@ -14,7 +14,7 @@ from tests.conftest import REPO, planned_config
 from volseg.memory.estimate.allocator import replay
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import TYPICAL_MIB, resolve_cuda_context
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.workspace import CudnnWorkspace
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB

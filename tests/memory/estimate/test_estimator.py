@@ -15,9 +15,9 @@ from tests.conftest import compose_config, planned_config, tiny_train_overrides
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
 from volseg.memory.estimate import engine
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.events import held_at_last_mark
-from volseg.memory.estimate.step import build_training_step, planned_device
+from volseg.memory.estimate.training_step import build_training_step, planned_device
 from volseg.models.build import build_model
 from volseg.plan import make_plan
 from volseg.tasks.train import train
@@ -182,7 +182,7 @@ def test_estimator_and_train_build_the_module_through_one_function(
         return module
 
     monkeypatch.setattr("volseg.tasks.train.build_model", marked)
-    monkeypatch.setattr("volseg.memory.estimate.step.build_model", marked)
+    monkeypatch.setattr("volseg.memory.estimate.training_step.build_model", marked)
     cfg = compose_config("train", tmp_path / "run", tiny_train_overrides(small_dataset))
     with open_dict(cfg):
         cfg.trainer.max_epochs, cfg.trainer.limit_val_batches = 1, 0

@@ -11,7 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.conftest import REPO, load_benchmark
-from volseg.memory.estimate.step import LoopSettings, estimate_step, module_training_step
+from volseg.memory.estimate.training_step import LoopSettings, estimate_step, module_training_step
 
 PLANS = REPO / "benchmarks" / "results" / "nnunet"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, load_benchmark, planned_config
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.utils.units import MIB
 
 RESULTS = sorted((REPO / "benchmarks" / "results" / "cuda").glob("*.json"))

@@ -12,9 +12,9 @@ from tests.conftest import compose_config, load_benchmark, planned_config, tiny_
 from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.memory.estimate.engine import Variant, estimate, estimate_run, estimate_validation
-from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
+from volseg.memory.estimate.inference_pass import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.fit.inference import fit_validation, plan_stitching
+from volseg.memory.fit.inference_fit import fit_validation, plan_stitching
 from volseg.memory.fit.search import shrunk_patches, windows_at_once
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded

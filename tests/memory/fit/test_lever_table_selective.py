@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import TINY, compose_config
-from volseg.memory.fit.levers import lever_prices
+from volseg.memory.fit.lever_prices import lever_prices
 from volseg.plan import planned_config
 from volseg.plan.report import format_lever_prices
 from volseg.utils.units import MIB

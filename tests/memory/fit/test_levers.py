@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, compose_config
-from volseg.memory.fit.levers import device_speed, lever_prices
+from volseg.memory.fit.lever_prices import device_speed, lever_prices
 from volseg.models.networks import adapter_for
 from volseg.plan import planned_config
 from volseg.plan.report import format_lever_prices

@@ -12,9 +12,9 @@ from omegaconf import DictConfig
 
 from tests.conftest import REPO, planned_config
 from tests.memory.real_step import real_step_peak
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.fit.step import Planner, StepFit, fit_step, patch_divisor
+from volseg.memory.fit.step_fit import Planner, StepFit, fit_step, patch_divisor
 from volseg.utils.units import MIB
 
 SMALL = [

@@ -9,10 +9,10 @@ import torch
 from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
-from volseg.memory.estimate.engine import estimate
+from tests.estimates import estimate
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.search import shrunk_patches
-from volseg.memory.fit.step import Planner, fit_step
+from volseg.memory.fit.step_fit import Planner, fit_step
 from volseg.plan import make_plan
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.instantiate import build

@@ -7,7 +7,6 @@ replaced by a fake of its shape) and Dice's ``masked_select`` (one value per vox
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import time
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
 from volseg.memory.estimate.margins import Planned, margin_for
-from volseg.memory.estimate.step import (
+from volseg.memory.estimate.training_step import (
     StepTrace,
     fake_step,
     phase_peaks,
@@ -36,7 +35,6 @@ from volseg.memory.estimate.step import (
 from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
-from volseg.utils.config import set_key
 from volseg.utils.errors import UserInputError
 
 STITCH = ("device", "host")
@@ -348,9 +346,7 @@ def estimate_prediction(
         raise UserInputError(f"stitch={stitch}: expected one of {', '.join(STITCH)}")
     started = time.perf_counter()
     shape = whole_volume(volume_shape)
-    cfg = copy.deepcopy(cfg)
-    set_key(cfg, "trainer.precision", precision)
-    device, mode, step = fake_step(cfg)
+    device, mode, step = fake_step(cfg, precision)
     module = step.module
     classes = int(module.num_classes)
     host = "meta" if device == "cuda" else "cpu"  # host memory: not in a CUDA ledger
@@ -369,7 +365,9 @@ def estimate_prediction(
     phase = Phase(step, device, "prediction", shape, stitch, run, flips=len(predictor.flips))
     trace = trace_steps(step, mode, device, phase.then, steps=0)
     memory = cfg.get("memory")  # cuda_context_mib and gpu
-    est = phase.estimate(trace, planned_precision(cfg), memory, allocator_settings(cfg), started)
+    est = phase.estimate(
+        trace, planned_precision(cfg, precision), memory, allocator_settings(cfg), started
+    )
     if device == "cuda":  # a forward without training: a plain step's margin
         est.set_margin(margin_for(device, False, 1))
     return est

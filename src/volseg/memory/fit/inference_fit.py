@@ -9,15 +9,14 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimate.engine import Variant
-from volseg.memory.estimate.inference import InferenceEstimate, estimate_prediction
+from volseg.memory.estimate.candidate import Candidate
+from volseg.memory.estimate.inference_pass import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import margin_text
 from volseg.memory.fit.search import bisect, least, most_windows, shrunk_patches
-from volseg.memory.fit.step import patch_divisor
+from volseg.memory.fit.step_fit import patch_divisor
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import shape_taker
 from volseg.utils.units import MIB
@@ -42,11 +41,12 @@ def margin_note(est: InferenceEstimate) -> str:
 
 @dataclass
 class InferenceFit:
-    """The answer for one budget: ``overrides`` and ``reasons`` by config key, ``estimate``
-    (``None``: nothing tried fits) and ``tried`` (each lever, with the least it needed)."""
+    """The answer for one budget: ``candidate`` (what changes), ``reasons`` by config key,
+    ``estimate`` (``None``: nothing tried fits) and ``tried`` (each lever, with the least it
+    needed)."""
 
     estimate: InferenceEstimate | None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    candidate: Candidate = field(default_factory=Candidate)
     reasons: dict[str, str] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)
 
@@ -55,16 +55,21 @@ def _shape(values: Sequence[int]) -> str:
     return "x".join(map(str, values))
 
 
+def _written(candidate: Candidate) -> str:
+    """``candidate``'s settings as the log writes them: ``key=value`` each."""
+    return " ".join(f"{k}={v}" for k, v in candidate.settings().items())
+
+
 def fit_validation(
     cfg: DictConfig,
     budget: int,
     volume_shape: Sequence[int],
     configured: InferenceEstimate,
-    estimator: Callable[[Variant], InferenceEstimate],
+    estimator: Callable[[Candidate], InferenceEstimate],
     smaller_windows: bool = True,
 ) -> InferenceFit:
     """The cheapest validation settings of ``cfg`` that fit ``budget`` bytes for a volume whose
-    ``configured`` estimate does not; ``estimator``: the engine's, for a :class:`Variant`.
+    ``configured`` estimate does not; ``estimator``: the engine's, for a :class:`Candidate`.
     ``smaller_windows=False`` (``train.py``) tries only what changes nothing computed."""
     device, sw0 = configured.device, configured.sw_batch_size
     roi0 = [int(r) for r in configured.roi_size]
@@ -84,20 +89,21 @@ def fit_validation(
         else ""
     )
 
-    def settings(sw: int, host: bool, roi: list[int]) -> dict[str, Any]:
-        """The overrides that set ``sw`` windows at once, host stitching and ``roi``."""
-        changed = {SW_BATCH: sw != sw0, STITCH_DEVICE: host and host_possible, ROI: roi != roi0}
-        values = {SW_BATCH: sw, STITCH_DEVICE: "cpu", ROI: roi}
-        return {key: values[key] for key, on in changed.items() if on}
+    def settings(sw: int, host: bool, roi: list[int]) -> Candidate:
+        """The candidate with ``sw`` windows at once, host stitching and ``roi``, each where it
+        changes the configured validation."""
+        return Candidate(
+            sw_batch_size=sw if sw != sw0 else None,
+            roi_size=roi if roi != roi0 else None,
+            stitch_device="cpu" if host and host_possible else None,
+        )
 
     def estimate(sw: int, host: bool, roi: list[int]) -> InferenceEstimate | None:
         key = (sw, host, tuple(roi))
-        text = " ".join(f"{k}={v}" for k, v in settings(sw, host, roi).items())
+        text = _written(settings(sw, host, roi))
         if key not in cache:
             stitch = "cpu" if host and host_possible else None
-            cache[key] = estimator(
-                Variant(sw_batch_size=sw, roi_size=tuple(roi), stitch_device=stitch)
-            )
+            cache[key] = estimator(Candidate(sw_batch_size=sw, roi_size=roi, stitch_device=stitch))
             fits = " (fits)" if cache[key].fits(budget) else ""
             log.info("validation: %s %s%s", text, _mib(cache[key].process_total), fits)
         lever.append((text, cache[key]))
@@ -114,11 +120,11 @@ def fit_validation(
     def found(
         est: InferenceEstimate, sw: int, host: bool, roi: list[int], why: str
     ) -> InferenceFit:
-        fit.estimate, fit.overrides = est, settings(sw, host, roi)
+        fit.estimate, fit.candidate = est, settings(sw, host, roi)
         figures = f"{_mib(est.total_within(budget))} within the budget"
         reasons = {
             SW_BATCH: f"{sw} window(s) at a time fit ({figures}): the same windows, fewer at once"
-            if ROI not in fit.overrides
+            if fit.candidate.roi_size is None
             else f"{sw} of the smaller windows at a time: the most that fit, up to the "
             "configured window batch's voxels",
             STITCH_DEVICE: f"{why}: the stitched logits and count map ({_mib(est.host_stitching)})"
@@ -128,12 +134,8 @@ def fit_validation(
             f"model.divisible_by off one side at a time ({figures})",
         }
         reasons[SW_BATCH] += same_memory
-        fit.reasons = {key: f"{over}; {reasons[key]}" for key in fit.overrides}
-        log.info(
-            "validation: planned %s (%s)",
-            " ".join(f"{k}={v}" for k, v in fit.overrides.items()),
-            figures,
-        )
+        fit.reasons = {key: f"{over}; {reasons[key]}" for key in fit.candidate.settings()}
+        log.info("validation: planned %s (%s)", _written(fit.candidate), figures)
         return fit
 
     # 1. fewer windows at once: the window batch's forward shrinks with it

@@ -7,7 +7,6 @@ every figure is read from. What is not modelled: ``docs/memory.md``.
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,7 +42,6 @@ from volseg.models import offload
 from volseg.models.build import build_model
 from volseg.models.conv import traced_for_cuda
 from volseg.speed.step_time import StepWork, counted_segments
-from volseg.utils.config import set_key
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB
 
@@ -100,9 +98,9 @@ def planned_device(cfg: DictConfig) -> str:
     return str(device)
 
 
-def planned_precision(cfg: DictConfig) -> str:
-    """``trainer.precision`` of a planned config."""
-    precision = str(OmegaConf.select(cfg, "trainer.precision") or "32")
+def planned_precision(cfg: DictConfig, precision: str | None = None) -> str:
+    """``trainer.precision`` of a planned config, or ``precision`` in its place."""
+    precision = str(precision or OmegaConf.select(cfg, "trainer.precision") or "32")
     if precision not in MIXED and precision not in TRUE and precision not in FULL:
         raise UserInputError(
             f"trainer.precision={precision}: the estimator takes a planned precision, one of "
@@ -273,20 +271,13 @@ class TrainingStep:
 def build_training_step(
     cfg: DictConfig,
     device: str,
-    batch_size: int | None = None,
-    activation_checkpointing: Any = None,
     fake_mode: FakeTensorMode | None = None,
+    precision: str | None = None,
 ) -> TrainingStep:
-    """``cfg``'s training step for ``device`` as ``train.py`` builds it; ``batch_size`` and
-    ``activation_checkpointing`` override the config's."""
-    precision = planned_precision(cfg)
-    cfg = copy.deepcopy(cfg)
-    if batch_size is not None:
-        set_key(cfg, "data.batch_size", int(batch_size))
-    if activation_checkpointing is not None:
-        set_key(cfg, "model.activation_checkpointing", activation_checkpointing)
-    # compiling changes kernels, not what the step keeps: not run on fake tensors
-    set_key(cfg, "model.compile", False)
+    """``cfg``'s training step for ``device`` as ``train.py`` builds it (``precision``: in place
+    of ``trainer.precision``). ``model.compile`` compiles at ``setup``, which is not called here:
+    compiling changes kernels, not what the step keeps."""
+    precision = planned_precision(cfg, precision)
     loop = replace(LoopSettings.from_config(cfg.trainer), zero_grad=zero_grad_setting(cfg))
     in_channels = int(cfg.model.net.get("in_channels", cfg.get("in_channels", 1)))
     return module_training_step(
@@ -454,11 +445,14 @@ def phase_peaks(
     return {"resident": resident, "peak_allocated": peak, "peak_reserved": peak, "cuda_context": 0}
 
 
-def fake_step(cfg: DictConfig) -> tuple[str, FakeTensorMode, TrainingStep]:
-    """The planned device, a fake mode and ``cfg``'s training step with fake parameters."""
+def fake_step(
+    cfg: DictConfig, precision: str | None = None
+) -> tuple[str, FakeTensorMode, TrainingStep]:
+    """The planned device, a fake mode and ``cfg``'s training step with fake parameters
+    (``precision``: in place of ``trainer.precision``)."""
     device = planned_device(cfg)
     mode = FakeTensorMode()
-    return device, mode, build_training_step(cfg, device, fake_mode=mode)
+    return device, mode, build_training_step(cfg, device, mode, precision)
 
 
 def estimate_step(

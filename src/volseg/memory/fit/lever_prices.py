@@ -6,19 +6,18 @@ checkpointing rows are the network adapter's ``checkpointing_choices``.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
-from volseg.memory.estimate.engine import Variant, estimate_config
+from volseg.memory.estimate.candidate import Candidate
+from volseg.memory.estimate.engine import PlannedRun, estimate_run
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.estimate.step import LoopSettings
-from volseg.memory.fit.step import checkpointing_choices, patch_divisor, scaled_patch, written
+from volseg.memory.estimate.training_step import LoopSettings
+from volseg.memory.fit.step_fit import checkpointing_choices, patch_divisor, scaled_patch, written
 from volseg.speed.step_time import DeviceSpeed, measure_speed
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import plain
 
 
 @dataclass(frozen=True)
@@ -48,21 +47,18 @@ def device_speed(device: str) -> DeviceSpeed | None:
     return measure_speed(device)
 
 
-def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
-    """The configured step of the planned config ``cfg``, then each lever that applies to its
-    network, as :class:`LeverPrice` rows (estimates on fake tensors: no step runs)."""
+def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
+    """The configured step of ``plan``'s run, then each lever that applies to its network, as
+    :class:`LeverPrice` rows (estimates on fake tensors: no step runs)."""
+    cfg = plan.run_config()
     batch = int(cfg.data.batch_size)
     patch = [int(p) for p in cfg.data.patch_size]
     accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
     configured = plain(cfg.model.get("activation_checkpointing", "none"))
 
-    def run(key: str | None = None, value: Any = None, **variant: Any) -> Any:
-        """The engine's estimate with ``key`` set to ``value`` or ``variant``'s keys changed."""
-        changed = cfg
-        if key is not None:
-            changed = copy.deepcopy(cfg)
-            set_key(changed, key, value)
-        return estimate_config(changed, Variant.of(**variant))
+    def run(**changes: Any) -> Any:
+        """The engine's estimate of the candidate with ``changes``."""
+        return estimate_run(plan, Candidate(**changes))
 
     base = run()
     rows: list[LeverPrice] = []
@@ -86,7 +82,7 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
         add(
             "mixed precision",
             f"trainer.precision={half}",
-            run("trainer.precision", half),
+            run(precision=half),
             "FLOPs alike; its time: its half-precision kernels timed on this device",
         )
     if batch >= 2:
@@ -107,7 +103,7 @@ def lever_prices(cfg: DictConfig) -> list[LeverPrice]:
                 "its recomputed forward",
             )
     if not cfg.model.get("offload_activations"):
-        offloaded = run("model.offload_activations", True)
+        offloaded = run(offload_activations=True)
         add(
             "activation offload",
             "model.offload_activations=true",

@@ -1,11 +1,11 @@
-"""The training step that fits a memory budget (:func:`fit_step`); the levers' order and why:
-docs/memory.md, "The training step's levers". Every candidate is one estimate, made once; time
-is FLOPs per sample against the configured step's.
+"""The training step that fits a memory budget (:func:`fit_step`), and ``data.batch_size=auto``'s
+largest batch (:func:`largest_batch`); the levers' order and why: docs/memory.md, "The training
+step's levers". Every :class:`Candidate` is one estimate, made once; time is FLOPs per sample
+against the configured step's.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Sequence
@@ -14,13 +14,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from volseg.memory.estimate.engine import estimate, step_flops
+from volseg.memory.estimate.candidate import Candidate
+from volseg.memory.estimate.engine import PlannedRun, estimate_run
 from volseg.memory.estimate.margins import planned_total
-from volseg.memory.estimate.step import LoopSettings, MemoryEstimate
+from volseg.memory.estimate.training_step import LoopSettings, MemoryEstimate
 from volseg.memory.fit.search import largest_fitting, least, shrunk_patches
 from volseg.models.networks import adapter_for
 from volseg.models.networks.probe import network_divisibility, shape_taker
-from volseg.utils.config import plain, set_key
+from volseg.utils.config import plain
 from volseg.utils.errors import at_config_key
 from volseg.utils.units import MIB
 
@@ -29,15 +30,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepFit:
-    """The planner's answer: what to set, and the estimates it rests on (bytes);
-    ``flops_per_sample``: the answer's over the configured step's."""
+    """The planner's answer: what to set (``candidate``, the keys that change), and the estimates
+    it rests on (bytes); ``flops_per_sample``: the answer's over the configured step's."""
 
     budget: int
     fits_as_configured: bool
     batch_size: int | None = None
     patch_size: list[int] | None = None
     activation_checkpointing: Any = None
-    overrides: list[str] = field(default_factory=list)
+    candidate: Candidate | None = None
     estimate: dict[str, Any] | None = None
     total_within_budget: int | None = None
     next_step_estimate: dict[str, Any] | None = None
@@ -122,24 +123,40 @@ def resident_bytes(est: MemoryEstimate) -> tuple[int, str]:
 
 
 class Planner:
-    """The estimates of one ``train`` config's step against ``budget`` bytes, each made once, and
-    what every search starts from: the largest batch, the smaller patches the network takes."""
+    """The estimates of one planned run's step against ``budget`` bytes, each made once, and what
+    every search starts from: the largest batch, the smaller patches the network takes.
+    ``checkpoint_loss``: every candidate with the loss checkpointed too."""
 
     #: how many times a batch guess that does not fit is moved before the search walks from it
     GUESS_REFINEMENTS = 2
 
-    def __init__(self, cfg: DictConfig, budget: int, max_batch_size: int = 256) -> None:
-        self.cfg = cfg
-        self.checkpoint_loss = bool(cfg.model.get("checkpoint_loss", False))
+    def __init__(self, plan: PlannedRun, budget: int, checkpoint_loss: bool = False) -> None:
+        self.plan = plan
+        self.cfg = plan.run_config()
+        self.loss = Candidate(checkpoint_loss=True) if checkpoint_loss else Candidate()
+        self.checkpoint_loss = checkpoint_loss or bool(self.cfg.model.get("checkpoint_loss"))
         self.budget = budget
-        self.max_batch_size = max_batch_size
-        self.base_patch = [int(p) for p in cfg.data.patch_size]
-        self.accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
-        self._cache: dict[tuple[int, tuple[int, ...], str, int], MemoryEstimate] = {}
-        self._sized: dict[tuple[int, ...], DictConfig] = {}
+        self.max_batch_size = int(self.cfg.memory.max_batch_size)
+        self.base_patch = [int(p) for p in self.cfg.data.patch_size]
+        self.accumulate = LoopSettings.from_config(self.cfg.trainer).accumulate_grad_batches
+        self._cache: dict[Candidate, MemoryEstimate] = {}
         self._smaller: list[list[int]] | None = None
 
     # -- estimates ------------------------------------------------------------------------
+    def candidate(
+        self,
+        batch_size: int,
+        patch_size: Sequence[int],
+        checkpointing: Any,
+        accumulate: int | None = None,
+    ) -> Candidate:
+        """``accumulate`` (default: as configured) micro-batches of ``batch_size`` a step."""
+        return self.at(patch_size).changed(
+            batch_size=batch_size,
+            activation_checkpointing=checkpointing,
+            accumulate_grad_batches=self.accumulate if accumulate is None else accumulate,
+        )
+
     def estimate(
         self,
         batch_size: int,
@@ -147,18 +164,16 @@ class Planner:
         checkpointing: Any,
         accumulate: int | None = None,
     ) -> MemoryEstimate:
-        """The estimate of ``accumulate`` (default: as configured) micro-batches a step."""
-        accumulate = self.accumulate if accumulate is None else accumulate
-        key = (batch_size, tuple(patch_size), written(checkpointing), accumulate)
-        if key not in self._cache:
-            self._cache[key] = estimate(
-                self.config_at(patch_size),
-                batch_size=batch_size,
-                patch_size=patch_size,
-                activation_checkpointing=checkpointing,
-                accumulate_grad_batches=accumulate,
-            )
-        return self._cache[key]
+        """The estimate of :meth:`candidate`."""
+        candidate = self.candidate(batch_size, patch_size, checkpointing, accumulate)
+        if candidate not in self._cache:
+            self._cache[candidate] = estimate_run(self.plan, candidate).step
+        return self._cache[candidate]
+
+    def flops_per_sample(self, batch_size: int, checkpointing: Any, accumulate: int) -> float:
+        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
+        candidate = self.candidate(batch_size, self.base_patch, checkpointing, accumulate)
+        return estimate_run(self.plan, candidate).flops_per_step / (batch_size * accumulate)
 
     def fitting(
         self,
@@ -173,9 +188,13 @@ class Planner:
 
     def remember(self, est: MemoryEstimate) -> None:
         """Keep an estimate made elsewhere, so that it is not made again."""
-        checkpointing = written(est.activation_checkpointing)
-        key = (est.batch_size, tuple(est.patch_size), checkpointing, est.accumulate_grad_batches)
-        self._cache[key] = est
+        candidate = self.candidate(
+            est.batch_size,
+            est.patch_size,
+            est.activation_checkpointing,
+            est.accumulate_grad_batches,
+        )
+        self._cache[candidate] = est
 
     def estimates_made(self, base_patch: bool) -> list[MemoryEstimate]:
         """The estimates made so far at the configured patch (``base_patch``) or at others."""
@@ -184,22 +203,15 @@ class Planner:
         ]
 
     # -- patches --------------------------------------------------------------------------
-    def config_at(self, patch: Sequence[int]) -> DictConfig:
-        """The config with the network's settings that follow the patch (its adapter's
-        ``sized_for``, e.g. UNETR's ``img_size``) set for ``patch``."""
-        key = tuple(int(p) for p in patch)
-        if list(key) == self.base_patch:
-            return self.cfg
-        if key not in self._sized:
-            net = self.cfg.model.net
-            sized = adapter_for(str(net._target_)).sized_for(net, list(key))
-            cfg = self.cfg
-            if sized:
-                cfg = copy.deepcopy(self.cfg)
-                for name, value in sized.items():
-                    set_key(cfg, f"model.net.{name}", value)
-            self._sized[key] = cfg
-        return self._sized[key]
+    def at(self, patch: Sequence[int]) -> Candidate:
+        """The candidate at ``patch``, with the network's settings that follow it (its adapter's
+        ``sized_for``, e.g. UNETR's ``img_size``)."""
+        patch = [int(p) for p in patch]
+        net = self.cfg.model.net
+        sized = (
+            adapter_for(str(net._target_)).sized_for(net, patch) if patch != self.base_patch else {}
+        )
+        return Candidate.sized(patch, sized, checkpoint_loss=self.loss.checkpoint_loss)
 
     def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
         """:func:`shrunk_patches` of the configured patch that the network takes (probed on
@@ -210,7 +222,8 @@ class Planner:
             if adapter_for(str(net._target_)).sized_for(net, self.base_patch):
 
                 def takes(patch: Sequence[int]) -> bool:
-                    return shape_taker(self.config_at(patch).model.net, channels)(patch)
+                    sized = self.plan.run_config(self.at(patch)).model.net
+                    return shape_taker(sized, channels)(patch)
             else:
                 takes = shape_taker(net, channels)
             augment = self.cfg.data.get("augment") or {}
@@ -317,17 +330,7 @@ def _micro_batching(
     """For a configured ``batch`` that does not fit: the largest micro-batch that divides it and
     fits (``None``: not even 1), and ``choice``'s FLOPs per sample over the configured step's."""
 
-    def per_sample(batch_size: int, checkpointing: Any, accumulate: int) -> float:
-        """FLOPs of one optimizer step at the configured patch, per sample of the step."""
-        flops = step_flops(
-            planner.cfg,
-            batch_size=batch_size,
-            patch_size=planner.base_patch,
-            activation_checkpointing=checkpointing,
-            accumulate_grad_batches=accumulate,
-        )
-        return flops / (batch_size * accumulate)
-
+    per_sample = planner.flops_per_sample
     reference = per_sample(batch, configured, planner.accumulate)
     flops = None
     if choice.estimate is not None:
@@ -339,10 +342,7 @@ def _micro_batching(
             micro = {
                 "batch_size": b,
                 "accumulate_grad_batches": accumulate,
-                "overrides": [
-                    f"data.batch_size={b}",
-                    f"trainer.accumulate_grad_batches={accumulate}",
-                ],
+                "candidate": Candidate(batch_size=b, accumulate_grad_batches=accumulate),
                 "estimate": est.to_dict(),
                 "total_within_budget": est.total_within(planner.budget),
                 "flops_per_sample": per_sample(b, configured, accumulate) / reference,
@@ -366,19 +366,17 @@ def _least(estimates: Sequence[MemoryEstimate]) -> str:
 
 def _fallback(
     planner: Planner, options: Sequence[Any], batch: int, steps: list[str]
-) -> tuple[_Choice, str | None, list[str]]:
+) -> tuple[_Choice, str | None, bool]:
     """Loss checkpointing, then a smaller patch, each tried appended to ``steps``; the choice, the
-    lever that found it and the overrides it adds beyond batch, patch and checkpointing."""
+    lever that found it and whether it checkpoints the loss."""
     settings = ", ".join(written(o) for o in options)
     steps.append(
         f"batch 1 to {planner.max_batch_size} and micro-batches with activation_checkpointing "
         f"{settings} ({_least(planner.estimates_made(base_patch=True))})"
     )
-    patch_planner, extra = planner, []
+    patch_planner, extra = planner, False
     if not planner.checkpoint_loss:
-        loss_cfg = copy.deepcopy(planner.cfg)
-        set_key(loss_cfg, "model.checkpoint_loss", True)
-        loss = Planner(loss_cfg, planner.budget, planner.max_batch_size)
+        loss = Planner(planner.plan, planner.budget, checkpoint_loss=True)
         # searched only where one estimate shows it lowering the step (docs/memory.md)
         heaviest = options[-1]
         with_loss = loss.estimate(batch, loss.base_patch, heaviest)
@@ -390,9 +388,9 @@ def _fallback(
                 f"({_least(loss.estimates_made(base_patch=True))})"
             )
             if choice.estimate is not None:
-                return choice, "loss checkpointing", ["model.checkpoint_loss=true"]
+                return choice, "loss checkpointing", True
             # shrink the patch with the loss checkpointed, where that lowered the step
-            patch_planner, extra = loss, ["model.checkpoint_loss=true"]
+            patch_planner, extra = loss, True
         else:
             steps.append(
                 "model.checkpoint_loss=true, not searched: it does not lower the step "
@@ -410,24 +408,19 @@ def _fallback(
     )
     if choice.estimate is not None:
         return choice, "a smaller patch", extra
-    return choice, None, []
+    return choice, None, False
 
 
-def fit_step(
-    cfg: DictConfig,
-    budget: int,
-    checkpointing_options: Sequence[Any] | str | None = "auto",
-    max_batch_size: int = 256,
-    as_configured: MemoryEstimate | None = None,
-) -> StepFit:
-    """What fits ``budget`` bytes (``as_configured``: the config's own estimate, if made), by the
-    training step's levers of docs/memory.md; ``checkpointing_options``: least recomputation
-    first."""
-    planner = Planner(cfg, budget, max_batch_size)
+def fit_step(plan: PlannedRun, budget: int, as_configured: MemoryEstimate | None = None) -> StepFit:
+    """What fits ``budget`` bytes of ``plan``'s run (``as_configured``: its own estimate, if
+    made), by the training step's levers of docs/memory.md, with ``memory.checkpointing_options``
+    (least recomputation first) and batches up to ``memory.max_batch_size``."""
+    planner = Planner(plan, budget)
+    cfg = planner.cfg
     if as_configured is not None:
         planner.remember(as_configured)
     configured = plain(cfg.model.get("activation_checkpointing", "none"))
-    tried = checkpointing_choices(cfg, checkpointing_options)
+    tried = checkpointing_choices(cfg, cfg.memory.checkpointing_options)
     options = [configured] + [o for o in tried if written(o) != written(configured)]
     batch = int(cfg.data.batch_size)
     now = planner.estimate(batch, planner.base_patch, configured)
@@ -435,14 +428,14 @@ def fit_step(
     if resident > budget:
         return StepFit(budget, False, tried=[parts], resident=resident)
     fit = StepFit(budget, now.fits(budget), resident=resident)
-    extra: list[str] = []
+    loss = False
     choice = _search_batch(planner, options, batch)
     if not fit.fits_as_configured:
         fit.micro_batching, fit.flops_per_sample = _micro_batching(
             planner, choice, batch, configured
         )
     if choice.estimate is None and fit.micro_batching is None:
-        choice, fit.fallback, extra = _fallback(planner, options, batch, fit.tried)
+        choice, fit.fallback, loss = _fallback(planner, options, batch, fit.tried)
     log.info("Planner: %d estimates", len(planner._cache))
     fit.largest_batch_by_checkpointing = choice.largest
     est = choice.estimate
@@ -452,16 +445,15 @@ def fit_step(
     fit.activation_checkpointing = choice.checkpointing
     fit.estimate, fit.total_within_budget = est.to_dict(), est.total_within(budget)
     fit.next_step_estimate = choice.next_estimate.to_dict() if choice.next_estimate else None
-    fit.overrides = [f"data.batch_size={choice.batch_size}"]
-    if fit.fallback == "a smaller patch":
-        fit.overrides.append(f"data.patch_size={written(choice.patch)}")
-    if written(choice.checkpointing) != written(configured):
-        fit.overrides.append(f"model.activation_checkpointing={written(choice.checkpointing)}")
-    if fit.fallback == "a smaller patch":
-        # what the network's constructor takes of the patch moves with it (UNETR's img_size)
-        sized = adapter_for(str(cfg.model.net._target_)).sized_for(cfg.model.net, choice.patch)
-        fit.overrides += [f"model.net.{name}={written(value)}" for name, value in sized.items()]
-    fit.overrides += extra
+    # what changes: the batch; the patch, with what the network's constructor takes of it
+    # (UNETR's img_size), where a smaller one was the lever; checkpointing where it moved
+    moved = written(choice.checkpointing) != written(configured)
+    smaller = fit.fallback == "a smaller patch"
+    fit.candidate = (planner.at(choice.patch) if smaller else Candidate()).changed(
+        batch_size=choice.batch_size,
+        activation_checkpointing=choice.checkpointing if moved else None,
+        checkpoint_loss=True if loss else None,
+    )
     return fit
 
 
@@ -478,15 +470,14 @@ class BatchSearch:
         return next((r for r in self.rows if r["batch_size"] == batch), None)
 
 
-def largest_batch(cfg: DictConfig, budget: int, max_batch_size: int = 256) -> BatchSearch:
-    """The largest batch (``1 .. max_batch_size``) of ``cfg``'s training step whose estimate fits
-    ``budget`` bytes; the batch after it is estimated too, to show where it stops fitting."""
-    cfg = copy.deepcopy(cfg)
-    set_key(cfg, "data.batch_size", 1)  # each estimate sets its own batch
-    planner = Planner(cfg, budget, max_batch_size)
-    checkpointing = plain(cfg.model.get("activation_checkpointing", "none"))
+def largest_batch(plan: PlannedRun, budget: int) -> BatchSearch:
+    """The largest batch (``1 .. memory.max_batch_size``) of ``plan``'s training step whose
+    estimate fits ``budget`` bytes; the batch after it is estimated too, to show where it stops
+    fitting."""
+    planner = Planner(plan, budget)
+    checkpointing = plain(planner.cfg.model.get("activation_checkpointing", "none"))
     found, _ = planner.largest_batch(checkpointing)
-    if found < max_batch_size:
+    if found < planner.max_batch_size:
         planner.estimate(found + 1, planner.base_patch, checkpointing)
     rows = [
         {
