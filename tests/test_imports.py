@@ -1,5 +1,6 @@
 """Imports point one way: utils <- models <- speed <- memory <- plan <- tasks; data (utils only)
-is read by plan and callbacks, callbacks use memory, and nothing imports a task module.
+is read by plan and callbacks, callbacks use data and utils, and nothing imports a task module;
+outside memory/, memory is entered by its public doors only.
 
 Two checks against one table: no source file imports a package it may not use (also inside a
 function: an import deferred is still a dependency), and importing every module of a package
@@ -12,13 +13,15 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).parents[1] / "src" / "volseg"
+REPO = Path(__file__).parents[1]
+SRC = REPO / "src" / "volseg"
 # the volseg packages each package may import and load, besides itself
 MAY_USE = {
     "utils": set(),
@@ -27,7 +30,7 @@ MAY_USE = {
     "speed": {"utils", "models"},
     "memory": {"utils", "models", "speed"},
     "plan": {"utils", "models", "memory", "speed", "data"},
-    "callbacks": {"utils", "models", "memory", "speed", "data"},
+    "callbacks": {"utils", "data"},
     "tasks": {"utils", "models", "memory", "speed", "data", "plan", "callbacks"},
 }
 
@@ -204,7 +207,7 @@ def _imported_modules(path: Path, known: set[str]) -> set[str]:
 def test_no_import_cycle_among_a_packages_modules(package):
     """Imports point one way between modules too: an import moved into a function to dodge a
     cycle (a wrapper in a module the engine is built on, importing the engine) still is one;
-    in benchmarks/ too (the tables and the readers of archived benchmarks' results)."""
+    in benchmarks/ too."""
     paths = {_module_name(path, package): path for path in package.rglob("*.py")}
     graph = {name: _imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
     # a package's __init__ re-exporting its modules is not a cycle of theirs
@@ -228,3 +231,52 @@ def test_no_import_cycle_among_a_packages_modules(package):
     for name in sorted(graph):
         visit(name)
     assert not cycles, [" -> ".join(c) for c in cycles]
+
+
+#: ``volseg.memory.<room>.<module>``: a door past memory's public names
+DEEP_MEMORY = re.compile(r"\bvolseg\.memory\.(estimate|fit|monitor)\.\w+")
+
+
+def _deep_memory_imports(path: Path) -> list[str]:
+    """Each ``volseg.memory.<room>.<module>`` that ``path`` imports (a Python file, also inside a
+    function) or names (a config's ``_target_``), as ``path:line: name``."""
+    if path.suffix != ".py":
+        lines = enumerate(path.read_text().splitlines(), 1)
+        return [
+            f"{path}:{n}: {m.group(0)}" for n, text in lines for m in DEEP_MEMORY.finditer(text)
+        ]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        found += [f"{path}:{node.lineno}: {name}" for name in names if DEEP_MEMORY.match(name)]
+    return found
+
+
+def test_outside_memory_its_names_come_from_its_public_doors():
+    """Code outside memory/ (the package, the entry points, the configs) imports memory's names
+    from ``volseg.memory`` or a room's ``__init__``, never from a room's modules: memory can
+    move its insides without its callers knowing."""
+    outside = [p for p in SRC.rglob("*.py") if "memory" not in p.relative_to(SRC).parts[:1]]
+    outside += sorted(REPO.glob("*.py")) + sorted((REPO / "configs").rglob("*.yaml"))
+    assert len(outside) > 60
+    assert [hit for path in outside for hit in _deep_memory_imports(path)] == []
+
+
+def test_a_deep_import_of_memory_is_found_at_the_top_in_a_function_and_in_a_config(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        "from volseg.memory import estimate_run\n"
+        "from volseg.memory.fit import fit_step\n"
+        "def f():\n"
+        "    from volseg.memory.fit.step_fit import Planner\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text("_target_: volseg.memory.monitor.callback.MemoryMonitor\n")
+    assert _deep_memory_imports(module) == [f"{module}:4: volseg.memory.fit.step_fit"]
+    hit = "volseg.memory.monitor.callback"
+    assert _deep_memory_imports(config) == [f"{config}:1: {hit}"]

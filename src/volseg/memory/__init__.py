@@ -16,10 +16,52 @@ that cut memory are applied by the model: :mod:`volseg.models.levers`. Outside m
 imports these names from here or from a room's ``__init__``, never a room's modules.
 """
 
-from volseg.memory.estimate import *  # noqa: F403
-from volseg.memory.estimate import __all__ as _estimate
-from volseg.memory.fit import *  # noqa: F403
-from volseg.memory.fit import __all__ as _fit
+from volseg.memory.estimate import (
+    Candidate,
+    InferenceEstimate,
+    MemoryEstimate,
+    RunEstimate,
+    estimate_prediction,
+    estimate_run,
+    planned_device,
+    planned_total,
+    resolve_cuda_context,
+    validation_shape,
+)
+from volseg.memory.fit import (
+    ROI,
+    STITCH_DEVICE,
+    SW_BATCH,
+    StitchPlan,
+    fit_step,
+    fit_validation,
+    largest_batch,
+    lever_prices,
+    margin_note,
+    plan_stitching,
+)
 from volseg.memory.monitor import MemoryMonitor
 
-__all__ = [*_estimate, *_fit, "MemoryMonitor"]
+__all__ = [
+    "ROI",
+    "STITCH_DEVICE",
+    "SW_BATCH",
+    "Candidate",
+    "InferenceEstimate",
+    "MemoryEstimate",
+    "MemoryMonitor",
+    "RunEstimate",
+    "StitchPlan",
+    "estimate_prediction",
+    "estimate_run",
+    "fit_step",
+    "fit_validation",
+    "largest_batch",
+    "lever_prices",
+    "margin_note",
+    "plan_stitching",
+    "planned_device",
+    "planned_total",
+    "resolve_cuda_context",
+    "validation_shape",
+]
