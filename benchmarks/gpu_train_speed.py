@@ -14,7 +14,7 @@ steps:
   forward, loss and backward) / step time / the GPU's dense bf16/fp16 peak (``--peak-tflops``,
   or the callback's table of GPUs).
 
-Anchors: the seed step alone on an H200 (benchmarks/levers.py) 0.073 s for 10.5 TFLOP, 0.15
+Anchors: the seed step alone on an H200 (the retired study levers) 0.073 s for 10.5 TFLOP, 0.15
 of 989 TFLOP/s; NVIDIA's tuned nnU-Net (DynUNet, AMP, channels-last) 0.25 of an A100's 312.
 
     python -m benchmarks gpu_train_speed [--steps 60] [--override KEY=VALUE ...]

@@ -14,7 +14,8 @@ Every file has the same head, so that a table in docs can be regenerated from it
      "rows": [...],                     # the benchmark's own records, one per table row
      ...}                               # anything else the benchmark keeps (its settings)
 
-``benchmarks/validation_memory.py`` wrote the first such file; a script adopts this module with
+``validation_memory`` (a retired study) wrote the first such file; a script adopts this module
+with
 
     results_io.add_json_out(parser, "<name>")            # --json-out PATH | none
     ...

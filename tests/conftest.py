@@ -22,8 +22,8 @@ CONFIGS = REPO / "configs"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The module of ``python -m benchmarks <name>`` (an archived study's: ``benchmarks/archive/``),
-    or a shared module of the package (``results_io``, ``harness``, ...)."""
+    """The module of ``python -m benchmarks <name>``, or a shared module of the package
+    (``results_io``, ``harness``, ...)."""
     from benchmarks.runner import BENCHMARKS
 
     entry = BENCHMARKS.get(name)

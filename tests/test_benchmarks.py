@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, TINY, load_benchmark
-from volseg.memory.estimate.step import planned_device
+from volseg.memory.estimate.training_step import planned_device
 from volseg.utils.units import MIB
 
 #: a results file written on a CPU whose kernels were not held to an ISA (whatever this run's
@@ -128,79 +128,6 @@ def test_a_real_train_py_run_is_measured_against_its_own_config(tmp_path):
     assert Path(tmp_path / "data" / "synthetic").is_dir()  # nothing written into the repository
 
 
-@pytest.mark.slow
-def test_data_throughput_runs_on_tiny_generated_cases(tmp_path, capsys):
-    """benchmarks/data_throughput.py at 1/8 of the real sizes: both of its tables come out, with
-    a positive rate in every loader row (and the comparison with the MONAI loader, as written and
-    on volseg's terms), and each run's rows go to its results file."""
-    bench = load_benchmark("data_throughput")
-    common = ["--scale", "0.125", "--batches", "2", "--cache", str(tmp_path)]
-    out_json = tmp_path / "throughput.json"
-    models = ["--models", "unet_tiny", "--json-out", str(out_json)]
-    bench.main([*common, "--datasets", "mr,stack", "--workers", "0", *models])
-    out = capsys.readouterr().out
-    loader_rows = [line for line in out.splitlines() if line.startswith("| loader |")]
-    assert len(loader_rows) == 2
-    assert all(float(row.rstrip(" |").split("|")[-1]) > 0 for row in loader_rows)
-    assert "| CPU training step | 2x1x4x8x8 | unet_tiny" in out
-    assert "| unet_large 2x1x26x150x320 | 27.4 |" in out  # the H200 step it must feed
-    doc = json.loads(out_json.read_text())
-    assert doc["benchmark"] == "data_throughput" and doc["torch"] and doc["cpu_flags"]
-    assert doc["command"].startswith("python -m benchmarks data_throughput --scale 0.125")
-    assert [r["what"] for r in doc["rows"]] == ["loader", "loader", "cpu_step", "gpu_feed"]
-    compare_json = tmp_path / "compare.json"
-    bench.main([*common, "--compare", "--json-out", str(compare_json)])
-    out = capsys.readouterr().out
-    assert "| a ten-line MONAI loader: CacheDataset" in out and "| volseg: data=folder" in out
-    assert "| the ten-line MONAI loader on volseg's terms" in out
-    compared = json.loads(compare_json.read_text())
-    rows = compared["rows"]
-    assert [r["loader"] for r in rows] == ["monai", "monai_in_place", "volseg"]
-    assert compared["settings"]["threads"] == 1 and all(r["threads"] == 1 for r in rows)
-    assert all(r["s_per_batch"] > 0 for r in rows)
-    # one row alone, as an idle machine times it
-    bench.main([*common, "--compare", "--loaders", "monai_in_place", "--json-out", "none"])
-    out = capsys.readouterr().out
-    assert "| the ten-line MONAI loader on volseg's terms" in out and "| volseg:" not in out
-
-
-def test_monai_loader_on_volsegs_terms_caps_locations_and_reads_the_cache_in_place(tmp_path):
-    bench = load_benchmark("data_throughput")
-    root = bench.write_cases(tmp_path / "mr", 3, [24, 48, 48], [1.0, 1.0, 1.0])
-    written = bench.monai_loader(root, [8, 16, 16], samples=3).dataset
-    in_place = bench.monai_loader(root, [8, 16, 16], samples=3, in_place=True).dataset
-    # as written: every item listed (and cached) once per sample, deep-copied when read
-    assert len(written) == 2 * 3 and written.copy_cache
-    # on volseg's terms: two volumes cached once, each read 3 times, in place
-    cached = in_place.dataset
-    assert len(cached) == 2 and not cached.copy_cache and len(in_place) == 2 * 3
-    full = [len(ix) for ix in written._cache[0]["label_cls_indices"]]
-    capped = [len(ix) for ix in cached._cache[0]["label_cls_indices"]]
-    assert max(full) > 100  # background alone
-    assert capped == [min(n, bench.MAX_LOCATIONS) for n in full]
-    # volseg's own cap (data=folder, the loader it is compared with)
-    cfg = bench.compose_train(["data=folder", f"data.root={root}"])
-    assert cfg.data.max_locations_per_class == bench.MAX_LOCATIONS
-    # reading a sample leaves the cached volume as it was (nothing writes into it)
-    before = cached._cache[0]["image"].clone()
-    for i in range(len(in_place)):
-        assert in_place[i][0]["image"].shape[1:] == (16, 16, 8)
-    assert (cached._cache[0]["image"] == before).all()
-
-
-def test_gpu_steps_the_loader_must_feed_are_read_from_the_recorded_runs():
-    """data_throughput.py's H200 step times are the recorded runs' own, computed here from the
-    results file independently: a step's ``step_s``, or a whole run's ``wall_s / steps``."""
-    bench = load_benchmark("data_throughput")
-    runs = {}
-    for path in (REPO / "benchmarks" / "results" / "cuda").glob("*.json"):
-        runs.update({r["name"]: r["measured"] for r in json.loads(path.read_text())["runs"]})
-    steps = {model: seconds for model, _, _, seconds, *_ in bench.cuda_steps()}
-    assert steps["unet_large"] == runs["levers: none (16-mixed)"]["step_s"] == 0.073
-    small = runs["train.py: model=unet_small trainer.precision=16-mixed"]
-    assert steps["unet_small"] == small["wall_s"] / small["steps"] == 1 / 32
-
-
 def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys, tmp_path):
     bench = load_benchmark("cpu_bf16_conv")
     out = tmp_path / "bf16_conv.json"
@@ -214,10 +141,7 @@ def test_cpu_bf16_conv_marks_no_row_of_volsegs_convolution_wrong(capsys, tmp_pat
 
 
 def test_validation_memory_table_reads_the_committed_results():
-    bench = load_benchmark("validation_memory")
-    results = sorted((REPO / "benchmarks" / "results" / "cpu").glob("*_validation_memory.json"))
-    assert results
-    text = bench.table(results[-1])
+    text = load_benchmark("tables").validation_memory(REPO / "benchmarks" / "results")
     assert "| embedded |" in text and "torch " in text
 
 
@@ -279,18 +203,9 @@ def test_a_default_results_file_never_replaces_an_earlier_run(tmp_path, monkeypa
     assert loaded["rows"] == [{"x": 1}] and loaded["torch"] and "cpu_flags" in loaded
 
 
-def test_real_data_refuses_a_precision_for_one_side_only():
-    """Both sides run in one precision (``--precision``): an override of volseg's alone, as the
-    docs once wrote the command, stops before any work."""
-    bench = load_benchmark("real_data")
-    with pytest.raises(SystemExit) as stop:
-        bench.main(["--parallel", "--", "trainer.precision=auto"])
-    assert stop.value.code == 2
-
-
-def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path):
+def test_the_learning_table_averages_each_sides_runs(tmp_path):
     """``<!-- table: learning_mni152 -->``: the newest real_data file of that dataset with an
-    nnU-Net side; per side the mean over seeds, then the final Dice per class."""
+    nnU-Net side; per side the mean over seeds (the Dice per class stays in the file)."""
     tables = load_benchmark("tables")
     results_io = load_benchmark("results_io")
     results = tmp_path / "results"
@@ -361,7 +276,7 @@ def test_the_learning_table_averages_each_sides_runs_and_lists_classes(tmp_path)
         "| 0.400 | 0.300, 0.500 | 0.410 | 1, 0 |"
     )
     assert nnunet in table
-    assert "| a | 0.500 | 0.100 | 0.800 |" in table and "| b | 0.700 | 0.700 | 1.000 |" in table
+    assert "| a |" not in table
     assert tables.learning(results, "mni152_regions") is None  # no file yet: marker kept
 
 
@@ -369,7 +284,7 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
     """nnU-Net's own-plan side is named for its plan; where rows count their predicted labels,
     a column gives each run's share of background (100% only where every voxel is); rows
     without counts (older files) leave the table as it was."""
-    tables = load_benchmark("archive.readers")
+    tables = load_benchmark("tables")
 
     def row(side, seed, voxels=None):
         r = {
@@ -387,11 +302,7 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
 
     label = tables.side_label("nnunet_own_plan", [row("nnunet_own_plan", 1)])
     assert label == "nnU-Net v2's trainer, 0.20% of its schedule, its own plan"
-    assert (
-        load_benchmark("archive.readers")
-        .side_label("nnunet", [row("nnunet", 1)])
-        .endswith("volseg's patch and network")
-    )
+    assert tables.side_label("nnunet", [row("nnunet", 1)]).endswith("volseg's patch and network")
     # ten steps of 250,000: a share to one figure, not 0.00%
     few = tables.side_label("nnunet_own_plan", [{**row("nnunet_own_plan", 1), "steps": 10}])
     assert few == "nnU-Net v2's trainer, 0.004% of its schedule, its own plan"
@@ -401,30 +312,12 @@ def test_the_learning_table_names_the_own_plan_and_reads_the_predicted_labels():
         row("volseg", 1, {"bg": 750, "a": 250}),
         row("monai_tutorial", 1),
     ]
-    table = tables.learning_rows(rows, per_class=False).splitlines()
+    table = tables.learning_rows(rows).splitlines()
     assert table[0].endswith("| classes at 0 (final) | background, of the predicted voxels |")
     assert table[2] == f"| {label} | 2 | 500 | 0.000 | 0.000, 0.000 | 0.000 | 1, 1 | 100%, 99.99% |"
     assert table[3].endswith("| 1 | 75.00% |") and table[4].endswith("| 1 | - |")
-    old = (
-        load_benchmark("archive.readers")
-        .learning_rows([row("nnunet", 1)], per_class=False)
-        .splitlines()
-    )
+    old = tables.learning_rows([row("nnunet", 1)]).splitlines()
     assert old[0].endswith("| classes at 0 (final) |") and old[2].endswith("| 0.000 | 1 |")
-
-
-def test_default_run_reads_each_validation_and_the_first_epoch_at_a_level(tmp_path):
-    bench = load_benchmark("default_run")
-    harness = load_benchmark("harness")
-    path = tmp_path / "run" / "csv" / "metrics.csv"
-    path.parent.mkdir(parents=True)
-    path.write_text(
-        "epoch,step,train/loss,val/dice_mean\n"
-        "0,9,1.0,\n0,9,,0.5\n1,19,0.8,\n1,19,,0.85\n2,29,,0.8\n"
-    )
-    history = bench.validations(harness.read(tmp_path / "run", 0.0).rows)
-    assert history == [(0, 0.5), (1, 0.85), (2, 0.8)]
-    assert bench.first_reaching(history, 0.8) == 1 and bench.first_reaching(history, 0.9) is None
 
 
 def _write_result(results_io, results, name, rows, file, **extra):

@@ -6,7 +6,7 @@ setting the network's adapter offers, micro-batches) is timed here: the module `
 builds (:func:`volseg.models.build.build_model`) runs forward, loss, backward and the optimizer
 step in float32, one warm-up step, then ``--steps`` steps and at least 3 s of them, and the
 lever's fastest step time over the configured step's is its measured factor. The predicted factor
-is the table's (:func:`volseg.memory.fit.levers.lever_prices`: the traced step's ops priced on
+is the table's (:func:`volseg.memory.fit.lever_prices.lever_prices`: the traced step's ops priced on
 this machine, :mod:`volseg.speed.step_time`), its FLOPs factor beside it. Levers whose price is
 not the step's ops (offload, the two-device split) or not modelled (half precision's kernels)
 are left out.
@@ -82,15 +82,15 @@ def network_rows(
 ) -> list[dict]:
     """One network's rows: the table's predicted factor and the measured one for each lever
     whose price is FLOPs, on ``device``."""
-    from volseg.memory.fit.levers import lever_prices
-    from volseg.plan import planned_config
+    from volseg.memory import lever_prices
+    from volseg.plan import RunPlan, planned_config
 
     common = [*COMMON, f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}"]
     data = grid.prepare_data([*base, *common], work_dir)
     cfg = planned_config(grid.compose([*base, *common], device, data))
     rows = []
     baseline = None
-    for price in lever_prices(cfg):
+    for price in lever_prices(RunPlan(cfg, {})):
         if price.lever not in TIMED:
             continue
         overrides = [*base, *common, *_overrides(price.setting)]

@@ -90,11 +90,16 @@ def alternating_seconds(
     that a slower or busier stretch of the machine falls on every setting alike."""
     import torch
 
-    from volseg.memory.estimate.step import build_training_step
-    from volseg.plan import planned_config
+    from volseg.memory import Candidate
+    from volseg.memory.estimate.training_step import build_training_step
+    from volseg.plan import RunPlan, planned_config
 
-    cfg = planned_config(grid.compose(base, device, grid.data_dir(base, work_dir)))
-    steps = {s: build_training_step(cfg, device, activation_checkpointing=s) for s in settings}
+    plan = RunPlan(planned_config(grid.compose(base, device, grid.data_dir(base, work_dir))), {})
+    cfg = plan.config
+    steps = {
+        s: build_training_step(plan.run_config(Candidate(activation_checkpointing=s)), device)
+        for s in settings
+    }
     for step in steps.values():
         step.module.to(device)
     classes = int(cfg.num_classes)
