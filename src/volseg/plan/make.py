@@ -42,7 +42,7 @@ from volseg.utils.config import is_voxels, plain
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build
 from volseg.utils.precision import cuda_bf16_supported, log_choice, resolve_precision
-from volseg.utils.units import MIB, parse_bytes
+from volseg.utils.units import MIB, Budget
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _check_placement_devices(placement: Any) -> None:
     """One error naming ``model.placement`` for a device this machine does not have."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     here = ["cpu", *(f"cuda:{i}" for i in range(count))]
-    for name, device in (plain(placement) or {}).items():
+    for name, device in (placement or {}).items():
         try:
             parsed = torch.device(device)
         except (RuntimeError, TypeError):
@@ -149,7 +149,8 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
 def _plan_data(
     cfg: DictConfig, decisions: dict[str, Decision], want_fingerprint: bool, opened: _Data
 ) -> tuple[Any, DictConfig]:
-    """The data's decisions, the fingerprint where read, and ``cfg`` with them applied."""
+    """The data's decisions, the fingerprint where read, and ``cfg`` with them applied but the
+    patch (``decisions["data.patch_size"]``)."""
     data = cfg.data
     check_build_installed(str(data.root), data.get("mni152"))
     settings: dict[str, Any] = {}
@@ -171,9 +172,9 @@ def _plan_data(
     cfg = applied(cfg, {**settings, "data.augment": augment})
     data = cfg.data
     decisions["data.spacing"] = Decision(
-        plain(data.spacing), "configured", "" if data.spacing is not None else "the files'"
+        data.spacing, "configured", "" if data.spacing is not None else "the files'"
     )
-    decisions["data.orientation"] = Decision(plain(data.orientation), "configured")
+    decisions["data.orientation"] = Decision(data.orientation, "configured")
     auto_patch = str(data.get("patch_size")) == "auto"
     fingerprint = dataset_fingerprint(data) if auto_patch or want_fingerprint else None
     if auto_patch:
@@ -183,7 +184,6 @@ def _plan_data(
         patch, why = plan_auto_patch(data, multiple, fingerprint["median_shape"])
         why += f" ({fingerprint['cases']} cases)"
         decisions["data.patch_size"] = Decision(patch, "planned", why)
-        cfg = applied(cfg, {"data.patch_size": patch})
     else:
         patch = plain(data.patch_size)
         if not is_voxels(patch):
@@ -203,7 +203,8 @@ def _source(text: str) -> tuple[str, str]:
     return "default", text
 
 
-def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> DictConfig:
+def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -> dict[str, Any]:
+    """The data loader's decisions; returns their settings."""
     data = cfg.data
     asked = {k: data.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
     devices = local_processes(cfg.trainer, device)
@@ -214,15 +215,15 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
         source, reason = ("planned", why) if asked[key] == "auto" else ("configured", "")
         decisions[f"data.{key}"] = Decision(value, source, reason)
     for key in ("cache", "cache_rate"):
-        decisions[f"data.{key}"] = Decision(plain(data.get(key)), "configured")
-    return applied(cfg, {f"data.{key}": decisions[f"data.{key}"].value for key in asked})
+        decisions[f"data.{key}"] = Decision(data.get(key), "configured")
+    return {f"data.{key}": decisions[f"data.{key}"].value for key in asked}
 
 
-def device_budget(value: Any, device: str) -> tuple[int | None, str]:
-    """The bytes a run fills and what they are: ``memory.budget=value``, else the memory of this
-    machine's GPU where ``device`` is cuda; ``(None, "")`` where neither is known."""
-    if value:
-        return parse_bytes(value, "memory.budget"), f"memory.budget={value}"
+def device_budget(budget: Budget | None, device: str) -> tuple[int | None, str]:
+    """The bytes a run fills and what they are: ``budget``, else the memory of this machine's GPU
+    where ``device`` is cuda; ``(None, "")`` where neither is known."""
+    if budget is not None:
+        return budget.nbytes, f"memory.budget={budget}"
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return int(props.total_memory), f"the memory of this {props.name}"
@@ -230,15 +231,15 @@ def device_budget(value: Any, device: str) -> tuple[int | None, str]:
 
 
 def _plan_batch(
-    cfg: DictConfig, device: str, decisions: dict[str, Decision]
-) -> tuple[dict | None, DictConfig]:
+    cfg: DictConfig, device: str, decisions: dict[str, Decision], asked: Budget | None
+) -> dict | None:
     """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
-    levers, from estimates; returns the table that decided it (``None``: a configured batch) and
-    ``cfg`` with it."""
+    levers, from estimates (``decisions["data.batch_size"]``); returns the table that decided it
+    (``None``: a configured batch)."""
     if str(cfg.data.get("batch_size")) != "auto":
-        return None, cfg
+        return None
 
-    budget, what = device_budget(OmegaConf.select(cfg, "memory.budget"), device)
+    budget, what = device_budget(asked, device)
     if budget is None:
         raise UserInputError(
             "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
@@ -264,8 +265,7 @@ def _plan_batch(
     else:
         why += f" (memory.max_batch_size={limit})"
     decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
-    table = {"budget": budget, "budget_of": what, "rows": search.rows}
-    return table, applied(cfg, {"data.batch_size": search.batch_size})
+    return {"budget": budget, "budget_of": what, "rows": search.rows}
 
 
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
@@ -298,6 +298,7 @@ def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) 
 def _plan_step(
     cfg: DictConfig,
     decisions: dict[str, Decision],
+    budget: Budget | None,
     estimate_step: bool,
     fit_budget: bool,
     validation_shape: list[int] | None,
@@ -306,33 +307,31 @@ def _plan_step(
     FLOPs, validation in one trace): ``(summary, RunEstimate or None, cfg as fitted)``."""
     from volseg.plan.report import STEP_KEYS, check_estimate_fits, margin_figures
 
-    budget_value = OmegaConf.select(cfg, "memory.budget")
     why = ""
     result: dict[str, Any] = {}
     run = None
     # a validation the trace does not model: the step alone (validation says why)
     shapes = (validation_shape, None) if validation_shape is not None else (None,)
-    for shape in shapes if budget_value or estimate_step else ():
+    for shape in shapes if budget or estimate_step else ():
         try:
             run = estimate_run(RunPlan(cfg, decisions), None, shape)
             break
         except UserInputError:
             raise
         except Exception as err:  # a setting the estimator does not model: the run goes on
-            if budget_value and shape is None:
+            if budget and shape is None:
                 raise
             result = {"not_estimated": f"{type(err).__name__}: {err}".splitlines()[0]}
     planned: dict[str, str] = {}
-    if budget_value:
-        budget = parse_bytes(budget_value, "memory.budget")
+    if budget:
         est = run.step
-        if fit_budget and est.total_within(budget) is None:
-            planned, cfg = _fit_budget(RunPlan(cfg, decisions), budget, budget_value, est)
+        if fit_budget and est.total_within(budget.nbytes) is None:
+            planned, cfg = _fit_budget(RunPlan(cfg, decisions), budget, est)
             # the planner's answer, validation in the same trace
             run = estimate_run(RunPlan(cfg, decisions), None, validation_shape)
             est = run.step
-        total = check_estimate_fits(est, budget_value)  # BudgetExceeded: the run stops here
-        why = f"fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on {est.device}"
+        total = check_estimate_fits(est, budget)  # BudgetExceeded: the run stops here
+        why = f"fits memory.budget={budget}: {total / MIB:,.0f} MiB estimated on {est.device}"
         # its figures, however small; where it comes from is said once: estimate.margin_source
         margin = margin_figures(est.margin_fixed_mib, est.margin)
         why += f" with a margin of {margin} (estimate.margin_source)"
@@ -346,26 +345,26 @@ def _plan_step(
     for key in (*STEP_KEYS, *sorted(set(planned) - set(STEP_KEYS))):
         value = OmegaConf.select(cfg, key)
         if key in planned:
-            decisions[key] = Decision(plain(value), "planned", f"{planned[key]}; {why}")
+            decisions[key] = Decision(value, "planned", f"{planned[key]}; {why}")
         elif key in decisions and decisions[key].source == "planned":  # data.batch_size=auto
             continue
         elif value is not None:
-            decisions[key] = Decision(plain(value), "configured", why)
+            decisions[key] = Decision(value, "configured", why)
     return result, run, cfg
 
 
 def _fit_budget(
-    plan: RunPlan, budget: int, budget_value: Any, configured: Any
+    plan: RunPlan, budget: Budget, configured: Any
 ) -> tuple[dict[str, str], DictConfig]:
     """The planner's answer for a step over ``memory.budget`` (micro-batches, else batch and
     checkpointing): ``({key: why}, the config with it)``."""
-    answer = fit_step(plan, budget, as_configured=configured)
+    answer = fit_step(plan, budget.nbytes, as_configured=configured)
     batch = plan.config.data.batch_size
     if answer.micro_batching is not None:
         candidate = answer.micro_batching["candidate"]
         why = f"the configured data.batch_size={batch} does not fit: micro-batches"
     elif answer.candidate is None:
-        raise BudgetExceeded(answer.refusal(budget_value))
+        raise BudgetExceeded(answer.refusal(budget))
     elif answer.fallback is not None:
         candidate = answer.candidate
         why = f"no batch or checkpointing fits: {answer.fallback}"
@@ -375,17 +374,17 @@ def _fit_budget(
     settings = candidate.settings()
     log.info(
         "memory.budget=%s: planned %s",
-        budget_value,
+        budget,
         " ".join(f"{k}={v}" for k, v in settings.items()),
     )
     return dict.fromkeys(settings, why), plan.run_config(candidate)
 
 
 def _validation_volume(
-    cfg: DictConfig, estimate_step: bool, opened: _Data
+    cfg: DictConfig, checked: bool, opened: _Data
 ) -> tuple[list[int] | None, str]:
-    """The validation volume the plan estimates and where it comes from."""
-    if not (OmegaConf.select(cfg, "memory.budget") or estimate_step):
+    """The validation volume the plan estimates (``checked``: one is) and where it comes from."""
+    if not checked:
         return None, ""
     if OmegaConf.select(cfg, "memory.val_shape") is not None:
         return validation_shape(cfg)
@@ -400,6 +399,7 @@ def _plan_validation(
     cfg: DictConfig,
     decisions: dict[str, Decision],
     notes: list[str],
+    budget: Budget | None,
     estimate_step: bool,
     fit_budget: bool,
     volume: tuple[list[int] | None, str],
@@ -410,8 +410,7 @@ def _plan_validation(
     as fitted."""
     from volseg.plan.report import check_validation_fits
 
-    budget_value = OmegaConf.select(cfg, "memory.budget")
-    if not (budget_value or estimate_step):
+    if not (budget or estimate_step):
         return {}, cfg
     shape, source = volume
 
@@ -427,15 +426,15 @@ def _plan_validation(
     except Exception as err:  # the run goes on
         why = f"{type(err).__name__}: {err}".splitlines()[0]
     if est is None:
-        if budget_value:
-            notes.append(f"memory.budget={budget_value}: validation not checked ({why})")
+        if budget:
+            notes.append(f"memory.budget={budget}: validation not checked ({why})")
         return {"not_estimated": why}, cfg
-    if not budget_value:
+    if not budget:
         return {**est.summary(), "shape_from": source}, cfg
-    budget = parse_bytes(budget_value, "memory.budget")
     planned: dict[str, str] = {}
-    if not est.fits(budget):
-        fit = fit_validation(cfg, budget, shape, est, validation, smaller_windows=fit_budget)
+    after = ""  # what was tried, where nothing fits
+    if not est.fits(budget.nbytes):
+        fit = fit_validation(cfg, budget.nbytes, shape, est, validation, fit_budget)
         if fit.estimate is None:
             hint = (
                 f"`python plan.py <the same overrides>` also tries smaller windows ({ROI})"
@@ -443,16 +442,16 @@ def _plan_validation(
                 else "a smaller validation volume (data.spacing) or a larger budget"
             )
             tried = f"; tried {'; '.join(fit.tried)}" if fit.tried else ""
-            check_validation_fits(est, budget_value, source, f"{tried}. {hint}")
-        cfg = RunPlan(cfg, decisions).run_config(fit.candidate)
-        planned, est = fit.reasons, fit.estimate
-    total = check_validation_fits(est, budget_value, source)
+            after = f"{tried}. {hint}"
+        else:
+            cfg = RunPlan(cfg, decisions).run_config(fit.candidate)
+            planned, est = fit.reasons, fit.estimate
+    total = check_validation_fits(est, budget, source, after)
     why = (
-        f"validation fits memory.budget={budget_value}: {total / MIB:,.0f} MiB estimated on "
-        f"{est.device}"
+        f"validation fits memory.budget={budget}: {total / MIB:,.0f} MiB estimated on {est.device}"
     )
     for key in (SW_BATCH, STITCH_DEVICE, ROI):
-        value = plain(OmegaConf.select(cfg, key))
+        value = OmegaConf.select(cfg, key)
         if key in planned:
             decisions[key] = Decision(value, "planned", planned[key])
         elif value is not None:
@@ -473,12 +472,13 @@ def make_plan(
     notes: list[str] = []
     configured_batch = (cfg.data.batch_size, cfg.trainer.get("accumulate_grad_batches", 1))
 
+    settings: dict[str, Any] = {}
     if "callbacks" in cfg:  # eval.py has none
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
-        cfg = applied(cfg, {f"callbacks.{name}": None for name in dropped})
+        settings = {f"callbacks.{name}": None for name in dropped}
         if dropped:
             decisions["callbacks"] = Decision(
-                sorted(k for k, v in cfg.callbacks.items() if v is not None),
+                sorted(k for k, v in cfg.callbacks.items() if v is not None and k not in dropped),
                 "planned",
                 f"left out {', '.join(dropped)}: trainer.enable_progress_bar=false",
             )
@@ -498,7 +498,7 @@ def make_plan(
     source = "configured" if choice.precision == str(requested) else "planned"
     decisions["trainer.precision"] = Decision(choice.precision, source, choice.reason)
     # the estimator plans for the same device
-    settings = {"memory.plan_device": device.value, "trainer.precision": choice.precision}
+    settings |= {"memory.plan_device": device.value, "trainer.precision": choice.precision}
     if "async_checkpoint" in cfg:  # train.py's
         writes = plan_async_checkpoint(cfg.async_checkpoint, cfg.trainer.get("strategy"))
         decisions["async_checkpoint"] = writes
@@ -508,26 +508,32 @@ def make_plan(
     opened = _Data()
     found, cfg = _plan_data(cfg, decisions, fingerprint, opened)
 
+    settings = {"data.patch_size": decisions["data.patch_size"].value}
     lr = resolve_learning_rate(cfg)
     if lr is not None:
         source = "planned" if lr.why else "configured"
         decisions["model.optimizer.lr"] = Decision(lr.value, source, lr.why)
-        # the rule is the plan's, not the optimizer's argument
-        cfg = applied(cfg, {"model.optimizer.lr": lr.value}, ["model.optimizer.lr_by_classes"])
+        settings["model.optimizer.lr"] = lr.value
+    # the rule is the plan's, not the optimizer's argument
+    cfg = applied(cfg, settings, ["model.optimizer.lr_by_classes"] if lr else [])
 
     if isinstance(OmegaConf.select(cfg, "model.net"), DictConfig):
-        network, cfg = plan_network(cfg, plain(cfg.data.patch_size))
+        network, cfg = plan_network(cfg, decisions["data.patch_size"].value)
         decisions.update(network)
-    batch_search, cfg = _plan_batch(cfg, device.value, decisions)
-    cfg = _plan_loader(cfg, device.value, decisions)
+    budget = Budget.of(OmegaConf.select(cfg, "memory.budget"))
+    batch_search = _plan_batch(cfg, device.value, decisions, budget)
+    settings = _plan_loader(cfg, device.value, decisions)
+    if batch_search is not None:
+        settings["data.batch_size"] = decisions["data.batch_size"].value
+    cfg = applied(cfg, settings)
     _check_channels(cfg, opened)  # with the data config final: the run's datamodule
-    volume = _validation_volume(cfg, estimate_step, opened)
-    estimate, run, cfg = _plan_step(cfg, decisions, estimate_step, fit_budget, volume[0])
+    volume = _validation_volume(cfg, bool(budget or estimate_step), opened)
+    estimate, run, cfg = _plan_step(cfg, decisions, budget, estimate_step, fit_budget, volume[0])
     if batch_search is not None:
         estimate = {**estimate, "batch_size_auto": batch_search}
     notes += _batch_notes(cfg, configured_batch, decisions)
     validation, cfg = _plan_validation(
-        cfg, decisions, notes, estimate_step, fit_budget, volume, run
+        cfg, decisions, notes, budget, estimate_step, fit_budget, volume, run
     )
     return RunPlan(
         config=cfg,

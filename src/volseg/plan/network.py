@@ -44,9 +44,11 @@ def network_class(net: DictConfig) -> type:
         raise import_failure(err, f"model.net._target_={target}") from None
 
 
-def _renamed_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]) -> DictConfig:
-    """``cfg`` with ``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them
-    by."""
+def _renamed_channels(
+    cfg: DictConfig, cls: type, decisions: dict[str, Decision]
+) -> tuple[dict[str, Any], list[str]]:
+    """``model.net.in_channels``/``num_classes`` under the names ``cls`` takes them by: the keys
+    set and the keys removed."""
     names = channel_names(cls)
     net = cfg.model.net
     renamed = {
@@ -56,10 +58,10 @@ def _renamed_channels(cfg: DictConfig, cls: type, decisions: dict[str, Decision]
     }
     for key, name in renamed.items():
         decisions[f"model.net.{name}"] = Decision(
-            plain(net[key]), "planned", f"{key}, by the name {cls.__name__} takes it"
+            net[key], "planned", f"{key}, by the name {cls.__name__} takes it"
         )
-    settings = {f"model.net.{name}": plain(net[key]) for key, name in renamed.items()}
-    return applied(cfg, settings, [f"model.net.{key}" for key in renamed])
+    settings = {f"model.net.{name}": net[key] for key, name in renamed.items()}
+    return settings, [f"model.net.{key}" for key in renamed]
 
 
 def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
@@ -111,9 +113,12 @@ def nearest_patches(patch: Sequence[int], multiple: Sequence[int]) -> list[list[
     return [down] if down == up else [down, up]
 
 
-def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[int]) -> None:
+def check_patch_taken(
+    cfg: DictConfig, cls: type, patch: Sequence[int], multiple: Sequence[int]
+) -> None:
     """One :class:`UserInputError` when a side of ``patch`` is no multiple of ``multiple`` and the
-    network (on meta tensors) does not keep its shape; names the nearest patches that work."""
+    network ``cls`` (on meta tensors) does not keep its shape; names the nearest patches that
+    work."""
     if all(int(p) % int(m) == 0 for p, m in zip(patch, multiple, strict=True)):
         return
     try:
@@ -124,22 +129,22 @@ def check_patch_taken(cfg: DictConfig, patch: Sequence[int], multiple: Sequence[
         return
     listed = " or ".join(f"[{','.join(map(str, p))}]" for p in nearest_patches(patch, multiple))
     raise UserInputError(
-        f"data.patch_size={list(patch)}: {network_class(cfg.model.net).__name__} needs each "
+        f"data.patch_size={list(patch)}: {cls.__name__} needs each "
         f"side [D, H, W] to divide by {describe(list(multiple))} (model.divisible_by); the "
         f"nearest patches that work: data.patch_size={listed}"
     )
 
 
-def check_output(cfg: DictConfig, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
-    """One :class:`UserInputError` when what a network no adapter knows returns in training cannot
-    reach the loss (names ``model.net_output`` or the loss)."""
+def check_output(cfg: DictConfig, cls: type, adapter: NetworkAdapter, patch: Sequence[int]) -> None:
+    """One :class:`UserInputError` when what the network ``cls`` that no adapter knows returns in
+    training cannot reach the loss (names ``model.net_output`` or the loss)."""
     if type(adapter) is not NetworkAdapter:
         return
     out = training_output(cfg.model.net, int(cfg.in_channels), patch)
     if out is None:
         return
-    name = network_class(cfg.model.net).__name__
-    key = plain(cfg.model.get("net_output"))
+    name = cls.__name__
+    key = cfg.model.get("net_output")  # a key or an index
     returns = f"{name} returns {describe_output(out)} in training"
     if key is not None:
         try:
@@ -174,15 +179,17 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> tuple[dict[str, Decis
     cls = network_class(cfg.model.net)
     adapter = adapter_for(cls)
     decisions: dict[str, Decision] = {}
-    cfg = _renamed_channels(cfg, cls, decisions)
+    renamed, removed = _renamed_channels(cfg, cls, decisions)
     for planned in adapter.plan(cfg.model.net, patch):
         decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
-    cfg = applied(cfg, {key: d.value for key, d in decisions.items()})
-    decisions["model.divisible_by"] = divisible_by(cfg, patch)
-    cfg = applied(cfg, {"model.divisible_by": decisions["model.divisible_by"].value})
-    check_patch_taken(cfg, patch, decisions["model.divisible_by"].value)
-    check_output(cfg, adapter, patch)
+    cfg = applied(cfg, {**renamed, **{k: d.value for k, d in decisions.items()}}, removed)
+    multiple = divisible_by(cfg, patch)
+    check_patch_taken(cfg, cls, patch, multiple.value)
+    check_output(cfg, cls, adapter, patch)
+    decisions["model.divisible_by"] = multiple
+    settings = {"model.divisible_by": multiple.value}
     loss, node = _deep_supervision_loss(cfg, adapter)
     if loss is not None:
         decisions["model.loss._target_"] = loss
-    return decisions, applied(cfg, {"model.loss": node} if node else {})
+        settings |= {"model.loss": node} if node else {}
+    return decisions, applied(cfg, settings)

@@ -10,6 +10,8 @@ import hydra
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
+from volseg.memory import MemoryMonitor
+
 log = logging.getLogger(__name__)
 
 #: the memory monitor's options (configs/memory/default.yaml) and their values when unused
@@ -19,7 +21,16 @@ MONITOR_OPTIONS: dict[str, Any] = {
     "snapshot_steps": 0,
     "host_mmap_threshold": None,
 }
-MONITOR_TARGET = "volseg.memory.monitor.callback.MemoryMonitor"
+
+
+def _class_of(entry: Any) -> type | None:
+    """The class a callbacks entry builds; ``None`` where it names none (building it says why)."""
+    if not (isinstance(entry, DictConfig) and "_target_" in entry):
+        return None
+    try:
+        return hydra.utils.get_class(str(entry._target_))  # a class, else ValueError
+    except Exception:
+        return None
 
 
 def reconcile_callbacks(
@@ -29,14 +40,9 @@ def reconcile_callbacks(
     dropped: list[str] = []
     notes: list[str] = []
     bars_off = trainer.get("enable_progress_bar") is False
-    for name, entry in (callbacks or {}).items():
-        if not (bars_off and isinstance(entry, DictConfig) and "_target_" in entry):
-            continue
-        try:
-            found = hydra.utils.get_class(str(entry._target_))  # a class, else ValueError
-        except Exception:
-            continue  # building it names the bad _target_
-        if issubclass(found, ProgressBar):
+    classes = {name: _class_of(entry) for name, entry in (callbacks or {}).items()}
+    for name, found in classes.items():
+        if bars_off and found is not None and issubclass(found, ProgressBar):
             dropped.append(str(name))
     if dropped:
         line = (
@@ -46,8 +52,7 @@ def reconcile_callbacks(
         log.info(line)
         notes.append(line)
     monitor = any(
-        isinstance(entry, DictConfig) and str(entry.get("_target_")) == MONITOR_TARGET
-        for entry in (callbacks or {}).values()
+        found is not None and issubclass(found, MemoryMonitor) for found in classes.values()
     )
     if memory is not None and not monitor:
         unused = [

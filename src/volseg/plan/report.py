@@ -23,7 +23,7 @@ from volseg.memory import (
 )
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
-from volseg.utils.units import MIB, parse_bytes
+from volseg.utils.units import MIB, Budget
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def format_estimate(
 
 
 def format_lever_prices(rows: Any) -> str:
-    """Every lever with its price (:func:`volseg.memory.fit.lever_prices.lever_prices`): the predicted
+    """Every lever with its price (:func:`volseg.memory.lever_prices`): the predicted
     peak (the margin included), step time and FLOPs of each as factors, one line each."""
     lines = [
         "Every lever for this step (predicted peak with the margin; step time and FLOPs as "
@@ -318,21 +318,21 @@ def format_host(est: HostEstimate) -> str:
 
 
 # -- memory.budget: a run whose estimated step or validation does not fit stops before any work
-def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str = "") -> int:
-    """The predicted process total of ``est`` (the ``what`` of the message) within
-    ``memory.budget=budget_value``; raises :class:`BudgetExceeded` in one line when it does not
-    fit (a sweep records the job as pruned): ``note`` after its peak, ``after`` at the end."""
-    budget = parse_bytes(budget_value, "memory.budget")
-    total = est.total_within(budget)
+def _within_budget(est: Any, budget: Budget, what: str, note: str, after: str = "") -> int:
+    """The predicted process total of ``est`` (the ``what`` of the message) within ``budget``;
+    raises :class:`BudgetExceeded` in one line when it does not fit (a sweep records the job as
+    pruned): ``note`` after its peak, ``after`` at the end."""
+    total = est.total_within(budget.nbytes)
     if total is None:
         raise BudgetExceeded(
-            f"memory.budget={budget_value}: the estimated {what} needs "
+            f"memory.budget={budget}: the estimated {what} needs "
             f"{est.process_total / MIB:,.0f} MiB on {est.device} (peak allocated "
-            f"{est.peak_allocated / MIB:,.0f} MiB){note}, over {budget / MIB:,.0f} MiB{after}"
+            f"{est.peak_allocated / MIB:,.0f} MiB){note}, over "
+            f"{budget.nbytes / MIB:,.0f} MiB{after}"
         )
     log.info(
         "memory.budget=%s: the estimated %s needs %s MiB on %s, it fits",
-        budget_value,
+        budget,
         what,
         f"{total / MIB:,.0f}",
         est.device,
@@ -340,7 +340,7 @@ def _within_budget(est: Any, budget_value: str, what: str, note: str, after: str
     return total
 
 
-def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
+def check_estimate_fits(est: MemoryEstimate, budget: Budget) -> int:
     """:func:`_within_budget` of the training step ``est``, its margin said: on CUDA's reserved
     peak, or on a CPU step's growth, and where it comes from."""
     # the margin is said even where it is small: a refusal names every byte it counts
@@ -354,7 +354,7 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
     )
     return _within_budget(
         est,
-        budget_value,
+        budget,
         "training step",
         note,
         ". `python plan.py <the same overrides>` searches a batch, activation and loss "
@@ -363,10 +363,10 @@ def check_estimate_fits(est: MemoryEstimate, budget_value: str) -> int:
 
 
 def check_validation_fits(
-    est: InferenceEstimate, budget_value: str, shape_from: str, after: str = ""
+    est: InferenceEstimate, budget: Budget, shape_from: str, after: str = ""
 ) -> int:
     """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
     ``shape_from``; ``after``: what else was tried and may help)."""
     shape = "x".join(map(str, est.volume_shape))
     what = f"validation of one {shape} volume ({shape_from})"
-    return _within_budget(est, budget_value, what, margin_note(est), after)
+    return _within_budget(est, budget, what, margin_note(est), after)

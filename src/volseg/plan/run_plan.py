@@ -40,11 +40,15 @@ def applied(
 
 @dataclass(frozen=True)
 class Decision:
-    """One planned key: its value, ``source`` and ``why``."""
+    """One planned key: its value (plain data, as ``plan.yaml`` writes it), ``source`` and
+    ``why``."""
 
     value: Any
     source: str
     why: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", plain(self.value))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from volseg.utils.config import plain
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
-from volseg.utils.units import MIB
+from volseg.utils.units import MIB, Budget
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def plan_volumes(
     ``stitch=auto`` on a GPU, where each is stitched for ``memory.budget`` (else the GPU's
     memory). ``None`` where no estimate could be made; a volume that fits the budget neither way
     stops here."""
-    limit, source = device_budget(budget, device)
+    limit, source = device_budget(Budget.of(budget), device)
     inferer = {**plain(cfg.inferer), "roi_size": list(roi_size)}
     estimated = {"model.inferer": inferer, "memory.cuda_context_mib": "auto", "memory.gpu": None}
     estimate_cfg = applied(cfg, estimated)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from volseg.utils.errors import UserInputError
@@ -27,3 +28,19 @@ def parse_bytes(value: Any, key: str) -> int:
             f"{key}={value}: not a memory size; write e.g. 16GiB, 24GB, 12000MiB or bytes"
         )
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``memory.budget``: as it was written (``asked``, what messages name it by) and in bytes."""
+
+    asked: Any
+    nbytes: int
+
+    @classmethod
+    def of(cls, value: Any) -> Budget | None:
+        """``memory.budget=value`` parsed once; ``None`` where it sets none."""
+        return cls(value, parse_bytes(value, "memory.budget")) if value else None
+
+    def __str__(self) -> str:
+        return str(self.asked)

@@ -207,6 +207,7 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     estimate plus half its growth is refused, naming the margin; one that holds both fits."""
     from tests.estimates import estimate
     from volseg.plan.report import check_estimate_fits
+    from volseg.utils.units import Budget
 
     est = estimate(tiny_cpu)
     assert (est.device, est.margin) == ("cpu", 0.5)
@@ -216,10 +217,10 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     between = est.process_total + added // 2
     assert est.total_within(between) is None and not est.fits(between)
     with pytest.raises(BudgetExceeded, match=r"plus a margin of \+0.0 MiB \+ 50.0% of its growth"):
-        check_estimate_fits(est, f"{between}B")
+        check_estimate_fits(est, Budget.of(f"{between}B"))
     enough = est.process_total + added
     assert est.total_within(enough) == enough
-    assert check_estimate_fits(est, f"{enough}B") == enough
+    assert check_estimate_fits(est, Budget.of(f"{enough}B")) == enough
     # estimate_memory.py's report: the figure a budget is checked against, and the margin's source
     from volseg.plan.report import format_estimate
 
@@ -231,13 +232,14 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
 def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     """A budget that holds batch 2 bare but not with its margin: the planner answers batch 1
     (without the margin it would have kept batch 2)."""
-    from tests.estimates import estimate
+    from tests.estimates import estimate, plan_of
     from volseg.memory.fit.step_fit import fit_step
 
     two = estimate(tiny_cpu, batch_size=2)
     budget = two.process_total + two.margin_bytes // 2
     assert not two.fits(budget) and two.process_total <= budget
-    answer = fit_step(tiny_cpu, budget, checkpointing_options=["none"])
+    plan = plan_of(tiny_cpu, checkpointing_options=["none"])
+    answer = fit_step(plan, budget)
     assert answer.batch_size == 1 and answer.estimate["margin"] == 0.5
     # one step more, as the planner counts it (with the margin), is over the budget
     more = answer.next_step_estimate
@@ -245,7 +247,7 @@ def test_the_planner_plans_a_cpu_step_with_its_margin(tiny_cpu):
     assert more["process_total"] <= budget  # bare, batch 2 would have fit
     with mock.patch.object(residuals, "cpu_margin", lambda kind: residuals.Margin(0.0, "none")):
         engine._runs.clear()
-        bare = fit_step(tiny_cpu, budget, checkpointing_options=["none"])
+        bare = fit_step(plan, budget)
     assert bare.batch_size >= 2
 
 
