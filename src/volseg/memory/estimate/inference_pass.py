@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from volseg.memory.estimate.allocator import AllocatorSettings, round_size
 from volseg.memory.estimate.events import Event, held_series
 from volseg.memory.estimate.margins import Planned, margin_for
+from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.memory.estimate.training_step import (
     StepTrace,
     fake_step,
@@ -32,7 +33,6 @@ from volseg.memory.estimate.training_step import (
     planned_precision,
     trace_steps,
 )
-from volseg.memory.estimate.torch_private import RecordingMemTracker, unset_fake_temporarily
 from volseg.models.volume_predictor import VolumePredictor
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.errors import UserInputError
