@@ -13,34 +13,31 @@
 
 Imports point one way inside: monitor and fit read estimate; estimate reads neither. The levers
 that cut memory are applied by the model: :mod:`volseg.models.levers`. Outside memory/, code
-imports these names from here or from a room's ``__init__``, never a room's modules.
+imports these names from here, never from a room.
 """
 
-from volseg.memory.estimate import (
-    Candidate,
+from volseg.memory.estimate.candidate import Candidate
+from volseg.memory.estimate.cuda_context import resolve_cuda_context
+from volseg.memory.estimate.engine import RunEstimate, estimate_run
+from volseg.memory.estimate.inference_pass import (
     InferenceEstimate,
-    MemoryEstimate,
-    RunEstimate,
     estimate_prediction,
-    estimate_run,
-    planned_device,
-    planned_total,
-    resolve_cuda_context,
     validation_shape,
 )
-from volseg.memory.fit import (
+from volseg.memory.estimate.margins import planned_total
+from volseg.memory.estimate.training_step import MemoryEstimate, planned_device
+from volseg.memory.fit.inference_fit import (
     ROI,
     STITCH_DEVICE,
     SW_BATCH,
     StitchPlan,
-    fit_step,
     fit_validation,
-    largest_batch,
-    lever_prices,
     margin_note,
     plan_stitching,
 )
-from volseg.memory.monitor import MemoryMonitor
+from volseg.memory.fit.lever_prices import lever_prices
+from volseg.memory.fit.step_fit import fit_step, largest_batch
+from volseg.memory.monitor.callback import MemoryMonitor
 
 __all__ = [
     "ROI",
