@@ -1,8 +1,8 @@
 """One source for every default: a value a user can set has its default in the YAML. Composes
 every shipped entry config and fails where a volseg constructor's default disagrees with the
-value the YAML gives its argument, where a Python fallback (``cfg.get(key, value)``) for a key
-the YAML declares disagrees with it, or where a constructor argument the YAML sets is never
-read."""
+value the YAML gives its argument, where a reader of the config writes a key's default again
+(``cfg.get(key, value)`` for a key the YAML declares), or where a constructor argument the YAML
+sets is never read."""
 
 from __future__ import annotations
 
@@ -143,21 +143,83 @@ def _fallbacks() -> Iterator[tuple[str, str, object]]:
                 yield where, call.args[0].value, call.args[1].value
 
 
-def test_python_fallbacks_agree_with_the_yaml(composed):
-    """A fallback for a key the YAML declares in one place only, under one name, is that
-    place's value (a key declared in several places is not matched by name)."""
-    declared: dict[str, set] = {}
+def test_a_key_the_yaml_declares_has_no_python_fallback(composed):
+    """Each default is written once: a key every entry config declares (under its name, in one
+    place) is read as it is, with no ``.get(key, value)`` that writes its default a second time
+    (one that agrees today drifts the day the YAML changes)."""
+    declared: dict[str, set[str]] = {}
     for cfg in composed.values():
-        for dotted, value in _leaves(cfg):
-            declared.setdefault(dotted.rsplit(".", 1)[-1], set()).add((dotted, repr(_plain(value))))
-    drift = []
-    for where, key, value in _fallbacks():
-        places = {dotted for dotted, _ in declared.get(key, ())}
-        values = {v for _, v in declared.get(key, ())}
-        if len(places) == 1 and len(values) == 1 and repr(value) not in values:
-            yaml = f"the YAML's {places.pop()} is {values.pop()}"
-            drift.append(f"{where}: {key} falls back to {value!r}, {yaml}")
-    assert drift == []
+        for dotted, _ in _leaves(cfg):
+            declared.setdefault(dotted.rsplit(".", 1)[-1], set()).add(dotted)
+    second = [
+        f"{where}: {key} falls back to {value!r}"
+        for where, key, value in _fallbacks()
+        if len(declared.get(key, ())) == 1
+    ]
+    assert second == []
+
+
+#: reader parameters named like a YAML key that are not that key, each with what it is
+NOT_THE_KEY = {
+    "_importance_map.device": "where MONAI's importance map is made, not model.inferer.device",
+    "estimate_prediction.stitch": "device or host, the estimate's; stitch=auto is planned above it",
+    "_SavedOnHost.__init__.pin_memory": "offload's host copies in the trace, not data.pin_memory",
+    "LayerTrace.write.top": "the monitor's logged blocks; memory.top is estimate_memory.py's",
+    "Planner.__init__.checkpoint_loss": "candidates with the loss checkpointed too, not the key",
+}
+
+
+def _parameter_defaults() -> Iterator[tuple[str, str, object]]:
+    """``(function.parameter, where, value)`` of each constant parameter default in the
+    readers."""
+    for path in sorted(p for package in READERS for p in (SRC / package).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        owners = {
+            id(f): f"{c.name}.{f.name}"
+            for c in ast.walk(tree)
+            if isinstance(c, ast.ClassDef)
+            for f in c.body
+            if isinstance(f, ast.FunctionDef)
+        }
+        for f in ast.walk(tree):
+            if not isinstance(f, ast.FunctionDef):
+                continue
+            args = f.args.args[len(f.args.args) - len(f.args.defaults) :] + f.args.kwonlyargs
+            for arg, default in zip(args, f.args.defaults + f.args.kw_defaults, strict=True):
+                if isinstance(default, ast.Constant) and default.value is not None:
+                    name = f"{owners.get(id(f), f.name)}.{arg.arg}"
+                    yield name, f"{path.relative_to(REPO)}:{f.lineno}", default.value
+
+
+def test_a_reader_parameter_does_not_default_a_key_the_yaml_declares(composed):
+    """``def f(top=10)`` beside the YAML's ``memory.top: 10`` is the default written twice: the
+    caller passes the config's value."""
+    declared: dict[str, set[str]] = {}
+    for cfg in composed.values():
+        for dotted, _ in _leaves(cfg):
+            declared.setdefault(dotted.rsplit(".", 1)[-1], set()).add(dotted)
+    second = {
+        name: f"{where}: defaults to {value!r}"
+        for name, where, value in _parameter_defaults()
+        if len(declared.get(name.rsplit(".", 1)[-1], ())) == 1
+    }
+    assert sorted(set(second) - set(NOT_THE_KEY)) == [], second
+    assert sorted(set(NOT_THE_KEY) - set(second)) == []  # an entry fixed leaves the list
+
+
+def test_a_second_writing_of_a_default_is_found():
+    """The check above reads the package's source: a fallback added to a reader is found."""
+    module = SRC / "plan" / "_a_second_default.py"
+    module.write_text(
+        'def budget(cfg, max_batch_size=256):\n    return cfg.memory.get("max_batch_size", 256)\n'
+    )
+    try:
+        found = [(key, value) for _, key, value in _fallbacks()]
+        defaults = [(name, value) for name, _, value in _parameter_defaults()]
+    finally:
+        module.unlink()
+    assert ("max_batch_size", 256) in found
+    assert ("budget.max_batch_size", 256) in defaults
 
 
 def test_an_estimate_key_names_its_memory_key():

@@ -48,7 +48,7 @@ def _figures(report: str, first: str, last: str) -> list[tuple[str, float, float
 
 def test_every_byte_of_the_process_total_is_on_a_line_and_shares_are_of_one_total():
     est = _cuda_step()
-    report = format_estimate(est, context_source="assumed: typical, not measured for this GPU")
+    report = format_estimate(est, 10, context_source="assumed: typical, not measured for this GPU")
     rows = _figures(report, "at the step's peak", "activations by module")
     parts = [r for r in rows if not r[0].startswith("=")]
     assert sum(mib for _, mib, _ in parts) == est.process_total / MIB
@@ -70,5 +70,5 @@ def test_levers_the_estimate_does_not_model_are_named(tmp_path):
     assert found[0].startswith("model.placement=") and "one device holding everything" in found[0]
     assert found[1].startswith("model.compile=true")
     assert unmodelled_levers(compose_config("train", tmp_path, [])) == []
-    report = format_estimate(_cuda_step(), unmodelled=found)
+    report = format_estimate(_cuda_step(), 10, unmodelled=found)
     assert report.splitlines()[-2].startswith("  not modelled: model.placement=")

@@ -54,7 +54,7 @@ def plan_device(cfg: DictConfig) -> Decision:
         if wanted not in ("cuda", "cpu"):
             raise UserInputError(f"memory.plan_device={wanted}: must be one of cuda, cpu")
         return Decision(str(wanted), "configured", f"memory.plan_device={wanted}")
-    accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
+    accelerator = str(cfg.trainer.accelerator).lower()
     if accelerator != "auto":
         device = "cuda" if accelerator in ("gpu", "cuda") else "cpu"
         return Decision(device, "configured", f"trainer.accelerator={accelerator}")
@@ -470,7 +470,7 @@ def make_plan(
     :class:`UserInputError` naming the key."""
     decisions: dict[str, Decision] = {}
     notes: list[str] = []
-    configured_batch = (cfg.data.batch_size, cfg.trainer.get("accumulate_grad_batches", 1))
+    configured_batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches)
 
     settings: dict[str, Any] = {}
     if "callbacks" in cfg:  # eval.py has none
@@ -491,7 +491,7 @@ def make_plan(
     # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
     allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
     decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)
-    requested = cfg.trainer.get("precision", "auto")  # the YAML's default (configs/trainer)
+    requested = cfg.trainer.precision
     cuda_bf16 = cuda_bf16_supported() if torch.cuda.is_available() else True
     choice = resolve_precision(requested, device.value, cuda_bf16=cuda_bf16)
     log_choice(choice)

@@ -67,7 +67,7 @@ def _renamed_channels(
 def divisible_by(cfg: DictConfig, patch: Sequence[int] | None) -> Decision:
     """``model.divisible_by`` ([D, H, W]): configured, the adapter's, or probed (``patch``: ``None``
     before one is planned)."""
-    configured = plain(cfg.model.get("divisible_by", "auto"))
+    configured = plain(cfg.model.get("divisible_by"))
     if configured not in (None, "auto"):
         value = [configured] * 3 if isinstance(configured, int) else configured
         if not is_voxels(value):

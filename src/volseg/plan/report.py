@@ -150,7 +150,7 @@ def unmodelled_levers(cfg: Any) -> list[str]:
 
 
 def format_estimate(
-    est: MemoryEstimate, top: int = 10, context_source: str = "", unmodelled: Any = ()
+    est: MemoryEstimate, top: int, context_source: str = "", unmodelled: Any = ()
 ) -> str:
     """The estimate as the text table ``estimate_memory.py`` prints (MiB): every byte of the
     process total on a line (the categories at the step's peak, the kernels' workspace, the

@@ -46,7 +46,7 @@ def check_strategy(trainer_cfg: DictConfig) -> None:
         require_all(["deepspeed"], f"trainer.strategy={name}")
     if not any(key in name.lower() for key in CUDA_ONLY_STRATEGIES):
         return
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    accelerator = str(trainer_cfg.accelerator)
     if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
         return
     why = "" if accelerator == "cpu" else ", and this machine has no CUDA GPU"

@@ -112,13 +112,12 @@ def planned_precision(cfg: DictConfig, precision: str | None = None) -> str:
 def _fake_parameters(module: nn.Module, mode: FakeTensorMode) -> None:
     """Swap every parameter and buffer for a fake tensor."""
     for sub in module.modules():
-        for name, param in list(sub._parameters.items()):
-            if param is not None:
-                fake = mode.from_tensor(param.detach())
-                sub._parameters[name] = nn.Parameter(fake, requires_grad=param.requires_grad)
-        for name, buf in list(sub._buffers.items()):
-            if buf is not None:
-                sub._buffers[name] = mode.from_tensor(buf)
+        # every slot, a tensor two of them hold too (remove_duplicate=False): each its own fake
+        for name, param in list(sub.named_parameters(recurse=False, remove_duplicate=False)):
+            fake = mode.from_tensor(param.detach())
+            setattr(sub, name, nn.Parameter(fake, requires_grad=param.requires_grad))
+        for name, buf in list(sub.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(sub, name, mode.from_tensor(buf))
 
 
 _ARANGE = torch.arange
@@ -169,7 +168,7 @@ class LoopSettings:
 
     @classmethod
     def from_config(cls, trainer: DictConfig) -> LoopSettings:
-        k = trainer.get("accumulate_grad_batches", 1)
+        k = trainer.accumulate_grad_batches
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise UserInputError(
                 f"trainer.accumulate_grad_batches={k}: must be a whole number, 1 or more"

@@ -234,9 +234,9 @@ def plan_stitching(
     device: str,
     limit: int | None,
     source: str,
-    flip_axes: Sequence[int] = (),
-    precision: str = "32-true",
-    stitch: str = "auto",
+    flip_axes: Sequence[int],
+    precision: str,
+    stitch: str,
     estimator: Callable[..., InferenceEstimate] = estimate_prediction,
 ) -> StitchPlan:
     """``predict.py``'s stitching per volume shape, before the first volume: on the device

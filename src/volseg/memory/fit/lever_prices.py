@@ -54,7 +54,7 @@ def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
     batch = int(cfg.data.batch_size)
     patch = [int(p) for p in cfg.data.patch_size]
     accumulate = LoopSettings.from_config(cfg.trainer).accumulate_grad_batches
-    configured = plain(cfg.model.get("activation_checkpointing", "none"))
+    configured = plain(cfg.model.activation_checkpointing)
 
     def run(**changes: Any) -> Any:
         """The engine's estimate of the candidate with ``changes``."""

@@ -419,7 +419,7 @@ def fit_step(plan: PlannedRun, budget: int, as_configured: MemoryEstimate | None
     cfg = planner.cfg
     if as_configured is not None:
         planner.remember(as_configured)
-    configured = plain(cfg.model.get("activation_checkpointing", "none"))
+    configured = plain(cfg.model.activation_checkpointing)
     tried = checkpointing_choices(cfg, cfg.memory.checkpointing_options)
     options = [configured] + [o for o in tried if written(o) != written(configured)]
     batch = int(cfg.data.batch_size)
@@ -475,7 +475,7 @@ def largest_batch(plan: PlannedRun, budget: int) -> BatchSearch:
     estimate fits ``budget`` bytes; the batch after it is estimated too, to show where it stops
     fitting."""
     planner = Planner(plan, budget)
-    checkpointing = plain(planner.cfg.model.get("activation_checkpointing", "none"))
+    checkpointing = plain(planner.cfg.model.activation_checkpointing)
     found, _ = planner.largest_batch(checkpointing)
     if found < planner.max_batch_size:
         planner.estimate(found + 1, planner.base_patch, checkpointing)
