@@ -210,6 +210,54 @@ def test_a_time_based_save_waits_for_the_end_of_the_optimizer_step(tmp_path):
     """Step 3 ended at batch 6 while the time was not up; it is up at batch 7, between the two
     batches of step 4: a checkpoint there would lose batch 7's gradient on resume."""
     callback = LastCheckpoint(dirpath=tmp_path, filename="last", save_every_minutes=1e-9)
-    callback._last_global_step_saved = 2
+    callback._saved_step = 2
     assert not callback._due(_trainer_at(batch=7, global_step=3))
     assert callback._due(_trainer_at(batch=8, global_step=4))  # step 4 done: save now
+
+
+def test_the_private_modelcheckpoint_names_it_relies_on_are_where_lightning_had_them(tmp_path):
+    """What each of ``LIGHTNING_PRIVATE`` does for LastCheckpoint, as Lightning's ModelCheckpoint
+    does it: where one moves, this says which of its saves breaks."""
+    import inspect
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from volseg.callbacks.last_checkpoint import LIGHTNING_PRIVATE, last_save
+
+    callback = ModelCheckpoint(dirpath=tmp_path, filename="best")
+    for name in LIGHTNING_PRIVATE:
+        assert hasattr(callback, name), f"ModelCheckpoint.{name}: LastCheckpoint's saves"
+    signatures = {
+        "_save_checkpoint": ["trainer", "filepath"],
+        "_save_topk_checkpoint": ["trainer", "monitor_candidates"],
+        "_monitor_candidates": ["trainer"],
+        "_should_skip_saving_checkpoint": ["trainer"],
+    }
+    for name, params in signatures.items():
+        got = list(inspect.signature(getattr(callback, name)).parameters)
+        assert got == params, f"ModelCheckpoint.{name}{tuple(got)}: LastCheckpoint's saves"
+    link = "the link to another callback's file of the same state (LastCheckpoint._same_state_file)"
+    assert last_save(callback) == (0, ""), link
+    saved: list[tuple[str, bool]] = []
+    trainer = SimpleNamespace(
+        global_step=3,
+        current_epoch=0,
+        callback_metrics={},
+        is_global_zero=True,
+        loggers=[],
+        fast_dev_run=False,
+        sanity_checking=False,
+        state=SimpleNamespace(fn=TrainerFn.FITTING),
+        strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision),
+        save_checkpoint=lambda path, weights_only: saved.append((path, weights_only)),
+    )
+    within = "a save within an epoch, at a signal and at the end of training (_save_now)"
+    assert not callback._should_skip_saving_checkpoint(trainer), within
+    candidates = callback._monitor_candidates(trainer)
+    assert int(candidates["step"]) == 3, within
+    callback._save_topk_checkpoint(trainer, candidates)  # monitor=None: one file, this one
+    best = str(tmp_path / "best.ckpt")
+    assert saved == [(best, False)] and callback.best_model_path == best, within
+    assert last_save(callback) == (3, best), link  # what _save_checkpoint records
+    assert callback._should_skip_saving_checkpoint(trainer), "a second save at the same step"

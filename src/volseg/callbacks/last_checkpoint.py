@@ -18,6 +18,24 @@ from volseg.utils.signals import StopRequest, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
+#: the private names of Lightning's :class:`ModelCheckpoint` that :class:`LastCheckpoint` relies on
+#: (no public ones do their work); tests/callbacks/test_last_checkpoint.py checks each
+LIGHTNING_PRIVATE = (
+    "_save_checkpoint",  # overridden: how the file is written (.tmp renamed, or a link)
+    "_save_topk_checkpoint",  # called with _monitor_candidates: a save within an epoch
+    "_monitor_candidates",
+    "_should_skip_saving_checkpoint",  # called: whether Lightning would save here
+    "_last_global_step_saved",  # read of other callbacks (last_save), set after a link
+    "_last_checkpoint_saved",  # read of other callbacks (last_save), set to the file renamed to
+)
+
+
+def last_save(callback: ModelCheckpoint) -> tuple[int, str]:
+    """The optimizer step and file of ``callback``'s last save, as Lightning records them: its
+    public ``best_model_path`` and ``last_model_path`` name files, not which was saved last, nor
+    at which step."""
+    return callback._last_global_step_saved, callback._last_checkpoint_saved
+
 
 class LastCheckpoint(ModelCheckpoint):
     """A :class:`ModelCheckpoint` (``monitor=None``: one file) that also saves within an epoch,
@@ -32,6 +50,10 @@ class LastCheckpoint(ModelCheckpoint):
     checkpoint callback saved at the same step links to that file. ``stop_on_signal``: a first
     SIGINT or SIGTERM saves and ends the run at the next optimizer-step boundary
     (:class:`~volseg.utils.signals.TrainingInterrupted`); ``False``: Lightning's own handling.
+
+    Lightning has no public hook for how a checkpoint file is written nor for when and to which
+    file a :class:`ModelCheckpoint` saved last: the private names this class extends, calls and
+    keeps up to date are :data:`LIGHTNING_PRIVATE` (tested where Lightning has them).
     """
 
     def __init__(
@@ -65,6 +87,10 @@ class LastCheckpoint(ModelCheckpoint):
         self._last_save_time = time.monotonic()
         # (optimizer step, batches trained) at the last full checkpoint saved (by any callback)
         self._dumped_at: tuple[int, int] | None = None
+        # the optimizer step and file of this callback's last save (as Lightning's, no save is
+        # due before a first step)
+        self._saved_step = 0
+        self._saved_file: str | None = None
 
     @staticmethod
     def _position(trainer: L.Trainer) -> tuple[int, int]:
@@ -88,15 +114,16 @@ class LastCheckpoint(ModelCheckpoint):
         ):
             return None
         for callback in trainer.checkpoint_callbacks:
+            if callback is self or not isinstance(callback, ModelCheckpoint):
+                continue
+            step, file = last_save(callback)
             if (
-                callback is not self
-                and isinstance(callback, ModelCheckpoint)
-                and callback._last_global_step_saved == trainer.global_step
-                and callback._last_checkpoint_saved
+                step == trainer.global_step
+                and file
                 and not callback.save_weights_only
-                and "://" not in str(callback._last_checkpoint_saved)
+                and "://" not in str(file)
             ):
-                return str(callback._last_checkpoint_saved)
+                return str(file)
         return None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -141,7 +168,7 @@ class LastCheckpoint(ModelCheckpoint):
         an optimizer-step boundary (the same batch on every rank)."""
         if not self.at_step_boundary(trainer):
             return False
-        steps = trainer.global_step - self._last_global_step_saved
+        steps = trainer.global_step - self._saved_step
         due = self.save_every_n_steps is not None and steps >= self.save_every_n_steps
         if self.save_every_minutes is not None:
             due |= time.monotonic() - self._last_save_time >= 60 * self.save_every_minutes
@@ -166,7 +193,7 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The final weights, when the last epoch end's save was skipped."""
         super().on_train_end(trainer, pl_module)
-        if trainer.global_step != self._last_global_step_saved:
+        if trainer.global_step != self._saved_step:
             self._save_now(trainer)
 
     def on_train_batch_end(
@@ -187,10 +214,8 @@ class LastCheckpoint(ModelCheckpoint):
         if not signum:
             return
         self._save_now(trainer)
-        saved = self._last_global_step_saved == trainer.global_step
-        raise TrainingInterrupted(
-            signum, self._last_checkpoint_saved if saved else None, trainer.global_step
-        )
+        saved = self._saved_step == trainer.global_step
+        raise TrainingInterrupted(signum, self._saved_file if saved else None, trainer.global_step)
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         started = time.monotonic()
@@ -204,7 +229,8 @@ class LastCheckpoint(ModelCheckpoint):
             super()._save_checkpoint(trainer, filepath)
         else:
             self._write_and_rename(trainer, filepath)
-        self._last_checkpoint_saved = filepath
+        self._last_checkpoint_saved = filepath  # Lightning's record of it (not the .tmp written)
+        self._saved_step, self._saved_file = trainer.global_step, filepath
         self._last_save_time = time.monotonic()
         if same is None:  # after a link, the next save costs what the last write did
             self._write_seconds = self._last_save_time - started
@@ -233,7 +259,7 @@ class LastCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             checkpoint_io.link_checkpoint(source, path)
         trainer.strategy.barrier("LastCheckpoint.link")
-        self._last_global_step_saved = trainer.global_step
+        self._last_global_step_saved = trainer.global_step  # Lightning's: not saved again here
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))

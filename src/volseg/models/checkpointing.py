@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -35,6 +34,25 @@ CHECKPOINTING_CHOICES = ("none", "selective", "decoder", "encoder", "all")
 MODES = ("full", "selective")
 #: the parts a mapping setting (``{encoder: selective, decoder: full}``) names, for UNet3D
 PARTS = ("encoder", "decoder")
+#: torch's BatchNorm layers, by their public classes (the lazy ones subclass none of the others)
+BATCH_NORMS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
+)
+#: torch's convolutions, transposed ones too, by their public classes (the lazy ones subclass them)
+CONVOLUTIONS = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
 
 aten = torch.ops.aten
 #: the ops whose outputs a selective segment keeps (the expensive ones: recomputing them is what
@@ -88,7 +106,7 @@ def frozen_norm_statistics(modules: Iterable[nn.Module]):
     saved = [
         (m, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
         for m in modules
-        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+        if isinstance(m, BATCH_NORMS) and m.training and m.track_running_stats
     ]
     try:
         yield
@@ -167,7 +185,7 @@ def chain_pieces(layers: Sequence[nn.Module]) -> list[list[nn.Module]]:
     pieces: list[list[nn.Module]] = [[]]
     for layer in layers:
         pieces[-1].append(layer)
-        if isinstance(layer, nn.modules.conv._ConvNd) and not cheap_convolution(
+        if isinstance(layer, CONVOLUTIONS) and not cheap_convolution(
             layer.weight, layer.transposed, layer.stride, layer.groups
         ):
             pieces.append([])
@@ -193,7 +211,7 @@ def selective_chain(
     if (
         len(pieces) > 1
         and any(getattr(layer, "inplace", False) for layer in pieces[-1])
-        and not any(isinstance(layer, nn.modules.conv._ConvNd) for layer in pieces[-1])
+        and not any(isinstance(layer, CONVOLUTIONS) for layer in pieces[-1])
     ):
         last = pieces.pop()
     first, *rest = [piece for piece in pieces if piece]

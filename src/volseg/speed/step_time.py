@@ -105,8 +105,8 @@ class StepWork:
         """One dispatched op ``func(*args, **kwargs) -> out``."""
         self.calls += 1
         self.segment_calls += self.in_segment > 0
-        name = func._overloadpacket.__name__
-        if func._overloadpacket in flop_registry or name.startswith(_NORMS):
+        packet = func.overloadpacket
+        if packet in flop_registry or packet.__name__.startswith(_NORMS):
             self.replayed[(func, _spec(args), _spec(kwargs or {}))] += 1
             return
         tensors = [*args, *(out if isinstance(out, (tuple, list)) else (out,))]

@@ -119,7 +119,7 @@ class RecordingMemTracker(ClosureMemTracker):
         # where MemTracker compares its peak: the category view (events.category_peak) too
         self.events.append(("op", 0, 0))
         if self.count_flops:
-            formula = flop_registry.get(func._overloadpacket)
+            formula = flop_registry.get(func.overloadpacket)
             flops = 0 if formula is None else int(formula(*args, **(kwargs or {}), out_val=out))
             self.flops += flops
             if self.work is not None:

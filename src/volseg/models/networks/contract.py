@@ -15,13 +15,18 @@ from typing import Any
 
 import torch
 from torch import nn
+
+# torch's private names models/ uses, imported here only: torch 2.13 has no public path to them
+# (no torch.utils.pytree; the checkpoint wrapper is in torch.distributed.algorithms._checkpoint
+# alone). tests/models/test_torch_private.py says what breaks where torch moves one
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.utils._pytree import tree_map, tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
 
 from volseg.models.checkpointing import (
+    CONVOLUTIONS,
     CheckpointSpec,
     check_modes,
     checkpoint_segment,
@@ -54,6 +59,12 @@ def child_blocks(net: nn.Module) -> list[tuple[str, nn.Module]]:
     found = [(n, m) for n, m in found if any(True for _ in m.parameters())]
     ids = {id(m) for _, m in found}
     return [(n, m) for n, m in found if not any(id(s) in ids for s in list(m.modules())[1:])]
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The first tensor ``value`` holds, in torch's pytree order (a list's first, a dict's first
+    value, nested): deep supervision's full-resolution output, a dict's logits."""
+    return next((leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)), None)
 
 
 def _recompute(module: nn.Module, *args: Any, selective: bool, **kwargs: Any) -> Any:
@@ -198,7 +209,7 @@ class NetworkAdapter:
             # a lone convolution or linear layer is left alone: a segment would keep its output
             # (SAVED_OPS) where without one it may be freed as soon as it is used (nnU-Net's
             # transposed convolutions, consumed by a concatenation; its deep supervision heads)
-            single = (nn.modules.conv._ConvNd, nn.Linear)
+            single = (*CONVOLUTIONS, nn.Linear)
             return [(m, "selective") for _, m in self.blocks(net) if not isinstance(m, single)]
         if isinstance(spec, Mapping):
             return [(net.get_submodule(name), mode) for name, mode in spec.items()]

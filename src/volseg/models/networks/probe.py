@@ -10,8 +10,9 @@ from typing import Any
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves
+
+from volseg.models.checkpointing import BATCH_NORMS
+from volseg.models.networks.contract import first_tensor
 
 #: what constructors call the image channels and the classes, volseg's name first
 IN_CHANNEL_NAMES = (
@@ -52,35 +53,44 @@ def channel_names(cls: type) -> dict[str, str]:
     return out
 
 
-def _built_for_probing(
-    net_cfg: DictConfig, training: bool = False
-) -> tuple[torch.nn.Module, Any, str]:
-    """The network on the meta device (in train mode with ``training``), and the context and device
-    to run it in (fake tensors where the constructor reads a value)."""
+def _moved_to_meta(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` on the meta device: its parameters and buffers, and the tensors its modules hold
+    as plain attributes (which ``Module.to`` leaves where they are)."""
+    net = net.to("meta")
+    for module in net.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not value.is_meta:
+                setattr(module, name, value.to("meta"))
+    return net
+
+
+def _built_for_probing(net_cfg: DictConfig, training: bool = False) -> tuple[torch.nn.Module, Any]:
+    """The network on the meta device (in train mode with ``training``), and the context to run
+    it in. Where the constructor reads a value (no meta tensor has one), it is built on the CPU
+    and moved there, and runs under ``torch.device("meta")``: what its forward makes without a
+    device is a meta tensor too."""
     options = OmegaConf.to_container(net_cfg, resolve=True)
     try:
         with torch.device("meta"):
             net = hydra.utils.instantiate(options)
     except Exception:
-        net = hydra.utils.instantiate(options)
-        return net.train(training), FakeTensorMode(allow_non_fake_inputs=True), "cpu"
-    return net.train(training), contextlib.nullcontext(), "meta"
+        net = _moved_to_meta(hydra.utils.instantiate(options))
+        return net.train(training), torch.device("meta")
+    return net.train(training), contextlib.nullcontext()
 
 
 def shape_taker(net_cfg: DictConfig, in_channels: int) -> Callable[[Sequence[int]], bool]:
     """Whether the network maps a patch ``[D, H, W]`` to logits of its shape."""
-    net, fake, device = _built_for_probing(net_cfg)
+    net, context = _built_for_probing(net_cfg)
 
     def takes(shape: Sequence[int]) -> bool:
         shape = [int(s) for s in shape]
         try:
-            with fake, torch.no_grad():
-                out = net(torch.empty(1, in_channels, *shape, device=device))
+            with context, torch.no_grad():
+                out = first_tensor(net(torch.empty(1, in_channels, *shape, device="meta")))
         except Exception:  # any complaint about the shape: it does not take that shape
             return False
-        # the first tensor it holds: deep supervision's full-resolution output, a dict's logits
-        out = next((leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)), None)
-        return isinstance(out, torch.Tensor) and list(out.shape[-3:]) == shape
+        return out is not None and list(out.shape[-3:]) == shape
 
     return takes
 
@@ -132,9 +142,9 @@ def network_divisibility(
 def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int]) -> Any:
     """What the network returns in training for ``patch``; ``None`` where it fails."""
     try:
-        net, fake, device = _built_for_probing(net_cfg, training=True)
-        with fake, torch.no_grad():
-            return net(torch.empty(1, in_channels, *[int(s) for s in patch], device=device))
+        net, context = _built_for_probing(net_cfg, training=True)
+        with context, torch.no_grad():
+            return net(torch.empty(1, in_channels, *[int(s) for s in patch], device="meta"))
     except Exception:  # any complaint: not this probe's to report
         return None
 
@@ -142,7 +152,7 @@ def training_output(net_cfg: DictConfig, in_channels: int, patch: Sequence[int])
 def has_batch_norm(net_cfg: DictConfig) -> bool:
     """Whether the network of ``net_cfg`` holds a BatchNorm layer (built on the meta device)."""
     try:
-        net, _, _ = _built_for_probing(net_cfg)
+        net, _ = _built_for_probing(net_cfg)
     except Exception:  # not buildable here: building it for the run says why
         return False
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
+    return any(isinstance(m, BATCH_NORMS) for m in net.modules())
