@@ -472,6 +472,10 @@ def make_plan(
     notes: list[str] = []
     configured_batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches)
 
+    device = plan_device(cfg)
+    decisions["device"] = device
+    if OmegaConf.select(cfg, "memory.plan_device") is None:  # a plan for this machine
+        _check_placement_devices(OmegaConf.select(cfg, "model.placement"))
     settings: dict[str, Any] = {}
     if "callbacks" in cfg:  # eval.py has none
         dropped, said = reconcile_callbacks(cfg.get("callbacks"), cfg.trainer, cfg.get("memory"))
@@ -484,10 +488,6 @@ def make_plan(
             )
         notes += said
 
-    device = plan_device(cfg)
-    decisions["device"] = device
-    if OmegaConf.select(cfg, "memory.plan_device") is None:  # a plan for this machine
-        _check_placement_devices(OmegaConf.select(cfg, "model.placement"))
     # PYTORCH_CUDA_ALLOC_CONF, written by the entry point (utils.alloc_conf)
     allocator = resolve_allocator(OmegaConf.select(cfg, "memory.allocator"))
     decisions["memory.allocator"] = Decision(allocator.value, allocator.source, allocator.why)

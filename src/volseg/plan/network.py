@@ -179,10 +179,10 @@ def plan_network(cfg: DictConfig, patch: Sequence[int]) -> tuple[dict[str, Decis
     cls = network_class(cfg.model.net)
     adapter = adapter_for(cls)
     decisions: dict[str, Decision] = {}
-    renamed, removed = _renamed_channels(cfg, cls, decisions)
+    cfg = applied(cfg, *_renamed_channels(cfg, cls, decisions))
     for planned in adapter.plan(cfg.model.net, patch):
         decisions[planned.key] = Decision(planned.value, planned.source, planned.why)
-    cfg = applied(cfg, {**renamed, **{k: d.value for k, d in decisions.items()}}, removed)
+    cfg = applied(cfg, {k: d.value for k, d in decisions.items()})
     multiple = divisible_by(cfg, patch)
     check_patch_taken(cfg, cls, patch, multiple.value)
     check_output(cfg, cls, adapter, patch)

@@ -3,17 +3,12 @@ nnU-Net side-by-side benchmark's reading of a committed nnU-Net plan (no nnunetv
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tests.conftest import REPO, load_benchmark
 from volseg.memory.estimate.training_step import LoopSettings, estimate_step, module_training_step
-
-PLANS = REPO / "benchmarks" / "results" / "nnunet"
 
 
 class TwoHeads(nn.Module):
@@ -65,53 +60,6 @@ def test_a_foreign_step_runs_with_its_own_loss_batches_and_zero_grad(before_forw
     assert est.batch_size == 2 and est.patch_size == [8, 8, 8]
     # the second step's forward: gradients already dropped (nnU-Net's loop) or still held
     assert module.grads_held == [False, not before_forward]
-
-
-def test_nnunet_plans_are_read_as_its_trainer_builds_the_step():
-    """The embedded dataset's committed 3d_fullres plan, its values typed from the JSON."""
-    bench = load_benchmark("nnunet_side_by_side")
-    plans = json.loads((PLANS / "synthetic" / "nnUNetPlans.json").read_text())
-    dataset = json.loads((PLANS / "synthetic" / "dataset.json").read_text())
-    step = bench.step_input(plans, dataset)
-    assert (
-        step["network_class_name"]
-        == "dynamic_network_architectures.architectures.unet.PlainConvUNet"
-    )
-    assert step["image_shape"] == (2, 1, 32, 96, 96)
-    assert step["num_classes"] == 5 and step["in_channels"] == 1
-    kwargs = step["arch_kwargs"]
-    assert kwargs["n_stages"] == 5
-    assert kwargs["features_per_stage"] == [32, 64, 128, 256, 320]
-    assert kwargs["strides"] == [[1, 1, 1], [1, 2, 2], [2, 2, 2], [2, 2, 2], [2, 2, 2]]
-    assert kwargs["kernel_sizes"][0] == [1, 3, 3]
-    # one target per decoder output, the bottleneck's left out
-    assert step["target_shapes"] == [
-        (2, 1, 32, 96, 96),
-        (2, 1, 32, 48, 48),
-        (2, 1, 16, 24, 24),
-        (2, 1, 8, 12, 12),
-    ]
-    assert step["loss_weights"] == pytest.approx([4 / 7, 2 / 7, 1 / 7, 0])
-    assert step["batch_dice"] is False
-
-
-def test_nnunet_plans_of_an_anisotropic_two_channel_msd_dataset():
-    """The MSD-layout dataset's committed plan: 2 channels, z pooled less (2.5 mm against 0.8)."""
-    bench = load_benchmark("nnunet_side_by_side")
-    plans = json.loads((PLANS / "msd" / "nnUNetPlans.json").read_text())
-    dataset = json.loads((PLANS / "msd" / "dataset.json").read_text())
-    step = bench.step_input(plans, dataset)
-    assert step["in_channels"] == 2 and step["num_classes"] == 3
-    assert step["image_shape"] == (2, 2, 40, 160, 160)
-    assert step["arch_kwargs"]["features_per_stage"] == [32, 64, 128, 256, 320, 320]
-    assert step["target_shapes"] == [
-        (2, 1, 40, 160, 160),
-        (2, 1, 40, 80, 80),
-        (2, 1, 20, 40, 40),
-        (2, 1, 10, 20, 20),
-        (2, 1, 5, 10, 10),
-    ]
-    assert step["loss_weights"] == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15, 0])
 
 
 class MaskedConv(nn.Module):
