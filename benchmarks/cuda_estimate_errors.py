@@ -32,8 +32,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from benchmarks import results_io, two_part
-from volseg.memory.estimate.engine import estimate
+from benchmarks import harness, results_io, two_part
 from volseg.memory.estimate.margins import KINDS, step_kind, whole_percent_above
 from volseg.plan import planned_config
 from volseg.utils.units import MIB
@@ -247,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             ]
             with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
                 cfg = planned_config(compose("train", overrides=overrides))
-            est = estimate(cfg)
+            est = harness.estimated(cfg).step
             m = run["measured"]
             if m.get("peak_allocated_mib") is not None:
                 pair, digits = (est.peak_allocated / MIB, m["peak_allocated_mib"]), 0

@@ -293,14 +293,13 @@ def predict(
     """The estimate of the config composed from the same overrides as its run (bytes); with a
     ``volume`` [D, H, W] also its validation and predict.py's prediction (float32, stitched on
     the device) of that volume."""
-    from volseg.memory.estimate.engine import estimate, estimate_validation
-    from volseg.memory.estimate.inference import estimate_prediction
+    from volseg.memory import estimate_prediction
     from volseg.plan import planned_config
 
     user_network(work_dir)
     # planned as train.py plans it (pooling=auto, precision for the device)
     cfg = planned_config(compose(overrides, device, data_dir(overrides, work_dir)))
-    est = estimate(cfg)
+    est = harness.estimated(cfg).step
     out = {
         "network": str(cfg.model.net._target_),
         "growth": est.step_peak_growth,
@@ -317,7 +316,7 @@ def predict(
     }
     if volume:
         for kind, made in (
-            ("validation", estimate_validation(cfg, volume)),
+            ("validation", harness.estimated(cfg, None, volume).validation),
             ("prediction", estimate_prediction(cfg, volume, stitch="device")),
         ):
             out[kind] = {

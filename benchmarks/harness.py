@@ -10,7 +10,8 @@ it with its loader workers. A failure raises :class:`RunFailed` with the end of 
 limit :class:`TimedOut`.
 
 The memory monitor's rows (one per micro-batch) and each optimizer step's rise above what it
-held at its start are read by :func:`monitor_rows` and :func:`step_rises`.
+held at its start are read by :func:`monitor_rows` and :func:`step_rises`; what the estimator
+says of the same config (nothing run), by :func:`estimated`.
 """
 
 from __future__ import annotations
@@ -240,3 +241,14 @@ def steady_step(run: TrainRun, accumulate_grad_batches: int, steps: int) -> dict
         raise RunFailed(f"{run.run_dir.name}: the monitor logged {len(found)} steps, not {steps}")
     steady = max(found[1:], key=lambda s: s["growth"])
     return {**steady, "rises": [s["growth"] for s in found]}
+
+
+def estimated(cfg: Any, candidate: Any = None, volume: Sequence[int] | None = None) -> Any:
+    """:func:`volseg.memory.estimate_run` of the planned ``cfg`` (``planned_config``'s) as a
+    :class:`volseg.memory.Candidate` changes it, with its validation of one ``volume``
+    ``[D, H, W]`` where given: a ``RunEstimate`` (``.step``, ``.flops_per_step``,
+    ``.validation``), from fake tensors."""
+    from volseg.memory import estimate_run
+    from volseg.plan import RunPlan
+
+    return estimate_run(RunPlan(cfg, {}), candidate, volume)

@@ -1,5 +1,6 @@
 """The engine's answers for a planned config, as tests ask them: :func:`volseg.memory.estimate_run`
-of ``RunPlan(cfg, {})`` with a :class:`~volseg.memory.Candidate`."""
+of ``RunPlan(cfg, {})`` with a :class:`~volseg.memory.Candidate`; :func:`plan_of` the plan the
+searches (``fit_step``, ``Planner``, ``lever_prices``) take."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from volseg.memory import Candidate, InferenceEstimate, MemoryEstimate, RunEstimate, estimate_run
-from volseg.plan import RunPlan
+from volseg.plan import RunPlan, applied
+
+
+def plan_of(cfg: DictConfig, **memory: Any) -> RunPlan:
+    """The planned ``cfg`` as a :class:`RunPlan`, each ``memory.<key>`` of ``memory`` set (the
+    searches' options: ``checkpointing_options``, ``max_batch_size``)."""
+    return RunPlan(applied(cfg, {f"memory.{key}": value for key, value in memory.items()}), {})
 
 
 def run_of(

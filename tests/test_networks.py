@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tests.conftest import compose_config
+from tests.estimates import estimate, plan_of
 from volseg.data.io import read_array
 from volseg.data.synthetic import generate_synthetic_dataset
-from tests.estimates import estimate
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.step_fit import fit_step
 from volseg.plan import make_plan
@@ -152,7 +152,7 @@ def test_a_users_module_from_a_file_trains_is_estimated_and_planned(cubes, tmp_p
     # (as the planner counts a step: with the CUDA margin)
     budget = (planned_total(with_all) + planned_total(est)) // 2
     assert with_all.fits(budget) and not est.fits(budget)
-    answer = fit_step(cfg, budget)
+    answer = fit_step(plan_of(cfg), budget)
     assert not answer.fits_as_configured
     selective = estimate(cfg, activation_checkpointing="selective")
     expected = "selective" if selective.fits(budget) else "all"
@@ -232,6 +232,6 @@ def test_a_foreign_network_is_planned_under_a_budget_below_its_step(cubes, tmp_p
     # (as the planner counts a step: with the CUDA margin)
     budget = (planned_total(with_all) + planned_total(est)) // 2
     assert with_all.fits(budget) and not est.fits(budget)
-    answer = fit_step(cfg, budget)
+    answer = fit_step(plan_of(cfg), budget)
     assert not answer.fits_as_configured
     assert answer.estimate["process_total"] <= budget

@@ -359,6 +359,7 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
     without offload or accumulation, one of 268 MiB), plans batch 3. Batch 8 needs at least
     four times batch 2's allocated peak less the 16 bytes per parameter of weights, gradients
     and AdamW's moments: over 21,000 MiB."""
+    from tests.estimates import plan_of
     from volseg.memory.fit.step_fit import fit_step
 
     seed = [
@@ -368,7 +369,8 @@ def test_planner_answer_for_16_gib_trains_under_a_16_gib_cap_and_the_record_says
         "memory.plan_device=cuda",
     ]
     budget = 16 * 2**30
-    answer = fit_step(compose_config("train", tmp_path, [*seed, "data.batch_size=2"]), budget)
+    cfg = compose_config("train", tmp_path, [*seed, "data.batch_size=2"])
+    answer = fit_step(plan_of(cfg), budget)
     assert answer.batch_size is not None
 
     record = json.loads(RECORDED_H200.read_text())

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import torch
 
+from volseg.memory import Candidate
 from volseg.memory.estimate.training_step import build_training_step
 from volseg.memory.monitor.layers import LayerTrace
+from volseg.plan import RunPlan
 
 
 def real_step_peak(cfg, batch_size: int | None = None) -> dict[str, int]:
-    """Peak bytes per category of two real training steps of ``cfg`` (random data)."""
+    """Peak bytes per category of two real training steps of the planned ``cfg`` (random data),
+    at ``batch_size`` where given."""
     torch.manual_seed(0)
-    step = build_training_step(cfg, "cpu", batch_size=batch_size)
+    run_cfg = RunPlan(cfg, {}).run_config(Candidate(batch_size=batch_size))
+    step = build_training_step(run_cfg, "cpu")
     num_classes = int(cfg.num_classes)
 
     def new_batch(image_shape, label_shape, dtype):

@@ -1,10 +1,10 @@
-"""``model.optimizer.lr=auto``: the rule, and the rate set in a config the plan did not see."""
+"""``model.optimizer.lr=auto``: the rule, and the rate the plan sets in the run's config."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import compose_config
+from tests.conftest import compose_config, planned_config
 from volseg.models.learning_rate import lr_for_classes, resolve_learning_rate
 
 RULE = {"few_classes": 4, "lr_few": 0.003, "many_classes": 32, "lr_many": 0.02}
@@ -25,11 +25,15 @@ def test_few_and_many_classes_get_their_rates_and_log_linear_between(classes, ex
     assert lr_for_classes(classes, RULE) == pytest.approx(expected, rel=1e-9)
 
 
-def test_an_auto_rate_is_set_in_place_and_the_rule_leaves_the_optimizer(tmp_path):
-    """What the memory estimator does with a config that was not planned: the optimizer must
-    build, so ``lr`` becomes a number and ``lr_by_classes`` is no argument of it."""
-    cfg = compose_config("train", tmp_path, ["num_classes=60", "model.optimizer.lr=auto"])
+def test_an_auto_rate_is_planned_and_the_rule_leaves_the_optimizer(tmp_path):
+    """The optimizer must build, so in the planned config ``lr`` is a number and
+    ``lr_by_classes`` is no argument of it; the rule's rate is read, the config left as it was."""
+    overrides = ["num_classes=60", "model.optimizer.lr=auto"]
+    cfg = compose_config("train", tmp_path, overrides)
     rate = resolve_learning_rate(cfg)
-    assert rate.value == cfg.model.optimizer.lr == 0.02  # 59 foreground classes: lr_many
+    assert rate.value == 0.02  # 59 foreground classes: lr_many
     assert "59 foreground classes" in rate.why
-    assert "lr_by_classes" not in cfg.model.optimizer
+    assert cfg.model.optimizer.lr == "auto" and "lr_by_classes" in cfg.model.optimizer
+    planned = planned_config("train", tmp_path, overrides)
+    assert planned.model.optimizer.lr == rate.value
+    assert "lr_by_classes" not in planned.model.optimizer

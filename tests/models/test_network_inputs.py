@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from tests.estimates import estimate
+from tests.estimates import estimate, plan_of
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.step_fit import fit_step
 from volseg.models.networks import adapter_for
@@ -108,12 +108,12 @@ def test_unetr_input_size_moves_with_the_planners_smaller_patch(tmp_path):
         for o in ("none", "all")
     ]
     budget = min(planned_total(e) for e in at_patch) - 1  # nothing fits at 32x64x64
-    answer = fit_step(cfg, budget, checkpointing_options=["none", "all"])
+    answer = fit_step(plan_of(cfg, checkpointing_options=["none", "all"]), budget)
     assert answer.fallback == "a smaller patch"
     patch = answer.patch_size
-    listed = f"[{','.join(map(str, patch))}]"
-    assert f"data.patch_size={listed}" in answer.overrides
-    assert f"model.net.img_size={listed}" in answer.overrides  # moved together
+    settings = answer.candidate.settings()
+    assert settings["data.patch_size"] == patch
+    assert settings["model.net.img_size"] == patch  # moved together
     assert answer.estimate["process_total"] <= budget
 
 

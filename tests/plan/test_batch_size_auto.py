@@ -14,7 +14,7 @@ import pytest
 from omegaconf import DictConfig, open_dict
 
 from tests.conftest import SMALL_PATCH, compose_config, tiny_train_overrides
-from tests.estimates import estimate
+from tests.estimates import estimate, plan_of
 from volseg.memory.fit.step_fit import Planner
 from volseg.plan import make_plan
 from volseg.plan.make import _batch_notes
@@ -129,7 +129,7 @@ def test_the_batch_search_is_the_largest_batch_that_fits_every_budget(
     most = 12
     for budget in range(curve(most) + 2):
         fitting = [n for n in range(1, most + 1) if curve(n) <= budget]
-        found, est = Planner(cfg, budget, max_batch_size=most).largest_batch("none")
+        found, est = Planner(plan_of(cfg, max_batch_size=most), budget).largest_batch("none")
         assert found == max(fitting, default=0), budget
         assert est is None if found == 0 else est.batch_size == found
 

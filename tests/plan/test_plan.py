@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.conftest import compose_config, tiny_train_overrides
-from volseg.data.io import read_array, read_geometry, write_volume
 from tests.estimates import estimate
+from volseg.data.io import read_array, read_geometry, write_volume
 from volseg.memory.estimate.margins import planned_total
 from volseg.plan import make_plan
 from volseg.tasks.estimate_memory import run_estimate

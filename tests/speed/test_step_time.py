@@ -9,7 +9,8 @@ import torch
 from torch.nn.modules.conv import _ConvNd
 
 from tests.conftest import TINY, compose_config
-from volseg.memory.estimate.engine import Variant, estimate_config
+from tests.estimates import run_of
+from volseg.memory import Candidate
 from volseg.models.build import build_model
 from volseg.plan import planned_config
 from volseg.speed.step_time import (
@@ -32,15 +33,15 @@ def works(tmp_path_factory):
     """The traced work of TINY's step with each checkpointing setting, and at batch 1 x 2."""
     overrides = [*TINY, "memory.plan_device=cpu", "trainer.precision=32", "data.batch_size=2"]
     cfg = planned_config(compose_config("train", tmp_path_factory.mktemp("run"), overrides))
-    variants = {
-        "none": Variant.of(activation_checkpointing="none"),
-        "selective": Variant.of(activation_checkpointing="selective"),
-        "all": Variant.of(activation_checkpointing="all"),
-        "micro": Variant.of(
+    candidates = {
+        "none": Candidate(activation_checkpointing="none"),
+        "selective": Candidate(activation_checkpointing="selective"),
+        "all": Candidate(activation_checkpointing="all"),
+        "micro": Candidate(
             activation_checkpointing="none", batch_size=1, accumulate_grad_batches=2
         ),
     }
-    works = {name: estimate_config(cfg, v).work for name, v in variants.items()}
+    works = {name: run_of(cfg, c).work for name, c in candidates.items()}
     # each convolution module of the network runs once a forward
     works["modules"] = sum(isinstance(m, _ConvNd) for m in build_model(cfg).modules())
     return works

@@ -224,7 +224,7 @@ def test_a_cpu_budget_between_the_bare_estimate_and_the_margin_is_refused(tiny_c
     # estimate_memory.py's report: the figure a budget is checked against, and the margin's source
     from volseg.plan.report import format_estimate
 
-    report = format_estimate(est)
+    report = format_estimate(est, 10)
     assert f"{'planned (+0.0 MiB + 50.0% of growth)':<52}{enough / MIB:>12,.1f} MiB" in report
     assert "the CPU margin of its kind: a run of this kind (test)" in report
 

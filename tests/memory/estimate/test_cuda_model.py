@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import REPO, planned_config
+from tests.estimates import estimate
 from volseg.memory.estimate.allocator import replay
 from volseg.memory.estimate.autocast import CudaAutocast
 from volseg.memory.estimate.cuda_context import TYPICAL_MIB, resolve_cuda_context
-from tests.estimates import estimate
 from volseg.memory.estimate.workspace import CudnnWorkspace
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import MIB

@@ -1,4 +1,4 @@
-"""The engine: one build of the network and one fake-tensor trace per variant of a plan, whose
+"""The engine: one build of the network and one fake-tensor trace per candidate of a plan, whose
 events answer the step's memory, its FLOPs and its validation."""
 
 from __future__ import annotations
@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import compose_config, planned_config
+from tests.estimates import estimate, estimate_validation, run_of
+from volseg.memory import Candidate, estimate_run
 from volseg.memory.estimate import engine
-from volseg.memory.estimate.engine import (
-    Variant,
-    estimate,
-    estimate_run,
-    estimate_validation,
-    step_flops,
-)
 from volseg.memory.estimate.torch_private import RecordingMemTracker
 from volseg.models.unet import UNet3D
 from volseg.plan import make_plan
@@ -58,26 +53,26 @@ def test_a_plan_builds_and_traces_the_network_once(tmp_path: Path, counted):
     assert plan.validation["peak_allocated"] > plan.validation["resident"] > 0
 
 
-def test_each_variant_is_one_build_and_one_trace(tmp_path: Path, counted):
+def test_each_candidate_is_one_build_and_one_trace(tmp_path: Path, counted):
     cfg = planned_config("train", tmp_path, SMALL)
     estimate(cfg)
-    step_flops(cfg)  # the same run: answered from its trace
+    assert run_of(cfg).flops_per_step > 0  # the same run: answered from its trace
     assert counted == {"builds": 1, "traces": 1}
     estimate(cfg, batch_size=1)
-    step_flops(cfg, batch_size=1)
+    assert run_of(cfg, Candidate(batch_size=1)).flops_per_step > 0
     assert counted == {"builds": 2, "traces": 2}
     estimate_validation(cfg, [24, 48, 48])  # a validation is a new trace of the step...
     estimate(cfg)  # ...which answers for the step too
     assert counted == {"builds": 3, "traces": 3}
 
 
-def test_the_engine_reads_the_plans_device_and_variant(tmp_path: Path, counted):
+def test_the_engine_reads_the_plans_device_and_candidate(tmp_path: Path, counted):
     plan = make_plan(compose_config("train", tmp_path, SMALL))
-    on_gpu = estimate_run(plan, Variant(batch_size=1), [24, 48, 48])
+    on_gpu = estimate_run(plan, Candidate(batch_size=1), [24, 48, 48])
     assert on_gpu.step.device == on_gpu.validation.device == "cuda"
     assert on_gpu.step.batch_size == 1 and on_gpu.step.precision == plan.value("trainer.precision")
-    host = estimate_run(plan, Variant(batch_size=1, stitch_device="cpu"), [24, 48, 48])
+    host = estimate_run(plan, Candidate(batch_size=1, stitch_device="cpu"), [24, 48, 48])
     assert host.validation.stitch == "host" and host.validation.host_stitching > 0
-    # the same step in both traces: the variant's validation keys do not change it
+    # the same step in both traces: the candidate's validation keys do not change it
     assert host.step.peak_allocated == on_gpu.step.peak_allocated
     assert host.flops_per_step == on_gpu.flops_per_step

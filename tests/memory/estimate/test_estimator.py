@@ -12,10 +12,11 @@ from omegaconf import open_dict
 from torch import nn
 
 from tests.conftest import compose_config, planned_config, tiny_train_overrides
+from tests.estimates import estimate, run_of
 from tests.memory.lightning_step import measure_fit
 from tests.memory.real_step import real_step_peak
+from volseg.memory import Candidate
 from volseg.memory.estimate import engine
-from tests.estimates import estimate
 from volseg.memory.estimate.events import held_at_last_mark
 from volseg.memory.estimate.training_step import build_training_step, planned_device
 from volseg.models.build import build_model
@@ -120,7 +121,7 @@ def test_selective_checkpointing_is_traced_keeping_convolutions_and_recomputing_
     products per output value), where ``all`` counts its blocks' again."""
     cfg = _cfg(tmp_path, [*SMALL, "memory.plan_device=cpu", "trainer.precision=32"])
     kept = {o: estimate(cfg, activation_checkpointing=o).activations for o in SETTINGS}
-    flops = {o: engine.step_flops(cfg, activation_checkpointing=o) for o in SETTINGS}
+    flops = {o: run_of(cfg, Candidate(activation_checkpointing=o)).flops_per_step for o in SETTINGS}
     assert kept["selective"] < kept["none"]
     input_convolution = 2 * 2 * (16 * 32 * 32) * 8 * 27  # FLOPs: 2 x batch x voxels x C_out x 27
     assert flops["selective"] == flops["none"] + input_convolution

@@ -16,9 +16,9 @@ from tests.conftest import (
     planned_config,
     tiny_train_overrides,
 )
+from tests.estimates import estimate_validation
 from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
-from volseg.memory.estimate.engine import estimate_validation
 from volseg.memory.estimate.inference_pass import estimate_prediction, stitching_bytes, window_count
 from volseg.plan import make_plan
 from volseg.tasks.estimate_memory import run_estimate

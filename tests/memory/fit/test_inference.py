@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from tests.conftest import compose_config, load_benchmark, planned_config, tiny_train_overrides
+from tests.estimates import estimate, estimate_validation
 from tests.memory.real_validation import validation_rises
 from volseg.data.synthetic import generate_synthetic_dataset
-from volseg.memory.estimate.engine import Variant, estimate, estimate_run, estimate_validation
+from volseg.memory import Candidate, estimate_run
 from volseg.memory.estimate.inference_pass import InferenceEstimate, estimate_prediction
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.inference_fit import fit_validation, plan_stitching
@@ -163,12 +164,14 @@ def test_predict_stitches_on_the_gpu_the_volumes_that_fit_there(tmp_path):
     limit = (planned_total(on_gpu[small]) + planned_total(on_gpu[large])) // 2
     assert on_gpu[small].fits(limit) and not on_gpu[large].fits(limit) and host.fits(limit)
 
-    plan = plan_stitching(cfg, [large, small, small], "cuda", limit, "test", estimator=estimator)
+    shapes = [large, small, small]
+    plan = plan_stitching(cfg, shapes, "cuda", limit, "test", (), "32-true", "auto", estimator)
     assert plan.stitch == {small: "device", large: "host"}
     assert plan.estimates[large].stitch == "host"
     assert any("32x192x192: stitched on the host" in line for line in plan.lines())
     # no limit known on a GPU: nothing planned, stitch=auto decides at run time
-    assert plan_stitching(cfg, [small], "cuda", None, "", estimator=estimator).stitch == {}
+    unbounded = plan_stitching(cfg, [small], "cuda", None, "", (), "32-true", "auto", estimator)
+    assert unbounded.stitch == {}
 
 
 def test_window_counts_are_tried_halving_to_two_before_one():
@@ -209,27 +212,28 @@ def test_validation_searches_window_count_then_size_largest_window_first(tmp_pat
     (one divisor off one side at a time), the smallest first (does anything fit?), then from
     the largest down, each with the most windows at once up to the configured window batch's
     voxels; every window above the answer fits with none of the counts tried. Each setting is
-    a variant of the plan, asked of the engine."""
+    a candidate of the plan, asked of the engine."""
     plan = make_plan(compose_config("train", tmp_path, WINDOWS), estimate_step=False)
     shape = [16, 64, 64]
-    asked: list[Variant] = []
+    asked: list[Candidate] = []
 
-    def validation(variant: Variant) -> InferenceEstimate:
-        asked.append(variant)
-        return estimate_run(plan, variant, shape).validation
+    def validation(candidate: Candidate) -> InferenceEstimate:
+        asked.append(candidate)
+        return estimate_run(plan, candidate, shape).validation
 
     cfg = plan.run_config()
     configured = estimate_run(plan, None, shape).validation
     roi0 = [16, 32, 32]
-    one = estimate_run(plan, Variant(sw_batch_size=1, roi_size=tuple(roi0)), shape).validation
+    one = estimate_run(plan, Candidate(sw_batch_size=1, roi_size=roi0), shape).validation
     budget = min(configured.process_total, one.process_total) - 1  # no count fits at roi0
     fit = fit_validation(cfg, budget, shape, configured, validation)
 
     windows = shrunk_patches(roi0, plan.value("model.divisible_by"))
-    assert asked[0] == Variant(sw_batch_size=1, roi_size=tuple(roi0))  # fewer windows at once
+    assert asked[0] == Candidate(sw_batch_size=1, roi_size=roi0)  # fewer windows at once
     assert asked[1].roi_size == tuple(windows[-1])  # the smallest window: does any fit?
     assert fit.estimate is not None and fit.estimate.fits(budget)
-    roi = fit.overrides["model.inferer.roi_size"]
+    settings = fit.candidate.settings()
+    roi = settings["model.inferer.roi_size"]
     assert roi in windows and fit.estimate.roi_size == roi
     above = windows[: windows.index(roi)]
     after_smallest = [v.roi_size for v in asked[1:] if v.roi_size != tuple(windows[-1])]
@@ -238,9 +242,9 @@ def test_validation_searches_window_count_then_size_largest_window_first(tmp_pat
     for window in above:  # none of the counts tried at a larger window fits
         cap = max(1, voxels0 // math.prod(window))
         for k in windows_at_once(cap):
-            est = estimate_run(plan, Variant(sw_batch_size=k, roi_size=tuple(window)), shape)
+            est = estimate_run(plan, Candidate(sw_batch_size=k, roi_size=window), shape)
             assert not est.validation.fits(budget)
-    count = fit.overrides.get("model.inferer.sw_batch_size", 2)
+    count = settings.get("model.inferer.sw_batch_size", 2)
     assert count * math.prod(roi) <= voxels0
     assert "the largest window below 16x32x32 that fits" in fit.reasons["model.inferer.roi_size"]
 
@@ -284,7 +288,7 @@ def test_a_users_unet_at_83_mib_plans_its_step_and_its_validation(tmp_path):
     )
     # the configured windows (2 of the planned patch) would not have fit: validation was planned
     patch = tuple(cfg.data.patch_size)
-    as_configured = estimate_run(plan, Variant(sw_batch_size=2, roi_size=patch), shape).validation
+    as_configured = estimate_run(plan, Candidate(sw_batch_size=2, roi_size=patch), shape).validation
     planned = {
         key
         for key, decision in plan.decisions.items()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import TINY, compose_config
+from tests.estimates import plan_of
 from volseg.memory.fit.lever_prices import lever_prices
 from volseg.plan import planned_config
 from volseg.plan.report import format_lever_prices
@@ -21,7 +22,7 @@ def test_the_lever_table_shows_selectives_memory_and_time_price(tmp_path):
         "trainer.precision=32",
         "model.activation_checkpointing=none",
     ]
-    rows = lever_prices(planned_config(compose_config("train", tmp_path, overrides)))
+    rows = lever_prices(plan_of(planned_config(compose_config("train", tmp_path, overrides))))
     by_setting = {r.setting: r for r in rows}
     configured = rows[0]
     selective = by_setting["model.activation_checkpointing=selective"]

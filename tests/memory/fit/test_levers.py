@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, compose_config
+from tests.estimates import plan_of
 from volseg.memory.fit.lever_prices import device_speed, lever_prices
 from volseg.models.networks import adapter_for
 from volseg.plan import planned_config
@@ -18,7 +19,7 @@ from volseg.plan.report import format_lever_prices
 def test_the_table_prices_every_lever_that_applies(tmp_path):
     overrides = [*TINY, "memory.plan_device=cpu", "trainer.precision=32", "data.batch_size=2"]
     cfg = planned_config(compose_config("train", tmp_path, overrides))
-    rows = lever_prices(cfg)
+    rows = lever_prices(plan_of(cfg))
     by_setting = {r.setting: r for r in rows}
     assert rows[0].lever == "as configured" and rows[0].time_factor == 1.0
     offered = adapter_for(str(cfg.model.net._target_)).checkpointing_choices

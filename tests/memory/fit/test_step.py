@@ -11,8 +11,9 @@ import pytest
 from omegaconf import DictConfig
 
 from tests.conftest import REPO, planned_config
+from tests.estimates import estimate, plan_of
 from tests.memory.real_step import real_step_peak
-from tests.estimates import estimate
+from volseg.memory import Candidate
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.step_fit import Planner, StepFit, fit_step, patch_divisor
 from volseg.utils.units import MIB
@@ -36,7 +37,7 @@ def small_within_budget(tmp_path_factory: pytest.TempPathFactory) -> tuple[DictC
     """SMALL (batch 2, which fits) and the planner's batch search for :data:`BUDGET`, read by
     the tests below."""
     cfg = planned_config("train", tmp_path_factory.mktemp("small"), SMALL)
-    return cfg, fit_step(cfg, BUDGET)
+    return cfg, fit_step(plan_of(cfg), BUDGET)
 
 
 @pytest.mark.slow
@@ -44,7 +45,7 @@ def test_planned_batch_fits_and_one_more_does_not(small_within_budget):
     cfg, answer = small_within_budget
     budget = BUDGET
     n = answer.batch_size
-    assert n is not None and n > 2 and answer.overrides == [f"data.batch_size={n}"]
+    assert n is not None and n > 2 and answer.candidate == Candidate(batch_size=n)
     assert planned_total(answer.estimate) <= budget
     assert planned_total(answer.next_step_estimate) > budget
     # a real step at the planned batch stays under the budget
@@ -66,10 +67,9 @@ def batch_8_between_no_and_all_checkpointing(
         cfg,
         budget,
         fit_step(
-            cfg,
+            plan_of(cfg, checkpointing_options=["none", "all"]),
             budget,
             as_configured=without,
-            checkpointing_options=["none", "all"],
         ),
     )
 
@@ -81,7 +81,7 @@ def test_planner_turns_to_checkpointing_when_the_batch_does_not_fit(
     cfg, budget, answer = batch_8_between_no_and_all_checkpointing
     assert not answer.fits_as_configured
     assert answer.batch_size >= 8
-    assert any(o.startswith("model.activation_checkpointing=") for o in answer.overrides)
+    assert answer.candidate.activation_checkpointing is not None
     assert answer.largest_batch_by_checkpointing["none"] < 8
 
 
@@ -173,14 +173,17 @@ def test_planner_offers_micro_batches_that_add_up_to_the_batch(
     micro = answer.micro_batching
     b, k = micro["batch_size"], micro["accumulate_grad_batches"]
     assert b * k == 8 and b < 8
-    assert micro["overrides"] == [f"data.batch_size={b}", f"trainer.accumulate_grad_batches={k}"]
+    assert micro["candidate"] == Candidate(batch_size=b, accumulate_grad_batches=k)
     assert micro["estimate"]["accumulate_grad_batches"] == k
     assert micro["total_within_budget"] is not None and micro["total_within_budget"] <= budget
     # the largest: the next divisor of 8 (twice the micro-batch, half the accumulation) does not fit
     assert not estimate(cfg, batch_size=2 * b, accumulate_grad_batches=k // 2).fits(budget)
     # time from FLOPs: micro-batches do the configured step's work, checkpointing recomputes
     assert micro["flops_per_sample"] == pytest.approx(1.0, abs=0.01)
-    assert answer.overrides[-1].startswith("model.activation_checkpointing=")
+    # what the step's answer changes ends with its checkpointing (nothing after it)
+    last = answer.candidate
+    assert last.activation_checkpointing is not None
+    assert last.net_sizes == () and last.checkpoint_loss is None
     assert answer.flops_per_sample > 1.05  # checkpointed levels run their forward twice
 
 
@@ -197,7 +200,7 @@ def test_cuda_plan_keeps_the_recorded_margin_and_says_so(tmp_path):
     cuda = [o for o in SMALL if o != "memory.plan_device=cpu"] + ["memory.plan_device=cuda"]
     cfg = planned_config("train", tmp_path, [*cuda, "memory.cuda_context_mib=0"])
     budget = 60 * MIB
-    answer = fit_step(cfg, budget)
+    answer = fit_step(plan_of(cfg), budget)
     est, more = answer.estimate, answer.next_step_estimate
     assert est["margin"] > 0 and "depth 3" in est["margin_source"]
 
@@ -221,7 +224,7 @@ def plan_without_margin(cfg: DictConfig, budget: int) -> int:
         mock.patch.object(residuals, "OTHER", residuals.Margin(0.0, "none")),
         mock.patch.object(engine, "_runs", OrderedDict()),
     ):
-        return fit_step(cfg, budget).batch_size
+        return fit_step(plan_of(cfg), budget).batch_size
 
 
 @pytest.mark.slow
@@ -234,9 +237,9 @@ def test_a_batch_of_one_over_the_budget_does_not_end_the_batch_search(tmp_path):
     assert one.process_total > three.process_total > two.process_total  # the premise
     assert planned_total(one) > planned_total(three) > planned_total(two)
     budget = (planned_total(two) + planned_total(three)) // 2
-    n, est = Planner(cfg, budget).largest_batch("none")
+    n, est = Planner(plan_of(cfg), budget).largest_batch("none")
     assert n == 2 and est.process_total == two.process_total
-    answer = fit_step(cfg, budget, checkpointing_options=["none"])
+    answer = fit_step(plan_of(cfg, checkpointing_options=["none"]), budget)
     assert answer.batch_size == 2 and answer.fits_as_configured
 
 
@@ -252,8 +255,8 @@ def test_the_planner_picks_selective_where_it_fits_and_all_would_otherwise_be_pi
     }
     assert totals["all"] < totals["selective"] < totals["decoder"] < totals["none"]
     budget = (totals["selective"] + totals["decoder"]) // 2
-    picked = fit_step(cfg, budget)
+    picked = fit_step(plan_of(cfg), budget)
     assert picked.activation_checkpointing == "selective" and picked.batch_size == 2
-    assert "model.activation_checkpointing=selective" in picked.overrides
-    without = fit_step(cfg, budget, checkpointing_options=["none", "all"])
+    assert picked.candidate.activation_checkpointing == "selective"
+    without = fit_step(plan_of(cfg, checkpointing_options=["none", "all"]), budget)
     assert without.activation_checkpointing == "all" and without.batch_size == 2

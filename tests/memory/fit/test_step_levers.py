@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from tests.conftest import compose_config, planned_config
-from tests.estimates import estimate
+from tests.estimates import estimate, plan_of
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.fit.search import shrunk_patches
 from volseg.memory.fit.step_fit import Planner, fit_step
@@ -67,7 +67,7 @@ def test_the_planners_smaller_patches_keep_the_turned_plane_square(small):
     """The embedded dataset turns its patches in the y-x plane; a planned patch with y != x
     would stop train.py at start-up (``data.augment.rotate90_planes``)."""
     assert small.data.augment.rotate90_planes == [[1, 2]]  # the embedded dataset's default
-    patches = Planner(small, 1).smaller_patches([4, 4, 4])
+    patches = Planner(plan_of(small), 1).smaller_patches([4, 4, 4])
     assert patches and all(p[1] == p[2] for p in patches)
     assert [16, 28, 28] in patches and [16, 28, 32] not in patches
 
@@ -77,8 +77,8 @@ def test_resident_state_over_the_budget_is_refused_with_its_bytes(small):
     param_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     # float32 parameters, a gradient each and AdamW's two moments
     resident = 4 * param_bytes
-    answer = fit_step(small, resident // 2, checkpointing_options=OPTIONS)
-    assert answer.overrides == [] and answer.micro_batching is None
+    answer = fit_step(plan_of(small, checkpointing_options=OPTIONS), resident // 2)
+    assert answer.candidate is None and answer.micro_batching is None
     assert answer.resident == pytest.approx(resident, rel=0.02)
     text = answer.refusal("X")
     assert "resident training state alone needs" in text
@@ -88,10 +88,11 @@ def test_resident_state_over_the_budget_is_refused_with_its_bytes(small):
 
 @pytest.mark.slow
 def test_refusal_names_every_lever_tried_with_the_least_it_needed(small):
-    resident = fit_step(small, 1, checkpointing_options=OPTIONS).resident
+    plan = plan_of(small, checkpointing_options=OPTIONS)
+    resident = fit_step(plan, 1).resident
     budget = resident + 1024  # above what no lever lowers, below any step
-    answer = fit_step(small, budget, checkpointing_options=OPTIONS)
-    assert answer.overrides == [] and answer.micro_batching is None
+    answer = fit_step(plan, budget)
+    assert answer.candidate is None and answer.micro_batching is None
     text = answer.refusal("B")
     assert text.startswith("memory.budget=B: nothing fits")
     assert "activation_checkpointing none, all" in text
@@ -112,14 +113,12 @@ def test_a_smaller_patch_fits_where_no_batch_or_checkpointing_does(small, tmp_pa
     ]
     # no batch or checkpointing at this patch, as the planner counts them (margin included)
     budget = min(planned_total(e) for e in base) - 1
-    answer = fit_step(small, budget, checkpointing_options=OPTIONS)
+    answer = fit_step(plan_of(small, checkpointing_options=OPTIONS), budget)
     assert answer.fallback == "a smaller patch"
     patch = answer.patch_size
     assert torch.Size(patch).numel() < 16 * 32 * 32 and answer.batch_size == 2
-    assert answer.overrides[:2] == [
-        "data.batch_size=2",
-        f"data.patch_size=[{','.join(map(str, patch))}]",
-    ]
+    settings = answer.candidate.settings()
+    assert (settings["data.batch_size"], settings["data.patch_size"]) == (2, patch)
     assert answer.estimate["process_total"] <= budget
     assert planned_total(answer.next_step_estimate) > budget  # the next larger patch does not fit
     assert estimate(
