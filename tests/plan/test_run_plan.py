@@ -94,3 +94,7 @@ def test_a_candidate_hashes_by_value_and_writes_plain_settings():
         "model.placement": {"encoder": "cpu"},
     }
     assert Candidate().settings() == {}
+    parts = Candidate(activation_checkpointing={"encoder": "selective", "decoder": "full"})
+    assert parts.settings() == {
+        "model.activation_checkpointing": {"encoder": "selective", "decoder": "full"}
+    }

@@ -4,23 +4,29 @@ takes one and every search returns one; :meth:`volseg.plan.RunPlan.run_config` a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
+class _Pairs(tuple):
+    """A mapping, frozen: its ``(key, value)`` pairs."""
+
+
 def _frozen(value: Any) -> Any:
-    """``value`` with every list a tuple and every mapping a tuple of pairs, so that a candidate
+    """``value`` with every list a tuple and every mapping :class:`_Pairs`, so that a candidate
     can be hashed and compared."""
     if isinstance(value, Mapping):
-        return tuple((str(k), _frozen(v)) for k, v in value.items())
+        return _Pairs((str(k), _frozen(v)) for k, v in value.items())
     if isinstance(value, list | tuple):
         return tuple(_frozen(v) for v in value)
     return value
 
 
 def _thawed(value: Any) -> Any:
-    """A frozen value as the config writes it: tuples as lists."""
+    """A frozen value as the config writes it: lists and dicts."""
+    if isinstance(value, _Pairs):
+        return {k: _thawed(v) for k, v in value}
     if isinstance(value, tuple):
         return [_thawed(v) for v in value]
     return value
@@ -86,12 +92,4 @@ class Candidate:
             for name, key in self.KEYS.items()
             if getattr(self, name) is not None
         }
-        if self.placement is not None:
-            found["model.placement"] = {k: v for k, v in self.placement}
-        found |= {f"model.net.{name}": _thawed(value) for name, value in self.net_sizes}
-        return found
-
-    @classmethod
-    def sized(cls, patch: Sequence[int], net_sizes: Mapping[str, Any], **fields: Any) -> Candidate:
-        """A candidate at ``patch`` with the network's arguments that follow it."""
-        return cls(patch_size=tuple(patch), net_sizes=_frozen(dict(net_sizes)), **fields)
+        return found | {f"model.net.{name}": _thawed(value) for name, value in self.net_sizes}

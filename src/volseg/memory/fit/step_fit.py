@@ -211,7 +211,7 @@ class Planner:
         sized = (
             adapter_for(str(net._target_)).sized_for(net, patch) if patch != self.base_patch else {}
         )
-        return Candidate.sized(patch, sized, checkpoint_loss=self.loss.checkpoint_loss)
+        return self.loss.changed(patch_size=patch, net_sizes=sized)
 
     def smaller_patches(self, divisor: Sequence[int]) -> list[list[int]]:
         """:func:`shrunk_patches` of the configured patch that the network takes (probed on
