@@ -283,3 +283,23 @@ def test_a_deep_import_of_memory_is_found_at_the_top_in_a_function_and_in_a_conf
     ]
     hit = "volseg.memory.monitor.callback.MemoryMonitor"
     assert _deep_memory_imports(config) == [f"{config}:1: {hit}"]
+
+
+def _shared_names(root: Path) -> dict[str, list[str]]:
+    """File names that more than one module under ``root`` has (a package's ``__init__`` aside),
+    with the modules."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(root)))
+    return {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_file_name(tmp_path):
+    """A name says which module it is: ``memory/fit/step_fit.py``, not a second ``step.py``."""
+    assert _shared_names(SRC) == {}
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+        (tmp_path / folder / "step.py").write_text("")
+    assert _shared_names(tmp_path) == {"step.py": ["a/step.py", "b/step.py"]}
