@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from tests.conftest import CONFIGS, compose_config, tiny_train_overrides
 from volseg.tasks.train import train
 from volseg.utils.entry import close_wandb
-from volseg.utils.instantiate import instantiate_callbacks, instantiate_loggers
+from volseg.utils.instantiate import instantiate_group
 from volseg.utils.precision import resolve_precision
 
 
@@ -29,7 +29,7 @@ def test_trainer_configs_compose(tmp_path, trainer):
 
 def test_cpu_trainer_and_callbacks_build(tmp_path):
     cfg = compose_config("train", tmp_path, ["trainer=cpu"])
-    callbacks = instantiate_callbacks(cfg.callbacks)
+    callbacks = instantiate_group(cfg.callbacks, "callbacks")
     names = {type(c).__name__ for c in callbacks}
     assert {"ModelCheckpoint", "EarlyStopping", "RichProgressBar", "ModelSummary"} <= names
     cfg.trainer.precision = resolve_precision(
@@ -76,7 +76,7 @@ def test_other_loggers_record_the_run(small_dataset, tmp_path, monkeypatch, logg
     monkeypatch.setenv("WANDB_SILENT", "true")
     overrides = [*tiny_train_overrides(small_dataset), f"logger={logger}", "trainer.max_epochs=1"]
     cfg = compose_config("train", tmp_path / "run", overrides)
-    assert [type(lg).__name__ for lg in instantiate_loggers(cfg.logger)]
+    assert [type(lg).__name__ for lg in instantiate_group(cfg.logger, "logger")]
     try:
         train(cfg)
     finally:

@@ -67,13 +67,6 @@ def margin_line(est: Any) -> str:
     return f"margin: {_figures_of(est)} of {on}: {get('margin_source')}"
 
 
-def plan_margin_line(run_plan: Any) -> str | None:
-    """:func:`margin_line` of a plan's step estimate; ``None`` where the step was not estimated
-    (no margin was applied)."""
-    est = dict(run_plan.estimate)
-    return margin_line(est) if "margin_source" in est else None
-
-
 def format_run_plan(run_plan: Any) -> str:
     """A :class:`volseg.plan.RunPlan`, one line per decision, for the log and ``plan.py``."""
     lines = ["Run plan:"]
@@ -352,14 +345,11 @@ def check_estimate_fits(est: MemoryEstimate, budget: Budget) -> int:
         else f" with a margin of {_figures_of(est)} on the reserved peak: the estimate's "
         f"largest shortfall on a recorded GPU run, {est.margin_source}"
     )
-    return _within_budget(
-        est,
-        budget,
-        "training step",
-        note,
+    hint = (
         ". `python plan.py <the same overrides>` searches a batch, activation and loss "
-        "checkpointing, micro-batches and a smaller patch that fit",
+        "checkpointing, micro-batches and a smaller patch that fit"
     )
+    return _within_budget(est, budget, "training step", note, hint)
 
 
 def check_validation_fits(

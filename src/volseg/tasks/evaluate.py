@@ -15,7 +15,7 @@ from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.console import file_log
 from volseg.utils.entry import seed_everything
 from volseg.utils.errors import UserInputError
-from volseg.utils.instantiate import build, build_trainer, instantiate_loggers
+from volseg.utils.instantiate import build, build_trainer, instantiate_group
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     writer = ValidationPredictionWriter(cfg.predictions_dir, datamodule.orientation)
     trainer: L.Trainer = build_trainer(
-        cfg.trainer, callbacks=[writer], logger=instantiate_loggers(cfg.get("logger"))
+        cfg.trainer, callbacks=[writer], logger=instantiate_group(cfg.get("logger"), "logger")
     )
     results = trainer.validate(model=model, datamodule=datamodule)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

@@ -41,7 +41,7 @@ from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.config import plain
 from volseg.utils.console import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
-from volseg.utils.instantiate import build, build_trainer, instantiate_callbacks
+from volseg.utils.instantiate import build, build_trainer, instantiate_group
 from volseg.utils.units import MIB, Budget
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     context = worker_context(datamodule.cuda_before) if cfg.num_workers > 0 else None
     options = LoaderOptions(cfg.num_workers, False, False, context)  # not pinned, not persistent
     data = VolumeData([c.as_dict() for c in cases], datamodule.predict_transforms(), options)
-    callbacks = [writer, *instantiate_callbacks(cfg.get("callbacks"))]
+    callbacks = [writer, *instantiate_group(cfg.get("callbacks"), "callbacks")]
     trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False)
     log.info(
         "Predicting %d volume(s) from %s: window %s, overlap %s, %d flip(s), stitching %s",

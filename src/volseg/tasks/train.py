@@ -15,18 +15,13 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
-from volseg.plan.report import plan_margin_line
+from volseg.plan.report import margin_line
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.console import file_log
 from volseg.utils.entry import print_config, seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.extras import require_all
-from volseg.utils.instantiate import (
-    build,
-    build_trainer,
-    instantiate_callbacks,
-    instantiate_loggers,
-)
+from volseg.utils.instantiate import build, build_trainer, instantiate_group
 from volseg.utils.sweep import is_global_zero
 from volseg.utils.units import MIB
 
@@ -78,9 +73,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # every auto decided once; everything is built from the plan's config, which nothing edits
     run_plan = plan_run(cfg, estimate_step=bool(cfg.memory.plan_step))
     file_log.info("%s", run_plan.format())  # every decision and why: train.log, plan.yaml
-    margin = plan_margin_line(run_plan)
-    if margin:  # the one plan line the console gets too: what the step is planned to need
-        log.info("%s", margin)
+    # the one plan line the console gets too: the margin the step is planned with, if estimated
+    if "margin_source" in run_plan.estimate:
+        log.info("%s", margin_line(run_plan.estimate))
     if is_global_zero():
         log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
@@ -125,8 +120,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = build_trainer(
         cfg.trainer,
         async_checkpoint=cfg.get("async_checkpoint") is True,
-        callbacks=instantiate_callbacks(cfg.get("callbacks")),
-        logger=instantiate_loggers(cfg.get("logger")),
+        callbacks=instantiate_group(cfg.get("callbacks"), "callbacks"),
+        logger=instantiate_group(cfg.get("logger"), "logger"),
     )
     for state in loader_states:  # the world size is exact once the trainer is built
         check_resume_world(state, trainer.world_size, f"ckpt_path={cfg.ckpt_path}")

@@ -11,8 +11,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import Callback
-from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -134,8 +132,9 @@ def _argument_assertion(err: BaseException) -> bool:
     return "/volseg/" not in raised_in.replace("\\", "/")
 
 
-def _instantiate_group(cfg: DictConfig | None, group: str) -> list:
-    """One object per entry of the ``group`` node with a ``_target_``."""
+def instantiate_group(cfg: DictConfig | None, group: str) -> list:
+    """One object per entry of the ``group`` node (``callbacks``, ``logger``) with a
+    ``_target_``; a W&B logger in a multirun is grouped by the sweep."""
     objects = []
     for name, entry in (cfg or {}).items():
         if not (isinstance(entry, DictConfig) and "_target_" in entry):
@@ -147,13 +146,3 @@ def _instantiate_group(cfg: DictConfig | None, group: str) -> list:
             kwargs["group"] = Path(HydraConfig.get().sweep.dir).name
         objects.append(build(entry, f"{group}.{name}", **kwargs))
     return objects
-
-
-def instantiate_callbacks(cfg: DictConfig | None) -> list[Callback]:
-    """One callback per entry of ``callbacks`` with a ``_target_``."""
-    return _instantiate_group(cfg, "callbacks")
-
-
-def instantiate_loggers(cfg: DictConfig | None) -> list[Logger]:
-    """One logger per entry of ``logger`` with a ``_target_`` (W&B: grouped by sweep)."""
-    return _instantiate_group(cfg, "logger")
