@@ -14,6 +14,7 @@ import torch
 from tests.conftest import compose_config
 from tests.estimates import estimate, plan_of
 from volseg.memory.estimate.margins import planned_total
+from volseg.memory.fit.lever_prices import lever_prices
 from volseg.memory.fit.step_fit import fit_step
 from volseg.models.networks import adapter_for
 from volseg.plan import make_plan
@@ -173,3 +174,16 @@ def test_a_decoder_popping_its_skips_plans_under_a_budget(tmp_path, monkeypatch)
     # the first setting after none, selective, keeps the decoder's concatenations out too
     assert planned.value("model.activation_checkpointing") == "selective"
     assert planned.estimate["process_total"] <= budget
+
+
+@pytest.mark.slow  # one estimate per lever: ~30 s on 2 cores
+def test_unetrs_lever_table_prices_a_smaller_patch_with_its_input_size(tmp_path):
+    """The lever table's smaller patch moves UNETR's ``img_size`` with it: a row, no traceback
+    (the network fixes its input size in its constructor)."""
+    overrides = [*UNETR, "data.patch_size=[32,64,64]", "memory.plan_device=cpu"]
+    cfg = make_plan(compose_config("train", tmp_path, overrides), estimate_step=False).run_config()
+    rows = lever_prices(plan_of(cfg))
+    smaller = next(r for r in rows if r.lever == "a smaller patch")
+    assert smaller.setting == "data.patch_size=[16,32,32]"
+    assert smaller.peak < rows[0].peak and smaller.flops_factor < 0.5
+    assert all(r.peak is not None for r in rows)

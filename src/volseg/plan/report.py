@@ -217,7 +217,8 @@ def format_lever_prices(rows: Any) -> str:
         )
         moved = f", {r.moved / MIB:,.0f} MiB moved a step" if r.moved else ""
         why = f"  ({r.why}{moved})" if r.why or moved else ""
-        lines.append(f"  {r.lever:<25}{r.peak / MIB:>10,.0f} MiB  {factors}  {r.setting}{why}")
+        peak = "         —    " if r.peak is None else f"{r.peak / MIB:>10,.0f} MiB"
+        lines.append(f"  {r.lever:<25}{peak}  {factors}  {r.setting}{why}")
     return "\n".join(lines)
 
 

@@ -41,3 +41,28 @@ def test_no_step_time_is_predicted_for_a_gpu_this_machine_lacks():
     # its rows' time column is "?": FLOPs alone are not a time
     assert device_speed("cuda") is None
     assert device_speed("cpu") is not None
+
+
+def test_a_lever_the_network_refuses_is_a_row_that_says_why(tmp_path, monkeypatch):
+    """A candidate the engine cannot estimate (a setting the network does not take) is listed
+    with its reason; the other rows stand."""
+    from volseg.memory.fit import lever_prices as prices
+
+    overrides = [*TINY, "memory.plan_device=cpu", "trainer.precision=bf16-mixed"]
+    cfg = planned_config(compose_config("train", tmp_path, overrides))
+    engine = prices.estimate_run
+
+    def refusing(plan, candidate=None, shape=None):
+        if candidate is not None and candidate.offload_activations:
+            raise ValueError("this network keeps its activations\nsecond line")
+        return engine(plan, candidate, shape)
+
+    monkeypatch.setattr(prices, "estimate_run", refusing)
+    monkeypatch.setattr(prices, "device_speed", lambda device: None)  # no timing: FLOPs only
+    rows = lever_prices(plan_of(cfg))
+    offload = next(r for r in rows if r.lever == "activation offload")
+    assert offload.peak is None and offload.flops_factor is None
+    assert offload.why == "not estimated: ValueError: this network keeps its activations"
+    assert rows[0].peak > 0 and any(r.lever == "activation checkpointing" for r in rows)
+    line = next(x for x in format_lever_prices(rows).splitlines() if "offload" in x)
+    assert "—" in line and "not estimated: ValueError" in line

@@ -16,6 +16,7 @@ from volseg.memory.estimate.engine import PlannedRun, estimate_run
 from volseg.memory.estimate.margins import planned_total
 from volseg.memory.estimate.training_step import LoopSettings
 from volseg.memory.fit.step_fit import checkpointing_choices, patch_divisor, scaled_patch, written
+from volseg.models.networks import adapter_for
 from volseg.speed.step_time import DeviceSpeed, measure_speed
 from volseg.utils.config import plain
 
@@ -23,14 +24,14 @@ from volseg.utils.config import plain
 @dataclass(frozen=True)
 class LeverPrice:
     """One row: the ``lever``, the ``setting`` that pulls it, the predicted ``peak`` (bytes, as
-    the planner counts a budget: the margin included), ``time_factor`` (the step's predicted
-    time over the configured step's; ``None``: not predicted, ``why`` says), ``flops_factor``
-    (its FLOPs over the configured step's) and ``moved`` (bytes a step copies between host and
-    device, offload only)."""
+    the planner counts a budget: the margin included; ``None``: not estimated, ``why`` says),
+    ``time_factor`` (the step's predicted time over the configured step's; ``None``: not
+    predicted, ``why`` says), ``flops_factor`` (its FLOPs over the configured step's) and
+    ``moved`` (bytes a step copies between host and device, offload only)."""
 
     lever: str
     setting: str
-    peak: int
+    peak: int | None
     time_factor: float | None
     flops_factor: float | None = None
     moved: int = 0
@@ -65,16 +66,27 @@ def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
     speed = device_speed(base.step.device)
     base_seconds = None if speed is None else base.work.seconds(speed)
 
-    def add(lever: str, setting: str, est: Any, why: str = "", moved: int = 0) -> None:
+    def add(lever: str, setting: str, changes: dict[str, Any], why: str = "") -> Any:
+        """The row of the candidate with ``changes``; one the network refuses says why."""
+        try:
+            est = base if not changes else run(**changes)
+        except Exception as err:  # a setting this network cannot take: the row says so
+            reason = f"{type(err).__name__}: {err}".splitlines()[0]
+            rows.append(LeverPrice(lever, setting, None, None, why=f"not estimated: {reason}"))
+            return None
         flops = est.flops_per_step / max(base.flops_per_step, 1)
         seconds = None if speed is None else est.work.seconds(speed) / base_seconds
-        peak = planned_total(est.step)
-        rows.append(LeverPrice(lever, setting, peak, seconds, flops, moved, why))
+        # offload's price: the activations it copies to the host and back, each step
+        moved = (
+            2 * max(base.step.activations - est.step.activations, 0) if "offload" in lever else 0
+        )
+        rows.append(LeverPrice(lever, setting, planned_total(est.step), seconds, flops, moved, why))
+        return est
 
     add(
         "as configured",
         "",
-        base,
+        {},
         "time: not predicted, no such device here to time its ops on" if speed is None else "",
     )
     if str(cfg.trainer.get("precision")) in ("32", "32-true"):
@@ -82,7 +94,7 @@ def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
         add(
             "mixed precision",
             f"trainer.precision={half}",
-            run(precision=half),
+            {"precision": half},
             "FLOPs alike; its time: its half-precision kernels timed on this device",
         )
     if batch >= 2:
@@ -91,7 +103,7 @@ def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
         add(
             "micro-batches",
             f"data.batch_size={half_batch} trainer.accumulate_grad_batches={accumulate * times}",
-            run(batch_size=half_batch, accumulate_grad_batches=accumulate * times),
+            {"batch_size": half_batch, "accumulate_grad_batches": accumulate * times},
             "the same samples a step, in more and smaller kernel calls",
         )
     for option in checkpointing_choices(cfg, "auto"):
@@ -99,26 +111,27 @@ def lever_prices(plan: PlannedRun) -> list[LeverPrice]:
             add(
                 "activation checkpointing",
                 f"model.activation_checkpointing={written(option)}",
-                run(activation_checkpointing=option),
+                {"activation_checkpointing": option},
                 "its recomputed forward",
             )
     if not cfg.model.get("offload_activations"):
-        offloaded = run(offload_activations=True)
         add(
             "activation offload",
             "model.offload_activations=true",
-            offloaded,
+            {"offload_activations": True},
             "FLOPs alike; the copies to the host and back are the price",
-            2 * max(base.step.activations - offloaded.step.activations, 0),
         )
     divisor = patch_divisor(cfg)
     k = min(p // d for p, d in zip(patch, divisor, strict=True))
     smaller = scaled_patch(patch, k - 1, divisor) if k > 1 else patch
     if smaller != patch:
+        # what the network's constructor takes of the patch moves with it (UNETR's img_size)
+        net = cfg.model.net
+        sized = adapter_for(str(net._target_)).sized_for(net, smaller)
         add(
             "a smaller patch",
             f"data.patch_size={written(smaller)}",
-            run(patch_size=smaller),
+            {"patch_size": smaller, "net_sizes": sized},
             "fewer voxels a step (less context per patch)",
         )
     split = LeverPrice(
