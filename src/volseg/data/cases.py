@@ -184,8 +184,7 @@ def split_cases(
         )
     order = np.random.default_rng(seed).permutation(len(cases))
     num_val = max(1, round(val_fraction * len(cases)))
-    val = sorted(order[:num_val])
-    return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in val]
+    return [cases[i] for i in sorted(order[num_val:])], [cases[i] for i in sorted(order[:num_val])]
 
 
 def _where(path: Path, key: str | None) -> str:
@@ -383,8 +382,7 @@ def case_problems(
         problems += reorient
         axcodes = None if reorient else orientation  # one it cannot apply: shapes as stored
         loaded = oriented_geometry(image, axcodes)
-        shape = list(loaded["shape_zyx"])
-        sampled = shape if spacing is None else resampled_shape(shape, loaded["affine"], spacing)
+        sampled = resampled_shape(loaded["shape_zyx"], loaded["affine"], spacing)
         if all(p > s for p, s in zip(patch_size, sampled, strict=True)):
             volume = shape_in_words(image, axcodes)
             if spacing is not None:

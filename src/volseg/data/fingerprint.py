@@ -69,10 +69,7 @@ def dataset_fingerprint(data_cfg: DictConfig) -> dict[str, object]:
             geometry = oriented_geometry(geometry, options.get("orientation"))
         except ValueError:  # an affine that cannot be reoriented: the check names it
             continue
-        shape = list(geometry["shape_zyx"])[:3]
-        if spacing is not None:
-            shape = resampled_shape(shape, geometry["affine"], spacing)
-        shapes.append(shape)
+        shapes.append(resampled_shape(geometry["shape_zyx"][:3], geometry["affine"], spacing))
         spacings.append(voxel_sizes(geometry["affine"])[::-1])  # [z, y, x]
     if not shapes:
         raise UserInputError(f"data.root={data_cfg.get('root')}: no cases found to plan from")

@@ -76,9 +76,7 @@ def volume_bytes(
     for path in case.image_files:
         geometry = oriented_geometry(read_geometry(path, case.image_key), orientation)
         channels += int(geometry["channels"])
-    shape = [int(s) for s in geometry["shape_zyx"][:3]]
-    if spacing is not None:
-        shape = resampled_shape(shape, geometry["affine"], spacing)
+    shape = resampled_shape(geometry["shape_zyx"][:3], geometry["affine"], spacing)
     if pad_to is not None:
         shape = [max(s, int(p)) for s, p in zip(shape, pad_to, strict=True)]
     voxels = math.prod(shape)

@@ -10,11 +10,14 @@ from monai.data.utils import compute_shape_offset, zoom_affine
 
 
 def resampled_shape(
-    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float]
+    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float] | None
 ) -> list[int]:
     """``[D, H, W]`` of a volume ``shape_zyx`` (after orientation) with a 4x4 ``affine`` (file
     axes ``x, y, z``) after MONAI's ``Spacing`` to ``spacing_zyx`` ``[z, y, x]`` (the affine's
-    units), through ``Spacing``'s own ``zoom_affine`` and ``compute_shape_offset``."""
+    units), through ``Spacing``'s own ``zoom_affine`` and ``compute_shape_offset``;
+    ``spacing_zyx=None`` (``data.spacing=null``): not resampled."""
+    if spacing_zyx is None:
+        return [int(s) for s in shape_zyx]
     shape_xyz = [int(s) for s in shape_zyx][::-1]
     target = zoom_affine(
         np.asarray(affine, dtype=float), [float(s) for s in spacing_zyx][::-1], diagonal=False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import logging
 import math
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -54,12 +53,7 @@ def check_strategy(trainer_cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train a model from the composed config; returns the final ``callback_metrics`` as floats."""
-    if cfg.extras.get("print_config"):
-        print_config(
-            cfg,
-            save_to=Path(cfg.paths.output_dir) / "config_tree.log",
-            show=cfg.extras.print_config is True,
-        )
+    print_config(cfg)
     # an earlier run in this process may have left cycles holding its model and optimizer
     gc.collect()
     seed_everything(cfg)

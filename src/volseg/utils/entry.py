@@ -102,8 +102,12 @@ def set_project_root(entry_file: str) -> None:
     os.environ.setdefault("PROJECT_ROOT", str(Path(entry_file).resolve().parent))
 
 
-def print_config(cfg: DictConfig, save_to: Path, show: bool) -> None:
-    """The config as a tree, written to ``save_to`` and printed where ``show``."""
+def print_config(cfg: DictConfig) -> None:
+    """``extras.print_config``: the config as a tree written to the run's ``config_tree.log``
+    (``file``), and printed (``true``)."""
+    if not cfg.extras.get("print_config"):
+        return
+    save_to = Path(cfg.paths.output_dir) / "config_tree.log"
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
     for key, value in cfg.items():
         body = (
@@ -113,7 +117,7 @@ def print_config(cfg: DictConfig, save_to: Path, show: bool) -> None:
     save_to.parent.mkdir(parents=True, exist_ok=True)
     with open(save_to, "w") as f:
         rich.print(tree, file=f)
-    if show:
+    if cfg.extras.print_config is True:
         rich.print(tree)
     else:
         log.info("Config: %s (extras.print_config=true prints it here)", save_to)

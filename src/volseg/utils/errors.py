@@ -10,8 +10,7 @@ class UserInputError(Exception):
 
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         self.problems = problems or []
-        lines = [message, *(f"  - {p}" for p in self.problems)]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join([message, *(f"  - {p}" for p in self.problems)]))
 
 
 class TrialPruned(Exception):

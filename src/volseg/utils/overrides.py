@@ -104,6 +104,4 @@ def why_composing_failed(args: list[str]) -> str | None:
             )
     config_dir = Path(os.environ.get("PROJECT_ROOT", ".")) / "configs"
     name = Path(sys.argv[0]).stem
-    if not (config_dir / f"{name}.yaml").is_file():
-        return None
-    return explain(config_dir, name, args)
+    return explain(config_dir, name, args) if (config_dir / f"{name}.yaml").is_file() else None
