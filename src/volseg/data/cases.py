@@ -214,24 +214,24 @@ def in_channels_fix(in_channels: int, channels: int) -> str:
     return f"in_channels={in_channels}: set in_channels={channels}"
 
 
-def _image_geometry(
+def image_geometry(
     case: Case,
     in_channels: int | None,
-    problems: list[str],
     channels_fix: Callable[[int, int], str] = in_channels_fix,
     orientation: str | None = None,
-) -> dict[str, Any] | None:
-    """Geometry of the case's image (its first channel file), or ``None`` with its problems
-    appended to ``problems``: channel files must be readable 3D volumes (a 4-D NIfTI file:
-    channels last) of one shape and affine, ``in_channels`` channels in all (``None``: any)."""
-    geometries = []
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Geometry of the case's image (its first channel file; ``None`` where it has none), and
+    the problems of its image files, from their headers: channel files must be readable 3D
+    volumes (a 4-D NIfTI file: channels last) of one shape and affine, ``in_channels`` channels in
+    all (``None``: any)."""
+    geometries, problems = [], []
     for path in case.image_files:
         try:
             geometries.append(read_geometry(path, case.image_key))
         except Exception as err:  # any reader failure is a bad file, reported with its name
             problems.append(_read_problem(path, case.image_key, err))
     if len(geometries) < len(case.image_files):
-        return None
+        return None, problems
     first = geometries[0]
     for path, geometry in zip(case.image_files, geometries, strict=True):
         if len(geometry["shape_zyx"]) != 3:
@@ -241,14 +241,14 @@ def _image_geometry(
                 f"{_where(path, case.image_key)}: expected a 3D volume ({axes}), got shape "
                 f"{stored} as stored"
             )
-            return None
+            return None, problems
         if geometry["shape_zyx"] != first["shape_zyx"]:
             problems.append(
                 f"{path}: shape {shape_in_words(geometry, orientation)} differs from "
                 f"{case.image_files[0].name}'s {shape_in_words(first, orientation)} (channels "
                 "of one case)"
             )
-            return None
+            return None, problems
         if not np.allclose(geometry["affine"], first["affine"], atol=1e-3):
             problems.append(f"{path}: affine differs from {case.image_files[0].name}'s")
     channels = sum(g["channels"] for g in geometries)
@@ -259,8 +259,8 @@ def _image_geometry(
             f"{_where(case.image_files[0], case.image_key)}: {held}, but "
             f"{channels_fix(in_channels, channels)}"
         )
-        return None
-    return first
+        return None, problems
+    return first, problems
 
 
 def _network_channels(in_channels: int, channels: int) -> str:
@@ -276,7 +276,8 @@ def input_problems(
     """Every problem of images to predict, one line each, from their headers."""
     problems: list[str] = []
     for case in cases:
-        image = _image_geometry(case, in_channels, problems, _network_channels, orientation)
+        image, found = image_geometry(case, in_channels, _network_channels, orientation)
+        problems += found
         if image is not None:
             problems += _orientation_problems(case, image, orientation)
     return problems
@@ -338,19 +339,6 @@ def _label_problems(
     return problems
 
 
-def image_problems(
-    case: Case,
-    in_channels: int | None,
-    channels_fix: Callable[[int, int], str] = in_channels_fix,
-    orientation: str | None = None,
-) -> list[str]:
-    """The problems of ``case``'s image files alone, from their headers (:func:`case_problems`'
-    first)."""
-    problems: list[str] = []
-    _image_geometry(case, in_channels, problems, channels_fix, orientation)
-    return problems
-
-
 def case_problems(
     cases: Sequence[Case],
     num_classes: int,
@@ -368,7 +356,8 @@ def case_problems(
     (loading pads them)."""
     problems: list[str] = []
     for case in cases:
-        image = _image_geometry(case, in_channels, problems, channels_fix, orientation)
+        image, found = image_geometry(case, in_channels, channels_fix, orientation)
+        problems += found
         label = None
         if case.label is not None:
             try:

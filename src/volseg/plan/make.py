@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from volseg.data.cases import image_problems
+from volseg.data.cases import image_geometry
 from volseg.data.dataset_defaults import EMBEDDED_DEFAULTS, resolve_augment
 from volseg.data.fingerprint import MIN_SIDE, dataset_fingerprint, plan_auto_patch
 from volseg.data.host_memory import local_processes
@@ -137,11 +137,13 @@ def _check_channels(cfg: DictConfig, opened: _Data) -> None:
     another number of channels than ``in_channels``; a dataset not there yet is the run's."""
     if not Path(str(cfg.data.root)).is_dir():
         return
-    cases, problems = opened.prepared(cfg).find()
+    module = opened.prepared(cfg)
+    cases, problems = module.find()
     if problems or not cases:
         return  # the layout's problems are the dataset check's
-    module = opened.module(cfg)
-    found = image_problems(cases[0], int(cfg.in_channels), module.channels_fix, module.orientation)
+    _, found = image_geometry(
+        cases[0], int(cfg.in_channels), module.channels_fix, module.orientation
+    )
     if found:
         raise UserInputError(found[0])
 
