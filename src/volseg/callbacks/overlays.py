@@ -144,15 +144,9 @@ class ValidationOverlays(Callback):
             if len(self.volumes) >= self.max_volumes:
                 break
             z = informative_slices(label, self.num_slices)
-            self.volumes.append(
-                VolumeSlices(
-                    name=Path(str(path)).name.split(".")[0],
-                    z=z,
-                    image=normalize(image[z]),
-                    label=label[z].astype(np.int64),
-                    pred=pred[z].astype(np.int64),
-                )
-            )
+            name = Path(str(path)).name.split(".")[0]
+            masks = label[z].astype(np.int64), pred[z].astype(np.int64)
+            self.volumes.append(VolumeSlices(name, z, normalize(image[z]), *masks))
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.volumes or not self._due(trainer):

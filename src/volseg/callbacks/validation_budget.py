@@ -48,9 +48,8 @@ class ValidationBudget(Callback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         # decided before any epoch has been timed: a 1-epoch run validates its only epoch
-        final = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= (
-            trainer.max_epochs
-        )
+        epochs = trainer.max_epochs
+        final = epochs not in (None, -1) and trainer.current_epoch + 1 >= epochs
         remaining = self._time_remaining(trainer)
         if not final and remaining is not None and self._epoch_times:
             cycle_s = self._epoch_s() + (self.last_validation_s or 0.0)  # an epoch, its validation
@@ -58,8 +57,7 @@ class ValidationBudget(Callback):
             final = remaining < 2 * cycle_s
         # each rank timed itself: rank 0 decides for all (ranks that disagreed on whether to
         # validate would wait for each other in the validation's collectives forever)
-        final = bool(trainer.strategy.broadcast(final))
-        if final:
+        if trainer.strategy.broadcast(final):
             self._final = True
             trainer.check_val_every_n_epoch = 1
 

@@ -55,9 +55,7 @@ class LoaderOptions:
 
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, as a job scheduler sets it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _leading_int(value: str | None) -> int | None:

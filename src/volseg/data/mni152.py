@@ -96,8 +96,7 @@ def load_atlas(task: str) -> tuple[nib.Nifti1Image, np.ndarray]:
 def output_grid(mask: nib.Nifti1Image, spacing: float) -> tuple[np.ndarray, tuple[int, ...]]:
     """The output grid: its 4×4 voxel-to-mm affine and ``(X, Y, Z)`` shape, covering the brain's
     bounding box + a 6 mm margin at ``spacing`` mm."""
-    data = np.asarray(mask.dataobj) > 0.5
-    idx = np.argwhere(data)
+    idx = np.argwhere(np.asarray(mask.dataobj) > 0.5)
     lo_mm = nib.affines.apply_affine(mask.affine, idx.min(0)) - _MARGIN_MM
     hi_mm = nib.affines.apply_affine(mask.affine, idx.max(0)) + _MARGIN_MM
     shape = np.ceil((hi_mm - lo_mm) / spacing).astype(int) + 1

@@ -167,8 +167,7 @@ def detect_layout(
         return "decathlon" if any((root / p).is_file() for p in listed) else "nnunet"
     if any(name in images for name in labels):
         return "decathlon"
-    groups, _ = group_channel_files(list(images.values()), VOLUME_SUFFIXES)
-    if groups:
+    if group_channel_files(list(images.values()), VOLUME_SUFFIXES)[0]:  # channel files
         return "nnunet"
     return "decathlon" if dataset["channels_key"] == "modality" else "nnunet"
 

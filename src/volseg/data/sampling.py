@@ -55,9 +55,8 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
         order = torch.randperm(self.num_items, generator=generator).tolist()
         seeds = torch.randint(0, 2**31 - 1, (self.num_items,), generator=generator).tolist()
         pairs = list(zip(order, seeds, strict=True))
-        rank, world = self.rank, self.world
-        pairs += pairs[: len(self) * world - len(pairs)]  # equal shares, as DistributedSampler
-        share = pairs[rank::world]
+        pairs += pairs[: len(self) * self.world - len(pairs)]  # equal shares, as DistributedSampler
+        share = pairs[self.rank :: self.world]
         if self._resume is not None:
             epoch, skip = self._resume
             self._resume = None

@@ -77,8 +77,7 @@ def _paint_tube(
     box, (dz, dy, dx) = _grid(image.shape, center, length / 2 + radius)
     pts = np.stack([dz, dy, dx], axis=-1)
     along = np.clip(pts @ direction, -length / 2, length / 2)
-    dist = np.linalg.norm(pts - along[..., None] * direction, axis=-1)
-    mask = dist <= radius
+    mask = np.linalg.norm(pts - along[..., None] * direction, axis=-1) <= radius
     image[box][mask] = intensity
     label[box][mask] = cls
 

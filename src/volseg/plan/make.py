@@ -213,9 +213,8 @@ def _plan_loader(cfg: DictConfig, device: str, decisions: dict[str, Decision]) -
     options = resolve_loader_options(*asked.values(), device, devices)
     why = f"for {device} with {devices} process(es) on this machine"
     for key in asked:
-        value = getattr(options, key)
         source, reason = ("planned", why) if asked[key] == "auto" else ("configured", "")
-        decisions[f"data.{key}"] = Decision(value, source, reason)
+        decisions[f"data.{key}"] = Decision(getattr(options, key), source, reason)
     for key in ("cache", "cache_rate"):
         decisions[f"data.{key}"] = Decision(data.get(key), "configured")
     return {f"data.{key}": decisions[f"data.{key}"].value for key in asked}
@@ -362,16 +361,15 @@ def _fit_budget(
     checkpointing): ``({key: why}, the config with it)``."""
     answer = fit_step(plan, budget.nbytes, as_configured=configured)
     batch = plan.config.data.batch_size
+    candidate = answer.candidate
     if answer.micro_batching is not None:
         candidate = answer.micro_batching["candidate"]
         why = f"the configured data.batch_size={batch} does not fit: micro-batches"
-    elif answer.candidate is None:
+    elif candidate is None:
         raise BudgetExceeded(answer.refusal(budget))
     elif answer.fallback is not None:
-        candidate = answer.candidate
         why = f"no batch or checkpointing fits: {answer.fallback}"
     else:
-        candidate = answer.candidate
         why = "the configured step does not fit: the largest batch that does"
     settings = candidate.settings()
     log.info(

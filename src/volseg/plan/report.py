@@ -358,6 +358,5 @@ def check_validation_fits(
 ) -> int:
     """:func:`_within_budget` of the run's validation ``est`` (of its largest volume, from
     ``shape_from``; ``after``: what else was tried and may help)."""
-    shape = "x".join(map(str, est.volume_shape))
-    what = f"validation of one {shape} volume ({shape_from})"
+    what = f"validation of one {'x'.join(map(str, est.volume_shape))} volume ({shape_from})"
     return _within_budget(est, budget, what, margin_note(est), after)

@@ -76,7 +76,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "metrics": metrics,
         "predictions": [str(p) for p in written],
     }
-    out = Path(cfg.paths.output_dir) / "eval_summary.json"
-    out.write_text(json.dumps(summary, indent=2))
+    (Path(cfg.paths.output_dir) / "eval_summary.json").write_text(json.dumps(summary, indent=2))
     log.info("Wrote %d predictions to %s", len(written), cfg.predictions_dir)
     return metrics
