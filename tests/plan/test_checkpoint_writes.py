@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import compose_config
 from volseg.plan import make_plan
-from volseg.plan.checkpoint_writes import plan_async_checkpoint
+from volseg.plan.reconcile import plan_async_checkpoint
 from volseg.utils.errors import UserInputError
 
 

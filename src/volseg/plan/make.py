@@ -33,9 +33,8 @@ from volseg.memory import (
 )
 from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.networks.probe import has_batch_norm
-from volseg.plan.checkpoint_writes import plan_async_checkpoint
 from volseg.plan.network import divisible_by, plan_network
-from volseg.plan.reconcile import reconcile_callbacks
+from volseg.plan.reconcile import plan_async_checkpoint, reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan, applied
 from volseg.utils.alloc_conf import resolve_allocator
 from volseg.utils.config import is_voxels, plain
