@@ -146,11 +146,7 @@ def _named_split(
 
 
 def split_cases(
-    cases: Sequence[Case],
-    root: str | Path,
-    val_fraction: float,
-    seed: int,
-    fold: int | None = None,
+    cases: Sequence[Case], root: str | Path, val_fraction: float, seed: int, fold: int | None = None
 ) -> tuple[list[Case], list[Case]]:
     """Train/val split from ``root/splits.json`` (``{"train": [...], "val": [...]}``), else
     fold ``fold`` (``None``: 0) of nnU-Net's ``root/splits_final.json`` (a list of such), else a

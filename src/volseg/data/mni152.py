@@ -106,10 +106,7 @@ def output_grid(mask: nib.Nifti1Image, spacing: float) -> tuple[np.ndarray, tupl
 
 
 def make_case(
-    template: dict[str, nib.Nifti1Image],
-    task: str,
-    seed: int,
-    spacing: float,
+    template: dict[str, nib.Nifti1Image], task: str, seed: int, spacing: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One view of the template: float32 ``(X, Y, Z)`` image, uint8 ``(X, Y, Z)`` labels of
     ``task_classes(task)`` and the 4×4 voxel-to-mm affine. The region tasks need

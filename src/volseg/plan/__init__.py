@@ -8,15 +8,7 @@ from volseg.plan.files import inherit_sources, plan_from_file
 from volseg.plan.make import make_plan
 from volseg.plan.run_plan import PLAN_FILE, Decision, RunPlan, applied
 
-__all__ = [
-    "PLAN_FILE",
-    "Decision",
-    "RunPlan",
-    "applied",
-    "make_plan",
-    "plan_run",
-    "planned_config",
-]
+__all__ = ["PLAN_FILE", "Decision", "RunPlan", "applied", "make_plan", "plan_run", "planned_config"]
 
 
 def plan_run(

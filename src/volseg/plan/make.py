@@ -372,9 +372,7 @@ def _fit_budget(
         why = "the configured step does not fit: the largest batch that does"
     settings = candidate.settings()
     log.info(
-        "memory.budget=%s: planned %s",
-        budget,
-        " ".join(f"{k}={v}" for k, v in settings.items()),
+        "memory.budget=%s: planned %s", budget, " ".join(f"{k}={v}" for k, v in settings.items())
     )
     return dict.fromkeys(settings, why), plan.run_config(candidate)
 
