@@ -1,8 +1,8 @@
 """The CPU planner's margins, one per kind of CPU, from the committed estimator results files.
 
 The rows: ``benchmarks/results/cpu/*estimator*.json``'s (a config's measured steady-step rise in
-``python train.py`` beside its ``estimate(cfg).step_peak_growth``), the newest file of each grid
-on each CPU kind (:func:`benchmarks.results_io.cpu_kind`), in sample only
+``python train.py`` beside its ``estimate_run(plan).step.step_peak_growth``), the newest file of
+each grid on each CPU kind (:func:`benchmarks.results_io.cpu_kind`), in sample only
 (:func:`benchmarks.samples.grid`), failed configs left out.
 
 A kind's margin: ``fixed_mib + share x step_peak_growth`` (:mod:`benchmarks.two_part`), the

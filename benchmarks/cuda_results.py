@@ -451,7 +451,7 @@ def predict_args(cfg, device: str, run_dir: Path, volume: Path, lock: Path) -> l
         "stitch=device",
         f"inferer.overlap={cfg.model.inferer.overlap}",
         f"inferer.sw_batch_size={cfg.model.inferer.sw_batch_size}",
-        "+callbacks.memory_monitor._target_=volseg.memory.monitor.callback.MemoryMonitor",
+        "+callbacks.memory_monitor._target_=volseg.memory.MemoryMonitor",
         f"+callbacks.memory_monitor.output_dir={out}",
         "+callbacks.gpu_turn._target_=volseg.callbacks.step_timer.GpuTurn",
         f"+callbacks.gpu_turn.lock_file={lock}",

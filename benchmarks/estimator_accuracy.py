@@ -8,7 +8,7 @@ step's measured rise is its peak (``mem/peak_allocated_mib``, the largest over t
 micro-batches with ``trainer.accumulate_grad_batches``) minus what was held at its start
 (``mem/step_start_allocated_mib`` of its first micro-batch), and the measured figure is the
 largest rise of the steady steps (the 2nd and 3rd; the first also creates the optimizer state).
-The estimate is ``estimate(cfg).step_peak_growth`` of the config composed from the same
+The estimate is ``estimate_run(plan).step.step_peak_growth`` of the config composed from the same
 overrides: how far a steady step rises above what it holds at its start.
 
 On a CPU the monitor reads the process's resident memory (VmRSS, and VmHWM reset at each phase
@@ -169,7 +169,8 @@ def networks_table(results: dict, grid_name: str = "networks") -> str:
         f"{', ' + versions if versions else ''}; `{results['command']}`): "
         f"each row a real `python train.py` run of {results['steps']} optimizer steps on the "
         f"embedded dataset, the steady step's peak RSS rise (`{results['malloc']}`) against "
-        f"`estimate(cfg).step_peak_growth`; then a budget of {_budget_rule(results)} given "
+        "`estimate_run(plan).step.step_peak_growth`; then a budget of "
+        f"{_budget_rule(results)} given "
         "to `python plan.py <overrides> memory.budget=X`, and the plan trained with `python "
         "train.py plan=plan.yaml`: its peak counted as the CPU estimate counts a total (tensor "
         "bytes: parameters, gradients and optimizer state held at the step's start, plus the "

@@ -14,7 +14,7 @@ A run is :data:`STEPS` optimizer steps in a fresh process, validation off, the m
 every micro-batch into the CSV logger. A step's measured rise is its peak (the largest over its
 micro-batches) minus what was held at its start; the measured figure is the largest rise of the
 steady steps (the first also creates the optimizer state). The estimate is
-``estimate(cfg).step_peak_growth`` of the config composed from the same overrides.
+``estimate_run(plan).step.step_peak_growth`` of the config composed from the same overrides.
 """
 
 from __future__ import annotations

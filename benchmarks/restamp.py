@@ -3,7 +3,7 @@ against today's code by the sources its benchmark declares (``results_io.SOURCES
 estimates among them made again by today's ``src/volseg/memory``.
 
 A results file of ``estimator_accuracy`` holds measured bytes (a real ``python train.py``, hours)
-beside estimates (``estimate(cfg)``, seconds). When the estimator changes, its estimates go
+beside estimates (``estimate_run(plan)``, seconds). When the estimator changes, its estimates go
 stale; this tool makes them again, on a CPU that reproduces the file's kind
 (:func:`reproducing_env`). Results files are append-only: where every estimate comes out the
 same bytes, the file gets a stamp (``restamps``: the date, the kind and the code,
