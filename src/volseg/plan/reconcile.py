@@ -43,13 +43,10 @@ def reconcile_callbacks(
     callbacks: DictConfig | None, trainer: DictConfig, memory: DictConfig | None
 ) -> tuple[list[str], list[str]]:
     """The ``callbacks`` entries to leave out, and one logged line per reconciliation."""
-    dropped: list[str] = []
     notes: list[str] = []
     bars_off = trainer.get("enable_progress_bar") is False
-    classes = {name: _class_of(entry) for name, entry in (callbacks or {}).items()}
-    for name, found in classes.items():
-        if bars_off and found is not None and issubclass(found, ProgressBar):
-            dropped.append(str(name))
+    classes = {n: c for n, e in (callbacks or {}).items() if (c := _class_of(e)) is not None}
+    dropped = [str(n) for n, c in classes.items() if bars_off and issubclass(c, ProgressBar)]
     if dropped:
         line = (
             f"trainer.enable_progress_bar=false: callbacks.{', callbacks.'.join(dropped)} "
@@ -57,10 +54,7 @@ def reconcile_callbacks(
         )
         log.info(line)
         notes.append(line)
-    monitor = any(
-        found is not None and issubclass(found, MemoryMonitor) for found in classes.values()
-    )
-    if memory is not None and not monitor:
+    if memory is not None and not any(issubclass(c, MemoryMonitor) for c in classes.values()):
         unused = [
             f"memory.{key}={memory.get(key)}"
             for key, off in MONITOR_OPTIONS.items()

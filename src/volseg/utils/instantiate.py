@@ -93,9 +93,8 @@ def config_error(err: BaseException, key: str, cfg: DictConfig) -> UserInputErro
         cause = chain[-1]
     else:
         return None
-    message = str(cause).split("\nfull_key:")[0]
-    message = message.split(", set env var HYDRA_FULL_ERROR")[0].replace("\n", " ").strip()
-    message = message or type(cause).__name__
+    message = str(cause).split("\nfull_key:")[0].split(", set env var HYDRA_FULL_ERROR")[0]
+    message = message.replace("\n", " ").strip() or type(cause).__name__
     if re.match(rf"{re.escape(key)}[.=: ]", message):
         return UserInputError(message)  # the constructor named the key itself
     if where != key:
