@@ -120,7 +120,7 @@ def test_resampled_shape_is_the_shape_monai_spacing_produces(affine):
     from monai.data import MetaTensor
     from monai.transforms import Spacing
 
-    from volseg.data.spacing import resampled_shape
+    from volseg.data.transforms import resampled_shape
 
     for shape_zyx in [(10, 10, 10), (7, 9, 11), (1, 5, 64), (33, 17, 2)]:
         for spacing_zyx in [(4.0, 4.0, 4.0), (2.0, 2.0, 2.0), (1.0, 0.5, 3.0), (0.37, 1.9, 0.8)]:
@@ -133,7 +133,7 @@ def test_resampled_shape_is_the_shape_monai_spacing_produces(affine):
 
 
 def test_resampled_shape_of_the_issue_examples():
-    from volseg.data.spacing import resampled_shape
+    from volseg.data.transforms import resampled_shape
 
     # the extent between the first and last voxel centres is kept, plus one voxel
     assert resampled_shape([10, 10, 10], np.eye(4), [4.0, 4.0, 4.0]) == [3, 3, 3]

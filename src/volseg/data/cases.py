@@ -12,7 +12,7 @@ import numpy as np
 
 from volseg.data.io import VOLUME_SUFFIXES, match_suffix, read_array, read_geometry, split_suffix
 from volseg.data.orientation import orientation_problem, oriented_geometry
-from volseg.data.spacing import resampled_shape
+from volseg.data.transforms import resampled_shape
 from volseg.utils.errors import UserInputError
 
 

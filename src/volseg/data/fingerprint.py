@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
-from volseg.data.spacing import resampled_shape
+from volseg.data.transforms import resampled_shape
 from volseg.utils.errors import UserInputError
 
 #: the smallest patch side ``auto`` chooses (voxels)

@@ -31,7 +31,7 @@ import torch
 from volseg.data.cases import Case
 from volseg.data.io import read_geometry
 from volseg.data.orientation import oriented_geometry
-from volseg.data.spacing import resampled_shape
+from volseg.data.transforms import resampled_shape
 
 FLOAT32 = 4
 INDEX = 8  # int64 voxel index of a class location

@@ -10,7 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from monai.data.utils import compute_shape_offset, zoom_affine
 from monai.transforms import (
     ClassesToIndicesd,
     Compose,
@@ -55,6 +57,24 @@ class Resampled(MapTransform):
         for key in self.key_iterator(d):
             d[key] = self.spacing(d[key], mode=self.modes[key])
         return d
+
+
+def resampled_shape(
+    shape_zyx: Sequence[int], affine: np.ndarray, spacing_zyx: Sequence[float] | None
+) -> list[int]:
+    """``[D, H, W]`` of a volume ``shape_zyx`` (after orientation) with a 4x4 ``affine`` (file
+    axes ``x, y, z``) after :class:`Resampled` to ``spacing_zyx`` ``[z, y, x]`` (the affine's
+    units), from a header through ``Spacing``'s own ``zoom_affine`` and ``compute_shape_offset``,
+    so checks, fingerprint and plan never disagree with the loaded volume; ``spacing_zyx=None``
+    (``data.spacing=null``): not resampled."""
+    if spacing_zyx is None:
+        return [int(s) for s in shape_zyx]
+    shape_xyz = [int(s) for s in shape_zyx][::-1]
+    target = zoom_affine(
+        np.asarray(affine, dtype=float), [float(s) for s in spacing_zyx][::-1], diagonal=False
+    )
+    out_xyz, _ = compute_shape_offset(shape_xyz, np.asarray(affine, dtype=float), target)
+    return [max(1, int(s)) for s in out_xyz[::-1]]
 
 
 def load_transforms(
@@ -227,11 +247,8 @@ def affine_crop_size(patch_size: Sequence[int], degrees: float, scale: float) ->
     patch sits on the crop's grid when no affine is drawn."""
     spread = math.sin(math.radians(degrees))
     total = sum(patch_size)
-    out = []
-    for side in patch_size:
-        needed = math.ceil((1.0 + scale) * (side + spread * (total - side)))
-        out.append(side + 2 * math.ceil((needed - side) / 2))
-    return out
+    needed = [math.ceil((1.0 + scale) * (side + spread * (total - side))) for side in patch_size]
+    return [s + 2 * math.ceil((n - s) / 2) for s, n in zip(patch_size, needed, strict=True)]
 
 
 def augment_transforms(patch_size: Sequence[int], augment: Mapping[str, Any]) -> list[MapTransform]:
