@@ -12,8 +12,7 @@ from omegaconf import DictConfig
 from volseg.callbacks.prediction_writer import ValidationPredictionWriter
 from volseg.plan.files import plan_from_run
 from volseg.utils.checkpoint import load_model, load_run_config
-from volseg.utils.console import file_log
-from volseg.utils.entry import seed_everything
+from volseg.utils.entry import file_log, seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_group
 

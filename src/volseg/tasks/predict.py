@@ -39,7 +39,7 @@ from volseg.plan.files import plan_from_run
 from volseg.plan.make import device_budget
 from volseg.utils.checkpoint import load_model, load_run_config
 from volseg.utils.config import plain
-from volseg.utils.console import file_log
+from volseg.utils.entry import file_log
 from volseg.utils.errors import BudgetExceeded, UserInputError
 from volseg.utils.instantiate import build, build_trainer, instantiate_group
 from volseg.utils.units import MIB, Budget

@@ -16,8 +16,7 @@ from volseg.models.build import build_model
 from volseg.plan import plan_run
 from volseg.plan.report import margin_line
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
-from volseg.utils.console import file_log
-from volseg.utils.entry import print_config, seed_everything
+from volseg.utils.entry import file_log, print_config, seed_everything
 from volseg.utils.errors import UserInputError
 from volseg.utils.extras import require_all
 from volseg.utils.instantiate import build, build_trainer, instantiate_group

@@ -1,4 +1,5 @@
-"""What every entry point does around its task: project root, config printing, user errors."""
+"""What every entry point does around its task: project root, config printing, user errors; what
+reaches the terminal: errors once on stderr, long reports in the log file only."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from omegaconf.errors import MissingMandatoryValue
 
 from volseg.utils.alloc_conf import apply_allocator, run_allocator_node
 from volseg.utils.config import renamed_key
-from volseg.utils.console import quiet_third_party, report_error
 from volseg.utils.errors import TrainingDiverged, UserInputError, causes
 from volseg.utils.extras import MissingPackage, check_plugin_choices
 from volseg.utils.overrides import why_composing_failed
@@ -38,6 +38,34 @@ USAGE = {
     "estimate": "python estimate_memory.py [train.py overrides] [memory.json_out=FILE]",
     "plan": "python plan.py data.root=DIR [memory.budget=16GiB] [memory.plan_device=cuda]",
 }
+
+#: records for the run's log file, not the console
+file_log = logging.getLogger("volseg.file_only")
+
+
+def report_error(message: str, prefix: str = "error: ") -> None:
+    """``message`` once on stderr (``error: ...``), and in the run's log file."""
+    file_log.error("%s", message)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+
+
+#: third-party log lines that advertise or repeat what the run says itself (message prefixes)
+QUIET_PREFIXES = (
+    "💡 Tip:",  # Lightning's litlogger / litmodels advertisements
+    "Trainer already configured with model summary callbacks",  # callbacks.model_summary is ours
+)
+
+
+def _keep(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(QUIET_PREFIXES)
+
+
+def quiet_third_party() -> None:
+    """Drop Lightning's tips (:data:`QUIET_PREFIXES`) from the console and the log."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_keep)  # once: addFilter skips one it holds
 
 
 class HeldStderr(io.StringIO):

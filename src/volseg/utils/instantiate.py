@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from volseg.utils.checkpoint_io import BackgroundCheckpointIO
-from volseg.utils.console import file_log
+from volseg.utils.entry import file_log
 from volseg.utils.errors import UserInputError, at_config_key, causes
 from volseg.utils.extras import import_failure, missing
 from volseg.utils.sweep import in_multirun
