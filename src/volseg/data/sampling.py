@@ -13,18 +13,24 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from volseg.utils.errors import UserInputError
 
 
-def process_shard(rank: int | None = None, world: int | None = None) -> tuple[int, int]:
-    """``(rank, world size)``: the values given (the trainer's ``global_rank``/``world_size``),
-    else ``torch.distributed``'s when it is initialized, else ``(0, 1)``."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if rank is None:
-        rank = torch.distributed.get_rank() if distributed else 0
-    if world is None:
-        world = torch.distributed.get_world_size() if distributed else 1
-    return int(rank), int(world)
+class _RankShare(Sampler):
+    """Rank ``rank``'s share of ``num_items`` among ``world`` processes, ``ceil(num_items /
+    world)`` keys: ``rank``/``world`` the values given (the trainer's ``global_rank``/
+    ``world_size``), else ``torch.distributed``'s when it is initialized, else ``(0, 1)``."""
+
+    def __init__(self, num_items: int, rank: int | None = None, world: int | None = None) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        if world is None:
+            world = torch.distributed.get_world_size() if distributed else 1
+        self.num_items, self.rank, self.world = num_items, int(rank), int(world)
+
+    def __len__(self) -> int:
+        return -(-self.num_items // self.world)
 
 
-class EpochSeededSampler(Sampler[tuple[int, int]]):
+class EpochSeededSampler(_RankShare):
     """Random permutation of ``range(num_items)`` drawn from ``seed`` and the epoch (Lightning
     calls :meth:`set_epoch`); yields ``(index, item_seed)``, the seed drawn likewise, for
     :class:`SeededItems` to seed the random transforms with in whichever process loads it. A
@@ -36,9 +42,8 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
     def __init__(
         self, num_items: int, seed: int, rank: int | None = None, world: int | None = None
     ) -> None:
-        self.num_items = num_items
+        super().__init__(num_items, rank, world)
         self.seed = seed
-        self.rank, self.world = process_shard(rank, world)
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, positions to skip)
 
@@ -63,9 +68,6 @@ class EpochSeededSampler(Sampler[tuple[int, int]]):
             if epoch == self.epoch:
                 share = share[skip:]
         yield from share
-
-    def __len__(self) -> int:
-        return -(-self.num_items // self.world)
 
 
 class ResumableLoader(DataLoader):
@@ -148,24 +150,17 @@ class SeededItems(Dataset):
         return self.dataset[self.indices[position]]
 
 
-class ShardedEvalSampler(Sampler[tuple[int, bool]]):
+class ShardedEvalSampler(_RankShare):
     """Every index exactly once across ranks, the same number of keys on every rank: yields
     ``(index, counted)``, rank ``r`` of ``w`` taking ``r, r + w, ...``, padded to ``ceil(num_items
     / w)`` with ``(index, False)`` keys, so every rank joins every collective while a padding key
     is neither scored nor written (``DistributedSampler``'s repeated items count twice).
     """
 
-    def __init__(self, num_items: int, rank: int | None = None, world: int | None = None) -> None:
-        self.num_items = num_items
-        self.rank, self.world = process_shard(rank, world)
-
     def __iter__(self) -> Iterator[tuple[int, bool]]:
         own = [(i, True) for i in range(self.rank, self.num_items, self.world)]
         pad = [(i % max(1, self.num_items), False) for i in range(len(self) - len(own))]
         return iter(own + pad)
-
-    def __len__(self) -> int:
-        return -(-self.num_items // self.world)
 
 
 class EvalItems(Dataset):
