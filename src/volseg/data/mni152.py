@@ -128,12 +128,9 @@ def make_case(
     coarse = rng.normal(0.0, _ELASTIC_MM, size=(3, 5, 5, 5))
     zoom = [s / 5 for s in shape]
     for a in range(3):
-        anatomical[..., a] += ndimage.zoom(coarse[a], zoom, order=3)[
-            : shape[0], : shape[1], : shape[2]
-        ]
-    t1_affine_inv = np.linalg.inv(template["t1"].affine)
-    vox = anatomical @ t1_affine_inv[:3, :3].T + t1_affine_inv[:3, 3]
-    coords = np.moveaxis(vox, -1, 0)
+        anatomical[..., a] += ndimage.zoom(coarse[a], zoom, order=3)[tuple(map(slice, shape))]
+    t1_inv = np.linalg.inv(template["t1"].affine)
+    coords = np.moveaxis(anatomical @ t1_inv[:3, :3].T + t1_inv[:3, 3], -1, 0)
 
     def sample(name: str) -> np.ndarray:
         data = np.asarray(template[name].get_fdata(dtype=np.float32))
@@ -164,8 +161,7 @@ def make_case(
         label[is_wm] = np.where(left[is_wm], 3, 4)
     # intensity: bias field, gamma, noise
     ramps = (grid / np.array(shape) - 0.5) @ rng.uniform(-0.2, 0.2, 3)
-    image = np.clip(t1, 0.0, None) * np.exp(ramps)
-    image = image ** rng.uniform(0.8, 1.25)
+    image = (np.clip(t1, 0.0, None) * np.exp(ramps)) ** rng.uniform(0.8, 1.25)
     image = image + rng.normal(0.0, 0.03, size=shape)
     return image.astype(np.float32), label, affine
 
