@@ -41,13 +41,7 @@ from volseg.data.host_memory import (
 from volseg.data.loader_options import LoaderOptions, check_loader_options, resolve_loader_options
 from volseg.data.mni152 import build_mni152_dataset, check_build_installed
 from volseg.data.orientation import check_axcodes
-from volseg.data.sampling import (
-    EpochSeededSampler,
-    EvalItems,
-    ResumableLoader,
-    SeededItems,
-    ShardedEvalSampler,
-)
+from volseg.data.sampling import EpochSeededSampler, ResumableLoader, SeededItems, eval_loader
 from volseg.data.synthetic import generate_synthetic_dataset
 from volseg.data.transforms import eval_transforms, train_transforms
 from volseg.utils.errors import UserInputError, raise_problems
@@ -469,14 +463,8 @@ class VolumeDataModule(LightningDataModule):
         trainer = self.trainer
         device = trainer.strategy.root_device.type if trainer is not None else "cpu"
         devices = trainer.num_devices if trainer is not None else 1
-        return resolve_loader_options(
-            self.num_workers,
-            self.pin_memory,
-            self.persistent_workers,
-            device,
-            devices,
-            cuda_initialized=self.cuda_before,
-        )
+        asked = (self.num_workers, self.pin_memory, self.persistent_workers)
+        return resolve_loader_options(*asked, device, devices, cuda_initialized=self.cuda_before)
 
     def shard(self) -> tuple[int | None, int | None]:
         """``(rank, world size)`` of this process: the trainer's (``None``: torch.distributed's)."""
@@ -516,9 +504,4 @@ class VolumeDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         """Whole validation volumes, batch 1, sharded by :class:`ShardedEvalSampler`."""
-        return DataLoader(
-            EvalItems(self._val_ds),
-            sampler=ShardedEvalSampler(len(self._val_ds), *self.shard()),
-            batch_size=1,
-            **self.loader_options().loader_kwargs(),
-        )
+        return eval_loader(self._val_ds, self.loader_options(), *self.shard())

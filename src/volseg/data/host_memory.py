@@ -160,8 +160,7 @@ def estimate_host(
     loaders = max(1, num_workers)  # 0 workers: the training process loads
     in_flight = PREFETCH_FACTOR * num_workers if num_workers else 1
     pinned = in_flight if pin_memory else 0
-    patch = math.prod(int(p) for p in patch_size)
-    batch = batch_size * patch * (in_channels + 1) * FLOAT32
+    batch = batch_size * math.prod(int(p) for p in patch_size) * (in_channels + 1) * FLOAT32
     if n_train == len(train) and train:  # every volume read in place: patch copies only
         largest = 0
     elif cache == "disk":  # read whole, class locations included, per sample

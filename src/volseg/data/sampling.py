@@ -10,6 +10,7 @@ import torch
 from monai.transforms import Compose, Randomizable
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from volseg.data.loader_options import LoaderOptions
 from volseg.utils.errors import UserInputError
 
 
@@ -176,3 +177,11 @@ class EvalItems(Dataset):
     def __getitem__(self, key: tuple[int, bool]) -> dict:
         index, counted = key
         return {**self.dataset[index], "counted": bool(counted)}
+
+
+def eval_loader(
+    dataset: Dataset, options: LoaderOptions, rank: int | None = None, world: int | None = None
+) -> DataLoader:
+    """Whole volumes of ``dataset``, batch 1, each on one rank (:class:`ShardedEvalSampler`)."""
+    sampler = ShardedEvalSampler(len(dataset), rank, world)
+    return DataLoader(EvalItems(dataset), sampler=sampler, batch_size=1, **options.loader_kwargs())

@@ -30,7 +30,7 @@ from volseg.data.io import (
 )
 from volseg.data.loader_options import LoaderOptions, worker_context
 from volseg.data.orientation import oriented_geometry, to_input_orientation
-from volseg.data.sampling import EvalItems, ShardedEvalSampler
+from volseg.data.sampling import eval_loader
 from volseg.data.transforms import to_shape
 from volseg.memory import StitchPlan, plan_stitching
 from volseg.models.volume_predictor import VolumePredictor
@@ -151,14 +151,8 @@ class VolumeData(L.LightningDataModule):
         self.items, self.transform, self.options = items, transform, options
 
     def predict_dataloader(self) -> DataLoader:
-        return DataLoader(
-            EvalItems(Dataset(self.items, self.transform)),
-            sampler=ShardedEvalSampler(
-                len(self.items), self.trainer.global_rank, self.trainer.world_size
-            ),
-            batch_size=1,
-            **self.options.loader_kwargs(),
-        )
+        trainer, dataset = self.trainer, Dataset(self.items, self.transform)
+        return eval_loader(dataset, self.options, trainer.global_rank, trainer.world_size)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
         # on the host until VolumePredictor.predict_step knows where it is stitched
