@@ -7,7 +7,7 @@ import gc
 import multiprocessing
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
@@ -43,14 +43,9 @@ class LoaderOptions:
 
     def loader_kwargs(self) -> dict[str, Any]:
         """``DataLoader`` arguments of every volseg loader: these, collation and worker init."""
-        return {
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers,
-            "multiprocessing_context": self.multiprocessing_context,
-            "collate_fn": list_data_collate,
-            "worker_init_fn": init_loader_worker,
-        }
+        kwargs = asdict(self)
+        del kwargs["cores_from"]  # for the log, not the loader
+        return {**kwargs, "collate_fn": list_data_collate, "worker_init_fn": init_loader_worker}
 
 
 def available_cores() -> int:

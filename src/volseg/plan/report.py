@@ -99,13 +99,12 @@ def _batch_table(search: Mapping[str, Any]) -> list[str]:
         "MiB), at the planned patch and levers:",
         f"    {'batch':>5}  {'peak allocated':>14}  {'process':>10}  {'with margin':>11}  fits",
     ]
-    for row in search["rows"]:
-        lines.append(
-            f"    {row['batch_size']:>5}  {row['peak_allocated'] / MIB:>10,.0f} MiB  "
-            f"{row['process_total'] / MIB:>6,.0f} MiB  {row['with_margin'] / MIB:>7,.0f} MiB  "
-            f"{'yes' if row['fits'] else 'no'}"
-        )
-    return lines
+    return lines + [
+        f"    {row['batch_size']:>5}  {row['peak_allocated'] / MIB:>10,.0f} MiB  "
+        f"{row['process_total'] / MIB:>6,.0f} MiB  {row['with_margin'] / MIB:>7,.0f} MiB  "
+        f"{'yes' if row['fits'] else 'no'}"
+        for row in search["rows"]
+    ]
 
 
 def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:
