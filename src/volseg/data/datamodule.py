@@ -69,10 +69,9 @@ def disk_cache_dir(root: Path, role: str, transform: Compose, settings: dict[str
     cached arrays (the transforms before the first random one, the loading settings, the MONAI
     version), so a change of e.g. ``data.spacing`` starts a new cache; ``key.json`` says what."""
     cached = takewhile(lambda t: not isinstance(t, Randomizable), transform.transforms)
-    names = [type(t).__name__ for t in cached]
     key = {
         "role": role,
-        "transforms": names,
+        "transforms": [type(t).__name__ for t in cached],
         "settings": settings,
         "monai": monai.__version__,
         "version": DISK_CACHE_VERSION,
