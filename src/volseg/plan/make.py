@@ -238,14 +238,12 @@ def _plan_batch(
     (``None``: a configured batch)."""
     if str(cfg.data.get("batch_size")) != "auto":
         return None
-
     budget, what = device_budget(asked, device)
     if budget is None:
         raise UserInputError(
             "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
             "16GiB); only a run on this machine's GPU has one of its own"
         )
-    limit = int(cfg.memory.max_batch_size)
     search = largest_batch(RunPlan(cfg, decisions), budget)
     if search.batch_size < 1:
         least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
@@ -263,7 +261,7 @@ def _plan_batch(
     if after is not None:
         why += f"; batch {after['batch_size']}: {after['with_margin'] / MIB:,.0f} MiB"
     else:
-        why += f" (memory.max_batch_size={limit})"
+        why += f" (memory.max_batch_size={cfg.memory.max_batch_size})"
     decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
     return {"budget": budget, "budget_of": what, "rows": search.rows}
 
@@ -359,8 +357,7 @@ def _fit_budget(
     """The planner's answer for a step over ``memory.budget`` (micro-batches, else batch and
     checkpointing): ``({key: why}, the config with it)``."""
     answer = fit_step(plan, budget.nbytes, as_configured=configured)
-    batch = plan.config.data.batch_size
-    candidate = answer.candidate
+    batch, candidate = plan.config.data.batch_size, answer.candidate
     if answer.micro_batching is not None:
         candidate = answer.micro_batching["candidate"]
         why = f"the configured data.batch_size={batch} does not fit: micro-batches"

@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from volseg.memory import lever_prices
-from volseg.plan import RunPlan, applied, plan_run, planned_config
+from volseg.plan import applied, make_plan, plan_run
 from volseg.plan.report import format_fingerprint, format_lever_prices
 from volseg.utils.errors import BudgetExceeded
 
@@ -36,7 +36,7 @@ def print_lever_prices(cfg: DictConfig) -> None:
     if str(OmegaConf.select(cfg, "data.batch_size")) == "auto":
         unbounded["data.batch_size"] = 1
     try:
-        planned = planned_config(applied(cfg, unbounded))
-        print(format_lever_prices(lever_prices(RunPlan(planned, {}))))
+        unbounded_plan = make_plan(applied(cfg, unbounded), estimate_step=False)
+        print(format_lever_prices(lever_prices(unbounded_plan)))
     except Exception as err:  # the refusal that follows is the answer; the table is a help
         log.info("the lever table was not made: %s", err)
