@@ -1,7 +1,8 @@
-"""``data.batch_size=auto``: the largest batch that fits ``memory.budget``, from estimates: the
-estimate at the planned levers fits at that batch and not at one more, and the plan keeps the
-search's answer (not one its step fit re-planned). A plan whose effective batch
-differs from the configured one says so, and a planned batch of one with BatchNorm is warned of."""
+"""``data.batch_size=auto``: the batch of the fastest fit (plan/fastest_fit.py) within
+``memory.budget``, from estimates: the search reaches the batch that fits and not one more, the
+plan's batch is its pick and fits, and the plan keeps it (not one its step fit re-planned). A
+plan whose effective batch differs from the configured one says so, and a planned batch of one
+with BatchNorm is warned of."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from volseg.plan import make_plan
 from volseg.plan.make import _batch_notes
 from volseg.plan.run_plan import Decision
 from volseg.utils.errors import UserInputError
+from volseg.utils.units import MIB
 
 
 def _overrides(data: Path, *more: str) -> list[str]:
@@ -51,9 +53,9 @@ LEVERS = (
 def test_auto_is_a_batch_the_planner_keeps_and_one_more_it_does_not(
     small_dataset: Path, tmp_path: Path
 ) -> None:
-    """The plan's batch is exactly the one the budget was chosen for, and the estimates at the
-    plan's levers say it fits and one more does not: a search one lower or one higher fails
-    here, and so does a plan whose step fit replaced the search's answer."""
+    """The budget is chosen between batches PLANNED and PLANNED + 1: the search's table has the
+    one fitting and the other not (a search one lower or one higher fails here), the plan's
+    batch is its pick and fits, and a plan whose step fit replaced it fails here."""
 
     def config(batch: str, *more: str) -> DictConfig:
         overrides = [*tiny_train_overrides(small_dataset), *SMALL_STEP]
@@ -71,19 +73,19 @@ def test_auto_is_a_batch_the_planner_keeps_and_one_more_it_does_not(
 
     auto = make_plan(config("auto", within), fit_budget=True)
     batch = auto.value("data.batch_size")
-    # at the levers the plan reports, in the config it plans, its batch fits and one more does
-    # not: whatever the batch, an answer one lower or one higher fails here
+    # at the levers the plan reports, in the config it plans, its batch fits
     planned = auto.run_config()
-    at, after = (estimate(planned, batch_size=b) for b in (batch, batch + 1))
-    assert (at.fits(budget), after.fits(budget)) == (True, False), batch
-    # and it is the batch the budget was set for, by the search (plan.py's step fit, which
-    # replaces a batch that does not fit, says its own reason)
+    assert estimate(planned, batch_size=batch).fits(budget), batch
+    # the search found the budget's edge: PLANNED fits and one more does not, both in the table
+    # that decided it (plan.yaml), whose pick (the fastest a sample of those) is the plan's batch
     decided = auto.decisions["data.batch_size"]
-    assert (batch, decided.source) == (PLANNED, "planned")
-    assert decided.why.startswith(f"the largest that fits {within}: ")
-    rows = {r["batch_size"]: r["fits"] for r in auto.estimate["batch_size_auto"]["rows"]}
-    assert rows[PLANNED] and not rows[PLANNED + 1]  # the table that decided it, in plan.yaml
-    assert f"data.batch_size=auto against {within}" in auto.format()
+    assert decided.source == "planned"
+    assert decided.why.startswith(f"the fastest that fits memory.budget ({budget / MIB:,.0f} MiB)")
+    fit = auto.estimate["fastest_fit"]
+    rows = {r["batch_size"]: r["fits"] for r in fit["rows"]}
+    assert rows[PLANNED] and not rows[PLANNED + 1]
+    assert fit["pick"]["batch_size"] == batch and batch <= PLANNED
+    assert f"fastest fit against {within}" in auto.format()
     # the levers as configured: a step fit that moved one would say so
     assert {key: (auto.value(key), auto.decisions[key].source) for key in LEVERS} == {
         "model.activation_checkpointing": ("selective", "configured"),

@@ -28,11 +28,11 @@ from volseg.memory import (
     estimate_run,
     fit_step,
     fit_validation,
-    largest_batch,
     validation_shape,
 )
 from volseg.models.learning_rate import resolve_learning_rate
 from volseg.models.networks.probe import has_batch_norm
+from volseg.plan.fastest_fit import AUTO, fastest_fit, pick_reason, written_levers
 from volseg.plan.network import divisible_by, plan_network
 from volseg.plan.reconcile import plan_async_checkpoint, reconcile_callbacks
 from volseg.plan.run_plan import Decision, RunPlan, applied
@@ -99,7 +99,7 @@ class _Data:
             if str(options.get("patch_size")) == "auto":
                 options["patch_size"] = [MIN_SIDE] * 3  # finding cases does not use it
             if str(options.get("batch_size")) == "auto":
-                options["batch_size"] = 1  # planned after the network (_plan_batch)
+                options["batch_size"] = 1  # planned after the network (_plan_levers)
             self._module = build(OmegaConf.create(options), "data")
         return self._module
 
@@ -230,59 +230,91 @@ def device_budget(budget: Budget | None, device: str) -> tuple[int | None, str]:
     return None, ""
 
 
-def _plan_batch(
+#: the keys the fastest fit plans where they say ``auto`` (plan/fastest_fit.py)
+LEVER_KEYS = ("data.batch_size", "model.activation_checkpointing")
+
+
+def _plan_levers(
     cfg: DictConfig, device: str, decisions: dict[str, Decision], asked: Budget | None
 ) -> dict | None:
-    """``data.batch_size=auto``: the largest batch that fits the budget at the planned patch and
-    levers, from estimates (``decisions["data.batch_size"]``); returns the table that decided it
-    (``None``: a configured batch)."""
-    if str(cfg.data.get("batch_size")) != "auto":
+    """``data.batch_size=auto`` and ``model.activation_checkpointing=auto``: the candidate that
+    fits the budget and trains fastest per sample, from estimates and predicted step times
+    (:func:`fastest_fit`; ``decisions``); returns the table that decided it (``None``: neither is
+    ``auto``, or checkpointing alone with no budget to fit: none)."""
+    auto = [key for key in LEVER_KEYS if str(OmegaConf.select(cfg, key)) == AUTO]
+    if not auto:
         return None
     budget, what = device_budget(asked, device)
     if budget is None:
-        raise UserInputError(
-            "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory.budget="
-            "16GiB); only a run on this machine's GPU has one of its own"
-        )
-    search = largest_batch(RunPlan(cfg, decisions), budget)
-    if search.batch_size < 1:
-        least = search.rows[0]["with_margin"] / MIB if search.rows else float("nan")
+        if "data.batch_size" in auto:
+            raise UserInputError(
+                "data.batch_size=auto fills a memory budget: set memory.budget (e.g. memory."
+                "budget=16GiB); only a run on this machine's GPU has one of its own"
+            )
+        why = "no memory.budget to fit: no recomputation"
+        decisions["model.activation_checkpointing"] = Decision("none", "planned", why)
+        return None
+    fit = fastest_fit(RunPlan(cfg, decisions), budget)
+    if fit.pick is None:
+        least = min((r for r in fit.rows if r.peak is not None), key=lambda r: r.peak, default=None)
+        if least is not None:
+            needs = (
+                f"; the least, batch {least.batch_size} with {written_levers(least)}, needs "
+                f"{least.peak / MIB:,.0f} MiB with the margin"
+            )
+        else:  # every candidate refused: the network's reason
+            needs = f"; every candidate {fit.rows[0].why}" if fit.rows else ""
         raise BudgetExceeded(
-            f"data.batch_size=auto: not even batch 1 fits {what} ({budget / MIB:,.0f} MiB; it "
-            f"needs {least:,.0f} MiB with the margin); python plan.py with memory.budget lists "
-            "the levers that do"
+            f"{'=auto, '.join(auto)}=auto: nothing fits {what} ({budget / MIB:,.0f} MiB{needs}); "
+            "python plan.py with memory.budget lists the levers that do"
         )
-    chosen = search.row(search.batch_size)
-    after = search.row(search.batch_size + 1)
-    why = (
-        f"the largest that fits {what}: {chosen['with_margin'] / MIB:,.0f} of "
-        f"{budget / MIB:,.0f} MiB with the margin"
-    )
-    if after is not None:
-        why += f"; batch {after['batch_size']}: {after['with_margin'] / MIB:,.0f} MiB"
-    else:
-        why += f" (memory.max_batch_size={cfg.memory.max_batch_size})"
-    decisions["data.batch_size"] = Decision(search.batch_size, "planned", why)
-    return {"budget": budget, "budget_of": what, "rows": search.rows}
+    why = pick_reason(fit)
+    planned = {
+        "data.batch_size": fit.pick.batch_size,
+        "model.activation_checkpointing": fit.pick.activation_checkpointing,
+    }
+    for key in auto:  # the reason once, on the first key planned
+        decisions[key] = Decision(planned[key], "planned", why)
+        why = f"planned with {auto[0]}: the fastest fit"
+    if fit.pick.accumulate_grad_batches != int(cfg.trainer.accumulate_grad_batches):
+        decisions["trainer.accumulate_grad_batches"] = Decision(
+            fit.pick.accumulate_grad_batches,
+            "planned",
+            f"micro-batches that keep data.batch_size={cfg.data.batch_size}: the fastest fit",
+        )
+    return {"budget_of": what, **fit.to_dict()}
 
 
 def _batch_notes(cfg: DictConfig, configured: tuple[Any, Any], decisions: dict) -> list[str]:
-    """A line where the planned effective batch differs from the configured one, and a warning where
-    a planned batch under 2 meets BatchNorm."""
+    """A line where the planned effective batch differs from the configured one (or the batch was
+    ``auto``), and a warning where a planned batch under 2 meets BatchNorm."""
     notes = []
     if not str(cfg.data.batch_size).isdigit():
         return notes  # not a batch: the datamodule's check says so in one line
     batch = int(cfg.data.batch_size)
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
-    if str(configured[0]) != "auto":
-        before = int(configured[0]) * int(configured[1] or 1)
-        if batch * accumulate != before:
-            notes.append(
-                f"effective batch {batch * accumulate} (data.batch_size={batch} x "
-                f"trainer.accumulate_grad_batches={accumulate}), not the configured {before}: "
-                "the configured one does not fit memory.budget"
-            )
+    devices = local_processes(cfg.trainer, str(cfg.memory.plan_device))
+    devices *= int(cfg.trainer.num_nodes)
+    # what a planned batch does to training: its effective batch; the learning rate and an
+    # epoch's samples stay as configured
+    same = (
+        f"the learning rate stays model.optimizer.lr={OmegaConf.select(cfg, 'model.optimizer.lr')}"
+        " (not scaled with the batch) and an epoch its samples (fewer steps of a larger batch)"
+    )
+    effective = (
+        f"effective batch {batch * accumulate * devices} (data.batch_size={batch} x "
+        f"trainer.accumulate_grad_batches={accumulate} x {devices} device(s))"
+    )
     chosen = decisions["data.batch_size"].source == "planned"
+    if str(configured[0]) != "auto":
+        before = int(configured[0]) * int(configured[1] or 1) * devices
+        if batch * accumulate * devices != before:
+            notes.append(
+                f"{effective}, not the configured {before}: the configured one does not fit "
+                f"memory.budget; {same}"
+            )
+    elif chosen:
+        notes.append(f"{effective}, planned; {same}")
     if batch < 2 and chosen and has_batch_norm(cfg.model.net):
         notes.append(
             f"data.batch_size={batch} with BatchNorm: each step normalizes with one "
@@ -515,16 +547,17 @@ def make_plan(
         network, cfg = plan_network(cfg, decisions["data.patch_size"].value)
         decisions.update(network)
     budget = Budget.of(OmegaConf.select(cfg, "memory.budget"))
-    batch_search = _plan_batch(cfg, device.value, decisions, budget)
+    levers = _plan_levers(cfg, device.value, decisions, budget)
     settings = _plan_loader(cfg, device.value, decisions)
-    if batch_search is not None:
-        settings["data.batch_size"] = decisions["data.batch_size"].value
+    for key in (*LEVER_KEYS, "trainer.accumulate_grad_batches"):
+        if key in decisions and decisions[key].source == "planned":
+            settings[key] = decisions[key].value
     cfg = applied(cfg, settings)
     _check_channels(cfg, opened)  # with the data config final: the run's datamodule
     volume = _validation_volume(cfg, bool(budget or estimate_step), opened)
     estimate, run, cfg = _plan_step(cfg, decisions, budget, estimate_step, fit_budget, volume[0])
-    if batch_search is not None:
-        estimate = {**estimate, "batch_size_auto": batch_search}
+    if levers is not None:
+        estimate = {**estimate, "fastest_fit": levers}
     notes += _batch_notes(cfg, configured_batch, decisions)
     validation, cfg = _plan_validation(
         cfg, decisions, notes, budget, estimate_step, fit_budget, volume, run

@@ -21,6 +21,7 @@ from volseg.memory import (
     margin_note,
     planned_total,
 )
+from volseg.plan.fastest_fit import seconds_text, written_levers
 from volseg.utils.config import plain
 from volseg.utils.errors import BudgetExceeded
 from volseg.utils.units import MIB, Budget
@@ -81,8 +82,8 @@ def format_run_plan(run_plan: Any) -> str:
             lines.append(f"  {margin_line(est)}")
     elif est:
         lines.append(f"  estimate: not made ({est.get('not_estimated')})")
-    if "batch_size_auto" in est:
-        lines += _batch_table(est["batch_size_auto"])
+    if "fastest_fit" in est:
+        lines += fastest_fit_table(est["fastest_fit"])
     val = dict(run_plan.validation)
     if "peak_allocated" in val:
         shape = "x".join(map(str, val["volume_shape"]))
@@ -92,19 +93,50 @@ def format_run_plan(run_plan: Any) -> str:
     return "\n".join(lines)
 
 
-def _batch_table(search: Mapping[str, Any]) -> list[str]:
-    """``data.batch_size=auto``'s table: each batch estimated, what it needs, whether it fits."""
+#: fitting candidates the table shows (plan.yaml keeps every one)
+SHOWN = 8
+
+
+def fastest_fit_table(fit: Mapping[str, Any]) -> list[str]:
+    """The fastest fit's table: the fitting candidates, fastest per sample first, the pick marked
+    ``>``; then each setting's first candidate over the budget, by how much; then any the network
+    refused, with why."""
+    rows = [dict(r) for r in fit["rows"]]
+    budget = fit["budget"]
+    fitting = sorted(
+        (r for r in rows if r["fits"] and r["seconds_per_sample"] is not None),
+        key=lambda r: (r["seconds_per_sample"], -r["batch_size"] * r["accumulate_grad_batches"]),
+    )
     lines = [
-        f"  data.batch_size=auto against {search['budget_of']} ({search['budget'] / MIB:,.0f} "
-        "MiB), at the planned patch and levers:",
-        f"    {'batch':>5}  {'peak allocated':>14}  {'process':>10}  {'with margin':>11}  fits",
+        f"  fastest fit against {fit['budget_of']} ({budget / MIB:,.0f} MiB); step time "
+        f"{fit['time_model']}:",
+        f"    {'batch':>7}  {'levers':<40} {'peak+margin':>11}  {'step':>8}  {'a sample':>8}",
     ]
-    return lines + [
-        f"    {row['batch_size']:>5}  {row['peak_allocated'] / MIB:>10,.0f} MiB  "
-        f"{row['process_total'] / MIB:>6,.0f} MiB  {row['with_margin'] / MIB:>7,.0f} MiB  "
-        f"{'yes' if row['fits'] else 'no'}"
-        for row in search["rows"]
+    best = fitting[0]["seconds_per_sample"] if fitting else None
+    for i, row in enumerate(fitting[:SHOWN]):
+        mark = ">" if i == 0 else " "
+        lines.append(
+            f"  {mark} {row['batch_size']:>7}  {written_levers(row):<40} "
+            f"{row['peak'] / MIB:>7,.0f} MiB  {seconds_text(row['seconds_per_step']):>8}  "
+            f"{seconds_text(row['seconds_per_sample']):>8}"
+            + (f"  {row['seconds_per_sample'] / best:.2f}x" if i else "  the pick")
+        )
+    if len(fitting) > SHOWN:
+        more = len(fitting) - SHOWN
+        lines.append(f"    ... {more} more that fit (plan.yaml: estimate.fastest_fit)")
+    over = [r for r in rows if not r["fits"] and r["peak"] is not None]
+    if over:
+        said = (
+            f"batch {r['batch_size']} {written_levers(r)} +{(r['peak'] - budget) / MIB:,.0f} MiB"
+            for r in over
+        )
+        lines.append("    over the budget: " + "; ".join(said))
+    lines += [
+        f"    batch {r['batch_size']} {written_levers(r)}: {r['why']}"
+        for r in rows
+        if r["peak"] is None
     ]
+    return lines
 
 
 def format_fingerprint(fingerprint: dict[str, Any] | None) -> str:

@@ -109,7 +109,7 @@ def run_estimate(cfg: DictConfig) -> dict[str, Any]:
     context = _context_label(resolve_cuda_context(options.cuda_context_mib, options.gpu).source)
     print(format_estimate(est, int(options.top), context, unmodelled_levers(cfg)))
     result: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "estimate": est.to_dict()}
-    if options.levers:
+    if options.levers and "fastest_fit" not in run_plan.estimate:  # its table is the plan's
         prices = lever_prices(run_plan)
         print(format_lever_prices(prices))
         result["levers"] = [price.to_dict() for price in prices]

@@ -33,8 +33,9 @@ def plan_command(cfg: DictConfig) -> dict[str, Any]:
 def print_lever_prices(cfg: DictConfig) -> None:
     """Nothing fits ``memory.budget``: every lever with its price, before the refusal."""
     unbounded = {"memory.budget": None}
-    if str(OmegaConf.select(cfg, "data.batch_size")) == "auto":
-        unbounded["data.batch_size"] = 1
+    for key, unplanned in (("data.batch_size", 1), ("model.activation_checkpointing", "none")):
+        if str(OmegaConf.select(cfg, key)) == "auto":
+            unbounded[key] = unplanned
     try:
         unbounded_plan = make_plan(applied(cfg, unbounded), estimate_step=False)
         print(format_lever_prices(lever_prices(unbounded_plan)))
