@@ -240,8 +240,8 @@ FOREIGN = {
 
 @pytest.mark.parametrize(
     "network",
-    [
-        "UNETR",
+    [  # a minute each on 2 cores: slow
+        pytest.param("UNETR", marks=pytest.mark.slow),
         pytest.param("SwinUNETR", marks=pytest.mark.slow),
         pytest.param("SegResNet", marks=pytest.mark.slow),
     ],
