@@ -60,6 +60,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "rule_effects": (MEMORY,),
     "lever_time_factors": (MEMORY, MODELS, SPEED),
     "selective_checkpointing": (MODELS, MEMORY),
+    "fastest_fit": (MEMORY, MODELS, SPEED, "src/volseg/plan"),
 }
 #: benchmarks whose figures are dated measurements of the code and machine their file names
 #: (trainings, throughputs, kernels): cited with their date and command, never re-made in place

@@ -63,6 +63,9 @@ BENCHMARKS: dict[str, Benchmark] = dict(
         _maintained(
             "selective_checkpointing", "selective checkpointing beside none and all, estimated"
         ),
+        _maintained(
+            "fastest_fit", "the fastest fit's pick against every candidate trained, and baselines"
+        ),
         _maintained("cpu_bf16_conv", "whether this CPU's bf16 3D convolutions get gradients right"),
         _tool("cpu_margins", "the CPU planner's margin per CPU kind, from the estimator's results"),
         _tool("draw_grid", "draws a held-out grid of configs for estimator_accuracy"),
