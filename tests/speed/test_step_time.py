@@ -11,11 +11,16 @@ from torch.nn.modules.conv import _ConvNd
 from tests.conftest import TINY, compose_config
 from tests.estimates import run_of
 from volseg.memory import Candidate
+from volseg.models import checkpointing
 from volseg.models.build import build_model
 from volseg.plan import planned_config
+from volseg.speed import step_time
 from volseg.speed.step_time import (
     DeviceSpeed,
     StepWork,
+    _fastest,
+    _layers,
+    _probe,
     _solved,
     measure_speed,
     replay_seconds,
@@ -118,6 +123,69 @@ def test_costs_are_solved_from_the_probes_counts():
     seg.append((StepWork("cpu", calls=9, segments=1, segment_calls=4), 9 * 2 + 5 + 11 + 4 * 13.0))
     solved = _solved(seg, {"call": 2, "probe": 5}, ["segment", "segment_call"])
     assert solved == pytest.approx({"segment": 11, "segment_call": 13})
+
+
+def test_costs_are_least_squares_over_more_probes_than_costs_after_what_is_priced():
+    # three probes of 1 start (5 s) and 2, 4, 8 calls (2 s each), timed 0.5 s off each way
+    probes = [
+        (StepWork("cpu", calls=2), 2 * 2 + 5 + 0.5),
+        (StepWork("cpu", calls=4), 4 * 2 + 5 - 0.5),
+        (StepWork("cpu", calls=8), 8 * 2 + 5 + 0.5),
+    ]
+    solved = _solved(probes, {}, ["call", "probe"])
+    assert solved["call"] == pytest.approx(2, abs=0.2)
+    assert solved["probe"] == pytest.approx(5, abs=1)
+    # what the device's speed prices (bytes here: 100 s of them) is taken off before solving
+    priced = [(StepWork("cpu", calls=n, bytes=1000), n * 2 + 5 + 100.0) for n in (1, 3, 9)]
+    speed = DeviceSpeed(0.0, 0.0, 0.0, 0.0, 0.0, bandwidth=10.0)
+    assert _solved(priced, {}, ["call", "probe"], speed) == pytest.approx({"call": 2, "probe": 5})
+
+
+def test_the_fastest_run_leaves_the_warm_up_runs_out(monkeypatch):
+    # a fake clock: the first three runs warm up (a primitive's creation, page faults: 10 s; one
+    # 0.5 s, not counted however fast), then 1 s each, one 3 s (disturbed)
+    clock = [0.0]
+    durations = iter([0.5, 10.0, 10.0, 1.0, 3.0, *[1.0] * 100])
+    monkeypatch.setattr(step_time.time, "perf_counter", lambda: clock[0])
+    runs = []
+
+    def run():
+        runs.append(1)
+        clock[0] += next(durations)
+
+    assert _fastest(run, "cpu", least=5, seconds=0.0, warm=3) == 1.0
+    assert len(runs) == 3 + 5
+    # at least ``seconds`` of runs after the warm-up: 7 runs of 1 s or 3 s
+    runs.clear()
+    durations = iter([10.0, 10.0, 10.0, 3.0, *[2.0] * 100])
+    assert _fastest(run, "cpu", least=2, seconds=15.0, warm=3) == 2.0
+    assert len(runs) == 3 + 7
+
+
+def test_the_probes_are_a_networks_units_kept_and_recomputed_as_a_segments_are():
+    x = torch.randn(1, 4, 2, 2, 2, requires_grad=True)
+    weight = torch.randn(4, 4, 3, 3, 3, requires_grad=True)
+    scale = torch.ones(4, requires_grad=True)
+
+    def run(**segment):
+        def layers(maps):
+            return _layers(maps, weight, scale, links=2)
+
+        if not segment:
+            return lambda: layers(x).sum().backward()
+        return lambda: checkpointing.checkpoint_segment(layers, [], x, **segment).sum().backward()
+
+    (plain, _), (full, _), (selective, _) = (
+        _probe(run(**segment), "cpu") for segment in ({}, {"selective": False}, {"selective": True})
+    )
+    # each unit: a convolution and a norm, each replayed; batch norm and instance norm in turn
+    assert _convolutions(plain) == 2 and _convolutions(plain, aten.native_batch_norm.default) == 2
+    # a full segment runs its convolutions again in backward; a selective one keeps them
+    assert _convolutions(full) == 4 and _convolutions(selective) == 2
+    assert full.segments == selective.selective_segments == 1
+    # the policy sees every op of the units, the convolutions and norms among them
+    assert selective.selective_calls > 2 * 3
+    assert full.segment_calls > 2 * 3 and plain.segment_calls == 0
 
 
 def test_the_device_costs_are_measured_and_positive():

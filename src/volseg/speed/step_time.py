@@ -3,6 +3,11 @@ matrix product: an op with a FLOP formula) or normalizes is replayed once on the
 traced shapes and timed; every other op costs a fixed ``call`` (Python, dispatch, autograd) plus
 the bytes it reads and writes at the device's bandwidth; each checkpointed segment adds its own
 bookkeeping, and each op a selective policy sees (forward and recompute) that policy's dispatch.
+These per-event costs are solved by least squares from probes run on the device: chains of a
+U-Net's units (a convolution, a norm, a leaky ReLU) on tiny maps, plain and checkpointed, whose
+per-op costs are a network's (a sine's are a third of a selective policy's per conv-net op: its
+arguments and saved tensors are few). Every timing is the fastest of many runs after warm-up runs
+(:func:`_fastest`): on a shared machine, the run the least disturbed.
 
 Kernel speed depends on shapes in ways no table holds (on a CPU, torch runs small batch-1
 convolutions on its native kernels, ``ConvParams::use_mkldnn``; oneDNN's speed varies tenfold
@@ -77,7 +82,7 @@ def replay_seconds(op: Replay, device: str) -> float | None:
     built_args, built_kwargs = _built(args, device), dict(_built(kwargs, device))
     try:
         with torch.no_grad():
-            return _fastest(lambda: func(*built_args, **built_kwargs), device, least=3)
+            return _fastest(lambda: func(*built_args, **built_kwargs), device, seconds=0.05)
     except RuntimeError:
         return None
 
@@ -177,19 +182,33 @@ class DeviceSpeed:
     bandwidth: float
 
 
-def _fastest(run: Callable[[], Any], device: str, least: int = 5, seconds: float = 0.05) -> float:
-    """The fastest timing of ``run`` after one warm-up, run at least ``least`` times and for at
-    least ``seconds`` (up to 100 times): on a shared machine, the run the least disturbed."""
-    times: list[float] = []
-    for _ in range(101):
+def _fastest(
+    run: Callable[[], Any],
+    device: str,
+    least: int = 5,
+    seconds: float = 0.1,
+    warm: int = 3,
+    most: int = 2000,
+) -> float:
+    """The fastest timing of ``run`` after ``warm`` warm-up runs, run at least ``least`` times and
+    for at least ``seconds`` (up to ``most`` times): on a shared machine, the run the least
+    disturbed. The warm-up runs take what only the first runs pay: a oneDNN primitive's creation,
+    and the page faults of a large buffer until the allocator keeps its memory (the first few
+    runs of a batch-1 convolution's backward, ``slow_conv3d``, fault in its tens of MB)."""
+
+    def timed() -> float:
         start = time.perf_counter()
         run()
         if device == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        if len(times) > least and sum(times[1:]) >= seconds:
-            break
-    return min(times[1:])
+        return time.perf_counter() - start
+
+    for _ in range(warm):
+        timed()
+    times: list[float] = []
+    while len(times) < most and (len(times) < least or sum(times) < seconds):
+        times.append(timed())
+    return min(times)
 
 
 class _Counting(TorchDispatchMode):
@@ -221,45 +240,92 @@ def _chain(x: Tensor, links: int) -> Tensor:
     return x
 
 
+def _layers(x: Tensor, weight: Tensor, scale: Tensor, links: int) -> Tensor:
+    """``links`` units of a 3D U-Net on ``x``, one after the other: a 3x3x3 convolution, a norm
+    (batch and instance norm in turn) and a leaky ReLU; the ops a network's segment runs, each
+    with the arguments and saved tensors that a selective policy and checkpoint's hooks see."""
+    for link in range(links):
+        x = torch.nn.functional.conv3d(x, weight, padding=1)
+        if link % 2:
+            x = torch.nn.functional.instance_norm(x, weight=scale, bias=scale)
+        else:
+            x = torch.nn.functional.batch_norm(x, None, None, scale, scale, training=True)
+        x = torch.nn.functional.leaky_relu(x)
+    return x
+
+
 def _count(work: StepWork, cost: str) -> float:
     """How many times a probe's ``work`` pays ``cost`` (:meth:`StepWork.counts`); ``probe``:
     once."""
     return 1.0 if cost == "probe" else float(work.counts()[cost])
 
 
+def _priced(work: StepWork, speed: DeviceSpeed | None) -> float:
+    """What ``speed`` prices of ``work`` but its per-event costs: its replayed ops and bytes
+    (seconds; ``None``: nothing)."""
+    if speed is None:
+        return 0.0
+    return StepWork(work.device, bytes=work.bytes, replayed=work.replayed).seconds(speed)
+
+
 def _solved(
-    probes: list[tuple[StepWork, float]], known: dict[str, float], names: list[str]
+    probes: list[tuple[StepWork, float]],
+    known: dict[str, float],
+    names: list[str],
+    priced: DeviceSpeed | None = None,
 ) -> dict[str, float]:
-    """The costs ``names`` that the probes' times leave after the ``known`` costs: as many
-    probes as names, each cost times its count (:func:`_count`)."""
-    counts = [[_count(w, n) for n in names] for w, _ in probes]
-    rest = [t - sum(_count(w, k) * v for k, v in known.items()) for w, t in probes]
-    solved = torch.linalg.solve(torch.tensor(counts), torch.tensor(rest)).clamp(min=0)
-    return dict(zip(names, solved.tolist(), strict=True))
+    """The costs ``names`` that the probes' times leave after the ``known`` costs and what
+    ``priced`` prices (:func:`_priced`), each cost times its count (:func:`_count`): least
+    squares over the probes (at least as many as names) of their relative errors, so that each
+    probe's timing noise weighs its share; none below zero."""
+    counts = torch.tensor([[_count(w, n) for n in names] for w, _ in probes], dtype=torch.float64)
+    rest = torch.tensor(
+        [
+            t - _priced(w, priced) - sum(_count(w, k) * v for k, v in known.items())
+            for w, t in probes
+        ],
+        dtype=torch.float64,
+    )
+    weight = 1 / torch.tensor([t for _, t in probes], dtype=torch.float64).clamp(min=1e-12)
+    solved = torch.linalg.lstsq(counts * weight[:, None], (rest * weight)[:, None]).solution
+    return dict(zip(names, solved.squeeze(1).clamp(min=0).tolist(), strict=True))
+
+
+#: chain lengths of each probe: the costs are solved by least squares over them
+_LINKS = (1, 4, 12)
 
 
 @functools.cache
 def measure_speed(device: str) -> DeviceSpeed:
-    """``device``'s :class:`DeviceSpeed`, from probes run on it once a process (under a second
-    on a CPU): chains of tiny ops, plain and checkpointed, whose counts solve for each cost."""
+    """``device``'s :class:`DeviceSpeed`, from probes run on it once a process (a second or two
+    on a CPU): chains of a U-Net's units (:func:`_layers`) on tiny maps, plain, checkpointed and
+    selectively checkpointed, whose counts solve for each cost, their replayed ops and bytes
+    taken off; the bandwidth from an elementwise op on larger maps."""
     leaf = torch.zeros((), device=device, requires_grad=True)
-
-    def chain(links: int, **segment: Any) -> tuple[StepWork, float]:
-        run = functools.partial(_chain, links=links)
-        if not segment:
-            return _probe(lambda: run(leaf).backward(), device)
-        seg = checkpointing.checkpoint_segment
-        return _probe(lambda: seg(run, [], leaf, **segment).backward(), device)
-
-    # ``probe``: what every probe spends once (its backward's start, the leaf's gradient)
-    costs = _solved([chain(1), chain(64)], {}, ["call", "probe"])
-    full = [chain(1, selective=False), chain(64, selective=False)]
-    costs |= _solved(full, costs, ["segment", "segment_call"])
-    selective = [chain(1, selective=True), chain(64, selective=True)]
-    costs |= _solved(selective, costs, ["selective_segment", "selective_call"])
+    sines = [_probe(lambda n=n: _chain(leaf, n).backward(), device) for n in (1, 16, 64)]
+    call = _solved(sines, {}, ["call", "probe"])["call"]
     # an elementwise op's forward and backward on 16-channel 8x32x32 maps, its calls taken off
     x = torch.randn(2, 16, 8, 32, 32, device=device, requires_grad=True)
     work, took = _probe(lambda: torch.nn.functional.leaky_relu(x).sum().backward(), device)
-    bandwidth = work.bytes / max(took - work.calls * costs["call"], took / 4)
+    bandwidth = work.bytes / max(took - work.calls * call, took / 4)
+    priced = DeviceSpeed(0.0, 0.0, 0.0, 0.0, 0.0, bandwidth)
+
+    maps = torch.randn(1, 4, 2, 2, 2, device=device, requires_grad=True)
+    weight = torch.randn(4, 4, 3, 3, 3, device=device, requires_grad=True)
+    scale = torch.ones(4, device=device, requires_grad=True)
+
+    def layers(links: int, **segment: Any) -> tuple[StepWork, float]:
+        run = functools.partial(_layers, weight=weight, scale=scale, links=links)
+        if not segment:
+            return _probe(lambda: run(maps).sum().backward(), device)
+        seg = checkpointing.checkpoint_segment
+        return _probe(lambda: seg(run, [], maps, **segment).sum().backward(), device)
+
+    # ``probe``: what every probe spends once (its backward's start, the leaves' gradients)
+    costs = _solved([layers(n) for n in _LINKS], {}, ["call", "probe"], priced)
+    full = [layers(n, selective=False) for n in _LINKS]
+    costs |= _solved(full, costs, ["segment", "segment_call"], priced)
+    selective = [layers(n, selective=True) for n in _LINKS]
+    costs |= _solved(selective, costs, ["selective_segment", "selective_call"], priced)
     del costs["probe"]
     return DeviceSpeed(**costs, bandwidth=bandwidth)
