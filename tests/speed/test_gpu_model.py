@@ -15,7 +15,7 @@ from tests.estimates import run_of
 from volseg.memory import Candidate
 from volseg.plan import planned_config
 from volseg.speed.gpu_model import GPUS, gpu_model, modelled_seconds
-from volseg.speed.step_time import StepWork, _spec
+from volseg.speed.step_time import StepWork, spec_of
 from volseg.utils.errors import UserInputError
 
 aten = torch.ops.aten
@@ -30,7 +30,7 @@ def _conv(batch: int, cin: int, cout: int, side: tuple[int, int, int], dtype=tor
     """A replayed 3x3x3 convolution, padding 1 (output voxels = input's), no bias."""
     x, w = _meta(batch, cin, *side, dtype=dtype), _meta(cout, cin, 3, 3, 3, dtype=dtype)
     args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
-    return (aten.convolution.default, _spec(args), ())
+    return (aten.convolution.default, spec_of(args), ())
 
 
 def _work(*ops, **counts) -> StepWork:
@@ -61,7 +61,7 @@ def test_a_bfloat16_convolution_is_priced_at_the_tensor_peak():
 
 def test_a_float32_matrix_product_is_priced_at_the_fp32_peak():
     # torch keeps float32 matmuls off TF32 by default: 2 x 4096^3 FLOPs at 67 TFLOPS
-    mm = (aten.mm.default, _spec((_meta(4096, 4096), _meta(4096, 4096))), ())
+    mm = (aten.mm.default, spec_of((_meta(4096, 4096), _meta(4096, 4096))), ())
     assert modelled_seconds(_work(mm), H100) == pytest.approx(137_438_953_472 / (67e12 * 0.5))
 
 
@@ -70,7 +70,7 @@ def test_a_norm_is_priced_at_its_bytes():
     # inverse std 128 each
     x = _meta(2, 32, 32, 64, 64)
     args = (x, _meta(32), _meta(32), None, None, True, 0.1, 1e-5)
-    norm = (aten.native_batch_norm.default, _spec(args), ())
+    norm = (aten.native_batch_norm.default, spec_of(args), ())
     assert modelled_seconds(_work(norm), H100) == pytest.approx(67_109_376 / (3.35e12 * 0.8))
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from volseg.speed.step_time import Replay, StepWork, _nbytes, _spec, _TensorSpec
+from volseg.speed.step_time import Replay, StepWork, TensorSpec, spec_bytes, spec_of
 from volseg.utils.errors import UserInputError
 from volseg.utils.units import GIB
 
@@ -151,9 +151,9 @@ def gpu_model(name: str | None) -> tuple[GpuModel, str]:
 
 
 def _meta(value: Any) -> Any:
-    """:func:`~volseg.speed.step_time._spec`'s ``value`` with each spec a meta tensor (no data)
+    """:func:`~volseg.speed.step_time.spec_of`'s ``value`` with each spec a meta tensor (no data)
     and each tuple a list, as the op took it."""
-    if isinstance(value, _TensorSpec):
+    if isinstance(value, TensorSpec):
         return torch.empty_strided(value.shape, value.stride, dtype=value.dtype, device="meta")
     if isinstance(value, tuple):
         return [_meta(v) for v in value]
@@ -162,7 +162,7 @@ def _meta(value: Any) -> Any:
 
 def _dtype(spec: Any) -> torch.dtype | None:
     """The dtype of the first floating-point tensor in ``spec`` (the op's input), or ``None``."""
-    if isinstance(spec, _TensorSpec):
+    if isinstance(spec, TensorSpec):
         return spec.dtype if spec.dtype.is_floating_point else None
     if isinstance(spec, tuple):
         return next((d for d in map(_dtype, spec) if d is not None), None)
@@ -179,11 +179,11 @@ def op_work(op: Replay) -> tuple[int, int]:
         out = func(*meta_args, **meta_kwargs)
     except (RuntimeError, NotImplementedError):
         # an op without a meta kernel: its arguments' bytes only, no FLOPs
-        return 0, _nbytes(args) + _nbytes(kwargs)
+        return 0, spec_bytes(args) + spec_bytes(kwargs)
     formula = flop_registry.get(func.overloadpacket)
     # the formulas are wrapped by flop_counter's shape_wrapper: (*args, out_val=out, **kwargs)
     flops = 0 if formula is None else int(formula(*meta_args, out_val=out, **meta_kwargs))
-    return flops, _nbytes(args) + _nbytes(kwargs) + _nbytes(_spec(out))
+    return flops, spec_bytes(args) + spec_bytes(kwargs) + spec_bytes(spec_of(out))
 
 
 def op_seconds(op: Replay, gpu: GpuModel) -> float:

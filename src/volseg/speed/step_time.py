@@ -37,26 +37,28 @@ from volseg.models import checkpointing
 _NORMS = ("native_batch_norm", "native_group_norm", "native_layer_norm")
 
 
-class _TensorSpec(NamedTuple):
+class TensorSpec(NamedTuple):
+    """A traced tensor as a replay rebuilds it: shape, strides, dtype."""
+
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
 
 
-def _spec(value: Any) -> Any:
-    """``value`` with each tensor as its :class:`_TensorSpec` and each list a tuple (hashable)."""
+def spec_of(value: Any) -> Any:
+    """``value`` with each tensor as its :class:`TensorSpec` and each list a tuple (hashable)."""
     if isinstance(value, Tensor):
-        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
+        return TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
     if isinstance(value, (list, tuple)):
-        return tuple(_spec(v) for v in value)
+        return tuple(spec_of(v) for v in value)
     if isinstance(value, dict):
-        return tuple((k, _spec(v)) for k, v in value.items())
+        return tuple((k, spec_of(v)) for k, v in value.items())
     return value
 
 
 def _built(value: Any, device: str) -> Any:
-    """:func:`_spec`'s ``value`` with each spec a tensor of random values on ``device``."""
-    if isinstance(value, _TensorSpec):
+    """:func:`spec_of`'s ``value`` with each spec a tensor of random values on ``device``."""
+    if isinstance(value, TensorSpec):
         tensor = torch.empty_strided(value.shape, value.stride, dtype=value.dtype, device=device)
         return tensor.normal_() if tensor.is_floating_point() else tensor.zero_()
     if isinstance(value, tuple):
@@ -68,10 +70,11 @@ def _built(value: Any, device: str) -> Any:
 Replay = tuple[Any, Any, Any]
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, _TensorSpec):
+def spec_bytes(value: Any) -> int:
+    """The bytes of every tensor of a :func:`spec_of` value."""
+    if isinstance(value, TensorSpec):
         return math.prod(value.shape) * value.dtype.itemsize
-    return sum(map(_nbytes, value)) if isinstance(value, tuple) else 0
+    return sum(map(spec_bytes, value)) if isinstance(value, tuple) else 0
 
 
 @functools.cache
@@ -112,7 +115,7 @@ class StepWork:
         self.segment_calls += self.in_segment > 0
         packet = func.overloadpacket
         if packet in flop_registry or packet.__name__.startswith(_NORMS):
-            self.replayed[(func, _spec(args), _spec(kwargs or {}))] += 1
+            self.replayed[(func, spec_of(args), spec_of(kwargs or {}))] += 1
             return
         tensors = [*args, *(out if isinstance(out, (tuple, list)) else (out,))]
         self.bytes += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor))
@@ -133,7 +136,7 @@ class StepWork:
         replayed = 0.0
         for op, n in self.replayed.items():
             took = replay_seconds(op, self.device)
-            replayed += n * (_nbytes(op[1]) / speed.bandwidth if took is None else took)
+            replayed += n * (spec_bytes(op[1]) / speed.bandwidth if took is None else took)
         per_event = sum(n * getattr(speed, cost) for cost, n in self.counts().items())
         return per_event + self.bytes / speed.bandwidth + replayed
 
@@ -323,6 +326,8 @@ def measure_speed(device: str) -> DeviceSpeed:
 
     # ``probe``: what every probe spends once (its backward's start, the leaves' gradients)
     costs = _solved([layers(n) for n in _LINKS], {}, ["call", "probe"], priced)
+    # replays slowed by another process can leave the units' calls nothing: the sines' then
+    costs["call"] = costs["call"] or call
     full = [layers(n, selective=False) for n in _LINKS]
     costs |= _solved(full, costs, ["segment", "segment_call"], priced)
     selective = [layers(n, selective=True) for n in _LINKS]
