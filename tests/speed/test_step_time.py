@@ -153,13 +153,19 @@ def test_the_fastest_run_leaves_the_warm_up_runs_out(monkeypatch):
         runs.append(1)
         clock[0] += next(durations)
 
-    assert _fastest(run, "cpu", least=5, seconds=0.0, warm=3) == 1.0
+    assert _fastest(run, "cpu", least=5, seconds=0.0, warm=3, long=100.0) == 1.0
     assert len(runs) == 3 + 5
     # at least ``seconds`` of runs after the warm-up: 7 runs of 1 s or 3 s
     runs.clear()
     durations = iter([10.0, 10.0, 10.0, 3.0, *[2.0] * 100])
-    assert _fastest(run, "cpu", least=2, seconds=15.0, warm=3) == 2.0
+    assert _fastest(run, "cpu", least=2, seconds=15.0, warm=3, long=100.0) == 2.0
     assert len(runs) == 3 + 7
+    # a long first run (a large convolution): its first-call costs are a small share of it, so
+    # the fastest of two more runs, not three warm-ups and five runs
+    runs.clear()
+    durations = iter([0.2, 0.15, 0.1, *[0.01] * 100])
+    assert _fastest(run, "cpu", least=5, seconds=0.0, warm=3, long=0.05) == 0.1
+    assert len(runs) == 3
 
 
 def test_the_probes_are_a_networks_units_kept_and_recomputed_as_a_segments_are():
