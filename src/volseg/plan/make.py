@@ -262,8 +262,11 @@ def _plan_levers(
                 f"; the least, batch {least.batch_size} with {written_levers(least)}, needs "
                 f"{least.peak / MIB:,.0f} MiB with the margin"
             )
-        else:  # every candidate refused: the network's reason
-            needs = f"; every candidate {fit.rows[0].why}" if fit.rows else ""
+        else:  # every candidate refused: the network's reason, not the budget
+            raise BudgetExceeded(
+                f"{'=auto, '.join(auto)}=auto: no candidate could be estimated for {what}: "
+                f"{fit.rows[0].why if fit.rows else 'none built'}"
+            )
         raise BudgetExceeded(
             f"{'=auto, '.join(auto)}=auto: nothing fits {what} ({budget / MIB:,.0f} MiB{needs}); "
             "python plan.py with memory.budget lists the levers that do"
