@@ -68,6 +68,9 @@ def test_train_writes_checkpoints_metrics_and_summary(trained):
     assert summary["parameters"] == sum(p.numel() for p in UNet3D(1, 5, [4, 8, 16]).parameters())
     # 4 training volumes x 1 patch each, batch 2 -> 2 steps per epoch, 2 epochs
     assert summary["global_step"] == 4
+    # no step estimate (memory.plan_step=false): no predicted time, and why; the fit's measured
+    assert summary["predicted_seconds"] is None and "plan_step=false" in summary["not_predicted"]
+    assert summary["measured_seconds"] == pytest.approx(summary["wall_time_s"], abs=0.01)
     assert summary["wall_time_s"] > 0
     keys = set(_metrics_rows(run_dir)[0])
     expected = {"train/loss", "val/loss", "val/dice_mean", "val/dice_mean_best"}

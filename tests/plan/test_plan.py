@@ -247,6 +247,12 @@ def test_plan_py_on_the_embedded_data_and_train_from_the_plan(small_dataset, tmp
     )
     trained = yaml.safe_load((tmp_path / "direct" / "plan.yaml").read_text())["estimate"]
     assert trained == written["estimate"] and trained["peak_allocated"] > 0
+    # its predicted time beside the measured one; the steps predicted are the steps it ran
+    summary = json.loads((tmp_path / "direct" / "summary.json").read_text())
+    predicted = yaml.safe_load((tmp_path / "direct" / "plan.yaml").read_text())["duration"]
+    assert summary["predicted_seconds"] == predicted["seconds"] > 0
+    assert summary["measured_seconds"] > 0 and summary["predicted_timed"] == "replayed"
+    assert predicted["optimizer_steps"] == summary["global_step"]
     from_plan = train(compose_config("train", tmp_path / "run", [f"plan={path}"]))
     replayed = yaml.safe_load((tmp_path / "run" / "plan.yaml").read_text())["decisions"]
     assert _values(replayed) == _values(written["decisions"])

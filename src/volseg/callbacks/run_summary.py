@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -13,9 +14,23 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from volseg.utils.signals import TrainingInterrupted, resume_command
 
 
+def predicted_and_measured(pl_module: LightningModule, measured: float) -> dict[str, Any]:
+    """``predicted_seconds`` (the run plan's ``duration``; ``None`` where it was not predicted,
+    and ``not_predicted`` says why) and ``measured_seconds`` of this fit."""
+    duration = (getattr(pl_module, "run_plan", None) or {}).get("duration") or {}
+    found: dict[str, Any] = {"predicted_seconds": duration.get("seconds")}
+    if found["predicted_seconds"] is None:
+        found["not_predicted"] = duration.get("not_predicted", "no run plan")
+    else:
+        found["predicted_timed"] = duration.get("timed")
+    found["measured_seconds"] = round(measured, 2)
+    return found
+
+
 class RunSummary(Callback):
     """``summary.json``: ``status``, best ``val/dice_mean``, per-class Dice at that epoch, best
-    checkpoint, parameter count, steps, epochs and wall time (seconds) of this fit. A run stopped
+    checkpoint, parameter count, steps, epochs and wall time (seconds) of this fit, with the run
+    plan's predicted time beside it (``predicted_seconds``, ``measured_seconds``). A run stopped
     by a signal (``status: interrupted``) adds the ``resume`` command; one stopped by an error
     (``status: failed``) the ``error``.
     """
@@ -51,6 +66,7 @@ class RunSummary(Callback):
         best = next((c.best_model_path for c in checkpoints if c.monitor), None)
         last = next((c.best_model_path for c in checkpoints if c.filename == "last"), None)
         best_dice = getattr(pl_module, "best_dice", None)
+        wall = time.perf_counter() - self._start
         summary = {
             **status,
             "best_val_dice_mean": best_dice if best_dice not in (None, float("-inf")) else None,
@@ -60,7 +76,9 @@ class RunSummary(Callback):
             "parameters": sum(p.numel() for p in pl_module.parameters()),
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
-            "wall_time_s": round(time.perf_counter() - self._start, 2),
+            "wall_time_s": round(wall, 2),
+            # the plan's predicted time of this fit beside the measured one (plan.yaml's duration)
+            **predicted_and_measured(pl_module, wall),
             "precision": str(trainer.precision),
             # requested, device and why (trainer.precision=auto is resolved by the device)
             "precision_choice": getattr(pl_module, "precision_choice", None),

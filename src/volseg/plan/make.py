@@ -565,6 +565,8 @@ def make_plan(
     validation, cfg = _plan_validation(
         cfg, decisions, notes, budget, estimate_step, fit_budget, volume, run
     )
+    from volseg.plan.duration import predict_duration
+
     return RunPlan(
         config=cfg,
         decisions=decisions,
@@ -573,5 +575,6 @@ def make_plan(
         fingerprint=found,
         notes=tuple(notes),
         precision=dataclasses.asdict(choice),
+        duration=predict_duration(cfg, run, opened.module, estimate),
         datamodule=opened.for_run(cfg),
     )

@@ -54,7 +54,7 @@ class Decision:
 @dataclass(frozen=True)
 class RunPlan:
     """The plan of one run: ``config`` (a copy for each reader), ``decisions`` by key, the step's
-    ``estimate``, ``validation``, the dataset's ``fingerprint``."""
+    ``estimate``, ``validation``, the run's ``duration``, the dataset's ``fingerprint``."""
 
     config: DictConfig
     decisions: Mapping[str, Decision]
@@ -65,6 +65,8 @@ class RunPlan:
     notes: tuple[str, ...] = ()
     #: trainer.precision: what was asked, what runs, on which device, why
     precision: Mapping[str, str] = field(default_factory=dict)
+    #: the run's predicted wall time and its inputs (:mod:`volseg.plan.duration`), or why not
+    duration: Mapping[str, Any] = field(default_factory=dict)
     #: the datamodule the plan read the data with, where built from the final ``data``
     datamodule: Any = field(default=None, compare=False, repr=False)
 
@@ -86,6 +88,7 @@ class RunPlan:
             "decisions": {k: plain(asdict(d)) for k, d in self.decisions.items()},
             "estimate": plain(dict(self.estimate)),
             "validation": plain(dict(self.validation)),
+            "duration": plain(dict(self.duration)),
             "fingerprint": plain(dict(self.fingerprint)) if self.fingerprint else None,
             "notes": list(self.notes),
             "config": config,

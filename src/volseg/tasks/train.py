@@ -14,6 +14,7 @@ from volseg.data.host_memory import local_processes
 from volseg.data.sampling import check_resume_world, saved_loader_states
 from volseg.models.build import build_model
 from volseg.plan import plan_run
+from volseg.plan.duration import duration_line
 from volseg.plan.report import margin_line
 from volseg.utils.checkpoint import check_weights_fit, check_work_left, load_run_config
 from volseg.utils.entry import file_log, print_config, seed_everything
@@ -69,6 +70,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # the one plan line the console gets too: the margin the step is planned with, if estimated
     if "margin_source" in run_plan.estimate:
         log.info("%s", margin_line(run_plan.estimate))
+    # the run's predicted wall time (plan.yaml's duration), or why it is not predicted
+    log.info("%s", duration_line(run_plan.duration))
     if is_global_zero():
         log.info("Wrote %s (the run plan)", run_plan.write(cfg.paths.output_dir))
     cfg = run_plan.run_config()
