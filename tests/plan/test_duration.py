@@ -114,13 +114,21 @@ def test_max_steps_caps_the_steps_and_the_validations_that_run(tmp_path, given_s
 
 def test_max_time_caps_the_duration_and_says_so(tmp_path, given_seconds):
     # trainer.max_time unbounds the epochs (configs/trainer/default.yaml): the time ends the run
-    found = _predict(tmp_path, ["trainer.max_time=00:01:00:00"], given_seconds)
+    budget = ["callbacks.validation_budget=null"]
+    found = _predict(tmp_path, ["trainer.max_time=00:01:00:00", *budget], given_seconds)
     assert found["stopped_by"] == "trainer.max_time" and found["max_time_seconds"] == 3600
     # an hour of training less the validations and writes in it, to the step that reaches it
     assert 340 < found["optimizer_steps"] <= 360 and found["epochs"] == 9
     after = found["sanity_validation_seconds"] + found["validation_seconds"] + STEP_S
     assert 3600 <= found["seconds"] <= 3600 + after
-    assert "trainer.max_time=00:01:00:00 caps it" in duration_line(found)
+    assert "trainer.max_time=00:01:00:00 caps it: the run stops at the step" in duration_line(found)
+    # callbacks.validation_budget (on by default) stops it after the last validation that fits:
+    # the epoch that starts with less than two epochs and a validation left (800 s) is the last
+    found = _predict(tmp_path, ["trainer.max_time=00:01:00:00"], given_seconds)
+    assert found["stopped_by"].startswith("trainer.max_time (callbacks.validation_budget")
+    assert (found["optimizer_steps"], found["epochs"]) == (320, 8)
+    assert 3600 - 800 < found["seconds"] < 3600
+    assert "after the last validation that fits" in duration_line(found)
     # a time the run does not reach: the epochs end it as before
     longer = ["trainer.max_time=00:10:00:00", "trainer.max_epochs=12"]
     found = _predict(tmp_path, longer, given_seconds)

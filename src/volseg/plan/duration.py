@@ -303,10 +303,10 @@ def _simulate(run: _Run) -> _Simulated:
     and validating the last epoch), the checkpoints, and the limits: ``max_steps`` at a step,
     ``max_time`` at the step that reaches it (Lightning's ``Timer``; a validation due in that
     epoch still runs)."""
-    out = _Simulated(seconds=run.sanity_s)
-    batch_s = run.step_s / run.accumulate
+    out = _Simulated()
+    batch_s = max(run.step_s / run.accumulate, 1e-9)
     ckpt = run.checkpoints
-    every, final = run.every, False
+    every, final, last_in_time = run.every, False, False
     clock, trained, total_batches = 0.0, 0.0, 0  # clock: since training began (Timer's)
     epoch_times: list[float] = []
     since_save = 0.0  # seconds since the last epoch-end save
@@ -322,8 +322,10 @@ def _simulate(run: _Run) -> _Simulated:
             # ValidationBudget.on_train_epoch_start: the last epoch is validated
             final = run.max_epochs is not None and epoch + 1 >= run.max_epochs
             if not final and run.max_time is not None and epoch_times:
+                # another epoch and validation after this one's would not fit: this one's
+                # validation is the last, and the run stops after it
                 cycle = _mean(epoch_times) + (run.validation_s if out.validations else 0.0)
-                final = run.max_time - clock < 2 * cycle
+                final = last_in_time = run.max_time - clock < 2 * cycle
             every = 1 if final else every
         val_epoch = run.validates and (every is None or (epoch + 1) % every == 0)
         # the batches this epoch trains: cut by max_steps (whole steps) and max_time
@@ -377,6 +379,9 @@ def _simulate(run: _Run) -> _Simulated:
         out.epochs = epoch + 1
         if timed_out:
             out.stopped_by = "trainer.max_time"
+            break
+        if last_in_time and checks:
+            out.stopped_by = "trainer.max_time (callbacks.validation_budget: its last validation)"
             break
     else:
         out.truncated = True
@@ -694,6 +699,11 @@ def _predict(cfg: DictConfig, run: Any, datamodule: Any) -> dict[str, Any]:
         result["capped_by"] = (
             f"trainer.max_time={plain(trainer.max_time)} caps it: the run stops at the step that "
             f"reaches {max_time / 60:,.1f} min of training"
+        )
+    elif sim.stopped_by.startswith("trainer.max_time"):
+        result["capped_by"] = (
+            f"trainer.max_time={plain(trainer.max_time)} caps it: the run stops after the last "
+            "validation that fits in it (callbacks.validation_budget)"
         )
     return result
 
