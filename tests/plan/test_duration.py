@@ -35,6 +35,7 @@ def given_seconds(monkeypatch):
         return (lambda work: STEP_S if work is found.work else WINDOW_BATCH_S), "replayed"
 
     monkeypatch.setattr(duration, "_seconds_of", seconds_of)
+    monkeypatch.setattr(duration, "_load", lambda: (0.5, 2))  # a quiet machine
     return run
 
 
@@ -225,3 +226,13 @@ def test_summary_json_puts_the_predicted_time_beside_the_measured_one(tmp_path, 
         "not_predicted": "no step estimate",
         "measured_seconds": 1.0,
     }
+
+
+def test_a_time_replayed_on_a_busy_machine_says_so(tmp_path, given_seconds, monkeypatch):
+    monkeypatch.setattr(duration, "_load", lambda: (5.2, 2))
+    found = _predict(tmp_path, [], given_seconds)
+    assert (found["load_average"], found["cores"]) == (5.2, 2)
+    assert duration_line(found).endswith(
+        "(timed while this machine was busy, load 5.2 on 2 cores: its replays, and the run, are "
+        "slower than on a quiet one)"
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from volseg.data.host_memory import local_processes
+from volseg.data.loader_options import available_cores
 from volseg.models.build import build_model
 from volseg.speed.gpu_model import gpu_model, modelled_seconds
 from volseg.speed.step_time import StepWork, measure_speed
@@ -138,6 +140,12 @@ def duration_line(duration: Mapping[str, Any]) -> str:
         line += f"; {duration['capped_by']}"
     elif duration.get("stopped_by") == "trainer.max_steps":
         line += f" (trainer.max_steps={duration['max_steps']} ends it)"
+    load, cores = duration.get("load_average"), duration.get("cores")
+    if load is not None and cores and load > cores:
+        line += (
+            f" (timed while this machine was busy, load {load:.1f} on {cores} cores: its "
+            "replays, and the run, are slower than on a quiet one)"
+        )
     return line
 
 
@@ -566,6 +574,15 @@ def _checkpoint_cost(cfg: DictConfig, run: Any) -> tuple[int, float, str]:
     return nbytes, seconds, how
 
 
+def _load() -> tuple[float, int] | None:
+    """This machine's 1-minute load average and the cores this process may use (``None`` where
+    the system does not say): replays timed on a busy machine are slower."""
+    try:
+        return round(os.getloadavg()[0], 2), available_cores()
+    except OSError:
+        return None
+
+
 def _seconds_of(cfg: DictConfig, run: Any) -> tuple[Callable[[StepWork], float], str]:
     """How a traced step's work becomes seconds on the run's device: replayed on it here, or the
     GPU model's for a CUDA plan made without a GPU (``memory.gpu`` names it)."""
@@ -583,6 +600,7 @@ def _predict(cfg: DictConfig, run: Any, datamodule: Any) -> dict[str, Any]:
     for key in ("fast_dev_run", "overfit_batches"):
         if trainer.get(key):
             raise _NotPredicted(f"trainer.{key}={trainer.get(key)}: a debugging run")
+    load = _load()  # before the replays add to it
     seconds, timed = _seconds_of(cfg, run)
     data = _data(cfg, datamodule)
     device = run.step.device
@@ -695,6 +713,8 @@ def _predict(cfg: DictConfig, run: Any, datamodule: Any) -> dict[str, Any]:
         "data_from": data.source,
         "not_included": NOT_INCLUDED,
     }
+    if load is not None and timed == "replayed" and device == "cpu":
+        result["load_average"], result["cores"] = load
     if sim.stopped_by == "trainer.max_time":
         result["capped_by"] = (
             f"trainer.max_time={plain(trainer.max_time)} caps it: the run stops at the step that "
