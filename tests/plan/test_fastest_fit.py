@@ -13,6 +13,7 @@ import yaml
 
 from tests.conftest import compose_config, tiny_train_overrides
 from tests.estimates import estimate
+from tests.plan.test_batch_size_auto import CURVES
 from volseg.plan import fastest_fit as ff
 from volseg.plan import make_plan
 from volseg.plan.fastest_fit import FastestFit, Ranked
@@ -79,15 +80,6 @@ class _Step:
 class _Run:
     def __init__(self, total: int) -> None:
         self.step = _Step(total, 0)
-
-
-#: bytes by batch, as the estimator's can be shaped: a line; a CPU's float32 batch of one over
-#: several larger ones; an optimizer update that is the peak up to a few samples
-CURVES = {
-    "a line": lambda n: 10 + 3 * n,
-    "batch 1 over batches 2 to 9": lambda n: 40 if n == 1 else 10 + 3 * n,
-    "a floor up to batch 6": lambda n: max(30, 10 + 3 * n),
-}
 
 
 @pytest.mark.parametrize("curve", CURVES.values(), ids=CURVES.keys())
