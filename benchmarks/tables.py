@@ -891,14 +891,11 @@ def lever_time_factors(path: Path, doc: dict) -> str:
         and results_io.held_isa(d) == results_io.held_isa(doc)
     ]
     if len(same) > 1:
-        worst = [
-            f"{rel(p)}: {pct(max((r['error'] for r in d['rows']), key=abs))} "
-            f"({max(d['rows'], key=lambda r: abs(r['error']))['network']}, "
-            f"{max(d['rows'], key=lambda r: abs(r['error']))['setting']})"
-            for p, d in same
-        ]
-        said = f"Every run of this code ({len(same)}), by its worst row: " + "; ".join(worst)
-        lines += ["", said]
+        worst = []
+        for p, d in same:
+            row = max(d["rows"], key=lambda r: abs(r["error"]))
+            worst.append(f"`{p.name}` {pct(row['error'])} ({row['network']}, {row['lever']})")
+        lines += ["", f"Every run of this code, by its worst row: {'; '.join(worst)}"]
     return "\n".join(lines)
 
 

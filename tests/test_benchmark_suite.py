@@ -424,20 +424,21 @@ def test_the_cpu_margins_leave_one_out_says_whether_each_kinds_worst_run_is_cove
     )
 
 
-def test_the_maintained_suite_is_at_most_6400_lines():
+def test_the_maintained_suite_is_at_most_6850_lines():
     """benchmarks/ outside its results: the code a reader maintains (5,000 until every cited
     figure was checked against its sources, results files held append-only and each CPU kind's
     margin text said what it applies: 5,226; 6,369 since the studies that are run again when
     code changes came in from the archive, lever_time_factors, levers_estimated,
     selective_checkpointing and cpu_bf16_conv, with the readers of the retired studies' results
-    files into tables.py, and the archive left the tree)."""
+    files into tables.py, and the archive left the tree; 6,832 with fastest_fit, the fastest
+    fit's pick against every candidate trained)."""
     files = [
         p
         for p in BENCHMARKS_DIR.rglob("*.py")
         if not {"results", "__pycache__"} & set(p.relative_to(BENCHMARKS_DIR).parts)
     ]
     lines = sum(len(p.read_text().splitlines()) for p in files)
-    assert lines <= 6400, f"benchmarks/: {lines} maintained lines, at most 6400"
+    assert lines <= 6850, f"benchmarks/: {lines} maintained lines, at most 6850"
 
 
 def test_restamp_stamps_a_file_whose_bytes_stay_and_writes_a_new_one_where_they_change(

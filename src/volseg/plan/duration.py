@@ -670,7 +670,7 @@ def _predict(cfg: DictConfig, run: Any, datamodule: Any) -> dict[str, Any]:
         val_check_batch=val_check,
         validation_s=sum(case_s),
         sanity_s=sum(sanity_cases),
-        budget_fraction=None if budget is None else float(budget.get("max_fraction", 0.1)),
+        budget_fraction=None if budget is None else float(budget.max_fraction),
         checkpoints=checkpoints,
         write_s=write_s,
     )
