@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import tempfile
 import time
@@ -215,16 +216,22 @@ def overrides(base: list[str], shape: Shape) -> list[str]:
 
 def train(base: list[str], shape: Shape, work_dir: Path, steps: int, name: str) -> dict:
     """One ``train.py`` run of a candidate: its steady step's rise (bytes), its fastest and
-    median step time of steps 2.. (seconds), the whole run's wall seconds."""
+    median step time of steps 2.. (seconds), the whole run's wall seconds (0: a finished run of
+    the same name kept in ``--work-dir``, from a benchmark cut short and started again)."""
     config = overrides(base, shape)
     arguments = grid.merge(
         grid.run_overrides(config, "cpu", grid.prepare_data(config, work_dir)),
         [f"trainer.max_steps={steps}", STEP_TIMER, "trainer.log_every_n_steps=1"],
     )
     run_dir = work_dir / "runs" / name
-    env = grid.child_env("cpu", work_dir)
-    done = harness.train(arguments, run_dir, work_dir, env, grid.RUN_TIMEOUT_S)
-    steady = harness.steady_step(done, shape[1], steps)
+    try:
+        done = harness.read(run_dir, 0.0)
+        steady = harness.steady_step(done, shape[1], steps)
+    except (harness.RunFailed, ValueError):  # none, or cut short: trained (again)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        env = grid.child_env("cpu", work_dir)
+        done = harness.train(arguments, run_dir, work_dir, env, grid.RUN_TIMEOUT_S)
+        steady = harness.steady_step(done, shape[1], steps)
     times = harness.column(done.rows, "time/step_s")[1:]
     return {
         "growth": steady["growth"],
@@ -306,8 +313,11 @@ def network(name: str, base: list[str], work_dir: Path, steps: int) -> tuple[lis
     limits = budgets({s: planned_total(made[s].step) for s in shapes})
     timer = step_timer(auto_plan.config, "cpu")[0]  # the device's probe, once a process
     found = {n: answers(auto_plan, fixed_plan, b) for n, b in limits.items() if b is not None}
-    for answer in found.values():  # a planner's answer off the grid is trained too
+    for n, answer in found.items():  # a planner's answer off the grid is trained too
         shapes += [answer[p] for p in PLANNERS if answer[p] and answer[p] not in shapes]
+        picks = ", ".join(f"{p} {answer[p]}" for p in PLANNERS)
+        print(f"{name} {n} {limits[n] / MIB:,.0f} MiB: {picks} "
+              f"(fastest_fit: {answer['planner_seconds']:.1f} s)", flush=True)  # fmt: skip
     rows: dict[Shape, dict] = {}
     for shape in shapes:
         b, k, c = shape
@@ -395,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fastest_fit")
     parser.add_argument("--networks", default=None, help="comma-separated name prefixes")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps a run (2.. timed)")
-    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="runs kept here (a finished run is reused)"
+    )
     results_io.add_json_out(parser, "fastest_fit")
     args = parser.parse_args(argv)
     wanted = args.networks.split(",") if args.networks else list(NETWORKS)
